@@ -1,0 +1,121 @@
+"""Input checks shared by every op and every target, with the error messages users see.
+
+Each check raises TypeError (wrong kind or dtype) or ValueError (wrong shape, value or
+aliasing) naming the argument, what was expected and what was given.  The op functions
+call them before allocating or writing anything, so a failed call changes nothing.
+Checks only use ``.shape``, ``.dtype`` and ``.ndim``, so they serve host and device arrays.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .registry import FLOAT_DTYPES
+from . import devices
+
+
+def device_of(**arrays) -> str:
+    """'cpu' or 'cuda' for the named arrays (None entries skipped); mixing is an error."""
+    found = None
+    first = None
+    for name, arr in arrays.items():
+        if arr is None:
+            continue
+        if type(arr) is np.ndarray:
+            dev = "cpu"
+        else:
+            dev = devices.device_kind(arr)
+            if dev is None:
+                raise TypeError(
+                    f"{name} must be a numpy array or a CUDA device array, got {type(arr).__name__}"
+                )
+        if found is None:
+            found, first = dev, name
+        elif dev != found:
+            raise ValueError(
+                f"{name} is a {dev} array but {first} is a {found} array: "
+                "all inputs and out= must be on the same device"
+            )
+    return found or "cpu"
+
+
+def float_dtype(name: str, arr) -> np.dtype:
+    dt = arr.dtype
+    if dt not in FLOAT_DTYPES and not (dt == np.float16 and not isinstance(arr, np.ndarray)):
+        raise TypeError(f"{name} must have dtype float32 or float64, got {dt}")
+    return dt
+
+
+def same_dtype(name: str, arr, ref_name: str, dtype) -> None:
+    if arr.dtype != dtype:
+        raise TypeError(
+            f"{name} must have the same dtype as {ref_name} ({dtype}), got {arr.dtype}; "
+            "mixed dtypes are not cast silently"
+        )
+
+
+def rank(name: str, arr, expected, what: str = "") -> None:
+    """expected: an int, or a (min, max) range."""
+    lo, hi = (expected, expected) if isinstance(expected, int) else expected
+    if not lo <= arr.ndim <= hi:
+        want = f"{lo}" if lo == hi else (f"at least {lo}" if hi >= 64 else f"{lo} to {hi}")
+        raise ValueError(f"{name} must have {want} dimensions{what}, got shape {tuple(arr.shape)}")
+
+
+def shape(name: str, arr, expected: tuple, what: str = "") -> None:
+    if tuple(arr.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}{what}, got {tuple(arr.shape)}")
+
+
+def finite(name: str, value, positive: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+    if not math.isfinite(v) or (positive and v <= 0):
+        raise ValueError(f"{name} must be a finite{' positive' if positive else ''} number, got {value!r}")
+    return v
+
+
+def choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+
+
+def axis(name: str, value, ndim: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not -ndim <= value < ndim:
+        raise ValueError(f"{name}={value} is out of range for an array of {ndim} dimensions")
+    return int(value) % ndim
+
+
+def out(out, expected_shape: tuple, dtype, **inputs) -> None:
+    """out= must have the result's shape and dtype, be writeable, and share no memory
+    with any input (the kernel would read what it already overwrote)."""
+    if out is None:
+        return
+    if tuple(out.shape) != tuple(expected_shape):
+        raise ValueError(f"out must have shape {tuple(expected_shape)}, got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+    if isinstance(out, np.ndarray):
+        if not out.flags.writeable:
+            raise ValueError("out must be writeable, got a read-only array")
+        for name, arr in inputs.items():
+            if arr is not None and np.may_share_memory(out, arr) and np.shares_memory(out, arr):
+                raise ValueError(f"out overlaps input {name}: pass a separate output array")
+    else:
+        for name, arr in inputs.items():
+            if arr is not None and devices.overlaps(out, arr):
+                raise ValueError(f"out overlaps input {name}: pass a separate output array")
+
+
+def broadcastable(name: str, arr_shape: tuple, target: tuple, target_desc: str) -> None:
+    """arr_shape must broadcast to target (numpy rules, no new leading dims beyond target)."""
+    if len(arr_shape) > len(target):
+        raise ValueError(f"{name} of shape {tuple(arr_shape)} cannot broadcast to {target_desc} {tuple(target)}")
+    for a, t in zip(arr_shape[::-1], target[::-1]):
+        if a != 1 and a != t:
+            raise ValueError(f"{name} of shape {tuple(arr_shape)} cannot broadcast to {target_desc} {tuple(target)}")

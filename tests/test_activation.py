@@ -1,0 +1,108 @@
+"""dispatch.{relu, silu, gelu, swiglu, geglu} against float64 references, for every
+implementation the dispatcher can pick."""
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import activation as ref
+from tests.support import TOL, assert_close, impl_params, poisoned, randn, rng, run, strided
+
+SHAPES = [(1,), (7,), (3, 5), (2, 3, 1000), (32000,), (4, 1, 16385)]
+UNARY = [
+    ("relu", dispatch.relu, ref.relu, {}),
+    ("silu", dispatch.silu, ref.silu, {}),
+    ("gelu", dispatch.gelu, ref.gelu, {}),
+    ("gelu", dispatch.gelu, ref.gelu, {"approximate": "tanh"}),
+]
+GATED = [
+    ("swiglu", dispatch.swiglu, ref.swiglu, {}),
+    ("geglu", dispatch.geglu, ref.geglu, {}),
+    ("geglu", dispatch.geglu, ref.geglu, {"approximate": "tanh"}),
+]
+
+
+def _cases(table):
+    out = []
+    for name, fn, r, kw in table:
+        for p in impl_params(name):
+            out.append(pytest.param(name, fn, r, kw, p.values[0], id=f"{name}{kw.get('approximate', '')}-{p.id}", marks=p.marks))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(UNARY))
+def test_unary_matches_reference(name, fn, reference, kw, impl, shape, dtype):
+    x = randn(rng(), shape, dtype) * 4
+    out = poisoned(shape, dtype)
+    got = run(impl, fn, x, out=out, **kw)
+    assert_close(got, reference(x, **kw), TOL[np.dtype(dtype)], name)
+    # without out= as well, from a non-contiguous view
+    got2 = run(impl, fn, strided(x), **kw)
+    assert_close(got2, reference(x, **kw), TOL[np.dtype(dtype)], name + " strided")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(GATED))
+def test_gated_matches_reference(name, fn, reference, kw, impl, shape, dtype):
+    g = rng()
+    gate, up = randn(g, shape, dtype) * 4, randn(g, shape, dtype)
+    out = poisoned(shape, dtype)
+    got = run(impl, fn, gate, up, out=out, **kw)
+    assert_close(got, reference(gate, up, **kw), TOL[np.dtype(dtype)], name)
+
+
+def test_extreme_values_stay_finite():
+    x = np.array([-1e30, -100.0, -20.0, -1e-30, 0.0, 1e-30, 20.0, 100.0, 1e30], np.float32)
+    for f in (dispatch.silu, dispatch.gelu, lambda v: dispatch.gelu(v, "tanh")):
+        y = f(x)
+        assert np.all(np.isfinite(y)), y
+        assert_close(y[1:-1], np.maximum(x[1:-1].astype(np.float64), 0), 1e-5)
+
+
+# ---- bad input -------------------------------------------------------------------
+
+def test_bad_dtype_names_argument():
+    with pytest.raises(TypeError, match="x must have dtype float32 or float64, got int64"):
+        dispatch.relu(np.arange(3))
+
+
+def test_mixed_dtypes_rejected():
+    with pytest.raises(TypeError, match="up must have the same dtype as gate"):
+        dispatch.swiglu(np.ones(3, np.float32), np.ones(3, np.float64))
+
+
+def test_shape_mismatch_rejected():
+    with pytest.raises(ValueError, match="up must have the shape of gate"):
+        dispatch.geglu(np.ones(3), np.ones(4))
+
+
+def test_unknown_approximate_rejected():
+    with pytest.raises(ValueError, match="approximate must be one of"):
+        dispatch.gelu(np.ones(3), approximate="erf")
+
+
+def test_not_an_array_rejected():
+    with pytest.raises(TypeError, match="x must be a numpy array or a CUDA device array, got list"):
+        dispatch.silu([1.0, 2.0])
+
+
+@pytest.mark.parametrize("bad_out, err", [
+    (np.zeros(4, np.float32), ValueError),
+    (np.zeros(3, np.float64), TypeError),
+])
+def test_bad_out_rejected_and_untouched(bad_out, err):
+    x = np.ones(3, np.float32)
+    before = bad_out.copy()
+    with pytest.raises(err, match="out must have"):
+        dispatch.silu(x, out=bad_out)
+    assert np.array_equal(bad_out, before)
+
+
+def test_out_aliasing_input_rejected():
+    x = np.random.rand(8).astype(np.float32)
+    before = x.copy()
+    with pytest.raises(ValueError, match="out overlaps input x"):
+        dispatch.relu(x[:4], out=x[2:6])
+    assert np.array_equal(x, before)
