@@ -14,8 +14,15 @@ from .select import NoImplementationError, use
 from . import registry
 
 from .ops.activation import gelu, geglu, relu, silu, swiglu
+from .ops.attention import attention
+from .ops.linalg import linear, matmul
+from .ops.norm import layer_norm, rms_norm
+from .ops.rope import rope
+from .ops.softmax import cross_entropy, log_softmax, softmax
+from . import cuda_impls  # noqa: F401  (registers CUDA implementations; imports no CUDA)
 
 __all__ = [
     "Explanation", "NoImplementationError", "explain", "registry", "use",
-    "gelu", "geglu", "relu", "silu", "swiglu",
+    "attention", "cross_entropy", "gelu", "geglu", "layer_norm", "linear", "log_softmax",
+    "matmul", "relu", "rms_norm", "rope", "silu", "softmax", "swiglu",
 ]

@@ -1,0 +1,1 @@
+"""CUDA implementations: registry records and launch configuration per op family (kernels in kernels_cuda/)."""
