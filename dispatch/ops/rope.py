@@ -1,5 +1,79 @@
-"""Placeholder: being written (see the op family's issue)."""
+"""Public rope: rotary position embedding of x (..., S, D) with cos / sin tables (S, D/2).
+
+Layouts: rotate-half (Llama / GPT-NeoX, the default: pairs (i, i + D/2)) and interleaved
+(GPT-J, interleaved=True: pairs (2i, 2i + 1)).  float32 or float64; returns a new array
+(or out=).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_cpu import rope as K
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, register, register_op
+from ..select import select
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_order, size_bucket
+
+# PROVISIONAL (not yet measured): serial below 2^14 elements.
+PARALLEL_THRESHOLD = 1 << 14
+_MEASURED = "provisional threshold, not yet measured"
 
 
-def rope(*args, **kwargs):
-    raise NotImplementedError("dispatch.rope is being written")
+def _describe(x, cos, sin, *, interleaved=False, out=None):
+    """Call.args = (x, cos, sin, interleaved, out): x (..., S, D) with D even; cos, sin
+    (S, D/2) of x's dtype; interleaved a bool; out None or an array of x's shape and
+    dtype.  Key: ("rope", device, dtype, size bucket of x, interleaved)."""
+    dev = V.device_of(x=x, cos=cos, sin=sin, out=out)
+    dt = V.float_dtype("x", x)
+    V.same_dtype("cos", cos, "x", dt)
+    V.same_dtype("sin", sin, "x", dt)
+    V.rank("x", x, (2, 64), " (..., S, D)")
+    s, d = x.shape[-2], x.shape[-1]
+    if d % 2:
+        raise ValueError(f"x must have an even last dimension D (pairs are rotated), got shape {tuple(x.shape)}")
+    V.shape("cos", cos, (s, d // 2), " (S, D/2) for x of shape (..., S, D)")
+    V.shape("sin", sin, (s, d // 2), " (S, D/2) for x of shape (..., S, D)")
+    if not isinstance(interleaved, (bool, np.bool_)):
+        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    V.out(out, x.shape, dt, x=x, cos=cos, sin=sin)
+    return Call(("rope", dev, dt, size_bucket(*x.shape), bool(interleaved)), (x, cos, sin, bool(interleaved), out))
+
+
+def _host(kernel):
+    def run(params, x, cos, sin, interleaved, out):
+        res = result_buffer(out, x.shape, x.dtype)
+        if x.size:
+            d = x.shape[-1]
+            kernel(contiguous(x).reshape(-1, d), contiguous(cos), contiguous(sin), res.reshape(-1, d), interleaved)
+        return deliver(res, out)
+
+    return run
+
+
+def _flops(call):
+    # per pair: 4 multiplies, 2 adds
+    return 3 * call.args[0].size
+
+
+def _bytes(call):
+    x, cos, sin = call.args[:3]
+    return (2 * x.size + cos.size + sin.size) * x.dtype.itemsize
+
+
+_rope = register_op(Op("rope", _describe, serial_parallel_order(3, PARALLEL_THRESHOLD, _MEASURED),
+                       _flops, _bytes, family="rope"))
+register(Implementation("rope", "cpu-serial", "cpu", _host(K.rope_serial), notes=HOST_COPY_NOTE))
+register(Implementation("rope", "cpu-parallel", "cpu", _host(K.rope_parallel),
+                        notes=HOST_COPY_NOTE + "; rows (batch x position) split over threads"))
+
+
+def rope(x, cos, sin, *, interleaved=False, out=None):
+    """Rotary position embedding: x (..., S, D), D even, cos / sin (S, D/2).
+
+    Each pair (a, b) becomes (a cos - b sin, b cos + a sin), pairs (i, i + D/2) by default
+    (rotate-half: Llama, GPT-NeoX) or (2i, 2i + 1) with interleaved=True (GPT-J).
+    Returns a new array of x's shape (or out=)."""
+    call = _describe(x, cos, sin, interleaved=interleaved, out=out)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)

@@ -1,13 +1,198 @@
-"""Placeholder: being written (see the op family's issue)."""
+"""Public softmax, log_softmax and cross_entropy.
+
+softmax / log_softmax reduce along one axis (any axis; float32 or float64; the result has
+the input's shape).  cross_entropy takes (N, C) logits and (N,) integer class targets, with
+PyTorch's semantics for reduction and ignore_index.
+
+Host implementations work on rows of the last axis: another axis is moved last and copied
+(C order) first, and the result is moved back (one more copy).  Non-finite inputs: -inf
+entries give 0 (log_softmax -inf); a row that is all -inf, or holds +inf or NaN, gives NaN
+(PyTorch gives NaN for these rows too).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_cpu import softmax as K
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..select import select
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_order, size_bucket
+
+# PROVISIONAL (not yet measured): serial below 2^14 elements.
+PARALLEL_THRESHOLD = 1 << 14
+_MEASURED = "provisional threshold, not yet measured"
+
+REDUCTIONS = ("mean", "sum", "none")
+AXIS_NOTE = "; a reduction axis other than the last is moved last and copied, and the result moved back (copied)"
 
 
-def softmax(*args, **kwargs):
-    raise NotImplementedError("dispatch.softmax is being written")
+# ---- softmax / log_softmax ---------------------------------------------------------------
+
+def _describe_softmax(name, log):
+    def describe(x, axis=-1, *, out=None):
+        """Call.args = (x, axis, out, log): x the input array (any device), axis a
+        non-negative int < x.ndim, out None or an array of x's shape and dtype, log a bool
+        (False for softmax, True for log_softmax).  Key: (name, device, dtype,
+        size bucket of x, bucket of the reduced length, axis is last)."""
+        dev = V.device_of(x=x, out=out)
+        dt = V.float_dtype("x", x)
+        if x.ndim == 0:
+            raise ValueError(f"x must have at least 1 dimensions, got shape {tuple(x.shape)}")
+        ax = V.axis("axis", axis, x.ndim)
+        V.out(out, x.shape, dt, x=x)
+        key = (name, dev, dt, size_bucket(*x.shape), bucket(x.shape[ax]), ax == x.ndim - 1)
+        return Call(key, (x, ax, out, log))
+
+    return describe
 
 
-def log_softmax(*args, **kwargs):
-    raise NotImplementedError("dispatch.log_softmax is being written")
+def _softmax_host(kernel):
+    def run(params, x, axis, out, log):
+        last = axis == x.ndim - 1
+        xm = x if last else np.moveaxis(x, axis, -1)
+        xc = contiguous(xm)
+        n = xc.shape[-1]
+        if last:
+            res = result_buffer(out, x.shape, x.dtype)
+        else:
+            res = np.empty(xc.shape, x.dtype)
+        if xc.size:
+            kernel(xc.reshape(-1, n), res.reshape(-1, n), log)
+        if not last:
+            res = np.moveaxis(res, -1, axis)
+        return deliver(res, out)
+
+    return run
 
 
-def cross_entropy(*args, **kwargs):
-    raise NotImplementedError("dispatch.cross_entropy is being written")
+def _softmax_flops(call):
+    # max, subtract, exp (counted as one), add, scale: 5 per element
+    return 5 * call.args[0].size
+
+
+def _softmax_bytes(call):
+    x = call.args[0]
+    return 2 * x.size * x.dtype.itemsize
+
+
+_order = serial_parallel_order(3, PARALLEL_THRESHOLD, _MEASURED)
+
+
+def _register_softmax(name, log):
+    op = register_op(Op(name, _describe_softmax(name, log), _order, _softmax_flops, _softmax_bytes, family="softmax"))
+    register(Implementation(name, "cpu-serial", "cpu", _softmax_host(K.softmax_serial),
+                            notes=HOST_COPY_NOTE + AXIS_NOTE))
+    register(Implementation(name, "cpu-parallel", "cpu", _softmax_host(K.softmax_parallel),
+                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads"))
+    return op
+
+
+_softmax = _register_softmax("softmax", False)
+_log_softmax = _register_softmax("log_softmax", True)
+
+
+# ---- cross_entropy -----------------------------------------------------------------------
+
+def _describe_cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
+    """Call.args = (logits, targets, reduction, ignore_index): logits (N, C) float array,
+    targets (N,) integer array (any integer dtype; values are checked by the
+    implementation, which raises ValueError naming targets), reduction one of "mean",
+    "sum", "none", ignore_index a Python int.  Key: ("cross_entropy", device, dtype,
+    size bucket of logits, bucket of C, reduction)."""
+    dev = V.device_of(logits=logits, targets=targets)
+    dt = V.float_dtype("logits", logits)
+    V.rank("logits", logits, 2, " (N, C)")
+    tdt = np.dtype(targets.dtype)
+    if tdt.kind not in "iu":
+        raise TypeError(f"targets must have an integer dtype, got {tdt}")
+    V.shape("targets", targets, (logits.shape[0],), " (N,) to match logits (N, C)")
+    V.choice("reduction", reduction, REDUCTIONS)
+    if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    key = ("cross_entropy", dev, dt, size_bucket(*logits.shape), bucket(logits.shape[1]), reduction)
+    return Call(key, (logits, targets, reduction, int(ignore_index)))
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _host_targets(targets, ignore_index, n_classes):
+    """targets as C-contiguous int64 (uint64 values beyond int64 are out of range)."""
+    if targets.dtype == np.uint64 and targets.size and targets.max() > _INT64_MAX:
+        i = int(np.argmax(targets > _INT64_MAX))
+        raise ValueError(f"targets[{i}] = {targets[i]} is out of range: class indices must be in "
+                         f"[0, {n_classes}) or equal ignore_index={ignore_index}")
+    return np.ascontiguousarray(targets, dtype=np.int64)
+
+
+def _cross_entropy_host(kernel):
+    def run(params, logits, targets, reduction, ignore_index):
+        n, c = logits.shape
+        t = _host_targets(targets, ignore_index, c)
+        bad = K.ce_check(t, c, ignore_index)
+        if bad >= 0:
+            raise ValueError(f"targets[{bad}] = {t[bad]} is out of range: class indices must be in "
+                             f"[0, {c}) or equal ignore_index={ignore_index}")
+        x = contiguous(logits)
+        losses = np.empty(n, logits.dtype)
+        total, count = kernel(x, t, ignore_index, losses)
+        if reduction == "none":
+            return losses
+        if reduction == "sum":
+            return np.asarray(total, logits.dtype)
+        return np.asarray(total / count if count else np.nan, logits.dtype)
+
+    return run
+
+
+def _ce_flops(call):
+    logits = call.args[0]
+    return 4 * logits.size
+
+
+def _ce_bytes(call):
+    logits, targets, reduction = call.args[:3]
+    n_out = logits.shape[0] if reduction == "none" else 1
+    return (logits.size + n_out) * logits.dtype.itemsize + targets.size * targets.dtype.itemsize
+
+
+_cross_entropy = register_op(Op("cross_entropy", _describe_cross_entropy, _order, _ce_flops, _ce_bytes,
+                                family="softmax"))
+register(Implementation("cross_entropy", "cpu-serial", "cpu", _cross_entropy_host(K.cross_entropy_serial),
+                        notes=HOST_COPY_NOTE + "; targets converted to int64"))
+register(Implementation("cross_entropy", "cpu-parallel", "cpu", _cross_entropy_host(K.cross_entropy_parallel),
+                        notes=HOST_COPY_NOTE + "; targets converted to int64; rows split over threads"))
+
+
+# ---- public functions --------------------------------------------------------------------
+
+def softmax(x, axis=-1, *, out=None):
+    """exp(x - max) / sum(exp(x - max)) along `axis` (numerically stable for any finite
+    input).  -inf entries give 0; a row of all -inf (or holding +inf / NaN) gives NaN, as
+    PyTorch.  Returns an array of x's shape and dtype (out= when given)."""
+    call = _softmax.describe(x, axis, out=out)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)
+
+
+def log_softmax(x, axis=-1, *, out=None):
+    """x - max - log(sum(exp(x - max))) along `axis`; -inf entries give -inf; a row of all
+    -inf (or holding +inf / NaN) gives NaN."""
+    call = _log_softmax.describe(x, axis, out=out)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)
+
+
+def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
+    """Cross-entropy of (N, C) logits against (N,) integer class targets, as
+    torch.nn.functional.cross_entropy: loss_i = logsumexp(logits[i]) - logits[i, t_i].
+
+    reduction "mean": mean over rows whose target is not ignore_index (NaN when every row
+    is ignored, as PyTorch); "sum": their sum; both return a 0-d array of logits' dtype.
+    "none": an (N,) array with 0 for ignored rows.  A target outside [0, C) that is not
+    ignore_index raises ValueError naming targets (before anything is computed)."""
+    call = _cross_entropy.describe(logits, targets, reduction=reduction, ignore_index=ignore_index)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)
