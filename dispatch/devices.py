@@ -1,16 +1,22 @@
-"""Which device an array lives on, and access to CUDA arrays without copies.
+"""Which device an array lives on, access to CUDA arrays without copies, and the
+properties of the current GPU that the CUDA launch configurations are chosen from.
 
-Host arrays are numpy arrays.  Device arrays are numba device arrays and anything that
-exposes ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors); they are wrapped
-zero-copy with ``numba.cuda.as_cuda_array``.  numba-cuda is imported only when a device
-array is actually seen, so the CPU side works without it.
+Host arrays are numpy arrays.  Device arrays are numba device arrays (the simulator's
+``FakeCUDAArray`` included) and anything that exposes ``__cuda_array_interface__`` (CuPy
+arrays, PyTorch CUDA tensors); the latter are wrapped zero-copy with
+``numba.cuda.as_cuda_array``.  numba-cuda is imported only when a device array is actually
+seen, so the CPU side works without it.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 
 def device_kind(arr):
-    """'cuda' for an object with __cuda_array_interface__, else None (not an array we know)."""
-    if hasattr(arr, "__cuda_array_interface__"):
+    """'cuda' for a CUDA array (numba device array, simulator array, or any object with
+    __cuda_array_interface__), else None (not an array we know)."""
+    if hasattr(arr, "__cuda_array_interface__") or getattr(type(arr), "__cuda_ndarray__", False):
         return "cuda"
     return None
 
@@ -37,18 +43,39 @@ def _itemsize(typestr: str) -> int:
     return int(typestr[2:])
 
 
+def _sim_host(arr):
+    """The numpy array behind a simulator device array (None for real device arrays)."""
+    ary = getattr(arr, "_ary", None)
+    if ary is not None and not hasattr(arr, "__cuda_array_interface__"):
+        return ary
+    return None
+
+
 def overlaps(a, b) -> bool:
     """Whether two device arrays' memory ranges intersect (conservative, like
     numpy.may_share_memory)."""
     if device_kind(a) != "cuda" or device_kind(b) != "cuda":
         return False
+    ha, hb = _sim_host(a), _sim_host(b)
+    if ha is not None or hb is not None:
+        if ha is None or hb is None:
+            return False
+        import numpy as np
+
+        return bool(np.may_share_memory(ha, hb))
     a0, a1 = _span(a)
     b0, b1 = _span(b)
     return a0 < b1 and b0 < a1
 
 
+def simulator_enabled() -> bool:
+    """Whether numba's CUDA simulator is (to be) used in this process."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
 def cuda_module():
-    """numba.cuda, or a clear error when the CUDA target cannot be used here."""
+    """numba.cuda, or a clear error when the CUDA target cannot be used here.  Never
+    falls back to the CPU."""
     try:
         from numba import cuda
     except Exception as exc:  # noqa: BLE001 - ImportError or a missing libcudart
@@ -56,10 +83,14 @@ def cuda_module():
             "CUDA arrays were given but numba-cuda is not usable here "
             f"({exc}); install the extra: pip install '.[cuda]'"
         ) from exc
-    if not cuda.is_available():
+    try:
+        available = cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken driver install
+        available = False
+    if not available:
         raise RuntimeError(
             "CUDA arrays were given but no CUDA GPU is available (and the simulator, "
-            "NUMBA_ENABLE_CUDASIM=1, is not enabled)"
+            "NUMBA_ENABLE_CUDASIM=1, is not enabled); nothing is run on the CPU instead"
         )
     return cuda
 
@@ -68,7 +99,72 @@ def as_device(arr):
     """A numba device array viewing the same memory (no copy)."""
     if arr is None:
         return None
-    cuda = cuda_module()
-    if cuda.is_cuda_array(arr) and hasattr(arr, "copy_to_host"):
+    if getattr(type(arr), "__cuda_ndarray__", False):
         return arr
+    cuda = cuda_module()
     return cuda.as_cuda_array(arr)
+
+
+# ---- device properties -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceProps:
+    """What the CUDA launch configurations depend on."""
+
+    name: str
+    cc: tuple
+    sm_count: int
+    max_threads_per_block: int
+    smem_per_block: int        # bytes of static shared memory a block may use
+    smem_per_block_optin: int  # with the dynamic opt-in (cudaFuncSetAttribute)
+    smem_per_sm: int
+    regs_per_sm: int
+    max_threads_per_sm: int
+    simulated: bool = False
+
+
+# The simulator has no device attributes: the launch configurations are chosen as for a
+# small nominal Ampere part with 2 SMs, so that grid-stride loops really loop and
+# "one block per SM" grids still have several blocks on the tiny test shapes.
+SIMULATED = DeviceProps("CUDA simulator (nominal sm_80, 2 SMs)", (8, 0), 2, 1024,
+                        48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048, True)
+
+# Nominal properties of the chips the PTX report and the performance model target.
+CHIPS = {
+    "sm_80": DeviceProps("A100 SXM 80GB", (8, 0), 108, 1024, 48 * 1024, 163 * 1024, 164 * 1024, 65536, 2048),
+    "sm_87": DeviceProps("Jetson AGX Orin", (8, 7), 16, 1024, 48 * 1024, 163 * 1024, 164 * 1024, 65536, 1536),
+    "sm_90": DeviceProps("H100 SXM", (9, 0), 132, 1024, 48 * 1024, 227 * 1024, 228 * 1024, 65536, 2048),
+}
+
+_props = None
+
+
+def props() -> DeviceProps:
+    """Properties of the current CUDA device (cached; the nominal SIMULATED ones under
+    the simulator)."""
+    global _props
+    if _props is not None:
+        return _props
+    cuda = cuda_module()
+    dev = cuda.get_current_device()
+    if not hasattr(dev, "MULTIPROCESSOR_COUNT"):  # the simulator's FakeCUDADevice
+        _props = SIMULATED
+        return _props
+
+    def attr(name, default):
+        try:
+            return int(getattr(dev, name))
+        except Exception:  # noqa: BLE001
+            return default
+
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    smem = attr("MAX_SHARED_MEMORY_PER_BLOCK", 48 * 1024)
+    _props = DeviceProps(
+        name, tuple(dev.compute_capability), attr("MULTIPROCESSOR_COUNT", 1),
+        attr("MAX_THREADS_PER_BLOCK", 1024), smem,
+        attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", smem),
+        attr("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", smem),
+        attr("MAX_REGISTERS_PER_MULTIPROCESSOR", 65536),
+        attr("MAX_THREADS_PER_MULTI_PROCESSOR", 2048),
+    )
+    return _props

@@ -38,6 +38,9 @@ class Explanation:
             lines.append(f"  chosen: {self.chosen} ({impl.device}) by {self.source}: {self.decision.rule}")
             if self.params:
                 lines.append(f"  parameters: {self.params}")
+            launch = getattr(impl, "launch_config", None)  # CUDA: grid/block/tiles for this call
+            if launch is not None:
+                lines.append(f"  launch: {launch(self.call)}")
             if impl.notes:
                 lines.append(f"  notes: {impl.notes}")
         lines += [f"  layout: {n}" for n in self._layout_notes()]

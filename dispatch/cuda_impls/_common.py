@@ -1,0 +1,106 @@
+"""Shared pieces of the CUDA implementations: the record type with its launch
+configuration, device-array preparation, and lazy access to kernels_cuda.
+
+Nothing here imports numba.cuda at import time: `kernels(name)` imports a kernels_cuda
+module on first use (inside run), and device properties are read on first launch.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import devices
+from ..registry import OPS, Implementation, register
+
+CUDA_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+DEVICE_COPY_NOTE = "strided device inputs are copied to C order on the device first; a strided out= is filled by one device copy"
+
+
+@dataclass
+class CudaImplementation(Implementation):
+    """An Implementation whose launch configuration depends on the call's shapes and the
+    device: launch(params, *args) -> dict (what `explain` prints as "launch")."""
+
+    launch: Callable[..., dict] | None = None
+
+    def launch_config(self, call) -> dict:
+        if self.launch is None:
+            return {}
+        return self.launch(self.params, *call.args)
+
+
+def register_cuda(op: str, name: str, run, launch, *, notes="", params=None, dtypes=CUDA_DTYPES,
+                  supports=None, tunables=None):
+    """Register a CUDA implementation of op if op exists (families still being written
+    are skipped)."""
+    if op not in OPS or name in OPS[op].implementations:
+        return None
+    return register(CudaImplementation(op, name, "cuda", run, dtypes=dtypes, supports=supports,
+                                       notes=notes, params=dict(params or {}),
+                                       tunables=dict(tunables or {}), launch=launch))
+
+
+_mods: dict = {}
+
+
+def kernels(name: str):
+    """kernels_cuda.<name>, imported on first use (this is where numba.cuda loads)."""
+    mod = _mods.get(name)
+    if mod is None:
+        devices.cuda_module()  # clear error when no GPU and no simulator
+        mod = _mods[name] = importlib.import_module(f"kernels_cuda.{name}")
+    return mod
+
+
+def props():
+    return devices.props()
+
+
+def as_input(a):
+    """A C-contiguous numba device array with a's values (zero-copy when a is already
+    contiguous; None stays None)."""
+    if a is None:
+        return None
+    d = devices.as_device(a)
+    if d.is_c_contiguous():
+        return d
+    return kernels("layout").contiguous(d)
+
+
+def output(out, shape, dtype):
+    """(buffer the kernel writes, out as a numba device array or None)."""
+    lay = kernels("layout")
+    o = devices.as_device(out) if out is not None else None
+    return lay.result_buffer(o, shape, dtype), o
+
+
+def deliver(res, out_dev, out):
+    """The public result: the numba device array written (res), or out= itself."""
+    if out is None:
+        return res
+    if res is not out_dev:
+        kernels("layout").copy(res, out_dev)
+    return out
+
+
+def size(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def occupancy_blocks(p, threads: int, smem: int = 0, regs: int = 32) -> int:
+    """Resident blocks per SM for a block of `threads` threads, `smem` bytes of shared
+    memory and `regs` registers per thread (the CUDA occupancy calculator, simplified)."""
+    by_threads = p.max_threads_per_sm // threads
+    by_smem = p.smem_per_sm // smem if smem else 32
+    by_regs = p.regs_per_sm // max(1, regs * threads)
+    return max(1, min(by_threads, by_smem, by_regs, 32))

@@ -1,0 +1,55 @@
+"""CUDA implementations of relu, silu, gelu, swiglu, geglu ("cuda-elementwise").
+
+Launch rule: blocks of `block` threads (256: 8 warps, enough to hide latency with VEC=4
+loads in flight per thread), each thread VEC elements per step; the grid is the number
+of blocks the array needs, capped at one full wave of resident blocks (SM count x
+blocks per SM), beyond which the grid-stride loop reuses the threads instead of paying
+for more block launches.
+"""
+from __future__ import annotations
+
+from ._common import DEVICE_COPY_NOTE, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props, register_cuda, size
+
+VEC = 4
+PARAMS = {"block": 256, "vec": VEC, "waves": 1}
+
+
+def launch(params, x, *rest):
+    n = size(x.shape)
+    p = props()
+    block = params["block"]
+    need = max(1, cdiv(n, block * VEC))
+    cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
+    return {"grid": min(need, cap), "block": block, "vec": VEC, "elements": n,
+            "device": p.name}
+
+
+def _run_unary(params, x, out, code):
+    K = kernels("activation")
+    xd = as_input(x)
+    res, od = output(out, x.shape, x.dtype)
+    n = size(x.shape)
+    if n:
+        cfg = launch(params, x)
+        K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](xd.reshape(n), res.reshape(n), code)
+    return deliver(res, od, out)
+
+
+def _run_gated(params, gate, up, out, code):
+    K = kernels("activation")
+    gd, ud = as_input(gate), as_input(up)
+    res, od = output(out, gate.shape, gate.dtype)
+    n = size(gate.shape)
+    if n:
+        cfg = launch(params, gate)
+        K.kernel_for("gated", gate.dtype)[cfg["grid"], cfg["block"]](gd.reshape(n), ud.reshape(n), res.reshape(n), code)
+    return deliver(res, od, out)
+
+
+NOTES = ("grid-stride elementwise kernel, 4 coalesced loads in flight per thread; float16/float32 "
+         "computed in float32, float64 in float64; " + DEVICE_COPY_NOTE)
+
+for _op in ("relu", "silu", "gelu"):
+    register_cuda(_op, "cuda-elementwise", _run_unary, launch, notes=NOTES, params=PARAMS)
+for _op in ("swiglu", "geglu"):
+    register_cuda(_op, "cuda-elementwise", _run_gated, launch, notes=NOTES, params=PARAMS)

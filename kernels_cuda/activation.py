@@ -1,0 +1,110 @@
+"""Elementwise activations and gated linear units on flat contiguous device arrays.
+
+Each thread handles VEC elements per step, VEC independent coalesced loads in flight
+(element base + j*blockDim + threadIdx for j < VEC), over a grid-stride loop, so a grid
+sized to fill the GPU once (the dispatcher's choice) covers any length.  float16 and
+float32 inputs compute in float32, float64 in float64 (the kernel factory is keyed by
+the accumulation type; numba specializes each kernel on the array dtypes).  The
+activation code (kernels_cpu.approx.ACT_*) is a runtime argument; the branch is uniform
+over the grid.
+"""
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ._jit import acc_of, device, kernel
+
+ACT_NONE, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3, 4
+VEC = 4  # the kernels below unroll exactly 4
+SQRT_2_OVER_PI = 0.7978845608028654
+INV_SQRT2 = 0.7071067811865476
+
+
+@lru_cache(maxsize=None)
+def act_fn(acc_np):
+    """Device function act(x, code) in accumulation type acc_np (np.float32/np.float64)."""
+    zero, one, half = acc_np(0.0), acc_np(1.0), acc_np(0.5)
+    c2 = acc_np(2.0 * SQRT_2_OVER_PI)
+    cg = acc_np(0.044715)
+    inv_sqrt2 = acc_np(INV_SQRT2)
+
+    @device
+    def act(x, code):
+        if code == ACT_RELU:
+            return max(x, zero)
+        if code == ACT_SILU:
+            return x / (one + math.exp(-x))
+        if code == ACT_GELU:
+            return half * x * math.erfc(-x * inv_sqrt2)
+        if code == ACT_GELU_TANH:
+            u = c2 * (x + cg * x * x * x)
+            return x / (one + math.exp(-u))
+        return x
+
+    return act
+
+
+@lru_cache(maxsize=None)
+def unary_kernel(acc_np):
+    """kernel(x, out, code): out = act(x), 1-D arrays of equal length."""
+    acc, _ = acc_of(acc_np)
+    act = act_fn(acc_np)
+
+    @kernel
+    def unary(x, out, code):
+        n = x.shape[0]
+        tpb = cuda.blockDim.x
+        step = cuda.gridDim.x * tpb * VEC
+        base = cuda.blockIdx.x * tpb * VEC + cuda.threadIdx.x
+        while base < n:
+            if base + 3 * tpb < n:  # all four in range: four loads issued before any store
+                a0, a1, a2, a3 = x[base], x[base + tpb], x[base + 2 * tpb], x[base + 3 * tpb]
+                out[base] = act(acc(a0), code)
+                out[base + tpb] = act(acc(a1), code)
+                out[base + 2 * tpb] = act(acc(a2), code)
+                out[base + 3 * tpb] = act(acc(a3), code)
+            else:
+                for j in range(VEC):
+                    i = base + j * tpb
+                    if i < n:
+                        out[i] = act(acc(x[i]), code)
+            base += step
+
+    return unary
+
+
+@lru_cache(maxsize=None)
+def gated_kernel(acc_np):
+    """kernel(gate, up, out, code): out = act(gate) * up (SwiGLU, GeGLU)."""
+    acc, _ = acc_of(acc_np)
+    act = act_fn(acc_np)
+
+    @kernel
+    def gated(gate, up, out, code):
+        n = gate.shape[0]
+        tpb = cuda.blockDim.x
+        step = cuda.gridDim.x * tpb * VEC
+        base = cuda.blockIdx.x * tpb * VEC + cuda.threadIdx.x
+        while base < n:
+            if base + 3 * tpb < n:
+                g0, g1, g2, g3 = gate[base], gate[base + tpb], gate[base + 2 * tpb], gate[base + 3 * tpb]
+                u0, u1, u2, u3 = up[base], up[base + tpb], up[base + 2 * tpb], up[base + 3 * tpb]
+                out[base] = act(acc(g0), code) * acc(u0)
+                out[base + tpb] = act(acc(g1), code) * acc(u1)
+                out[base + 2 * tpb] = act(acc(g2), code) * acc(u2)
+                out[base + 3 * tpb] = act(acc(g3), code) * acc(u3)
+            else:
+                for j in range(VEC):
+                    i = base + j * tpb
+                    if i < n:
+                        out[i] = act(acc(gate[i]), code) * acc(up[i])
+            base += step
+
+    return gated
+
+
+def kernel_for(kind, dtype):
+    acc_np = acc_of(dtype)[1]
+    return (unary_kernel if kind == "unary" else gated_kernel)(acc_np)

@@ -1,0 +1,96 @@
+"""Device-side copies between strided and C-contiguous arrays (what the run wrappers use
+for non-contiguous device inputs and out=), without a trip through the host."""
+import numpy as np
+from numba import cuda
+
+from ._jit import kernel
+
+
+@kernel
+def _copy1(src, dst):
+    i = cuda.grid(1)
+    if i < dst.shape[0]:
+        dst[i] = src[i]
+
+
+@kernel
+def _copy2(src, dst):
+    i = cuda.grid(1)
+    n1 = dst.shape[1]
+    if i < dst.shape[0] * n1:
+        a, b = i // n1, i % n1
+        dst[a, b] = src[a, b]
+
+
+@kernel
+def _copy3(src, dst):
+    i = cuda.grid(1)
+    n1, n2 = dst.shape[1], dst.shape[2]
+    if i < dst.shape[0] * n1 * n2:
+        a = i // (n1 * n2)
+        r = i - a * (n1 * n2)
+        dst[a, r // n2, r % n2] = src[a, r // n2, r % n2]
+
+
+@kernel
+def _copy4(src, dst):
+    i = cuda.grid(1)
+    n1, n2, n3 = dst.shape[1], dst.shape[2], dst.shape[3]
+    if i < dst.shape[0] * n1 * n2 * n3:
+        a = i // (n1 * n2 * n3)
+        r = i - a * (n1 * n2 * n3)
+        b = r // (n2 * n3)
+        r = r - b * (n2 * n3)
+        dst[a, b, r // n3, r % n3] = src[a, b, r // n3, r % n3]
+
+
+_COPY = {1: _copy1, 2: _copy2, 3: _copy3, 4: _copy4}
+BLOCK = 256
+
+
+def _is_contig(a):
+    return a.is_c_contiguous()
+
+
+def copy(src, dst):
+    """dst[...] = src (same shape, any strides, up to 4 dimensions)."""
+    n = 1
+    for s in dst.shape:
+        n *= s
+    if n == 0:
+        return dst
+    nd = len(dst.shape)
+    if nd == 0:
+        src, dst, nd = src.reshape(1), dst.reshape(1), 1
+    if nd > 4:
+        raise ValueError(
+            f"non-contiguous CUDA arrays of {nd} dimensions are not supported; "
+            "pass a contiguous array (at most 4 dimensions may be strided)")
+    _COPY[nd][(n + BLOCK - 1) // BLOCK, BLOCK](src, dst)
+    return dst
+
+
+def contiguous(a):
+    """a itself when C-contiguous, else a C-contiguous device copy."""
+    if a is None or _is_contig(a):
+        return a
+    out = cuda.device_array(tuple(a.shape), dtype=a.dtype)
+    return copy(a, out)
+
+
+def empty(shape, dtype):
+    return cuda.device_array(tuple(shape), dtype=np.dtype(dtype))
+
+
+def result_buffer(out, shape, dtype):
+    """Where a kernel writes: out itself when C-contiguous, else a fresh device array."""
+    if out is not None and _is_contig(out):
+        return out
+    return empty(shape, dtype)
+
+
+def deliver(res, out):
+    if out is None or res is out:
+        return res
+    copy(res, out)
+    return out

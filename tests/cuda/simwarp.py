@@ -1,0 +1,128 @@
+"""Test-only warp primitives for numba's CUDA simulator.
+
+The simulator runs every thread of a block as a Python thread but has no warp-level
+primitives (``shfl_*_sync``, ``syncwarp``, ``ballot_sync``, ``activemask`` raise
+AttributeError).  ``install()`` adds them to the simulator's fake ``cuda`` module,
+emulated lane by lane: the lanes named in the mask publish their value in a per-warp slot
+table, meet at a per-warp barrier, read the source lane's slot and meet again before the
+slots can be reused.  Semantics follow the PTX ISA for width 32: a source lane outside
+[0, 32) (shfl_up/down) returns the lane's own value.  Reading a lane that is not in the
+mask, or naming lanes that do not exist in the block, raises (it is undefined on
+hardware), so a kernel that shuffles with exited lanes fails here instead of passing.
+"""
+from __future__ import annotations
+
+import threading
+
+_lock = threading.Lock()
+TIMEOUT_S = 120.0
+
+
+class _Warp:
+    def __init__(self, parties):
+        self.barrier = threading.Barrier(parties, timeout=TIMEOUT_S)
+        self.slots = [None] * 32
+
+
+def _lane_warp():
+    t = threading.current_thread()
+    tid = t.thread_id
+    return t, tid & 31, tid >> 5
+
+
+def _state(mod, mask):
+    t, lane, warp = _lane_warp()
+    bdim = mod.blockDim
+    nthreads = bdim.x * bdim.y * bdim.z
+    lanes_here = min(32, nthreads - 32 * warp)
+    existing = (1 << lanes_here) - 1
+    mask = int(mask) & 0xFFFFFFFF
+    if mask & ~existing:
+        raise RuntimeError(
+            f"warp primitive with mask {mask:#x} names lanes that do not exist "
+            f"(warp {warp} has {lanes_here} lanes)")
+    if not (mask >> lane) & 1:
+        raise RuntimeError(f"lane {lane} calls a warp primitive with mask {mask:#x} that excludes it")
+    key = (tuple(t.blockIdx), warp, mask)
+    with _lock:
+        table = mod.__dict__.setdefault("_nk_warps", {})
+        st = table.get(key)
+        if st is None:
+            st = table[key] = _Warp(bin(mask).count("1"))
+    return st, lane, mask
+
+
+def _exchange(mod, mask, value, src_of):
+    st, lane, mask = _state(mod, mask)
+    st.slots[lane] = value
+    st.barrier.wait()
+    src = src_of(lane)
+    if src is None:
+        out = value
+    else:
+        if not (mask >> src) & 1:
+            raise RuntimeError(f"lane {lane} reads lane {src}, which is not in mask {mask:#x}")
+        out = st.slots[src]
+    st.barrier.wait()
+    return out
+
+
+def shfl_sync(self, mask, value, src_lane):
+    return _exchange(self, mask, value, lambda lane: int(src_lane) & 31)
+
+
+def shfl_up_sync(self, mask, value, delta):
+    return _exchange(self, mask, value, lambda lane: lane - int(delta) if lane - int(delta) >= 0 else None)
+
+
+def shfl_down_sync(self, mask, value, delta):
+    return _exchange(self, mask, value, lambda lane: lane + int(delta) if lane + int(delta) < 32 else None)
+
+
+def shfl_xor_sync(self, mask, value, lane_mask):
+    return _exchange(self, mask, value, lambda lane: (lane ^ int(lane_mask)) & 31)
+
+
+def syncwarp(self, mask=0xFFFFFFFF):
+    st, _, _ = _state(self, mask)
+    st.barrier.wait()
+
+
+def ballot_sync(self, mask, predicate):
+    st, lane, mask = _state(self, mask)
+    st.slots[lane] = bool(predicate)
+    st.barrier.wait()
+    bits = 0
+    for i in range(32):
+        if (mask >> i) & 1 and st.slots[i]:
+            bits |= 1 << i
+    st.barrier.wait()
+    return bits
+
+
+def activemask(self):
+    _, _, warp = _lane_warp()
+    bdim = self.blockDim
+    lanes_here = min(32, bdim.x * bdim.y * bdim.z - 32 * warp)
+    return (1 << lanes_here) - 1
+
+
+_NAMES = ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "syncwarp",
+          "ballot_sync", "activemask")
+
+
+def install() -> bool:
+    """Add the emulated primitives to the simulator (no-op without the simulator, where
+    the real ones exist).  Returns whether it installed them."""
+    from numba import cuda
+
+    if not getattr(cuda, "simulator_enabled", False) and "simulator" not in cuda.__name__:
+        from numba import config
+
+        if not getattr(config, "ENABLE_CUDASIM", 0):
+            return False
+    from numba.cuda.simulator import kernelapi
+
+    for name in _NAMES:
+        setattr(kernelapi.FakeCUDAModule, name, globals()[name])
+    return True
