@@ -1,5 +1,210 @@
-"""Placeholder: being written (see the op family's issue)."""
+"""Public scaled dot-product attention: dispatch.attention.
+
+attention(q, k, v, *, causal=False, mask=None, scale=None, out=None)
+  q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) with Hq % Hkv == 0 (MHA, GQA, MQA: query head h
+  uses kv head h // (Hq // Hkv)); result (B, Hq, Sq, D) = softmax(q k^T * scale + mask) v.
+  scale defaults to 1/sqrt(D).  mask: bool (True = attend) or additive (q's dtype),
+  broadcastable to (B, Hq, Sq, Skv).  causal: query i sees keys j <= i + Skv - Sq (the
+  diagonal aligned to the bottom right, so decode with a KV cache, Sq = 1, is the same
+  call); causal and mask combine.  A query that sees no key gets zeros, not NaN.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from kernels_cpu import attention as K
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..select import select
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer
+
+MASK_KINDS = {None: K.MASK_NONE, "bool": K.MASK_BOOL, "add": K.MASK_ADD}
 
 
-def attention(*args, **kwargs):
-    raise NotImplementedError("dispatch.attention is being written")
+def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
+    """Validate an attention call and build its key.
+
+    Call.args = (q, k, v, mask, causal, scale, out):
+      q, k, v  the user's arrays (any strides; host implementations copy non-contiguous ones)
+      mask     the user's mask array, unbroadcast (None, bool, or q's dtype)
+      causal   bool
+      scale    Python float (1/sqrt(D) when scale=None)
+      out      the user's out= array or None
+    Key: ("attention", device, dtype, bucket(B*Hq), bucket(Sq), bucket(Skv), bucket(D),
+          bucket(Hq // Hkv), causal, mask kind 0 none / 1 bool / 2 additive).
+    """
+    dev = V.device_of(q=q, k=k, v=v, mask=mask, out=out)
+    dt = V.float_dtype("q", q)
+    V.same_dtype("k", k, "q", dt)
+    V.same_dtype("v", v, "q", dt)
+    V.rank("q", q, 4, " (B, Hq, Sq, D)")
+    V.rank("k", k, 4, " (B, Hkv, Skv, D)")
+    V.rank("v", v, 4, " (B, Hkv, Skv, D)")
+    B, Hq, Sq, D = (int(s) for s in q.shape)
+    Bk, Hkv, Skv, Dk = (int(s) for s in k.shape)
+    if D < 1:
+        raise ValueError(f"q must have a head dim D >= 1, got shape {tuple(q.shape)}")
+    if Bk != B:
+        raise ValueError(f"k must have batch size {B} (q's), got shape {tuple(k.shape)}")
+    if Dk != D:
+        raise ValueError(f"k must have head dim {D} (q's last dim), got shape {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)} (same Skv, heads, D), got {tuple(v.shape)}")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"k has {Hkv} heads, which must divide q's {Hq} heads (Hq % Hkv == 0)")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    causal = bool(causal)
+    mkind = K.MASK_NONE
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            mkind = K.MASK_BOOL
+        elif mask.dtype == dt:
+            mkind = K.MASK_ADD
+        else:
+            raise TypeError(f"mask must have dtype bool or {dt} (q's dtype), got {mask.dtype}")
+        V.broadcastable("mask", tuple(mask.shape), (B, Hq, Sq, Skv), "(B, Hq, Sq, Skv)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    else:
+        if isinstance(scale, (bool, np.bool_)):
+            raise TypeError(f"scale must be a real number, got {scale!r}")
+        scale = V.finite("scale", scale)
+    V.out(out, (B, Hq, Sq, D), dt, q=q, k=k, v=v, mask=mask)
+    key = ("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket(D),
+           bucket(Hq // Hkv), causal, mkind)
+    return Call(key, (q, k, v, mask, causal, scale, out))
+
+
+# ---- work model --------------------------------------------------------------------------
+
+def visible_pairs(Sq, Skv, causal):
+    """Number of (query, key) pairs a call computes (causal: only those on or below the
+    bottom-right-aligned diagonal)."""
+    if not causal:
+        return Sq * Skv
+    off = Skv - Sq
+    c = np.clip(np.arange(Sq, dtype=np.int64) + off + 1, 0, Skv)
+    return int(c.sum())
+
+
+def _flops(call):
+    q, k = call.args[0], call.args[1]
+    B, Hq, Sq, D = q.shape
+    return 4.0 * B * Hq * D * visible_pairs(Sq, k.shape[2], call.args[4])
+
+
+def _bytes(call):
+    q, k, v, mask = call.args[:4]
+    n = 2 * q.size * q.dtype.itemsize + (k.size + v.size) * k.dtype.itemsize
+    if mask is not None:
+        n += mask.size * mask.dtype.itemsize
+    return float(n)
+
+
+# ---- order rule --------------------------------------------------------------------------
+
+# Measured on this machine kind (2 cores, float32, python scratch timing interleaved): see
+# the report in kernels_cpu/attention.py's module notes and below.
+# split-KV (decode) wins while there are few query rows: with Sq <= 16 the flash kernel's
+# 64-row query tile is mostly padding and it pays a pass packing K^T; flash wins from
+# Sq = 32 on (its 4x16 micro-kernel runs ~100 GFLOP/s per core vs dot products).
+SPLITKV_MAX_SQ = 16
+# Below ~2^20 FLOPs (e.g. 1 x 4 heads x 32 x 32 x 64) a parallel launch costs more than
+# the work: single-thread flash.
+SERIAL_MAX_FLOPS = 1 << 20
+_MEASURED = "float32, measured side by side on 2 cores"
+
+
+def _order(key):
+    if key[1] == "cuda":
+        return ("cuda-flash", "cuda-splitkv"), "inputs are CUDA arrays"
+    bh, sq, skv, d = key[3], key[4], key[5], key[6]
+    if sq <= SPLITKV_MAX_SQ:
+        return (("cpu-splitkv", "cpu-flash", "cpu-serial"),
+                f"Sq bucket {sq} <= {SPLITKV_MAX_SQ}: decode shape, split the KV length over threads ({_MEASURED})")
+    work = 4 * bh * sq * skv * d
+    if work < SERIAL_MAX_FLOPS:
+        return (("cpu-serial", "cpu-flash", "cpu-splitkv"),
+                f"~{work} FLOPs < {SERIAL_MAX_FLOPS}: too little work for threads ({_MEASURED})")
+    return (("cpu-flash", "cpu-serial", "cpu-splitkv"),
+            f"Sq bucket {sq} > {SPLITKV_MAX_SQ}: flash tiles of {K.BQ} queries x {K.BK} keys over threads ({_MEASURED})")
+
+
+# ---- host implementations ----------------------------------------------------------------
+
+def _prepare(q, k, v, mask, out):
+    qc, kc, vc = contiguous(q), contiguous(k), contiguous(v)
+    B, Hq, Sq, D = q.shape
+    Skv = k.shape[2]
+    if mask is None:
+        m4, mkind = np.broadcast_to(np.zeros(1, q.dtype), (B, Hq, Sq, Skv)), K.MASK_NONE
+    else:
+        m4 = np.broadcast_to(mask, (B, Hq, Sq, Skv))
+        mkind = K.MASK_BOOL if mask.dtype == np.bool_ else K.MASK_ADD
+    res = result_buffer(out, q.shape, q.dtype)
+    return qc, kc, vc, m4, mkind, res
+
+
+def _packed_k(kc):
+    B, Hkv, Skv, D = kc.shape
+    kp = np.empty((B, Hkv, (Skv + K.NC - 1) // K.NC, D, K.NC), kc.dtype)
+    if kp.size:
+        K.pack_k(kc, kp)
+    return kp
+
+
+def _run_flash(kernel):
+    def run(params, q, k, v, mask, causal, scale, out):
+        qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
+        if res.size:
+            kernel(qc, _packed_k(kc), vc, m4, mkind, causal, q.dtype.type(scale), res)
+        return deliver(res, out)
+
+    return run
+
+
+def _run_splitkv(params, q, k, v, mask, causal, scale, out):
+    qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
+    if res.size:
+        B, Hq, Sq, D = q.shape
+        Hkv, Skv = k.shape[1], k.shape[2]
+        R = (Hq // Hkv) * Sq
+        items = B * Hkv * ((R + K.RC - 1) // K.RC)
+        want = params.get("items_per_thread", 4) * numba.get_num_threads()
+        nsplit = max(1, min((Skv + K.SPLIT_MIN - 1) // K.SPLIT_MIN, -(-want // items)))
+        split_len = -(-max(Skv, 1) // nsplit)
+        split_len = -(-split_len // K.BK) * K.BK
+        nsplit = max(1, -(-Skv // split_len))
+        pm = np.empty((B, Hkv, nsplit, R), q.dtype)
+        pl = np.empty((B, Hkv, nsplit, R), q.dtype)
+        pacc = np.empty((B, Hkv, nsplit, R, D), q.dtype)
+        K.splitkv_parallel(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res, nsplit, split_len, pm, pl, pacc)
+    return deliver(res, out)
+
+
+_op = register_op(Op("attention", describe, _order, _flops, _bytes, family="attention"))
+register(Implementation(
+    "attention", "cpu-flash", "cpu", _run_flash(K.flash_parallel),
+    notes=HOST_COPY_NOTE + f"; K packed to 16-key K^T panels once per call; work items (batch, head, "
+          f"{K.BQ}-query tile) over threads, {K.BK}-key tiles streamed with an online softmax; "
+          "mask read through broadcast strides"))
+register(Implementation(
+    "attention", "cpu-serial", "cpu", _run_flash(K.flash_serial),
+    notes=HOST_COPY_NOTE + "; the flash kernel on the calling thread"))
+register(Implementation(
+    "attention", "cpu-splitkv", "cpu", _run_splitkv,
+    notes=HOST_COPY_NOTE + f"; decode: work items (batch, kv head, kv split of >= {K.SPLIT_MIN} keys, "
+          f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group",
+    params={"items_per_thread": 4}, tunables={"items_per_thread": [1, 2, 4, 8]}))
+
+
+def attention(q, k, v, *, causal=False, mask=None, scale=None, out=None):
+    """softmax(q k^T * scale + mask) v per (batch, head); see the module docstring."""
+    call = describe(q, k, v, causal=causal, mask=mask, scale=scale, out=out)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)

@@ -1,0 +1,454 @@
+"""Scaled dot-product attention on the CPU: flash-style tiles and split-KV decode.
+
+Layouts (all C-contiguous, prepared by dispatch/ops/attention.py):
+  q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D), out (B, Hq, Sq, D); query head h reads kv
+  head h // (Hq // Hkv).  ``mask`` is always a 4-D (B, Hq, Sq, Skv) *broadcast view*
+  (zero strides where the user's mask broadcasts, never a copy); ``mkind`` says how to
+  read it: MASK_NONE (a dummy), MASK_BOOL (True = attend) or MASK_ADD (added to the scores).
+  ``causal``: query i sees keys j <= i + Skv - Sq (diagonal aligned to the bottom right).
+
+flash (cpu-flash, cpu-serial)
+  Work item = (batch, head, tile of BQ queries).  K is first packed once per kv head into
+  transposed 16-key panels ``kp (B, Hkv, ceil(Skv/16), D, 16)`` (zero padded), so that
+  S = (scale*Q_tile) K^T and acc += P V both run on one register-blocked micro-kernel:
+  a 4-row x 16-column block of C kept in 8 vector registers, updated by broadcast(A) x
+  two 8-wide rows of B per step of the inner dimension (the classic GEMM micro-kernel,
+  written directly in LLVM IR: numba's pipeline has no SLP vectorizer, so scalar code
+  would not become vector code).  Keys stream through in tiles of BK with an online
+  softmax (running max m, sum l, rescaled accumulator); no Sq x Skv buffer exists.
+  Causal: K tiles wholly above the diagonal are not visited, the diagonal tile is masked
+  per row.  A row that sees no key (mask all False / -inf, or causal with Sq > Skv) is 0.
+
+split-KV (cpu-splitkv)
+  For decode (few queries, long cache).  Work item = (batch, kv head, kv split, chunk of
+  RC query rows); the rows of one item are all query heads of the kv group (x queries),
+  so each K/V row is read once for the whole GQA group.  Scores are dot products over D
+  (vectorized), P V updates accumulator rows; each split writes a partial (m, l, acc) and
+  a second parallel pass combines the splits.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from .approx import JIT, fexp
+
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+MR, NC = 4, 16   # micro-kernel block: MR rows x NC columns of C
+BQ = 64          # queries per flash work item (multiple of MR)
+BK = 64          # keys per streamed K/V tile (multiple of NC)
+RC = 8           # query rows per split-KV work item
+SPLIT_MIN = 256  # fewest keys per split-KV split
+
+
+# ---- the register-blocked micro-kernel -------------------------------------------------
+
+def _make_micro(fir, width, rows, nvec):
+    """C[r, 0:width*nvec] (+)= sum_k A[r*a_rs + k*a_ks] * B[k*ldb + 0:width*nvec] for r < rows.
+
+    All arguments are int64: element pointers (from ``arr.ctypes.data``) and strides in
+    elements.  accumulate != 0 adds to C, else C is overwritten.  The rows x nvec vector
+    accumulators live in registers for the whole k loop (allocas promoted by LLVM)."""
+    vty = ir.VectorType(fir, width)
+    suffix = "v%d%s" % (width, "f32" if isinstance(fir, ir.FloatType) else "f64")
+    isz = 4 if isinstance(fir, ir.FloatType) else 8
+
+    @intrinsic
+    def micro(typingctx, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+        sig = types.none(types.intp, types.intp, types.intp, types.intp, types.intp,
+                         types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, sig, args):
+            a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf = args
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            pty, vpty = fir.as_pointer(), vty.as_pointer()
+            A = builder.inttoptr(a_ptr, pty)
+            B = builder.inttoptr(b_ptr, pty)
+            C = builder.inttoptr(c_ptr, pty)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma." + suffix)
+            zero = ir.Constant(vty, None)
+            doacc = builder.icmp_signed("!=", accf, ir.Constant(i64, 0))
+
+            def c_addr(r, v):
+                off = builder.add(builder.mul(ir.Constant(i64, r), ldc), ir.Constant(i64, v * width))
+                return builder.bitcast(builder.gep(C, [off]), vpty)
+
+            accs = []
+            for r in range(rows):
+                row = []
+                for v in range(nvec):
+                    slot = cgutils.alloca_once(builder, vty)
+                    builder.store(zero, slot)
+                    row.append(slot)
+                accs.append(row)
+            with builder.if_then(doacc):
+                for r in range(rows):
+                    for v in range(nvec):
+                        builder.store(builder.load(c_addr(r, v), align=isz), accs[r][v])
+            bcast = ir.Constant(ir.VectorType(i32, width), [0] * width)
+            undef = ir.Constant(vty, ir.Undefined)
+            with cgutils.for_range(builder, kdim) as loop:
+                k = loop.index
+                bp = builder.gep(B, [builder.mul(k, ldb)])
+                bvs = [builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, v * width)]), vpty), align=isz)
+                       for v in range(nvec)]
+                kofs = builder.mul(k, a_ks)
+                for r in range(rows):
+                    ap = builder.gep(A, [builder.add(kofs, builder.mul(ir.Constant(i64, r), a_rs))])
+                    a = builder.insert_element(undef, builder.load(ap, align=isz), ir.Constant(i32, 0))
+                    a = builder.shuffle_vector(a, undef, bcast)
+                    for v in range(nvec):
+                        builder.store(builder.call(fma, [a, bvs[v], builder.load(accs[r][v])]), accs[r][v])
+            for r in range(rows):
+                for v in range(nvec):
+                    builder.store(builder.load(accs[r][v]), c_addr(r, v), align=isz)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_micro_f32 = _make_micro(ir.FloatType(), 8, 4, 2)   # 4 x 16: 8 accumulators
+_micro_f64 = _make_micro(ir.DoubleType(), 4, 2, 4)  # 2 x 16: 8 accumulators
+
+
+def micro(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+    """4 x 16 block: C[0:4, 0:16] (+)= A(4 x kdim, strides a_rs, a_ks) B(kdim x 16, row stride ldb).
+    x: any scalar of the element type (selects float32 / float64)."""
+
+
+@overload(micro, inline="always")
+def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+    if x == types.float32:
+        def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+            _micro_f32(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
+        return f32
+
+    def f64(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+        _micro_f64(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
+        _micro_f64(a_ptr + 2 * 8 * a_rs, a_rs, a_ks, b_ptr, ldb, c_ptr + 2 * 8 * ldc, ldc, kdim, accumulate)
+    return f64
+
+
+# ---- shared pieces ---------------------------------------------------------------------
+
+@njit(**JIT)
+def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
+    """Turn scores srow[:jn] (keys j0..j0+jn) into exp(s - m_new) in place, masking keys
+    >= lim (causal) and by the mask row; returns (m_new, l_new, alpha) of the online
+    softmax (alpha rescales the accumulator).  A row with nothing visible so far keeps
+    m = -inf, l = 0 and contributes zeros."""
+    ninf = -np.inf
+    if mkind == MASK_BOOL:
+        for j in range(jn):
+            if not mrow[j0 + j]:
+                srow[j] = ninf
+    elif mkind == MASK_ADD:
+        for j in range(jn):
+            srow[j] = srow[j] + mrow[j0 + j]
+    for j in range(max(lim, 0), jn):
+        srow[j] = ninf
+    mx = srow[0]
+    for j in range(1, jn):
+        mx = max(mx, srow[j])
+    m_new = max(m_old, mx)
+    mu = m_new if m_new > ninf else srow.dtype.type(0)
+    alpha = fexp(m_old - mu)
+    s = srow.dtype.type(0)
+    for j in range(jn):
+        p = fexp(srow[j] - mu)
+        srow[j] = p
+        s += p
+    return m_new, l_old * alpha + s, alpha
+
+
+@njit(**JIT)
+def pack_k_head(kh, kph):
+    """kph[c, d, t] = kh[16c + t, d] (zeros past the last key): K^T in 16-key panels."""
+    S, D = kh.shape
+    z = kh.dtype.type(0)
+    for c in range(kph.shape[0]):
+        panel = kph[c]
+        for t in range(NC):
+            j = c * NC + t
+            if j < S:
+                row = kh[j]
+                for d in range(D):
+                    panel[d, t] = row[d]
+            else:
+                for d in range(D):
+                    panel[d, t] = z
+
+
+@njit(parallel=True, **JIT)
+def pack_k(k, kp):
+    B, H = k.shape[0], k.shape[1]
+    for t in prange(B * H):
+        b, h = t // H, t % H
+        pack_k_head(k[b, h], kp[b, h])
+
+
+# ---- flash ---------------------------------------------------------------------------
+
+@njit(**JIT)
+def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, h, qt, qs, st, acc, mv, lv):
+    """One work item: queries qt*BQ .. of head h in batch b.  qs (BQ, D), st (BQ, BK),
+    acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers."""
+    Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
+    Hkv, Skv = v.shape[1], v.shape[2]
+    hk = h // (Hq // Hkv)
+    dt = q.dtype.type
+    zero, ninf = dt(0), dt(-np.inf)
+    isz = q.itemsize
+    i0 = qt * BQ
+    nq = min(BQ, Sq - i0)
+    nqr = (nq + MR - 1) // MR * MR
+    off = Skv - Sq
+    kv_end = Skv
+    if causal:
+        kv_end = min(Skv, i0 + nq + off)
+    for r in range(nqr):
+        qrow = qs[r]
+        if r < nq:
+            src = q[b, h, i0 + r]
+            for d in range(D):
+                qrow[d] = src[d] * scale
+        else:
+            for d in range(D):
+                qrow[d] = zero
+        arow = acc[r]
+        for d in range(D):
+            arow[d] = zero
+        mv[r] = ninf
+        lv[r] = zero
+    kph = kp[b, hk]
+    vh = v[b, hk]
+    qs_p, st_p, acc_p = qs.ctypes.data, st.ctypes.data, acc.ctypes.data
+    kp_p, v_p = kph.ctypes.data, vh.ctypes.data
+    d16 = D // NC * NC
+    for j0 in range(0, kv_end, BK):
+        jn = min(BK, kv_end - j0)
+        ncb = (jn + NC - 1) // NC
+        # S = (scale Q) K^T, 4 x 16 blocks
+        for cb in range(ncb):
+            bptr = kp_p + (j0 // NC + cb) * D * NC * isz
+            for r0 in range(0, nqr, MR):
+                micro(zero, qs_p + r0 * D * isz, D, 1, bptr, NC,
+                      st_p + (r0 * BK + cb * NC) * isz, BK, D, 0)
+        # masks and online softmax, row by row
+        for r in range(nq):
+            lim = jn
+            if causal:
+                lim = min(jn, i0 + r + off + 1 - j0)
+            mo = mv[r]
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mask[b, h, i0 + r], j0, mkind, mo, lv[r])
+            mv[r] = mn
+            lv[r] = ln
+            if alpha != dt(1):
+                arow = acc[r]
+                for d in range(D):
+                    arow[d] *= alpha
+        # acc += P V
+        for d0 in range(0, d16, NC):
+            bptr = v_p + (j0 * D + d0) * isz
+            for r0 in range(0, nqr, MR):
+                micro(zero, st_p + r0 * BK * isz, BK, 1, bptr, D,
+                      acc_p + (r0 * D + d0) * isz, D, jn, 1)
+        if d16 < D:
+            for r in range(nq):
+                arow = acc[r]
+                prow = st[r]
+                for j in range(jn):
+                    p = prow[j]
+                    vrow = vh[j0 + j]
+                    for d in range(d16, D):
+                        arow[d] += p * vrow[d]
+    for r in range(nq):
+        orow = out[b, h, i0 + r]
+        arow = acc[r]
+        l = lv[r]
+        if l > zero:
+            inv = dt(1) / l
+            for d in range(D):
+                orow[d] = arow[d] * inv
+        else:
+            for d in range(D):
+                orow[d] = zero
+
+
+@njit(**JIT)
+def _item_coords(t, BH, nqt):
+    """Work item t -> (bh, qt).  Query tiles are visited in the zigzag order 0, n-1, 1,
+    n-2, ... (outer) so that equal contiguous chunks of items carry equal causal work."""
+    u = t // BH
+    bh = t % BH
+    if u % 2 == 0:
+        qt = u // 2
+    else:
+        qt = nqt - 1 - u // 2
+    return bh, qt
+
+
+@njit(parallel=True, **JIT)
+def flash_parallel(q, kp, v, mask, mkind, causal, scale, out):
+    B, Hq, Sq, D = q.shape
+    nqt = (Sq + BQ - 1) // BQ
+    BH = B * Hq
+    for t in prange(BH * nqt):
+        bh, qt = _item_coords(t, BH, nqt)
+        qs = np.empty((BQ, D), q.dtype)
+        st = np.empty((BQ, BK), q.dtype)
+        acc = np.empty((BQ, D), q.dtype)
+        mv = np.empty(BQ, q.dtype)
+        lv = np.empty(BQ, q.dtype)
+        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hq, bh % Hq, qt, qs, st, acc, mv, lv)
+
+
+@njit(**JIT)
+def flash_serial(q, kp, v, mask, mkind, causal, scale, out):
+    B, Hq, Sq, D = q.shape
+    nqt = (Sq + BQ - 1) // BQ
+    qs = np.empty((BQ, D), q.dtype)
+    st = np.empty((BQ, BK), q.dtype)
+    acc = np.empty((BQ, D), q.dtype)
+    mv = np.empty(BQ, q.dtype)
+    lv = np.empty(BQ, q.dtype)
+    for bh in range(B * Hq):
+        for qt in range(nqt):
+            _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hq, bh % Hq, qt, qs, st, acc, mv, lv)
+
+
+# ---- split-KV --------------------------------------------------------------------------
+
+@njit(**JIT)
+def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, pm, pl, pacc,
+                qs, st, acc):
+    """Keys [sp*split_len, ...) for query rows rc*RC .. of kv group hk; rows enumerate
+    (head in group, query): row rr -> head hk*G + rr // Sq, query rr % Sq.  Writes the
+    unnormalized partial (m, l, acc) of split sp."""
+    Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
+    Hkv, Skv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    dt = q.dtype.type
+    zero, ninf = dt(0), dt(-np.inf)
+    R = G * Sq
+    r0 = rc * RC
+    nr = min(RC, R - r0)
+    js = sp * split_len
+    je = min(Skv, js + split_len)
+    off = Skv - Sq
+    if causal:
+        last = 0
+        for r in range(nr):
+            last = max(last, (r0 + r) % Sq)
+        je = min(je, last + off + 1)
+    kh, vh = k[b, hk], v[b, hk]
+    for r in range(nr):
+        rr = r0 + r
+        src = q[b, hk * G + rr // Sq, rr % Sq]
+        qrow = qs[r]
+        for d in range(D):
+            qrow[d] = src[d] * scale
+        arow = acc[r]
+        for d in range(D):
+            arow[d] = zero
+    mvals = pm[b, hk, sp]
+    lvals = pl[b, hk, sp]
+    for r in range(nr):
+        mvals[r0 + r] = ninf
+        lvals[r0 + r] = zero
+    for j0 in range(js, je, BK):
+        jn = min(BK, je - j0)
+        for j in range(jn):
+            krow = kh[j0 + j]
+            for r in range(nr):
+                qrow = qs[r]
+                s = zero
+                for d in range(D):
+                    s += qrow[d] * krow[d]
+                st[r, j] = s
+        for r in range(nr):
+            rr = r0 + r
+            i = rr % Sq
+            lim = jn
+            if causal:
+                lim = min(jn, i + off + 1 - j0)
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mask[b, hk * G + rr // Sq, i], j0, mkind,
+                                                mvals[rr], lvals[rr])
+            mvals[rr] = mn
+            lvals[rr] = ln
+            if alpha != dt(1):
+                arow = acc[r]
+                for d in range(D):
+                    arow[d] *= alpha
+        for j in range(jn):
+            vrow = vh[j0 + j]
+            for r in range(nr):
+                p = st[r, j]
+                arow = acc[r]
+                for d in range(D):
+                    arow[d] += p * vrow[d]
+    dst = pacc[b, hk, sp]
+    for r in range(nr):
+        drow = dst[r0 + r]
+        arow = acc[r]
+        for d in range(D):
+            drow[d] = arow[d]
+
+
+@njit(parallel=True, **JIT)
+def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl, pacc):
+    """pm, pl (B, Hkv, nsplit, G*Sq), pacc (B, Hkv, nsplit, G*Sq, D): partials."""
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    R = G * Sq
+    nrc = (R + RC - 1) // RC
+    n1 = B * Hkv * nsplit * nrc
+    for t in prange(n1):
+        rc = t % nrc
+        u = t // nrc
+        sp = u % nsplit
+        bh = u // nsplit
+        qs = np.empty((RC, D), q.dtype)
+        st = np.empty((RC, BK), q.dtype)
+        acc = np.empty((RC, D), q.dtype)
+        _split_item(q, k, v, mask, mkind, causal, scale, bh // Hkv, bh % Hkv, sp, rc, split_len,
+                    pm, pl, pacc, qs, st, acc)
+    for t in prange(B * Hkv * R):
+        rr = t % R
+        bh = t // R
+        b, hk = bh // Hkv, bh % Hkv
+        _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, out[b, hk * G + rr // Sq, rr % Sq])
+
+
+@njit(**JIT)
+def _combine_row(pm, pl, pacc, rr, orow):
+    """orow = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits (0 if no key)."""
+    nsplit = pm.shape[0]
+    D = orow.shape[0]
+    dt = orow.dtype.type
+    zero = dt(0)
+    M = dt(-np.inf)
+    for s in range(nsplit):
+        M = max(M, pm[s, rr])
+    for d in range(D):
+        orow[d] = zero
+    if not M > dt(-np.inf):
+        return
+    L = zero
+    for s in range(nsplit):
+        w = fexp(pm[s, rr] - M)
+        L += w * pl[s, rr]
+        if w > zero:
+            src = pacc[s, rr]
+            for d in range(D):
+                orow[d] += w * src[d]
+    if L > zero:
+        inv = dt(1) / L
+        for d in range(D):
+            orow[d] *= inv
