@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Everything CI checks, in order of cost. Called by ./run.sh test (which set up .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+start=$(date +%s)
+
+echo "== CPU tests"
+python -m pytest -q tests
+
+if [ -f .ci/cuda_checks.sh ]; then
+    echo "== CUDA: simulator tests and PTX compilation for sm_80/sm_87/sm_90"
+    bash .ci/cuda_checks.sh
+fi
+
+if [ -f .ci/bench_smoke.sh ]; then
+    echo "== asv smoke run and published-HTML render check"
+    bash .ci/bench_smoke.sh
+fi
+echo "== all checks passed in $(( $(date +%s) - start )) s"
