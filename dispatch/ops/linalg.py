@@ -1,9 +1,318 @@
-"""Placeholder: being written (see the op family's issue)."""
+"""Public matmul and linear with a fused bias + activation epilogue.
+
+    matmul(a, b, *, bias=None, activation=None, out=None)
+        a (..., M, K) @ b (..., K, N), batch dims broadcast as in numpy, then + bias (N,)
+        and the activation; result (..., M, N).
+    linear(x, weight, bias=None, *, activation=None, out=None)
+        x (..., K) @ weight.T with weight (N, K) as in torch.nn.functional.linear; result
+        (..., N).  The weight is read in its (N, K) layout (no transposed copy).
+
+activation: None, "relu", "gelu" (exact), "gelu_tanh" or "silu", applied after the bias.
+float32 or float64; every argument of one dtype.  Inputs of rank < 2 (matmul) or 0
+(linear x) are a ValueError: no numpy-style 1-D promotion, so a vector passed by mistake
+is caught instead of silently turned into a row or a column (reshape it to (1, K)).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from kernels_cpu import gemm as K
+from kernels_cpu.approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, ACTIVATION_CODES
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..select import select
+from ._common import result_buffer
+
+# FLOPs per output element of the epilogue (bias add 1, activations as in ops.activation).
+_ACT_FLOPS = {ACT_NONE: 0, ACT_RELU: 1, ACT_SILU: 4, ACT_GELU: 8, ACT_GELU_TANH: 9}
+_ACT_NAMES = list(ACTIVATION_CODES)
 
 
-def matmul(*args, **kwargs):
-    raise NotImplementedError("dispatch.matmul is being written")
+def _common_checks(first_name, first, second_name, second, bias, out, activation):
+    dev = V.device_of(**{first_name: first, second_name: second, "bias": bias, "out": out})
+    dt = V.float_dtype(first_name, first)
+    V.same_dtype(second_name, second, first_name, dt)
+    if bias is not None:
+        V.same_dtype("bias", bias, first_name, dt)
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"activation must be one of {_ACT_NAMES}, got {activation!r}")
+    return dev, dt, ACTIVATION_CODES[activation]
 
 
-def linear(*args, **kwargs):
-    raise NotImplementedError("dispatch.linear is being written")
+def _check_bias(bias, n, what):
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias must have shape ({n},) to match {what}, got {tuple(bias.shape)}")
+
+
+def _key(op, dev, dt, batch, m, n, k, code, bias):
+    return (op, dev, dt, bucket(batch), bucket(m), bucket(n), bucket(k), code, bias is not None)
+
+
+def describe_matmul(a, b, *, bias=None, activation=None, out=None):
+    """Validate a matmul call.
+
+    Call.args = (a, b, bias, out, code, False): a (..., M, K), b (..., K, N) as given
+    (any strides, batch dims not yet broadcast), bias (N,) or None, out or None, code the
+    approx.ACT_* activation; the last element (``b_is_nk``) is False: b is (K, N).
+    Key: ("matmul", device, dtype, bucket(batch), bucket(M), bucket(N), bucket(K), code, has_bias)."""
+    dev, dt, code = _common_checks("a", a, "b", b, bias, out, activation)
+    V.rank("a", a, (2, 64), " (..., M, K)")
+    V.rank("b", b, (2, 64), " (..., K, N)")
+    m, k = a.shape[-2], a.shape[-1]
+    kb, n = b.shape[-2], b.shape[-1]
+    if kb != k:
+        raise ValueError(
+            f"b must have K={k} rows to match a (..., {m}, {k}), got {kb} (b has shape {tuple(b.shape)})")
+    try:
+        batch_shape = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"batch dimensions of a {tuple(a.shape[:-2])} and b {tuple(b.shape[:-2])} do not broadcast") from None
+    _check_bias(bias, n, f"b (..., {k}, {n})")
+    out_shape = batch_shape + (m, n)
+    V.out(out, out_shape, dt, a=a, b=b, bias=bias)
+    batch = math.prod(batch_shape)
+    return Call(_key("matmul", dev, dt, batch, m, n, k, code, bias), (a, b, bias, out, code, False))
+
+
+def describe_linear(x, weight, bias=None, *, activation=None, out=None):
+    """Validate a linear call.
+
+    Call.args = (x, weight, bias, out, code, True): x (..., K), weight (N, K) as given,
+    bias (N,) or None, out or None, code the approx.ACT_* activation; the last element
+    (``b_is_nk``) is True: the second operand is (N, K) and used transposed.
+    Key: ("linear", device, dtype, 1, bucket(M), bucket(N), bucket(K), code, has_bias) with
+    M the product of x's leading dims."""
+    dev, dt, code = _common_checks("x", x, "weight", weight, bias, out, activation)
+    V.rank("x", x, (1, 64), " (..., K)")
+    V.rank("weight", weight, 2, " (N, K)")
+    k = x.shape[-1]
+    n, kw = weight.shape
+    if kw != k:
+        raise ValueError(
+            f"weight must have K={k} columns to match x (..., {k}), got shape {tuple(weight.shape)}")
+    _check_bias(bias, n, f"weight ({n}, {k})")
+    out_shape = tuple(x.shape[:-1]) + (n,)
+    V.out(out, out_shape, dt, x=x, weight=weight, bias=bias)
+    m = math.prod(x.shape[:-1])
+    return Call(_key("linear", dev, dt, 1, m, n, k, code, bias), (x, weight, bias, out, code, True))
+
+
+# ---- host preparation ----------------------------------------------------------------------
+
+def _as3(x):
+    """(x3, trans): x (..., R, C) as a C-contiguous (B, R, C) array (trans False) or, when x is
+    a transposed view of a C-contiguous array, its (B, C, R) base (trans True, no copy)."""
+    r, c = x.shape[-2:]
+    nb = math.prod(x.shape[:-2])
+    if x.flags.c_contiguous:
+        return x.reshape(nb, r, c), False
+    s = np.swapaxes(x, -1, -2)
+    if s.flags.c_contiguous:
+        return s.reshape(nb, c, r), True
+    return np.ascontiguousarray(x).reshape(nb, r, c), False
+
+
+_ZERO_IDX = np.zeros(1, np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _batch_index(a_batch, b_batch):
+    """(n, a_idx, b_idx): output batch i reads a3[a_idx[i]] and b3[b_idx[i]]."""
+    full = np.broadcast_shapes(a_batch, b_batch)
+    n = math.prod(full)
+    if n == 1:
+        return 1, _ZERO_IDX, _ZERO_IDX
+    ai = np.broadcast_to(np.arange(math.prod(a_batch), dtype=np.int64).reshape(a_batch), full).ravel()
+    bi = np.broadcast_to(np.arange(math.prod(b_batch), dtype=np.int64).reshape(b_batch), full).ravel()
+    return n, np.ascontiguousarray(ai), np.ascontiguousarray(bi)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(n, dtype):
+    z = np.zeros(n, dtype)
+    return z
+
+
+def _prepare(a, b, bias, out, b_is_nk):
+    """Kernel arguments: (a3, b3, a_idx, b_idx, transa, transb, bias, out3, res, K)."""
+    dt = a.dtype
+    if b_is_nk:  # linear: a = x (..., K), b = weight (N, K)
+        k = a.shape[-1]
+        n = b.shape[0]
+        m = math.prod(a.shape[:-1])
+        out_shape = tuple(a.shape[:-1]) + (n,)
+        if a.ndim == 2:
+            a3, transa = _as3(a)
+        else:
+            a3, transa = np.ascontiguousarray(a).reshape(1, m, k), False
+        if b.flags.c_contiguous:
+            b3, transb = b.reshape(1, n, k), True
+        elif b.T.flags.c_contiguous:   # weight given as W.T of a (K, N) array
+            b3, transb = b.T.reshape(1, k, n), False
+        else:
+            b3, transb = np.ascontiguousarray(b).reshape(1, n, k), True
+        nbatch, a_idx, b_idx = 1, _ZERO_IDX, _ZERO_IDX
+    else:
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        nbatch, a_idx, b_idx = _batch_index(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+        out_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n)
+        a3, transa = _as3(a)
+        b3, transb = _as3(b)
+    res = result_buffer(out, out_shape, dt)
+    bias_v = _zeros(n, dt) if bias is None else np.ascontiguousarray(bias)
+    return a3, b3, a_idx, b_idx, transa, transb, bias_v, res.reshape(nbatch, m, n), res, k
+
+
+def _finish(res, out):
+    if out is None or res is out:
+        return res
+    out[...] = res
+    return out
+
+
+def _degenerate(out3, bias, code):
+    """K == 0: the product is zero, the result act(bias)."""
+    out3[...] = 0
+    K.epilogue_parallel(out3.reshape(-1, out3.shape[-1]), bias, code)
+
+
+def _gemm_blocks(m, n, k, nbatch, nr):
+    """(mc_panels, nc_panels, kc): task blocking for gemm_parallel (see the measurements
+    at the bottom of this module)."""
+    mp = -(-m // K.MR)
+    npn = -(-n // nr)
+    nkb = -(-k // KC_MAX)
+    kc = -(-k // nkb) if k else 1
+    mc = min(mp, MC_PANELS)
+    nc = min(npn, NC_PANELS)
+    # at least TASKS_MIN tasks so that both threads work and finish together
+    while nbatch * (-(-mp // mc)) * (-(-npn // nc)) < TASKS_MIN and (mc > 1 or nc > 1):
+        if nc >= mc * nr // K.MR and nc > 1:
+            nc = -(-nc // 2)
+        else:
+            mc = -(-mc // 2)
+    return mc, nc, kc
+
+
+def _run_gemm(params, a, b, bias, out, code, b_is_nk):
+    a3, b3, ai, bi, ta, tb, bias_v, out3, res, k = _prepare(a, b, bias, out, b_is_nk)
+    if out3.size:
+        if k == 0:
+            _degenerate(out3, bias_v, code)
+        else:
+            nbatch, m, n = out3.shape
+            mc, nc, kc = _gemm_blocks(m, n, k, nbatch, K.tile_n(res.dtype))
+            K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3, mc, nc, kc)
+    return _finish(res, out)
+
+
+def _run_gemv(params, a, b, bias, out, code, b_is_nk):
+    a3, b3, ai, bi, ta, tb, bias_v, out3, res, k = _prepare(a, b, bias, out, b_is_nk)
+    if out3.size:
+        if k == 0:
+            _degenerate(out3, bias_v, code)
+        else:
+            K.gemv_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3)
+    return _finish(res, out)
+
+
+def _run_blas(params, a, b, bias, out, code, b_is_nk):
+    bmat = b.T if b_is_nk else b
+    if out is not None and out.flags.c_contiguous:
+        res = np.matmul(a, bmat, out=out)
+    else:
+        res = np.matmul(a, bmat)
+    if (bias is not None or code != ACT_NONE) and res.size:
+        n = res.shape[-1]
+        bias_v = _zeros(n, res.dtype) if bias is None else np.ascontiguousarray(bias)
+        K.epilogue_parallel(res.reshape(-1, n), bias_v, code)
+    return _finish(res, out)
+
+
+# ---- work model ----------------------------------------------------------------------------
+
+def _dims(call):
+    a, b, bias, out, code, b_is_nk = call.args
+    if b_is_nk:
+        return 1, math.prod(a.shape[:-1]), b.shape[0], a.shape[-1]
+    batch = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
+
+
+def _flops(call):
+    batch, m, n, k = _dims(call)
+    bias, code = call.args[2], call.args[4]
+    per_out = 2 * k + (bias is not None) + _ACT_FLOPS[code]
+    return batch * m * n * per_out
+
+
+def _bytes(call):
+    """Fewest bytes: read a, b and bias once (broadcast batches once), write the result."""
+    a, b, bias = call.args[:3]
+    batch, m, n, k = _dims(call)
+    elems = a.size + b.size + (bias.size if bias is not None else 0) + batch * m * n
+    return elems * a.dtype.itemsize
+
+
+# ---- selection -----------------------------------------------------------------------------
+
+# Blocking of gemm_parallel (float32 tile 6 x 16, float64 6 x 8).
+KC_MAX = 384      # K block: the 16-column B panel slice (24 KiB fp32) stays in L1
+MC_PANELS = 16    # 96 rows per task: the task's A block (96 x kc) stays in L2
+NC_PANELS = 16    # 256 fp32 columns per task
+TASKS_MIN = 8     # split blocks until there are this many tasks (2 threads, balance)
+
+
+def _order(key):
+    if key[1] == "cuda":
+        return ("cuda",), "inputs are CUDA arrays"
+    m = key[4]
+    if m == 1:
+        return ("cpu-gemv", "cpu-gemm", "blas"), "M == 1: matrix-vector product, bound by reading the weights"
+    return ("cpu-gemm", "blas", "cpu-gemv"), "M > 1: cache-blocked GEMM with the fused epilogue"
+
+
+_NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into 6-row / 16-column (fp64: 8) panels, "
+               "6x16 register tile of FMA vectors, prange over batch x row x column blocks, "
+               "bias + activation fused into the tile store; transposed views read without a copy, "
+               "other non-contiguous inputs copied")
+_NOTES_GEMV = ("matrix-vector form for few rows: prange over blocks of outputs, dot products "
+               "with contiguous weight rows (linear's (N, K) layout) or row updates for a (K, N) b; "
+               "bias + activation fused")
+_NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel: the epilogue is "
+               "a second pass over the output (skipped without bias and activation)")
+
+
+def _register(name, describe):
+    op = register_op(Op(name, describe, _order, _flops, _bytes, family="linalg"))
+    register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM))
+    register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV))
+    register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS))
+    return op
+
+
+_register("matmul", describe_matmul)
+_register("linear", describe_linear)
+
+
+def matmul(a, b, *, bias=None, activation=None, out=None):
+    """act(a @ b + bias): a (..., M, K), b (..., K, N) with numpy batch broadcasting, bias
+    (N,) or None, activation None / "relu" / "gelu" / "gelu_tanh" / "silu" (fused into the
+    kernel's epilogue).  Returns (..., M, N), written into out= when given."""
+    call = describe_matmul(a, b, bias=bias, activation=activation, out=out)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)
+
+
+def linear(x, weight, bias=None, *, activation=None, out=None):
+    """act(x @ weight.T + bias) as torch.nn.functional.linear (+ activation): x (..., K),
+    weight (N, K), bias (N,) or None.  Returns (..., N), written into out= when given."""
+    call = describe_linear(x, weight, bias, activation=activation, out=out)
+    impl, params = select(call.key)
+    return impl.run(params, *call.args)

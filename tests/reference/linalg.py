@@ -1,0 +1,23 @@
+"""float64 numpy references for dispatch.matmul and dispatch.linear, same signatures."""
+import numpy as np
+
+from tests.reference import activation as act
+
+_ACT = {
+    None: lambda y: y,
+    "relu": act.relu,
+    "gelu": act.gelu,
+    "gelu_tanh": lambda y: act.gelu(y, approximate="tanh"),
+    "silu": act.silu,
+}
+
+
+def matmul(a, b, *, bias=None, activation=None):
+    y = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    return _ACT[activation](y)
+
+
+def linear(x, weight, bias=None, *, activation=None):
+    return matmul(x, np.asarray(weight, np.float64).T, bias=bias, activation=activation)

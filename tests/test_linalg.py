@@ -1,0 +1,234 @@
+"""dispatch.matmul and dispatch.linear against float64 references, every implementation
+forced: awkward sizes (not multiples of the 6 x 16 register tile, 1, K beyond one K
+block), broadcast batches, transposed and strided views, bias and every activation,
+NaN-poisoned out=, and bad input."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dispatch
+from tests.reference import linalg as ref
+from tests.support import ON_CUDA, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run, strided
+
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+
+# (a shape, b shape)
+MATMUL_FULL = [
+    ((1, 1), (1, 1)),
+    ((1, 65), (65, 33)),            # M = 1
+    ((17, 1), (1, 129)),            # K = 1
+    ((3, 17), (17, 65)),
+    ((129, 65), (65, 17)),
+    ((67, 800), (800, 35)),         # K spans several K blocks
+    ((2, 3, 7, 19), (19, 33)),      # batch broadcast against a plain matrix
+    ((3, 7, 19), (2, 1, 19, 33)),   # both sides broadcast
+    ((4, 13, 40), (4, 40, 18)),     # plain batch
+]
+MATMUL_SMALL = [
+    ((1, 20), (20, 40)),
+    ((3, 17), (17, 33)),
+    ((2, 5, 9), (9, 13)),
+]
+MATMUL_SHAPES = MATMUL_SMALL if ON_CUDA else MATMUL_FULL
+
+# (x shape, weight shape)
+LINEAR_FULL = [
+    ((1, 64), (100, 64)),           # decode: one row
+    ((65,), (9, 65)),               # 1-D x
+    ((5, 3, 33), (17, 33)),         # leading dims flattened
+    ((130, 70), (40, 70)),
+    ((9, 500), (31, 500)),          # K beyond one K block
+]
+LINEAR_SMALL = [((1, 24), (40, 24)), ((5, 3, 11), (17, 11))]
+LINEAR_SHAPES = LINEAR_SMALL if ON_CUDA else LINEAR_FULL
+EPI_MATMUL = ((3, 5, 33), (33, 20)) if ON_CUDA else ((70, 45), (45, 37))
+EPI_LINEAR = ((7, 21), (19, 21)) if ON_CUDA else ((70, 45), (37, 45))
+
+
+def _out_shape_matmul(sa, sb):
+    return np.broadcast_shapes(sa[:-2], sb[:-2]) + (sa[-2], sb[-1])
+
+
+def _tol(dtype, k):
+    return reduction_tol(dtype, k)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sa, sb", MATMUL_SHAPES, ids=str)
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_matmul_matches_reference(impl, sa, sb, dtype):
+    g = rng()
+    a, b, bias = randn(g, sa, dtype), randn(g, sb, dtype), randn(g, sb[-1:], dtype)
+    shape = _out_shape_matmul(sa, sb)
+    got = run(impl, dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=poisoned(shape, dtype))
+    assert_close(got, ref.matmul(a, b, bias=bias, activation="gelu_tanh"), _tol(dtype, sa[-1]), "matmul")
+    got = run(impl, dispatch.matmul, a, b)
+    assert_close(got, ref.matmul(a, b), _tol(dtype, sa[-1]), "matmul no epilogue")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sx, sw", LINEAR_SHAPES, ids=str)
+@pytest.mark.parametrize("impl", impl_params("linear"))
+def test_linear_matches_reference(impl, sx, sw, dtype):
+    g = rng()
+    x, w, bias = randn(g, sx, dtype), randn(g, sw, dtype), randn(g, sw[:1], dtype)
+    shape = sx[:-1] + sw[:1]
+    got = run(impl, dispatch.linear, x, w, bias, activation="silu", out=poisoned(shape, dtype))
+    assert_close(got, ref.linear(x, w, bias, activation="silu"), _tol(dtype, sx[-1]), "linear")
+    got = run(impl, dispatch.linear, x, w)
+    assert_close(got, ref.linear(x, w), _tol(dtype, sx[-1]), "linear no epilogue")
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_epilogues(impl, dtype, activation, with_bias):
+    g = rng()
+    (sa, sb), (sx, sw) = EPI_MATMUL, EPI_LINEAR
+    a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+    bias = randn(g, sb[-1:], dtype) if with_bias else None
+    got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation,
+              out=poisoned(_out_shape_matmul(sa, sb), dtype))
+    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, sa[-1]), f"matmul {activation}")
+    x, w = randn(g, sx, dtype), randn(g, sw, dtype)
+    bias = randn(g, sw[:1], dtype) if with_bias else None
+    got = run(impl, dispatch.linear, x, w, bias, activation=activation)
+    assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(dtype, sx[-1]), f"linear {activation}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_views(impl, dtype):
+    """Transposed views (read in place by the packing) and strided views (copied)."""
+    g = rng()
+    m, k, n = (5, 19, 23) if ON_CUDA else (37, 70, 41)
+    at, bt = randn(g, (k, m), dtype), randn(g, (n, k), dtype)
+    a, b = at.T, bt.T
+    bias = randn(g, (n,), dtype)
+    expect = ref.matmul(a, b, bias=bias, activation="relu")
+    tol = _tol(dtype, k)
+    for aa, bb, what in [(a, b, "a.T @ b.T"), (strided(np.ascontiguousarray(a)), b, "strided a"),
+                         (np.ascontiguousarray(a), strided(np.ascontiguousarray(b)), "strided b")]:
+        got = run(impl, dispatch.matmul, aa, bb, bias=bias, activation="relu")
+        assert_close(got, expect, tol, what)
+    # batched transposed view
+    a3 = randn(g, (3, k, m), dtype)
+    got = run(impl, dispatch.matmul, np.swapaxes(a3, 1, 2), np.ascontiguousarray(b))
+    assert_close(got, ref.matmul(np.swapaxes(a3, 1, 2), b), tol, "batched a view")
+    # linear: x.T view, weight given as W.T of a (K, N) array, strided weight
+    w_kn = randn(g, (k, n), dtype)
+    for xx, ww, what in [(a, w_kn.T, "linear weight view"), (strided(np.ascontiguousarray(a)), np.ascontiguousarray(w_kn.T), "linear strided x"),
+                         (np.ascontiguousarray(a), strided(np.ascontiguousarray(w_kn.T)), "linear strided weight")]:
+        got = run(impl, dispatch.linear, xx, ww, bias, activation="relu")
+        assert_close(got, ref.linear(np.ascontiguousarray(a), w_kn.T, bias, activation="relu"), tol, what)
+
+
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_non_contiguous_out(impl):
+    g = rng()
+    a, b = randn(g, (9, 12), np.float32), randn(g, (12, 20), np.float32)
+    big = np.full((9, 40), np.nan, np.float32)
+    out = big[:, ::2]
+    with dispatch.use(matmul=impl):
+        got = dispatch.matmul(a, b, out=out)
+    assert got is out
+    assert_close(out, ref.matmul(a, b), reduction_tol(np.float32, 12), "strided out")
+    assert np.isnan(big[:, 1::2]).all()
+
+
+@pytest.mark.skipif(ON_CUDA, reason="degenerate sizes: host only")
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_empty_and_zero_k(impl):
+    g = rng()
+    bias = randn(g, (4,), np.float64)
+    got = run(impl, dispatch.matmul, np.ones((3, 0)), np.ones((0, 4)), bias=bias, activation="relu", out=poisoned((3, 4), np.float64))
+    assert_close(got, np.broadcast_to(np.maximum(bias, 0), (3, 4)), 1e-15, "K = 0")
+    got = run(impl, dispatch.matmul, np.ones((0, 5)), np.ones((5, 4)))
+    assert got.shape == (0, 4)
+    got = run(impl, dispatch.linear, np.ones((2, 0, 5)), np.ones((4, 5)))
+    assert got.shape == (2, 0, 4)
+
+
+@settings(max_examples=15 if ON_CUDA else 40, deadline=None)
+@given(m=st.integers(1, 8 if ON_CUDA else 40), k=st.integers(1, 8 if ON_CUDA else 70),
+       n=st.integers(1, 8 if ON_CUDA else 40), batch=st.sampled_from([(), (2,), (2, 1), (1, 3)]),
+       b_batch=st.booleans(), activation=st.sampled_from(ACTIVATIONS), use_bias=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float64]), data=st.data())
+def test_property_random_shapes(m, k, n, batch, b_batch, activation, use_bias, dtype, data):
+    """Random small shapes and batches against the reference, for every implementation."""
+    impl = data.draw(st.sampled_from([p.values[0] for p in impl_params("matmul")]))
+    if impl is None:
+        return
+    g = rng()
+    a = randn(g, batch + (m, k), dtype)
+    b = randn(g, (batch[::-1] if b_batch else ()) + (k, n), dtype)
+    bias = randn(g, (n,), dtype) if use_bias else None
+    got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation)
+    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random")
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+host_only = pytest.mark.skipif(ON_CUDA, reason="validation is shared; checked on the host")
+F32 = np.float32
+
+
+@host_only
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: dispatch.matmul(np.ones((2, 3), np.int64), np.ones((3, 2))), TypeError, "a must have dtype float32 or float64, got int64"),
+    (lambda: dispatch.matmul(np.ones((2, 3), F32), np.ones((3, 2))), TypeError, "b must have the same dtype as a"),
+    (lambda: dispatch.matmul(np.ones((2, 3)), np.ones((3, 2)), bias=np.ones(2, F32)), TypeError, "bias must have the same dtype as a"),
+    (lambda: dispatch.matmul(np.ones(3), np.ones((3, 2))), ValueError, r"a must have at least 2 dimensions \(\.\.\., M, K\), got shape \(3,\)"),
+    (lambda: dispatch.matmul(np.ones((2, 3)), np.ones(3)), ValueError, "b must have at least 2 dimensions"),
+    (lambda: dispatch.matmul(np.ones((128, 768)), np.ones((512, 4))), ValueError,
+     r"b must have K=768 rows to match a \(\.\.\., 128, 768\), got 512"),
+    (lambda: dispatch.matmul(np.ones((2, 4, 3)), np.ones((3, 3, 2))), ValueError, r"batch dimensions of a \(2,\) and b \(3,\) do not broadcast"),
+    (lambda: dispatch.matmul(np.ones((4, 3)), np.ones((3, 2)), bias=np.ones(4)), ValueError, r"bias must have shape \(2,\)"),
+    (lambda: dispatch.matmul(np.ones((4, 3)), np.ones((3, 2)), bias=np.ones((1, 2))), ValueError, r"bias must have shape \(2,\)"),
+    (lambda: dispatch.matmul(np.ones((4, 3)), np.ones((3, 2)), activation="tanh"), ValueError, "activation must be one of"),
+    (lambda: dispatch.matmul([[1.0]], np.ones((1, 1))), TypeError, "a must be a numpy array"),
+    (lambda: dispatch.linear(np.ones((4, 3)), np.ones((5, 4))), ValueError, r"weight must have K=3 columns to match x \(\.\.\., 3\), got shape \(5, 4\)"),
+    (lambda: dispatch.linear(np.ones((4, 3)), np.ones((2, 5, 3))), ValueError, r"weight must have 2 dimensions \(N, K\)"),
+    (lambda: dispatch.linear(np.ones(()), np.ones((5, 1))), ValueError, "x must have at least 1 dimensions"),
+    (lambda: dispatch.linear(np.ones((4, 3), F32), np.ones((5, 3))), TypeError, "weight must have the same dtype as x"),
+    (lambda: dispatch.linear(np.ones((4, 3)), np.ones((5, 3)), np.ones(3)), ValueError, r"bias must have shape \(5,\)"),
+    (lambda: dispatch.linear(np.ones((4, 3)), np.ones((5, 3)), activation="gelu_erf"), ValueError, "activation must be one of"),
+])
+def test_bad_input(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+@host_only
+@pytest.mark.parametrize("bad_out, err, match", [
+    (np.zeros((4, 3)), ValueError, r"out must have shape \(4, 2\)"),
+    (np.zeros((4, 2), F32), TypeError, "out must have dtype float64"),
+])
+def test_bad_out_rejected_and_untouched(bad_out, err, match):
+    before = bad_out.copy()
+    with pytest.raises(err, match=match):
+        dispatch.matmul(np.ones((4, 3)), np.ones((3, 2)), bias=np.ones(2), activation="relu", out=bad_out)
+    assert np.array_equal(bad_out, before)
+    with pytest.raises(err, match=match):
+        dispatch.linear(np.ones((4, 3)), np.ones((2, 3)), out=bad_out)
+    assert np.array_equal(bad_out, before)
+
+
+@host_only
+def test_out_aliasing_rejected_and_untouched():
+    buf = np.random.rand(4, 4)
+    before = buf.copy()
+    with pytest.raises(ValueError, match="out overlaps input a"):
+        dispatch.matmul(buf, np.eye(4), out=buf)
+    with pytest.raises(ValueError, match="out overlaps input weight"):
+        dispatch.linear(np.ones((4, 4)), buf, out=buf)
+    with pytest.raises(ValueError, match="out overlaps input bias"):
+        dispatch.linear(np.ones((4, 4)), np.ones((4, 4)), buf[0], out=buf)
+    assert np.array_equal(buf, before)
+
+
+@host_only
+def test_explain_picks_gemv_for_one_row():
+    assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32)).chosen == "cpu-gemv"
+    assert dispatch.explain("matmul", np.ones((64, 64), F32), np.ones((64, 32), F32)).chosen in ("cpu-gemm", "blas")
