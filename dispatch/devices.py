@@ -124,9 +124,10 @@ class DeviceProps:
 
 
 # The simulator has no device attributes: the launch configurations are chosen as for a
-# small nominal Ampere part with 2 SMs, so that grid-stride loops really loop and
-# "one block per SM" grids still have several blocks on the tiny test shapes.
-SIMULATED = DeviceProps("CUDA simulator (nominal sm_80, 2 SMs)", (8, 0), 2, 1024,
+# small nominal part with 2 SMs and at most 128 threads per block, so that grid-stride
+# loops really loop, "one wave" grids still have several blocks on the tiny test shapes,
+# and the simulator (one Python thread per GPU thread, barriers polled) stays fast.
+SIMULATED = DeviceProps("CUDA simulator (nominal: 2 SMs, <= 128 threads/block)", (8, 0), 2, 128,
                         48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048, True)
 
 # Nominal properties of the chips the PTX report and the performance model target.

@@ -104,3 +104,56 @@ def occupancy_blocks(p, threads: int, smem: int = 0, regs: int = 32) -> int:
     by_smem = p.smem_per_sm // smem if smem else 32
     by_regs = p.regs_per_sm // max(1, regs * threads)
     return max(1, min(by_threads, by_smem, by_regs, 32))
+
+
+def install_order(op: str, cuda_order):
+    """Give op's shape rule a CUDA branch: device keys are ordered by cuda_order(key) ->
+    (names, why); host keys keep the op's own rule."""
+    o = OPS.get(op)
+    if o is None or getattr(o.order, "_nk_cuda", False):
+        return
+    host_order = o.order
+
+    def order(key):
+        if key[1] == "cuda":
+            return cuda_order(key)
+        return host_order(key)
+
+    order._nk_cuda = True
+    o.order = order
+
+
+def pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+_dummies: dict = {}
+
+
+def dummy(dtype):
+    """A 1-element device array standing for an absent optional input."""
+    dt = np.dtype(dtype)
+    d = _dummies.get(dt)
+    if d is None:
+        from numba import cuda
+
+        d = _dummies[dt] = cuda.to_device(np.zeros(1, dt))
+    return d
+
+
+def row_launch(params, rows: int, n: int):
+    """Warp-per-row or block-per-row launch for a row reduction of `rows` rows of `n`."""
+    p = props()
+    if params.get("mode", "warp") == "warp":
+        wpb = params["warps_per_block"]
+        return {"kernel": "warp-per-row", "grid": max(1, cdiv(rows, wpb)), "block": 32 * wpb,
+                "rows_per_block": wpb, "elements_per_lane": cdiv(n, 32), "device": p.name}
+    # block per row: about `per_thread` elements per thread, 64..1024 threads
+    block = min(p.max_threads_per_block, params["max_block"],
+                max(64, pow2_at_least(cdiv(n, params["per_thread"]))))
+    cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
+    return {"kernel": "block-per-row", "grid": max(1, min(rows, cap)), "block": block,
+            "elements_per_thread": cdiv(n, block), "device": p.name}

@@ -1,4 +1,4 @@
-"""Test-only warp primitives for numba's CUDA simulator.
+"""Test-only warp primitives for numba's CUDA simulator (and one host-side shape fix).
 
 The simulator runs every thread of a block as a Python thread but has no warp-level
 primitives (``shfl_*_sync``, ``syncwarp``, ``ballot_sync``, ``activemask`` raise
@@ -121,8 +121,21 @@ def install() -> bool:
 
         if not getattr(config, "ENABLE_CUDASIM", 0):
             return False
+    from numba.cuda.simulator import kernel as simkernel
     from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray
 
     for name in _NAMES:
         setattr(kernelapi.FakeCUDAModule, name, globals()[name])
+
+    # Host-side shapes: a real numba device array's .shape is a plain tuple (x.shape[-1]
+    # works, and the op describes use it); the simulator returns its FakeShape, which
+    # rejects negative indices, everywhere.  Keep FakeShape inside kernels (as on the GPU)
+    # and give host code a plain tuple.
+    def shape(self):
+        if simkernel._kernel_context is None:
+            return tuple(self._ary.shape)
+        return devicearray.FakeShape(self._ary.shape)
+
+    devicearray.FakeCUDAArray.shape = property(shape)
     return True

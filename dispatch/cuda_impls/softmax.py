@@ -1,0 +1,116 @@
+"""CUDA implementations of softmax, log_softmax ("cuda-warp-row", "cuda-block-row") and
+cross_entropy ("cuda-warp-row").
+
+Shape rule (CUDA keys): rows up to WARP_MAX elements go to the warp-per-row kernel (a
+row's 32 lanes each hold <= 32 elements; a block-wide reduction would leave most of a
+block idle on short rows and pay two barriers), longer rows to block-per-row with about
+8 elements per thread (64..1024 threads), the grid capped at one wave of resident
+blocks and grid-striding over the rows.  Reductions along a non-last axis use the
+column kernel (one thread per (outer, inner) column, coalesced over inner) in both.
+WARP_MAX is the usual crossover of hand-written softmax kernels (Apex / OneFlow switch
+from warp to block reduction at 1024 columns); it is not measured here (no GPU).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, dummy, install_order, kernels, output,
+                      props, register_cuda, row_launch, size)
+
+WARP_MAX = 1024
+WARP_PARAMS = {"mode": "warp", "warps_per_block": 4}
+BLOCK_PARAMS = {"mode": "block", "per_thread": 8, "max_block": 1024, "waves": 1}
+COLUMN_BLOCK = 128
+
+
+def _acc(dtype):
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def _split(shape, axis):
+    outer = size(shape[:axis])
+    inner = size(shape[axis + 1:])
+    return outer, shape[axis], inner
+
+
+def launch(params, x, axis, out, log):
+    outer, n, inner = _split(tuple(x.shape), axis)
+    if inner != 1:
+        g = cdiv(outer * inner, COLUMN_BLOCK)
+        return {"kernel": "column (non-last axis)", "grid": max(1, g), "block": COLUMN_BLOCK,
+                "device": props().name}
+    return row_launch(params, outer, n)
+
+
+def _run_softmax(params, x, axis, out, log):
+    K = kernels("softmax")
+    xd = as_input(x)
+    res, od = output(out, x.shape, x.dtype)
+    if size(x.shape):
+        outer, n, inner = _split(tuple(x.shape), axis)
+        cfg = launch(params, x, axis, out, log)
+        acc = _acc(x.dtype)
+        if inner != 1:
+            k = K.columns(acc)
+            k[cfg["grid"], cfg["block"]](xd.reshape(outer, n, inner), res.reshape(outer, n, inner), log)
+        else:
+            k = K.warp_rows(acc) if params["mode"] == "warp" else K.block_rows(acc)
+            k[cfg["grid"], cfg["block"]](xd.reshape(outer, n), res.reshape(outer, n), log)
+    return deliver(res, od, out)
+
+
+def _order(key):
+    n = key[4]
+    if n <= WARP_MAX:
+        return ("cuda-warp-row", "cuda-block-row"), f"row length bucket {n} <= {WARP_MAX}: one warp per row"
+    return ("cuda-block-row", "cuda-warp-row"), f"row length bucket {n} > {WARP_MAX}: one block per row"
+
+
+NOTES_W = "online max/sum-exp per lane merged by warp shuffles, second pass writes; " + DEVICE_COPY_NOTE
+NOTES_B = "online max/sum-exp per thread merged by warp shuffles + 32 shared slots, second pass writes; " + DEVICE_COPY_NOTE
+for _op in ("softmax", "log_softmax"):
+    register_cuda(_op, "cuda-warp-row", _run_softmax, launch, notes=NOTES_W, params=WARP_PARAMS)
+    register_cuda(_op, "cuda-block-row", _run_softmax, launch, notes=NOTES_B, params=BLOCK_PARAMS)
+    install_order(_op, _order)
+
+
+# ---- cross_entropy -------------------------------------------------------------------------
+
+def ce_launch(params, logits, targets, reduction, ignore_index):
+    n, c = logits.shape
+    cfg = row_launch(WARP_PARAMS, n, c)
+    cfg["reduce"] = {"grid": 1, "block": 256} if reduction != "none" else None
+    return cfg
+
+
+def _run_ce(params, logits, targets, reduction, ignore_index):
+    from numba import cuda
+
+    K = kernels("softmax")
+    n, c = logits.shape
+    dt = np.dtype(logits.dtype)
+    acc = _acc(dt)
+    ld, td = as_input(logits), as_input(targets)
+    losses = cuda.device_array(n, dt if reduction == "none" else acc)
+    valid = cuda.device_array(max(n, 1), acc)
+    bad = cuda.to_device(np.array([n], np.int64))
+    if n:
+        cfg = ce_launch(params, logits, targets, reduction, ignore_index)
+        K.cross_entropy_rows(acc)[cfg["grid"], cfg["block"]](ld, td, ignore_index, losses, valid, bad)
+        b = int(bad.copy_to_host()[0])
+        if b < n:
+            tval = int(td[b:b + 1].copy_to_host()[0])
+            raise ValueError(f"targets[{b}] = {tval} is out of range: class indices must be in "
+                             f"[0, {c}) or equal ignore_index={ignore_index}")
+    if reduction == "none":
+        return losses
+    result = cuda.device_array(1, dt)
+    K.sum_losses(acc)[1, 256](losses, valid[:n], reduction == "mean", result)
+    return result.reshape(())
+
+
+register_cuda("cross_entropy", "cuda-warp-row", _run_ce, ce_launch,
+              notes="one warp per row: online logsumexp by shuffles, target checked on the device "
+                    "(one 8-byte read back to raise), one-block deterministic sum/mean pass; "
+                    + DEVICE_COPY_NOTE)
+install_order("cross_entropy", lambda key: (("cuda-warp-row",), "one warp per row (the loss needs one value per row)"))

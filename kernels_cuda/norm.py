@@ -1,0 +1,73 @@
+"""layer_norm / rms_norm over the last dimension, with the fused residual add.
+
+x, residual, h, out: (rows, D) C-contiguous; w, b: (D,) (a 1-element dummy when absent,
+flagged by has_w / has_b).  With has_res, pass 1 forms h = x + residual, writes it and
+the later passes read h back (each thread reads only the elements it wrote itself, so no
+barrier is needed).  layer_norm uses two reductions (mean, then the sum of squared
+deviations: no cancellation for rows with a large mean); rms_norm one.
+- warp_rows: one warp per row (block of W warps = W rows), shuffles only;
+- block_rows: one block per row, grid-stride over rows, shuffles + 32 shared slots.
+"""
+import math
+from functools import lru_cache
+
+from numba import cuda
+
+from ._jit import acc_of, kernel
+from .primitives import block_sum, warp_sum
+
+
+@lru_cache(maxsize=None)
+def make(kind, rms, acc_np):
+    """The kernel for kind "warp" / "block", rms (True: rms_norm), accumulation type."""
+    acc, _ = acc_of(acc_np)
+    zero, one = acc_np(0.0), acc_np(1.0)
+    warp = kind == "warp"
+
+    @kernel
+    def norm_rows(x, residual, h, w, b, eps, out, has_w, has_b, has_res):
+        rows, d = x.shape
+        if warp:
+            lane = cuda.threadIdx.x & 31
+            row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
+            start, step, row_step = lane, 32, rows  # one row per warp
+            if row >= rows:
+                return
+        else:
+            start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+            row = cuda.blockIdx.x
+        scratch = cuda.shared.array(32, acc)
+        inv_d = one / acc(d)
+        epsa = acc(eps)
+        while row < rows:  # warp: runs once; block: block-uniform grid-stride loop
+            src = h if has_res else x
+            s1 = zero
+            for j in range(start, d, step):
+                v = acc(x[row, j])
+                if has_res:
+                    v += acc(residual[row, j])
+                    h[row, j] = v
+                    v = acc(h[row, j])  # the value stored (rounded to h's dtype)
+                s1 += v * v if rms else v
+            s1 = warp_sum(s1) if warp else block_sum(s1, scratch, zero)
+            if rms:
+                mean = zero
+                rstd = one / math.sqrt(s1 * inv_d + epsa)
+            else:
+                mean = s1 * inv_d
+                s2 = zero
+                for j in range(start, d, step):
+                    dv = acc(src[row, j]) - mean
+                    s2 += dv * dv
+                s2 = warp_sum(s2) if warp else block_sum(s2, scratch, zero)
+                rstd = one / math.sqrt(s2 * inv_d + epsa)
+            for j in range(start, d, step):
+                y = (acc(src[row, j]) - mean) * rstd
+                if has_w:
+                    y *= acc(w[j])
+                if has_b:
+                    y += acc(b[j])
+                out[row, j] = y
+            row += row_step
+
+    return norm_rows

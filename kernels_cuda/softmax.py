@@ -1,0 +1,196 @@
+"""softmax / log_softmax / cross_entropy rows on the GPU.
+
+Row kernels read a row twice: pass 1 keeps an online (max, sum of exp(x - max)) state per
+thread, merged across the warp (and block) with shuffles (primitives.warp_max_sumexp /
+block_max_sumexp); pass 2 writes exp(x - max) / sum or x - max - log(sum).
+- warp_rows: one warp per row (block of W warps = W rows); for rows up to ~1K elements,
+  where a block-wide reduction would leave most threads idle.
+- block_rows: one block per row (grid-stride over rows); long rows (vocabularies).
+- columns: reduction along a non-last axis of x viewed as (outer, n, inner): one thread per
+  (outer, inner) column, consecutive threads on consecutive inner indices (coalesced).
+- cross_entropy: one warp per row computes logsumexp - x[target], flags a bad target
+  (atomic min of its row index); a one-block second pass sums the losses and counts.
+Special values as the CPU kernels: -inf entries give 0 (log: -inf); a row all -inf or
+holding +inf or NaN gives NaN.
+"""
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ._jit import acc_of, device, kernel
+from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp, warp_sum2
+
+
+@lru_cache(maxsize=None)
+def _helpers(acc_np):
+    acc, _ = acc_of(acc_np)
+    neg_inf, pos_inf, zero, one = acc_np(-np.inf), acc_np(np.inf), acc_np(0.0), acc_np(1.0)
+    nan = acc_np(np.nan)
+
+    @device
+    def update(m, s, v):
+        """Online softmax state after one more element v."""
+        if v > m:
+            s = s * math.exp(m - v) + one
+            m = v
+        elif v != neg_inf:  # -inf adds exp(-inf) = 0 (and avoids -inf - -inf); NaN poisons s
+            s += math.exp(v - m)
+        return m, s
+
+    @device
+    def finish(m, s):
+        """(max, 1/sum, log-sum-exp) for the write pass; +inf in the row gives NaN."""
+        if m == pos_inf:
+            s = nan
+        lse = m + math.log(s) if s > zero else neg_inf  # s == 0: the row is all -inf
+        return m, one / s, lse
+
+    return acc, neg_inf, zero, one, update, finish
+
+
+@lru_cache(maxsize=None)
+def warp_rows(acc_np):
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+
+    @kernel
+    def softmax_warp_rows(x, out, log):
+        rows, n = x.shape
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
+        if row >= rows:  # the whole warp leaves together
+            return
+        m, s = neg_inf, zero
+        for j in range(lane, n, 32):
+            m, s = update(m, s, acc(x[row, j]))
+        m, s = warp_max_sumexp(m, s)
+        m, inv, lse = finish(m, s)
+        if log:
+            for j in range(lane, n, 32):
+                out[row, j] = acc(x[row, j]) - lse
+        else:
+            for j in range(lane, n, 32):
+                out[row, j] = math.exp(acc(x[row, j]) - m) * inv
+
+    return softmax_warp_rows
+
+
+@lru_cache(maxsize=None)
+def block_rows(acc_np):
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+
+    @kernel
+    def softmax_block_rows(x, out, log):
+        rows, n = x.shape
+        sm = cuda.shared.array(32, acc)
+        ss = cuda.shared.array(32, acc)
+        t = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        row = cuda.blockIdx.x
+        while row < rows:  # block-uniform loop: the barriers inside are safe
+            m, s = neg_inf, zero
+            for j in range(t, n, nt):
+                m, s = update(m, s, acc(x[row, j]))
+            m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
+            m, inv, lse = finish(m, s)
+            if log:
+                for j in range(t, n, nt):
+                    out[row, j] = acc(x[row, j]) - lse
+            else:
+                for j in range(t, n, nt):
+                    out[row, j] = math.exp(acc(x[row, j]) - m) * inv
+            row += cuda.gridDim.x
+
+    return softmax_block_rows
+
+
+@lru_cache(maxsize=None)
+def columns(acc_np):
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+
+    @kernel
+    def softmax_columns(x, out, log):
+        outer, n, inner = x.shape
+        g = cuda.grid(1)
+        if g >= outer * inner:
+            return
+        o = g // inner
+        i = g - o * inner
+        m, s = neg_inf, zero
+        for j in range(n):
+            m, s = update(m, s, acc(x[o, j, i]))
+        m, inv, lse = finish(m, s)
+        if log:
+            for j in range(n):
+                out[o, j, i] = acc(x[o, j, i]) - lse
+        else:
+            for j in range(n):
+                out[o, j, i] = math.exp(acc(x[o, j, i]) - m) * inv
+
+    return softmax_columns
+
+
+@lru_cache(maxsize=None)
+def cross_entropy_rows(acc_np):
+    """kernel(logits (N, C), targets (N,), ignore_index, losses (N,) acc, valid (N,) acc,
+    bad (1,) int64 initialised to N): losses[i] = logsumexp - logits[i, t] (0 if ignored),
+    valid[i] = 1/0, bad[0] = smallest row with an out-of-range target."""
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+
+    @kernel
+    def cross_entropy_warp_rows(logits, targets, ignore_index, losses, valid, bad):
+        rows, c = logits.shape
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
+        if row >= rows:
+            return
+        t = targets[row]
+        if t == ignore_index:
+            if lane == 0:
+                losses[row] = zero
+                valid[row] = zero
+            return
+        if t < 0 or t >= c:
+            if lane == 0:
+                cuda.atomic.min(bad, 0, row)
+                losses[row] = zero
+                valid[row] = zero
+            return
+        m, s = neg_inf, zero
+        for j in range(lane, c, 32):
+            m, s = update(m, s, acc(logits[row, j]))
+        m, s = warp_max_sumexp(m, s)
+        m, inv, lse = finish(m, s)
+        if lane == 0:
+            losses[row] = lse - acc(logits[row, t])
+            valid[row] = one
+        return
+
+    return cross_entropy_warp_rows
+
+
+@lru_cache(maxsize=None)
+def sum_losses(acc_np):
+    """One block: result[0] = sum(losses) (mean: / sum(valid), NaN when 0)."""
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    nan = acc_np(np.nan)
+
+    @kernel
+    def cross_entropy_reduce(losses, valid, mean, result):
+        n = losses.shape[0]
+        sa = cuda.shared.array(32, acc)
+        sb = cuda.shared.array(32, acc)
+        t = cuda.threadIdx.x
+        a, b = zero, zero
+        for j in range(t, n, cuda.blockDim.x):
+            a += losses[j]
+            b += valid[j]
+        a, b = block_sum2(a, b, sa, sb, zero)
+        if t == 0:
+            if mean:
+                result[0] = a / b if b > zero else nan
+            else:
+                result[0] = a
+
+    return cross_entropy_reduce
