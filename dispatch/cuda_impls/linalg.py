@@ -1,0 +1,107 @@
+"""CUDA implementation of matmul and linear ("cuda-gemm"): the tiled register-blocked
+GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched over the
+broadcast batch dims (grid z), linear's (N, K) weight read in place (trans_b).
+
+Tile rule: the largest tile whose grid still gives at least one block per SM
+(128x64 > 64x64 > 32x32), so big products get the most reuse per loaded element and
+small or skinny ones (decode-like M) still spread over the SMs; tiles of more threads
+than the device allows per block are skipped.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ._common import DEVICE_COPY_NOTE, as_input, cdiv, deliver, dummy, install_order, kernels, output, props, register_cuda
+
+# tile name -> (BM, BN, threads, shared bytes float32); mirrors kernels_cuda.gemm.CONFIGS
+# (kept here so that choosing a launch imports no CUDA).
+TILES = [("128x64x8/8x4", 128, 64, 256, 8 * (129 + 65) * 4),
+         ("64x64x16/4x4", 64, 64, 256, 16 * (65 + 65) * 4),
+         ("32x32x16/4x2", 32, 32, 128, 16 * (33 + 33) * 4)]
+PARAMS = {"tiles": [t[0] for t in TILES], "min_blocks_per_sm": 1}
+
+
+def _dims(a, b, b_is_nk):
+    if b_is_nk:
+        k = a.shape[-1]
+        n = b.shape[0]
+        m = math.prod(a.shape[:-1])
+        return 1, m, n, k
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    batch = math.prod(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
+    return batch, m, n, k
+
+
+def choose_tile(p, batch, m, n, min_blocks_per_sm=1):
+    fits = [t for t in TILES if t[3] <= p.max_threads_per_block and t[4] <= p.smem_per_block]
+    for name, bm, bn, thr, smem in fits:
+        if batch * cdiv(m, bm) * cdiv(n, bn) >= p.sm_count * min_blocks_per_sm:
+            return name, bm, bn, thr, smem
+    return fits[-1]
+
+
+def launch(params, a, b, bias, out, code, b_is_nk):
+    batch, m, n, k = _dims(a, b, b_is_nk)
+    p = props()
+    name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"])
+    return {"tile": name, "grid": (cdiv(n, bn), cdiv(m, bm), batch), "block": thr,
+            "shared_bytes": smem, "device": p.name}
+
+
+@functools.lru_cache(maxsize=128)
+def _batch_index_host(a_batch, b_batch):
+    full = np.broadcast_shapes(a_batch, b_batch)
+    ai = np.broadcast_to(np.arange(math.prod(a_batch), dtype=np.int64).reshape(a_batch), full).ravel()
+    bi = np.broadcast_to(np.arange(math.prod(b_batch), dtype=np.int64).reshape(b_batch), full).ravel()
+    return np.ascontiguousarray(ai), np.ascontiguousarray(bi)
+
+
+_idx_cache: dict = {}
+
+
+def _batch_index(a_batch, b_batch):
+    key = (a_batch, b_batch)
+    hit = _idx_cache.get(key)
+    if hit is None:
+        from numba import cuda
+
+        ai, bi = _batch_index_host(a_batch, b_batch)
+        hit = _idx_cache[key] = (cuda.to_device(ai), cuda.to_device(bi))
+    return hit
+
+
+def _run(params, a, b, bias, out, code, b_is_nk):
+    K = kernels("gemm")
+    dt = np.dtype(a.dtype)
+    batch, m, n, k = _dims(a, b, b_is_nk)
+    if b_is_nk:
+        out_shape = tuple(a.shape[:-1]) + (n,)
+        a_batch = b_batch = ()
+    else:
+        a_batch, b_batch = tuple(a.shape[:-2]), tuple(b.shape[:-2])
+        out_shape = tuple(np.broadcast_shapes(a_batch, b_batch)) + (m, n)
+    res, od = output(out, out_shape, dt)
+    if batch and m and n:
+        ad, bd = as_input(a), as_input(b)
+        a3 = ad.reshape(max(1, math.prod(a_batch)), m, k)
+        b3 = bd.reshape(1, n, k) if b_is_nk else bd.reshape(max(1, math.prod(b_batch)), k, n)
+        ai, bi = _batch_index(a_batch, b_batch)
+        bias_d = as_input(bias) if bias is not None else dummy(dt)
+        cfg = launch(params, a, b, bias, out, code, b_is_nk)
+        acc = np.float64 if dt == np.float64 else np.float32
+        K.gemm_kernel(acc, cfg["tile"])[cfg["grid"], cfg["block"]](
+            a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
+    return deliver(res, od, out)
+
+
+NOTES = ("shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + TN shared reads), "
+         "bias + activation fused in the epilogue, batch on grid z; transposed device views are copied "
+         "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
+
+for _op in ("matmul", "linear"):
+    register_cuda(_op, "cuda-gemm", _run, launch, notes=NOTES, params=PARAMS)
+    install_order(_op, lambda key: (("cuda-gemm",), "the tiled CUDA GEMM (tile chosen per launch: see launch)"))

@@ -1,0 +1,135 @@
+"""Tiled, register-blocked (batched) GEMM with the fused bias + activation epilogue.
+
+C[b] = act(A[a_idx[b]] @ op(B[b_idx[b]]) + bias), A (Ba, M, K) C-contiguous, B (Bb, K, N)
+or, with trans_b (linear's weight), (Bb, N, K); C (batch, M, N).
+
+A block computes a BM x BN tile of C with (BM/TM) x (BN/TN) threads, each holding a
+TM x TN accumulator in registers (a local array indexed only by unrolled constants).
+Per step of BK along K, the block stages an A tile (stored K-major, As[k][m]) and a B
+tile (Bs[k][n]) in shared memory with coalesced global loads (consecutive threads read
+consecutive addresses of the row-major source; the shared rows are padded by one word
+so the transposing stores do not all hit one bank), then each thread runs BK rank-1
+updates reading TM + TN shared values for TM x TN FMAs.  Thread (ty, tx) owns rows
+ty + i*(BM/TM) and columns tx + j*(BN/TN): the B-fragment reads of a warp are
+consecutive words (conflict-free) and the epilogue's stores are coalesced.
+float16 inputs are converted to float32 when staged (float32 accumulation).
+
+Not done (stated in the report): double-buffered tile loads, 128-bit vector loads, tensor
+cores (numba-cuda exposes no mma).
+"""
+from functools import lru_cache
+
+from numba import cuda
+
+from ._jit import acc_of, kernel
+from .activation import act_fn
+
+# (BM, BN, BK, TM, TN): the tile configurations the dispatcher chooses from.
+CONFIGS = {
+    "64x64x16/4x4": (64, 64, 16, 4, 4),   # 256 threads, 8.3 KB shared
+    "32x32x16/4x2": (32, 32, 16, 4, 2),   # 128 threads, 4.2 KB shared: small M or N
+    "128x64x8/8x4": (128, 64, 8, 8, 4),   # 256 threads, 6.2 KB shared: large M and N
+}
+
+
+def threads(cfg):
+    bm, bn, bk, tm, tn = CONFIGS[cfg]
+    return (bm // tm) * (bn // tn)
+
+
+def shared_bytes(cfg, itemsize=4):
+    bm, bn, bk, tm, tn = CONFIGS[cfg]
+    return bk * ((bm + 1) + (bn + 1)) * itemsize
+
+
+@lru_cache(maxsize=None)
+def gemm_kernel(acc_np, cfg):
+    BM, BN, BK, TM, TN = CONFIGS[cfg]
+    NTX = BN // TN
+    NTY = BM // TM
+    NT = NTX * NTY
+    A_LOADS = (BM * BK) // NT
+    B_LOADS = (BN * BK) // NT
+    acc, _ = acc_of(acc_np)
+    zero = acc_np(0.0)
+    act = act_fn(acc_np)
+
+    @kernel
+    def gemm_tiled(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
+        m_total = a.shape[1]
+        k_total = a.shape[2]
+        n_total = c.shape[2]
+        bz = cuda.blockIdx.z
+        ab = a_idx[bz]
+        bb = b_idx[bz]
+        m0 = cuda.blockIdx.y * BM
+        n0 = cuda.blockIdx.x * BN
+        t = cuda.threadIdx.x
+        tx = t % NTX
+        ty = t // NTX
+        As = cuda.shared.array((BK, BM + 1), acc)
+        Bs = cuda.shared.array((BK, BN + 1), acc)
+        accr = cuda.local.array((TM, TN), acc)
+        af = cuda.local.array(TM, acc)
+        bf = cuda.local.array(TN, acc)
+        for i in range(TM):
+            for j in range(TN):
+                accr[i, j] = zero
+        for k0 in range(0, k_total, BK):
+            # stage A[m0:m0+BM, k0:k0+BK] as As[k][m]; consecutive threads: consecutive k
+            for l in range(A_LOADS):
+                e = t + l * NT
+                mm = e // BK
+                kk = e - mm * BK
+                gm = m0 + mm
+                gk = k0 + kk
+                v = zero
+                if gm < m_total and gk < k_total:
+                    v = acc(a[ab, gm, gk])
+                As[kk, mm] = v
+            # stage B[k0:k0+BK, n0:n0+BN] as Bs[k][n]
+            if trans_b:  # b is (N, K): consecutive threads read consecutive k
+                for l in range(B_LOADS):
+                    e = t + l * NT
+                    nn = e // BK
+                    kk = e - nn * BK
+                    gn = n0 + nn
+                    gk = k0 + kk
+                    v = zero
+                    if gn < n_total and gk < k_total:
+                        v = acc(b[bb, gn, gk])
+                    Bs[kk, nn] = v
+            else:  # b is (K, N): consecutive threads read consecutive n
+                for l in range(B_LOADS):
+                    e = t + l * NT
+                    kk = e // BN
+                    nn = e - kk * BN
+                    gn = n0 + nn
+                    gk = k0 + kk
+                    v = zero
+                    if gn < n_total and gk < k_total:
+                        v = acc(b[bb, gk, gn])
+                    Bs[kk, nn] = v
+            cuda.syncthreads()
+            for kk in range(BK):
+                for i in range(TM):
+                    af[i] = As[kk, ty + i * NTY]
+                for j in range(TN):
+                    bf[j] = Bs[kk, tx + j * NTX]
+                for i in range(TM):
+                    for j in range(TN):
+                        accr[i, j] += af[i] * bf[j]
+            cuda.syncthreads()
+        # epilogue: + bias, activation, store (coalesced over tx)
+        for i in range(TM):
+            gm = m0 + ty + i * NTY
+            if gm < m_total:
+                for j in range(TN):
+                    gn = n0 + tx + j * NTX
+                    if gn < n_total:
+                        v = accr[i, j]
+                        if has_bias:
+                            v += acc(bias[gn])
+                        c[bz, gm, gn] = act(v, code)
+
+    return gemm_tiled
