@@ -18,8 +18,9 @@ Non-finite inputs: -inf entries give 0 (log_softmax: -inf).  A row whose max is 
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from .approx import JIT, fexp
 
@@ -36,16 +37,85 @@ def _like_overload(x, value):
     return lambda x, value: np.float64(value)
 
 
+@intrinsic
+def fence(typingctx, x):
+    """x behind llvm.arithmetic.fence: fastmath reassociation cannot move operations
+    across it (so (x - m) - c is not rewritten as x - (m + c), which loses the low bits
+    when |m| is large).  For scalar code only: a loop using it does not vectorize."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.arithmetic.fence", [ty], ir.FunctionType(ty, [ty]))
+        return builder.call(fn, args)
+
+    return x(x), codegen
+
+
+@intrinsic
+def _bits_to_float(typingctx, i):
+    """Reinterpret int32 / int64 bits as float32 / float64 (a register move)."""
+    if i == types.int32:
+        ret, lty = types.float32, ir.FloatType()
+    elif i == types.int64:
+        ret, lty = types.float64, ir.DoubleType()
+    else:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], lty)
+
+    return ret(i), codegen
+
+
+# Row max as an integer max over the float bits: LLVM does not vectorize a float max
+# reduction without the no-NaNs flag (we cannot use it: -inf/NaN must behave), but it does
+# vectorize integer max (vpmaxsd).  key(i) = i ^ ((i >> 31) & 0x7FFFFFFF) orders float bit
+# patterns like the floats (negative ones have their magnitude bits flipped) and is its own
+# inverse.  The max of |bits| tells whether a NaN (|bits| > inf's) is present.
+# Measured in-cache on 1024-float rows: 0.07 ns/element vs 0.18 for eight scalar max lanes
+# and 0.54 for the plain loop.
 @njit(**JIT)
-def _row_max(xr):
-    """(max of the row, 1 if the row holds a NaN else 0)."""
-    m = like(xr[0], -np.inf)
-    nan = 0
-    for j in range(xr.shape[0]):
-        v = xr[j]
-        m = max(m, v)
-        nan |= v != v
-    return m, nan
+def _row_max32(xr):
+    iv = xr.view(np.int32)
+    k = np.int32(-2147483648)
+    a = np.int32(0)
+    for j in range(iv.shape[0]):
+        i = iv[j]
+        k = max(k, np.int32(i ^ ((i >> np.int32(31)) & np.int32(0x7FFFFFFF))))
+        a = max(a, np.int32(i & np.int32(0x7FFFFFFF)))
+    k = np.int32(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+    return _bits_to_float(k), a > np.int32(0x7F800000)
+
+
+_MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
+_INF64 = np.int64(0x7FF0000000000000)
+
+
+@njit(**JIT)
+def _row_max64(xr):
+    iv = xr.view(np.int64)
+    k = np.int64(-9223372036854775808)
+    a = np.int64(0)
+    for j in range(iv.shape[0]):
+        i = iv[j]
+        k = max(k, i ^ ((i >> np.int64(63)) & _MAG64))
+        a = max(a, i & _MAG64)
+    k = k ^ ((k >> np.int64(63)) & _MAG64)
+    return _bits_to_float(k), a > _INF64
+
+
+def row_max(xr):
+    """(max of a contiguous row, True if the row holds a NaN); -inf for an empty row."""
+    raise NotImplementedError
+
+
+@overload(row_max)
+def _row_max_overload(xr):
+    if xr.dtype == types.float32:
+        return lambda xr: _row_max32(xr)
+    return lambda xr: _row_max64(xr)
 
 
 @njit(**JIT)
@@ -53,18 +123,23 @@ def softmax_row(xr, orow, log):
     n = xr.shape[0]
     if n == 0:
         return
-    m, nan = _row_max(xr)
+    m, nan = row_max(xr)
     if nan or m == like(m, np.inf) or m == like(m, -np.inf):
         for j in range(n):
             orow[j] = like(m, np.nan)
         return
     s = like(m, 0.0)
     if log:
+        # d = x - m goes through memory (orow) before "- log(s)": with fastmath, LLVM
+        # would otherwise hoist m + log(s) and compute x - (m + log s), losing the low
+        # bits of the result when |m| is large.  The row is in L1: the extra pass is cheap.
         for j in range(n):
-            s += fexp(xr[j] - m)
-        ls = math.log(s)
+            d = xr[j] - m
+            orow[j] = d
+            s += fexp(d)
+        ls = like(m, math.log(s))
         for j in range(n):
-            orow[j] = (xr[j] - m) - ls
+            orow[j] -= ls
     else:
         for j in range(n):
             e = fexp(xr[j] - m)
@@ -91,13 +166,13 @@ def softmax_parallel(x, out, log):
 def ce_row(xr, t):
     """-log_softmax(xr)[t] = logsumexp(xr) - xr[t] (NaN for NaN / +inf / all -inf rows)."""
     n = xr.shape[0]
-    m, nan = _row_max(xr)
+    m, nan = row_max(xr)
     if nan or m == like(m, np.inf) or m == like(m, -np.inf):
         return like(m, np.nan)
     s = like(m, 0.0)
     for j in range(n):
         s += fexp(xr[j] - m)
-    return math.log(s) - (xr[t] - m)
+    return like(m, math.log(s)) - fence(xr[t] - m)
 
 
 @njit(**JIT)
