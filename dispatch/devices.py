@@ -138,12 +138,30 @@ CHIPS = {
 }
 
 _props = None
+_assumed: list = []
+
+
+class assume:
+    """``with devices.assume(CHIPS["sm_90"]):`` launch configurations are chosen for that
+    chip (the PTX report and the performance model, which run without a GPU)."""
+
+    def __init__(self, p: DeviceProps):
+        self.p = p
+
+    def __enter__(self):
+        _assumed.append(self.p)
+        return self.p
+
+    def __exit__(self, *exc):
+        _assumed.pop()
 
 
 def props() -> DeviceProps:
     """Properties of the current CUDA device (cached; the nominal SIMULATED ones under
     the simulator)."""
     global _props
+    if _assumed:
+        return _assumed[-1]
     if _props is not None:
         return _props
     cuda = cuda_module()

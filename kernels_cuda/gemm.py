@@ -53,6 +53,9 @@ def gemm_kernel(acc_np, cfg):
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     act = act_fn(acc_np)
+    AS_SHAPE = (BK, BM + 1)  # +1: the transposing stores spread over the banks
+    BS_SHAPE = (BK, BN + 1)
+    ACC_SHAPE = (TM, TN)
 
     @kernel
     def gemm_tiled(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
@@ -67,9 +70,9 @@ def gemm_kernel(acc_np, cfg):
         t = cuda.threadIdx.x
         tx = t % NTX
         ty = t // NTX
-        As = cuda.shared.array((BK, BM + 1), acc)
-        Bs = cuda.shared.array((BK, BN + 1), acc)
-        accr = cuda.local.array((TM, TN), acc)
+        As = cuda.shared.array(AS_SHAPE, acc)
+        Bs = cuda.shared.array(BS_SHAPE, acc)
+        accr = cuda.local.array(ACC_SHAPE, acc)
         af = cuda.local.array(TM, acc)
         bf = cuda.local.array(TN, acc)
         for i in range(TM):

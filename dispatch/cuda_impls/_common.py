@@ -144,16 +144,16 @@ def dummy(dtype):
     return d
 
 
-def row_launch(params, rows: int, n: int):
+def row_launch(params, rows: int, n: int, family: str):
     """Warp-per-row or block-per-row launch for a row reduction of `rows` rows of `n`."""
     p = props()
     if params.get("mode", "warp") == "warp":
         wpb = params["warps_per_block"]
-        return {"kernel": "warp-per-row", "grid": max(1, cdiv(rows, wpb)), "block": 32 * wpb,
+        return {"kernel": f"{family}.warp_rows", "grid": max(1, cdiv(rows, wpb)), "block": 32 * wpb,
                 "rows_per_block": wpb, "elements_per_lane": cdiv(n, 32), "device": p.name}
     # block per row: about `per_thread` elements per thread, 64..1024 threads
     block = min(p.max_threads_per_block, params["max_block"],
                 max(64, pow2_at_least(cdiv(n, params["per_thread"]))))
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
-    return {"kernel": "block-per-row", "grid": max(1, min(rows, cap)), "block": block,
+    return {"kernel": f"{family}.block_rows", "grid": max(1, min(rows, cap)), "block": block,
             "elements_per_thread": cdiv(n, block), "device": p.name}

@@ -20,7 +20,8 @@ def launch(params, x, *rest):
     block = params["block"]
     need = max(1, cdiv(n, block * VEC))
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
-    return {"grid": min(need, cap), "block": block, "vec": VEC, "elements": n,
+    kind = "gated" if len(rest) == 3 else "unary"
+    return {"kernel": f"activation.{kind}", "grid": min(need, cap), "block": block, "vec": VEC, "elements": n,
             "device": p.name}
 
 

@@ -48,7 +48,7 @@ def launch(params, a, b, bias, out, code, b_is_nk):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"])
-    return {"tile": name, "grid": (cdiv(n, bn), cdiv(m, bm), batch), "block": thr,
+    return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn), cdiv(m, bm), batch), "block": thr,
             "shared_bytes": smem, "device": p.name}
 
 

@@ -1,7 +1,7 @@
 """CUDA implementations of layer_norm and rms_norm ("cuda-warp-row", "cuda-block-row"),
 with the residual add fused (h = x + residual written in the same pass).
 
-Shape rule (CUDA keys) as softmax's: D up to WARP_MAX -> one warp per row, longer rows
+Shape rule (CUDA keys) as softmax's: D < BLOCK_MIN -> one warp per row, longer rows
 one block per row (about 8 elements per thread, 64..1024 threads).
 """
 from __future__ import annotations
@@ -10,12 +10,15 @@ import numpy as np
 
 from ._common import (DEVICE_COPY_NOTE, as_input, deliver, dummy, install_order, kernels, output,
                       register_cuda, row_launch, size)
-from .softmax import BLOCK_PARAMS, WARP_MAX, WARP_PARAMS
+from .softmax import BLOCK_MIN, BLOCK_PARAMS, WARP_PARAMS
 
 
-def launch(params, x, weight, bias, residual, eps, out):
-    d = x.shape[-1]
-    return row_launch(params, size(x.shape) // d if d else 0, d)
+def _launch(family):
+    def launch(params, x, weight, bias, residual, eps, out):
+        d = x.shape[-1]
+        return row_launch(params, size(x.shape) // d if d else 0, d, family)
+
+    return launch
 
 
 def _make_run(rms):
@@ -34,7 +37,7 @@ def _make_run(rms):
             hd = h.reshape(rows, d) if h is not None else xd
             w = as_input(weight) if weight is not None else dummy(dt)
             b = as_input(bias) if bias is not None else dummy(dt)
-            cfg = launch(params, x, weight, bias, residual, eps, out)
+            cfg = _launch("rms_norm" if rms else "layer_norm")(params, x, weight, bias, residual, eps, out)
             acc = np.float64 if dt == np.float64 else np.float32
             k = K.make(params["mode"], rms, acc)
             k[cfg["grid"], cfg["block"]](xd, rd, hd, w, b, float(eps), res.reshape(rows, d),
@@ -47,15 +50,15 @@ def _make_run(rms):
 
 def _order(key):
     n = key[4]
-    if n <= WARP_MAX:
-        return ("cuda-warp-row", "cuda-block-row"), f"D bucket {n} <= {WARP_MAX}: one warp per row"
-    return ("cuda-block-row", "cuda-warp-row"), f"D bucket {n} > {WARP_MAX}: one block per row"
+    if n < BLOCK_MIN:
+        return ("cuda-warp-row", "cuda-block-row"), f"D bucket {n} < {BLOCK_MIN}: one warp per row"
+    return ("cuda-block-row", "cuda-warp-row"), f"D bucket {n} >= {BLOCK_MIN}: one block per row"
 
 
 for _op, _rms in (("layer_norm", False), ("rms_norm", True)):
     what = "sum of squares" if _rms else "mean, then squared deviations"
-    register_cuda(_op, "cuda-warp-row", _make_run(_rms), launch, params=WARP_PARAMS,
+    register_cuda(_op, "cuda-warp-row", _make_run(_rms), _launch(_op), params=WARP_PARAMS,
                   notes=f"one warp per row, {what} reduced by warp shuffles; residual add fused; " + DEVICE_COPY_NOTE)
-    register_cuda(_op, "cuda-block-row", _make_run(_rms), launch, params=BLOCK_PARAMS,
+    register_cuda(_op, "cuda-block-row", _make_run(_rms), _launch(_op), params=BLOCK_PARAMS,
                   notes=f"one block per row, {what} reduced by warp shuffles + shared slots; residual add fused; " + DEVICE_COPY_NOTE)
     install_order(_op, _order)

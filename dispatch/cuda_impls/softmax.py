@@ -1,13 +1,13 @@
 """CUDA implementations of softmax, log_softmax ("cuda-warp-row", "cuda-block-row") and
 cross_entropy ("cuda-warp-row").
 
-Shape rule (CUDA keys): rows up to WARP_MAX elements go to the warp-per-row kernel (a
+Shape rule (CUDA keys): rows shorter than BLOCK_MIN elements (bucket < BLOCK_MIN) go to the warp-per-row kernel (a
 row's 32 lanes each hold <= 32 elements; a block-wide reduction would leave most of a
 block idle on short rows and pay two barriers), longer rows to block-per-row with about
 8 elements per thread (64..1024 threads), the grid capped at one wave of resident
 blocks and grid-striding over the rows.  Reductions along a non-last axis use the
 column kernel (one thread per (outer, inner) column, coalesced over inner) in both.
-WARP_MAX is the usual crossover of hand-written softmax kernels (Apex / OneFlow switch
+BLOCK_MIN (2048, i.e. rows up to 2047 on warps) follows the usual crossover of hand-written softmax kernels (Apex / OneFlow switch
 from warp to block reduction at 1024 columns); it is not measured here (no GPU).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, dummy, install_order, kernels, output,
                       props, register_cuda, row_launch, size)
 
-WARP_MAX = 1024
+BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 WARP_PARAMS = {"mode": "warp", "warps_per_block": 4}
 BLOCK_PARAMS = {"mode": "block", "per_thread": 8, "max_block": 1024, "waves": 1}
 COLUMN_BLOCK = 128
@@ -37,9 +37,9 @@ def launch(params, x, axis, out, log):
     outer, n, inner = _split(tuple(x.shape), axis)
     if inner != 1:
         g = cdiv(outer * inner, COLUMN_BLOCK)
-        return {"kernel": "column (non-last axis)", "grid": max(1, g), "block": COLUMN_BLOCK,
+        return {"kernel": "softmax.columns", "grid": max(1, g), "block": COLUMN_BLOCK,
                 "device": props().name}
-    return row_launch(params, outer, n)
+    return row_launch(params, outer, n, "softmax")
 
 
 def _run_softmax(params, x, axis, out, log):
@@ -61,9 +61,9 @@ def _run_softmax(params, x, axis, out, log):
 
 def _order(key):
     n = key[4]
-    if n <= WARP_MAX:
-        return ("cuda-warp-row", "cuda-block-row"), f"row length bucket {n} <= {WARP_MAX}: one warp per row"
-    return ("cuda-block-row", "cuda-warp-row"), f"row length bucket {n} > {WARP_MAX}: one block per row"
+    if n < BLOCK_MIN:
+        return ("cuda-warp-row", "cuda-block-row"), f"row length bucket {n} < {BLOCK_MIN}: one warp per row"
+    return ("cuda-block-row", "cuda-warp-row"), f"row length bucket {n} >= {BLOCK_MIN}: one block per row"
 
 
 NOTES_W = "online max/sum-exp per lane merged by warp shuffles, second pass writes; " + DEVICE_COPY_NOTE
@@ -78,8 +78,8 @@ for _op in ("softmax", "log_softmax"):
 
 def ce_launch(params, logits, targets, reduction, ignore_index):
     n, c = logits.shape
-    cfg = row_launch(WARP_PARAMS, n, c)
-    cfg["reduce"] = {"grid": 1, "block": 256} if reduction != "none" else None
+    cfg = row_launch(WARP_PARAMS, n, c, "cross_entropy")
+    cfg["reduce"] = {"kernel": "cross_entropy.reduce", "grid": 1, "block": 256} if reduction != "none" else None
     return cfg
 
 

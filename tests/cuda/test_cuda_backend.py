@@ -1,0 +1,267 @@
+"""CUDA-only tests: the simulator's warp-primitive emulation, the shuffle reductions, every
+GEMM tile configuration, float16 inputs, device-array plumbing (strided views, out=,
+results on the device, mixed host/device errors), launch rules and explain.
+
+Run with NK_TEST_DEVICE=cuda (under NUMBA_ENABLE_CUDASIM=1 without a GPU); skipped on the
+CPU target by tests/conftest.py.  Shapes are tiny (simulator: ~0.1 ms per GPU thread)
+but still cover partial tiles, several blocks and several warps per block.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dispatch
+from dispatch import devices
+from tests.support import ON_CUDA, assert_close, rng
+
+pytestmark = pytest.mark.skipif(not ON_CUDA, reason="CUDA target only")
+SIM = devices.simulator_enabled()
+
+
+if ON_CUDA:
+    # a module global named `cuda`: the simulator swaps it for its fake module in kernels
+    from numba import cuda
+
+
+def _dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+# ---- warp primitives (emulated under the simulator, real on a GPU) ------------------------
+
+def test_warp_shuffles_match_ptx_semantics():
+    from numba import int32
+
+    @cuda.jit
+    def k(out):
+        lane = cuda.threadIdx.x & 31
+        v = int32(cuda.threadIdx.x * 10)
+        out[0, cuda.threadIdx.x] = cuda.shfl_xor_sync(0xFFFFFFFF, v, 5)
+        out[1, cuda.threadIdx.x] = cuda.shfl_down_sync(0xFFFFFFFF, v, 3)
+        out[2, cuda.threadIdx.x] = cuda.shfl_up_sync(0xFFFFFFFF, v, 2)
+        out[3, cuda.threadIdx.x] = cuda.shfl_sync(0xFFFFFFFF, v, 7)
+        out[4, cuda.threadIdx.x] = cuda.ballot_sync(0xFFFFFFFF, lane % 3 == 0)
+        cuda.syncwarp(0xFFFFFFFF)
+
+    out = np.zeros((5, 64), np.int64)
+    k[1, 64](out)
+    t = np.arange(64)
+    lane, base = t % 32, t - t % 32
+    assert np.array_equal(out[0], (base + (lane ^ 5)) * 10)
+    assert np.array_equal(out[1], np.where(lane + 3 < 32, t + 3, t) * 10)
+    assert np.array_equal(out[2], np.where(lane >= 2, t - 2, t) * 10)
+    assert np.array_equal(out[3], (base + 7) * 10)
+    assert np.all(out[4] == sum(1 << i for i in range(32) if i % 3 == 0))
+
+
+@pytest.mark.skipif(not SIM, reason="checks the emulation's error on undefined use")
+def test_emulation_rejects_lanes_outside_mask():
+
+    @cuda.jit
+    def k(out):
+        if cuda.threadIdx.x < 16:
+            out[cuda.threadIdx.x] = cuda.shfl_down_sync(0xFFFF, cuda.threadIdx.x, 8)
+
+    with pytest.raises(RuntimeError, match="not in mask"):
+        k[1, 32](np.zeros(32, np.int64))
+
+
+@pytest.mark.parametrize("threads", [32, 96])
+def test_block_reductions(threads):
+    from numba import float32
+
+    from kernels_cuda import primitives as P
+
+    @cuda.jit
+    def k(x, out):
+        s1 = cuda.shared.array(32, float32)
+        s2 = cuda.shared.array(32, float32)
+        t = cuda.threadIdx.x
+        v = x[cuda.blockIdx.x, t]
+        out[cuda.blockIdx.x, 0, t] = P.block_sum(v, s1, float32(0))
+        out[cuda.blockIdx.x, 1, t] = P.block_max(v, s1, float32(-np.inf))
+        m, s = P.block_max_sumexp(v, float32(1), s1, s2, float32(-np.inf), float32(0))
+        out[cuda.blockIdx.x, 2, t] = m
+        out[cuda.blockIdx.x, 3, t] = s
+        a, b = P.block_sum2(v, v * v, s1, s2, float32(0))
+        out[cuda.blockIdx.x, 4, t] = b
+
+    x = rng().standard_normal((2, threads)).astype(np.float32)
+    out = np.zeros((2, 5, threads), np.float32)
+    k[2, threads](x, out)
+    x64 = x.astype(np.float64)
+    for b in range(2):
+        assert_close(out[b, 0], np.full(threads, x64[b].sum()), 1e-5)
+        assert np.all(out[b, 1] == x[b].max())
+        assert np.all(out[b, 2] == x[b].max())
+        assert_close(out[b, 3], np.full(threads, np.exp(x64[b] - x64[b].max()).sum()), 1e-5)
+        assert_close(out[b, 4], np.full(threads, (x64[b] ** 2).sum()), 1e-5)
+
+
+# ---- GEMM: every tile configuration, forced ------------------------------------------------
+
+@pytest.mark.parametrize("tile", ["32x32x16/4x2", "64x64x16/4x4", "128x64x8/8x4"])
+def test_gemm_tile(tile):
+    from kernels_cuda import gemm
+
+    g = rng()
+    bm, bn = gemm.CONFIGS[tile][:2]
+    m, n, k = (bm + 5, bn + 3, 21) if bm <= 32 else (bm - 27, bn + 2, 19)
+    a = g.standard_normal((2, m, k)).astype(np.float32)
+    bt = g.standard_normal((1, n, k)).astype(np.float32)  # (N, K): trans_b
+    bias = g.standard_normal(n).astype(np.float32)
+    c = np.full((2, m, n), np.nan, np.float32)
+    ai, bi = np.arange(2, dtype=np.int64), np.zeros(2, np.int64)
+    grid = (-(-n // bn), -(-m // bm), 2)
+    dc = _dev(c)
+    gemm.gemm_kernel(np.float32, tile)[grid, gemm.threads(tile)](
+        _dev(a), _dev(bt), _dev(ai), _dev(bi), _dev(bias), dc, 1, True, True)
+    ref = np.maximum(a.astype(np.float64) @ bt[0].T.astype(np.float64) + bias, 0)
+    assert_close(dc.copy_to_host(), ref, 1e-5, tile)
+
+
+# ---- float16 inputs (float32 accumulation) ------------------------------------------------
+
+F16_TOL = 2e-3
+
+
+def test_float16_elementwise_softmax_norm_gemm():
+    g = rng()
+    x = g.standard_normal((5, 70)).astype(np.float16)
+    up = g.standard_normal((5, 70)).astype(np.float16)
+    x64, up64 = x.astype(np.float64), up.astype(np.float64)
+    y = dispatch.swiglu(_dev(x), _dev(up)).copy_to_host()
+    assert y.dtype == np.float16
+    assert_close(y, x64 / (1 + np.exp(-x64)) * up64, F16_TOL, "swiglu fp16")
+    for impl in ("cuda-warp-row", "cuda-block-row"):
+        with dispatch.use(softmax=impl, rms_norm=impl):
+            s = dispatch.softmax(_dev(x)).copy_to_host()
+            e = np.exp(x64 - x64.max(-1, keepdims=True))
+            assert_close(s, e / e.sum(-1, keepdims=True), F16_TOL, "softmax fp16 " + impl)
+            r = dispatch.rms_norm(_dev(x)).copy_to_host()
+            assert_close(r, x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6), F16_TOL, "rms fp16 " + impl)
+    w = g.standard_normal((70, 33)).astype(np.float16)
+    c = dispatch.matmul(_dev(x), _dev(w)).copy_to_host()
+    assert c.dtype == np.float16
+    assert_close(c, x64 @ w.astype(np.float64), F16_TOL, "matmul fp16")
+
+
+# ---- device-array plumbing ------------------------------------------------------------------
+
+def test_results_stay_on_device_and_out_is_returned():
+    x = rng().standard_normal((3, 40)).astype(np.float32)
+    y = dispatch.relu(_dev(x))
+    assert devices.device_kind(y) == "cuda" and not isinstance(y, np.ndarray)
+    out = _dev(np.full((3, 40), np.nan, np.float32))
+    assert dispatch.relu(_dev(x), out=out) is out
+    assert np.array_equal(out.copy_to_host(), np.maximum(x, 0))
+
+
+def test_strided_device_views_in_and_out():
+    g = rng()
+    big = g.standard_normal((4, 2, 50)).astype(np.float32)
+    dbig = _dev(big)
+    view = dbig[:, 1, ::2]  # non-contiguous device view
+    out_big = _dev(np.full((4, 2, 25), np.nan, np.float32))
+    out_view = out_big[:, 0, :]
+    res = dispatch.softmax(view, out=out_view)
+    assert res is out_view
+    v = big[:, 1, ::2].astype(np.float64)
+    e = np.exp(v - v.max(-1, keepdims=True))
+    host = out_big.copy_to_host()
+    assert_close(host[:, 0, :], e / e.sum(-1, keepdims=True), 1e-5)
+    assert np.isnan(host[:, 1, :]).all()  # the other half untouched
+
+
+def test_mixed_host_and_device_is_an_error_naming_the_argument():
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError, match="out is a cuda array but x is a cpu array"):
+        dispatch.relu(x, out=_dev(x))
+    with pytest.raises(ValueError, match="b is a cpu array but a is a cuda array"):
+        dispatch.matmul(_dev(x), np.ones((3, 2), np.float32))
+
+
+def test_device_out_overlapping_input_rejected():
+    d = _dev(np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="out overlaps input x"):
+        dispatch.relu(d[:4], out=d[2:6])
+
+
+def test_cross_entropy_bad_target_names_targets():
+    logits = rng().standard_normal((4, 6)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"targets\[2\] = 6 is out of range"):
+        dispatch.cross_entropy(_dev(logits), _dev(np.array([0, 1, 6, -100])))
+
+
+def test_explain_shows_launch_configuration():
+    e = str(dispatch.explain("softmax", _dev(np.ones((3, 3000), np.float32))))
+    assert "chosen: cuda-block-row" in e and "launch: {'kernel': 'softmax.block_rows'" in e
+    e = str(dispatch.explain("matmul", _dev(np.ones((3, 5), np.float32)), _dev(np.ones((5, 7), np.float32))))
+    assert "launch: {'kernel': 'gemm." in e
+
+
+# ---- launch rules on real chips' properties (pure Python) -----------------------------------
+
+def test_launch_rules_follow_device_properties():
+    from dispatch.cuda_impls import linalg
+    from dispatch.cuda_impls._common import row_launch
+
+    h100, orin = devices.CHIPS["sm_90"], devices.CHIPS["sm_87"]
+    assert linalg.choose_tile(h100, 1, 4096, 4096)[0] == "128x64x8/8x4"
+    assert linalg.choose_tile(h100, 1, 128, 768)[0] == "32x32x16/4x2"  # 48 64x64 tiles < 132 SMs
+    assert linalg.choose_tile(orin, 1, 128, 768)[0] == "64x64x16/4x4"  # 24 tiles >= 16 SMs
+    with devices.assume(h100):
+        cfg = row_launch({"mode": "block", "per_thread": 8, "max_block": 1024, "waves": 1}, 128, 50257, "softmax")
+        assert cfg["block"] == 1024 and cfg["grid"] == 128
+        cfg = row_launch({"mode": "warp", "warps_per_block": 4}, 1000, 768, "softmax")
+        assert cfg["block"] == 128 and cfg["grid"] == 250
+
+
+# ---- without a GPU or without numba-cuda ---------------------------------------------------
+
+def _subprocess(code, **env):
+    e = dict(os.environ, **env)
+    e.pop("NUMBA_ENABLE_CUDASIM", None)
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_cuda_request_without_gpu_or_simulator_is_a_clear_error():
+    code = """
+import numpy as np
+from numba import cuda
+if cuda.is_available():
+    print("HAS-GPU")
+else:
+    import dispatch
+    class Fake:
+        shape, dtype, ndim = (4,), np.dtype(np.float32), 1
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+    try:
+        dispatch.relu(Fake())
+    except RuntimeError as e:
+        print("ERR", e)
+"""
+    r = _subprocess(code, NUMBA_ENABLE_CUDASIM="0")
+    if "HAS-GPU" in r.stdout:
+        pytest.skip("a GPU is present")
+    assert "ERR" in r.stdout and "no CUDA GPU is available" in r.stdout, r.stdout + r.stderr
+
+
+def test_cpu_side_works_without_numba_cuda():
+    code = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "numba.cuda" or name.startswith("numba.cuda.") or name.startswith("numba_cuda"):
+            raise ImportError("blocked for the test")
+sys.meta_path.insert(0, Block())
+import numpy as np, dispatch
+print(float(dispatch.relu(np.array([-1.0, 2.0], np.float32))[1]), "numba.cuda" in sys.modules)
+"""
+    r = _subprocess(code, NUMBA_ENABLE_CUDASIM="0")
+    assert r.stdout.split() == ["2.0", "False"], r.stdout + r.stderr
