@@ -52,7 +52,7 @@ def kernels():
     """name -> (family, get(dtype) -> cuda dispatcher, argtypes(dtype) -> tuple of numba types)."""
     from numba import types as T
 
-    from kernels_cuda import activation, gemm, layout, norm, softmax
+    from kernels_cuda import activation, gemm, layout, norm, rope, softmax
 
     def arr(dt, nd, layout_="C"):
         return T.Array(dt, nd, layout_)
@@ -85,6 +85,8 @@ def kernels():
             table[f"{fam}.{kind}_rows"] = (
                 "norm", (lambda kind, rms: lambda dt: norm.make(kind, rms, acc_np(dt)))(kind, rms),
                 lambda dt: (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 1), f64, arr(dt, 2), b, b, b))
+    table["rope.pairs"] = ("rope", lambda dt: rope.rope_kernel(acc_np(dt)),
+                           lambda dt: (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 2), b))
     for tile in gemm.CONFIGS:
         table[f"gemm.{tile}"] = ("linalg", (lambda tile: lambda dt: gemm.gemm_kernel(acc_np(dt), tile))(tile),
                                  lambda dt: (arr(dt, 3), arr(dt, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, b, b))
@@ -125,6 +127,7 @@ def representative_calls():
         ("layer_norm.block_rows", "layer_norm", "cuda-block-row", (z((512, 4096)), z((4096,)), z((4096,))), {}),
         ("rms_norm.warp_rows", "rms_norm", "cuda-warp-row", (z((128, 768)), z((768,))), {}),
         ("rms_norm.block_rows", "rms_norm", "cuda-block-row", (z((512, 4096)), z((4096,))), {}),
+        ("rope.pairs", "rope", "cuda-elementwise", (z((1, 32, 512, 128)), z((512, 64)), z((512, 64))), {}),
     ]
     try:
         from kernels_cuda import catalog_extra

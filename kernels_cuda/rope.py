@@ -1,0 +1,46 @@
+"""Rotary position embedding on the GPU.
+
+x, out: (rows, D) C-contiguous with rows = batch * S (row r has position r % S); cos, sin:
+(S, D/2).  One thread per rotated pair, grid-stride; a thread reads its pair (a, b), the
+pair's cos / sin, and writes (a cos - b sin, b cos + a sin).  Consecutive threads take
+consecutive pairs i of a row, so for rotate-half (pairs (i, i + D/2)) both halves are
+read and written coalesced, and for interleaved (pairs (2i, 2i + 1)) a warp covers 64
+consecutive elements; the cos / sin rows are shared by all batch rows through L2.
+"""
+from functools import lru_cache
+
+from numba import cuda
+
+from ._jit import acc_of, kernel
+
+
+@lru_cache(maxsize=None)
+def rope_kernel(acc_np):
+    acc, _ = acc_of(acc_np)
+
+    @kernel
+    def rope_pairs(x, cos, sin, out, interleaved):
+        rows, d = x.shape
+        seq, h = cos.shape
+        total = rows * h
+        g = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while g < total:
+            r = g // h
+            i = g - r * h
+            t = r % seq
+            c = acc(cos[t, i])
+            s = acc(sin[t, i])
+            if interleaved:
+                ia = 2 * i
+                ib = ia + 1
+            else:
+                ia = i
+                ib = i + h
+            a = acc(x[r, ia])
+            b = acc(x[r, ib])
+            out[r, ia] = a * c - b * s
+            out[r, ib] = b * c + a * s
+            g += step
+
+    return rope_pairs
