@@ -136,7 +136,66 @@ def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumula
 
 # ---- shared pieces ---------------------------------------------------------------------
 
-@njit(**JIT)
+def _make_rowmax(fir, width):
+    vty = ir.VectorType(fir, width)
+    suffix = "v%d%s" % (width, "f32" if isinstance(fir, ir.FloatType) else "f64")
+    ssuf = "f32" if isinstance(fir, ir.FloatType) else "f64"
+    isz = 4 if isinstance(fir, ir.FloatType) else 8
+
+    @intrinsic
+    def rowmax(typingctx, ptr, n, init):
+        """max(init, x[0:n]) for the n elements at address ptr, NaN ignored (llvm.maxnum),
+        in `width`-wide vectors: numba's max() is compare + select, whose reduction LLVM
+        leaves scalar (a 4-cycle dependency per element)."""
+        sig = init(types.intp, types.intp, init)
+
+        def codegen(context, builder, sig, args):
+            ptr, n, init = args
+            i64 = ir.IntType(64)
+            P = builder.inttoptr(ptr, fir.as_pointer())
+            vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty]), "llvm.maxnum." + suffix)
+            smax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fir, [fir, fir]), "llvm.maxnum." + ssuf)
+            vacc = cgutils.alloca_once(builder, vty)
+            sacc = cgutils.alloca_once(builder, fir)
+            splat = builder.insert_element(ir.Constant(vty, ir.Undefined), init, ir.Constant(ir.IntType(32), 0))
+            splat = builder.shuffle_vector(splat, ir.Constant(vty, ir.Undefined),
+                                           ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+            builder.store(splat, vacc)
+            nvec = builder.sdiv(n, ir.Constant(i64, width))
+            with cgutils.for_range(builder, nvec) as loop:
+                p = builder.bitcast(builder.gep(P, [builder.mul(loop.index, ir.Constant(i64, width))]), vty.as_pointer())
+                builder.store(builder.call(vmax, [builder.load(vacc), builder.load(p, align=isz)]), vacc)
+            v = builder.load(vacc)
+            m = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+            for t in range(1, width):
+                m = builder.call(smax, [m, builder.extract_element(v, ir.Constant(ir.IntType(32), t))])
+            builder.store(m, sacc)
+            start = builder.mul(nvec, ir.Constant(i64, width))
+            with cgutils.for_range_slice(builder, start, n, ir.Constant(i64, 1), inc=True) as (idx, _):
+                builder.store(builder.call(smax, [builder.load(sacc), builder.load(builder.gep(P, [idx]))]), sacc)
+            return builder.load(sacc)
+
+        return sig, codegen
+
+    return rowmax
+
+
+_rowmax_f32 = _make_rowmax(ir.FloatType(), 8)
+_rowmax_f64 = _make_rowmax(ir.DoubleType(), 4)
+
+
+def rowmax(ptr, n, init):
+    """max(init, the n elements at address ptr); float32 or float64 after init's type."""
+
+
+@overload(rowmax, inline="always")
+def _rowmax_overload(ptr, n, init):
+    if init == types.float32:
+        return lambda ptr, n, init: _rowmax_f32(ptr, n, init)
+    return lambda ptr, n, init: _rowmax_f64(ptr, n, init)
+
+
+@njit(inline="always", **JIT)
 def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
     """Turn scores srow[:jn] (keys j0..j0+jn) into exp(s - m_new) in place, masking keys
     >= lim (causal) and by the mask row; returns (m_new, l_new, alpha) of the online
@@ -152,10 +211,7 @@ def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
             srow[j] = srow[j] + mrow[j0 + j]
     for j in range(max(lim, 0), jn):
         srow[j] = ninf
-    mx = srow[0]
-    for j in range(1, jn):
-        mx = max(mx, srow[j])
-    m_new = max(m_old, mx)
+    m_new = rowmax(srow.ctypes.data, jn, m_old)
     mu = m_new if m_new > ninf else srow.dtype.type(0)
     alpha = fexp(m_old - mu)
     s = srow.dtype.type(0)

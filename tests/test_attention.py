@@ -1,0 +1,305 @@
+"""dispatch.attention against the float64 reference, for every implementation the
+dispatcher can pick, plus property tests (causal prefix, GQA = repeated MHA, decode step
+by step = causal prefill) and bad-input tests."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dispatch
+from tests.reference import attention as ref
+from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run
+
+IMPLS = impl_params("attention")
+DTYPES = [np.float32, np.float64]
+
+# (B, Hq, Hkv, Sq, Skv, D, causal)
+FULL = [
+    (1, 1, 1, 1, 1, 1, False),
+    (2, 3, 3, 5, 9, 1, True),           # D = 1, Sq < Skv causal
+    (1, 4, 1, 1, 300, 8, True),         # MQA decode, Skv not a multiple of tiles
+    (2, 8, 2, 7, 77, 64, False),        # GQA 4
+    (1, 8, 1, 70, 133, 80, True),       # GQA 8, D = 80, Sq < Skv, several tiles
+    (1, 2, 2, 130, 130, 128, True),     # square causal over tile edges
+    (1, 2, 1, 40, 20, 64, True),        # Sq > Skv: the first rows see nothing -> zeros
+    (2, 2, 2, 3, 600, 64, False),       # decode-like, several KV splits
+    (1, 1, 1, 65, 65, 8, False),
+]
+SMALL = [
+    (1, 1, 1, 1, 1, 1, False),
+    (1, 2, 1, 3, 7, 8, True),
+    (1, 4, 2, 5, 13, 4, False),
+    (2, 2, 2, 6, 6, 3, True),
+]
+SHAPES = SMALL if ON_CUDA else FULL
+
+
+def _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype):
+    return (randn(g, (B, Hq, Sq, D), dtype), randn(g, (B, Hkv, Skv, D), dtype),
+            randn(g, (B, Hkv, Skv, D), dtype))
+
+
+def _tol(dtype, Skv):
+    return reduction_tol(dtype, max(Skv, 1))
+
+
+def _sid(s):
+    return "B{}Hq{}Hkv{}Sq{}Skv{}D{}{}".format(*s[:6], "c" if s[6] else "")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=_sid)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_reference(impl, shape, dtype):
+    B, Hq, Hkv, Sq, Skv, D, causal = shape
+    g = rng()
+    q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+    q *= 2  # sharper softmax than unit scores
+    out = poisoned((B, Hq, Sq, D), dtype)
+    got = run(impl, dispatch.attention, q, k, v, causal=causal, out=out)
+    assert_close(got, ref.attention(q, k, v, causal=causal), _tol(dtype, Skv), f"{impl} {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scale_and_no_out(impl, dtype):
+    g = rng()
+    q, k, v = _qkv(g, 1, 4, 2, 9, 21, 16, dtype)
+    got = run(impl, dispatch.attention, q, k, v, scale=0.3)
+    assert_close(got, ref.attention(q, k, v, scale=0.3), _tol(dtype, 21))
+
+
+MASK_SHAPES = ["skv", "sq_skv", "b1_sq_skv"]
+
+
+def _mask(g, kind, mshape, B, Sq, Skv, dtype):
+    full = {"skv": (Skv,), "sq_skv": (Sq, Skv), "b1_sq_skv": (B, 1, Sq, Skv)}[mshape]
+    if kind == "bool":
+        return g.random(full) < 0.7
+    m = randn(g, full, dtype)
+    m[g.random(full) < 0.3] = -np.inf
+    return m
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", ["bool", "add"])
+@pytest.mark.parametrize("mshape", MASK_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_masks(impl, dtype, mshape, kind, causal):
+    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 3, 11, 8) if ON_CUDA else (2, 4, 2, 37, 150, 64)
+    g = rng()
+    q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+    mask = _mask(g, kind, mshape, B, Sq, Skv, dtype)
+    out = poisoned((B, Hq, Sq, D), dtype)
+    got = run(impl, dispatch.attention, q, k, v, causal=causal, mask=mask, out=out)
+    assert np.all(np.isfinite(got))
+    assert_close(got, ref.attention(q, k, v, causal=causal, mask=mask), _tol(dtype, Skv), f"{impl} {mshape} {kind}")
+
+
+@pytest.mark.parametrize("kind", ["bool", "add"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fully_masked_rows_are_zero(impl, dtype, kind):
+    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 4, 9, 8) if ON_CUDA else (1, 4, 2, 6, 140, 64)
+    g = rng()
+    q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+    if kind == "bool":
+        mask = g.random((B, Hq, Sq, Skv)) < 0.5
+        mask[:, :, 1] = False
+        mask[0, 1, 3] = False
+    else:
+        mask = randn(g, (B, Hq, Sq, Skv), dtype)
+        mask[:, :, 1] = -np.inf
+        mask[0, 1, 3] = -np.inf
+    out = poisoned((B, Hq, Sq, D), dtype)
+    got = run(impl, dispatch.attention, q, k, v, mask=mask, out=out)
+    assert np.all(got[:, :, 1] == 0) and np.all(got[0, 1, 3] == 0)
+    assert_close(got, ref.attention(q, k, v, mask=mask), _tol(dtype, Skv))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_kv_gives_zeros(impl, dtype):
+    g = rng()
+    q, k, v = _qkv(g, 1, 2, 1, 3, 0, 8, dtype)
+    got = run(impl, dispatch.attention, q, k, v, out=poisoned((1, 2, 3, 8), dtype))
+    assert np.all(got == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_contiguous_inputs(impl, dtype):
+    """q, k, v as views of the (B, S, H, D) layout, and a strided mask."""
+    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 3, 7, 8) if ON_CUDA else (2, 8, 2, 33, 90, 64)
+    g = rng()
+    q = randn(g, (B, Sq, Hq, D), dtype).transpose(0, 2, 1, 3)
+    k = randn(g, (B, Skv, Hkv, D), dtype).transpose(0, 2, 1, 3)
+    v = randn(g, (B, Skv, Hkv, 2 * D), dtype).transpose(0, 2, 1, 3)[..., ::2]
+    mask = (g.random((Sq, 2 * Skv)) < 0.8)[:, ::2]
+    got = run(impl, dispatch.attention, q, k, v, causal=True, mask=mask, out=poisoned((B, Hq, Sq, D), dtype))
+    assert_close(got, ref.attention(q, k, v, causal=True, mask=mask), _tol(dtype, Skv))
+
+
+@pytest.mark.skipif(ON_CUDA, reason="CPU shape rule")
+def test_default_dispatch_decode_and_prefill():
+    g = rng()
+    for shape in [(1, 4, 2, 1, 300, 64), (1, 2, 2, 100, 100, 64), (1, 2, 1, 3, 5, 8)]:
+        q, k, v = _qkv(g, *shape, np.float32)
+        got = dispatch.attention(q, k, v, causal=True)
+        assert_close(got, ref.attention(q, k, v, causal=True), _tol(np.float32, shape[4]))
+
+
+# ---- properties ------------------------------------------------------------------
+
+_dims = st.tuples(
+    st.integers(1, 2),            # B
+    st.sampled_from([1, 2, 4]),   # Hkv
+    st.sampled_from([1, 4, 8]),   # G
+    st.integers(1, 6 if ON_CUDA else 70),   # Sq
+    st.integers(0, 6 if ON_CUDA else 70),   # extra keys beyond Sq
+    st.sampled_from([1, 8] if ON_CUDA else [1, 8, 64, 80]),  # D
+)
+_examples = settings(max_examples=4 if ON_CUDA else 12, deadline=None)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@_examples
+@given(dims=_dims, data=st.data())
+def test_causal_prefix_does_not_see_the_future(impl, dims, data):
+    B, Hkv, G, Sq, extra, D = dims
+    if ON_CUDA:
+        Hkv, G = 1, min(G, 2)
+    Skv = Sq + extra
+    g = rng()
+    q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
+    t = data.draw(st.integers(1, Sq), label="t")
+    o1 = run(impl, dispatch.attention, q, k, v, causal=True)
+    q2, k2, v2 = q.copy(), k.copy(), v.copy()
+    q2[:, :, t:] = randn(g, q2[:, :, t:].shape, np.float64)
+    last = t + Skv - Sq  # keys the first t queries may see: j < last
+    k2[:, :, last:] = randn(g, k2[:, :, last:].shape, np.float64)
+    v2[:, :, last:] = randn(g, v2[:, :, last:].shape, np.float64)
+    o2 = run(impl, dispatch.attention, q2, k2, v2, causal=True)
+    assert_close(o2[:, :, :t], o1[:, :, :t], 1e-12, "prefix changed")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@_examples
+@given(dims=_dims, causal=st.booleans())
+def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal):
+    B, Hkv, G, Sq, extra, D = dims
+    if ON_CUDA:
+        Hkv, G = 1, min(G, 2)
+    Skv = Sq + extra
+    g = rng()
+    q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
+    gqa = run(impl, dispatch.attention, q, k, v, causal=causal)
+    mha = run(impl, dispatch.attention, q, np.repeat(k, G, axis=1), np.repeat(v, G, axis=1), causal=causal)
+    assert_close(gqa, mha, 1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@settings(max_examples=3 if ON_CUDA else 8, deadline=None)
+@given(dims=_dims)
+def test_decode_steps_equal_causal_prefill(impl, dims):
+    B, Hkv, G, Sq, extra, D = dims
+    if ON_CUDA:
+        Hkv, G, Sq = 1, min(G, 2), min(Sq, 3)
+    Sq = min(Sq, 24)  # one call per step
+    Skv = Sq + extra
+    g = rng()
+    q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
+    full = run(impl, dispatch.attention, q, k, v, causal=True)
+    for i in range(Sq):
+        n = Skv - Sq + i + 1  # cache length after appending token i
+        step = run(impl, dispatch.attention, q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], causal=True)
+        assert_close(step[:, :, 0], full[:, :, i], 1e-12, f"step {i}")
+
+
+# ---- bad input -------------------------------------------------------------------
+
+cpu_only = pytest.mark.skipif(ON_CUDA, reason="validation is device-agnostic; tested on the CPU")
+
+
+def _ok(dtype=np.float32):
+    g = rng()
+    return _qkv(g, 2, 4, 2, 5, 7, 8, dtype)
+
+
+@cpu_only
+@pytest.mark.parametrize("change, err, match", [
+    (lambda q, k, v: (q[0], k, v, {}), ValueError, "q must have 4 dimensions"),
+    (lambda q, k, v: (q, k[0], v, {}), ValueError, "k must have 4 dimensions"),
+    (lambda q, k, v: (q, k, v[..., 0], {}), ValueError, "v must have 4 dimensions"),
+    (lambda q, k, v: (q, k[..., :4], v[..., :4], {}), ValueError, "k must have head dim 8"),
+    (lambda q, k, v: (q, k, v[:, :, :6], {}), ValueError, "v must have the shape of k"),
+    (lambda q, k, v: (q, k, v[..., :4], {}), ValueError, "v must have the shape of k"),
+    (lambda q, k, v: (q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1), {}), ValueError, "must divide q's 4 heads"),
+    (lambda q, k, v: (q, k[:1], v[:1], {}), ValueError, "k must have batch size 2"),
+    (lambda q, k, v: (q, k.astype(np.float64), v, {}), TypeError, "k must have the same dtype as q"),
+    (lambda q, k, v: (q, k, v.astype(np.float64), {}), TypeError, "v must have the same dtype as q"),
+    (lambda q, k, v: (q.astype(np.int32), k, v, {}), TypeError, "q must have dtype float32 or float64"),
+    (lambda q, k, v: (q, k, v, {"mask": np.ones((5, 6), bool)}), ValueError, "mask of shape"),
+    (lambda q, k, v: (q, k, v, {"mask": np.ones((3, 2, 4, 5, 7), bool)}), ValueError, "mask of shape"),
+    (lambda q, k, v: (q, k, v, {"mask": np.ones(7, np.float64)}), TypeError, "mask must have dtype bool or float32"),
+    (lambda q, k, v: (q, k, v, {"mask": np.ones(7, np.int8)}), TypeError, "mask must have dtype bool or float32"),
+    (lambda q, k, v: (q, k, v, {"scale": float("nan")}), ValueError, "scale must be a finite"),
+    (lambda q, k, v: (q, k, v, {"scale": float("inf")}), ValueError, "scale must be a finite"),
+    (lambda q, k, v: (q, k, v, {"scale": "big"}), TypeError, "scale must be a real number"),
+    (lambda q, k, v: (q, k, v, {"causal": 1}), TypeError, "causal must be a bool"),
+    (lambda q, k, v: ([[1.0]], k, v, {}), TypeError, "q must be a numpy array"),
+])
+def test_bad_input_rejected_out_untouched(change, err, match):
+    q, k, v = _ok()
+    q, k, v, kw = change(q, k, v)
+    out = np.full((2, 4, 5, 8), 7.0, np.float32)
+    with pytest.raises(err, match=match):
+        dispatch.attention(q, k, v, out=out, **kw)
+    assert np.all(out == 7.0)
+
+
+@cpu_only
+@pytest.mark.parametrize("bad_out, err, match", [
+    (np.zeros((2, 4, 5, 7), np.float32), ValueError, "out must have shape"),
+    (np.zeros((2, 4, 5, 8), np.float64), TypeError, "out must have dtype"),
+])
+def test_bad_out_rejected_and_untouched(bad_out, err, match):
+    q, k, v = _ok()
+    before = bad_out.copy()
+    with pytest.raises(err, match=match):
+        dispatch.attention(q, k, v, out=bad_out)
+    assert np.array_equal(bad_out, before)
+
+
+@cpu_only
+@pytest.mark.parametrize("victim", ["q", "k", "v", "mask"])
+def test_out_aliasing_input_rejected(victim):
+    g = rng()
+    out = np.zeros((2, 4, 5, 8), np.float32)
+    arrays = {"q": randn(g, (2, 4, 5, 8), np.float32), "k": randn(g, (2, 2, 8, 8), np.float32),
+              "v": randn(g, (2, 2, 8, 8), np.float32), "mask": randn(g, (5, 8), np.float32)}
+    if victim == "q":
+        arrays["q"] = out
+    elif victim == "mask":
+        arrays["mask"] = out[0, 0]
+    else:  # a (2, 2, 5, 8) view of out as the first 5 keys
+        arrays[victim] = out[:, :2]
+        other = "v" if victim == "k" else "k"
+        arrays[other] = arrays[other][:, :, :5]
+        arrays["mask"] = arrays["mask"][:, :5]
+    out[...] = 3.0
+    before = {n: a.copy() for n, a in arrays.items()}
+    with pytest.raises(ValueError, match=f"out overlaps input {victim}"):
+        dispatch.attention(arrays["q"], arrays["k"], arrays["v"], mask=arrays["mask"], out=out)
+    assert np.all(out == 3.0)
+    for n, a in arrays.items():
+        assert np.array_equal(a, before[n])
+
+
+def test_explain_names_a_cpu_kernel():
+    if ON_CUDA:
+        pytest.skip("CPU rule")
+    q, k, v = _qkv(rng(), 1, 4, 4, 1, 512, 64, np.float32)
+    assert dispatch.explain("attention", q, k, v, causal=True).chosen == "cpu-splitkv"
+    q, k, v = _qkv(rng(), 1, 4, 4, 256, 256, 64, np.float32)
+    assert dispatch.explain("attention", q, k, v, causal=True).chosen == "cpu-flash"
