@@ -1,0 +1,166 @@
+"""dispatch.{layer_norm, rms_norm} (with and without the fused residual add) against float64
+references, for every implementation the dispatcher can pick on the target device."""
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import norm as ref
+from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, rng, run, strided, to_target
+
+FULL = [(1,), (7,), (3, 5), (1, 1), (33, 1), (5, 768), (2, 3, 257), (2, 32000), (2, 3, 4, 9)]
+SMALL = [(7,), (3, 5), (1, 1), (5, 67), (2, 3, 37), (2, 3, 4, 9)]
+SHAPES = SMALL if ON_CUDA else FULL
+DTYPES = [np.float32, np.float64]
+
+# (op, public function, reference, which parameters: "wb", "w", "b" or "")
+VARIANTS = [("layer_norm", dispatch.layer_norm, ref.layer_norm, p) for p in ("wb", "w", "b", "")] + \
+           [("rms_norm", dispatch.rms_norm, ref.rms_norm, p) for p in ("w", "")]
+
+
+def _cases():
+    out = []
+    for name, fn, r, params in VARIANTS:
+        for p in impl_params(name):
+            out.append(pytest.param(name, fn, r, params, p.values[0], id=f"{name}[{params}]-{p.id}", marks=p.marks))
+    return out
+
+
+def _inputs(g, name, params, shape, dtype):
+    d = shape[-1]
+    args = [randn(g, shape, dtype) * 2 + dtype(0.5)]
+    kw = {}
+    w = (randn(g, (d,), dtype) + dtype(1)) if "w" in params else None
+    b = randn(g, (d,), dtype) if "b" in params else None
+    if name == "layer_norm":
+        args += [w, b]
+    else:
+        args += [w]
+    return args, kw
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, params, impl", _cases())
+def test_matches_reference(name, fn, reference, params, impl, shape, dtype, residual):
+    g = rng()
+    args, kw = _inputs(g, name, params, shape, dtype)
+    eps = float(g.choice([1e-5, 1e-6, 1e-2]))
+    tol = TOL[np.dtype(dtype)]
+    out = poisoned(shape, dtype)
+    if residual:
+        r = randn(g, shape, dtype)
+        got, h = run(impl, fn, *args, eps=eps, residual=r, out=out, _op=name)
+        want, want_h = reference(*args, eps=eps, residual=r)
+        assert_close(got, want, tol, name)
+        assert h.dtype == dtype and h.shape == shape
+        np.testing.assert_array_equal(h, args[0] + r)  # one rounding, as numpy's add
+        # strided views of x and residual, no out=
+        got2, h2 = run(impl, fn, strided(args[0]), *args[1:], eps=eps, residual=strided(r), _op=name)
+        assert_close(got2, want, tol, name + " strided")
+        np.testing.assert_array_equal(h2, args[0] + r)
+    else:
+        got = run(impl, fn, *args, eps=eps, out=out, _op=name)
+        want = reference(*args, eps=eps)
+        assert got.dtype == dtype
+        assert_close(got, want, tol, name)
+        got2 = run(impl, fn, strided(args[0]), *[None if a is None else strided(a) for a in args[1:]], eps=eps,
+                   _op=name)
+        assert_close(got2, want, tol, name + " strided")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, fn, reference, params, impl", [c for c in _cases() if "w" in c.values[3]])
+def test_default_eps_and_views(name, fn, reference, params, impl, dtype):
+    g = rng()
+    base = randn(g, (40, 70) if ON_CUDA else (300, 130), dtype)
+    for view in (base.T, base[3:31:2, 5:], base[::-1, ::3]):
+        args, _ = _inputs(g, name, params, view.shape, dtype)
+        args[0] = view
+        got = run(impl, fn, *args, _op=name)
+        assert_close(got, reference(*args), TOL[np.dtype(dtype)], name + " view")
+
+
+@pytest.mark.parametrize("name, fn, reference, params, impl", [c for c in _cases() if c.values[3] in ("wb", "w")])
+def test_large_offset_rows_keep_precision(name, fn, reference, params, impl):
+    """Rows with a mean far from zero: float32 statistics must not cancel catastrophically."""
+    g = rng()
+    shape = (6, 67) if ON_CUDA else (6, 768)
+    args, _ = _inputs(g, name, params, shape, np.float32)
+    args[0] = (np.float32(30) + randn(g, shape, np.float32)).astype(np.float32)
+    got = run(impl, fn, *args, _op=name)
+    assert_close(got, reference(*args), 1e-5, name + " offset")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="host-only check of the returned buffers")
+@pytest.mark.parametrize("name, fn", [("layer_norm", dispatch.layer_norm), ("rms_norm", dispatch.rms_norm)])
+def test_out_is_returned_and_h_is_new(name, fn):
+    x = np.random.rand(4, 9).astype(np.float32)
+    r = np.random.rand(4, 9).astype(np.float32)
+    out = np.empty_like(x)
+    assert fn(x, out=out) is out
+    y, h = fn(x, residual=r, out=out)
+    assert y is out and h is not x and h is not r and not np.shares_memory(h, out)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="host-only edge case")
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (2, 0, 4)], ids=str)
+def test_empty(shape):
+    x = np.ones(shape, np.float32)
+    assert dispatch.layer_norm(x).shape == shape
+    y, h = dispatch.rms_norm(x, residual=x.copy())
+    assert y.shape == h.shape == shape
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+cpu_only = pytest.mark.skipif(ON_CUDA, reason="argument checks are device-independent")
+X = np.ones((3, 4), np.float32)
+
+
+@cpu_only
+@pytest.mark.parametrize("call, err, msg", [
+    (lambda: dispatch.layer_norm(np.ones((3, 4), np.int32)), TypeError, "x must have dtype float32 or float64"),
+    (lambda: dispatch.layer_norm(X, np.ones(4)), TypeError, r"weight must have the same dtype as x \(float32\)"),
+    (lambda: dispatch.layer_norm(X, None, np.ones(4)), TypeError, "bias must have the same dtype as x"),
+    (lambda: dispatch.rms_norm(X, residual=np.ones((3, 4))), TypeError, "residual must have the same dtype as x"),
+    (lambda: dispatch.layer_norm(X, np.ones(5, np.float32)), ValueError, r"weight must have shape \(4,\)"),
+    (lambda: dispatch.layer_norm(X, None, np.ones((1, 4), np.float32)), ValueError, r"bias must have shape \(4,\)"),
+    (lambda: dispatch.rms_norm(X, np.ones(3, np.float32)), ValueError, r"weight must have shape \(4,\)"),
+    (lambda: dispatch.rms_norm(X, residual=np.ones((1, 4), np.float32)), ValueError,
+     r"residual must have shape \(3, 4\)"),
+    (lambda: dispatch.layer_norm(np.ones((), np.float32)), ValueError, "x must have at least 1 dimensions"),
+    (lambda: dispatch.layer_norm(X, eps=0.0), ValueError, "eps must be a finite positive number"),
+    (lambda: dispatch.rms_norm(X, eps=-1e-6), ValueError, "eps must be a finite positive number"),
+    (lambda: dispatch.rms_norm(X, eps=float("nan")), ValueError, "eps must be a finite positive number"),
+    (lambda: dispatch.layer_norm(X, eps=float("inf")), ValueError, "eps must be a finite positive number"),
+    (lambda: dispatch.layer_norm(X, eps="small"), TypeError, "eps must be a real number"),
+    (lambda: dispatch.rms_norm([[1.0, 2.0]]), TypeError, "x must be a numpy array"),
+])
+def test_bad_inputs(call, err, msg):
+    with pytest.raises(err, match=msg):
+        call()
+
+
+@cpu_only
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_bad_out_rejected_and_untouched(name):
+    fn = getattr(dispatch, name)
+    x = np.random.rand(3, 4).astype(np.float32)
+    r = np.random.rand(3, 4).astype(np.float32)
+    w = np.random.rand(4).astype(np.float32)
+    for bad, err, msg, kw in [
+        (np.zeros((3, 5), np.float32), ValueError, "out must have shape", {}),
+        (np.zeros((3, 4), np.float64), TypeError, "out must have dtype", {}),
+        (np.zeros((3, 4), np.float32)[:, :3], ValueError, "out must have shape", {"residual": r}),
+    ]:
+        before = bad.copy()
+        with pytest.raises(err, match=msg):
+            fn(x, w, out=bad, **kw)
+        assert np.array_equal(bad, before)
+    xs, rs = x.copy(), r.copy()
+    with pytest.raises(ValueError, match="out overlaps input x"):
+        fn(x, w, out=x)
+    with pytest.raises(ValueError, match="out overlaps input residual"):
+        fn(x, w, residual=r, out=r)
+    assert np.array_equal(x, xs) and np.array_equal(r, rs)
