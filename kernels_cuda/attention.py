@@ -1,0 +1,228 @@
+"""Flash-style attention and split-KV decode on the GPU.
+
+q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D); out (B, Hq, Sq, D); group = Hq // Hkv.
+A block owns BQ "rows" of one (batch, kv head): the rows are the (query head of the
+group, query position) pairs flattened, so the K/V tiles a block stages in shared memory
+serve every query head of the GQA group (MQA and decode included: Sq = 1 with 8 heads in
+a group fills 8 rows).  Each of the NW warps owns RPW = BQ / NW rows.  Per K/V tile of
+BK = 32 keys (streamed through shared memory, the K rows padded by one word against bank
+conflicts):
+  - lane j computes the score of key j for each of its warp's rows (Q rows from shared,
+    pre-scaled), with the causal rule (query i sees keys <= i + Skv - Sq) and the mask
+    (bool: attend where True; additive), broadcast by strides of 1-sized mask dims;
+  - online softmax per row: tile max and sum by warp shuffles, running (m, l) rescaled;
+  - P goes to a per-row shared slot and each lane accumulates its D/32 output columns
+    o[d] = o[d] * alpha + sum_j P[j] V[j, d] (consecutive lanes, consecutive d).
+Tiles wholly above the causal diagonal of the block's last query are never loaded.
+grid = (row blocks, B * Hkv, splits).  With splits == 1 the block writes out / l (0 for a
+query that sees no key).  With splits > 1 (split-KV, for decode: few rows, long KV) split
+s takes a contiguous range of KV tiles and writes its normalized partial output and
+(m, l); `combine` (the second pass) merges the splits with the usual rescaling.
+"""
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ._jit import FULL_MASK, acc_of, kernel
+from .primitives import warp_max, warp_sum
+
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+BK = 32
+NW = 4
+
+# D bucket -> (DMAX, BQ): shared memory BQ*DMAX + BK*(DMAX+1) + BK*DMAX + BQ*BK words.
+TILES = {64: (64, 16), 128: (128, 16)}  # D > 128 would need more than 48 KB of static shared memory
+
+
+def tile_for(d):
+    for dmax in sorted(TILES):
+        if d <= dmax:
+            return dmax, TILES[dmax][1]
+    return None
+
+
+def shared_bytes(dmax, bq, itemsize=4):
+    return itemsize * (bq * dmax + BK * (dmax + 1) + BK * dmax + bq * BK)
+
+
+@lru_cache(maxsize=None)
+def flash_kernel(acc_np, dmax):
+    acc, _ = acc_of(acc_np)
+    BQ = TILES[dmax][1]
+    RPW = BQ // NW
+    DPL = dmax // 32
+    NT = NW * 32
+    QS, KS, VS, PS = (BQ, dmax), (BK, dmax + 1), (BK, dmax), (BQ, BK)
+    RS, OS = (RPW,), (RPW, DPL)
+    neg_inf, zero, one = acc_np(-np.inf), acc_np(0.0), acc_np(1.0)
+
+    @kernel
+    def attention_flash(q, k, v, mask, mkind, causal, scale, out, part_o, part_ml):
+        nb, hq, sq, d = q.shape
+        hkv = k.shape[1]
+        skv = k.shape[2]
+        group = hq // hkv
+        nrows = group * sq
+        r0 = cuda.blockIdx.x * BQ
+        b = cuda.blockIdx.y // hkv
+        kvh = cuda.blockIdx.y - b * hkv
+        split = cuda.blockIdx.z
+        nsplit = cuda.gridDim.z
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        off = skv - sq
+        Qs = cuda.shared.array(QS, acc)
+        Ks = cuda.shared.array(KS, acc)
+        Vs = cuda.shared.array(VS, acc)
+        Ps = cuda.shared.array(PS, acc)
+        m = cuda.local.array(RS, acc)
+        l = cuda.local.array(RS, acc)
+        o = cuda.local.array(OS, acc)
+        sc = acc(scale)
+        for e in range(tid, BQ * d, NT):
+            rr = e // d
+            dd = e - rr * d
+            r = r0 + rr
+            val = zero
+            if r < nrows:
+                val = acc(q[b, kvh * group + r // sq, r % sq, dd]) * sc
+            Qs[rr, dd] = val
+        for i in range(RPW):
+            m[i] = neg_inf
+            l[i] = zero
+            for c in range(DPL):
+                o[i, c] = zero
+        # last key any row of this block may see (causal): tiles past it are skipped
+        kv_end = skv
+        if causal:
+            last = 0
+            for rr in range(BQ):
+                if r0 + rr < nrows:
+                    last = max(last, (r0 + rr) % sq)
+            kv_end = min(skv, max(0, last + off + 1))
+        ntiles = (skv + BK - 1) // BK
+        per = (ntiles + nsplit - 1) // nsplit
+        t_lo = split * per
+        t_hi = min(ntiles, t_lo + per)
+        mb_b = mask.shape[0] != 1
+        mb_h = mask.shape[1] != 1
+        mb_q = mask.shape[2] != 1
+        mb_k = mask.shape[3] != 1
+        my_rows = max(0, min(RPW, nrows - r0 - warp * RPW))
+        cuda.syncthreads()
+        for t in range(t_lo, t_hi):
+            j0 = t * BK
+            if j0 >= kv_end:  # block-uniform: causal tile skipping
+                break
+            for e in range(tid, BK * d, NT):
+                jj = e // d
+                dd = e - jj * d
+                j = j0 + jj
+                kval = zero
+                vval = zero
+                if j < skv:
+                    kval = acc(k[b, kvh, j, dd])
+                    vval = acc(v[b, kvh, j, dd])
+                Ks[jj, dd] = kval
+                Vs[jj, dd] = vval
+            cuda.syncthreads()
+            j = j0 + lane
+            for i in range(my_rows):  # warp-uniform runtime bound: padding rows skipped
+                rr = warp * RPW + i
+                r = r0 + rr
+                s = neg_inf
+                if r < nrows and j < skv:
+                    qp = r % sq
+                    h = kvh * group + r // sq
+                    if not (causal and j > qp + off):
+                        s = zero
+                        for dd in range(d):
+                            s += Qs[rr, dd] * Ks[lane, dd]
+                        if mkind != MASK_NONE:
+                            mv = mask[b if mb_b else 0, h if mb_h else 0, qp if mb_q else 0, j if mb_k else 0]
+                            if mkind == MASK_BOOL:
+                                if not mv:
+                                    s = neg_inf
+                            else:
+                                s += acc(mv)
+                mt = warp_max(s)
+                m_new = max(m[i], mt)
+                p = zero
+                alpha = one
+                if m_new != neg_inf:
+                    if s != neg_inf:
+                        p = math.exp(s - m_new)
+                    if m[i] != neg_inf:
+                        alpha = math.exp(m[i] - m_new)
+                l[i] = l[i] * alpha + warp_sum(p)
+                m[i] = m_new
+                Ps[rr, lane] = p
+                cuda.syncwarp(FULL_MASK)
+                kt = min(BK, skv - j0)  # a runtime bound: keys past Skv skipped, loop not unrolled
+                for c in range(DPL):
+                    dd = lane + 32 * c
+                    if dd < d:
+                        a = o[i, c] * alpha
+                        for jj in range(kt):
+                            a += Ps[rr, jj] * Vs[jj, dd]
+                        o[i, c] = a
+                cuda.syncwarp(FULL_MASK)
+            cuda.syncthreads()
+        for i in range(RPW):
+            r = r0 + warp * RPW + i
+            if r < nrows:
+                qp = r % sq
+                h = kvh * group + r // sq
+                inv = one / l[i] if l[i] > zero else zero  # a query that sees no key: zeros
+                for c in range(DPL):
+                    dd = lane + 32 * c
+                    if dd < d:
+                        if nsplit == 1:
+                            out[b, h, qp, dd] = o[i, c] * inv
+                        else:
+                            part_o[split, b, h, qp, dd] = o[i, c] * inv
+                if nsplit > 1 and lane == 0:
+                    part_ml[split, b, h, qp, 0] = m[i]
+                    part_ml[split, b, h, qp, 1] = l[i]
+
+    return attention_flash
+
+
+@lru_cache(maxsize=None)
+def combine_kernel(acc_np):
+    """out[b, h, i, d] = sum_s o_s l_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
+    acc, _ = acc_of(acc_np)
+    neg_inf, zero = acc_np(-np.inf), acc_np(0.0)
+
+    @kernel
+    def attention_combine(part_o, part_ml, out):
+        nsplit, nb, hq, sq, d = part_o.shape
+        total = nb * hq * sq * d
+        g = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while g < total:
+            dd = g % d
+            rest = g // d
+            i = rest % sq
+            rest = rest // sq
+            h = rest % hq
+            b = rest // hq
+            mx = neg_inf
+            for s in range(nsplit):
+                mx = max(mx, part_ml[s, b, h, i, 0])
+            num = zero
+            den = zero
+            if mx != neg_inf:
+                for s in range(nsplit):
+                    ls = part_ml[s, b, h, i, 1]
+                    if ls > zero:
+                        w = ls * math.exp(part_ml[s, b, h, i, 0] - mx)
+                        num += w * part_o[s, b, h, i, dd]
+                        den += w
+            out[b, h, i, dd] = num / den if den > zero else zero
+            g += step
+
+    return attention_combine
