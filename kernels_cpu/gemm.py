@@ -49,6 +49,12 @@ def tile_n(dtype) -> int:
     return NR_F32 if np.dtype(dtype) == np.float32 else NR_F64
 
 
+def pack_shapes(n_a, n_b, M, N, K, dtype):
+    """Shapes of gemm_parallel's packed A and B for n_a / n_b distinct A / B matrices."""
+    nr = tile_n(dtype)
+    return (n_a, -(-M // MR), K, MR), (n_b, -(-N // nr), K, nr)
+
+
 def _nr(x):
     return NR_F64
 
@@ -61,15 +67,17 @@ def _nr_overload(x):
 
 
 @intrinsic
-def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, t):
-    """t[0:MR*NR] = (Ap[aoff:] as kc x MR)^T @ (Bp[boff:] as kc x NR), row-major MR x NR.
+def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
+    """C[0:MR, 0:NR] (=|+=) (Ap[aoff:] as kc x MR)^T @ (Bp[boff:] as kc x NR), where C
+    starts at c[coff] with row stride ldc (c is a flat array: the output or a tile buffer).
 
     Emits: MR x (NR/W) vector accumulators (allocas that mem2reg turns into registers),
     a loop over kc doing NR/W unaligned vector loads of B, MR scalar loads of A broadcast
-    to a vector, and MR * NR/W llvm.fma calls; then vector stores of the tile to t."""
+    to a vector, and MR * NR/W llvm.fma calls; then per row NR/W vector stores to C, after
+    adding C's old value when ``accumulate``."""
     if not (isinstance(ap, types.Array) and ap.dtype in (types.float32, types.float64)):
         return None
-    if bp.dtype != ap.dtype or t.dtype != ap.dtype:
+    if bp.dtype != ap.dtype or c.dtype != ap.dtype:
         return None
     is32 = ap.dtype == types.float32
     nr = NR_F32 if is32 else NR_F64
@@ -77,16 +85,20 @@ def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, t):
     nv = nr // width
 
     def codegen(context, builder, sig, args):
-        kc_v, ap_v, aoff_v, bp_v, boff_v, t_v = args
+        kc_v, ap_v, aoff_v, bp_v, boff_v, c_v, coff_v, ldc_v, acc_v = args
         fty = context.get_value_type(sig.args[1].dtype)
         vty = ir.VectorType(fty, width)
         i64, i32 = ir.IntType(64), ir.IntType(32)
-        apd = context.make_array(sig.args[1])(context, builder, ap_v).data
-        bpd = context.make_array(sig.args[3])(context, builder, bp_v).data
-        tpd = context.make_array(sig.args[5])(context, builder, t_v).data
-        apd = builder.gep(apd, [context.cast(builder, aoff_v, sig.args[2], types.int64)])
-        bpd = builder.gep(bpd, [context.cast(builder, boff_v, sig.args[4], types.int64)])
-        kc64 = context.cast(builder, kc_v, sig.args[0], types.int64)
+
+        def i64_of(pos):
+            return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+        apd = builder.gep(context.make_array(sig.args[1])(context, builder, ap_v).data, [i64_of(2)])
+        bpd = builder.gep(context.make_array(sig.args[3])(context, builder, bp_v).data, [i64_of(4)])
+        cpd = builder.gep(context.make_array(sig.args[5])(context, builder, c_v).data, [i64_of(6)])
+        ldc = i64_of(7)
+        kc64 = i64_of(0)
+        accumulate = context.cast(builder, acc_v, sig.args[8], types.boolean)
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(vty, [vty, vty, vty]),
             "llvm.fma.v%d%s" % (width, "f32" if is32 else "f64"))
@@ -107,13 +119,35 @@ def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, t):
                 av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
                 for v in range(nv):
                     builder.store(builder.call(fma, [av, bvec[v], builder.load(accs[i][v])]), accs[i][v])
-        for i in range(MR):
-            for v in range(nv):
-                ptr = builder.bitcast(builder.gep(tpd, [ir.Constant(i64, i * nr + v * width)]), vty.as_pointer())
-                builder.store(builder.load(accs[i][v]), ptr, align=4)
+        ptrs = [[builder.bitcast(builder.gep(cpd, [builder.add(builder.mul(ldc, ir.Constant(i64, i)), ir.Constant(i64, v * width))]),
+                                 vty.as_pointer()) for v in range(nv)] for i in range(MR)]
+        with builder.if_else(accumulate) as (then, otherwise):
+            with then:
+                for i in range(MR):
+                    for v in range(nv):
+                        old = builder.load(ptrs[i][v], align=4)
+                        builder.store(builder.fadd(old, builder.load(accs[i][v])), ptrs[i][v], align=4)
+            with otherwise:
+                for i in range(MR):
+                    for v in range(nv):
+                        builder.store(builder.load(accs[i][v]), ptrs[i][v], align=4)
         return context.get_dummy_value()
 
-    return types.none(kc, ap, aoff, bp, boff, t), codegen
+    return types.none(kc, ap, aoff, bp, boff, c, coff, ldc, accumulate), codegen
+
+
+@intrinsic
+def _fetch_add(typingctx, arr, val):
+    """Atomically arr[0] += val; returns the old value (int64 arrays)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = context.make_array(sig.args[0])(context, builder, args[0]).data
+        v = context.cast(builder, args[1], sig.args[1], types.int64)
+        return builder.atomic_rmw("add", ptr, v, "seq_cst")
+
+    return types.int64(arr, val), codegen
 
 
 # ---- epilogue ------------------------------------------------------------------------------
@@ -139,18 +173,14 @@ def act_store(src, bias, dst, n, code):
 
 
 @njit(**JIT)
-def _store_tile(t, nr_full, c, i0, j0, mr, nr, first, last, bias, code):
-    """Write the MR x NR tile t (row stride nr_full) to c[i0:i0+mr, j0:j0+nr]: store on the
-    first K block, add on later ones, bias + activation on the last."""
-    bs = bias[j0:j0 + nr]
+def _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate):
+    """c[i0:i0+mr, j0:j0+nr] (=|+=) the top-left mr x nr of the tile t (row stride nr_full)."""
     for i in range(mr):
         ts = t[i * nr_full:i * nr_full + nr]
         cs = c[i0 + i, j0:j0 + nr]
-        if not first:
+        if accumulate:
             for j in range(nr):
-                ts[j] += cs[j]
-        if last:
-            act_store(ts, bs, cs, nr, code)
+                cs[j] += ts[j]
         else:
             for j in range(nr):
                 cs[j] = ts[j]
@@ -222,49 +252,72 @@ def _pack_b(b3, transb, bp, N, K):
 # ---- GEMM ------------------------------------------------------------------------------------
 
 @njit(parallel=True, **JIT)
-def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, code, out3, mc_panels, nc_panels, kc):
+def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, mc_panels, nc_panels, kc, nworkers):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
 
-    mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length."""
+    epilogue: apply bias + activation (False: plain product, bias and code ignored);
+    ap, bp: packing workspaces of shapes pack_shapes(...) (reused between calls, so no
+    fresh pages are faulted in per call);
+    mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length;
+    nworkers: numba's thread count (numba.get_num_threads())."""
     nbatch, M, N = out3.shape
     K = a3.shape[1] if transa else a3.shape[2]
     nr_full = _nr(out3)
     mp = (M + MR - 1) // MR
     npn = (N + nr_full - 1) // nr_full
-    ap = np.empty((a3.shape[0], mp, K, MR), out3.dtype)
-    bp = np.empty((b3.shape[0], npn, K, nr_full), out3.dtype)
     _pack_a(a3, transa, ap, M, K)
     _pack_b(b3, transb, bp, N, K)
     apf = ap.reshape(-1)
     bpf = bp.reshape(-1)
+    cf = out3.reshape(-1)
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
-    for task in prange(nbatch * nmb * nnb):
-        bi = task // (nmb * nnb)
-        r = task - bi * (nmb * nnb)
-        mb = r // nnb
-        nb = r - mb * nnb
-        ba = a_idx[bi]
-        bb = b_idx[bi]
-        c = out3[bi]
-        t = np.empty(MR * nr_full, out3.dtype)
-        p0 = mb * mc_panels
-        p1 = min(p0 + mc_panels, mp)
-        q0 = nb * nc_panels
-        q1 = min(q0 + nc_panels, npn)
-        for k0 in range(0, K, kc):
-            kl = min(kc, K - k0)
-            first = k0 == 0
-            last = k0 + kl >= K
-            for q in range(q0, q1):
-                boff = ((bb * npn + q) * K + k0) * nr_full
-                j0 = q * nr_full
-                nr = min(nr_full, N - j0)
-                for p in range(p0, p1):
-                    aoff = ((ba * mp + p) * K + k0) * MR
-                    _micro_kernel(kl, apf, aoff, bpf, boff, t)
-                    i0 = p * MR
-                    _store_tile(t, nr_full, c, i0, j0, min(MR, M - i0), nr, first, last, bias, code)
+    # dynamic scheduling: each worker takes the next task from a shared counter, so when
+    # another process takes part of a core the other thread does more of the blocks
+    # instead of waiting at the join (numba's own set_parallel_chunksize would stop the
+    # function from being cached)
+    ntasks = nbatch * nmb * nnb
+    counter = np.zeros(1, np.int64)
+    for worker in prange(min(nworkers, ntasks)):
+        while True:
+            task = _fetch_add(counter, 1)
+            if task >= ntasks:
+                break
+            bi = task // (nmb * nnb)
+            r = task - bi * (nmb * nnb)
+            mb = r // nnb
+            nb = r - mb * nnb
+            ba = a_idx[bi]
+            bb = b_idx[bi]
+            c = out3[bi]
+            t = np.empty(MR * nr_full, out3.dtype)
+            p0 = mb * mc_panels
+            p1 = min(p0 + mc_panels, mp)
+            q0 = nb * nc_panels
+            q1 = min(q0 + nc_panels, npn)
+            for k0 in range(0, K, kc):
+                kl = min(kc, K - k0)
+                accumulate = k0 > 0
+                for q in range(q0, q1):
+                    boff = ((bb * npn + q) * K + k0) * nr_full
+                    j0 = q * nr_full
+                    nr = min(nr_full, N - j0)
+                    for p in range(p0, p1):
+                        aoff = ((ba * mp + p) * K + k0) * MR
+                        i0 = p * MR
+                        mr = min(MR, M - i0)
+                        if mr == MR and nr == nr_full:
+                            _micro_kernel(kl, apf, aoff, bpf, boff, cf, (bi * M + i0) * N + j0, N, accumulate)
+                        else:
+                            _micro_kernel(kl, apf, aoff, bpf, boff, t, 0, nr_full, False)
+                            _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate)
+            if epilogue:  # bias + activation on the task's block while it is in L2
+                j0 = q0 * nr_full
+                j1 = min(q1 * nr_full, N)
+                bs = bias[j0:j1]
+                for i in range(p0 * MR, min(p1 * MR, M)):
+                    cs = c[i, j0:j1]
+                    act_store(cs, bs, cs, j1 - j0, code)
 
 
 # ---- GEMV ------------------------------------------------------------------------------------
