@@ -188,34 +188,113 @@ def _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate):
 
 # ---- packing ---------------------------------------------------------------------------------
 
+@intrinsic
+def _transpose_block(typingctx, src, s0, ld, dst, d0, ldd):
+    """dst[d0 + j*ldd + r] = src[s0 + r*ld + j] for r, j < W (W = 8 float32 / 4 float64):
+    W vector loads, a register transpose (LLVM turns the element moves into shuffles) and
+    W vector stores.  The packing's transposed case uses it: scalar code there gets its k
+    loop vectorized with 16-way interleaved stores, about 8x slower than a copy."""
+    if not (isinstance(src, types.Array) and src.dtype in (types.float32, types.float64) and dst.dtype == src.dtype):
+        return None
+    width = 8 if src.dtype == types.float32 else 4
+
+    def codegen(context, builder, sig, args):
+        fty = context.get_value_type(sig.args[0].dtype)
+        vty = ir.VectorType(fty, width)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+
+        def i64_of(pos):
+            return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+        sp = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [i64_of(1)])
+        dp = builder.gep(context.make_array(sig.args[3])(context, builder, args[3]).data, [i64_of(4)])
+        ld, ldd = i64_of(2), i64_of(5)
+        rows = []
+        for r in range(width):
+            ptr = builder.gep(sp, [builder.mul(ld, ir.Constant(i64, r))])
+            rows.append(builder.load(builder.bitcast(ptr, vty.as_pointer()), align=4))
+        for j in range(width):
+            v = ir.Constant(vty, ir.Undefined)
+            for r in range(width):
+                v = builder.insert_element(v, builder.extract_element(rows[r], ir.Constant(i32, j)), ir.Constant(i32, r))
+            ptr = builder.gep(dp, [builder.mul(ldd, ir.Constant(i64, j))])
+            builder.store(v, builder.bitcast(ptr, vty.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(src, s0, ld, dst, d0, ldd), codegen
+
+
+def _vw(x):
+    return 4
+
+
+@overload(_vw, inline="always")
+def _vw_overload(x):
+    """Vector width (elements) of the micro-kernel and the transposer for x's dtype."""
+    if x.dtype == types.float32:
+        return lambda x: 8
+    return lambda x: 4
+
+
+_U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops stay simple
+
+
+@njit(inline="always")
+def _pack_panel(src, s0, ld, step, nrows, K, dst, d0, R):
+    """One packed panel: dst[d0 + k*R + r] = src[s0 + r*ld + k*step] for k < K, r < nrows,
+    and 0 for nrows <= r < R.  src and dst are flat; R is a compile-time constant after
+    inlining, so the r loops unroll.  ld == 1: the panel's R values at one k are
+    contiguous in src (a vector copy per k); otherwise R source rows are read at column
+    k (a transpose; the R source lines stay in L1 for 64 bytes' worth of k)."""
+    if nrows == R and ld == 1:
+        for k in range(K):
+            s = s0 + k * step
+            d = d0 + k * R
+            for r in range(R):
+                dst[_U(d + r)] = src[_U(s + r)]
+    elif nrows == R and step == 1 and R % _vw(dst) == 0:
+        vw = _vw(dst)
+        kv = K - K % vw
+        for k in range(0, kv, vw):
+            for r in range(0, R, vw):
+                _transpose_block(src, s0 + r * ld + k, ld, dst, d0 + k * R + r, R)
+        for k in range(kv, K):
+            d = d0 + k * R
+            for r in range(R):
+                dst[_U(d + r)] = src[_U(s0 + r * ld + k)]
+    elif nrows == R:
+        for k in range(K):
+            s = s0 + k * step
+            d = d0 + k * R
+            for r in range(R):
+                dst[_U(d + r)] = src[_U(s + r * ld)]
+    else:
+        zero = dst.dtype.type(0)
+        for k in range(K):
+            s = s0 + k * step
+            d = d0 + k * R
+            for r in range(nrows):
+                dst[_U(d + r)] = src[_U(s + r * ld)]
+            for r in range(nrows, R):
+                dst[_U(d + r)] = zero
+
+
 @njit(parallel=True, **JIT)
 def _pack_a(a3, transa, ap, M, K):
-    """ap[ba, p, k, i] = A_ba[p*MR + i, k] (0 beyond M)."""
+    """ap[ba, p, k, i] = A_ba[p*MR + i, k] (0 beyond M); A_ba = a3[ba] or its transpose."""
     nba = a3.shape[0]
     mp = ap.shape[1]
+    src = a3.reshape(-1)
+    dst = ap.reshape(-1)
     for task in prange(nba * mp):
         ba = task // mp
         p = task - ba * mp
         i0 = p * MR
-        mr = min(MR, M - i0)
-        dst = ap[ba, p]
-        src = a3[ba]
-        if transa:  # src is (K, M): each k gives MR contiguous values
-            for k in range(K):
-                row = src[k]
-                d = dst[k]
-                for i in range(mr):
-                    d[i] = row[i0 + i]
-                for i in range(mr, MR):
-                    d[i] = 0
-        else:       # src is (M, K): walk MR rows, writing with stride MR
-            for i in range(mr):
-                row = src[i0 + i]
-                for k in range(K):
-                    dst[k, i] = row[k]
-            for i in range(mr, MR):
-                for k in range(K):
-                    dst[k, i] = 0
+        base = ba * M * K
+        if transa:  # (K, M): element (i, k) at k*M + i
+            _pack_panel(src, base + i0, 1, M, min(MR, M - i0), K, dst, task * K * MR, MR)
+        else:       # (M, K): element (i, k) at i*K + k
+            _pack_panel(src, base + i0 * K, K, 1, min(MR, M - i0), K, dst, task * K * MR, MR)
 
 
 @njit(parallel=True, **JIT)
@@ -223,30 +302,18 @@ def _pack_b(b3, transb, bp, N, K):
     """bp[bb, p, k, j] = B_bb[k, p*NR + j] (0 beyond N); B_bb = b3[bb] or its transpose."""
     nbb = b3.shape[0]
     npn = bp.shape[1]
-    nr_full = bp.shape[3]
+    nr_full = _nr(bp)
+    src = b3.reshape(-1)
+    dst = bp.reshape(-1)
     for task in prange(nbb * npn):
         bb = task // npn
         p = task - bb * npn
         j0 = p * nr_full
-        nr = min(nr_full, N - j0)
-        dst = bp[bb, p]
-        src = b3[bb]
-        if transb:  # src is (N, K): row j0+j is column j of this panel
-            for j in range(nr):
-                row = src[j0 + j]
-                for k in range(K):
-                    dst[k, j] = row[k]
-            for j in range(nr, nr_full):
-                for k in range(K):
-                    dst[k, j] = 0
-        else:       # src is (K, N)
-            for k in range(K):
-                row = src[k, j0:j0 + nr]
-                d = dst[k]
-                for j in range(nr):
-                    d[j] = row[j]
-                for j in range(nr, nr_full):
-                    d[j] = 0
+        base = bb * N * K
+        if transb:  # (N, K): element (k, j) at j*K + k
+            _pack_panel(src, base + j0 * K, K, 1, min(nr_full, N - j0), K, dst, task * K * nr_full, nr_full)
+        else:       # (K, N): element (k, j) at k*N + j
+            _pack_panel(src, base + j0, 1, N, min(nr_full, N - j0), K, dst, task * K * nr_full, nr_full)
 
 
 # ---- GEMM ------------------------------------------------------------------------------------
