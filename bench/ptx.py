@@ -7,8 +7,8 @@ sm_87 (Jetson Orin) and sm_90 (H100), for float32 and float16 inputs, and assemb
 resolves).  The table gives registers per thread, static shared memory, spill bytes and
 the theoretical occupancy for the block size the dispatcher launches on that chip (the
 launch rule of dispatch.cuda_impls evaluated with that chip's properties on a
-representative shape).  Exit status 1 when a kernel fails to compile, spills, or declares more than 48 KB of
-static shared memory: a CI gate.
+representative shape).  Exit status 1 when a kernel fails to compile, spills, declares more than 48 KB of static
+shared memory, or needs more registers than its largest launch can get: a CI gate.
 
 Must run WITHOUT the simulator (compile_ptx fails under NUMBA_ENABLE_CUDASIM=1).
 
@@ -171,6 +171,12 @@ def launch_threads(chip: str) -> dict:
     return out
 
 
+def max_launch_threads(name: str, representative: int) -> int:
+    """The largest block the dispatcher may launch this kernel with (block-per-row kernels
+    grow their block with the row length up to 1024 threads)."""
+    return 1024 if name.endswith("block_rows") else representative
+
+
 def occupancy(chip: str, threads: int, regs: int, smem: int) -> float:
     """Theoretical occupancy (resident warps / max warps per SM), CUDA occupancy-calculator rules:
     registers allocated per warp in units of 256, 1 KB of shared memory reserved per block."""
@@ -205,7 +211,10 @@ def compile_one(name, get, argtypes, dtype, arch, ptxas, tmpdir):
     dt = {"float32": T.float32, "float16": T.float16, "float64": T.float64}[dtype]
     cc = (int(arch[3]), int(arch[4]))
     disp = get(dt)
-    ptx, _ = cuda.compile_ptx(disp.py_func, argtypes(dt), cc=cc)
+    opts = getattr(disp, "targetoptions", {}) or {}
+    # the dispatcher's own options (launch bounds, fastmath) apply to this compile too
+    ptx, _ = cuda.compile_ptx(disp.py_func, argtypes(dt), cc=cc, launch_bounds=opts.get("launch_bounds"),
+                              fastmath=bool(opts.get("fastmath", False)))
     path = os.path.join(tmpdir, f"{name}.{dtype}.{arch}.ptx".replace("/", "_"))
     with open(path, "w") as f:
         f.write(ptx)
@@ -245,9 +254,17 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
                         thr = threads[arch].get(name, 256)
                         row["threads"] = thr
                         row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
-                        row["ok"] = info["spill_st"] == 0 and info["spill_ld"] == 0 and info["smem"] <= STATIC_SMEM
-                        row["error"] = "" if row["ok"] else ("spills" if info["smem"] <= STATIC_SMEM else
-                                                             f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
+                        errors = []
+                        if info["spill_st"] or info["spill_ld"]:
+                            errors.append("spills")
+                        if info["smem"] > STATIC_SMEM:
+                            errors.append(f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
+                        biggest = max_launch_threads(name, thr)
+                        if occupancy(arch, biggest, info["regs"], info["smem"]) == 0:
+                            errors.append(f"{info['regs']} registers x {biggest} threads do not fit one SM: "
+                                          "the largest launch would fail")
+                        row["ok"] = not errors
+                        row["error"] = "; ".join(errors)
                     except Exception as exc:  # noqa: BLE001 - reported in the table, CI fails
                         row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
                     row["compile_s"] = round(time.time() - t0, 2)

@@ -13,6 +13,14 @@ except Exception:  # noqa: BLE001
 
 FULL_MASK = 0xFFFFFFFF
 
+# Largest blocks the dispatcher launches per kernel kind (dispatch.cuda_impls uses the same
+# numbers); given to the compiler as launch bounds so that a kernel never needs more
+# registers than a block of that size can get (and, with a minimum of resident blocks,
+# so that it keeps that occupancy).
+ELEMENTWISE_THREADS = 256
+WARP_ROWS_THREADS = 128
+BLOCK_ROWS_MAX_THREADS = 1024
+
 
 def kernel(*args, **kw):
     """@cuda.jit for a kernel; drops options the simulator rejects."""

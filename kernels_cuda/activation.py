@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._jit import acc_of, device, kernel
+from ._jit import ELEMENTWISE_THREADS, acc_of, device, kernel
 
 ACT_NONE, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3, 4
 VEC = 4  # the kernels below unroll exactly 4
@@ -52,7 +52,7 @@ def unary_kernel(acc_np):
     acc, _ = acc_of(acc_np)
     act = act_fn(acc_np)
 
-    @kernel
+    @kernel(launch_bounds=(ELEMENTWISE_THREADS, 4))
     def unary(x, out, code):
         n = x.shape[0]
         tpb = cuda.blockDim.x
@@ -81,7 +81,7 @@ def gated_kernel(acc_np):
     acc, _ = acc_of(acc_np)
     act = act_fn(acc_np)
 
-    @kernel
+    @kernel(launch_bounds=(ELEMENTWISE_THREADS, 4))
     def gated(gate, up, out, code):
         n = gate.shape[0]
         tpb = cuda.blockDim.x

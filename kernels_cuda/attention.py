@@ -23,7 +23,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32
 
 from ._jit import FULL_MASK, acc_of, kernel
 from .primitives import warp_max, warp_sum
@@ -58,7 +58,7 @@ def flash_kernel(acc_np, dmax):
     RS, OS = (RPW,), (RPW, DPL)
     neg_inf, zero, one = acc_np(-np.inf), acc_np(0.0), acc_np(1.0)
 
-    @kernel
+    @kernel(launch_bounds=(NT, 2))
     def attention_flash(q, k, v, mask, mkind, causal, scale, out, part_o, part_ml):
         nb, hq, sq, d = q.shape
         hkv = k.shape[1]
@@ -79,29 +79,41 @@ def flash_kernel(acc_np, dmax):
         Vs = cuda.shared.array(VS, acc)
         Ps = cuda.shared.array(PS, acc)
         m = cuda.local.array(RS, acc)
+        rq = cuda.local.array(RS, int32)  # query head within the group of each row
+        rp = cuda.local.array(RS, int32)  # query position of each row
         l = cuda.local.array(RS, acc)
         o = cuda.local.array(OS, acc)
         sc = acc(scale)
-        for e in range(tid, BQ * d, NT):
-            rr = e // d
-            dd = e - rr * d
+        # 64-bit integer division is costly on the GPU: rows are walked warp by warp and
+        # columns lane by lane, and each row's (head, position) is computed once.
+        for rr in range(warp, BQ, NW):
             r = r0 + rr
-            val = zero
             if r < nrows:
-                val = acc(q[b, kvh * group + r // sq, r % sq, dd]) * sc
-            Qs[rr, dd] = val
+                hq_r = kvh * group + r // sq
+                qp_r = r - (r // sq) * sq
+                for dd in range(lane, d, 32):
+                    Qs[rr, dd] = acc(q[b, hq_r, qp_r, dd]) * sc
+            else:
+                for dd in range(lane, d, 32):
+                    Qs[rr, dd] = zero
         for i in range(RPW):
             m[i] = neg_inf
             l[i] = zero
+            r = r0 + warp * RPW + i
+            rq[i] = r // sq
+            rp[i] = r - rq[i] * sq
             for c in range(DPL):
                 o[i, c] = zero
         # last key any row of this block may see (causal): tiles past it are skipped
         kv_end = skv
         if causal:
-            last = 0
-            for rr in range(BQ):
-                if r0 + rr < nrows:
-                    last = max(last, (r0 + rr) % sq)
+            r_end = min(nrows, r0 + BQ)
+            if r_end - r0 >= sq:
+                last = sq - 1
+            else:
+                first_p = r0 % sq
+                last_p = (r_end - 1) % sq
+                last = last_p if last_p >= first_p else sq - 1
             kv_end = min(skv, max(0, last + off + 1))
         ntiles = (skv + BK - 1) // BK
         per = (ntiles + nsplit - 1) // nsplit
@@ -117,17 +129,16 @@ def flash_kernel(acc_np, dmax):
             j0 = t * BK
             if j0 >= kv_end:  # block-uniform: causal tile skipping
                 break
-            for e in range(tid, BK * d, NT):
-                jj = e // d
-                dd = e - jj * d
+            for jj in range(warp, BK, NW):
                 j = j0 + jj
-                kval = zero
-                vval = zero
                 if j < skv:
-                    kval = acc(k[b, kvh, j, dd])
-                    vval = acc(v[b, kvh, j, dd])
-                Ks[jj, dd] = kval
-                Vs[jj, dd] = vval
+                    for dd in range(lane, d, 32):
+                        Ks[jj, dd] = acc(k[b, kvh, j, dd])
+                        Vs[jj, dd] = acc(v[b, kvh, j, dd])
+                else:
+                    for dd in range(lane, d, 32):
+                        Ks[jj, dd] = zero
+                        Vs[jj, dd] = zero
             cuda.syncthreads()
             j = j0 + lane
             for i in range(my_rows):  # warp-uniform runtime bound: padding rows skipped
@@ -135,8 +146,8 @@ def flash_kernel(acc_np, dmax):
                 r = r0 + rr
                 s = neg_inf
                 if r < nrows and j < skv:
-                    qp = r % sq
-                    h = kvh * group + r // sq
+                    qp = rp[i]
+                    h = kvh * group + rq[i]
                     if not (causal and j > qp + off):
                         s = zero
                         for dd in range(d):
@@ -174,8 +185,8 @@ def flash_kernel(acc_np, dmax):
         for i in range(RPW):
             r = r0 + warp * RPW + i
             if r < nrows:
-                qp = r % sq
-                h = kvh * group + r // sq
+                qp = rp[i]
+                h = kvh * group + rq[i]
                 inv = one / l[i] if l[i] > zero else zero  # a query that sees no key: zeros
                 for c in range(DPL):
                     dd = lane + 32 * c
@@ -197,7 +208,7 @@ def combine_kernel(acc_np):
     acc, _ = acc_of(acc_np)
     neg_inf, zero = acc_np(-np.inf), acc_np(0.0)
 
-    @kernel
+    @kernel(launch_bounds=(256,))
     def attention_combine(part_o, part_ml, out):
         nsplit, nb, hq, sq, d = part_o.shape
         total = nb * hq * sq * d

@@ -57,7 +57,7 @@ def gemm_kernel(acc_np, cfg):
     BS_SHAPE = (BK, BN + 1)
     ACC_SHAPE = (TM, TN)
 
-    @kernel
+    @kernel(launch_bounds=(NT, 2))
     def gemm_tiled(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
         m_total = a.shape[1]
         k_total = a.shape[2]

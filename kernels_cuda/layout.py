@@ -6,14 +6,14 @@ from numba import cuda
 from ._jit import kernel
 
 
-@kernel
+@kernel(launch_bounds=(256,))
 def _copy1(src, dst):
     i = cuda.grid(1)
     if i < dst.shape[0]:
         dst[i] = src[i]
 
 
-@kernel
+@kernel(launch_bounds=(256,))
 def _copy2(src, dst):
     i = cuda.grid(1)
     n1 = dst.shape[1]
@@ -22,7 +22,7 @@ def _copy2(src, dst):
         dst[a, b] = src[a, b]
 
 
-@kernel
+@kernel(launch_bounds=(256,))
 def _copy3(src, dst):
     i = cuda.grid(1)
     n1, n2 = dst.shape[1], dst.shape[2]
@@ -32,7 +32,7 @@ def _copy3(src, dst):
         dst[a, r // n2, r % n2] = src[a, r // n2, r % n2]
 
 
-@kernel
+@kernel(launch_bounds=(256,))
 def _copy4(src, dst):
     i = cuda.grid(1)
     n1, n2, n3 = dst.shape[1], dst.shape[2], dst.shape[3]

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from numba import cuda
 
-from ._jit import acc_of, kernel
+from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, acc_of, kernel
 from .primitives import block_sum, warp_sum
 
 
@@ -24,7 +24,7 @@ def make(kind, rms, acc_np):
     zero, one = acc_np(0.0), acc_np(1.0)
     warp = kind == "warp"
 
-    @kernel
+    @kernel(launch_bounds=(WARP_ROWS_THREADS, 8) if warp else (BLOCK_ROWS_MAX_THREADS, 1))
     def norm_rows(x, residual, h, w, b, eps, out, has_w, has_b, has_res):
         rows, d = x.shape
         if warp:

@@ -11,14 +11,14 @@ from functools import lru_cache
 
 from numba import cuda
 
-from ._jit import acc_of, kernel
+from ._jit import ELEMENTWISE_THREADS, acc_of, kernel
 
 
 @lru_cache(maxsize=None)
 def rope_kernel(acc_np):
     acc, _ = acc_of(acc_np)
 
-    @kernel
+    @kernel(launch_bounds=(ELEMENTWISE_THREADS, 4))
     def rope_pairs(x, cos, sin, out, interleaved):
         rows, d = x.shape
         seq, h = cos.shape

@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._jit import acc_of, device, kernel
+from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, acc_of, device, kernel
 from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp, warp_sum2
 
 
@@ -54,7 +54,7 @@ def _helpers(acc_np):
 def warp_rows(acc_np):
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
-    @kernel
+    @kernel(launch_bounds=(WARP_ROWS_THREADS, 8))
     def softmax_warp_rows(x, out, log):
         rows, n = x.shape
         lane = cuda.threadIdx.x & 31
@@ -80,7 +80,7 @@ def warp_rows(acc_np):
 def block_rows(acc_np):
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
-    @kernel
+    @kernel(launch_bounds=(BLOCK_ROWS_MAX_THREADS, 1))
     def softmax_block_rows(x, out, log):
         rows, n = x.shape
         sm = cuda.shared.array(32, acc)
@@ -138,7 +138,7 @@ def cross_entropy_rows(acc_np):
     valid[i] = 1/0, bad[0] = smallest row with an out-of-range target."""
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
-    @kernel
+    @kernel(launch_bounds=(WARP_ROWS_THREADS, 8))
     def cross_entropy_warp_rows(logits, targets, ignore_index, losses, valid, bad):
         rows, c = logits.shape
         lane = cuda.threadIdx.x & 31
@@ -176,7 +176,7 @@ def sum_losses(acc_np):
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
     nan = acc_np(np.nan)
 
-    @kernel
+    @kernel(launch_bounds=(256,))
     def cross_entropy_reduce(losses, valid, mean, result):
         n = losses.shape[0]
         sa = cuda.shared.array(32, acc)
