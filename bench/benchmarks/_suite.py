@@ -1,0 +1,253 @@
+"""Builds the asv benchmark class of one op from the registry and bench/cases.py.
+
+Parameters: ``impl`` x ``case``.
+  impl: "dispatch" (the public function: whatever the dispatcher picks), every CPU
+        implementation of the op in the registry (forced), "numpy" (bench/peers.py), and
+        "cuda" (the public function on device arrays; skipped in setup without a GPU);
+  case: the op's cases in bench/cases.py (model-derived shapes).
+With NK_ASV_QUICK=1 (CI smoke), only each op's first quick case runs (the others are
+skipped in setup) and the FirstCall classes run for relu only.
+
+Benchmarks:
+  time_op                 run time; compilation happens in setup
+  <Op>FirstCall.timeraw_cold / timeraw_warm (param: case): the first call of
+                          dispatch.<op> in a fresh process, with an empty NUMBA_CACHE_DIR
+                          (cold: every kernel compiles) or one filled beforehand (warm)
+  track_gflops / track_gbs achieved GFLOP/s (compute-bound families) or GB/s (the others).
+                          asv has no "higher is better": for these a rise is an
+                          IMPROVEMENT even though `asv compare` lists it as "worse".
+  peakmem_op              (attention only) peak resident memory of the call
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _root():
+    return os.environ.get("ASV_CONF_DIR") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _add_repo_root():
+    # bench/ is not installed with the package: find it from the asv config dir or this
+    # file.  Appended, so that in an asv virtualenv the installed `dispatch` of the commit
+    # under test wins over the working tree's.
+    root = _root()
+    if root not in sys.path:
+        sys.path.append(root)
+
+
+_add_repo_root()
+
+import numpy as np  # noqa: E402
+
+from bench import cases as C  # noqa: E402
+from bench import peers as P  # noqa: E402
+from bench import timing  # noqa: E402
+
+QUICK = os.environ.get("NK_ASV_QUICK") == "1"
+# In the quick (CI smoke) mode a fresh-process compile is timed for these ops only: each
+# costs a Python start plus a full compile, and the report measures every family anyway.
+QUICK_FIRST_CALL_OPS = {"relu"}
+COMPUTE_BOUND = {"linalg", "attention"}
+
+
+def _registry():
+    import dispatch  # noqa: F401 - registers the ops
+    from dispatch import registry
+
+    return registry
+
+
+def _impls(op):
+    names = ["dispatch"]
+    try:
+        o = _registry().OPS.get(op)
+    except Exception:  # noqa: BLE001 - a broken import: only the numpy peer remains
+        o = None
+    if o is not None:
+        names += [n for n, impl in o.implementations.items() if impl.device == "cpu"]
+    return names + ["numpy", "cuda"]
+
+
+def _cuda_available():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    try:
+        from numba import cuda
+
+        return cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_FIRST_CALL = """
+import os, sys, subprocess
+sys.path.append({root!r})
+cache = {cache!r}
+if cache is None:
+    import tempfile
+    cache = tempfile.mkdtemp(prefix="nk-asv-cold-")
+os.environ["NUMBA_CACHE_DIR"] = cache
+import numpy as np
+import dispatch
+from bench import cases as C
+case = C.by_id({case_id!r})
+args, kwargs = case.call_args(case.inputs(np.random.default_rng(0)))
+fn = getattr(dispatch, case.op)
+"""
+
+_FILL = """
+import os, sys
+sys.path.append({root!r})
+import numpy as np
+import dispatch
+from bench import cases as C
+case = C.by_id({case_id!r})
+args, kwargs = case.call_args(case.inputs(np.random.default_rng(0)))
+getattr(dispatch, case.op)(*args, **kwargs)
+"""
+
+
+def op_benchmark(op: str):
+    """The asv class for one op (its name: the op in CamelCase)."""
+    op_cases = [c for c in C.CASES if c.op == op]
+    case_names = [c.name for c in op_cases]
+    by_name = {c.name: c for c in op_cases}
+    family = op_cases[0].family if op_cases else op
+    first_quick = next((c.name for c in op_cases if c.quick), case_names[0] if case_names else None)
+
+    class Bench:
+        params = [_impls(op), case_names]
+        param_names = ["impl", "case"]
+        timeout = 300
+        # time_op: a few samples are plenty for these run times
+        repeat = (1, 5, 20.0)
+        warmup_time = 0.05
+
+        def setup(self, impl, case_name):
+            case = by_name[case_name]
+            if QUICK and case_name != first_quick:
+                raise NotImplementedError("NK_ASV_QUICK=1: the op's first quick case only")
+            registry = _registry()
+            o = registry.OPS.get(op)
+            if o is None:
+                raise NotImplementedError(f"dispatch.{op} not registered at this commit")
+            self.case = case
+            inputs = case.inputs(np.random.default_rng(0))
+            args, kwargs = case.call_args(inputs)
+            call = o.describe(*args, **kwargs)
+            self.flops = o.flops(call) if o.flops else None
+            self.nbytes = o.bytes(call) if o.bytes else None
+            if impl == "numpy":
+                self.fn, _ = P.prepare("numpy", case, inputs)
+            elif impl == "cuda":
+                if not _cuda_available():
+                    raise NotImplementedError("no CUDA GPU")
+                from numba import cuda
+
+                dev = lambda a: cuda.to_device(a) if isinstance(a, np.ndarray) else a  # noqa: E731
+                dargs = tuple(dev(a) for a in args)
+                dkw = {k: dev(v) for k, v in kwargs.items()}
+                fn = getattr(__import__("dispatch"), op)
+
+                def run():
+                    r = fn(*dargs, **dkw)
+                    cuda.synchronize()
+                    return r
+
+                self.fn = run
+            elif impl == "dispatch":
+                fn = getattr(__import__("dispatch"), op)
+                self.fn = lambda: fn(*args, **kwargs)
+            else:
+                rec = o.implementations.get(impl)
+                if rec is None:
+                    raise NotImplementedError(f"{op} has no implementation {impl!r} at this commit")
+                if rec.refusals(call.key):
+                    raise NotImplementedError(f"{impl} refuses this case: {rec.refusals(call.key)}")
+                params = dict(rec.params)
+                self.fn = lambda: rec.run(params, *call.args)
+            self.fn()  # compile (or load from numba's cache) outside the timing
+
+        def time_op(self, impl, case_name):
+            self.fn()
+
+        def _rate(self, work):
+            st = timing.time_one(self.fn, rounds=3, warmup=0, batch_s=0.02)
+            return work / st.median / 1e9
+
+    if family in COMPUTE_BOUND:
+        def track_gflops(self, impl, case_name):
+            return self._rate(self.flops) if self.flops else float("nan")
+
+        track_gflops.unit = "GFLOP/s"
+        Bench.track_gflops = track_gflops
+    else:
+        def track_gbs(self, impl, case_name):
+            return self._rate(self.nbytes) if self.nbytes else float("nan")
+
+        track_gbs.unit = "GB/s"
+        Bench.track_gbs = track_gbs
+    if family == "attention":
+        def peakmem_op(self, impl, case_name):
+            self.fn()
+
+        Bench.peakmem_op = peakmem_op
+
+    Bench.__name__ = Bench.__qualname__ = "".join(p.capitalize() for p in op.split("_"))
+    return Bench
+
+
+def first_call_benchmark(op: str):
+    """The asv class timing the first call of dispatch.<op> in a fresh process."""
+    op_cases = [c for c in C.CASES if c.op == op]
+    by_name = {c.name: c for c in op_cases}
+    first_quick = next((c.name for c in op_cases if c.quick), op_cases[0].name if op_cases else None)
+
+    class FirstCall:
+        params = [[c.name for c in op_cases]]
+        param_names = ["case"]
+        timeout = 300
+        repeat = 1
+        number = 1
+
+        def setup(self, case_name):
+            if QUICK and (op not in QUICK_FIRST_CALL_OPS or case_name != first_quick):
+                raise NotImplementedError(f"NK_ASV_QUICK=1: first-call time of {sorted(QUICK_FIRST_CALL_OPS)} only")
+            if op not in _registry().OPS:
+                raise NotImplementedError(f"dispatch.{op} not registered at this commit")
+
+        def _code(self, case_name, warm):
+            root = _root()
+            case_id = by_name[case_name].id
+            cache = None
+            if warm:  # fill a cache in another fresh process first (not timed)
+                import subprocess
+                import tempfile
+
+                cache = tempfile.mkdtemp(prefix="nk-asv-warm-")
+                subprocess.run([sys.executable, "-c", _FILL.format(root=root, case_id=case_id)],
+                               env=dict(os.environ, NUMBA_CACHE_DIR=cache), check=True, capture_output=True)
+            return "fn(*args, **kwargs)", _FIRST_CALL.format(root=root, cache=cache, case_id=case_id)
+
+        def timeraw_cold(self, case_name):
+            """First call with an empty NUMBA_CACHE_DIR: every kernel compiles."""
+            return self._code(case_name, warm=False)
+
+        def timeraw_warm(self, case_name):
+            """First call with numba's cache filled: kernels load from disk."""
+            return self._code(case_name, warm=True)
+
+    FirstCall.__name__ = FirstCall.__qualname__ = "".join(p.capitalize() for p in op.split("_")) + "FirstCall"
+    return FirstCall
+
+
+def family_classes(family: str) -> dict:
+    """{ClassName: class} for every op of a family that has cases."""
+    ops = sorted({c.op for c in C.CASES if c.family == family})
+    out = {}
+    for op in ops:
+        for cls in (op_benchmark(op), first_call_benchmark(op)):
+            out[cls.__name__] = cls
+    return out

@@ -1,0 +1,483 @@
+"""The performance report (`python -m bench`): the machine, its ceilings, every registered
+op at model-derived shapes against the installed peers, compile times, the CUDA side as
+predicted by bench.cuda_model, a table, JSON and a roofline plot.
+
+Everything is driven by the registry: an op that is not registered yet (its public
+function still raises NotImplementedError) is listed as skipped, and measured as soon as
+its family registers it, with no edit here.  Shapes come from bench/cases.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from . import cases as C
+from . import peers as P
+from . import roofline, timing
+
+AGREE_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+
+
+class Progress:
+    """Progress lines on stderr (the table goes to stdout), with elapsed time."""
+
+    def __init__(self, stream=None, quiet=False):
+        self.t0 = time.perf_counter()
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+
+    def __call__(self, msg):
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.t0:6.1f}s] {msg}", file=self.stream, flush=True)
+
+
+# ---- the machine -------------------------------------------------------------------------
+
+def _cpuinfo():
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return model, flags
+
+
+SIMD = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+        "amx_tile", "neon", "asimd", "sve")
+
+
+def machine_info() -> dict:
+    import numba
+
+    model, flags = _cpuinfo()
+    info = {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "simd": [f for f in SIMD if f in flags],
+        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "threading_layer": None,
+        "python": platform.python_version(),
+        "numba": numba.__version__,
+        "numpy": np.__version__,
+        "peers": P.installed(),
+        "blas": None,
+        "gpu": None,
+    }
+    try:
+        import llvmlite.binding as ll
+
+        info["llvm_cpu"] = ll.get_host_cpu_name()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        from threadpoolctl import threadpool_info
+
+        info["blas"] = [f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')}, {p.get('num_threads')} threads)"
+                        for p in threadpool_info() if p.get("user_api") == "blas"]
+    except Exception:  # noqa: BLE001
+        info["blas"] = None
+    info["gpu"] = gpu_info()
+    return info
+
+
+def gpu_info():
+    """A description of the CUDA GPU, or why there is none (never raises)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "none (CUDA simulator enabled)"
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return "none (numba-cuda finds no CUDA GPU)"
+        dev = cuda.get_current_device()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        return f"{name} (compute capability {dev.compute_capability[0]}.{dev.compute_capability[1]})"
+    except Exception as exc:  # noqa: BLE001
+        return f"none ({exc.__class__.__name__}: {str(exc)[:80]})"
+
+
+def threading_layer():
+    import numba
+
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return f"not initialized yet (NUMBA_THREADING_LAYER={numba.config.THREADING_LAYER})"
+
+
+# ---- dispatch overhead -------------------------------------------------------------------
+
+def dispatch_overhead(rounds=7) -> dict:
+    """dispatch.relu on a 1-element float32 array minus the bare serial kernel call."""
+    import dispatch
+    from kernels_cpu import activation as KA
+    from kernels_cpu.approx import ACT_RELU
+
+    x = np.ones(1, np.float32)
+    out = np.empty(1, np.float32)
+    res = timing.interleaved({"dispatch.relu": lambda: dispatch.relu(x),
+                              "kernel": lambda: KA.activation_serial(x, out, ACT_RELU)},
+                             rounds=rounds, warmup=3, batch_s=0.02, pause_s=0.0)
+    d, k = res["dispatch.relu"].median, res["kernel"].median
+    return {"dispatch_s": d, "kernel_s": k, "overhead_s": d - k, "goal_s": 5e-6, "ok": d - k < 5e-6,
+            "spread": max(res["dispatch.relu"].spread, res["kernel"].spread)}
+
+
+# ---- compile times -----------------------------------------------------------------------
+
+def compile_times(case_list, progress=None) -> dict:
+    """Per family: first-call seconds in a fresh process with an empty numba cache (cold)
+    and again with the cache filled (warm).  One process per family and state."""
+    fams = {}
+    for c in case_list:
+        fams.setdefault(c.family, {}).setdefault(c.op, c)  # first case of each op
+    out = {}
+    for fam, by_op in fams.items():
+        ids = [c.id for c in by_op.values()]
+        with tempfile.TemporaryDirectory(prefix="nk-numba-cache-") as cache:
+            res = {}
+            for state in ("cold", "warm"):
+                if progress:
+                    progress(f"compile time: {fam} ({state} cache, fresh process)")
+                env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+                t0 = time.perf_counter()
+                proc = subprocess.run([sys.executable, "-m", "bench.compile_time", *ids], env=env,
+                                      capture_output=True, text=True, cwd=_root())
+                wall = time.perf_counter() - t0
+                if proc.returncode != 0:
+                    res[state] = {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
+                    continue
+                data = json.loads(proc.stdout.strip().splitlines()[-1])
+                res[state] = {"first_call_s": sum(data["first_call_s"].values()), "per_case": data["first_call_s"],
+                              "import_s": data["import_s"], "process_s": wall, "errors": data["errors"]}
+        out[fam] = res
+    return out
+
+
+def _root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- one case ----------------------------------------------------------------------------
+
+def rel_err(got, ref) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != ref.shape:
+        return float("inf")
+    scale = np.max(np.abs(ref)) if ref.size else 0.0
+    diff = np.abs(got - ref)
+    both_inf = np.isinf(got) & np.isinf(ref) & (np.sign(got) == np.sign(ref))
+    diff = np.where(both_inf, 0.0, diff)
+    if not np.all(np.isfinite(diff)):
+        return float("inf")
+    return float(np.max(diff) / scale) if scale > 0 else float(np.max(diff))
+
+
+def _public(op):
+    import dispatch
+
+    return getattr(dispatch, op)
+
+
+def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, pause_s=timing.PAUSE_S,
+                 progress=None, rng=None) -> dict:
+    """Time dispatch.<op> and the peers on one case; returns the row (see report JSON)."""
+    from dispatch import registry
+    from dispatch.explain import explain
+
+    rng = rng or np.random.default_rng()
+    row = {"op": case.op, "case": case.name, "case_id": case.id, "label": case.label, "model": case.model,
+           "family": case.family, "dtype": str(np.dtype(dtype)), "shapes": {k: list(v) for k, v in case.shapes.items()},
+           "status": "ok", "notes": []}
+    op = registry.OPS.get(case.op)
+    if op is None:
+        row["status"] = "skipped"
+        row["notes"].append(f"dispatch.{case.op} is not registered yet (its family is being written)")
+        return row
+    inputs = case.inputs(rng, dtype)
+    args, kwargs = case.call_args(inputs)
+    try:
+        call = op.describe(*args, **kwargs)
+        ex = explain(case.op, *args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        row["status"] = "skipped"
+        row["notes"].append(f"bench/cases.py arguments do not fit dispatch.{case.op}: {exc}")
+        return row
+    row["impl"] = ex.chosen
+    row["impl_source"] = ex.source
+    flops = float(op.flops(call)) if op.flops else None
+    nbytes = float(op.bytes(call)) if op.bytes else None
+    row.update(flops=flops, bytes=nbytes, floor_s=roofline.floor_seconds(flops, nbytes, ceilings))
+    fn = _public(case.op)
+
+    candidates, library, convert = {}, {}, {}
+    candidates["ours"] = lambda: fn(*args, **kwargs)
+    library["ours"], convert["ours"] = "numba", (lambda r: r)
+    for peer in peers:
+        try:
+            run, conv = P.prepare(peer, case, inputs)
+        except P.Unavailable as exc:
+            row["notes"].append(f"{peer}: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - a peer that fails to build is skipped, not fatal
+            row["notes"].append(f"{peer}: could not prepare ({exc.__class__.__name__}: {str(exc)[:100]})")
+            continue
+        candidates[peer], library[peer], convert[peer] = run, peer, conv
+
+    # first calls: compile ours, build peers' plans, and check the outputs agree
+    ref = P.reference(case, inputs)
+    tol = AGREE_TOL[np.dtype(dtype)]
+    row["agreement"] = {}
+    for name in list(candidates):
+        if progress:
+            progress(f"  {name}: first call" + (" (compiles on a cold cache)" if name == "ours" else ""))
+        try:
+            t0 = time.perf_counter()
+            res = candidates[name]()
+            first = time.perf_counter() - t0
+        except NotImplementedError as exc:
+            row["status"] = "skipped" if name == "ours" else row["status"]
+            row["notes"].append(f"{name}: not implemented yet ({exc})")
+            del candidates[name]
+            continue
+        except Exception as exc:  # noqa: BLE001
+            if name == "ours":
+                row["status"] = "error"
+            row["notes"].append(f"{name}: failed ({exc.__class__.__name__}: {str(exc)[:120]})")
+            del candidates[name]
+            continue
+        if name == "ours":
+            row["first_call_s"] = first
+        if isinstance(res, tuple):
+            res = res[0]
+        err = rel_err(convert[name](res), ref)
+        row["agreement"][name] = {"rel_err": err, "ok": err <= tol}
+        if err > tol:
+            row["notes"].append(f"{name}: output DISAGREES with the float64 numpy reference (rel err {err:.2e} > {tol:g})")
+    if "ours" not in candidates:
+        return row
+
+    if progress:
+        progress(f"  timing {', '.join(candidates)} interleaved ({rounds} rounds)")
+    stats = timing.interleaved(candidates, rounds=rounds, warmup=1, batch_s=0.02 if rounds <= 5 else 0.05,
+                               pause_s=pause_s, library=library)
+    row["times"] = {}
+    for name, st in stats.items():
+        d = st.as_dict()
+        t = st.median
+        d["gflops"] = flops / t / 1e9 if flops else None
+        d["gbs"] = nbytes / t / 1e9 if nbytes else None
+        d["fraction_of_floor"] = row["floor_s"] / t if row["floor_s"] else None
+        row["times"][name] = d
+    ours = stats["ours"].median
+    peer_t = {n: s.median for n, s in stats.items() if n != "ours"}
+    if peer_t:
+        best = min(peer_t, key=peer_t.get)
+        row["fastest_peer"] = best
+        row["ratio_to_fastest_peer"] = ours / peer_t[best]
+    return row
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+def _fmt_t(s):
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows, compile_by_family, peers_installed) -> str:
+    peer_cols = [p for p in P.PEERS if peers_installed.get(p)]
+    head = ["op", "case", "impl", "ours", "+-", "GFLOP/s", "GB/s", "floor", "of floor"] + peer_cols + ["vs best peer", "compile cold/warm"]
+    lines = []
+    out_rows = []
+    for r in rows:
+        fam = compile_by_family.get(r["family"], {})
+        comp = "/".join(_fmt_t(fam.get(s, {}).get("first_call_s")) for s in ("cold", "warm")) if fam else "-"
+        if "times" not in r:
+            note = r["notes"][-1] if r["notes"] else r["status"]
+            out_rows.append([r["op"], r["label"], r["status"].upper(), note])
+            continue
+        o = r["times"]["ours"]
+        cells = [r["op"], r["label"], r.get("impl") or "-", _fmt_t(o["median_s"]), f"{100 * o['spread']:.0f}%",
+                 _fmt(o["gflops"], ".1f"), _fmt(o["gbs"], ".1f"), _fmt_t(r.get("floor_s")),
+                 _fmt(o["fraction_of_floor"], ".2f")]
+        for p in peer_cols:
+            cells.append(_fmt_t(r["times"][p]["median_s"]) if p in r["times"] else "-")
+        ratio = r.get("ratio_to_fastest_peer")
+        if ratio is None:
+            mark = "-"
+        elif ratio > 1.0:
+            mark = f"LOSE x{ratio:.2f} to {r['fastest_peer']}"
+        else:
+            mark = f"win  x{1 / ratio:.2f}"
+        if any(not a["ok"] for a in r.get("agreement", {}).values()):
+            mark += " MISMATCH"
+        cells += [mark, comp]
+        out_rows.append(cells)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *[c for c in out_rows if len(c) == len(head)])]
+    fmt_row = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    lines.append(fmt_row(head))
+    lines.append("  ".join("-" * w for w in widths))
+    for cells in out_rows:
+        if len(cells) == len(head):
+            lines.append(fmt_row(cells))
+        else:
+            lines.append(f"{cells[0].ljust(widths[0])}  {cells[1].ljust(widths[1])}  {cells[2]}: {cells[3]}")
+    return "\n".join(lines)
+
+
+# ---- the CUDA side -----------------------------------------------------------------------
+
+def cuda_predictions(case_list):
+    try:
+        from . import cuda_model
+    except Exception as exc:  # noqa: BLE001 - absent or broken: say why
+        return None, f"bench.cuda_model is unavailable ({exc.__class__.__name__}: {exc})"
+    try:
+        return list(cuda_model.predictions(case_list)), None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"bench.cuda_model.predictions failed ({exc.__class__.__name__}: {exc})"
+
+
+# ---- the whole report --------------------------------------------------------------------
+
+def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="bench_out/roofline.png",
+        peers=P.PEERS, compile=True, out=None, progress=None, dtype=np.float32) -> dict:
+    from dispatch import registry
+
+    out = out or (lambda s="": print(s, flush=True))
+    progress = progress or Progress()
+    mode = "quick" if quick else "full"
+    t_start = time.perf_counter()
+    progress(f"performance report ({mode}); importing the ops")
+    import dispatch  # noqa: F401 - registers every landed op
+
+    info = machine_info()
+    out("== machine")
+    out(f"cpu: {info['cpu']} ({info['cores']} logical cores; llvm target {info.get('llvm_cpu', '?')})")
+    out(f"simd: {' '.join(info['simd']) or 'unknown'}")
+    out(f"python {info['python']}, numba {info['numba']}, numpy {info['numpy']}; "
+        f"peers: " + ", ".join(f"{k} {v}" if v else f"{k} (not installed, skipped)" for k, v in info["peers"].items()))
+    if info["blas"]:
+        out(f"numpy BLAS: {'; '.join(info['blas'])}")
+    out(f"gpu: {info['gpu']}")
+
+    progress("measuring the ceilings: fp32 GEMM via numpy BLAS, 256 MiB copy")
+    ceilings = roofline.measure(quick)
+    info["threading_layer"] = threading_layer()
+    out(f"numba threads: {info['numba_threads']}, threading layer: {info['threading_layer']}")
+    out("")
+    out("== ceilings (best sample; median in brackets)")
+    out(f"compute: {ceilings['gflops']:.1f} GFLOP/s [{ceilings['gemm']['median_gflops']:.1f}]  ({ceilings['gemm']['what']})")
+    out(f"memory:  {ceilings['gbs']:.1f} GB/s [{ceilings['copy']['median_gbs']:.1f}]  ({ceilings['copy']['what']})")
+
+    selected = C.cases(ops, quick=quick)
+    if ops:
+        unknown = set(ops) - {c.op for c in C.CASES}
+        for name in sorted(unknown):
+            out(f"note: no cases for op {name!r} in bench/cases.py")
+    registered = set(registry.OPS)
+    without_cases = sorted(registered - {c.op for c in C.CASES})
+    rows = []
+    out("")
+    for i, case in enumerate(selected):
+        progress(f"[{i + 1}/{len(selected)}] {case.op}: {case.label}")
+        rows.append(measure_case(case, ceilings, dtype=dtype, rounds=3 if quick else 7, peers=peers, progress=progress))
+
+    progress("dispatch overhead: dispatch.relu on 1 element vs the bare kernel")
+    overhead = dispatch_overhead() if "relu" in registered else None
+
+    comp = {}
+    if compile:
+        landed = [c for c in selected if c.op in registered and any(r["case_id"] == c.id and r["status"] == "ok" for r in rows)]
+        comp = compile_times(landed, progress=progress)
+
+    preds, why = cuda_predictions(selected)
+
+    out("== ops (float32; median of interleaved rounds; +- = interquartile spread; floor = roofline floor;")
+    out("   of floor = floor / ours (1.0 = at the machine's limit); LOSE = a peer is faster)")
+    out(table(rows, comp, info["peers"]))
+    skipped = [r for r in rows if r["status"] != "ok"]
+    if skipped:
+        out("")
+        out(f"skipped or failed: {len(skipped)} case(s), see the lines above; ops not registered yet: "
+            + (", ".join(sorted({r['op'] for r in skipped if 'not registered' in ' '.join(r['notes'])})) or "none"))
+    for name in without_cases:
+        out(f"note: op {name!r} is registered but has no cases in bench/cases.py")
+    notes = [(r["op"], r["case"], n) for r in rows if r["status"] == "ok" for n in r["notes"]]
+    if notes:
+        out("")
+        out("notes:")
+        for op, case, n in notes:
+            out(f"  {op} {case}: {n}")
+
+    if comp:
+        out("")
+        out("== first-call time per op family (fresh process; cold = empty NUMBA_CACHE_DIR, warm = cache filled)")
+        for fam, res in comp.items():
+            parts = []
+            for state in ("cold", "warm"):
+                r = res.get(state, {})
+                parts.append(f"{state} {_fmt_t(r.get('first_call_s'))}" if "first_call_s" in r else f"{state} failed: {r.get('error')}")
+            ops_in = ", ".join(sorted({cid.split(':')[0] for cid in res.get('cold', {}).get('per_case', {})}))
+            out(f"  {fam:<11} {'  '.join(parts)}   (first call of: {ops_in})")
+
+    if overhead:
+        out("")
+        out(f"== dispatch overhead: dispatch.relu(1 element) {_fmt_t(overhead['dispatch_s'])} - bare kernel "
+            f"{_fmt_t(overhead['kernel_s'])} = {overhead['overhead_s'] * 1e6:.2f} us "
+            f"(goal < 5 us: {'met' if overhead['ok'] else 'NOT met'})")
+
+    out("")
+    out("== CUDA (PREDICTED by bench.cuda_model's static analysis, not measured)")
+    if preds is None:
+        out(f"  {why}")
+    elif not preds:
+        out("  no predictions for these cases")
+    else:
+        for p in preds:
+            out(f"  {p.get('op')}  {p.get('case')}  {p.get('gpu')}: predicted {_fmt_t(p.get('seconds'))} ({p.get('bound')}-bound)")
+
+    result = {"mode": mode, "machine": info, "ceilings": ceilings, "rows": rows, "compile_time": comp,
+              "dispatch_overhead": overhead, "cuda_predicted": preds, "cuda_note": why,
+              "elapsed_s": time.perf_counter() - t_start}
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        out("")
+        out(f"results: {json_path}")
+    if plot_path:
+        pts = []
+        for r in rows:
+            for name, t in r.get("times", {}).items():
+                if r.get("flops") and r.get("bytes") and t.get("gflops"):
+                    pts.append({"op": r["op"], "impl_kind": name, "intensity": r["flops"] / r["bytes"], "gflops": t["gflops"]})
+        try:
+            roofline.plot(pts, ceilings, plot_path, title=f"roofline ({mode}): ours filled, peers open; {info['cpu']}")
+            out(f"roofline plot: {plot_path}")
+        except Exception as exc:  # noqa: BLE001 - no matplotlib: say so, the rest stands
+            out(f"roofline plot not drawn ({exc.__class__.__name__}: {exc})")
+    progress(f"done in {time.perf_counter() - t_start:.0f} s")
+    return result

@@ -1,0 +1,115 @@
+"""The one timing method used by the report, the tuner and the overhead measurement.
+
+    warm up  ->  calibrate a batch size  ->  rounds of batches, candidates interleaved  ->  median
+
+* Every candidate is called ``warmup`` times first (compiles, page faults, thread pools).
+* A batch repeats a call ``number`` times, ``number`` chosen so one batch lasts about
+  ``batch_s``; one sample is the batch time divided by ``number``.
+* Candidates are interleaved: round r runs every candidate once, in an order rotated each
+  round, so machine noise (other jobs on the cores) hits all of them alike.
+* When the next candidate belongs to another threaded library (numba's OpenMP pool,
+  OpenBLAS, onnxruntime, PyTorch) we sleep ``pause_s`` (0.2 s) first: those libraries keep
+  their worker threads spinning after a call, and the next library would pay for it.
+* The result per candidate is the median sample, plus the spread: (p75 - p25) / median
+  and min / max of the samples.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+clock = time.perf_counter
+
+PAUSE_S = 0.2
+
+
+@dataclass
+class Stats:
+    """Per-call seconds of one candidate: median, spread and the raw samples."""
+
+    median: float
+    spread: float  # interquartile range / median (0 when fewer than 4 samples)
+    min: float
+    max: float
+    number: int  # calls per sample
+    samples: list = field(default_factory=list)
+
+    def as_dict(self):
+        return {"median_s": self.median, "spread": self.spread, "min_s": self.min,
+                "max_s": self.max, "calls_per_sample": self.number, "samples_s": self.samples}
+
+
+def summarize(samples: list, number: int = 1) -> Stats:
+    s = sorted(samples)
+    med = statistics.median(s)
+    if len(s) >= 4:
+        q = statistics.quantiles(s, n=4)
+        spread = (q[2] - q[0]) / med if med > 0 else 0.0
+    else:
+        spread = (s[-1] - s[0]) / med if med > 0 and len(s) > 1 else 0.0
+    return Stats(med, spread, s[0], s[-1], number, list(samples))
+
+
+def calibrate(fn: Callable[[], object], batch_s: float, max_number: int = 10_000) -> int:
+    """Calls per batch so that one batch lasts about batch_s (at least 1)."""
+    t0 = clock()
+    fn()
+    one = clock() - t0
+    if one >= batch_s:
+        return 1
+    if one < 1e-4:  # too short to trust one call: time a few
+        t0 = clock()
+        for _ in range(10):
+            fn()
+        one = max((clock() - t0) / 10, 1e-9)
+    return max(1, min(max_number, int(batch_s / one)))
+
+
+def _batch(fn, number):
+    t0 = clock()
+    for _ in range(number):
+        fn()
+    return (clock() - t0) / number
+
+
+def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: float = 0.02,
+                pause_s: float = PAUSE_S, library: dict | None = None,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Time several zero-argument callables side by side.
+
+    candidates: {name: fn}.  library: {name: library name}; a pause of pause_s is taken
+    whenever consecutive calls come from different libraries (default: every name is its
+    own library).  Returns {name: Stats}.
+    """
+    names = list(candidates)
+    library = library or {n: n for n in names}
+    last_lib = [None]
+
+    def switch_to(name):
+        lib = library.get(name, name)
+        if last_lib[0] is not None and lib != last_lib[0] and pause_s > 0:
+            time.sleep(pause_s)
+        last_lib[0] = lib
+
+    numbers = {}
+    for name in names:
+        switch_to(name)
+        for _ in range(warmup):
+            candidates[name]()
+        numbers[name] = calibrate(candidates[name], batch_s)
+    samples = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            switch_to(name)
+            samples[name].append(_batch(candidates[name], numbers[name]))
+        if progress is not None:
+            progress(f"round {r + 1}/{rounds}")
+    return {n: summarize(samples[n], numbers[n]) for n in names}
+
+
+def time_one(fn: Callable[[], object], **kw) -> Stats:
+    """Stats of one callable (warm-up, calibrated batches, median)."""
+    return interleaved({"fn": fn}, pause_s=0.0, **kw)["fn"]

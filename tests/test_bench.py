@@ -1,0 +1,332 @@
+"""The performance tools: timing helpers, the tuning cache (write, read, stale, corrupt),
+the tuner end to end, the report on one tiny case, the asv suite's classes and the
+offline rewrite of the asv site.  All fast: tiny shapes, no 256 MiB ceilings, no peers
+beyond numpy."""
+import json
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+import dispatch
+from bench import cases as C
+from bench import peers as P
+from bench import report, roofline, timing
+from dispatch import registry, select, tuning
+from tests.support import ON_CUDA
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU-side tools")
+
+
+# ---- timing ------------------------------------------------------------------------------
+
+def test_summarize_median_and_spread():
+    st = timing.summarize([1.0, 2.0, 3.0, 4.0, 100.0], number=3)
+    assert st.median == 3.0 and st.min == 1.0 and st.max == 100.0 and st.number == 3
+    assert st.spread > 0
+    assert timing.summarize([2.0]).spread == 0.0
+
+
+def test_interleaved_runs_every_candidate_each_round_in_rotating_order():
+    calls = []
+    cands = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    res = timing.interleaved(cands, rounds=3, warmup=1, batch_s=0.0, pause_s=0.0)
+    assert set(res) == set("abc")
+    assert all(r.median >= 0 and len(r.samples) == 3 for r in res.values())
+    # after warm-up + calibration, each round runs all three (batch of 1 call each)
+    tail = calls[-9:]
+    assert [tail[i:i + 3] for i in (0, 3, 6)] == [list("abc"), list("bca"), list("cab")]
+
+
+def test_interleaved_pauses_only_when_the_library_changes(monkeypatch):
+    events = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(("sleep", s)))
+    lib = {"ours": "numba", "ours2": "numba", "peer": "torch"}
+    cands = {n: (lambda n=n: events.append(("call", n))) for n in lib}
+    timing.interleaved(cands, rounds=3, warmup=0, batch_s=0.0, pause_s=0.2, library=lib)
+    # a pause precedes a call exactly when the library differs from the previous call's
+    last, expected, pauses = None, 0, 0
+    for kind, what in events:
+        if kind == "sleep":
+            assert what == 0.2
+            pauses += 1
+        else:
+            expected += last is not None and lib[what] != last
+            last = lib[what]
+    assert pauses == expected > 0
+
+
+def test_calibrate_batches_fast_calls():
+    assert timing.calibrate(lambda: None, 0.001) > 1
+    assert timing.calibrate(lambda: None, 0.0) == 1
+
+
+def test_roofline_floor():
+    ceil = {"gflops": 100.0, "gbs": 10.0}
+    assert roofline.floor_seconds(1e9, 1e6, ceil) == pytest.approx(0.01)  # compute-bound
+    assert roofline.floor_seconds(1e6, 1e9, ceil) == pytest.approx(0.1)  # memory-bound
+
+
+# ---- tuning cache ------------------------------------------------------------------------
+
+@pytest.fixture
+def cache_file(tmp_path, monkeypatch):
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("NK_TUNING_CACHE", str(path))
+    tuning.reload()
+    select.clear_cache()
+    yield path
+    tuning.reload()
+    select.clear_cache()
+
+
+def _relu_key(n=100_000):
+    x = np.ones(n, np.float32)
+    return x, registry.OPS["relu"].describe(x).key
+
+
+def _non_rule_choice(key):
+    names, _ = registry.OPS["relu"].order(key)
+    return [n for n in registry.OPS["relu"].implementations if n != names[0] and n.startswith("cpu")][0]
+
+
+def test_store_then_dispatch_uses_the_tuned_choice(cache_file):
+    x, key = _relu_key()
+    other = _non_rule_choice(key)
+    tuning.store([{"op": "relu", "key": list(key), "impl": other, "params": {}, "time_s": 1e-5}])
+    data = json.loads(cache_file.read_text())
+    assert data["format"] == tuning.FORMAT and len(data["entries"]) == 1
+    select.clear_cache()
+    ex = dispatch.explain("relu", x)
+    assert ex.chosen == other and ex.source == "tuned"
+    assert "tuning cache" in str(ex)
+    np.testing.assert_array_equal(dispatch.relu(x), np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("field, value", [("kernel_version", 999), ("numba_version", "0.0.1"), ("impl", "gone")])
+def test_stale_entry_is_ignored_with_a_warning(cache_file, field, value):
+    x, key = _relu_key()
+    other = _non_rule_choice(key)
+    tuning.store([{"op": "relu", "key": list(key), "impl": other, "params": {}}])
+    data = json.loads(cache_file.read_text())
+    for e in data["entries"].values():
+        e[field] = value
+    cache_file.write_text(json.dumps(data))
+    tuning.reload()
+    select.clear_cache()
+    with pytest.warns(RuntimeWarning, match="stale"):
+        ex = dispatch.explain("relu", x)
+        np.testing.assert_array_equal(dispatch.relu(x), np.maximum(x, 0))
+    assert ex.source == "rule"
+
+
+@pytest.mark.parametrize("content", [
+    "{not json", "[1, 2]", '{"format": 99, "entries": {}}', '{"format": 1, "entries": []}', b"\xff\xfe\x00garbage",
+])
+def test_corrupt_cache_is_ignored_with_a_warning(cache_file, content):
+    if isinstance(content, bytes):
+        cache_file.write_bytes(content)
+    else:
+        cache_file.write_text(content)
+    x, _ = _relu_key()
+    with pytest.warns(RuntimeWarning, match="tuning cache"):
+        ex = dispatch.explain("relu", x)
+    assert ex.source == "rule"
+    np.testing.assert_array_equal(dispatch.relu(x), np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("entry", [5, ["cpu-serial"], {"impl": 3}, {"impl": "cpu-serial", "params": [1]}])
+def test_malformed_entry_is_ignored_with_a_warning(cache_file, entry):
+    x, key = _relu_key()
+    cache_file.write_text(json.dumps({"format": tuning.FORMAT, "entries": {tuning.entry_key("relu", key): entry}}))
+    with pytest.warns(RuntimeWarning, match="malformed"):
+        ex = dispatch.explain("relu", x)
+    assert ex.source == "rule"
+
+
+def test_store_overwrites_an_unreadable_file(cache_file):
+    cache_file.write_text("{broken")
+    _, key = _relu_key()
+    with pytest.warns(RuntimeWarning, match="overwriting"):
+        tuning.store([{"op": "relu", "key": list(key), "impl": "cpu-serial"}])
+    assert len(json.loads(cache_file.read_text())["entries"]) == 1
+
+
+def test_tuner_end_to_end(cache_file):
+    from bench import tune
+
+    lines = []
+    results = tune.tune(["relu"], quick=True, rounds=1, out=lines.append)
+    assert results and all(r["op"] == "relu" for r in results)
+    assert any("tuning cache written" in line for line in lines)
+    case = C.cases(["relu"], quick=True)[0]
+    args, kwargs = case.call_args(case.inputs(np.random.default_rng(0)))
+    ex = dispatch.explain("relu", *args, **kwargs)
+    assert ex.source == "tuned" and ex.chosen == results[0]["impl"]
+
+
+def test_param_grid_expands_tunables():
+    from bench.tune import param_grid
+
+    impl = registry.Implementation("x", "cpu-x", "cpu", run=None, params={"tile": 64, "other": 1},
+                                   tunables={"tile": [32, 64], "split": [1, 2]})
+    grid = param_grid(impl)
+    assert len(grid) == 4 and all(g["other"] == 1 for g in grid)
+    assert {(g["tile"], g["split"]) for g in grid} == {(32, 1), (32, 2), (64, 1), (64, 2)}
+
+
+# ---- cases and peers ---------------------------------------------------------------------
+
+def test_every_case_fits_its_registered_op():
+    ops = {c.op for c in C.CASES}
+    assert {"relu", "matmul", "softmax", "attention"} <= ops
+    for case in C.CASES:
+        op = registry.OPS.get(case.op)
+        if op is None:
+            continue  # family not landed yet: the report lists it as skipped
+        args, kwargs = case.call_args(case.inputs(np.random.default_rng(0), empty=True))
+        op.describe(*args, **kwargs)  # raises if the table's arguments do not fit
+
+
+def test_every_quick_op_has_a_numpy_peer():
+    assert {c.op for c in C.CASES} <= set(P.NUMPY)
+
+
+TINY = [
+    C.Case("relu", "tiny", "test", {"x": (3, 50)}),
+    C.Case("softmax", "tiny", "test", {"x": (4, 33)}),
+    C.Case("rms_norm", "tiny", "test", {"x": (4, 33), "weight": (33,)}),
+    C.Case("layer_norm", "tiny", "test", {"x": (4, 33), "weight": (33,), "bias": (33,)}),
+    C.Case("cross_entropy", "tiny", "test", {"logits": (5, 17)}),
+    C.Case("rope", "tiny", "test", {"x": (1, 2, 5, 8)}),
+    C.Case("attention", "tiny", "test", {"q": (1, 2, 5, 8), "k": (1, 2, 7, 8), "v": (1, 2, 7, 8)}, {"causal": True}),
+    C.Case("linear", "tiny", "test", {"x": (5, 8), "weight": (6, 8), "bias": (6,)}, {"activation": "gelu"}),
+    C.Case("swiglu", "tiny", "test", {"gate": (3, 10), "up": (3, 10)}),
+]
+
+
+@pytest.mark.parametrize("case", TINY, ids=lambda c: c.op)
+def test_peers_agree_with_dispatch_on_tiny_cases(case):
+    if case.op not in registry.OPS:
+        pytest.skip(f"{case.op} not registered yet")
+    inputs = case.inputs(np.random.default_rng())
+    args, kwargs = case.call_args(inputs)
+    ours = getattr(dispatch, case.op)(*args, **kwargs)
+    ref = P.reference(case, inputs)
+    assert report.rel_err(ours, ref) < 1e-4
+    for peer in P.PEERS:
+        try:
+            run, conv = P.prepare(peer, case, inputs)
+        except P.Unavailable:
+            continue
+        assert report.rel_err(conv(run()), ref) < 1e-4, peer
+
+
+# ---- the report --------------------------------------------------------------------------
+
+CEIL = {"gflops": 100.0, "gbs": 20.0, "gemm": {"median_gflops": 90.0, "what": "fake"},
+        "copy": {"median_gbs": 18.0, "what": "fake"}}
+
+
+def test_measure_case_on_a_tiny_case():
+    case = C.Case("relu", "tiny", "test", {"x": (1000,)}, quick=True, family="activation")
+    row = report.measure_case(case, CEIL, rounds=2, peers=("numpy",), pause_s=0.0)
+    assert row["status"] == "ok", row["notes"]
+    assert set(row["times"]) == {"ours", "numpy"}
+    assert row["agreement"]["ours"]["ok"] and row["agreement"]["numpy"]["ok"]
+    assert row["floor_s"] > 0 and row["times"]["ours"]["gbs"] > 0
+    assert row["ratio_to_fastest_peer"] > 0 and row["fastest_peer"] == "numpy"
+    text = report.table([row], {}, {"numpy": "x"})
+    assert "relu" in text and ("LOSE" in text or "win" in text)
+
+
+def test_unregistered_op_is_skipped_with_a_note(monkeypatch):
+    case = C.Case("relu", "tiny", "test", {"x": (10,)})
+    monkeypatch.setitem(C.SIGNATURES, "not_an_op", C.SIGNATURES["relu"])
+    missing = C.Case("not_an_op", "tiny", "test", {"x": (10,)})
+    row = report.measure_case(missing, CEIL, rounds=1, peers=())
+    assert row["status"] == "skipped" and "not registered" in row["notes"][0]
+    assert "SKIPPED" in report.table([row], {}, {})
+    assert report.measure_case(case, CEIL, rounds=1, peers=())["status"] == "ok"
+
+
+def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
+    tiny = C.Case("relu", "tiny", "test", {"x": (2000,)}, quick=True, family="activation")
+    monkeypatch.setattr(C, "CASES", [tiny])
+    monkeypatch.setattr(roofline, "measure", lambda quick: CEIL)
+    lines = []
+    res = report.run(quick=True, json_path=str(tmp_path / "r.json"), plot_path=str(tmp_path / "r.png"),
+                     peers=("numpy",), compile=False, out=lines.append, progress=report.Progress(quiet=True))
+    text = "\n".join(lines)
+    for needle in ("== machine", "simd:", "== ceilings", "relu", "dispatch overhead", "CUDA (PREDICTED"):
+        assert needle in text, needle
+    assert res["rows"][0]["status"] == "ok"
+    assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["op"] == "relu"
+    assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_compile_time_subprocess_reports_first_call(tmp_path):
+    case = C.cases(["relu"], quick=True)[0]
+    res = report.compile_times([case])
+    warm = res["activation"]["warm"]
+    assert "first_call_s" in warm, res
+    assert warm["first_call_s"] >= 0 and not warm["errors"]
+
+
+def test_dispatch_overhead_is_measured():
+    o = report.dispatch_overhead(rounds=2)
+    assert o["dispatch_s"] > 0 and o["kernel_s"] > 0 and o["goal_s"] == 5e-6
+
+
+def test_cuda_predictions_never_raise():
+    preds, why = report.cuda_predictions(C.cases(quick=True))
+    assert (preds is None) == (why is not None)
+
+
+# ---- asv suite and site ------------------------------------------------------------------
+
+def test_asv_classes_come_from_the_registry():
+    from bench.benchmarks import _suite
+
+    classes = _suite.family_classes("activation")
+    relu = classes["Relu"]
+    impls, case_names = relu.params
+    assert impls[0] == "dispatch" and "numpy" in impls and "cuda" in impls
+    assert set(registry.OPS["relu"].implementations) & set(impls)
+    assert case_names == [c.name for c in C.CASES if c.op == "relu"]
+    assert "ReluFirstCall" in classes and hasattr(relu, "track_gbs")
+    b = relu()
+    if not _suite._cuda_available():
+        with pytest.raises(NotImplementedError):
+            b.setup("cuda", case_names[0])
+
+
+def test_asv_html_rewrite_points_at_local_copies(tmp_path):
+    import asv
+
+    from bench import asv_html
+
+    www = os.path.join(os.path.dirname(asv.__file__), "www")
+    html = tmp_path / "html"
+    shutil.copytree(www, html)
+    cache = tmp_path / "vendor"
+    for _, _, dest, _ in asv_html.FILES + asv_html.FONTS:  # stand-ins: no npm in a unit test
+        (cache / dest).parent.mkdir(parents=True, exist_ok=True)
+        (cache / dest).write_text("/* stub */")
+    replaced = asv_html.make_offline(str(html), str(cache))
+    assert len(replaced) == len(asv_html.FILES)
+    text = (html / "index.html").read_text()
+    assert "cdn" not in text.lower() and 'src="vendor/jquery.min.js"' in text
+    assert (html / "vendor" / "fonts" / "glyphicons-halflings-regular.woff").exists()
+
+
+def test_bench_package_imports_are_harmless():
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for mod in ("bench", "bench.cases", "bench.peers", "bench.timing", "bench.roofline", "bench.report",
+                    "bench.tune", "bench.asv_html", "bench.compile_time", "bench.__main__"):
+            importlib.import_module(mod)
