@@ -6,14 +6,17 @@ computed from the copy in L1/L2 (a 768-float row is 3 KiB), and the output writt
 LayerNorm's variance is the two-pass form sum((x - mean)^2) on the cached row (no
 cancellation, unlike E[x^2] - mean^2).  Accumulation is in the input's dtype with fastmath
 reassociation (vectorized partial sums); for float32 rows of 768..32000 that is ~1e-7
-relative, far inside the 1e-5 tolerance.
+relative, far inside the 1e-5 tolerance (rows with a large common offset lose what the
+float32 input itself cannot represent, as PyTorch's float32 kernel does).
 
+Each kernel runs a range of rows in one function, with the residual branch outside the
+row loop: a per-row helper call cost ~30% at D = 768 (0.22 vs 0.16 ns/element in cache).
 weight / bias are always arrays here (dispatch passes ones / zeros for None).  Without a
 residual, pass has_res=False and any arrays of x's shape for r and h (they are not touched).
 """
 import math
 
-import numpy as np
+import numba
 from numba import njit, prange
 
 from .approx import JIT
@@ -21,70 +24,105 @@ from .softmax import like
 
 
 @njit(**JIT)
-def layer_norm_row(xr, rr, hr, w, b, eps, orow, has_res):
-    d = xr.shape[0]
+def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
+    d = x.shape[1]
     inv_d = like(eps, 1.0 / d)
-    s = like(eps, 0.0)
+    one = like(eps, 1.0)
     if has_res:
-        for j in range(d):
-            v = xr[j] + rr[j]
-            hr[j] = v
-            s += v
-        src = hr
+        for i in range(lo, hi):
+            xr = x[i]
+            rr = r[i]
+            hr = h[i]
+            orow = out[i]
+            s = like(eps, 0.0)
+            for j in range(d):
+                v = xr[j] + rr[j]
+                hr[j] = v
+                s += v
+            mean = s * inv_d
+            q = like(eps, 0.0)
+            for j in range(d):
+                c = hr[j] - mean
+                q += c * c
+            rstd = one / math.sqrt(q * inv_d + eps)
+            for j in range(d):
+                orow[j] = (hr[j] - mean) * rstd * w[j] + b[j]
     else:
-        for j in range(d):
-            s += xr[j]
-        src = xr
-    mean = s * inv_d
-    q = like(eps, 0.0)
-    for j in range(d):
-        c = src[j] - mean
-        q += c * c
-    rstd = like(eps, 1.0) / math.sqrt(q * inv_d + eps)
-    for j in range(d):
-        orow[j] = (src[j] - mean) * rstd * w[j] + b[j]
+        for i in range(lo, hi):
+            xr = x[i]
+            orow = out[i]
+            s = like(eps, 0.0)
+            for j in range(d):
+                s += xr[j]
+            mean = s * inv_d
+            q = like(eps, 0.0)
+            for j in range(d):
+                c = xr[j] - mean
+                q += c * c
+            rstd = one / math.sqrt(q * inv_d + eps)
+            for j in range(d):
+                orow[j] = (xr[j] - mean) * rstd * w[j] + b[j]
 
 
 @njit(**JIT)
-def rms_norm_row(xr, rr, hr, w, eps, orow, has_res):
-    d = xr.shape[0]
+def rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi):
+    d = x.shape[1]
     inv_d = like(eps, 1.0 / d)
-    q = like(eps, 0.0)
+    one = like(eps, 1.0)
     if has_res:
-        for j in range(d):
-            v = xr[j] + rr[j]
-            hr[j] = v
-            q += v * v
-        src = hr
+        for i in range(lo, hi):
+            xr = x[i]
+            rr = r[i]
+            hr = h[i]
+            orow = out[i]
+            q = like(eps, 0.0)
+            for j in range(d):
+                v = xr[j] + rr[j]
+                hr[j] = v
+                q += v * v
+            rstd = one / math.sqrt(q * inv_d + eps)
+            for j in range(d):
+                orow[j] = hr[j] * rstd * w[j]
     else:
-        for j in range(d):
-            v = xr[j]
-            q += v * v
-        src = xr
-    rstd = like(eps, 1.0) / math.sqrt(q * inv_d + eps)
-    for j in range(d):
-        orow[j] = src[j] * rstd * w[j]
+        for i in range(lo, hi):
+            xr = x[i]
+            orow = out[i]
+            q = like(eps, 0.0)
+            for j in range(d):
+                v = xr[j]
+                q += v * v
+            rstd = one / math.sqrt(q * inv_d + eps)
+            for j in range(d):
+                orow[j] = xr[j] * rstd * w[j]
+
+
+@njit(**JIT)
+def tasks_for(n):
+    """Parallel tasks for n rows: one contiguous block of rows per thread."""
+    return max(min(numba.get_num_threads(), n), 1)
 
 
 @njit(**JIT)
 def layer_norm_serial(x, r, h, w, b, eps, out, has_res):
-    for i in range(x.shape[0]):
-        layer_norm_row(x[i], r[i], h[i], w, b, eps, out[i], has_res)
+    layer_norm_rows(x, r, h, w, b, eps, out, has_res, 0, x.shape[0])
 
 
 @njit(parallel=True, **JIT)
 def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
-    for i in prange(x.shape[0]):
-        layer_norm_row(x[i], r[i], h[i], w, b, eps, out[i], has_res)
+    n = x.shape[0]
+    tasks = tasks_for(n)
+    for k in prange(tasks):
+        layer_norm_rows(x, r, h, w, b, eps, out, has_res, k * n // tasks, (k + 1) * n // tasks)
 
 
 @njit(**JIT)
 def rms_norm_serial(x, r, h, w, eps, out, has_res):
-    for i in range(x.shape[0]):
-        rms_norm_row(x[i], r[i], h[i], w, eps, out[i], has_res)
+    rms_norm_rows(x, r, h, w, eps, out, has_res, 0, x.shape[0])
 
 
 @njit(parallel=True, **JIT)
 def rms_norm_parallel(x, r, h, w, eps, out, has_res):
-    for i in prange(x.shape[0]):
-        rms_norm_row(x[i], r[i], h[i], w, eps, out[i], has_res)
+    n = x.shape[0]
+    tasks = tasks_for(n)
+    for k in prange(tasks):
+        rms_norm_rows(x, r, h, w, eps, out, has_res, k * n // tasks, (k + 1) * n // tasks)

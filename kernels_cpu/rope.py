@@ -7,45 +7,64 @@ cos[t, i] / sin[t, i]:
   interleaved (GPT-J, interleaved=True):          pairs (2i, 2i + 1).
 (a, b) -> (a cos - b sin, b cos + a sin).  Each element is read once and written once; the
 cos / sin rows of one position are reused from cache by every batch row.
+
+The row loop and the pair loop live in one function with the layout branch outside both:
+calling a per-row helper (D = 128) cost 0.48 ns/element in cache against 0.14 for this
+form (a plain copy: 0.10), the call and its alias checks dominating such short rows.
 """
+import numba
 from numba import njit, prange
 
 from .approx import JIT
 
+ROWS_PER_TASK = 64  # rows per parallel task (64 x 128 floats = 32 KiB)
+
 
 @njit(**JIT)
-def rope_row(xr, c, s, orow, interleaved):
-    h = c.shape[0]
+def rope_rows(x, cos, sin, out, lo, hi, interleaved):
+    """Rows lo..hi-1 of x (rows, D) -> out; row r uses position r % S."""
+    seq = cos.shape[0]
+    h = cos.shape[1]
+    t = lo % seq
     if interleaved:
-        for i in range(h):
-            a = xr[2 * i]
-            b = xr[2 * i + 1]
-            orow[2 * i] = a * c[i] - b * s[i]
-            orow[2 * i + 1] = b * c[i] + a * s[i]
+        for r in range(lo, hi):
+            xr = x[r]
+            orow = out[r]
+            c = cos[t]
+            s = sin[t]
+            for i in range(h):
+                a = xr[2 * i]
+                b = xr[2 * i + 1]
+                orow[2 * i] = a * c[i] - b * s[i]
+                orow[2 * i + 1] = b * c[i] + a * s[i]
+            t += 1
+            if t == seq:
+                t = 0
     else:
-        x1 = xr[:h]
-        x2 = xr[h:]
-        o1 = orow[:h]
-        o2 = orow[h:]
-        for i in range(h):
-            a = x1[i]
-            b = x2[i]
-            o1[i] = a * c[i] - b * s[i]
-            o2[i] = b * c[i] + a * s[i]
+        for r in range(lo, hi):
+            xr = x[r]
+            orow = out[r]
+            c = cos[t]
+            s = sin[t]
+            for i in range(h):
+                a = xr[i]
+                b = xr[i + h]
+                orow[i] = a * c[i] - b * s[i]
+                orow[i + h] = b * c[i] + a * s[i]
+            t += 1
+            if t == seq:
+                t = 0
 
 
 @njit(**JIT)
 def rope_serial(x, cos, sin, out, interleaved):
     """x, out: (rows, D); cos, sin: (S, D/2); row r uses position r % S."""
-    seq = cos.shape[0]
-    for r in range(x.shape[0]):
-        t = r % seq
-        rope_row(x[r], cos[t], sin[t], out[r], interleaved)
+    rope_rows(x, cos, sin, out, 0, x.shape[0], interleaved)
 
 
 @njit(parallel=True, **JIT)
 def rope_parallel(x, cos, sin, out, interleaved):
-    seq = cos.shape[0]
-    for r in prange(x.shape[0]):
-        t = r % seq
-        rope_row(x[r], cos[t], sin[t], out[r], interleaved)
+    n = x.shape[0]
+    tasks = max(min(numba.get_num_threads() * 4, (n + ROWS_PER_TASK - 1) // ROWS_PER_TASK), 1)
+    for k in prange(tasks):
+        rope_rows(x, cos, sin, out, k * n // tasks, (k + 1) * n // tasks, interleaved)
