@@ -79,6 +79,8 @@ def kernels():
                             lambda dt: (arr(dt, 3), arr(dt, 3), b)),
         "cross_entropy.warp_rows": ("softmax", lambda dt: softmax.cross_entropy_rows(acc_np(dt)),
                                     lambda dt: (arr(dt, 2), arr(i64, 1), i64, arr(acc(dt), 1), arr(acc(dt), 1), arr(i64, 1))),
+        "cross_entropy.block_rows": ("softmax", lambda dt: softmax.cross_entropy_block_rows(acc_np(dt)),
+                                     lambda dt: (arr(dt, 2), arr(i64, 1), i64, arr(acc(dt), 1), arr(acc(dt), 1), arr(i64, 1))),
         "cross_entropy.reduce": ("softmax", lambda dt: softmax.sum_losses(acc_np(dt)),
                                  lambda dt: (arr(acc(dt), 1), arr(acc(dt), 1), b, arr(dt, 1))),
     }
@@ -131,7 +133,8 @@ def representative_calls():
         ("softmax.warp_rows", "softmax", "cuda-warp-row", (z((12, 128, 128)),), {}),
         ("softmax.block_rows", "softmax", "cuda-block-row", (z((128, 50257)),), {}),
         ("softmax.columns", "softmax", "cuda-warp-row", (z((16, 512, 64)), 1), {}),
-        ("cross_entropy.warp_rows", "cross_entropy", "cuda-warp-row", (z((128, 50257)), np.zeros(128, np.int64)), {}),
+        ("cross_entropy.warp_rows", "cross_entropy", "cuda-warp-row", (z((128, 1000)), np.zeros(128, np.int64)), {}),
+        ("cross_entropy.block_rows", "cross_entropy", "cuda-block-row", (z((128, 50257)), np.zeros(128, np.int64)), {}),
         ("layer_norm.warp_rows", "layer_norm", "cuda-warp-row", (z((128, 768)), z((768,)), z((768,))), {}),
         ("layer_norm.block_rows", "layer_norm", "cuda-block-row", (z((512, 4096)), z((4096,)), z((4096,))), {}),
         ("rms_norm.warp_rows", "rms_norm", "cuda-warp-row", (z((128, 768)), z((768,))), {}),

@@ -171,6 +171,42 @@ def cross_entropy_rows(acc_np):
 
 
 @lru_cache(maxsize=None)
+def cross_entropy_block_rows(acc_np):
+    """As cross_entropy_rows with one block per row (grid-stride over rows): long rows
+    (vocabularies), where one warp per row would leave most SMs idle."""
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+
+    @kernel(launch_bounds=(BLOCK_ROWS_MAX_THREADS, 1))
+    def cross_entropy_block_rows(logits, targets, ignore_index, losses, valid, bad):
+        rows, c = logits.shape
+        sm = cuda.shared.array(32, acc)
+        ss = cuda.shared.array(32, acc)
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        row = cuda.blockIdx.x
+        while row < rows:  # block-uniform
+            t = targets[row]
+            if t == ignore_index or t < 0 or t >= c:
+                if tid == 0:
+                    if t != ignore_index:
+                        cuda.atomic.min(bad, 0, row)
+                    losses[row] = zero
+                    valid[row] = zero
+            else:
+                m, s = neg_inf, zero
+                for j in range(tid, c, nt):
+                    m, s = update(m, s, acc(logits[row, j]))
+                m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
+                m, inv, lse = finish(m, s)
+                if tid == 0:
+                    losses[row] = lse - acc(logits[row, t])
+                    valid[row] = one
+            row += cuda.gridDim.x
+
+    return cross_entropy_block_rows
+
+
+@lru_cache(maxsize=None)
 def sum_losses(acc_np):
     """One block: result[0] = sum(losses) (mean: / sum(valid), NaN when 0)."""
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)

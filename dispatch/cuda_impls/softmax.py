@@ -78,7 +78,7 @@ for _op in ("softmax", "log_softmax"):
 
 def ce_launch(params, logits, targets, reduction, ignore_index):
     n, c = logits.shape
-    cfg = row_launch(WARP_PARAMS, n, c, "cross_entropy")
+    cfg = row_launch(params, n, c, "cross_entropy")
     cfg["reduce"] = {"kernel": "cross_entropy.reduce", "grid": 1, "block": 256} if reduction != "none" else None
     return cfg
 
@@ -96,7 +96,8 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
     bad = cuda.to_device(np.array([n], np.int64))
     if n:
         cfg = ce_launch(params, logits, targets, reduction, ignore_index)
-        K.cross_entropy_rows(acc)[cfg["grid"], cfg["block"]](ld, td, ignore_index, losses, valid, bad)
+        k = K.cross_entropy_rows(acc) if params["mode"] == "warp" else K.cross_entropy_block_rows(acc)
+        k[cfg["grid"], cfg["block"]](ld, td, ignore_index, losses, valid, bad)
         b = int(bad.copy_to_host()[0])
         if b < n:
             tval = int(td[b:b + 1].copy_to_host()[0])
@@ -109,8 +110,10 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
     return result.reshape(())
 
 
-register_cuda("cross_entropy", "cuda-warp-row", _run_ce, ce_launch,
-              notes="one warp per row: online logsumexp by shuffles, target checked on the device "
-                    "(one 8-byte read back to raise), one-block deterministic sum/mean pass; "
-                    + DEVICE_COPY_NOTE)
-install_order("cross_entropy", lambda key: (("cuda-warp-row",), "one warp per row (the loss needs one value per row)"))
+CE_NOTE = ("online logsumexp by shuffles, target checked on the device (one 8-byte read back to "
+           "raise), one-block deterministic sum/mean pass; ")
+register_cuda("cross_entropy", "cuda-warp-row", _run_ce, ce_launch, params=WARP_PARAMS,
+              notes="one warp per row: " + CE_NOTE + DEVICE_COPY_NOTE)
+register_cuda("cross_entropy", "cuda-block-row", _run_ce, ce_launch, params=BLOCK_PARAMS,
+              notes="one block per row: " + CE_NOTE + DEVICE_COPY_NOTE)
+install_order("cross_entropy", _order)

@@ -265,3 +265,61 @@ print(float(dispatch.relu(np.array([-1.0, 2.0], np.float32))[1]), "numba.cuda" i
 """
     r = _subprocess(code, NUMBA_ENABLE_CUDASIM="0")
     assert r.stdout.split() == ["2.0", "False"], r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("impl", ["cuda-warp-row", "cuda-block-row"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_both_kernels(impl, reduction):
+    g = rng()
+    logits = g.standard_normal((5, 90)).astype(np.float32) * 3
+    t = g.integers(0, 90, 5)
+    t[1] = -100
+    with dispatch.use(cross_entropy=impl):
+        got = dispatch.cross_entropy(_dev(logits), _dev(t), reduction=reduction).copy_to_host()
+    x = logits.astype(np.float64)
+    lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+    loss = np.where(t == -100, 0.0, lse - x[np.arange(5), np.where(t == -100, 0, t)])
+    want = loss if reduction == "none" else loss.sum() / 4
+    assert_close(got, want, 1e-5)
+
+
+def test_float16_rope_attention_cross_entropy():
+    g = rng()
+    x = g.standard_normal((1, 2, 5, 8)).astype(np.float16)
+    ang = g.random((5, 4))
+    cos, sin = np.cos(ang).astype(np.float16), np.sin(ang).astype(np.float16)
+    got = dispatch.rope(_dev(x), _dev(cos), _dev(sin)).copy_to_host()
+    assert got.dtype == np.float16
+    want = dispatch.rope(x.astype(np.float64), cos.astype(np.float64), sin.astype(np.float64))
+    assert_close(got, want, F16_TOL, "rope fp16")
+    q = g.standard_normal((1, 2, 3, 8)).astype(np.float16)
+    k = g.standard_normal((1, 1, 9, 8)).astype(np.float16)
+    v = g.standard_normal((1, 1, 9, 8)).astype(np.float16)
+    from tests.reference import attention as R
+
+    for impl in ("cuda-flash", "cuda-splitkv"):
+        with dispatch.use(attention=impl):
+            got = dispatch.attention(_dev(q), _dev(k), _dev(v), causal=True).copy_to_host()
+        assert got.dtype == np.float16
+        want = R.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal=True)
+        assert_close(got, want, F16_TOL, "attention fp16 " + impl)
+    logits = g.standard_normal((4, 30)).astype(np.float16)
+    t = g.integers(0, 30, 4)
+    got = float(dispatch.cross_entropy(_dev(logits), _dev(t)).copy_to_host())
+    x = logits.astype(np.float64)
+    want = np.mean(np.log(np.exp(x).sum(1)) - x[np.arange(4), t])
+    assert abs(got - want) <= F16_TOL * abs(want) + 1e-3
+
+
+def test_split_kv_really_splits_and_matches_flash():
+    g = rng()
+    q = g.standard_normal((1, 4, 1, 16)).astype(np.float32)
+    k = g.standard_normal((1, 2, 100, 16)).astype(np.float32)
+    v = g.standard_normal((1, 2, 100, 16)).astype(np.float32)
+    e = dispatch.explain("attention", _dev(q), _dev(k), _dev(v))
+    assert e.chosen == "cuda-splitkv"
+    assert e.decision.chosen.launch_config(e.call)["grid"][2] >= 2
+    from tests.reference import attention as R
+
+    got = dispatch.attention(_dev(q), _dev(k), _dev(v)).copy_to_host()
+    assert_close(got, R.attention(q, k, v), 1e-5)
