@@ -78,7 +78,10 @@ def _host(kernel, with_bias):
         res = result_buffer(out, x.shape, dt)
         h = None if residual is None else np.empty(x.shape, dt)
         if x.size:
-            xc = contiguous(x).reshape(-1, d)
+            xc = contiguous(x)
+            if xc.ndim != 2:
+                xc = xc.reshape(-1, d)
+            res2 = res if res.ndim == 2 else res.reshape(-1, d)
             w = _const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
             if residual is None:
                 r = hc = xc  # not touched when has_res is False
@@ -86,9 +89,9 @@ def _host(kernel, with_bias):
                 r, hc = contiguous(residual).reshape(-1, d), h.reshape(-1, d)
             if with_bias:
                 b = _const_vector(d, dt, 0.0) if bias is None else contiguous(bias)
-                kernel(xc, r, hc, w, b, dt.type(eps), res.reshape(-1, d), residual is not None)
+                kernel(xc, r, hc, w, b, dt.type(eps), res2, residual is not None)
             else:
-                kernel(xc, r, hc, w, dt.type(eps), res.reshape(-1, d), residual is not None)
+                kernel(xc, r, hc, w, dt.type(eps), res2, residual is not None)
         res = deliver(res, out)
         return res if residual is None else (res, h)
 

@@ -63,7 +63,10 @@ def _softmax_host(kernel):
         else:
             res = np.empty(xc.shape, x.dtype)
         if xc.size:
-            kernel(xc.reshape(-1, n), res.reshape(-1, n), log)
+            if xc.ndim == 2:
+                kernel(xc, res, log)
+            else:
+                kernel(xc.reshape(-1, n), res.reshape(-1, n), log)
         if not last:
             res = np.moveaxis(res, -1, axis)
         return deliver(res, out)
