@@ -139,30 +139,43 @@ def dispatch_overhead(rounds=7) -> dict:
 
 def compile_times(case_list, progress=None) -> dict:
     """Per family: first-call seconds in a fresh process with an empty numba cache (cold)
-    and again with the cache filled (warm).  One process per family and state."""
-    fams = {}
+    and in another fresh process with that cache filled (warm).  One process per state
+    runs the first case of every op (kernels of different families share no compiled
+    code, so each op's first call is its own compile)."""
+    first = {}
     for c in case_list:
-        fams.setdefault(c.family, {}).setdefault(c.op, c)  # first case of each op
+        first.setdefault(c.op, c)
+    if not first:
+        return {}
+    ids = [c.id for c in first.values()]
+    per_state = {}
+    with tempfile.TemporaryDirectory(prefix="nk-numba-cache-") as cache:
+        for state in ("cold", "warm"):
+            if progress:
+                progress(f"compile time: first call of {len(ids)} ops in a fresh process ({state} numba cache)")
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+            proc = subprocess.run([sys.executable, "-m", "bench.compile_time", *ids], env=env,
+                                  capture_output=True, text=True, cwd=_root())
+            if proc.returncode != 0:
+                per_state[state] = {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+                continue
+            per_state[state] = json.loads(proc.stdout.strip().splitlines()[-1])
     out = {}
-    for fam, by_op in fams.items():
-        ids = [c.id for c in by_op.values()]
-        with tempfile.TemporaryDirectory(prefix="nk-numba-cache-") as cache:
-            res = {}
-            for state in ("cold", "warm"):
-                if progress:
-                    progress(f"compile time: {fam} ({state} cache, fresh process)")
-                env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-                t0 = time.perf_counter()
-                proc = subprocess.run([sys.executable, "-m", "bench.compile_time", *ids], env=env,
-                                      capture_output=True, text=True, cwd=_root())
-                wall = time.perf_counter() - t0
-                if proc.returncode != 0:
-                    res[state] = {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
-                    continue
-                data = json.loads(proc.stdout.strip().splitlines()[-1])
-                res[state] = {"first_call_s": sum(data["first_call_s"].values()), "per_case": data["first_call_s"],
-                              "import_s": data["import_s"], "process_s": wall, "errors": data["errors"]}
-        out[fam] = res
+    for c in first.values():
+        fam = out.setdefault(c.family, {})
+        for state, data in per_state.items():
+            r = fam.setdefault(state, {"first_call_s": 0.0, "per_case": {}, "errors": {}})
+            if "error" in data:
+                fam[state] = {"error": data["error"]}
+                continue
+            if "first_call_s" not in r:
+                continue
+            if c.id in data["first_call_s"]:
+                r["per_case"][c.id] = data["first_call_s"][c.id]
+                r["first_call_s"] += data["first_call_s"][c.id]
+            if c.id in data["errors"]:
+                r["errors"][c.id] = data["errors"][c.id]
+            r["import_s"] = data["import_s"]
     return out
 
 
@@ -242,7 +255,7 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
     row["agreement"] = {}
     for name in list(candidates):
         if progress:
-            progress(f"  {name}: first call" + (" (compiles on a cold cache)" if name == "ours" else ""))
+            progress(f"  {name}: first call" + (" (compiles, or loads numba's cache)" if name == "ours" else ""))
         try:
             t0 = time.perf_counter()
             res = candidates[name]()
@@ -456,8 +469,16 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     elif not preds:
         out("  no predictions for these cases")
     else:
+        gpus = list(dict.fromkeys(p.get("gpu") for p in preds))
+        by_case = {}
         for p in preds:
-            out(f"  {p.get('op')}  {p.get('case')}  {p.get('gpu')}: predicted {_fmt_t(p.get('seconds'))} ({p.get('bound')}-bound)")
+            by_case.setdefault((p.get("op"), p.get("case")), {})[p.get("gpu")] = p
+        w = max(len(f"{op} {case}") for op, case in by_case)
+        out("  " + "op / case".ljust(w) + "  " + "  ".join(str(g).ljust(24) for g in gpus))
+        for (op, case), per_gpu in by_case.items():
+            cells = [(f"{_fmt_t(per_gpu[g].get('seconds'))} ({per_gpu[g].get('bound')})" if g in per_gpu else "-").ljust(24)
+                     for g in gpus]
+            out("  " + f"{op} {case}".ljust(w) + "  " + "  ".join(cells))
 
     result = {"mode": mode, "machine": info, "ceilings": ceilings, "rows": rows, "compile_time": comp,
               "dispatch_overhead": overhead, "cuda_predicted": preds, "cuda_note": why,
