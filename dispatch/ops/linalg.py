@@ -283,21 +283,51 @@ def _bytes(call):
 
 # ---- selection -----------------------------------------------------------------------------
 
-# Blocking of gemm_parallel (float32 tile 6 x 16, float64 6 x 8).
-KC_MAX = 384      # K block: the 16-column B panel slice (24 KiB fp32) stays in L1
-MC_PANELS = 16    # 96 rows per task: the task's A block (96 x kc) stays in L2
-NC_PANELS = 16    # 256 fp32 columns per task
+# Blocking of gemm_parallel (float32 tile 6 x 16, float64 6 x 8).  Measured with one
+# thread (CPU time, min of reps, so that other jobs on the machine do not count), direct
+# kernel calls, GFLOP/s for (MC_PANELS, NC_PANELS, KC_MAX):
+#   128x768x768:         (16,16,384) 82  (16,16,768) 90  (22,8,768) 88  (22,4,768) 85
+#   128x768x3072 (B^T):  (16,16,384) 71  (16,16,768) 81  (22,8,768) 84  (22,4,768) 84
+#   1024^3:              (16,16,384) 90  (16,16,1024) 86 (22,8,1024) 95 (32,8,1024) 83
+# numpy (OpenBLAS, one thread) on the same runs: 80-86, 76-80 (no epilogue), 93-96.
+# So: no K blocking up to K = 1024 (the 16-column B slice, 64 KiB, streams from L2 fine
+# on Zen), 22 row panels (132 rows: M = 128 is one row block) and 8 column panels.
+KC_MAX = 1024
+MC_PANELS = 22
+NC_PANELS = 8
 TASKS_MIN = 8     # split blocks until there are this many tasks (2 threads, balance)
 NC_MIN = 4        # split columns down to 4 panels before splitting rows
+
+
+# Shape rule.  Measured on this machine (2 cores, shared with other jobs: CPU time, one
+# thread, min of repetitions; float32; "ours" through dispatch with the implementation
+# forced; numpy = OpenBLAS):
+#   M < 8 (decode):  linear 4x768x768: gemv 0.15 ms, gemm 0.25, numpy 0.13;
+#                    linear 2x768x3072+gelu_tanh: gemv 0.34, gemm 2.07, blas 2.17 (B packing
+#                    and 6-row tiles are wasted on 2 rows); the gemv kernel alone matches
+#                    OpenBLAS sgemv (768x768 36-38 us vs 32-37; 4096^2 2.8-3.0 ms both).
+#   small products:  64^3: blas 0.019 ms, gemm 0.035 (three parallel regions, packing);
+#                    32x256x256: blas 0.069, gemm 0.095; crossover near M*N*K = 2^21..2^22.
+#   larger:          128x768x768: gemm 1.70-1.80 ms, numpy 1.63-1.85; 1024^3: gemm 22.6-23.1,
+#                    numpy 22.3-23.1; linear 128x768x3072+gelu_tanh: gemm 7.2 (without the
+#                    epilogue) vs numpy 7.9 + a second pass.  With two threads OpenBLAS
+#                    scales 1.2-1.3x at M = 128 (1.38 ms in machine-facts.md) while gemm
+#                    splits into >= 8 dynamically scheduled tasks, so gemm goes first.
+#   (2-thread wall-clock medians could not be taken here: the load average was 12-20
+#   during this work; `python -m bench tune` can override the rule per key.)
+GEMV_ROWS = 8          # bucket(M) < 8: gemv
+SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 
 
 def _order(key):
     if key[1] == "cuda":
         return ("cuda",), "inputs are CUDA arrays"
-    m = key[4]
-    if m == 1:
-        return ("cpu-gemv", "cpu-gemm", "blas"), "M == 1: matrix-vector product, bound by reading the weights"
-    return ("cpu-gemm", "blas", "cpu-gemv"), "M > 1: cache-blocked GEMM with the fused epilogue"
+    m, n, k = key[4], key[5], key[6]
+    if m < GEMV_ROWS:
+        return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS}: matrix-vector form, bound by reading b"
+    if m * n * k < SMALL_PRODUCT:
+        return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + parallel regions"
+    return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 and M*N*K >= 2^22: cache-blocked GEMM with the fused epilogue"
 
 
 _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into 6-row / 16-column (fp64: 8) panels, "
