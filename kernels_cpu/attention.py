@@ -8,7 +8,8 @@ Layouts (all C-contiguous, prepared by dispatch/ops/attention.py):
   ``causal``: query i sees keys j <= i + Skv - Sq (diagonal aligned to the bottom right).
 
 flash (cpu-flash, cpu-serial)
-  Work item = (batch, head, tile of BQ queries).  K is first packed once per kv head into
+  Work item = (batch, kv head, tile of BQ rows), the rows of a kv head enumerating
+  (query head of its group, query), so GQA/MQA query heads share every K/V tile read.  K is first packed once per kv head into
   transposed 16-key panels ``kp (B, Hkv, ceil(Skv/16), D, 16)`` (zero padded), so that
   S = (scale*Q_tile) K^T and acc += P V both run on one register-blocked micro-kernel:
   a 4-row x 16-column block of C kept in 8 vector registers, updated by broadcast(A) x
@@ -136,43 +137,59 @@ def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumula
 
 # ---- shared pieces ---------------------------------------------------------------------
 
-def _make_rowmax(fir, width):
+def _make_rowmax(fir, width, nacc=4):
     vty = ir.VectorType(fir, width)
-    suffix = "v%d%s" % (width, "f32" if isinstance(fir, ir.FloatType) else "f64")
-    ssuf = "f32" if isinstance(fir, ir.FloatType) else "f64"
     isz = 4 if isinstance(fir, ir.FloatType) else 8
 
     @intrinsic
     def rowmax(typingctx, ptr, n, init):
-        """max(init, x[0:n]) for the n elements at address ptr, NaN ignored (llvm.maxnum),
-        in `width`-wide vectors: numba's max() is compare + select, whose reduction LLVM
-        leaves scalar (a 4-cycle dependency per element)."""
+        """max(init, x[0:n]) for the n elements at address ptr, in `width`-wide vectors with
+        `nacc` independent accumulators, then a shuffle tree.  numba's max() loop stays
+        scalar (LLVM does not vectorize a compare+select reduction without nnan), which
+        cost ~80 cycles per 64-key row.  NaN inputs give an unspecified max (the row's
+        output is NaN either way)."""
         sig = init(types.intp, types.intp, init)
 
         def codegen(context, builder, sig, args):
             ptr, n, init = args
-            i64 = ir.IntType(64)
+            i64, i32 = ir.IntType(64), ir.IntType(32)
             P = builder.inttoptr(ptr, fir.as_pointer())
-            vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty]), "llvm.maxnum." + suffix)
-            smax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fir, [fir, fir]), "llvm.maxnum." + ssuf)
-            vacc = cgutils.alloca_once(builder, vty)
+
+            def vmax(x, y):
+                return builder.select(builder.fcmp_ordered(">", x, y), x, y)
+
+            undef = ir.Constant(vty, ir.Undefined)
+            splat = builder.insert_element(undef, init, ir.Constant(i32, 0))
+            splat = builder.shuffle_vector(splat, undef, ir.Constant(ir.VectorType(i32, width), [0] * width))
+            accs = []
+            for _ in range(nacc):
+                slot = cgutils.alloca_once(builder, vty)
+                builder.store(splat, slot)
+                accs.append(slot)
+            step = width * nacc
+            nblk = builder.sdiv(n, ir.Constant(i64, step))
+            with cgutils.for_range(builder, nblk) as loop:
+                base = builder.mul(loop.index, ir.Constant(i64, step))
+                for t in range(nacc):
+                    p = builder.gep(P, [builder.add(base, ir.Constant(i64, t * width))])
+                    x = builder.load(builder.bitcast(p, vty.as_pointer()), align=isz)
+                    builder.store(vmax(builder.load(accs[t]), x), accs[t])
+            v = builder.load(accs[0])
+            for t in range(1, nacc):
+                v = vmax(v, builder.load(accs[t]))
+            h = width // 2
+            while h >= 1:
+                sh = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(i32, width),
+                                                                  [(t + h) % width for t in range(width)]))
+                v = vmax(v, sh)
+                h //= 2
             sacc = cgutils.alloca_once(builder, fir)
-            splat = builder.insert_element(ir.Constant(vty, ir.Undefined), init, ir.Constant(ir.IntType(32), 0))
-            splat = builder.shuffle_vector(splat, ir.Constant(vty, ir.Undefined),
-                                           ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
-            builder.store(splat, vacc)
-            nvec = builder.sdiv(n, ir.Constant(i64, width))
-            with cgutils.for_range(builder, nvec) as loop:
-                p = builder.bitcast(builder.gep(P, [builder.mul(loop.index, ir.Constant(i64, width))]), vty.as_pointer())
-                builder.store(builder.call(vmax, [builder.load(vacc), builder.load(p, align=isz)]), vacc)
-            v = builder.load(vacc)
-            m = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-            for t in range(1, width):
-                m = builder.call(smax, [m, builder.extract_element(v, ir.Constant(ir.IntType(32), t))])
-            builder.store(m, sacc)
-            start = builder.mul(nvec, ir.Constant(i64, width))
+            builder.store(builder.extract_element(v, ir.Constant(i32, 0)), sacc)
+            start = builder.mul(nblk, ir.Constant(i64, step))
             with cgutils.for_range_slice(builder, start, n, ir.Constant(i64, 1), inc=True) as (idx, _):
-                builder.store(builder.call(smax, [builder.load(sacc), builder.load(builder.gep(P, [idx]))]), sacc)
+                x = builder.load(builder.gep(P, [idx]))
+                m = builder.load(sacc)
+                builder.store(builder.select(builder.fcmp_ordered(">", x, m), x, m), sacc)
             return builder.load(sacc)
 
         return sig, codegen
@@ -180,8 +197,8 @@ def _make_rowmax(fir, width):
     return rowmax
 
 
-_rowmax_f32 = _make_rowmax(ir.FloatType(), 8)
-_rowmax_f64 = _make_rowmax(ir.DoubleType(), 4)
+_rowmax_f32 = _make_rowmax(ir.FloatType(), 8, 2)
+_rowmax_f64 = _make_rowmax(ir.DoubleType(), 4, 2)
 
 
 def rowmax(ptr, n, init):
@@ -213,7 +230,7 @@ def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
         srow[j] = ninf
     m_new = rowmax(srow.ctypes.data, jn, m_old)
     mu = m_new if m_new > ninf else srow.dtype.type(0)
-    alpha = fexp(m_old - mu)
+    alpha = fexp(m_old - mu) if m_new != m_old else srow.dtype.type(1)
     s = srow.dtype.type(0)
     for j in range(jn):
         p = fexp(srow[j] - mu)
@@ -240,37 +257,37 @@ def pack_k_head(kh, kph):
                     panel[d, t] = z
 
 
-@njit(parallel=True, **JIT)
-def pack_k(k, kp):
-    B, H = k.shape[0], k.shape[1]
-    for t in prange(B * H):
-        b, h = t // H, t % H
-        pack_k_head(k[b, h], kp[b, h])
-
-
 # ---- flash ---------------------------------------------------------------------------
 
 @njit(**JIT)
-def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, h, qt, qs, st, acc, mv, lv):
-    """One work item: queries qt*BQ .. of head h in batch b.  qs (BQ, D), st (BQ, BK),
-    acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers."""
+def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, acc, mv, lv):
+    """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
+    rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
+    the query heads sharing a kv head read each K/V tile once (GQA/MQA).  qs (BQ, D),
+    st (BQ, BK), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Hkv, Skv = v.shape[1], v.shape[2]
-    hk = h // (Hq // Hkv)
+    G = Hq // Hkv
     dt = q.dtype.type
     zero, ninf = dt(0), dt(-np.inf)
     isz = q.itemsize
-    i0 = qt * BQ
-    nq = min(BQ, Sq - i0)
+    r0 = qt * BQ
+    nq = min(BQ, G * Sq - r0)
     nqr = (nq + MR - 1) // MR * MR
     off = Skv - Sq
     kv_end = Skv
     if causal:
-        kv_end = min(Skv, i0 + nq + off)
+        last = Sq - 1
+        if nq < Sq:
+            last = 0
+            for r in range(nq):
+                last = max(last, (r0 + r) % Sq)
+        kv_end = min(Skv, last + off + 1)
     for r in range(nqr):
         qrow = qs[r]
         if r < nq:
-            src = q[b, h, i0 + r]
+            rr = r0 + r
+            src = q[b, hk * G + rr // Sq, rr % Sq]
             for d in range(D):
                 qrow[d] = src[d] * scale
         else:
@@ -292,16 +309,18 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, h, qt, qs, st, acc
         # S = (scale Q) K^T, 4 x 16 blocks
         for cb in range(ncb):
             bptr = kp_p + (j0 // NC + cb) * D * NC * isz
-            for r0 in range(0, nqr, MR):
-                micro(zero, qs_p + r0 * D * isz, D, 1, bptr, NC,
-                      st_p + (r0 * BK + cb * NC) * isz, BK, D, 0)
+            for rb in range(0, nqr, MR):
+                micro(zero, qs_p + rb * D * isz, D, 1, bptr, NC,
+                      st_p + (rb * BK + cb * NC) * isz, BK, D, 0)
         # masks and online softmax, row by row
         for r in range(nq):
+            rr = r0 + r
+            i = rr % Sq
             lim = jn
             if causal:
-                lim = min(jn, i0 + r + off + 1 - j0)
+                lim = min(jn, i + off + 1 - j0)
             mo = mv[r]
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mask[b, h, i0 + r], j0, mkind, mo, lv[r])
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mask[b, hk * G + rr // Sq, i], j0, mkind, mo, lv[r])
             mv[r] = mn
             lv[r] = ln
             if alpha != dt(1):
@@ -311,9 +330,9 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, h, qt, qs, st, acc
         # acc += P V
         for d0 in range(0, d16, NC):
             bptr = v_p + (j0 * D + d0) * isz
-            for r0 in range(0, nqr, MR):
-                micro(zero, st_p + r0 * BK * isz, BK, 1, bptr, D,
-                      acc_p + (r0 * D + d0) * isz, D, jn, 1)
+            for rb in range(0, nqr, MR):
+                micro(zero, st_p + rb * BK * isz, BK, 1, bptr, D,
+                      acc_p + (rb * D + d0) * isz, D, jn, 1)
         if d16 < D:
             for r in range(nq):
                 arow = acc[r]
@@ -324,7 +343,8 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, h, qt, qs, st, acc
                     for d in range(d16, D):
                         arow[d] += p * vrow[d]
     for r in range(nq):
-        orow = out[b, h, i0 + r]
+        rr = r0 + r
+        orow = out[b, hk * G + rr // Sq, rr % Sq]
         arow = acc[r]
         l = lv[r]
         if l > zero:
@@ -338,7 +358,7 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, h, qt, qs, st, acc
 
 @njit(**JIT)
 def _item_coords(t, BH, nqt):
-    """Work item t -> (bh, qt).  Query tiles are visited in the zigzag order 0, n-1, 1,
+    """Work item t -> (bh, qt).  Row tiles are visited in the zigzag order 0, n-1, 1,
     n-2, ... (outer) so that equal contiguous chunks of items carry equal causal work."""
     u = t // BH
     bh = t % BH
@@ -350,10 +370,14 @@ def _item_coords(t, BH, nqt):
 
 
 @njit(parallel=True, **JIT)
-def flash_parallel(q, kp, v, mask, mkind, causal, scale, out):
+def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
+    """kp: (B, Hkv, ceil(Skv/16), D, 16) scratch, filled here with K^T panels."""
     B, Hq, Sq, D = q.shape
-    nqt = (Sq + BQ - 1) // BQ
-    BH = B * Hq
+    Hkv = v.shape[1]
+    for t in prange(B * Hkv):
+        pack_k_head(k[t // Hkv, t % Hkv], kp[t // Hkv, t % Hkv])
+    nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
+    BH = B * Hkv
     for t in prange(BH * nqt):
         bh, qt = _item_coords(t, BH, nqt)
         qs = np.empty((BQ, D), q.dtype)
@@ -361,21 +385,24 @@ def flash_parallel(q, kp, v, mask, mkind, causal, scale, out):
         acc = np.empty((BQ, D), q.dtype)
         mv = np.empty(BQ, q.dtype)
         lv = np.empty(BQ, q.dtype)
-        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hq, bh % Hq, qt, qs, st, acc, mv, lv)
+        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv)
 
 
 @njit(**JIT)
-def flash_serial(q, kp, v, mask, mkind, causal, scale, out):
+def flash_serial(q, k, kp, v, mask, mkind, causal, scale, out):
     B, Hq, Sq, D = q.shape
-    nqt = (Sq + BQ - 1) // BQ
+    Hkv = v.shape[1]
+    for t in range(B * Hkv):
+        pack_k_head(k[t // Hkv, t % Hkv], kp[t // Hkv, t % Hkv])
+    nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     qs = np.empty((BQ, D), q.dtype)
     st = np.empty((BQ, BK), q.dtype)
     acc = np.empty((BQ, D), q.dtype)
     mv = np.empty(BQ, q.dtype)
     lv = np.empty(BQ, q.dtype)
-    for bh in range(B * Hq):
+    for bh in range(B * Hkv):
         for qt in range(nqt):
-            _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hq, bh % Hq, qt, qs, st, acc, mv, lv)
+            _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv)
 
 
 # ---- split-KV --------------------------------------------------------------------------

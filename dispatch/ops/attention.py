@@ -108,41 +108,51 @@ def _bytes(call):
 
 # ---- order rule --------------------------------------------------------------------------
 
-# Measured on this machine kind (2 cores, float32, python scratch timing interleaved): see
-# the report in kernels_cpu/attention.py's module notes and below.
-# split-KV (decode) wins while there are few query rows: with Sq <= 16 the flash kernel's
-# 64-row query tile is mostly padding and it pays a pass packing K^T; flash wins from
-# Sq = 32 on (its 4x16 micro-kernel runs ~100 GFLOP/s per core vs dot products).
-SPLITKV_MAX_SQ = 16
-# Below ~2^20 FLOPs (e.g. 1 x 4 heads x 32 x 32 x 64) a parallel launch costs more than
-# the work: single-thread flash.
-SERIAL_MAX_FLOPS = 1 << 20
-_MEASURED = "float32, measured side by side on 2 cores"
+# Shape rule, from measurements on this machine kind (2 cores; float32; causal; medians of
+# interleaved runs, single-thread CPU time to see through other jobs' load; 1 thread):
+#  * split-KV vs flash by the query rows per kv head R = G * Sq (G = Hq // Hkv):
+#      Hq=Hkv=32, Skv=4096, D=128:  R=1: 7.9 vs 31 ms, R=8: 21 vs 37, R=16: 45 vs 49, R=32: 88 vs 64
+#      Hq=32, Hkv=4, Skv=4096, D=128:  R=8: 3.1 vs 4.0, R=16: 5.5 vs 5.8, R=32: 9.4 vs 6.7
+#      Hq=Hkv=12, Skv=1024, D=64:  R=4: 0.77 vs 1.09, R=8: 1.5 vs 1.85, R=16: 2.6 vs 2.1
+#    split-KV streams K/V once with dot products (memory-bound decode, no K^T packing pass);
+#    flash's 4x16 register-blocked micro-kernel wins once a kv head has > 8-16 query rows.
+#    Rule: split-KV when bucket(G) * bucket(Sq) <= 8 (exact sizes: both are <= 16).
+SPLITKV_MAX_ROWS = 8
+#  * serial vs threaded flash: below ~2^21 FLOPs (4 B Hq Sq Skv D; e.g. 1x4x32x32x64 = 2^20)
+#    the thread launch costs as much as the work (tens of microseconds).
+SERIAL_MAX_FLOPS = 1 << 21
 
 
 def _order(key):
     if key[1] == "cuda":
         return ("cuda-flash", "cuda-splitkv"), "inputs are CUDA arrays"
-    bh, sq, skv, d = key[3], key[4], key[5], key[6]
-    if sq <= SPLITKV_MAX_SQ:
+    bh, sq, skv, d, g = key[3], key[4], key[5], key[6], key[7]
+    rows = g * sq
+    if rows <= SPLITKV_MAX_ROWS:
         return (("cpu-splitkv", "cpu-flash", "cpu-serial"),
-                f"Sq bucket {sq} <= {SPLITKV_MAX_SQ}: decode shape, split the KV length over threads ({_MEASURED})")
+                f"{rows} query rows per kv head <= {SPLITKV_MAX_ROWS}: decode shape, split-KV streams K/V "
+                "once, split over threads")
     work = 4 * bh * sq * skv * d
     if work < SERIAL_MAX_FLOPS:
         return (("cpu-serial", "cpu-flash", "cpu-splitkv"),
-                f"~{work} FLOPs < {SERIAL_MAX_FLOPS}: too little work for threads ({_MEASURED})")
+                f"~{work} FLOPs < {SERIAL_MAX_FLOPS}: less work than a thread launch costs")
     return (("cpu-flash", "cpu-serial", "cpu-splitkv"),
-            f"Sq bucket {sq} > {SPLITKV_MAX_SQ}: flash tiles of {K.BQ} queries x {K.BK} keys over threads ({_MEASURED})")
+            f"{rows} query rows per kv head > {SPLITKV_MAX_ROWS}: flash tiles of {K.BQ} rows x {K.BK} keys "
+            "over threads")
 
 
 # ---- host implementations ----------------------------------------------------------------
+
+_ZERO = bytes(8)  # backing store of the dummy mask: a read-only zero with all strides 0
+
 
 def _prepare(q, k, v, mask, out):
     qc, kc, vc = contiguous(q), contiguous(k), contiguous(v)
     B, Hq, Sq, D = q.shape
     Skv = k.shape[2]
-    if mask is None:
-        m4, mkind = np.broadcast_to(np.zeros(1, q.dtype), (B, Hq, Sq, Skv)), K.MASK_NONE
+    if mask is None:  # (np.broadcast_to costs ~5 us; this view is the same thing)
+        m4 = np.ndarray((B, Hq, Sq, Skv), q.dtype, buffer=_ZERO, strides=(0, 0, 0, 0))
+        mkind = K.MASK_NONE
     else:
         m4 = np.broadcast_to(mask, (B, Hq, Sq, Skv))
         mkind = K.MASK_BOOL if mask.dtype == np.bool_ else K.MASK_ADD
@@ -150,19 +160,13 @@ def _prepare(q, k, v, mask, out):
     return qc, kc, vc, m4, mkind, res
 
 
-def _packed_k(kc):
-    B, Hkv, Skv, D = kc.shape
-    kp = np.empty((B, Hkv, (Skv + K.NC - 1) // K.NC, D, K.NC), kc.dtype)
-    if kp.size:
-        K.pack_k(kc, kp)
-    return kp
-
-
 def _run_flash(kernel):
     def run(params, q, k, v, mask, causal, scale, out):
         qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
         if res.size:
-            kernel(qc, _packed_k(kc), vc, m4, mkind, causal, q.dtype.type(scale), res)
+            B, Hkv, Skv, D = kc.shape
+            kp = np.empty((B, Hkv, (Skv + K.NC - 1) // K.NC, D, K.NC), kc.dtype)  # K^T panels, filled by the kernel
+            kernel(qc, kc, kp, vc, m4, mkind, causal, q.dtype.type(scale), res)
         return deliver(res, out)
 
     return run
