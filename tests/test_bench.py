@@ -296,7 +296,7 @@ def test_asv_classes_come_from_the_registry():
     assert impls[0] == "dispatch" and "numpy" in impls and "cuda" in impls
     assert set(registry.OPS["relu"].implementations) & set(impls)
     assert case_names == [c.name for c in C.CASES if c.op == "relu"]
-    assert "ReluFirstCall" in classes and hasattr(relu, "track_gbs")
+    assert "ReluFirstCall" in classes and hasattr(relu, "track_ms_per_gb")
     b = relu()
     if not _suite._cuda_available():
         with pytest.raises(NotImplementedError):

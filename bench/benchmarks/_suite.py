@@ -13,9 +13,11 @@ Benchmarks:
   <Op>FirstCall.timeraw_cold / timeraw_warm (param: case): the first call of
                           dispatch.<op> in a fresh process, with an empty NUMBA_CACHE_DIR
                           (cold: every kernel compiles) or one filled beforehand (warm)
-  track_gflops / track_gbs achieved GFLOP/s (compute-bound families) or GB/s (the others).
-                          asv has no "higher is better": for these a rise is an
-                          IMPROVEMENT even though `asv compare` lists it as "worse".
+  track_ms_per_gflop / track_ms_per_gb
+                          achieved throughput, inverted: 1000 / GFLOP/s (matmul, linear,
+                          attention) or 1000 / GB/s (the memory-bound families).  asv has
+                          no "higher is better", so rates are tracked inverted: lower is
+                          better, as for times, and `asv continuous` flags slowdowns only.
   peakmem_op              (attention only) peak resident memory of the call
 """
 from __future__ import annotations
@@ -177,18 +179,23 @@ def op_benchmark(op: str):
             st = timing.time_one(self.fn, rounds=3, warmup=0, batch_s=0.02)
             return work / st.median / 1e9
 
+    # Achieved rates, tracked inverted (ms per GFLOP = 1000 / GFLOP/s, ms per GB = 1000 / GB/s):
+    # asv has no "higher is better", so a rising GFLOP/s would read as a regression and make
+    # `asv continuous` fail on a speed-up.  Inverted, lower is better like every asv number.
     if family in COMPUTE_BOUND:
-        def track_gflops(self, impl, case_name):
-            return self._rate(self.flops) if self.flops else float("nan")
+        def track_ms_per_gflop(self, impl, case_name):
+            """1000 / achieved GFLOP/s (lower is better)."""
+            return 1e3 / self._rate(self.flops) if self.flops else float("nan")
 
-        track_gflops.unit = "GFLOP/s"
-        Bench.track_gflops = track_gflops
+        track_ms_per_gflop.unit = "ms/GFLOP"
+        Bench.track_ms_per_gflop = track_ms_per_gflop
     else:
-        def track_gbs(self, impl, case_name):
-            return self._rate(self.nbytes) if self.nbytes else float("nan")
+        def track_ms_per_gb(self, impl, case_name):
+            """1000 / achieved GB/s (lower is better)."""
+            return 1e3 / self._rate(self.nbytes) if self.nbytes else float("nan")
 
-        track_gbs.unit = "GB/s"
-        Bench.track_gbs = track_gbs
+        track_ms_per_gb.unit = "ms/GB"
+        Bench.track_ms_per_gb = track_ms_per_gb
     if family == "attention":
         def peakmem_op(self, impl, case_name):
             self.fn()
