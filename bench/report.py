@@ -242,7 +242,8 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
         try:
             run, conv = P.prepare(peer, case, inputs)
         except P.Unavailable as exc:
-            row["notes"].append(f"{peer}: {exc}")
+            if "not installed" not in str(exc):  # an absent library is said once, in the machine section
+                row["notes"].append(f"{peer}: {exc}")
             continue
         except Exception as exc:  # noqa: BLE001 - a peer that fails to build is skipped, not fatal
             row["notes"].append(f"{peer}: could not prepare ({exc.__class__.__name__}: {str(exc)[:100]})")
