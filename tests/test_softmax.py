@@ -70,7 +70,7 @@ def test_every_axis(name, fn, reference, impl, shape, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name, fn, reference, impl", _cases(OPS))
 def test_transposed_and_sliced_views(name, fn, reference, impl, dtype):
-    base = randn(rng(), (40, 70) if ON_CUDA else (300, 130), dtype)
+    base = randn(rng(), (20, 37) if ON_CUDA else (300, 130), dtype)
     for view in (base.T, base[3:31:2, 5:], base[::-1, ::3]):
         got = run(impl, fn, view, _op=name)
         assert_close(got, reference(view), _tol(dtype, view.shape[-1]), name + " view")
@@ -120,7 +120,7 @@ def test_neg_inf_entries_and_nonfinite_rows(name, fn, reference, impl, dtype):
         assert np.all(np.isneginf(got[0, ::3])) and got[2, -1] == 0
 
 
-_hyp_settings = settings(max_examples=8 if ON_CUDA else 40, deadline=None)
+_hyp_settings = settings(max_examples=5 if ON_CUDA else 40, deadline=None)
 
 
 @pytest.mark.parametrize("impl", [p.values[0] for p in impl_params("softmax")])
@@ -321,3 +321,13 @@ def test_cross_entropy_out_of_range_with_every_impl():
 def test_explain_names_the_rule():
     text = str(dispatch.explain("softmax", np.ones((4, 8), np.float32), 0))
     assert "chosen: cpu-" in text and "moved last" in text
+
+
+@cpu_only
+def test_empty_inputs():
+    assert dispatch.softmax(np.ones((0, 5), np.float32)).shape == (0, 5)
+    assert dispatch.log_softmax(np.ones((3, 0), np.float32), 0).shape == (3, 0)
+    logits, t = np.ones((0, 4), np.float32), np.zeros(0, np.int64)
+    assert np.isnan(dispatch.cross_entropy(logits, t))  # mean over no rows, as PyTorch
+    assert dispatch.cross_entropy(logits, t, reduction="sum") == 0
+    assert dispatch.cross_entropy(logits, t, reduction="none").shape == (0,)
