@@ -7,22 +7,26 @@ output batch ``i`` is ``a3[a_idx[i]] @ b3[b_idx[i]]`` (numpy batch broadcasting 
 the index arrays).  ``bias`` has N entries (zeros when the call has no bias); ``code`` is
 an approx.ACT_* activation applied after the bias.
 
-gemm_parallel: the cache-blocked GEMM (the BLIS design).
-  1. pack A into MR-row panels ``Ap[ba, panel, k, 0:MR]`` and B into NR-column panels
-     ``Bp[bb, panel, k, 0:NR]`` (zero padded at the edges), in parallel;
-  2. prange over (batch x row block x column block) tasks; a task walks K in blocks of
-     kc and for each (NR panel, MR panel) pair runs the micro-kernel: MR x NR
-     accumulators in vector registers, kc steps of "broadcast A, vector-load B, FMA".
-     The NR x kc slice of packed B stays in L1 while the task's MR panels stream from L2;
-  3. the tile goes to the output while it is hot: the first K block stores, later ones
-     add, and the last one applies bias + activation (the fused epilogue).
+gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
+  1. pack A into MR-row panels ``ap[ba, panel, k, 0:MR]`` and B into NR-column panels
+     ``bp[bb, panel, k, 0:NR]`` (zero padded at the edges; transposed sources go through
+     a register-transpose intrinsic); workers take panels from an atomic counter;
+  2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
+     scheduling: a thread that loses its core to another process does not hold up the
+     other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
+     the micro-kernel: MR x NR accumulators in vector registers, kc steps of
+     "broadcast A, vector-load B, FMA", then the tile is stored into the output (first K
+     block) or added to it (later blocks) straight from the registers;
+  3. bias + activation are applied to the task's block right after its last K block,
+     while the block is in L2 (the fused epilogue: no extra pass over the output).
 
 The micro-kernel is an LLVM-IR intrinsic (see `_micro_kernel`): numba leaves LLVM's SLP
 vectorizer off, so an unrolled scalar version stays scalar, and a loop version gets its k
 loop vectorized (the wrong loop).  The intrinsic emits the vector loop directly:
 float32 6 x 16 (12 ymm accumulators), float64 6 x 8, using only 8 x f32 / 4 x f64 vectors
-and fma, i.e. AVX2 + FMA (LLVM lowers the same IR to SSE on older CPUs).  Measured alone
-in L1 on this machine: 105-110 GFLOP/s per core in float32.
+and fma, i.e. AVX2 + FMA (LLVM lowers the same IR for other x86 levels).  Measured alone
+in L1 on this machine: 105-110 GFLOP/s per core in float32; the whole GEMM 90-95 GFLOP/s
+on one thread at 1024^3 (OpenBLAS 91-96).
 
 gemv_parallel: for M == 1 (decode).  prange over (batch x blocks of GEMV_NB outputs);
 with ``transb`` each output is a dot product with a contiguous weight row, else the block
@@ -137,17 +141,20 @@ def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
 
 
 @intrinsic
-def _fetch_add(typingctx, arr, val):
-    """Atomically arr[0] += val; returns the old value (int64 arrays)."""
+def _fetch_add(typingctx, arr, idx, val):
+    """Atomically arr[idx] += val and return the old value (int64 array, no bounds check);
+    val = 0 is an atomic read.  Sequentially consistent: a full barrier on x86, so data
+    written before a fetch_add is visible to a thread that sees its result."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr = context.make_array(sig.args[0])(context, builder, args[0]).data
-        v = context.cast(builder, args[1], sig.args[1], types.int64)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
         return builder.atomic_rmw("add", ptr, v, "seq_cst")
 
-    return types.int64(arr, val), codegen
+    return types.int64(arr, idx, val), codegen
 
 
 # ---- epilogue ------------------------------------------------------------------------------
@@ -279,43 +286,6 @@ def _pack_panel(src, s0, ld, step, nrows, K, dst, d0, R):
                 dst[_U(d + r)] = zero
 
 
-@njit(parallel=True, **JIT)
-def _pack_a(a3, transa, ap, M, K):
-    """ap[ba, p, k, i] = A_ba[p*MR + i, k] (0 beyond M); A_ba = a3[ba] or its transpose."""
-    nba = a3.shape[0]
-    mp = ap.shape[1]
-    src = a3.reshape(-1)
-    dst = ap.reshape(-1)
-    for task in prange(nba * mp):
-        ba = task // mp
-        p = task - ba * mp
-        i0 = p * MR
-        base = ba * M * K
-        if transa:  # (K, M): element (i, k) at k*M + i
-            _pack_panel(src, base + i0, 1, M, min(MR, M - i0), K, dst, task * K * MR, MR)
-        else:       # (M, K): element (i, k) at i*K + k
-            _pack_panel(src, base + i0 * K, K, 1, min(MR, M - i0), K, dst, task * K * MR, MR)
-
-
-@njit(parallel=True, **JIT)
-def _pack_b(b3, transb, bp, N, K):
-    """bp[bb, p, k, j] = B_bb[k, p*NR + j] (0 beyond N); B_bb = b3[bb] or its transpose."""
-    nbb = b3.shape[0]
-    npn = bp.shape[1]
-    nr_full = _nr(bp)
-    src = b3.reshape(-1)
-    dst = bp.reshape(-1)
-    for task in prange(nbb * npn):
-        bb = task // npn
-        p = task - bb * npn
-        j0 = p * nr_full
-        base = bb * N * K
-        if transb:  # (N, K): element (k, j) at j*K + k
-            _pack_panel(src, base + j0 * K, K, 1, min(nr_full, N - j0), K, dst, task * K * nr_full, nr_full)
-        else:       # (K, N): element (k, j) at k*N + j
-            _pack_panel(src, base + j0, 1, N, min(nr_full, N - j0), K, dst, task * K * nr_full, nr_full)
-
-
 # ---- GEMM ------------------------------------------------------------------------------------
 
 @njit(parallel=True, **JIT)
@@ -332,22 +302,47 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     nr_full = _nr(out3)
     mp = (M + MR - 1) // MR
     npn = (N + nr_full - 1) // nr_full
-    _pack_a(a3, transa, ap, M, K)
-    _pack_b(b3, transb, bp, N, K)
+    asrc = a3.reshape(-1)
+    bsrc = b3.reshape(-1)
     apf = ap.reshape(-1)
     bpf = bp.reshape(-1)
     cf = out3.reshape(-1)
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
-    # dynamic scheduling: each worker takes the next task from a shared counter, so when
-    # another process takes part of a core the other thread does more of the blocks
-    # instead of waiting at the join (numba's own set_parallel_chunksize would stop the
-    # function from being cached)
+    n_pack_a = a3.shape[0] * mp
+    n_pack = n_pack_a + b3.shape[0] * npn
     ntasks = nbatch * nmb * nnb
-    counter = np.zeros(1, np.int64)
-    for worker in prange(min(nworkers, ntasks)):
+    # One parallel region, scheduled through atomic counters: [0] next panel to pack,
+    # [1] panels packed, [2] next GEMM task.  A worker that starts late finds the work
+    # taken instead of holding the others up, so a core lost to another process costs
+    # one thread wake-up rather than one per phase (numba's set_parallel_chunksize would
+    # also give dynamic scheduling but makes the function uncachable).
+    counter = np.zeros(3, np.int64)
+    for worker in prange(min(nworkers, max(ntasks, 1))):
         while True:
-            task = _fetch_add(counter, 1)
+            i = _fetch_add(counter, 0, 1)
+            if i >= n_pack:
+                break
+            if i < n_pack_a:    # A panel: ap[ba, p] from A_ba rows p*MR ...
+                ba = i // mp
+                i0 = (i - ba * mp) * MR
+                if transa:      # (K, M): element (i, k) at k*M + i
+                    _pack_panel(asrc, ba * M * K + i0, 1, M, min(MR, M - i0), K, apf, i * K * MR, MR)
+                else:           # (M, K): element (i, k) at i*K + k
+                    _pack_panel(asrc, ba * M * K + i0 * K, K, 1, min(MR, M - i0), K, apf, i * K * MR, MR)
+            else:               # B panel: bp[bb, q] from B_bb columns q*NR ...
+                j = i - n_pack_a
+                bb = j // npn
+                j0 = (j - bb * npn) * nr_full
+                if transb:      # (N, K): element (k, j) at j*K + k
+                    _pack_panel(bsrc, bb * N * K + j0 * K, K, 1, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+                else:           # (K, N): element (k, j) at k*N + j
+                    _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+            _fetch_add(counter, 1, 1)
+        while _fetch_add(counter, 1, 0) < n_pack:
+            pass                # another worker is finishing its last panel
+        while True:
+            task = _fetch_add(counter, 2, 1)
             if task >= ntasks:
                 break
             bi = task // (nmb * nnb)
