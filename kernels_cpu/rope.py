@@ -16,8 +16,9 @@ import numba
 from numba import njit, prange
 
 from .approx import JIT
+from .softmax import tasks_for
 
-ROWS_PER_TASK = 64  # rows per parallel task (64 x 128 floats = 32 KiB)
+ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB)
 
 
 @njit(**JIT)
@@ -65,6 +66,8 @@ def rope_serial(x, cos, sin, out, interleaved):
 @njit(parallel=True, **JIT)
 def rope_parallel(x, cos, sin, out, interleaved):
     n = x.shape[0]
-    tasks = max(min(numba.get_num_threads() * 4, (n + ROWS_PER_TASK - 1) // ROWS_PER_TASK), 1)
+    tasks = min(tasks_for(n), max((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK, 1))
+    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         rope_rows(x, cos, sin, out, k * n // tasks, (k + 1) * n // tasks, interleaved)
+    numba.set_parallel_chunksize(chunk)

@@ -237,10 +237,18 @@ def softmax_rows(x, out, log, lo, hi):
                 orow[j] *= inv
 
 
+# Parallel kernels split the rows into TASKS_PER_THREAD contiguous blocks per thread, handed
+# out dynamically (parallel chunk size 1): when another process takes a core, the other
+# thread takes more blocks instead of waiting for a fixed half.  Measured on (4096, 1024)
+# softmax with other jobs running: best of 15 9.9 ms for a static half per thread, 2.5-2.7
+# ms for 8-32 dynamic blocks per thread (medians 28 vs 18-21 ms; the machine was loaded).
+TASKS_PER_THREAD = 8
+
+
 @njit(**JIT)
 def tasks_for(n):
-    """Parallel tasks for n rows: one contiguous block of rows per thread."""
-    return max(min(numba.get_num_threads(), n), 1)
+    """Number of row blocks for n rows (at least 1, at most n)."""
+    return max(min(numba.get_num_threads() * TASKS_PER_THREAD, n), 1)
 
 
 @njit(**JIT)
@@ -252,8 +260,10 @@ def softmax_serial(x, out, log):
 def softmax_parallel(x, out, log):
     n = x.shape[0]
     tasks = tasks_for(n)
+    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         softmax_rows(x, out, log, k * n // tasks, (k + 1) * n // tasks)
+    numba.set_parallel_chunksize(chunk)
 
 
 @njit(**JIT)
@@ -305,8 +315,10 @@ def cross_entropy_parallel(x, targets, ignore_index, losses):
     tasks = tasks_for(n)
     total = 0.0
     count = 0
+    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         t, c = cross_entropy_rows(x, targets, ignore_index, losses, k * n // tasks, (k + 1) * n // tasks)
         total += t
         count += c
+    numba.set_parallel_chunksize(chunk)
     return total, count
