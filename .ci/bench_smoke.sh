@@ -17,10 +17,12 @@ asv machine --yes --machine ci-smoke >/dev/null
 # -a repeat/rounds/warmup: one sample per benchmark, like --quick, but results are saved for
 # `asv publish` (--quick does not save); --set-commit-hash: an existing environment saves
 # results only with it.
+set +e
 NK_ASV_QUICK=1 asv run --machine ci-smoke --environment "existing:$(command -v python)" \
     -a repeat=1 -a rounds=1 -a warmup_time=0 --set-commit-hash "$(git rev-parse HEAD)" \
-    --show-stderr 2>&1 | tee "$work/asv.log" | grep -E "^\[.*\] ··· [a-z_]+\." || true
+    --show-stderr 2>&1 | tee "$work/asv.log" | grep --line-buffered -E "^\[.*\] ··· [a-z_]+\."
 status=${PIPESTATUS[0]}
+set -e
 if [ "$status" -ne 0 ] || grep -qE "failed|Traceback" "$work/asv.log"; then
     grep -B3 -A25 -E "failed|Traceback" "$work/asv.log" | head -120
     echo "asv smoke run FAILED (asv exit status $status)"
