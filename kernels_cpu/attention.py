@@ -29,7 +29,7 @@ split-KV (cpu-splitkv)
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, prange, set_parallel_chunksize, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -378,6 +378,9 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
         pack_k_head(k[t // Hkv, t % Hkv], kp[t // Hkv, t % Hkv])
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     BH = B * Hkv
+    # Items are handed out one at a time (dynamic), not in one static block per thread: a
+    # thread that the OS pauses (2 shared cores) does not hold back the whole call.
+    prev = set_parallel_chunksize(1)
     for t in prange(BH * nqt):
         bh, qt = _item_coords(t, BH, nqt)
         qs = np.empty((BQ, D), q.dtype)
@@ -386,6 +389,7 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
         mv = np.empty(BQ, q.dtype)
         lv = np.empty(BQ, q.dtype)
         _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv)
+    set_parallel_chunksize(prev)
 
 
 @njit(**JIT)
@@ -492,6 +496,7 @@ def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len
     R = G * Sq
     nrc = (R + RC - 1) // RC
     n1 = B * Hkv * nsplit * nrc
+    prev = set_parallel_chunksize(1)  # dynamic hand-out, as in flash_parallel
     for t in prange(n1):
         rc = t % nrc
         u = t // nrc
@@ -502,6 +507,7 @@ def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len
         acc = np.empty((RC, D), q.dtype)
         _split_item(q, k, v, mask, mkind, causal, scale, bh // Hkv, bh % Hkv, sp, rc, split_len,
                     pm, pl, pacc, qs, st, acc)
+    set_parallel_chunksize(prev)
     for t in prange(B * Hkv * R):
         rr = t % R
         bh = t // R
