@@ -40,7 +40,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
 
 MR = 6            # rows of the register tile (both dtypes)
 NR_F32 = 16       # columns of the register tile: 2 vectors of 8 float32
