@@ -29,18 +29,22 @@ def act_fn(acc_np):
     c2 = acc_np(2.0 * SQRT_2_OVER_PI)
     cg = acc_np(0.044715)
     inv_sqrt2 = acc_np(INV_SQRT2)
+    # exp's argument is clamped where exp would overflow anyway (x / (1 + inf) = -0 then):
+    # same result to within the type's smallest normals, and the CUDA simulator (Python's
+    # math.exp raises OverflowError) computes what the GPU does.
+    big = acc_np(88.0 if acc_np == np.float32 else 708.0)
 
     @device
     def act(x, code):
         if code == ACT_RELU:
             return max(x, zero)
         if code == ACT_SILU:
-            return x / (one + math.exp(-x))
+            return x / (one + math.exp(min(-x, big)))
         if code == ACT_GELU:
             return half * x * math.erfc(-x * inv_sqrt2)
         if code == ACT_GELU_TANH:
             u = c2 * (x + cg * x * x * x)
-            return x / (one + math.exp(-u))
+            return x / (one + math.exp(min(-u, big)))
         return x
 
     return act

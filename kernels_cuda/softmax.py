@@ -41,11 +41,12 @@ def _helpers(acc_np):
 
     @device
     def finish(m, s):
-        """(max, 1/sum, log-sum-exp) for the write pass; +inf in the row gives NaN."""
+        """(max, 1/sum, log(sum)) for the write pass; +inf in the row gives NaN.  Callers
+        form (x - max) - log(sum): x - max is exact, so large offsets keep full precision."""
         if m == pos_inf:
             s = nan
-        lse = m + math.log(s) if s > zero else neg_inf  # s == 0: the row is all -inf
-        return m, one / s, lse
+        logs = neg_inf if s == zero else math.log(s)  # s == 0: all -inf; NaN s stays NaN
+        return m, one / s, logs
 
     return acc, neg_inf, zero, one, update, finish
 
@@ -65,10 +66,10 @@ def warp_rows(acc_np):
         for j in range(lane, n, 32):
             m, s = update(m, s, acc(x[row, j]))
         m, s = warp_max_sumexp(m, s)
-        m, inv, lse = finish(m, s)
+        m, inv, logs = finish(m, s)
         if log:
             for j in range(lane, n, 32):
-                out[row, j] = acc(x[row, j]) - lse
+                out[row, j] = (acc(x[row, j]) - m) - logs
         else:
             for j in range(lane, n, 32):
                 out[row, j] = math.exp(acc(x[row, j]) - m) * inv
@@ -93,10 +94,10 @@ def block_rows(acc_np):
             for j in range(t, n, nt):
                 m, s = update(m, s, acc(x[row, j]))
             m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
-            m, inv, lse = finish(m, s)
+            m, inv, logs = finish(m, s)
             if log:
                 for j in range(t, n, nt):
-                    out[row, j] = acc(x[row, j]) - lse
+                    out[row, j] = (acc(x[row, j]) - m) - logs
             else:
                 for j in range(t, n, nt):
                     out[row, j] = math.exp(acc(x[row, j]) - m) * inv
@@ -120,10 +121,10 @@ def columns(acc_np):
         m, s = neg_inf, zero
         for j in range(n):
             m, s = update(m, s, acc(x[o, j, i]))
-        m, inv, lse = finish(m, s)
+        m, inv, logs = finish(m, s)
         if log:
             for j in range(n):
-                out[o, j, i] = acc(x[o, j, i]) - lse
+                out[o, j, i] = (acc(x[o, j, i]) - m) - logs
         else:
             for j in range(n):
                 out[o, j, i] = math.exp(acc(x[o, j, i]) - m) * inv
@@ -161,9 +162,9 @@ def cross_entropy_rows(acc_np):
         for j in range(lane, c, 32):
             m, s = update(m, s, acc(logits[row, j]))
         m, s = warp_max_sumexp(m, s)
-        m, inv, lse = finish(m, s)
+        m, inv, logs = finish(m, s)
         if lane == 0:
-            losses[row] = lse - acc(logits[row, t])
+            losses[row] = (m - acc(logits[row, t])) + logs
             valid[row] = one
         return
 
@@ -197,9 +198,9 @@ def cross_entropy_block_rows(acc_np):
                 for j in range(tid, c, nt):
                     m, s = update(m, s, acc(logits[row, j]))
                 m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
-                m, inv, lse = finish(m, s)
+                m, inv, logs = finish(m, s)
                 if tid == 0:
-                    losses[row] = lse - acc(logits[row, t])
+                    losses[row] = (m - acc(logits[row, t])) + logs
                     valid[row] = one
             row += cuda.gridDim.x
 

@@ -4,8 +4,8 @@ The simulator runs every thread of a block as a Python thread but has no warp-le
 primitives (``shfl_*_sync``, ``syncwarp``, ``ballot_sync``, ``activemask`` raise
 AttributeError).  ``install()`` adds them to the simulator's fake ``cuda`` module,
 emulated lane by lane: the lanes named in the mask publish their value in a per-warp slot
-table, meet at a per-warp barrier, read the source lane's slot and meet again before the
-slots can be reused.  Semantics follow the PTX ISA for width 32: a source lane outside
+table, meet at a per-warp barrier and read the source lane's slot (two tables used
+alternately, so the slots of one primitive are never overwritten while being read).  Semantics follow the PTX ISA for width 32: a source lane outside
 [0, 32) (shfl_up/down) returns the lane's own value.  Reading a lane that is not in the
 mask, or naming lanes that do not exist in the block, raises (it is undefined on
 hardware), so a kernel that shuffles with exited lanes fails here instead of passing.
@@ -19,9 +19,20 @@ TIMEOUT_S = 120.0
 
 
 class _Warp:
+    """Per-warp barrier and two slot tables used alternately: a lane writes table p, meets
+    the others, reads table p; the next primitive uses table 1 - p, so one barrier per
+    primitive suffices (a lane can only overwrite table p after every lane has passed the
+    next barrier, i.e. finished reading it)."""
+
     def __init__(self, parties):
         self.barrier = threading.Barrier(parties, timeout=TIMEOUT_S)
-        self.slots = [None] * 32
+        self.slots = ([None] * 32, [None] * 32)
+        self.phase = [0] * 32
+
+    def table(self, lane):
+        p = self.phase[lane]
+        self.phase[lane] = 1 - p
+        return self.slots[p]
 
 
 def _lane_warp():
@@ -54,17 +65,15 @@ def _state(mod, mask):
 
 def _exchange(mod, mask, value, src_of):
     st, lane, mask = _state(mod, mask)
-    st.slots[lane] = value
+    slots = st.table(lane)
+    slots[lane] = value
     st.barrier.wait()
     src = src_of(lane)
     if src is None:
-        out = value
-    else:
-        if not (mask >> src) & 1:
-            raise RuntimeError(f"lane {lane} reads lane {src}, which is not in mask {mask:#x}")
-        out = st.slots[src]
-    st.barrier.wait()
-    return out
+        return value
+    if not (mask >> src) & 1:
+        raise RuntimeError(f"lane {lane} reads lane {src}, which is not in mask {mask:#x}")
+    return slots[src]
 
 
 def shfl_sync(self, mask, value, src_lane):
@@ -90,13 +99,13 @@ def syncwarp(self, mask=0xFFFFFFFF):
 
 def ballot_sync(self, mask, predicate):
     st, lane, mask = _state(self, mask)
-    st.slots[lane] = bool(predicate)
+    slots = st.table(lane)
+    slots[lane] = bool(predicate)
     st.barrier.wait()
     bits = 0
     for i in range(32):
-        if (mask >> i) & 1 and st.slots[i]:
+        if (mask >> i) & 1 and slots[i]:
             bits |= 1 << i
-    st.barrier.wait()
     return bits
 
 
@@ -138,4 +147,11 @@ def install() -> bool:
         return devicearray.FakeShape(self._ary.shape)
 
     devicearray.FakeCUDAArray.shape = property(shape)
+
+    # The simulator's block manager polls its threads in a busy loop; with the default 5 ms
+    # GIL switch interval every barrier (syncthreads, and the warp barrier above) waits for
+    # that loop to yield.  0.5 ms made barrier-heavy kernels 2-4x faster here.
+    import sys
+
+    sys.setswitchinterval(5e-4)
     return True
