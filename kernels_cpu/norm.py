@@ -17,11 +17,10 @@ residual, pass has_res=False and any arrays of x's shape for r and h (they are n
 """
 import math
 
-import numba
 from numba import njit, prange
 
 from .approx import JIT
-from .softmax import like, tasks_for
+from .softmax import like, run_dynamic, tasks_for
 
 
 @njit(**JIT)
@@ -103,13 +102,15 @@ def layer_norm_serial(x, r, h, w, b, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
+def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, tasks):
     n = x.shape[0]
-    tasks = tasks_for(n)
-    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         layer_norm_rows(x, r, h, w, b, eps, out, has_res, k * n // tasks, (k + 1) * n // tasks)
-    numba.set_parallel_chunksize(chunk)
+
+
+def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
+    """layer_norm_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
+    run_dynamic(_layer_norm_parallel, tasks_for(x.shape[0]), x, r, h, w, b, eps, out, has_res)
 
 
 @njit(**JIT)
@@ -118,10 +119,12 @@ def rms_norm_serial(x, r, h, w, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def rms_norm_parallel(x, r, h, w, eps, out, has_res):
+def _rms_norm_parallel(x, r, h, w, eps, out, has_res, tasks):
     n = x.shape[0]
-    tasks = tasks_for(n)
-    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         rms_norm_rows(x, r, h, w, eps, out, has_res, k * n // tasks, (k + 1) * n // tasks)
-    numba.set_parallel_chunksize(chunk)
+
+
+def rms_norm_parallel(x, r, h, w, eps, out, has_res):
+    """rms_norm_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
+    run_dynamic(_rms_norm_parallel, tasks_for(x.shape[0]), x, r, h, w, eps, out, has_res)

@@ -245,10 +245,20 @@ def softmax_rows(x, out, log, lo, hi):
 TASKS_PER_THREAD = 8
 
 
-@njit(**JIT)
 def tasks_for(n):
     """Number of row blocks for n rows (at least 1, at most n)."""
     return max(min(numba.get_num_threads() * TASKS_PER_THREAD, n), 1)
+
+
+def run_dynamic(kernel, tasks, *args):
+    """kernel(*args, tasks) with prange iterations handed out one at a time.  Set here, in
+    Python: numba.get_num_threads / set_parallel_chunksize inside a kernel make it
+    uncacheable (they are "dynamic globals"), so it would recompile in every process."""
+    old = numba.set_parallel_chunksize(1)
+    try:
+        return kernel(*args, tasks)
+    finally:
+        numba.set_parallel_chunksize(old)
 
 
 @njit(**JIT)
@@ -257,13 +267,15 @@ def softmax_serial(x, out, log):
 
 
 @njit(parallel=True, **JIT)
-def softmax_parallel(x, out, log):
+def _softmax_parallel(x, out, log, tasks):
     n = x.shape[0]
-    tasks = tasks_for(n)
-    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         softmax_rows(x, out, log, k * n // tasks, (k + 1) * n // tasks)
-    numba.set_parallel_chunksize(chunk)
+
+
+def softmax_parallel(x, out, log):
+    """softmax_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
+    run_dynamic(_softmax_parallel, tasks_for(x.shape[0]), x, out, log)
 
 
 @njit(**JIT)
@@ -310,15 +322,17 @@ def cross_entropy_serial(x, targets, ignore_index, losses):
 
 
 @njit(parallel=True, **JIT)
-def cross_entropy_parallel(x, targets, ignore_index, losses):
+def _cross_entropy_parallel(x, targets, ignore_index, losses, tasks):
     n = x.shape[0]
-    tasks = tasks_for(n)
     total = 0.0
     count = 0
-    chunk = numba.set_parallel_chunksize(1)
     for k in prange(tasks):
         t, c = cross_entropy_rows(x, targets, ignore_index, losses, k * n // tasks, (k + 1) * n // tasks)
         total += t
         count += c
-    numba.set_parallel_chunksize(chunk)
     return total, count
+
+
+def cross_entropy_parallel(x, targets, ignore_index, losses):
+    """cross_entropy_serial's result, row blocks split over numba's threads."""
+    return run_dynamic(_cross_entropy_parallel, tasks_for(x.shape[0]), x, targets, ignore_index, losses)
