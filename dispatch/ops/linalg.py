@@ -306,15 +306,22 @@ NC_MIN = 4        # split columns down to 4 panels before splitting rows
 #                    linear 2x768x3072+gelu_tanh: gemv 0.34, gemm 2.07, blas 2.17 (B packing
 #                    and 6-row tiles are wasted on 2 rows); the gemv kernel alone matches
 #                    OpenBLAS sgemv (768x768 36-38 us vs 32-37; 4096^2 2.8-3.0 ms both).
-#   small products:  64^3: blas 0.019 ms, gemm 0.035 (three parallel regions, packing);
-#                    32x256x256: blas 0.069, gemm 0.095; crossover near M*N*K = 2^21..2^22.
-#   larger:          128x768x768: gemm 1.70-1.80 ms, numpy 1.63-1.85; 1024^3: gemm 22.6-23.1,
-#                    numpy 22.3-23.1; linear 128x768x3072+gelu_tanh: gemm 7.2 (without the
-#                    epilogue) vs numpy 7.9 + a second pass.  With two threads OpenBLAS
-#                    scales 1.2-1.3x at M = 128 (1.38 ms in machine-facts.md) while gemm
-#                    splits into >= 8 dynamically scheduled tasks, so gemm goes first.
-#   (2-thread wall-clock medians could not be taken here: the load average was 12-20
-#   during this work; `python -m bench tune` can override the rule per key.)
+#   small products:  64^3: blas 0.019 ms, gemm 0.033 (packing, a parallel region);
+#                    32x256x256: blas 0.068, gemm 0.094; 256^3: blas 0.349, gemm 0.377;
+#                    the gap closes near M*N*K = 2^22.
+#   larger, one thread (current kernel):
+#                    128x768x768: gemm 1.82 ms, blas 1.51, numpy 1.56;
+#                    1024^3: gemm 22.9, blas 24.4, numpy 23.6;
+#                    linear 128x768x3072 + bias + gelu_tanh: gemm 7.29 (epilogue fused),
+#                    blas 7.74 (OpenBLAS + our epilogue pass), numpy + numpy gelu 31.2.
+#   two threads (wall clock, interleaved, minimum of 7 rounds; the load average was 5-20
+#   from other jobs, so medians were meaningless): 128x768x768 gemm 1.04 ms, numpy 0.83,
+#   ort 1.44; linear 128x768x3072 + gelu_tanh gemm 15.0, blas 43.9, ort 9.2.
+# So: with an epilogue (bias or activation) gemm goes first: it saves the second pass and
+# the hand-over from OpenBLAS's threads to numba's; a plain product goes to OpenBLAS, which
+# is at least as fast without an epilogue in every measurement here (gemm is within 3% at
+# 1024^3 and about 0.85x at M = 128).
+#   (`python -m bench tune` can override the rule per key.)
 GEMV_ROWS = 8          # bucket(M) < 8: gemv
 SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 
@@ -326,8 +333,10 @@ def _order(key):
     if m < GEMV_ROWS:
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS}: matrix-vector form, bound by reading b"
     if m * n * k < SMALL_PRODUCT:
-        return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + parallel regions"
-    return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 and M*N*K >= 2^22: cache-blocked GEMM with the fused epilogue"
+        return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
+    if key[7] != ACT_NONE or key[8]:
+        return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 with bias/activation: cache-blocked GEMM with the epilogue fused (no second pass)"
+    return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
 
 _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into 6-row / 16-column (fp64: 8) panels, "
