@@ -260,11 +260,12 @@ def pack_k_head(kh, kph):
 # ---- flash ---------------------------------------------------------------------------
 
 @njit(**JIT)
-def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, acc, mv, lv):
+def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
     the query heads sharing a kv head read each K/V tile once (GQA/MQA).  qs (BQ, D),
-    st (BQ, BK), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers."""
+    st (BQ, BK), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers; ri, rh (BQ,)
+    int64 hold each row's query index and head (divisions done once, not per K tile)."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Hkv, Skv = v.shape[1], v.shape[2]
     G = Hq // Hkv
@@ -276,18 +277,19 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
     nqr = (nq + MR - 1) // MR * MR
     off = Skv - Sq
     kv_end = Skv
+    last = 0
+    for r in range(nq):
+        rr = r0 + r
+        ri[r] = rr % Sq
+        rh[r] = hk * G + rr // Sq
+        last = max(last, ri[r])
     if causal:
-        last = Sq - 1
-        if nq < Sq:
-            last = 0
-            for r in range(nq):
-                last = max(last, (r0 + r) % Sq)
         kv_end = min(Skv, last + off + 1)
+    mrow0 = mask[0, 0, 0]
     for r in range(nqr):
         qrow = qs[r]
         if r < nq:
-            rr = r0 + r
-            src = q[b, hk * G + rr // Sq, rr % Sq]
+            src = q[b, rh[r], ri[r]]
             for d in range(D):
                 qrow[d] = src[d] * scale
         else:
@@ -314,13 +316,13 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
                       st_p + (rb * BK + cb * NC) * isz, BK, D, 0)
         # masks and online softmax, row by row
         for r in range(nq):
-            rr = r0 + r
-            i = rr % Sq
+            i = ri[r]
             lim = jn
             if causal:
                 lim = min(jn, i + off + 1 - j0)
+            mrow = mask[b, rh[r], i] if mkind != MASK_NONE else mrow0
             mo = mv[r]
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mask[b, hk * G + rr // Sq, i], j0, mkind, mo, lv[r])
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mrow, j0, mkind, mo, lv[r])
             mv[r] = mn
             lv[r] = ln
             if alpha != dt(1):
@@ -343,8 +345,7 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
                     for d in range(d16, D):
                         arow[d] += p * vrow[d]
     for r in range(nq):
-        rr = r0 + r
-        orow = out[b, hk * G + rr // Sq, rr % Sq]
+        orow = out[b, rh[r], ri[r]]
         arow = acc[r]
         l = lv[r]
         if l > zero:
@@ -388,7 +389,9 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
         acc = np.empty((BQ, D), q.dtype)
         mv = np.empty(BQ, q.dtype)
         lv = np.empty(BQ, q.dtype)
-        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv)
+        ri = np.empty(BQ, np.int64)
+        rh = np.empty(BQ, np.int64)
+        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv, ri, rh)
     set_parallel_chunksize(prev)
 
 
@@ -404,9 +407,11 @@ def flash_serial(q, k, kp, v, mask, mkind, causal, scale, out):
     acc = np.empty((BQ, D), q.dtype)
     mv = np.empty(BQ, q.dtype)
     lv = np.empty(BQ, q.dtype)
+    ri = np.empty(BQ, np.int64)
+    rh = np.empty(BQ, np.int64)
     for bh in range(B * Hkv):
         for qt in range(nqt):
-            _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv)
+            _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv, ri, rh)
 
 
 # ---- split-KV --------------------------------------------------------------------------
@@ -428,15 +433,20 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
     js = sp * split_len
     je = min(Skv, js + split_len)
     off = Skv - Sq
-    if causal:
-        last = 0
-        for r in range(nr):
-            last = max(last, (r0 + r) % Sq)
-        je = min(je, last + off + 1)
-    kh, vh = k[b, hk], v[b, hk]
+    ri = np.empty(RC, np.int64)
+    rh = np.empty(RC, np.int64)
+    last = 0
     for r in range(nr):
         rr = r0 + r
-        src = q[b, hk * G + rr // Sq, rr % Sq]
+        ri[r] = rr % Sq
+        rh[r] = hk * G + rr // Sq
+        last = max(last, ri[r])
+    if causal:
+        je = min(je, last + off + 1)
+    mrow0 = mask[0, 0, 0]
+    kh, vh = k[b, hk], v[b, hk]
+    for r in range(nr):
+        src = q[b, rh[r], ri[r]]
         qrow = qs[r]
         for d in range(D):
             qrow[d] = src[d] * scale
@@ -460,12 +470,12 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
                 st[r, j] = s
         for r in range(nr):
             rr = r0 + r
-            i = rr % Sq
+            i = ri[r]
             lim = jn
             if causal:
                 lim = min(jn, i + off + 1 - j0)
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mask[b, hk * G + rr // Sq, i], j0, mkind,
-                                                mvals[rr], lvals[rr])
+            mrow = mask[b, rh[r], i] if mkind != MASK_NONE else mrow0
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mrow, j0, mkind, mvals[rr], lvals[rr])
             mvals[rr] = mn
             lvals[rr] = ln
             if alpha != dt(1):
