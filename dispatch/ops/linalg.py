@@ -26,7 +26,7 @@ from kernels_cpu.approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from ..select import select
-from ._common import result_buffer
+from ._common import deliver, result_buffer
 
 # FLOPs per output element of the epilogue (bias add 1, activations as in ops.activation).
 _ACT_FLOPS = {ACT_NONE: 0, ACT_RELU: 1, ACT_SILU: 4, ACT_GELU: 8, ACT_GELU_TANH: 9}
@@ -135,8 +135,8 @@ def _batch_index(a_batch, b_batch):
 
 @functools.lru_cache(maxsize=64)
 def _zeros(n, dtype):
-    z = np.zeros(n, dtype)
-    return z
+    """The bias vector of a call without bias (kernels take one signature)."""
+    return np.zeros(n, dtype)
 
 
 def _prepare(a, b, bias, out, b_is_nk):
@@ -170,21 +170,14 @@ def _prepare(a, b, bias, out, b_is_nk):
     return a3, b3, a_idx, b_idx, transa, transb, bias_v, res.reshape(nbatch, m, n), res, k
 
 
-def _finish(res, out):
-    if out is None or res is out:
-        return res
-    out[...] = res
-    return out
-
-
 _WORKSPACE = {}
 WORKSPACE_KEEP = 1 << 24  # elements: packing buffers up to this size are kept for the next call
 
 
 def _workspace(n, dtype):
     """A scratch vector of n elements for the GEMM's packed panels.  Reusing it saves the
-    page faults of a fresh allocation (about 0.3 ms for 128x768x768 on one thread).  The
-    kernels hold the GIL, so one buffer per dtype is never used by two calls at once."""
+    page faults of a fresh multi-MiB allocation on every call.  The kernels hold the GIL,
+    so one buffer per dtype is never used by two calls at once."""
     buf = _WORKSPACE.get(dtype)
     if buf is None or buf.size < n:
         buf = np.empty(n, dtype)
@@ -230,7 +223,7 @@ def _run_gemm(params, a, b, bias, out, code, b_is_nk):
             ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
             K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, bias is not None or code != ACT_NONE, code, out3,
                             ap, bp, mc, nc, kc, numba.get_num_threads())
-    return _finish(res, out)
+    return deliver(res, out)
 
 
 def _run_gemv(params, a, b, bias, out, code, b_is_nk):
@@ -240,7 +233,7 @@ def _run_gemv(params, a, b, bias, out, code, b_is_nk):
             _degenerate(out3, bias_v, code)
         else:
             K.gemv_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3)
-    return _finish(res, out)
+    return deliver(res, out)
 
 
 def _run_blas(params, a, b, bias, out, code, b_is_nk):
@@ -253,7 +246,7 @@ def _run_blas(params, a, b, bias, out, code, b_is_nk):
         n = res.shape[-1]
         bias_v = _zeros(n, res.dtype) if bias is None else np.ascontiguousarray(bias)
         K.epilogue_parallel(res.reshape(-1, n), bias_v, code)
-    return _finish(res, out)
+    return deliver(res, out)
 
 
 # ---- work model ----------------------------------------------------------------------------
