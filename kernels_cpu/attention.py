@@ -29,7 +29,7 @@ split-KV (cpu-splitkv)
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, set_parallel_chunksize, types
+from numba import get_num_threads, get_thread_id, njit, prange, set_parallel_chunksize, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -359,15 +359,10 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
 
 @njit(**JIT)
 def _item_coords(t, BH, nqt):
-    """Work item t -> (bh, qt).  Row tiles are visited in the zigzag order 0, n-1, 1,
-    n-2, ... (outer) so that equal contiguous chunks of items carry equal causal work."""
-    u = t // BH
-    bh = t % BH
-    if u % 2 == 0:
-        qt = u // 2
-    else:
-        qt = nqt - 1 - u // 2
-    return bh, qt
+    """Work item t -> (bh, qt): head-major (neighbouring items share K/V in cache), the
+    last row tile first (under causal masking it has the most keys: the longest items are
+    handed out first, so the dynamic schedule ends balanced)."""
+    return t // nqt, nqt - 1 - t % nqt
 
 
 @njit(parallel=True, **JIT)
@@ -381,17 +376,21 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
     BH = B * Hkv
     # Items are handed out one at a time (dynamic), not in one static block per thread: a
     # thread that the OS pauses (2 shared cores) does not hold back the whole call.
+    # Scratch per thread (allocated once per call, indexed by the thread id).
+    nth = get_num_threads()
+    qs = np.empty((nth, BQ, D), q.dtype)
+    st = np.empty((nth, BQ, BK), q.dtype)
+    acc = np.empty((nth, BQ, D), q.dtype)
+    mv = np.empty((nth, BQ), q.dtype)
+    lv = np.empty((nth, BQ), q.dtype)
+    ri = np.empty((nth, BQ), np.int64)
+    rh = np.empty((nth, BQ), np.int64)
     prev = set_parallel_chunksize(1)
     for t in prange(BH * nqt):
         bh, qt = _item_coords(t, BH, nqt)
-        qs = np.empty((BQ, D), q.dtype)
-        st = np.empty((BQ, BK), q.dtype)
-        acc = np.empty((BQ, D), q.dtype)
-        mv = np.empty(BQ, q.dtype)
-        lv = np.empty(BQ, q.dtype)
-        ri = np.empty(BQ, np.int64)
-        rh = np.empty(BQ, np.int64)
-        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv, ri, rh)
+        w = get_thread_id()
+        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
+                    qs[w], st[w], acc[w], mv[w], lv[w], ri[w], rh[w])
     set_parallel_chunksize(prev)
 
 
