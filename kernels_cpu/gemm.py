@@ -10,7 +10,8 @@ an approx.ACT_* activation applied after the bias.
 gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
   1. pack A into MR-row panels ``ap[ba, panel, k, 0:MR]`` and B into NR-column panels
      ``bp[bb, panel, k, 0:NR]`` (zero padded at the edges; transposed sources go through
-     a register-transpose intrinsic); workers take panels from an atomic counter;
+     a register-transpose intrinsic); workers take panels from an atomic counter, and a
+     worker that finds a panel unfinished packs it again rather than wait (no barrier);
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
      scheduling: a thread that loses its core to another process does not hold up the
      other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
@@ -286,6 +287,27 @@ def _pack_panel(src, s0, ld, step, nrows, K, dst, d0, R):
                 dst[_U(d + r)] = zero
 
 
+@njit(inline="always")
+def _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full):
+    """Pack panel i of gemm_parallel's work list: A panels first (ap[ba, p] from rows
+    p*MR.. of A_ba), then B panels (bp[bb, q] from columns q*NR.. of B_bb)."""
+    if i < n_pack_a:
+        ba = i // mp
+        i0 = (i - ba * mp) * MR
+        if transa:      # (K, M): element (i, k) at k*M + i
+            _pack_panel(asrc, ba * M * K + i0, 1, M, min(MR, M - i0), K, apf, i * K * MR, MR)
+        else:           # (M, K): element (i, k) at i*K + k
+            _pack_panel(asrc, ba * M * K + i0 * K, K, 1, min(MR, M - i0), K, apf, i * K * MR, MR)
+    else:
+        j = i - n_pack_a
+        bb = j // npn
+        j0 = (j - bb * npn) * nr_full
+        if transb:      # (N, K): element (k, j) at j*K + k
+            _pack_panel(bsrc, bb * N * K + j0 * K, K, 1, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+        else:           # (K, N): element (k, j) at k*N + j
+            _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+
+
 # ---- GEMM ------------------------------------------------------------------------------------
 
 @njit(parallel=True, **JIT)
@@ -312,37 +334,28 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     n_pack_a = a3.shape[0] * mp
     n_pack = n_pack_a + b3.shape[0] * npn
     ntasks = nbatch * nmb * nnb
-    # One parallel region, scheduled through atomic counters: [0] next panel to pack,
-    # [1] panels packed, [2] next GEMM task.  A worker that starts late finds the work
-    # taken instead of holding the others up, so a core lost to another process costs
-    # one thread wake-up rather than one per phase (numba's set_parallel_chunksize would
-    # also give dynamic scheduling but makes the function uncachable).
-    counter = np.zeros(3, np.int64)
+    # One parallel region, scheduled through atomic counters: sync[0] next panel to pack,
+    # sync[1] next GEMM task, sync[2 + i] panel i packed.  A worker that starts late finds
+    # the work taken instead of holding the others up.  There is no barrier between
+    # packing and the GEMM: a worker that finds a panel not yet marked packed (its owner
+    # is still at it, or lost its core to another process) packs it again itself - the
+    # same bytes, so the duplicate writes are harmless - instead of spinning on it.
+    # (numba's set_parallel_chunksize would give dynamic scheduling too, but makes the
+    # function uncachable.)
+    sync = np.zeros(2 + n_pack, np.int64)
     for worker in prange(min(nworkers, max(ntasks, 1))):
         while True:
-            i = _fetch_add(counter, 0, 1)
+            i = _fetch_add(sync, 0, 1)
             if i >= n_pack:
                 break
-            if i < n_pack_a:    # A panel: ap[ba, p] from A_ba rows p*MR ...
-                ba = i // mp
-                i0 = (i - ba * mp) * MR
-                if transa:      # (K, M): element (i, k) at k*M + i
-                    _pack_panel(asrc, ba * M * K + i0, 1, M, min(MR, M - i0), K, apf, i * K * MR, MR)
-                else:           # (M, K): element (i, k) at i*K + k
-                    _pack_panel(asrc, ba * M * K + i0 * K, K, 1, min(MR, M - i0), K, apf, i * K * MR, MR)
-            else:               # B panel: bp[bb, q] from B_bb columns q*NR ...
-                j = i - n_pack_a
-                bb = j // npn
-                j0 = (j - bb * npn) * nr_full
-                if transb:      # (N, K): element (k, j) at j*K + k
-                    _pack_panel(bsrc, bb * N * K + j0 * K, K, 1, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
-                else:           # (K, N): element (k, j) at k*N + j
-                    _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
-            _fetch_add(counter, 1, 1)
-        while _fetch_add(counter, 1, 0) < n_pack:
-            pass                # another worker is finishing its last panel
+            _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
+            _fetch_add(sync, 2 + i, 1)
+        for i in range(n_pack):
+            if _fetch_add(sync, 2 + i, 0) == 0:
+                _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
+                _fetch_add(sync, 2 + i, 1)
         while True:
-            task = _fetch_add(counter, 2, 1)
+            task = _fetch_add(sync, 1, 1)
             if task >= ntasks:
                 break
             bi = task // (nmb * nnb)
