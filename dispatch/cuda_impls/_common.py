@@ -151,9 +151,10 @@ def row_launch(params, rows: int, n: int, family: str):
         wpb = params["warps_per_block"]
         return {"kernel": f"{family}.warp_rows", "grid": max(1, cdiv(rows, wpb)), "block": 32 * wpb,
                 "rows_per_block": wpb, "elements_per_lane": cdiv(n, 32), "device": p.name}
-    # block per row: about `per_thread` elements per thread, 64..1024 threads
+    # block per row: about `per_thread` elements per thread, 32..1024 threads (one warp for
+    # short rows: only when forced, the rule sends rows < 2048 to warp-per-row)
     block = min(p.max_threads_per_block, params["max_block"],
-                max(64, pow2_at_least(cdiv(n, params["per_thread"]))))
+                max(32, pow2_at_least(cdiv(n, params["per_thread"]))))
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
     return {"kernel": f"{family}.block_rows", "grid": max(1, min(rows, cap)), "block": block,
             "elements_per_thread": cdiv(n, block), "device": p.name}

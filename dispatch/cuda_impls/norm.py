@@ -2,7 +2,7 @@
 with the residual add fused (h = x + residual written in the same pass).
 
 Shape rule (CUDA keys) as softmax's: D < BLOCK_MIN -> one warp per row, longer rows
-one block per row (about 8 elements per thread, 64..1024 threads).
+one block per row (about 8 elements per thread, 32..1024 threads).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ cross_entropy ("cuda-warp-row").
 Shape rule (CUDA keys): rows shorter than BLOCK_MIN elements (bucket < BLOCK_MIN) go to the warp-per-row kernel (a
 row's 32 lanes each hold <= 32 elements; a block-wide reduction would leave most of a
 block idle on short rows and pay two barriers), longer rows to block-per-row with about
-8 elements per thread (64..1024 threads), the grid capped at one wave of resident
+8 elements per thread (32..1024 threads), the grid capped at one wave of resident
 blocks and grid-striding over the rows.  Reductions along a non-last axis use the
 column kernel (one thread per (outer, inner) column, coalesced over inner) in both.
 BLOCK_MIN (2048, i.e. rows up to 2047 on warps) follows the usual crossover of hand-written softmax kernels (Apex / OneFlow switch
