@@ -29,7 +29,7 @@ split-KV (cpu-splitkv)
 """
 import numpy as np
 from llvmlite import ir
-from numba import get_num_threads, get_thread_id, njit, prange, set_parallel_chunksize, types
+from numba import get_thread_id, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -366,8 +366,12 @@ def _item_coords(t, BH, nqt):
 
 
 @njit(parallel=True, **JIT)
-def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
-    """kp: (B, Hkv, ceil(Skv/16), D, 16) scratch, filled here with K^T panels."""
+def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out, nth):
+    """kp: (B, Hkv, ceil(Skv/16), D, 16) scratch, filled here with K^T panels; nth: the
+    number of threads (numba.get_num_threads() of the caller; scratch is per thread).
+    Call it under numba.parallel_chunksize(1): items are then handed out one at a time,
+    so a thread that the OS pauses (2 shared cores) does not hold back the whole call.
+    (get_num_threads / set_parallel_chunksize inside the kernel would make it uncacheable.)"""
     B, Hq, Sq, D = q.shape
     Hkv = v.shape[1]
     for t in prange(B * Hkv):
@@ -377,7 +381,6 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
     # Items are handed out one at a time (dynamic), not in one static block per thread: a
     # thread that the OS pauses (2 shared cores) does not hold back the whole call.
     # Scratch per thread (allocated once per call, indexed by the thread id).
-    nth = get_num_threads()
     qs = np.empty((nth, BQ, D), q.dtype)
     st = np.empty((nth, BQ, BK), q.dtype)
     acc = np.empty((nth, BQ, D), q.dtype)
@@ -385,13 +388,11 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out):
     lv = np.empty((nth, BQ), q.dtype)
     ri = np.empty((nth, BQ), np.int64)
     rh = np.empty((nth, BQ), np.int64)
-    prev = set_parallel_chunksize(1)
     for t in prange(BH * nqt):
         bh, qt = _item_coords(t, BH, nqt)
         w = get_thread_id()
         _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
                     qs[w], st[w], acc[w], mv[w], lv[w], ri[w], rh[w])
-    set_parallel_chunksize(prev)
 
 
 @njit(**JIT)
@@ -498,14 +499,14 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
 
 @njit(parallel=True, **JIT)
 def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl, pacc):
-    """pm, pl (B, Hkv, nsplit, G*Sq), pacc (B, Hkv, nsplit, G*Sq, D): partials."""
+    """pm, pl (B, Hkv, nsplit, G*Sq), pacc (B, Hkv, nsplit, G*Sq, D): partials.  Call it
+    under numba.parallel_chunksize(1) (dynamic hand-out of the split items)."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
     R = G * Sq
     nrc = (R + RC - 1) // RC
     n1 = B * Hkv * nsplit * nrc
-    prev = set_parallel_chunksize(1)  # dynamic hand-out, as in flash_parallel
     for t in prange(n1):
         rc = t % nrc
         u = t // nrc
@@ -516,7 +517,6 @@ def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len
         acc = np.empty((RC, D), q.dtype)
         _split_item(q, k, v, mask, mkind, causal, scale, bh // Hkv, bh % Hkv, sp, rc, split_len,
                     pm, pl, pacc, qs, st, acc)
-    set_parallel_chunksize(prev)
     for t in prange(B * Hkv * R):
         rr = t % R
         bh = t // R

@@ -172,13 +172,19 @@ def _prepare(q, k, v, mask, out):
     return qc, kc, vc, m4, mkind, res
 
 
-def _run_flash(kernel):
+def _run_flash(parallel):
     def run(params, q, k, v, mask, causal, scale, out):
         qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
         if res.size:
             B, Hkv, Skv, D = kc.shape
             kp = np.empty((B, Hkv, (Skv + K.NC - 1) // K.NC, D, K.NC), kc.dtype)  # K^T panels, filled by the kernel
-            kernel(qc, kc, kp, vc, m4, mkind, causal, q.dtype.type(scale), res)
+            if parallel:
+                # one work item at a time per thread (dynamic): a paused thread does not stall the call
+                with numba.parallel_chunksize(1):
+                    K.flash_parallel(qc, kc, kp, vc, m4, mkind, causal, q.dtype.type(scale), res,
+                                     numba.get_num_threads())
+            else:
+                K.flash_serial(qc, kc, kp, vc, m4, mkind, causal, q.dtype.type(scale), res)
         return deliver(res, out)
 
     return run
@@ -199,19 +205,20 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out):
         pm = np.empty((B, Hkv, nsplit, R), q.dtype)
         pl = np.empty((B, Hkv, nsplit, R), q.dtype)
         pacc = np.empty((B, Hkv, nsplit, R, D), q.dtype)
-        K.splitkv_parallel(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res, nsplit, split_len, pm, pl, pacc)
+        with numba.parallel_chunksize(1):
+            K.splitkv_parallel(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res, nsplit, split_len, pm, pl, pacc)
     return deliver(res, out)
 
 
 _op = register_op(Op("attention", describe, _order, _flops, _bytes, family="attention"))
 register(Implementation(
-    "attention", "cpu-flash", "cpu", _run_flash(K.flash_parallel),
+    "attention", "cpu-flash", "cpu", _run_flash(True),
     notes=HOST_COPY_NOTE + f"; K packed to 16-key K^T panels once per call; work items (batch, kv head, "
           f"tile of {K.BQ} (query head, query) rows of its GQA group), handed out dynamically over threads; "
           f"{K.BK}-key tiles streamed with an online softmax, causal tiles above the diagonal skipped; "
           "mask read through broadcast strides"))
 register(Implementation(
-    "attention", "cpu-serial", "cpu", _run_flash(K.flash_serial),
+    "attention", "cpu-serial", "cpu", _run_flash(False),
     notes=HOST_COPY_NOTE + "; the flash kernel on the calling thread"))
 register(Implementation(
     "attention", "cpu-splitkv", "cpu", _run_splitkv,
