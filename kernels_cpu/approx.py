@@ -38,19 +38,117 @@ GELU_TANH_C = 0.044715
 INV_SQRT2 = 0.7071067811865476
 
 
+def like(x, value):
+    """value (a Python float) as a constant of x's float type (float32 code stays float32)."""
+    return value
+
+
+@overload(like, inline="always")
+def _like_overload(x, value):
+    if x == types.float32:
+        return lambda x, value: np.float32(value)
+    return lambda x, value: np.float64(value)
+
+
 @intrinsic
-def _bits_as_f32(typingctx, bits):
-    """Reinterpret an int32 bit pattern as a float32 (a free register move)."""
-    if not isinstance(bits, types.Integer):
+def fence(typingctx, x):
+    """x behind llvm.arithmetic.fence: fastmath reassociation cannot move operations
+    across it (so (x - m) - c is not rewritten as x - (m + c), which loses the low bits
+    when |m| is large).  For scalar code only: a loop using it does not vectorize."""
+    if not isinstance(x, types.Float):
         return None
 
     def codegen(context, builder, sig, args):
-        v = args[0]
-        if v.type.width != 32:
-            v = builder.trunc(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
+        ty = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.arithmetic.fence", [ty], ir.FunctionType(ty, [ty]))
+        return builder.call(fn, args)
 
-    return types.float32(bits), codegen
+    return x(x), codegen
+
+
+@intrinsic
+def bits_to_float(typingctx, i):
+    """Reinterpret int32 / int64 bits as float32 / float64 (a register move)."""
+    if i == types.int32:
+        ret, lty = types.float32, ir.FloatType()
+    elif i == types.int64:
+        ret, lty = types.float64, ir.DoubleType()
+    else:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], lty)
+
+    return ret(i), codegen
+
+
+@intrinsic
+def float_to_bits(typingctx, x):
+    """Reinterpret float32 / float64 bits as int32 / int64."""
+    if x == types.float32:
+        ret, lty = types.int32, ir.IntType(32)
+    elif x == types.float64:
+        ret, lty = types.int64, ir.IntType(64)
+    else:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], lty)
+
+    return ret(x), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c with one rounding (llvm.fma: vectorizes, and fastmath cannot split it)."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [ty], ir.FunctionType(ty, [ty, ty, ty]))
+        return builder.call(fn, args)
+
+    return a(a, b, c), codegen
+
+
+# float64 exp: libm's exp is a scalar call
+# (19 ns/element here), this one vectorizes (0.8 ns/element).  Cody-Waite reduction with
+# fdlibm's split ln2 done by FMAs (fastmath reassociation cannot merge them), degree-13
+# Taylor polynomial on |r| <= ln2/2 (truncation < 2e-16), 2^n built from the bits of
+# n + 1023 + 1.5 * 2^52 (no float->int64 conversion, which AVX2 lacks).  Max relative error
+# measured against libm on 3M arguments in [-708, 709]: < 1e-15.  Below -708.39 it returns
+# 0 (libm: subnormals), above 709 inf (libm: finite up to 709.78); NaN gives 0, like fexp.
+_E64_LO, _E64_HI = -708.39, 709.0
+_E64_LOG2E = 1.4426950408889634
+_E64_LN2_HI, _E64_LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+_E64_BIAS = 1023.0 + 6755399441055744.0  # 1023 + 2^52 + 2^51
+_E64_C = tuple(1.0 / math.factorial(k) for k in range(14))
+_K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9, _K10, _K11, _K12, _K13 = _E64_C[2:]
+
+
+@njit(inline="always")
+def exp64(x):
+    xc = min(max(x, _E64_LO), _E64_HI)
+    n = np.floor(xc * _E64_LOG2E + 0.5)
+    r = fma(-n, _E64_LN2_HI, xc)
+    r = fma(-n, _E64_LN2_LO, r)
+    p = _K13 * r + _K12
+    p = p * r + _K11
+    p = p * r + _K10
+    p = p * r + _K9
+    p = p * r + _K8
+    p = p * r + _K7
+    p = p * r + _K6
+    p = p * r + _K5
+    p = p * r + _K4
+    p = p * r + _K3
+    p = p * r + _K2
+    p = p * r * r + r + 1.0
+    scale = bits_to_float(float_to_bits(n + _E64_BIAS) << np.int64(52))
+    y = p * scale if x <= _E64_HI else np.inf
+    return y if x >= _E64_LO else 0.0
+
 
 
 _F = np.float32
@@ -66,18 +164,19 @@ _P3, _P4, _P5 = _F(4.1665795894e-2), _F(1.6666665459e-1), _F(5.0000001201e-1)
 def _exp_f32(x):
     xc = min(max(x, _EXP_LO), _EXP_HI)
     n = np.floor(xc * _LOG2E + _HALF)
-    r = xc - n * _LN2_HI - n * _LN2_LO
+    r = fma(-n, _LN2_HI, xc)  # FMAs keep the two-part ln2 apart under fastmath reassociation
+    r = fma(-n, _LN2_LO, r)
     p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
     p = p * r * r + r + _ONE
     # n + 127 is added in float: numba widens int32 arithmetic to int64, which AVX2 cannot
     # convert to from float in vector form.
-    scale = _bits_as_f32(np.int32(n + _F127) << np.int32(23))
+    scale = bits_to_float(np.int32(np.int32(n + _F127) << np.int32(23)))  # numba widens the shift to int64
     y = p * scale if x <= _EXP_HI else _INF  # overflow to inf, as libm does
     return y if x >= _EXP_LO else _ZERO
 
 
 def fexp(x):
-    """exp(x); float32: vectorizable polynomial (rel. error ~2e-7), float64: libm."""
+    """exp(x), vectorizable: float32 rel. error ~2e-7, float64 < 1e-15 (exp64)."""
     return math.exp(x)
 
 
@@ -85,7 +184,7 @@ def fexp(x):
 def _fexp_overload(x):
     if x == types.float32:
         return lambda x: _exp_f32(x)
-    return lambda x: math.exp(x)
+    return lambda x: exp64(x)
 
 
 # Numerical Recipes' erfcc: fractional error < 1.2e-7 for every x, built on exp.
@@ -116,7 +215,7 @@ def _ferfc_overload(x):
 
 @njit(inline="always")
 def relu(x):
-    return max(x, _const(x, 0.0))
+    return max(x, like(x, 0.0))
 
 
 def _one(x):
@@ -128,18 +227,6 @@ def _one_overload(x):
     if x == types.float32:
         return lambda x: _ONE
     return lambda x: 1.0
-
-
-def _const(x, value):
-    return value
-
-
-@overload(_const, inline="always")
-def _const_overload(x, value):
-    """value (a float64 literal) as a constant of x's type: float32 code stays float32."""
-    if x == types.float32:
-        return lambda x, value: np.float32(value)
-    return lambda x, value: np.float64(value)
 
 
 @njit(inline="always")
@@ -155,13 +242,13 @@ def silu(x):
 @njit(inline="always")
 def gelu(x):
     """0.5 x erfc(-x / sqrt 2): exact GELU, no cancellation for negative x."""
-    return _const(x, 0.5) * x * ferfc(-x * _const(x, INV_SQRT2))
+    return like(x, 0.5) * x * ferfc(-x * like(x, INV_SQRT2))
 
 
 @njit(inline="always")
 def gelu_tanh(x):
     """0.5 x (1 + tanh u) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)."""
-    u = _const(x, 2.0 * SQRT_2_OVER_PI) * (x + _const(x, GELU_TANH_C) * x * x * x)
+    u = like(x, 2.0 * SQRT_2_OVER_PI) * (x + like(x, GELU_TANH_C) * x * x * x)
     return x / (_one(x) + fexp(-u))
 
 

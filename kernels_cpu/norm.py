@@ -11,7 +11,7 @@ float32 input itself cannot represent, as PyTorch's float32 kernel does).
 
 Each kernel runs a range of rows in one function, with the residual branch outside the
 row loop: a per-row helper call cost ~30% at D = 768 (0.22 vs 0.16 ns/element in cache).
-The parallel kernels hand out blocks of rows dynamically (see softmax.tasks_for).
+The parallel kernels hand out blocks of rows dynamically (see parallel.tasks_for).
 weight / bias are always arrays here (dispatch passes ones / zeros for None).  Without a
 residual, pass has_res=False and any arrays of x's shape for r and h (they are not touched).
 """
@@ -19,8 +19,8 @@ import math
 
 from numba import njit, prange
 
-from .approx import JIT
-from .softmax import like, run_dynamic, tasks_for
+from .approx import JIT, like
+from .parallel import run_dynamic, tasks_for
 
 
 @njit(**JIT)

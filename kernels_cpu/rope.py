@@ -15,7 +15,7 @@ form (a plain copy: 0.10), the call and its alias checks dominating such short r
 from numba import njit, prange
 
 from .approx import JIT
-from .softmax import run_dynamic, tasks_for
+from .parallel import run_dynamic, tasks_for
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB)
 

@@ -4,8 +4,6 @@ All are elementwise: any shape, float32 or float64, result of the input's shape.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from kernels_cpu import activation as K
 from kernels_cpu.approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU
 
