@@ -40,17 +40,26 @@ def device_of(**arrays) -> str:
     return found or "cpu"
 
 
-def float_dtype(name: str, arr) -> np.dtype:
+def dtype_of(arr) -> np.dtype:
+    """The numpy dtype of a host or device array (PyTorch CUDA tensors carry torch dtypes:
+    their __cuda_array_interface__ typestr gives the numpy one)."""
     dt = arr.dtype
+    if isinstance(dt, np.dtype):
+        return dt
+    return np.dtype(arr.__cuda_array_interface__["typestr"])
+
+
+def float_dtype(name: str, arr) -> np.dtype:
+    dt = dtype_of(arr)
     if dt not in FLOAT_DTYPES and not (dt == np.float16 and not isinstance(arr, np.ndarray)):
         raise TypeError(f"{name} must have dtype float32 or float64, got {dt}")
     return dt
 
 
 def same_dtype(name: str, arr, ref_name: str, dtype) -> None:
-    if arr.dtype != dtype:
+    if arr.dtype != dtype and dtype_of(arr) != dtype:
         raise TypeError(
-            f"{name} must have the same dtype as {ref_name} ({dtype}), got {arr.dtype}; "
+            f"{name} must have the same dtype as {ref_name} ({dtype}), got {dtype_of(arr)}; "
             "mixed dtypes are not cast silently"
         )
 
@@ -98,8 +107,8 @@ def out(out, expected_shape: tuple, dtype, **inputs) -> None:
         return
     if tuple(out.shape) != tuple(expected_shape):
         raise ValueError(f"out must have shape {tuple(expected_shape)}, got {tuple(out.shape)}")
-    if out.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+    if out.dtype != dtype and dtype_of(out) != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {dtype_of(out)}")
     if isinstance(out, np.ndarray):
         if not out.flags.writeable:
             raise ValueError("out must be writeable, got a read-only array")

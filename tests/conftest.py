@@ -5,11 +5,32 @@ environment before numba is imported), the simulator gets the test-only warp-pri
 emulation (tests/cuda/simwarp.py) so kernels using warp shuffles run unchanged.  Without
 numba-cuda, or on the CPU target, nothing happens here.
 """
+import hashlib
 import os
+import pathlib
 
 import pytest
 
 TARGET = os.environ.get("NK_TEST_DEVICE", "cpu")
+
+
+def _drop_stale_kernel_cache():
+    """numba's cache=True checks only the timestamp of the kernel's own file, but the kernels
+    inline helpers from other modules (approx.py, parallel.py): after an edit there the
+    cache would hand back old machine code.  Drop the cached kernels whenever any
+    kernels_cpu source differs from the one the cache was built from."""
+    root = pathlib.Path(__file__).resolve().parent.parent / "kernels_cpu"
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.glob("*.py")))).hexdigest()
+    stamp = root / "__pycache__" / "kernel-sources.sha256"
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    for p in root.glob("__pycache__/*.nb[ic]"):
+        p.unlink()
+    stamp.parent.mkdir(exist_ok=True)
+    stamp.write_text(digest)
+
+
+_drop_stale_kernel_cache()
 
 if TARGET == "cuda":
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
