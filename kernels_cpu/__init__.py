@@ -1,0 +1,12 @@
+"""Numba CPU kernels, one module per op family (see README's layout).
+
+Inlining the overloaded helpers of approx.py makes numba's SSA pass print a pedantic
+NumbaIRAssumptionWarning ("variable ... is not in scope") while compiling; it is an
+internal self-check that numba itself calls harmless, so it is silenced here for the
+kernels' compilation only (module numba.core.ssa, that warning class).
+"""
+import warnings
+
+from numba.core.errors import NumbaIRAssumptionWarning
+
+warnings.filterwarnings("ignore", category=NumbaIRAssumptionWarning, module=r"numba\.core\.ssa")
