@@ -315,6 +315,10 @@ NC_MIN = 4        # split columns down to 4 panels before splitting rows
 # is at least as fast without an epilogue in every measurement here (gemm is within 3% at
 # 1024^3 and about 0.85x at M = 128).
 #   (`python -m bench tune` can override the rule per key.)
+# Decode shapes (M < 8): with an epilogue our gemv wins (linear 1x768x3072 + gelu: gemv
+# 0.081 ms, numpy + numpy gelu 0.266); a plain product goes to OpenBLAS, which read b faster
+# in every plain case measured: linear 1x768x768 blas 0.021 ms vs gemv 0.027; matmul
+# 1x4096x4096 (a (K, N) b, 64 MiB) numpy 1.81 ms vs gemv 7.75 (python -m bench, quiet run).
 GEMV_ROWS = 8          # bucket(M) < 8: gemv
 SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 
@@ -323,8 +327,10 @@ def _order(key):
     if key[1] == "cuda":
         return ("cuda",), "inputs are CUDA arrays"
     m, n, k = key[4], key[5], key[6]
+    if m < GEMV_ROWS and (key[7] != ACT_NONE or key[8]):
+        return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
-        return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS}: matrix-vector form, bound by reading b"
+        return ("blas", "cpu-gemv", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}, no epilogue: OpenBLAS's gemv reads b faster than ours"
     if m * n * k < SMALL_PRODUCT:
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if key[7] != ACT_NONE or key[8]:
