@@ -3,10 +3,10 @@
 Inlining the overloaded helpers of approx.py makes numba's SSA pass print a pedantic
 NumbaIRAssumptionWarning ("variable ... is not in scope") while compiling; it is an
 internal self-check that numba itself calls harmless, so it is silenced here for the
-kernels' compilation only (module numba.core.ssa, that warning class).
+kernels' compilation only (that warning class and message).
 """
 import warnings
 
 from numba.core.errors import NumbaIRAssumptionWarning
 
-warnings.filterwarnings("ignore", category=NumbaIRAssumptionWarning, module=r"numba\.core\.ssa")
+warnings.filterwarnings("ignore", message=r"variable '.*' is not in scope", category=NumbaIRAssumptionWarning)
