@@ -47,8 +47,16 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """tests/cuda/ holds CUDA-only tests: skipped on the CPU target."""
+    """tests/cuda/ holds CUDA-only tests: skipped on the CPU target.  Under the simulator,
+    the block-per-row kernels run their float32 cases only: each simulated barrier costs
+    milliseconds, the kernels are dtype-generic code, and float64 is covered by the
+    warp-per-row kernels (on a real GPU everything runs)."""
     if TARGET == "cuda":
+        if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+            sim_skip = pytest.mark.skip(reason="simulator: block-per-row float64 covered by its float32 cases")
+            for item in items:
+                if "cuda-block-row" in item.name and "float64" in item.name:
+                    item.add_marker(sim_skip)
         return
     skip = pytest.mark.skip(reason="CUDA-only test (run with NK_TEST_DEVICE=cuda)")
     for item in items:
