@@ -7,22 +7,32 @@ registered kernel for the call's device, dtype and shape.
     with dispatch.use(softmax="cpu-serial"):   # force (or exclude=...) an implementation
         ...
 
-See `dispatch.registry` for how ops and implementations are declared.
+The ops are discovered, not listed: every module of `dispatch.ops` registers its ops (with
+their CPU implementations and rules), then every module of `dispatch.cuda_impls` adds the
+CUDA implementations and rules, and `registry.check()` verifies the whole registry.  Each
+op's public function is exported here under its name; `python -m dispatch` lists them.
 """
+import importlib
+import pkgutil
+
+from . import registry
 from .explain import Explanation, explain
 from .select import NoImplementationError, use
-from . import registry
 
-from .ops.activation import gelu, geglu, relu, silu, swiglu
-from .ops.attention import attention
-from .ops.linalg import linear, matmul
-from .ops.norm import layer_norm, rms_norm
-from .ops.rope import rope
-from .ops.softmax import cross_entropy, log_softmax, softmax
-from . import cuda_impls  # noqa: F401  (registers CUDA implementations; imports no CUDA)
 
-__all__ = [
-    "Explanation", "NoImplementationError", "explain", "registry", "use",
-    "attention", "cross_entropy", "gelu", "geglu", "layer_norm", "linear", "log_softmax",
-    "matmul", "relu", "rms_norm", "rope", "silu", "softmax", "swiglu",
-]
+def _import_all(package):
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+from . import ops as _ops, cuda_impls as _cuda_impls  # noqa: E402
+
+_import_all(_ops)         # op records, CPU implementations and rules
+_import_all(_cuda_impls)  # CUDA implementations and rules (imports no numba.cuda)
+registry.check()
+
+globals().update({name: op.public for name, op in registry.OPS.items()})
+OPS = tuple(registry.OPS)  # the public op names
+
+__all__ = ["Explanation", "NoImplementationError", "explain", "registry", "use", *OPS]

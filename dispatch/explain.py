@@ -24,13 +24,13 @@ class Explanation:
 
     def _layout_notes(self):
         notes = []
-        for i, a in enumerate(self.call.args):
+        for name, a in self.call.args._asdict().items():
             if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
-                notes.append(f"argument {i} (shape {a.shape}) is not C-contiguous: it is copied before the kernel")
+                notes.append(f"argument {name} (shape {a.shape}) is not C-contiguous: it is copied before the kernel")
         return notes
 
     def __str__(self):
-        lines = [f"{self.op}: key {self.key}"]
+        lines = [f"{self.op}: key {self._key_text()}"]
         if self.chosen is None:
             lines.append("  no implementation can run this call")
         else:
@@ -48,6 +48,9 @@ class Explanation:
             if verdict != "chosen":
                 lines.append(f"  {name}: {verdict}: {'; '.join(reasons)}")
         return "\n".join(lines)
+
+    def _key_text(self):
+        return ", ".join(f"{k}={v}" for k, v in self.key._asdict().items() if k != "op")
 
     __repr__ = __str__
 

@@ -22,8 +22,11 @@ def device_of(**arrays) -> str:
     for name, arr in arrays.items():
         if arr is None:
             continue
-        if type(arr) is np.ndarray:
-            dev = "cpu"
+        if isinstance(arr, np.ndarray):
+            if isinstance(arr, (np.matrix, np.ma.MaskedArray)):
+                raise TypeError(f"{name} must be a plain numpy array, got {type(arr).__name__} "
+                                "(its semantics would be dropped silently): pass np.asarray(...)")
+            dev = "cpu"  # np.ndarray and subclasses such as np.memmap
         else:
             dev = devices.device_kind(arr)
             if dev is None:
@@ -77,18 +80,58 @@ def shape(name: str, arr, expected: tuple, what: str = "") -> None:
         raise ValueError(f"{name} must have shape {tuple(expected)}{what}, got {tuple(arr.shape)}")
 
 
-def finite(name: str, value, positive: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+def required(**arrays) -> None:
+    """Array arguments that may not be None."""
+    for name, arr in arrays.items():
+        if arr is None:
+            raise TypeError(f"{name} must be an array, got None")
+
+
+def real(name: str, value) -> float:
+    """A Python or numpy real number (not a bool, not a string, not a 0-d array) as float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number (int or float), got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def finite(name: str, value, positive: bool = False, dtype=None) -> float:
+    """A finite real number (positive if asked); with dtype, also finite in that dtype
+    (a float32 call cannot take a scale of 1e300: it would overflow to inf)."""
+    v = real(name, value)
     if not math.isfinite(v) or (positive and v <= 0):
         raise ValueError(f"{name} must be a finite{' positive' if positive else ''} number, got {value!r}")
+    if dtype is not None and np.dtype(dtype).kind == "f":
+        info = np.finfo(dtype)
+        if abs(v) > float(info.max):
+            raise ValueError(f"{name}={value!r} is not finite in {np.dtype(dtype)} (largest {float(info.max):.3g})")
     return v
 
 
+def integer(name: str, value, dtype=np.int64) -> int:
+    """A Python or numpy integer (not a bool) within dtype's range, as int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    info = np.iinfo(dtype)
+    if not info.min <= int(value) <= info.max:
+        raise ValueError(f"{name}={value} is out of range: it must fit {np.dtype(dtype)} [{info.min}, {info.max}]")
+    return int(value)
+
+
+def flag(name: str, value) -> bool:
+    """A Python or numpy bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def choice(name: str, value, allowed) -> None:
-    if value not in allowed:
+    """value must be one of allowed, which are names (str) or None: anything else (a list
+    passed by mistake) is a ValueError naming the argument, not 'unhashable type'."""
+    if value is None or isinstance(value, str):
+        ok = value in allowed
+    else:  # choices are names (str) or None
+        ok = False
+    if not ok:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 

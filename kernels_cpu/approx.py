@@ -28,14 +28,9 @@ FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 JIT = dict(cache=True, fastmath=FASTMATH, error_model="numpy")
 
 # Activation codes passed to the kernels (the fused GEMM epilogue and the elementwise
-# kernels).  kernels_cuda uses the same codes; dispatch maps names to them.
-ACT_NONE, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3, 4
-ACTIVATION_CODES = {None: ACT_NONE, "relu": ACT_RELU, "gelu": ACT_GELU,
-                    "gelu_tanh": ACT_GELU_TANH, "silu": ACT_SILU}
-
-SQRT_2_OVER_PI = 0.7978845608028654
-GELU_TANH_C = 0.044715
-INV_SQRT2 = 0.7071067811865476
+# kernels) and the formulas' constants: one table for both sides (kernels_common).
+from kernels_common.activation import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU,  # noqa: F401,E402
+                                       GELU_TANH_C, INV_SQRT2, SQRT_2_OVER_PI)
 
 
 def like(x, value):

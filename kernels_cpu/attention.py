@@ -35,7 +35,7 @@ from numba.extending import intrinsic, overload
 
 from .approx import JIT, fexp
 
-MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
 MR, NC = 4, 16   # micro-kernel block: MR rows x NC columns of C
 BQ = 64          # queries per flash work item (multiple of MR)

@@ -13,13 +13,9 @@ except Exception:  # noqa: BLE001
 
 FULL_MASK = 0xFFFFFFFF
 
-# Largest blocks the dispatcher launches per kernel kind (dispatch.cuda_impls uses the same
-# numbers); given to the compiler as launch bounds so that a kernel never needs more
-# registers than a block of that size can get (and, with a minimum of resident blocks,
-# so that it keeps that occupancy).
-ELEMENTWISE_THREADS = 256
-WARP_ROWS_THREADS = 128
-BLOCK_ROWS_MAX_THREADS = 1024
+# Largest blocks the dispatcher launches per kernel kind: one table with dispatch.cuda_impls.
+from kernels_common.cuda_tiles import BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, WARP_ROWS_THREADS  # noqa: E402,F401
+from kernels_common import acc_dtype  # noqa: E402
 
 
 def kernel(*args, **kw):
@@ -43,6 +39,5 @@ def device(fn=None, **kw):
 
 def acc_of(dtype):
     """(numba type, numpy type) the kernels accumulate in for an input dtype."""
-    if np.dtype(dtype) == np.float64:
-        return float64, np.float64
-    return float32, np.float32
+    acc = acc_dtype(dtype)
+    return (float64 if acc is np.float64 else float32), acc

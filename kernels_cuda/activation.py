@@ -5,7 +5,7 @@ Each thread handles VEC elements per step, VEC independent coalesced loads in fl
 sized to fill the GPU once (the dispatcher's choice) covers any length.  float16 and
 float32 inputs compute in float32, float64 in float64 (the kernel factory is keyed by
 the accumulation type; numba specializes each kernel on the array dtypes).  The
-activation code (kernels_cpu.approx.ACT_*) is a runtime argument; the branch is uniform
+activation code (kernels_common.activation.ACT_*) is a runtime argument; the branch is uniform
 over the grid.
 """
 import math
@@ -16,10 +16,9 @@ from numba import cuda
 
 from ._jit import ELEMENTWISE_THREADS, acc_of, device, kernel
 
-ACT_NONE, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3, 4
+from kernels_common.activation import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, INV_SQRT2, SQRT_2_OVER_PI
+
 VEC = 4  # the kernels below unroll exactly 4
-SQRT_2_OVER_PI = 0.7978845608028654
-INV_SQRT2 = 0.7071067811865476
 
 
 @lru_cache(maxsize=None)

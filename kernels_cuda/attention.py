@@ -28,23 +28,8 @@ from numba import cuda, int32
 from ._jit import FULL_MASK, acc_of, kernel
 from .primitives import warp_max, warp_sum
 
-MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-BK = 32
-NW = 4
-
-# D bucket -> (DMAX, BQ): shared memory BQ*DMAX + BK*(DMAX+1) + BK*DMAX + BQ*BK words.
-TILES = {64: (64, 16), 128: (128, 16)}  # D > 128 would need more than 48 KB of static shared memory
-
-
-def tile_for(d):
-    for dmax in sorted(TILES):
-        if d <= dmax:
-            return dmax, TILES[dmax][1]
-    return None
-
-
-def shared_bytes(dmax, bq, itemsize=4):
-    return itemsize * (bq * dmax + BK * (dmax + 1) + BK * dmax + bq * BK)
+from kernels_common.attention import MASK_BOOL, MASK_NONE  # noqa: E402
+from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW  # noqa: E402
 
 
 @lru_cache(maxsize=None)

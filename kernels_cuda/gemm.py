@@ -24,22 +24,7 @@ from numba import cuda
 from ._jit import acc_of, kernel
 from .activation import act_fn
 
-# (BM, BN, BK, TM, TN): the tile configurations the dispatcher chooses from.
-CONFIGS = {
-    "64x64x16/4x4": (64, 64, 16, 4, 4),   # 256 threads, 8.3 KB shared
-    "32x32x16/4x2": (32, 32, 16, 4, 2),   # 128 threads, 4.2 KB shared: small M or N
-    "128x64x8/8x4": (128, 64, 8, 8, 4),   # 256 threads, 6.2 KB shared: large M and N
-}
-
-
-def threads(cfg):
-    bm, bn, bk, tm, tn = CONFIGS[cfg]
-    return (bm // tm) * (bn // tn)
-
-
-def shared_bytes(cfg, itemsize=4):
-    bm, bn, bk, tm, tn = CONFIGS[cfg]
-    return bk * ((bm + 1) + (bn + 1)) * itemsize
+from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
 
 
 @lru_cache(maxsize=None)

@@ -12,8 +12,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kernels_common import acc_dtype  # noqa: F401  (re-exported: the accumulation rule for launches)
+
 from .. import devices
-from ..registry import OPS, Implementation, register
+from ..registry import Implementation, register
 
 CUDA_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 DEVICE_COPY_NOTE = "strided device inputs are copied to C order on the device first; a strided out= is filled by one device copy"
@@ -32,15 +34,15 @@ class CudaImplementation(Implementation):
         return self.launch(self.params, *call.args)
 
 
-def register_cuda(op: str, name: str, run, launch, *, notes="", params=None, dtypes=CUDA_DTYPES,
-                  supports=None, tunables=None):
-    """Register a CUDA implementation of op if op exists (families still being written
-    are skipped)."""
-    if op not in OPS or name in OPS[op].implementations:
-        return None
+def register_cuda(op: str, name: str, run, launch, *, kernels: tuple, notes="", params=None,
+                  dtypes=CUDA_DTYPES, supports=None, tunables=None):
+    """Register a CUDA implementation of op.  kernels: the kernels_cuda modules it launches
+    (their sources version the implementation for the tuning cache).  An unknown op or a
+    second registration of the same name raises (registry.RegistryError)."""
+    mods = tuple(f"kernels_cuda.{k}" for k in kernels) + ("kernels_cuda._jit", "kernels_cuda.primitives")
     return register(CudaImplementation(op, name, "cuda", run, dtypes=dtypes, supports=supports,
                                        notes=notes, params=dict(params or {}),
-                                       tunables=dict(tunables or {}), launch=launch))
+                                       tunables=dict(tunables or {}), kernel_modules=mods, launch=launch))
 
 
 _mods: dict = {}
@@ -106,23 +108,6 @@ def occupancy_blocks(p, threads: int, smem: int = 0, regs: int = 32) -> int:
     return max(1, min(by_threads, by_smem, by_regs, 32))
 
 
-def install_order(op: str, cuda_order):
-    """Give op's shape rule a CUDA branch: device keys are ordered by cuda_order(key) ->
-    (names, why); host keys keep the op's own rule."""
-    o = OPS.get(op)
-    if o is None or getattr(o.order, "_nk_cuda", False):
-        return
-    host_order = o.order
-
-    def order(key):
-        if key[1] == "cuda":
-            return cuda_order(key)
-        return host_order(key)
-
-    order._nk_cuda = True
-    o.order = order
-
-
 def pow2_at_least(n: int) -> int:
     p = 1
     while p < n:
@@ -140,7 +125,7 @@ def dummy(dtype):
     if d is None:
         from numba import cuda
 
-        d = _dummies[dt] = cuda.to_device(np.zeros(1, dt))
+        d = _dummies.setdefault(dt, cuda.to_device(np.zeros(1, dt)))  # a racing thread keeps the first
     return d
 
 

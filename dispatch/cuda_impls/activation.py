@@ -8,10 +8,13 @@ for more block launches.
 """
 from __future__ import annotations
 
+from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
+
+from ..registry import fixed_rule, set_rule
 from ._common import DEVICE_COPY_NOTE, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props, register_cuda, size
 
 VEC = 4
-PARAMS = {"block": 256, "vec": VEC, "waves": 1}
+PARAMS = {"block": ELEMENTWISE_THREADS, "vec": VEC, "waves": 1}
 
 
 def launch(params, x, *rest):
@@ -50,7 +53,10 @@ def _run_gated(params, gate, up, out, code):
 NOTES = ("grid-stride elementwise kernel, 4 coalesced loads in flight per thread; float16/float32 "
          "computed in float32, float64 in float64; " + DEVICE_COPY_NOTE)
 
+_RULE = fixed_rule(("cuda-elementwise",), "one elementwise kernel")
 for _op in ("relu", "silu", "gelu"):
-    register_cuda(_op, "cuda-elementwise", _run_unary, launch, notes=NOTES, params=PARAMS)
+    register_cuda(_op, "cuda-elementwise", _run_unary, launch, kernels=("activation",), notes=NOTES, params=PARAMS)
+    set_rule(_op, "cuda", _RULE)
 for _op in ("swiglu", "geglu"):
-    register_cuda(_op, "cuda-elementwise", _run_gated, launch, notes=NOTES, params=PARAMS)
+    register_cuda(_op, "cuda-elementwise", _run_gated, launch, kernels=("activation",), notes=NOTES, params=PARAMS)
+    set_rule(_op, "cuda", _RULE)

@@ -2,41 +2,40 @@
 one pass) and "cuda-splitkv" (the same kernel with the KV length split over grid z, then
 a combine pass): see kernels_cuda/attention.py.
 
-Shape rule (CUDA keys): split-KV while the (query rows x batch x kv heads) blocks cannot
-fill the GPU -- decode (Sq bucket <= 16, the CPU side's SPLITKV_MAX_SQ) -- flash
-otherwise.  splits = enough to give every SM two blocks, at most one per KV tile.
+Shape rule (CUDA keys): split-KV for decode-like shapes (Sq bucket <= SPLITKV_MAX_SQ),
+where the (query tiles x batch x kv heads) blocks cannot fill the GPU; flash otherwise.
+splits = enough to give every SM two blocks, at most one per KV tile.  Not measured on a
+GPU (none has been lent to this project yet): 16 is one query tile of BQ rows.
 Head dims up to 128 (48 KB of static shared memory holds a Q tile and one K and V tile of D columns).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, install_order, kernels, output, props,
-                      register_cuda)
+from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
+from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, attn_shared_bytes, attn_tile_for
 
-BK, NW = 32, 4
-TILES = {64: 16, 128: 16}  # DMAX -> BQ (mirrors kernels_cuda.attention.TILES)
+from ..registry import Rule, set_rule
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda
+
 SPLITKV_MAX_SQ = 16
 FLASH = {"splits": "one", "blocks_per_sm": 2}
 SPLITKV = {"splits": "fill", "blocks_per_sm": 2}
 
 
-def _tile(d):
-    for dmax in sorted(TILES):
-        if d <= dmax:
-            return dmax, TILES[dmax]
-    return None, None
+_DMAX = max(ATTN_TILES)
 
 
 def _supports(key):
-    d = key[6]
-    return [] if d <= 128 else [f"head dim bucket {d} > 128: the Q, K and V tiles would not fit in 48 KB of static shared memory"]
+    d = key.head_dim
+    return [] if d <= _DMAX else [f"head dim bucket {d} > {_DMAX}: the Q, K and V tiles would not fit in 48 KB of "
+                                  "static shared memory"]
 
 
 def launch(params, q, k, v, mask, causal, scale, out):
     nb, hq, sq, d = (int(s) for s in q.shape)
     hkv, skv = int(k.shape[1]), int(k.shape[2])
-    dmax, bq = _tile(d)
+    dmax, bq = attn_tile_for(d)
     p = props()
     rows = (hq // hkv) * sq
     base = cdiv(rows, bq) * nb * hkv
@@ -45,7 +44,7 @@ def launch(params, q, k, v, mask, causal, scale, out):
     if params["splits"] == "fill":
         splits = max(2, cdiv(p.sm_count * params["blocks_per_sm"], max(base, 1)))
         splits = min(splits, ntiles)
-    smem = 4 * (bq * dmax + BK * (dmax + 1) + BK * dmax + bq * BK)
+    smem = attn_shared_bytes(dmax, bq)
     cfg = {"kernel": f"attention.flash_d{dmax}", "grid": (max(1, cdiv(rows, bq)), nb * hkv, splits),
            "block": 32 * NW, "rows_per_block": bq, "kv_tile": BK, "shared_bytes": smem, "device": p.name}
     if splits > 1:
@@ -62,16 +61,16 @@ def _run(params, q, k, v, mask, causal, scale, out):
     res, od = output(out, q.shape, dt)
     if nb * hq * sq * d == 0:
         return deliver(res, od, out)
-    acc = np.float64 if dt == np.float64 else np.float32
+    acc = acc_dtype(dt)
     qd, kd, vd = as_input(q), as_input(k), as_input(v)
     if mask is None:
-        md, mkind = _dummy_mask(), K.MASK_NONE
+        md, mkind = _dummy_mask(), MASK_NONE
     else:
         md = as_input(mask)
         md = md.reshape((1,) * (4 - len(md.shape)) + tuple(md.shape))
-        mkind = K.MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else K.MASK_ADD
+        mkind = MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else MASK_ADD
     cfg = launch(params, q, k, v, mask, causal, scale, out)
-    dmax = K.tile_for(d)[0]
+    dmax = attn_tile_for(d)[0]
     splits = cfg["grid"][2]
     if int(k.shape[2]) == 0:  # no keys at all: every query sees none -> zeros
         splits = 1
@@ -109,7 +108,7 @@ def _dummy_parts(acc):
 
 
 def _order(key):
-    sq = key[4]
+    sq = key.sq
     if sq <= SPLITKV_MAX_SQ:
         return ("cuda-splitkv", "cuda-flash"), f"Sq bucket {sq} <= {SPLITKV_MAX_SQ}: decode shape, KV length split over the grid"
     return ("cuda-flash", "cuda-splitkv"), f"Sq bucket {sq} > {SPLITKV_MAX_SQ}: query tiles fill the GPU"
@@ -117,8 +116,8 @@ def _order(key):
 
 NOTE = ("Q tile x streamed K/V tiles in shared memory, online softmax by warp shuffles, causal tiles "
         "skipped, K/V tiles shared by the query heads of a GQA group, bool/additive masks; ")
-register_cuda("attention", "cuda-flash", _run, launch, params=FLASH, supports=_supports,
+register_cuda("attention", "cuda-flash", _run, launch, kernels=("attention",), params=FLASH, supports=_supports,
               notes=NOTE + DEVICE_COPY_NOTE)
-register_cuda("attention", "cuda-splitkv", _run, launch, params=SPLITKV, supports=_supports,
+register_cuda("attention", "cuda-splitkv", _run, launch, kernels=("attention",), params=SPLITKV, supports=_supports,
               notes=NOTE + "KV length split over grid z, second pass merges the splits; " + DEVICE_COPY_NOTE)
-install_order("attention", _order)
+set_rule("attention", "cuda", Rule(("cuda-splitkv", "cuda-flash"), _order))

@@ -2,10 +2,10 @@
 GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched over the
 broadcast batch dims (grid z), linear's (N, K) weight read in place (trans_b).
 
-Tile rule: the largest tile whose grid still gives at least one block per SM
-(128x64 > 64x64 > 32x32), so big products get the most reuse per loaded element and
-small or skinny ones (decode-like M) still spread over the SMs; tiles of more threads
-than the device allows per block are skipped.
+Tile rule: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
+at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
+loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
+more threads than the device allows per block are skipped.  Not measured on a GPU yet.
 """
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import math
 
 import numpy as np
 
-from ._common import DEVICE_COPY_NOTE, as_input, cdiv, deliver, dummy, install_order, kernels, output, props, register_cuda
+from kernels_common.cuda_tiles import GEMM_TILES, gemm_shared_bytes, gemm_threads
 
-# tile name -> (BM, BN, threads, shared bytes float32); mirrors kernels_cuda.gemm.CONFIGS
-# (kept here so that choosing a launch imports no CUDA).
-TILES = [("128x64x8/8x4", 128, 64, 256, 8 * (129 + 65) * 4),
-         ("64x64x16/4x4", 64, 64, 256, 16 * (65 + 65) * 4),
-         ("32x32x16/4x2", 32, 32, 128, 16 * (33 + 33) * 4)]
-PARAMS = {"tiles": [t[0] for t in TILES], "min_blocks_per_sm": 1}
+from ..registry import fixed_rule, set_rule
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, props, register_cuda
+
+# (name, BM, BN, threads, shared bytes float32), largest tile first
+TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
+PARAMS = {"min_blocks_per_sm": 1}
 
 
 def _dims(a, b, b_is_nk):
@@ -70,7 +70,7 @@ def _batch_index(a_batch, b_batch):
         from numba import cuda
 
         ai, bi = _batch_index_host(a_batch, b_batch)
-        hit = _idx_cache[key] = (cuda.to_device(ai), cuda.to_device(bi))
+        hit = _idx_cache.setdefault(key, (cuda.to_device(ai), cuda.to_device(bi)))  # racing threads: first wins
     return hit
 
 
@@ -92,7 +92,7 @@ def _run(params, a, b, bias, out, code, b_is_nk):
         ai, bi = _batch_index(a_batch, b_batch)
         bias_d = as_input(bias) if bias is not None else dummy(dt)
         cfg = launch(params, a, b, bias, out, code, b_is_nk)
-        acc = np.float64 if dt == np.float64 else np.float32
+        acc = acc_dtype(dt)
         K.gemm_kernel(acc, cfg["tile"])[cfg["grid"], cfg["block"]](
             a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
     return deliver(res, od, out)
@@ -103,5 +103,5 @@ NOTES = ("shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + 
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
 
 for _op in ("matmul", "linear"):
-    register_cuda(_op, "cuda-gemm", _run, launch, notes=NOTES, params=PARAMS)
-    install_order(_op, lambda key: (("cuda-gemm",), "the tiled CUDA GEMM (tile chosen per launch: see launch)"))
+    register_cuda(_op, "cuda-gemm", _run, launch, kernels=("gemm", "activation"), notes=NOTES, params=PARAMS)
+    set_rule(_op, "cuda", fixed_rule(("cuda-gemm",), "the tiled CUDA GEMM (tile chosen per launch: see launch)"))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import (DEVICE_COPY_NOTE, as_input, deliver, dummy, install_order, kernels, output,
-                      register_cuda, row_launch, size)
-from .softmax import BLOCK_MIN, BLOCK_PARAMS, WARP_PARAMS
+from ..registry import set_rule
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, deliver, dummy, kernels, output, register_cuda, row_launch, size
+from .softmax import BLOCK_PARAMS, ROW_RULE, WARP_PARAMS
 
 
 def _launch(family):
@@ -38,7 +38,7 @@ def _make_run(rms):
             w = as_input(weight) if weight is not None else dummy(dt)
             b = as_input(bias) if bias is not None else dummy(dt)
             cfg = _launch("rms_norm" if rms else "layer_norm")(params, x, weight, bias, residual, eps, out)
-            acc = np.float64 if dt == np.float64 else np.float32
+            acc = acc_dtype(dt)
             k = K.make(params["mode"], rms, acc)
             k[cfg["grid"], cfg["block"]](xd, rd, hd, w, b, float(eps), res.reshape(rows, d),
                                          weight is not None, bias is not None, residual is not None)
@@ -48,17 +48,10 @@ def _make_run(rms):
     return run
 
 
-def _order(key):
-    n = key[4]
-    if n < BLOCK_MIN:
-        return ("cuda-warp-row", "cuda-block-row"), f"D bucket {n} < {BLOCK_MIN}: one warp per row"
-    return ("cuda-block-row", "cuda-warp-row"), f"D bucket {n} >= {BLOCK_MIN}: one block per row"
-
-
 for _op, _rms in (("layer_norm", False), ("rms_norm", True)):
     what = "sum of squares" if _rms else "mean, then squared deviations"
-    register_cuda(_op, "cuda-warp-row", _make_run(_rms), _launch(_op), params=WARP_PARAMS,
+    register_cuda(_op, "cuda-warp-row", _make_run(_rms), _launch(_op), kernels=("norm",), params=WARP_PARAMS,
                   notes=f"one warp per row, {what} reduced by warp shuffles; residual add fused; " + DEVICE_COPY_NOTE)
-    register_cuda(_op, "cuda-block-row", _make_run(_rms), _launch(_op), params=BLOCK_PARAMS,
+    register_cuda(_op, "cuda-block-row", _make_run(_rms), _launch(_op), kernels=("norm",), params=BLOCK_PARAMS,
                   notes=f"one block per row, {what} reduced by warp shuffles + shared slots; residual add fused; " + DEVICE_COPY_NOTE)
-    install_order(_op, _order)
+    set_rule(_op, "cuda", ROW_RULE)  # the row-length rule of the softmax family (key.row_len is D)

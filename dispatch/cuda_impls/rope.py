@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, install_order, kernels, occupancy_blocks,
-                      output, props, register_cuda, size)
+from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 
-PARAMS = {"block": 256, "waves": 1}
+from ..registry import fixed_rule, set_rule
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props,
+                      register_cuda, size)
+
+PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
 
 
 def launch(params, x, cos, sin, interleaved, out):
@@ -27,12 +30,12 @@ def _run(params, x, cos, sin, interleaved, out):
         d = x.shape[-1]
         rows = size(x.shape) // d
         cfg = launch(params, x, cos, sin, interleaved, out)
-        acc = np.float64 if dt == np.float64 else np.float32
+        acc = acc_dtype(dt)
         K.rope_kernel(acc)[cfg["grid"], cfg["block"]](
             as_input(x).reshape(rows, d), as_input(cos), as_input(sin), res.reshape(rows, d), bool(interleaved))
     return deliver(res, od, out)
 
 
-register_cuda("rope", "cuda-elementwise", _run, launch, params=PARAMS,
+register_cuda("rope", "cuda-elementwise", _run, launch, kernels=("rope",), params=PARAMS,
               notes="one thread per rotated pair, coalesced over pairs, grid-stride; " + DEVICE_COPY_NOTE)
-install_order("rope", lambda key: (("cuda-elementwise",), "elementwise pair rotation"))
+set_rule("rope", "cuda", fixed_rule(("cuda-elementwise",), "elementwise pair rotation"))

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, dummy, install_order, kernels, output,
-                      props, register_cuda, row_launch, size)
+from ..registry import Rule, set_rule
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda,
+                      row_launch, size)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 WARP_PARAMS = {"mode": "warp", "warps_per_block": 4}
 BLOCK_PARAMS = {"mode": "block", "per_thread": 8, "max_block": 1024, "waves": 1}
 COLUMN_BLOCK = 128
-
-
-def _acc(dtype):
-    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
 
 
 def _split(shape, axis):
@@ -49,7 +46,7 @@ def _run_softmax(params, x, axis, out, log):
     if size(x.shape):
         outer, n, inner = _split(tuple(x.shape), axis)
         cfg = launch(params, x, axis, out, log)
-        acc = _acc(x.dtype)
+        acc = acc_dtype(x.dtype)
         if inner != 1:
             k = K.columns(acc)
             k[cfg["grid"], cfg["block"]](xd.reshape(outer, n, inner), res.reshape(outer, n, inner), log)
@@ -60,18 +57,23 @@ def _run_softmax(params, x, axis, out, log):
 
 
 def _order(key):
-    n = key[4]
+    n = key.row_len
     if n < BLOCK_MIN:
         return ("cuda-warp-row", "cuda-block-row"), f"row length bucket {n} < {BLOCK_MIN}: one warp per row"
     return ("cuda-block-row", "cuda-warp-row"), f"row length bucket {n} >= {BLOCK_MIN}: one block per row"
 
 
+ROW_RULE = Rule(("cuda-warp-row", "cuda-block-row"), _order)  # softmax family and norms
+
+
 NOTES_W = "online max/sum-exp per lane merged by warp shuffles, second pass writes; " + DEVICE_COPY_NOTE
 NOTES_B = "online max/sum-exp per thread merged by warp shuffles + 32 shared slots, second pass writes; " + DEVICE_COPY_NOTE
 for _op in ("softmax", "log_softmax"):
-    register_cuda(_op, "cuda-warp-row", _run_softmax, launch, notes=NOTES_W, params=WARP_PARAMS)
-    register_cuda(_op, "cuda-block-row", _run_softmax, launch, notes=NOTES_B, params=BLOCK_PARAMS)
-    install_order(_op, _order)
+    register_cuda(_op, "cuda-warp-row", _run_softmax, launch, kernels=("softmax",), notes=NOTES_W,
+                  params=WARP_PARAMS)
+    register_cuda(_op, "cuda-block-row", _run_softmax, launch, kernels=("softmax",), notes=NOTES_B,
+                  params=BLOCK_PARAMS)
+    set_rule(_op, "cuda", ROW_RULE)
 
 
 # ---- cross_entropy -------------------------------------------------------------------------
@@ -89,7 +91,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
     K = kernels("softmax")
     n, c = logits.shape
     dt = np.dtype(logits.dtype)
-    acc = _acc(dt)
+    acc = acc_dtype(dt)
     ld, td = as_input(logits), as_input(targets)
     losses = cuda.device_array(n, dt if reduction == "none" else acc)
     valid = cuda.device_array(max(n, 1), acc)
@@ -112,8 +114,8 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
 
 CE_NOTE = ("online logsumexp by shuffles, target checked on the device (one 8-byte read back to "
            "raise), one-block deterministic sum/mean pass; ")
-register_cuda("cross_entropy", "cuda-warp-row", _run_ce, ce_launch, params=WARP_PARAMS,
+register_cuda("cross_entropy", "cuda-warp-row", _run_ce, ce_launch, kernels=("softmax",), params=WARP_PARAMS,
               notes="one warp per row: " + CE_NOTE + DEVICE_COPY_NOTE)
-register_cuda("cross_entropy", "cuda-block-row", _run_ce, ce_launch, params=BLOCK_PARAMS,
+register_cuda("cross_entropy", "cuda-block-row", _run_ce, ce_launch, kernels=("softmax",), params=BLOCK_PARAMS,
               notes="one block per row: " + CE_NOTE + DEVICE_COPY_NOTE)
-install_order("cross_entropy", _order)
+set_rule("cross_entropy", "cuda", ROW_RULE)

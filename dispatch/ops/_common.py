@@ -1,20 +1,49 @@
-"""Helpers shared by the op modules: preparing host arrays for kernels and the
-serial/parallel shape rule.  Kernels take C-contiguous arrays; these helpers make the
-copies (stated in `explain`) and route results into ``out=``."""
+"""Helpers shared by the op modules: preparing host arrays for kernels, the serial/parallel
+shape rule, and the default benchmark signature.  Kernels take C-contiguous, writeable-typed
+arrays; these helpers make the copies (stated in `explain`) and route results into ``out=``."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..registry import bucket
+from ..registry import Rule, bucket
 
 HOST_COPY_NOTE = "non-contiguous host inputs are copied to C order first; a non-contiguous out= is filled by one copy"
 
 
-def contiguous(x):
-    """x itself when C-contiguous, else a C-contiguous copy (None stays None)."""
-    if x is None or x.flags.c_contiguous:
+class _Alias:
+    """Exposes a read-only array's memory through the array interface with the read-only
+    flag cleared (see `kernel_input`).  Holds the array, so the memory stays alive."""
+
+    __slots__ = ("__array_interface__", "_keep")
+
+    def __init__(self, a):
+        iface = dict(a.__array_interface__)
+        iface["data"] = (iface["data"][0], False)
+        self.__array_interface__ = iface
+        self._keep = a
+
+
+def kernel_input(x):
+    """x as a C-contiguous base-class ndarray for a kernel (None stays None).
+
+    A non-contiguous x is copied.  A read-only x (np.broadcast_to views, arrays with
+    writeable=False, read-only memmaps) is passed as a writeable-typed alias of the same
+    memory: numba types read-only arrays differently, so they would compile a second
+    specialization of every kernel on first use (seconds, and a warning), and a kernel
+    signature that ties an input to an output buffer would not type at all.  Kernels never
+    write their inputs, so the alias is only a typing device."""
+    if x is None:
         return x
-    return np.ascontiguousarray(x)
+    if type(x) is not np.ndarray:
+        x = x.view(np.ndarray)       # np.memmap and other ndarray subclasses: same memory
+    if not x.flags.c_contiguous:
+        return np.ascontiguousarray(x)
+    if not x.flags.writeable:
+        return np.asarray(_Alias(x))
+    return x
+
+
+contiguous = kernel_input
 
 
 def result_buffer(out, shape, dtype):
@@ -32,19 +61,17 @@ def deliver(res, out):
     return out
 
 
-def serial_parallel_order(size_index: int, threshold: int, measured: str):
-    """Shape rule for ops with a serial and a parallel CPU kernel: serial below
-    ``threshold`` elements (key[size_index] is the bucketed size), parallel at or above."""
+def serial_parallel_rule(size_field: str, threshold: int, measured: str) -> Rule:
+    """CPU rule for ops with a serial and a parallel kernel: serial below ``threshold``
+    elements (the key's ``size_field`` holds the bucketed size), parallel at or above."""
 
-    def order(key):
-        n = key[size_index]
-        if key[1] == "cuda":
-            return ("cuda",), "inputs are CUDA arrays"
+    def choose(key):
+        n = getattr(key, size_field)
         if n < threshold:
             return ("cpu-serial", "cpu-parallel"), f"size bucket {n} < {threshold}: threads cost more than they give ({measured})"
         return ("cpu-parallel", "cpu-serial"), f"size bucket {n} >= {threshold}: threads pay off ({measured})"
 
-    return order
+    return Rule(("cpu-serial", "cpu-parallel"), choose)
 
 
 def size_bucket(*shape) -> int:

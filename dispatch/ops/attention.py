@@ -11,32 +11,47 @@ attention(q, k, v, *, causal=False, mask=None, scale=None, out=None)
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
+from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_cpu import attention as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, register, register_op
-from ..select import select
+from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer
 
-MASK_KINDS = {None: K.MASK_NONE, "bool": K.MASK_BOOL, "add": K.MASK_ADD}
+_KERNELS = ("kernels_cpu.attention", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+
+class AttentionKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    heads: int          # bucket of B * Hq
+    sq: int             # bucket of Sq
+    skv: int            # bucket of Skv
+    head_dim: int       # bucket of D
+    group: int          # bucket of Hq // Hkv (query heads per kv head)
+    causal: bool
+    mask_kind: int      # kernels_common.attention.MASK_*
+
+
+class AttentionArgs(NamedTuple):
+    q: object           # (B, Hq, Sq, D), any strides
+    k: object           # (B, Hkv, Skv, D)
+    v: object           # (B, Hkv, Skv, D)
+    mask: object        # None, bool or q's dtype, unbroadcast
+    causal: bool
+    scale: float        # 1/sqrt(D) when scale=None; finite in q's dtype
+    out: object
 
 
 def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
-    """Validate an attention call and build its key.
-
-    Call.args = (q, k, v, mask, causal, scale, out):
-      q, k, v  the user's arrays (any strides; host implementations copy non-contiguous ones)
-      mask     the user's mask array, unbroadcast (None, bool, or q's dtype)
-      causal   bool
-      scale    Python float (1/sqrt(D) when scale=None)
-      out      the user's out= array or None
-    Key: ("attention", device, dtype, bucket(B*Hq), bucket(Sq), bucket(Skv), bucket(D),
-          bucket(Hq // Hkv), causal, mask kind 0 none / 1 bool / 2 additive).
-    """
+    """Validate an attention call: Call.args = AttentionArgs, key AttentionKey."""
+    V.required(q=q, k=k, v=v)
     dev = V.device_of(q=q, k=k, v=v, mask=mask, out=out)
     dt = V.float_dtype("q", q)
     V.same_dtype("k", k, "q", dt)
@@ -56,28 +71,25 @@ def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
         raise ValueError(f"v must have the shape of k {tuple(k.shape)} (same Skv, heads, D), got {tuple(v.shape)}")
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"k has {Hkv} heads, which must divide q's {Hq} heads (Hq % Hkv == 0)")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    causal = bool(causal)
-    mkind = K.MASK_NONE
+    causal = V.flag("causal", causal)
+    mkind = MASK_NONE
     if mask is not None:
-        if mask.dtype == np.bool_:
-            mkind = K.MASK_BOOL
-        elif mask.dtype == dt:
-            mkind = K.MASK_ADD
+        mdt = V.dtype_of(mask)
+        if mdt == np.bool_:
+            mkind = MASK_BOOL
+        elif mdt == dt:
+            mkind = MASK_ADD
         else:
-            raise TypeError(f"mask must have dtype bool or {dt} (q's dtype), got {mask.dtype}")
+            raise TypeError(f"mask must have dtype bool or {dt} (q's dtype), got {mdt}")
         V.broadcastable("mask", tuple(mask.shape), (B, Hq, Sq, Skv), "(B, Hq, Sq, Skv)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     else:
-        if isinstance(scale, (bool, np.bool_)):
-            raise TypeError(f"scale must be a real number, got {scale!r}")
-        scale = V.finite("scale", scale)
+        scale = V.finite("scale", scale, dtype=dt)
     V.out(out, (B, Hq, Sq, D), dt, q=q, k=k, v=v, mask=mask)
-    key = ("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket(D),
-           bucket(Hq // Hkv), causal, mkind)
-    return Call(key, (q, k, v, mask, causal, scale, out))
+    key = AttentionKey("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket(D),
+                       bucket(Hq // Hkv), causal, mkind)
+    return Call(key, AttentionArgs(q, k, v, mask, causal, scale, out))
 
 
 # ---- work model --------------------------------------------------------------------------
@@ -93,13 +105,13 @@ def visible_pairs(Sq, Skv, causal):
 
 
 def _flops(call):
-    q, k = call.args[0], call.args[1]
+    q, k = call.args.q, call.args.k
     B, Hq, Sq, D = q.shape
-    return 4.0 * B * Hq * D * visible_pairs(Sq, k.shape[2], call.args[4])
+    return 4.0 * B * Hq * D * visible_pairs(Sq, k.shape[2], call.args.causal)
 
 
 def _bytes(call):
-    q, k, v, mask = call.args[:4]
+    q, k, v, mask = call.args.q, call.args.k, call.args.v, call.args.mask
     n = 2 * q.size * q.dtype.itemsize + (k.size + v.size) * k.dtype.itemsize
     if mask is not None:
         n += mask.size * mask.dtype.itemsize
@@ -136,15 +148,12 @@ SERIAL_MAX_FLOPS = 1 << 21
 
 
 def _order(key):
-    if key[1] == "cuda":
-        return ("cuda-flash", "cuda-splitkv"), "inputs are CUDA arrays"
-    bh, sq, skv, d, g = key[3], key[4], key[5], key[6], key[7]
-    rows = g * sq
+    rows = key.group * key.sq
     if rows <= SPLITKV_MAX_ROWS:
         return (("cpu-splitkv", "cpu-flash", "cpu-serial"),
                 f"{rows} query rows per kv head <= {SPLITKV_MAX_ROWS}: decode shape, split-KV streams K/V "
                 "once, split over threads")
-    work = 4 * bh * sq * skv * d
+    work = 4 * key.heads * key.sq * key.skv * key.head_dim
     if work < SERIAL_MAX_FLOPS:
         return (("cpu-serial", "cpu-flash", "cpu-splitkv"),
                 f"~{work} FLOPs < {SERIAL_MAX_FLOPS}: less work than a thread launch costs")
@@ -164,10 +173,10 @@ def _prepare(q, k, v, mask, out):
     Skv = k.shape[2]
     if mask is None:  # (np.broadcast_to costs ~5 us; this view is the same thing)
         m4 = np.ndarray((B, Hq, Sq, Skv), q.dtype, buffer=_ZERO, strides=(0, 0, 0, 0))
-        mkind = K.MASK_NONE
+        mkind = MASK_NONE
     else:
-        m4 = np.broadcast_to(mask, (B, Hq, Sq, Skv))
-        mkind = K.MASK_BOOL if mask.dtype == np.bool_ else K.MASK_ADD
+        m4 = np.broadcast_to(mask.view(np.ndarray) if type(mask) is not np.ndarray else mask, (B, Hq, Sq, Skv))
+        mkind = MASK_BOOL if mask.dtype == np.bool_ else MASK_ADD
     res = result_buffer(out, q.shape, q.dtype)
     return qc, kc, vc, m4, mkind, res
 
@@ -210,25 +219,27 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out):
     return deliver(res, out)
 
 
-_op = register_op(Op("attention", describe, _order, _flops, _bytes, family="attention"))
+_op = register_op(Op(
+    "attention", describe, family="attention", bound="compute",
+    signature=lambda i: ((i["q"], i["k"], i["v"]), {"causal": i.get("causal", False), "mask": i.get("mask")}),
+    flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)}))
 register(Implementation(
-    "attention", "cpu-flash", "cpu", _run_flash(True),
+    "attention", "cpu-flash", "cpu", _run_flash(True), kernel_modules=_KERNELS,
     notes=HOST_COPY_NOTE + f"; K packed to 16-key K^T panels once per call; work items (batch, kv head, "
           f"tile of {K.BQ} (query head, query) rows of its GQA group), handed out dynamically over threads; "
           f"{K.BK}-key tiles streamed with an online softmax, causal tiles above the diagonal skipped; "
           "mask read through broadcast strides"))
 register(Implementation(
-    "attention", "cpu-serial", "cpu", _run_flash(False),
+    "attention", "cpu-serial", "cpu", _run_flash(False), kernel_modules=_KERNELS,
     notes=HOST_COPY_NOTE + "; the flash kernel on the calling thread"))
 register(Implementation(
-    "attention", "cpu-splitkv", "cpu", _run_splitkv,
+    "attention", "cpu-splitkv", "cpu", _run_splitkv, kernel_modules=_KERNELS,
     notes=HOST_COPY_NOTE + f"; decode: work items (batch, kv head, kv split of >= {K.SPLIT_MIN} keys, "
           f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group",
     params={"items_per_thread": 4}, tunables={"items_per_thread": [1, 2, 4, 8]}))
 
 
+@_op.expose
 def attention(q, k, v, *, causal=False, mask=None, scale=None, out=None):
     """softmax(q k^T * scale + mask) v per (batch, head); see the module docstring."""
-    call = describe(q, k, v, causal=causal, mask=mask, scale=scale, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _op(q, k, v, causal=causal, mask=mask, scale=scale, out=out)

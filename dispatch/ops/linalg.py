@@ -16,31 +16,51 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
+from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import gemm as K
-from kernels_cpu.approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, ACTIVATION_CODES
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, register, register_op
-from ..select import select
-from ._common import deliver, result_buffer
+from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
+from ._common import deliver, kernel_input, result_buffer
 
-# FLOPs per output element of the epilogue (bias add 1, activations as in ops.activation).
-_ACT_FLOPS = {ACT_NONE: 0, ACT_RELU: 1, ACT_SILU: 4, ACT_GELU: 8, ACT_GELU_TANH: 9}
-_ACT_NAMES = list(ACTIVATION_CODES)
+_KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+
+class GemmKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    batch: int          # bucket of the broadcast batch size (1 for linear)
+    m: int              # bucket of M (linear: the product of x's leading dims)
+    n: int              # bucket of N
+    k: int              # bucket of K
+    act: int            # kernels_common.activation.ACT_*
+    has_bias: bool
+
+
+class GemmArgs(NamedTuple):
+    a: object           # matmul: a (..., M, K); linear: x (..., K); as given
+    b: object           # matmul: b (..., K, N); linear: weight (N, K); as given
+    bias: object        # (N,) or None
+    out: object
+    act: int            # kernels_common.activation.ACT_*
+    b_is_nk: bool       # True for linear: the second operand is (N, K), used transposed
 
 
 def _common_checks(first_name, first, second_name, second, bias, out, activation):
+    V.required(**{first_name: first, second_name: second})
     dev = V.device_of(**{first_name: first, second_name: second, "bias": bias, "out": out})
     dt = V.float_dtype(first_name, first)
     V.same_dtype(second_name, second, first_name, dt)
     if bias is not None:
         V.same_dtype("bias", bias, first_name, dt)
-    if activation not in ACTIVATION_CODES:
-        raise ValueError(f"activation must be one of {_ACT_NAMES}, got {activation!r}")
+    V.choice("activation", activation, list(ACTIVATION_CODES))
     return dev, dt, ACTIVATION_CODES[activation]
 
 
@@ -50,16 +70,12 @@ def _check_bias(bias, n, what):
 
 
 def _key(op, dev, dt, batch, m, n, k, code, bias):
-    return (op, dev, dt, bucket(batch), bucket(m), bucket(n), bucket(k), code, bias is not None)
+    return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket(n), bucket(k), code, bias is not None)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
-    """Validate a matmul call.
-
-    Call.args = (a, b, bias, out, code, False): a (..., M, K), b (..., K, N) as given
-    (any strides, batch dims not yet broadcast), bias (N,) or None, out or None, code the
-    approx.ACT_* activation; the last element (``b_is_nk``) is False: b is (K, N).
-    Key: ("matmul", device, dtype, bucket(batch), bucket(M), bucket(N), bucket(K), code, has_bias)."""
+    """Validate a matmul call: Call.args = GemmArgs (b_is_nk False; batch dims not yet
+    broadcast), key GemmKey."""
     dev, dt, code = _common_checks("a", a, "b", b, bias, out, activation)
     V.rank("a", a, (2, 64), " (..., M, K)")
     V.rank("b", b, (2, 64), " (..., K, N)")
@@ -77,17 +93,12 @@ def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     out_shape = batch_shape + (m, n)
     V.out(out, out_shape, dt, a=a, b=b, bias=bias)
     batch = math.prod(batch_shape)
-    return Call(_key("matmul", dev, dt, batch, m, n, k, code, bias), (a, b, bias, out, code, False))
+    return Call(_key("matmul", dev, dt, batch, m, n, k, code, bias), GemmArgs(a, b, bias, out, code, False))
 
 
 def describe_linear(x, weight, bias=None, *, activation=None, out=None):
-    """Validate a linear call.
-
-    Call.args = (x, weight, bias, out, code, True): x (..., K), weight (N, K) as given,
-    bias (N,) or None, out or None, code the approx.ACT_* activation; the last element
-    (``b_is_nk``) is True: the second operand is (N, K) and used transposed.
-    Key: ("linear", device, dtype, 1, bucket(M), bucket(N), bucket(K), code, has_bias) with
-    M the product of x's leading dims."""
+    """Validate a linear call: Call.args = GemmArgs (a = x, b = weight, b_is_nk True), key
+    GemmKey with batch 1 and M the product of x's leading dims."""
     dev, dt, code = _common_checks("x", x, "weight", weight, bias, out, activation)
     V.rank("x", x, (1, 64), " (..., K)")
     V.rank("weight", weight, 2, " (N, K)")
@@ -100,7 +111,7 @@ def describe_linear(x, weight, bias=None, *, activation=None, out=None):
     out_shape = tuple(x.shape[:-1]) + (n,)
     V.out(out, out_shape, dt, x=x, weight=weight, bias=bias)
     m = math.prod(x.shape[:-1])
-    return Call(_key("linear", dev, dt, 1, m, n, k, code, bias), (x, weight, bias, out, code, True))
+    return Call(_key("linear", dev, dt, 1, m, n, k, code, bias), GemmArgs(x, weight, bias, out, code, True))
 
 
 # ---- host preparation ----------------------------------------------------------------------
@@ -135,8 +146,11 @@ def _batch_index(a_batch, b_batch):
 
 @functools.lru_cache(maxsize=64)
 def _zeros(n, dtype):
-    """The bias vector of a call without bias (kernels take one signature)."""
-    return np.zeros(n, dtype)
+    """The bias vector of a call without bias (kernels take one signature): shared by all
+    threads, so frozen read-only (and passed as the kernels' writeable-typed alias)."""
+    z = np.zeros(n, dtype)
+    z.flags.writeable = False
+    return kernel_input(z)
 
 
 def _prepare(a, b, bias, out, b_is_nk):
@@ -166,23 +180,29 @@ def _prepare(a, b, bias, out, b_is_nk):
         a3, transa = _as3(a)
         b3, transb = _as3(b)
     res = result_buffer(out, out_shape, dt)
-    bias_v = _zeros(n, dt) if bias is None else np.ascontiguousarray(bias)
+    bias_v = _zeros(n, dt) if bias is None else kernel_input(bias)
+    # read-only inputs as writeable-typed aliases: one kernel specialization for all
+    a3, b3 = kernel_input(a3), kernel_input(b3)
     return a3, b3, a_idx, b_idx, transa, transb, bias_v, res.reshape(nbatch, m, n), res, k
 
 
-_WORKSPACE = {}
+_WORKSPACE = threading.local()
 WORKSPACE_KEEP = 1 << 24  # elements: packing buffers up to this size are kept for the next call
 
 
 def _workspace(n, dtype):
-    """A scratch vector of n elements for the GEMM's packed panels.  Reusing it saves the
-    page faults of a fresh multi-MiB allocation on every call.  The kernels hold the GIL,
-    so one buffer per dtype is never used by two calls at once."""
-    buf = _WORKSPACE.get(dtype)
+    """A scratch vector of n elements for the GEMM's packed panels, owned by the calling
+    Python thread.  Reusing it saves the page faults of a fresh multi-MiB allocation on
+    every call; per-thread ownership matters because the kernels release the GIL, so two
+    threads calling at once must never pack into one buffer."""
+    bufs = getattr(_WORKSPACE, "by_dtype", None)
+    if bufs is None:
+        bufs = _WORKSPACE.by_dtype = {}
+    buf = bufs.get(dtype)
     if buf is None or buf.size < n:
         buf = np.empty(n, dtype)
         if n <= WORKSPACE_KEEP:
-            _WORKSPACE[dtype] = buf
+            bufs[dtype] = buf
     return buf[:n]
 
 
@@ -244,7 +264,7 @@ def _run_blas(params, a, b, bias, out, code, b_is_nk):
         res = np.matmul(a, bmat)
     if (bias is not None or code != ACT_NONE) and res.size:
         n = res.shape[-1]
-        bias_v = _zeros(n, res.dtype) if bias is None else np.ascontiguousarray(bias)
+        bias_v = _zeros(n, res.dtype) if bias is None else kernel_input(bias)
         K.epilogue_parallel(res.reshape(-1, n), bias_v, code)
     return deliver(res, out)
 
@@ -252,7 +272,7 @@ def _run_blas(params, a, b, bias, out, code, b_is_nk):
 # ---- work model ----------------------------------------------------------------------------
 
 def _dims(call):
-    a, b, bias, out, code, b_is_nk = call.args
+    a, b, b_is_nk = call.args.a, call.args.b, call.args.b_is_nk
     if b_is_nk:
         return 1, math.prod(a.shape[:-1]), b.shape[0], a.shape[-1]
     batch = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
@@ -261,14 +281,13 @@ def _dims(call):
 
 def _flops(call):
     batch, m, n, k = _dims(call)
-    bias, code = call.args[2], call.args[4]
-    per_out = 2 * k + (bias is not None) + _ACT_FLOPS[code]
+    per_out = 2 * k + (call.args.bias is not None) + FLOPS_PER_ELEMENT[call.args.act]
     return batch * m * n * per_out
 
 
 def _bytes(call):
     """Fewest bytes: read a, b and bias once (broadcast batches once), write the result."""
-    a, b, bias = call.args[:3]
+    a, b, bias = call.args.a, call.args.b, call.args.bias
     batch, m, n, k = _dims(call)
     elems = a.size + b.size + (bias.size if bias is not None else 0) + batch * m * n
     return elems * a.dtype.itemsize
@@ -324,16 +343,15 @@ SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 
 
 def _order(key):
-    if key[1] == "cuda":
-        return ("cuda",), "inputs are CUDA arrays"
-    m, n, k = key[4], key[5], key[6]
-    if m < GEMV_ROWS and (key[7] != ACT_NONE or key[8]):
+    m, n, k = key.m, key.n, key.k
+    epilogue = key.act != ACT_NONE or key.has_bias
+    if m < GEMV_ROWS and epilogue:
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
         return ("blas", "cpu-gemv", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}, no epilogue: OpenBLAS's gemv reads b faster than ours"
     if m * n * k < SMALL_PRODUCT:
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
-    if key[7] != ACT_NONE or key[8]:
+    if epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 with bias/activation: cache-blocked GEMM with the epilogue fused (no second pass)"
     return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
@@ -349,30 +367,49 @@ _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel
                "a second pass over the output (skipped without bias and activation)")
 
 
-def _register(name, describe):
-    op = register_op(Op(name, describe, _order, _flops, _bytes, family="linalg"))
-    register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM))
-    register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV))
-    register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS))
+_RULE = Rule(("cpu-gemm", "cpu-gemv", "blas"), _order)
+
+
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal operands; a linear weight scaled by 1/sqrt(K) so
+    activations see values of order one."""
+    out = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
+    if "weight" in out:
+        out["weight"] *= dtype(1.0 / math.sqrt(out["weight"].shape[-1]))
+    return out
+
+
+def _sig_matmul(i):
+    return (i["a"], i["b"]), {"bias": i.get("bias"), "activation": i.get("activation")}
+
+
+def _sig_linear(i):
+    return (i["x"], i["weight"], i.get("bias")), {"activation": i.get("activation")}
+
+
+def _register(name, describe, signature):
+    op = register_op(Op(name, describe, family="linalg", bound="compute", signature=signature, flops=_flops,
+                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize))
+    register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV, kernel_modules=_KERNELS))
+    register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS, kernel_modules=_KERNELS))
     return op
 
 
-_register("matmul", describe_matmul)
-_register("linear", describe_linear)
+_matmul = _register("matmul", describe_matmul, _sig_matmul)
+_linear = _register("linear", describe_linear, _sig_linear)
 
 
+@_matmul.expose
 def matmul(a, b, *, bias=None, activation=None, out=None):
     """act(a @ b + bias): a (..., M, K), b (..., K, N) with numpy batch broadcasting, bias
     (N,) or None, activation None / "relu" / "gelu" / "gelu_tanh" / "silu" (fused into the
     kernel's epilogue).  Returns (..., M, N), written into out= when given."""
-    call = describe_matmul(a, b, bias=bias, activation=activation, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _matmul(a, b, bias=bias, activation=activation, out=out)
 
 
+@_linear.expose
 def linear(x, weight, bias=None, *, activation=None, out=None):
     """act(x @ weight.T + bias) as torch.nn.functional.linear (+ activation): x (..., K),
     weight (N, K), bias (N,) or None.  Returns (..., N), written into out= when given."""
-    call = describe_linear(x, weight, bias, activation=activation, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _linear(x, weight, bias, activation=activation, out=out)

@@ -8,6 +8,7 @@ float32 or float64; mixed dtypes are a TypeError.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,8 +16,7 @@ from kernels_cpu import norm as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
-from ..select import select
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_order, size_bucket
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured on this machine kind (2 cores, float32, no residual; medians of 11 interleaved
 # rounds of the kernels alone, 2026-11-22, other jobs running): layer_norm D=768: serial
@@ -26,6 +26,29 @@ from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_
 PARALLEL_THRESHOLD = {"layer_norm": 1 << 15, "rms_norm": 1 << 16}
 _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel crossover measured at 2^14..2^15 elements",
              "rms_norm": "rms_norm float32 serial vs parallel crossover measured at 2^15..2^17 elements"}
+
+
+_KERNELS = ("kernels_cpu.norm", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+
+class NormKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    size: int           # bucket of x.size
+    row_len: int        # bucket of D
+    has_weight: bool
+    has_bias: bool
+    has_residual: bool
+
+
+class NormArgs(NamedTuple):
+    x: object           # (..., D)
+    weight: object      # (D,) or None
+    bias: object        # (D,) or None (always None for rms_norm)
+    residual: object    # x's shape or None
+    eps: float          # finite, > 0, finite in x's dtype
+    out: object
 
 
 def _check(name, x, weight, bias, eps, residual, out):
@@ -40,27 +63,20 @@ def _check(name, x, weight, bias, eps, residual, out):
     if residual is not None:
         V.same_dtype("residual", residual, "x", dt)
         V.shape("residual", residual, tuple(x.shape), " (x's shape)")
-    eps = V.finite("eps", eps, positive=True)
+    eps = V.finite("eps", eps, positive=True, dtype=dt)
     V.out(out, x.shape, dt, x=x, weight=weight, bias=bias, residual=residual)
-    key = (name, dev, dt, size_bucket(*x.shape), bucket(d),
-           weight is not None, bias is not None, residual is not None)
-    return Call(key, (x, weight, bias, residual, eps, out))
+    key = NormKey(name, dev, dt, size_bucket(*x.shape), bucket(d),
+                  weight is not None, bias is not None, residual is not None)
+    return Call(key, NormArgs(x, weight, bias, residual, eps, out))
 
 
 def _describe_ln(x, weight=None, bias=None, *, eps=1e-5, residual=None, out=None):
-    """Call.args = (x, weight, bias, residual, eps, out): x (..., D); weight, bias None or
-    (D,) arrays of x's dtype; residual None or an array of x's shape and dtype; eps a
-    positive finite Python float; out None or an array of x's shape and dtype (receives
-    the normalized output).  Key: ("layer_norm", device, dtype, size bucket of x,
-    bucket of D, has weight, has bias, has residual).  run() returns out, or (out, h)
-    with a residual."""
+    """Call.args = NormArgs, key NormKey.  run() returns out, or (out, h) with a residual."""
     return _check("layer_norm", x, weight, bias, eps, residual, out)
 
 
 def _describe_rms(x, weight=None, *, eps=1e-6, residual=None, out=None):
-    """Call.args = (x, weight, None, residual, eps, out): as layer_norm's, with bias
-    always None.  Key: ("rms_norm", device, dtype, size bucket of x, bucket of D,
-    has weight, False, has residual)."""
+    """Call.args = NormArgs with bias None, key NormKey with has_bias False."""
     return _check("rms_norm", x, weight, None, eps, residual, out)
 
 
@@ -68,7 +84,7 @@ def _describe_rms(x, weight=None, *, eps=1e-6, residual=None, out=None):
 def _const_vector(d, dtype, value):
     v = np.full(d, value, dtype)
     v.flags.writeable = False
-    return v
+    return contiguous(v)  # a writeable-typed alias: the same kernel specialization as a user's weight
 
 
 def _host(kernel, with_bias):
@@ -100,36 +116,56 @@ def _host(kernel, with_bias):
 
 def _flops_ln(call):
     # sum, subtract+square+sum, normalize (sub, mul, mul, add); +1 per element with residual
-    x, residual = call.args[0], call.args[3]
-    return (8 + (residual is not None)) * x.size
+    return (8 + (call.args.residual is not None)) * call.args.x.size
 
 
 def _flops_rms(call):
-    x, residual = call.args[0], call.args[3]
-    return (4 + (residual is not None)) * x.size
+    return (4 + (call.args.residual is not None)) * call.args.x.size
 
 
 def _bytes(call):
     """x read, out written; with a residual also residual read and h written; parameters."""
-    x, weight, bias, residual = call.args[:4]
+    x, weight, bias, residual = call.args.x, call.args.weight, call.args.bias, call.args.residual
     streams = 2 if residual is None else 4
     params = sum(p.size for p in (weight, bias) if p is not None)
     return (streams * x.size + params) * x.dtype.itemsize
 
 
-def _register(name, describe, flops, serial, parallel, with_bias):
-    order = serial_parallel_order(3, PARALLEL_THRESHOLD[name], _MEASURED[name])
-    op = register_op(Op(name, describe, order, flops, _bytes, family="norm"))
-    register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias), notes=HOST_COPY_NOTE))
-    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, with_bias),
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal x (and bias, residual), weight near 1."""
+    out = {}
+    for name, shape in shapes.items():
+        v = rng.standard_normal(shape)
+        out[name] = (1.0 + 0.1 * v if name == "weight" else v).astype(dtype)
+    return out
+
+
+def _sig_ln(i):
+    return (i["x"], i.get("weight"), i.get("bias")), {"eps": i.get("eps", 1e-5), "residual": i.get("residual")}
+
+
+def _sig_rms(i):
+    return (i["x"], i.get("weight")), {"eps": i.get("eps", 1e-6), "residual": i.get("residual")}
+
+
+def _register(name, describe, signature, flops, serial, parallel, with_bias):
+    rule = serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])
+    op = register_op(Op(name, describe, family="norm", bound="memory", signature=signature, flops=flops,
+                        bytes=_bytes, rules={"cpu": rule}, synthesize=_synthesize))
+    register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias), notes=HOST_COPY_NOTE,
+                            kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, with_bias), kernel_modules=_KERNELS,
                             notes=HOST_COPY_NOTE + "; rows split over threads"))
     return op
 
 
-_layer_norm = _register("layer_norm", _describe_ln, _flops_ln, K.layer_norm_serial, K.layer_norm_parallel, True)
-_rms_norm = _register("rms_norm", _describe_rms, _flops_rms, K.rms_norm_serial, K.rms_norm_parallel, False)
+_layer_norm = _register("layer_norm", _describe_ln, _sig_ln, _flops_ln, K.layer_norm_serial,
+                        K.layer_norm_parallel, True)
+_rms_norm = _register("rms_norm", _describe_rms, _sig_rms, _flops_rms, K.rms_norm_serial, K.rms_norm_parallel,
+                      False)
 
 
+@_layer_norm.expose
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None, out=None):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension (biased
     variance, as torch.nn.functional.layer_norm).  weight/bias: (D,) or None.
@@ -137,11 +173,10 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None, out=None):
     With residual (x's shape): h = x + residual, returns (layer_norm(h), h), computed in
     one pass; out= then receives the normalized output and h is a new array.
     eps must be finite and > 0 (ValueError naming eps)."""
-    call = _describe_ln(x, weight, bias, eps=eps, residual=residual, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _layer_norm(x, weight, bias, eps=eps, residual=residual, out=out)
 
 
+@_rms_norm.expose
 def rms_norm(x, weight=None, *, eps=1e-6, residual=None, out=None):
     """x / sqrt(mean(x^2) + eps) * weight over the last dimension (as
     torch.nn.functional.rms_norm).  weight: (D,) or None.
@@ -149,6 +184,4 @@ def rms_norm(x, weight=None, *, eps=1e-6, residual=None, out=None):
     With residual (x's shape): h = x + residual, returns (rms_norm(h), h) in one pass;
     out= then receives the normalized output and h is a new array.
     eps must be finite and > 0 (ValueError naming eps)."""
-    call = _describe_rms(x, weight, eps=eps, residual=residual, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _rms_norm(x, weight, eps=eps, residual=residual, out=out)

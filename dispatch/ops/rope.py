@@ -6,14 +6,15 @@ Layouts: rotate-half (Llama / GPT-NeoX, the default: pairs (i, i + D/2)) and int
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kernels_cpu import rope as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, register, register_op
-from ..select import select
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_order, size_bucket
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured on this machine kind (2 cores, float32, rotate-half, D=128, S=64; medians of 11
 # interleaved rounds of the kernels alone, 2026-11-22, other jobs running): serial 5.1 / 10.4
@@ -22,10 +23,28 @@ PARALLEL_THRESHOLD = 1 << 14
 _MEASURED = "rope float32 serial vs parallel crossover measured at 2^13..2^14 elements"
 
 
+_KERNELS = ("kernels_cpu.rope", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+
+class RopeKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    size: int            # bucket of x.size
+    interleaved: bool
+
+
+class RopeArgs(NamedTuple):
+    x: object            # (..., S, D), D even
+    cos: object          # (S, D/2)
+    sin: object          # (S, D/2)
+    interleaved: bool
+    out: object
+
+
 def _describe(x, cos, sin, *, interleaved=False, out=None):
-    """Call.args = (x, cos, sin, interleaved, out): x (..., S, D) with D even; cos, sin
-    (S, D/2) of x's dtype; interleaved a bool; out None or an array of x's shape and
-    dtype.  Key: ("rope", device, dtype, size bucket of x, interleaved)."""
+    """Call.args = RopeArgs, key RopeKey."""
+    V.required(x=x, cos=cos, sin=sin)
     dev = V.device_of(x=x, cos=cos, sin=sin, out=out)
     dt = V.float_dtype("x", x)
     V.same_dtype("cos", cos, "x", dt)
@@ -36,10 +55,9 @@ def _describe(x, cos, sin, *, interleaved=False, out=None):
         raise ValueError(f"x must have an even last dimension D (pairs are rotated), got shape {tuple(x.shape)}")
     V.shape("cos", cos, (s, d // 2), " (S, D/2) for x of shape (..., S, D)")
     V.shape("sin", sin, (s, d // 2), " (S, D/2) for x of shape (..., S, D)")
-    if not isinstance(interleaved, (bool, np.bool_)):
-        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    interleaved = V.flag("interleaved", interleaved)
     V.out(out, x.shape, dt, x=x, cos=cos, sin=sin)
-    return Call(("rope", dev, dt, size_bucket(*x.shape), bool(interleaved)), (x, cos, sin, bool(interleaved), out))
+    return Call(RopeKey("rope", dev, dt, size_bucket(*x.shape), interleaved), RopeArgs(x, cos, sin, interleaved, out))
 
 
 def _host(kernel):
@@ -55,27 +73,43 @@ def _host(kernel):
 
 def _flops(call):
     # per pair: 4 multiplies, 2 adds
-    return 3 * call.args[0].size
+    return 3 * call.args.x.size
 
 
 def _bytes(call):
-    x, cos, sin = call.args[:3]
+    x, cos, sin = call.args.x, call.args.cos, call.args.sin
     return (2 * x.size + cos.size + sin.size) * x.dtype.itemsize
 
 
-_rope = register_op(Op("rope", _describe, serial_parallel_order(3, PARALLEL_THRESHOLD, _MEASURED),
-                       _flops, _bytes, family="rope"))
-register(Implementation("rope", "cpu-serial", "cpu", _host(K.rope_serial), notes=HOST_COPY_NOTE))
-register(Implementation("rope", "cpu-parallel", "cpu", _host(K.rope_parallel),
+def tables(seq: int, dim: int, dtype, base: float = 10000.0, offset: int = 0):
+    """cos/sin tables (seq, dim/2) of rotary embeddings at positions offset..offset+seq-1."""
+    inv = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    ang = np.outer(np.arange(offset, offset + seq, dtype=np.float64), inv)
+    return {"cos": np.cos(ang).astype(dtype), "sin": np.sin(ang).astype(dtype)}
+
+
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal x (..., S, D) and the real tables of its S and D."""
+    x = rng.standard_normal(shapes["x"]).astype(dtype)
+    return {"x": x, **tables(x.shape[-2], x.shape[-1], dtype)}
+
+
+_rope = register_op(Op(
+    "rope", _describe, family="rope", bound="memory",
+    signature=lambda i: ((i["x"], i["cos"], i["sin"]), {"interleaved": i.get("interleaved", False)}),
+    flops=_flops, bytes=_bytes, rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
+    synthesize=_synthesize))
+register(Implementation("rope", "cpu-serial", "cpu", _host(K.rope_serial), notes=HOST_COPY_NOTE,
+                        kernel_modules=_KERNELS))
+register(Implementation("rope", "cpu-parallel", "cpu", _host(K.rope_parallel), kernel_modules=_KERNELS,
                         notes=HOST_COPY_NOTE + "; rows (batch x position) split over threads"))
 
 
+@_rope.expose
 def rope(x, cos, sin, *, interleaved=False, out=None):
     """Rotary position embedding: x (..., S, D), D even, cos / sin (S, D/2).
 
     Each pair (a, b) becomes (a cos - b sin, b cos + a sin), pairs (i, i + D/2) by default
     (rotate-half: Llama, GPT-NeoX) or (2i, 2i + 1) with interleaved=True (GPT-J).
     Returns a new array of x's shape (or out=)."""
-    call = _describe(x, cos, sin, interleaved=interleaved, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _rope(x, cos, sin, interleaved=interleaved, out=out)

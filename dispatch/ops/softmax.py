@@ -11,14 +11,15 @@ entries give 0 (log_softmax -inf); a row that is all -inf, or holds +inf or NaN,
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kernels_cpu import softmax as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
-from ..select import select
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_order, size_bucket
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured on this machine kind (2 cores, float32; medians of 11 interleaved rounds of the
 # kernels alone, 2026-11-22, other jobs running): softmax rows of 1024: serial 3.2 / 6.3 us,
@@ -29,6 +30,39 @@ PARALLEL_THRESHOLD = 1 << 14
 _MEASURED = "float32 serial vs parallel crossover measured at 2^13..2^14 elements"
 
 REDUCTIONS = ("mean", "sum", "none")
+_KERNELS = ("kernels_cpu.softmax", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+
+class SoftmaxKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    size: int          # bucket of x.size
+    row_len: int       # bucket of the reduced length
+    last_axis: bool    # the reduction runs along the last axis
+
+
+class SoftmaxArgs(NamedTuple):
+    x: object
+    axis: int          # non-negative, < x.ndim
+    out: object
+    log: bool          # False: softmax, True: log_softmax
+
+
+class CrossEntropyKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    size: int          # bucket of logits.size
+    row_len: int       # bucket of C
+    reduction: str
+
+
+class CrossEntropyArgs(NamedTuple):
+    logits: object     # (N, C)
+    targets: object    # (N,) integer
+    reduction: str
+    ignore_index: int
 AXIS_NOTE = "; a reduction axis other than the last is moved last and copied, and the result moved back (copied)"
 
 
@@ -36,18 +70,15 @@ AXIS_NOTE = "; a reduction axis other than the last is moved last and copied, an
 
 def _describe_softmax(name, log):
     def describe(x, axis=-1, *, out=None):
-        """Call.args = (x, axis, out, log): x the input array (any device), axis a
-        non-negative int < x.ndim, out None or an array of x's shape and dtype, log a bool
-        (False for softmax, True for log_softmax).  Key: (name, device, dtype,
-        size bucket of x, bucket of the reduced length, axis is last)."""
+        """Call.args = SoftmaxArgs; key SoftmaxKey."""
         dev = V.device_of(x=x, out=out)
         dt = V.float_dtype("x", x)
         if x.ndim == 0:
             raise ValueError(f"x must have at least 1 dimensions, got shape {tuple(x.shape)}")
         ax = V.axis("axis", axis, x.ndim)
         V.out(out, x.shape, dt, x=x)
-        key = (name, dev, dt, size_bucket(*x.shape), bucket(x.shape[ax]), ax == x.ndim - 1)
-        return Call(key, (x, ax, out, log))
+        key = SoftmaxKey(name, dev, dt, size_bucket(*x.shape), bucket(x.shape[ax]), ax == x.ndim - 1)
+        return Call(key, SoftmaxArgs(x, ax, out, log))
 
     return describe
 
@@ -76,23 +107,28 @@ def _softmax_host(kernel):
 
 def _softmax_flops(call):
     # max, subtract, exp (counted as one), add, scale: 5 per element
-    return 5 * call.args[0].size
+    return 5 * call.args.x.size
 
 
 def _softmax_bytes(call):
-    x = call.args[0]
+    x = call.args.x
     return 2 * x.size * x.dtype.itemsize
 
 
-_order = serial_parallel_order(3, PARALLEL_THRESHOLD, _MEASURED)
+_RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
+
+
+def _sig_softmax(i):
+    return (i["x"],), {"axis": i.get("axis", -1)}
 
 
 def _register_softmax(name, log):
-    op = register_op(Op(name, _describe_softmax(name, log), _order, _softmax_flops, _softmax_bytes, family="softmax"))
+    op = register_op(Op(name, _describe_softmax(name, log), family="softmax", bound="memory",
+                        signature=_sig_softmax, flops=_softmax_flops, bytes=_softmax_bytes, rules={"cpu": _RULE}))
     register(Implementation(name, "cpu-serial", "cpu", _softmax_host(K.softmax_serial),
-                            notes=HOST_COPY_NOTE + AXIS_NOTE))
+                            notes=HOST_COPY_NOTE + AXIS_NOTE, kernel_modules=_KERNELS))
     register(Implementation(name, "cpu-parallel", "cpu", _softmax_host(K.softmax_parallel),
-                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads"))
+                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads", kernel_modules=_KERNELS))
     return op
 
 
@@ -103,23 +139,21 @@ _log_softmax = _register_softmax("log_softmax", True)
 # ---- cross_entropy -----------------------------------------------------------------------
 
 def _describe_cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
-    """Call.args = (logits, targets, reduction, ignore_index): logits (N, C) float array,
-    targets (N,) integer array (any integer dtype; values are checked by the
-    implementation, which raises ValueError naming targets), reduction one of "mean",
-    "sum", "none", ignore_index a Python int.  Key: ("cross_entropy", device, dtype,
-    size bucket of logits, bucket of C, reduction)."""
+    """Call.args = CrossEntropyArgs: targets any integer dtype (values are checked by the
+    implementation, which raises ValueError naming targets), ignore_index a Python int in
+    int64's range.  Key CrossEntropyKey."""
+    V.required(logits=logits, targets=targets)
     dev = V.device_of(logits=logits, targets=targets)
     dt = V.float_dtype("logits", logits)
     V.rank("logits", logits, 2, " (N, C)")
-    tdt = np.dtype(targets.dtype)
+    tdt = V.dtype_of(targets)
     if tdt.kind not in "iu":
         raise TypeError(f"targets must have an integer dtype, got {tdt}")
     V.shape("targets", targets, (logits.shape[0],), " (N,) to match logits (N, C)")
     V.choice("reduction", reduction, REDUCTIONS)
-    if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
-    key = ("cross_entropy", dev, dt, size_bucket(*logits.shape), bucket(logits.shape[1]), reduction)
-    return Call(key, (logits, targets, reduction, int(ignore_index)))
+    ignore_index = V.integer("ignore_index", ignore_index, np.int64)
+    key = CrossEntropyKey("cross_entropy", dev, dt, size_bucket(*logits.shape), bucket(logits.shape[1]), reduction)
+    return Call(key, CrossEntropyArgs(logits, targets, reduction, ignore_index))
 
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -155,43 +189,51 @@ def _cross_entropy_host(kernel):
 
 
 def _ce_flops(call):
-    logits = call.args[0]
-    return 4 * logits.size
+    return 4 * call.args.logits.size
 
 
 def _ce_bytes(call):
-    logits, targets, reduction = call.args[:3]
+    logits, targets, reduction = call.args.logits, call.args.targets, call.args.reduction
     n_out = logits.shape[0] if reduction == "none" else 1
     return (logits.size + n_out) * logits.dtype.itemsize + targets.size * targets.dtype.itemsize
 
 
-_cross_entropy = register_op(Op("cross_entropy", _describe_cross_entropy, _order, _ce_flops, _ce_bytes,
-                                family="softmax"))
+def _ce_synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal logits (N, C), targets drawn from [0, C)."""
+    n, c = shapes["logits"]
+    return {"logits": rng.standard_normal((n, c)).astype(dtype),
+            "targets": rng.integers(0, c, size=n, dtype=np.int64)}
+
+
+_cross_entropy = register_op(Op(
+    "cross_entropy", _describe_cross_entropy, family="softmax", bound="memory",
+    signature=lambda i: ((i["logits"], i["targets"]), {"reduction": i.get("reduction", "mean")}),
+    flops=_ce_flops, bytes=_ce_bytes, rules={"cpu": _RULE}, synthesize=_ce_synthesize))
 register(Implementation("cross_entropy", "cpu-serial", "cpu", _cross_entropy_host(K.cross_entropy_serial),
-                        notes=HOST_COPY_NOTE + "; targets converted to int64"))
+                        notes=HOST_COPY_NOTE + "; targets converted to int64", kernel_modules=_KERNELS))
 register(Implementation("cross_entropy", "cpu-parallel", "cpu", _cross_entropy_host(K.cross_entropy_parallel),
-                        notes=HOST_COPY_NOTE + "; targets converted to int64; rows split over threads"))
+                        notes=HOST_COPY_NOTE + "; targets converted to int64; rows split over threads",
+                        kernel_modules=_KERNELS))
 
 
 # ---- public functions --------------------------------------------------------------------
 
+@_softmax.expose
 def softmax(x, axis=-1, *, out=None):
     """exp(x - max) / sum(exp(x - max)) along `axis` (numerically stable for any finite
     input).  -inf entries give 0; a row of all -inf (or holding +inf / NaN) gives NaN, as
     PyTorch.  Returns an array of x's shape and dtype (out= when given)."""
-    call = _softmax.describe(x, axis, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _softmax(x, axis, out=out)
 
 
+@_log_softmax.expose
 def log_softmax(x, axis=-1, *, out=None):
     """x - max - log(sum(exp(x - max))) along `axis`; -inf entries give -inf; a row of all
     -inf (or holding +inf / NaN) gives NaN."""
-    call = _log_softmax.describe(x, axis, out=out)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _log_softmax(x, axis, out=out)
 
 
+@_cross_entropy.expose
 def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     """Cross-entropy of (N, C) logits against (N,) integer class targets, as
     torch.nn.functional.cross_entropy: loss_i = logsumexp(logits[i]) - logits[i, t_i].
@@ -200,6 +242,4 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     is ignored, as PyTorch); "sum": their sum; both return a 0-d array of logits' dtype.
     "none": an (N,) array with 0 for ignored rows.  A target outside [0, C) that is not
     ignore_index raises ValueError naming targets (before anything is computed)."""
-    call = _cross_entropy.describe(logits, targets, reduction=reduction, ignore_index=ignore_index)
-    impl, params = select(call.key)
-    return impl.run(params, *call.args)
+    return _cross_entropy(logits, targets, reduction=reduction, ignore_index=ignore_index)

@@ -15,6 +15,7 @@ import pytest
 
 import dispatch
 from dispatch import devices
+from kernels_common.cuda_tiles import GEMM_TILES, gemm_threads
 from tests.support import ON_CUDA, assert_close, rng
 
 pytestmark = pytest.mark.skipif(not ON_CUDA, reason="CUDA target only")
@@ -103,7 +104,7 @@ def test_block_reductions(threads):
 
 # ---- GEMM: every tile configuration, forced ------------------------------------------------
 
-@pytest.mark.parametrize("tile", ["32x32x16/4x2", "64x64x16/4x4", "128x64x8/8x4"])
+@pytest.mark.parametrize("tile", sorted(GEMM_TILES))
 def test_gemm_tile(tile):
     from kernels_cuda import gemm
 
@@ -117,7 +118,7 @@ def test_gemm_tile(tile):
     ai, bi = np.arange(2, dtype=np.int64), np.zeros(2, np.int64)
     grid = (-(-n // bn), -(-m // bm), 2)
     dc = _dev(c)
-    gemm.gemm_kernel(np.float32, tile)[grid, gemm.threads(tile)](
+    gemm.gemm_kernel(np.float32, tile)[grid, gemm_threads(tile)](
         _dev(a), _dev(bt), _dev(ai), _dev(bi), _dev(bias), dc, 1, True, True)
     ref = np.maximum(a.astype(np.float64) @ bt[0].T.astype(np.float64) + bias, 0)
     assert_close(dc.copy_to_host(), ref, 1e-5, tile)

@@ -1,0 +1,53 @@
+"""Tile and block shapes of the CUDA kernels: the kernels are compiled for them (as launch
+bounds and shared-array shapes) and the dispatcher launches with them, so both read this
+one table.  None of these was tuned on a GPU (none has been measured in this project yet);
+the sources of each choice are given beside it."""
+
+# Largest blocks launched per kernel kind, given to the compiler as launch bounds so a kernel
+# never needs more registers than a block of that size can get.  256 threads (8 warps) for
+# elementwise kernels and 4 warps for warp-per-row kernels are the common choices of
+# hand-written CUDA kernels (not measured here); 1024 is the hardware limit per block.
+ELEMENTWISE_THREADS = 256
+WARP_ROWS_THREADS = 128
+BLOCK_ROWS_MAX_THREADS = 1024
+
+# GEMM tiles: name -> (BM, BN, BK, TM, TN).  A block computes BM x BN of C with
+# (BM/TM) x (BN/TN) threads holding TM x TN accumulators; per BK step it stages an A and a
+# B tile in shared memory (rows padded by one word against bank conflicts).  Listed largest
+# first: the dispatcher takes the largest tile whose grid still fills every SM once.
+GEMM_TILES = {
+    "128x64x8/8x4": (128, 64, 8, 8, 4),   # 256 threads, 6.2 KB shared: large M and N
+    "64x64x16/4x4": (64, 64, 16, 4, 4),   # 256 threads, 8.3 KB shared
+    "32x32x16/4x2": (32, 32, 16, 4, 2),   # 128 threads, 4.2 KB shared: small M or N
+}
+
+
+def gemm_threads(tile: str) -> int:
+    bm, bn, bk, tm, tn = GEMM_TILES[tile]
+    return (bm // tm) * (bn // tn)
+
+
+def gemm_shared_bytes(tile: str, itemsize: int = 4) -> int:
+    bm, bn, bk, tm, tn = GEMM_TILES[tile]
+    return bk * ((bm + 1) + (bn + 1)) * itemsize
+
+
+# Flash attention: head-dim bucket DMAX -> (DMAX, BQ query rows per block); key tiles of
+# ATTN_BK keys, ATTN_WARPS warps per block.  D > 128 would need more than 48 KB of static
+# shared memory.
+ATTN_BK = 32
+ATTN_WARPS = 4
+ATTN_TILES = {64: (64, 16), 128: (128, 16)}
+
+
+def attn_tile_for(d: int):
+    """(DMAX, BQ) of the smallest tile that holds head dim d, or None."""
+    for dmax in sorted(ATTN_TILES):
+        if d <= dmax:
+            return ATTN_TILES[dmax]
+    return None
+
+
+def attn_shared_bytes(dmax: int, bq: int, itemsize: int = 4) -> int:
+    """Q tile, K^T tile (padded), V tile and the score tile."""
+    return itemsize * (bq * dmax + ATTN_BK * (dmax + 1) + ATTN_BK * dmax + bq * ATTN_BK)
