@@ -17,7 +17,7 @@ from numba import njit, prange
 from .approx import JIT
 from .parallel import run_dynamic, tasks_for
 
-ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB)
+ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
 
 @njit(**JIT)

@@ -45,7 +45,7 @@ def _copy4(src, dst):
 
 
 _COPY = {1: _copy1, 2: _copy2, 3: _copy3, 4: _copy4}
-BLOCK = 256
+BLOCK = 256  # threads per block of the copy kernels (not measured: no GPU yet)
 
 
 def _is_contig(a):

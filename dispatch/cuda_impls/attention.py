@@ -19,6 +19,7 @@ from ..registry import Rule, set_rule
 from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda
 
 SPLITKV_MAX_SQ = 16
+# blocks_per_sm: split-KV aims at two resident blocks per SM (not measured on a GPU yet).
 FLASH = {"splits": "one", "blocks_per_sm": 2}
 SPLITKV = {"splits": "fill", "blocks_per_sm": 2}
 

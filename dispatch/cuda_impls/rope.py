@@ -10,7 +10,7 @@ from ..registry import fixed_rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props,
                       register_cuda, size)
 
-PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
+PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}  # as the activations; not measured on a GPU
 
 
 def launch(params, x, cos, sin, interleaved, out):

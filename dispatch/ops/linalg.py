@@ -187,7 +187,9 @@ def _prepare(a, b, bias, out, b_is_nk):
 
 
 _WORKSPACE = threading.local()
-WORKSPACE_KEEP = 1 << 24  # elements: packing buffers up to this size are kept for the next call
+# Packing buffers up to this many elements (64 MiB of float32 per thread) are kept for the
+# next call; larger ones are freed.  A memory bound, not a speed measurement.
+WORKSPACE_KEEP = 1 << 24
 
 
 def _workspace(n, dtype):
@@ -230,30 +232,38 @@ def _gemm_blocks(m, n, k, nbatch, nr):
     return mc, nc, kc
 
 
-def _run_gemm(params, a, b, bias, out, code, b_is_nk):
-    a3, b3, ai, bi, ta, tb, bias_v, out3, res, k = _prepare(a, b, bias, out, b_is_nk)
-    if out3.size:
-        if k == 0:
-            _degenerate(out3, bias_v, code)
-        else:
-            nbatch, m, n = out3.shape
-            mc, nc, kc = _gemm_blocks(m, n, k, nbatch, K.tile_n(res.dtype))
-            sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, res.dtype)
-            ws = _workspace(math.prod(sa) + math.prod(sb), res.dtype)
-            ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
-            K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, bias is not None or code != ACT_NONE, code, out3,
-                            ap, bp, mc, nc, kc, numba.get_num_threads())
-    return deliver(res, out)
+def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3):
+    nbatch, m, n = out3.shape
+    k = a3.shape[1] if ta else a3.shape[2]
+    mc, nc, kc = _gemm_blocks(m, n, k, nbatch, K.tile_n(out3.dtype))
+    sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype)
+    ws = _workspace(math.prod(sa) + math.prod(sb), out3.dtype)
+    ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
+    K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, has_epilogue, code, out3, ap, bp, mc, nc, kc,
+                    numba.get_num_threads())
 
 
-def _run_gemv(params, a, b, bias, out, code, b_is_nk):
-    a3, b3, ai, bi, ta, tb, bias_v, out3, res, k = _prepare(a, b, bias, out, b_is_nk)
-    if out3.size:
-        if k == 0:
-            _degenerate(out3, bias_v, code)
-        else:
-            K.gemv_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3)
-    return deliver(res, out)
+def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3):
+    K.gemv_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3)
+
+
+def _host(product):
+    """run() of an own-kernel implementation: prepare, then product(...) or, for K == 0,
+    the epilogue of a zero product."""
+
+    def run(params, a, b, bias, out, code, b_is_nk):
+        a3, b3, ai, bi, ta, tb, bias_v, out3, res, k = _prepare(a, b, bias, out, b_is_nk)
+        if out3.size:
+            if k == 0:
+                _degenerate(out3, bias_v, code)
+            else:
+                product(a3, b3, ai, bi, ta, tb, bias_v, code, bias is not None or code != ACT_NONE, out3)
+        return deliver(res, out)
+
+    return run
+
+
+_run_gemm, _run_gemv = _host(_gemm), _host(_gemv)
 
 
 def _run_blas(params, a, b, bias, out, code, b_is_nk):
