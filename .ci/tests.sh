@@ -6,7 +6,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 start=$(date +%s)
 
 echo "== CPU tests"
-python -m pytest -q tests
+t0=$(date +%s)
+python -m pytest -q -n "${NK_TEST_WORKERS:-2}" --dist loadfile tests
+echo "CPU tests: $(( $(date +%s) - t0 )) s"
 
 if [ -f .ci/cuda_checks.sh ]; then
     echo "== CUDA: simulator tests and PTX compilation for sm_80/sm_87/sm_90"
