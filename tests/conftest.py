@@ -16,11 +16,14 @@ TARGET = os.environ.get("NK_TEST_DEVICE", "cpu")
 
 def _drop_stale_kernel_cache():
     """numba's cache=True checks only the timestamp of the kernel's own file, but the kernels
-    inline helpers from other modules (approx.py, parallel.py): after an edit there the
+    inline helpers from other modules (approx.py, parallel.py) and constants from
+    kernels_common: after an edit there the
     cache would hand back old machine code.  Drop the cached kernels whenever any
     kernels_cpu source differs from the one the cache was built from."""
-    root = pathlib.Path(__file__).resolve().parent.parent / "kernels_cpu"
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.glob("*.py")))).hexdigest()
+    top = pathlib.Path(__file__).resolve().parent.parent
+    root = top / "kernels_cpu"
+    sources = sorted(root.glob("*.py")) + sorted((top / "kernels_common").glob("*.py"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     stamp = root / "__pycache__" / "kernel-sources.sha256"
     if stamp.exists() and stamp.read_text() == digest:
         return
@@ -30,7 +33,8 @@ def _drop_stale_kernel_cache():
     stamp.write_text(digest)
 
 
-_drop_stale_kernel_cache()
+if not os.environ.get("PYTEST_XDIST_WORKER"):  # once, in the controller, before workers compile
+    _drop_stale_kernel_cache()
 
 if TARGET == "cuda":
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
