@@ -186,10 +186,8 @@ class Op:
 
     def __call__(self, *args, **kwargs):
         """Validate, select and run: what every public function does."""
-        from .select import select  # select imports this module
-
         call = self.describe(*args, **kwargs)
-        impl, params = select(call.key)
+        impl, params = _select(call.key)
         return impl.run(params, *call.args)
 
     def expose(self, fn):
@@ -212,6 +210,7 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
+_select = None  # dispatch.select.select, installed by that module (it imports this one)
 
 
 def _check_rule_type(op, device, rule):

@@ -258,6 +258,9 @@ def select(key):
     return hit
 
 
+registry._select = select
+
+
 def rule_choice(key):
     """The implementation the op's shape rule picks for this key (no overrides, no tuning
     cache): what the tuner compares its winners with and the CUDA model predicts."""
