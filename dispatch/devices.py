@@ -9,6 +9,8 @@ seen, so the CPU side works without it.
 """
 from __future__ import annotations
 
+import contextvars
+
 import os
 from dataclasses import dataclass
 
@@ -138,30 +140,34 @@ CHIPS = {
 }
 
 _props = None
-_assumed: list = []
+# Chips assumed by `assume`, innermost last: per thread (a ContextVar), so a tool assuming a
+# chip in one thread never changes the launches of real calls in another.
+_assumed: contextvars.ContextVar[tuple] = contextvars.ContextVar("nk_assumed_chips", default=())
 
 
 class assume:
     """``with devices.assume(CHIPS["sm_90"]):`` launch configurations are chosen for that
-    chip (the PTX report and the performance model, which run without a GPU)."""
+    chip in this thread (the PTX report and the performance model, which run without a GPU)."""
 
     def __init__(self, p: DeviceProps):
         self.p = p
+        self._tokens = []
 
     def __enter__(self):
-        _assumed.append(self.p)
+        self._tokens.append(_assumed.set(_assumed.get() + (self.p,)))
         return self.p
 
     def __exit__(self, *exc):
-        _assumed.pop()
+        _assumed.reset(self._tokens.pop())
 
 
 def props() -> DeviceProps:
     """Properties of the current CUDA device (cached; the nominal SIMULATED ones under
     the simulator)."""
     global _props
-    if _assumed:
-        return _assumed[-1]
+    assumed = _assumed.get()
+    if assumed:
+        return assumed[-1]
     if _props is not None:
         return _props
     cuda = cuda_module()
