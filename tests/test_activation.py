@@ -113,7 +113,7 @@ def test_bad_out_rejected_and_untouched(bad_out, err):
 
 @host_only
 def test_out_aliasing_input_rejected():
-    x = np.random.rand(8).astype(np.float32)
+    x = rng().random(8).astype(np.float32)
     before = x.copy()
     with pytest.raises(ValueError, match="out overlaps input x"):
         dispatch.relu(x[:4], out=x[2:6])

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import attention as ref
-from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run
+from tests.support import ON_CUDA, SEEDS, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run
 
 IMPLS = impl_params("attention")
 DTYPES = [np.float32, np.float64]
@@ -170,7 +170,7 @@ def test_causal_prefix_does_not_see_the_future(impl, dims, data):
     if ON_CUDA:
         Hkv, G = 1, min(G, 2)
     Skv = Sq + extra
-    g = rng()
+    g = rng(data.draw(SEEDS, label="seed"))
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     t = data.draw(st.integers(1, Sq), label="t")
     o1 = run(impl, dispatch.attention, q, k, v, causal=True)
@@ -185,13 +185,13 @@ def test_causal_prefix_does_not_see_the_future(impl, dims, data):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @_examples
-@given(dims=_dims, causal=st.booleans())
-def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal):
+@given(dims=_dims, causal=st.booleans(), seed=SEEDS)
+def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal, seed):
     B, Hkv, G, Sq, extra, D = dims
     if ON_CUDA:
         Hkv, G = 1, min(G, 2)
     Skv = Sq + extra
-    g = rng()
+    g = rng(seed)
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     gqa = run(impl, dispatch.attention, q, k, v, causal=causal)
     mha = run(impl, dispatch.attention, q, np.repeat(k, G, axis=1), np.repeat(v, G, axis=1), causal=causal)
@@ -200,14 +200,14 @@ def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=3 if ON_CUDA else 8, deadline=None)
-@given(dims=_dims)
-def test_decode_steps_equal_causal_prefill(impl, dims):
+@given(dims=_dims, seed=SEEDS)
+def test_decode_steps_equal_causal_prefill(impl, dims, seed):
     B, Hkv, G, Sq, extra, D = dims
     if ON_CUDA:
         Hkv, G, Sq = 1, min(G, 2), min(Sq, 3)
     Sq = min(Sq, 24)  # one call per step
     Skv = Sq + extra
-    g = rng()
+    g = rng(seed)
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     full = run(impl, dispatch.attention, q, k, v, causal=True)
     for i in range(Sq):
