@@ -56,7 +56,7 @@ def test_matches_reference(impl, shape, dtype):
     q *= 2  # sharper softmax than unit scores
     out = poisoned((B, Hq, Sq, D), dtype)
     got = run(impl, dispatch.attention, q, k, v, causal=causal, out=out)
-    assert_close(got, ref.attention(q, k, v, causal=causal), _tol(dtype, Skv), f"{impl} {shape}")
+    assert_close(got, ref.attention(q, k, v, causal=causal), _tol(dtype, Skv), f"{impl} {shape}", cancel=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -65,7 +65,7 @@ def test_scale_and_no_out(impl, dtype):
     g = rng()
     q, k, v = _qkv(g, 1, 4, 2, 9, 21, 16, dtype)
     got = run(impl, dispatch.attention, q, k, v, scale=0.3)
-    assert_close(got, ref.attention(q, k, v, scale=0.3), _tol(dtype, 21))
+    assert_close(got, ref.attention(q, k, v, scale=0.3), _tol(dtype, 21), cancel=True)
 
 
 MASK_SHAPES = ["skv", "sq_skv", "b1_sq_skv"]
@@ -93,7 +93,8 @@ def test_masks(impl, dtype, mshape, kind, causal):
     out = poisoned((B, Hq, Sq, D), dtype)
     got = run(impl, dispatch.attention, q, k, v, causal=causal, mask=mask, out=out)
     assert np.all(np.isfinite(got))
-    assert_close(got, ref.attention(q, k, v, causal=causal, mask=mask), _tol(dtype, Skv), f"{impl} {mshape} {kind}")
+    assert_close(got, ref.attention(q, k, v, causal=causal, mask=mask), _tol(dtype, Skv), f"{impl} {mshape} {kind}",
+                 cancel=True)
 
 
 @pytest.mark.parametrize("kind", ["bool", "add"])
@@ -114,7 +115,7 @@ def test_fully_masked_rows_are_zero(impl, dtype, kind):
     out = poisoned((B, Hq, Sq, D), dtype)
     got = run(impl, dispatch.attention, q, k, v, mask=mask, out=out)
     assert np.all(got[:, :, 1] == 0) and np.all(got[0, 1, 3] == 0)
-    assert_close(got, ref.attention(q, k, v, mask=mask), _tol(dtype, Skv))
+    assert_close(got, ref.attention(q, k, v, mask=mask), _tol(dtype, Skv), cancel=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,7 +138,7 @@ def test_non_contiguous_inputs(impl, dtype):
     v = randn(g, (B, Skv, Hkv, 2 * D), dtype).transpose(0, 2, 1, 3)[..., ::2]
     mask = (g.random((Sq, 2 * Skv)) < 0.8)[:, ::2]
     got = run(impl, dispatch.attention, q, k, v, causal=True, mask=mask, out=poisoned((B, Hq, Sq, D), dtype))
-    assert_close(got, ref.attention(q, k, v, causal=True, mask=mask), _tol(dtype, Skv))
+    assert_close(got, ref.attention(q, k, v, causal=True, mask=mask), _tol(dtype, Skv), cancel=True)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="CPU shape rule")
@@ -146,7 +147,7 @@ def test_default_dispatch_decode_and_prefill():
     for shape in [(1, 4, 2, 1, 300, 64), (1, 2, 2, 100, 100, 64), (1, 2, 1, 3, 5, 8)]:
         q, k, v = _qkv(g, *shape, np.float32)
         got = dispatch.attention(q, k, v, causal=True)
-        assert_close(got, ref.attention(q, k, v, causal=True), _tol(np.float32, shape[4]))
+        assert_close(got, ref.attention(q, k, v, causal=True), _tol(np.float32, shape[4]), cancel=True)
 
 
 # ---- properties ------------------------------------------------------------------
@@ -180,7 +181,7 @@ def test_causal_prefix_does_not_see_the_future(impl, dims, data):
     k2[:, :, last:] = randn(g, k2[:, :, last:].shape, np.float64)
     v2[:, :, last:] = randn(g, v2[:, :, last:].shape, np.float64)
     o2 = run(impl, dispatch.attention, q2, k2, v2, causal=True)
-    assert_close(o2[:, :, :t], o1[:, :, :t], 1e-12, "prefix changed")
+    assert_close(o2[:, :, :t], o1[:, :, :t], 1e-12, "prefix changed", cancel=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -195,7 +196,7 @@ def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal, seed):
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     gqa = run(impl, dispatch.attention, q, k, v, causal=causal)
     mha = run(impl, dispatch.attention, q, np.repeat(k, G, axis=1), np.repeat(v, G, axis=1), causal=causal)
-    assert_close(gqa, mha, 1e-12)
+    assert_close(gqa, mha, 1e-12, cancel=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -213,7 +214,7 @@ def test_decode_steps_equal_causal_prefill(impl, dims, seed):
     for i in range(Sq):
         n = Skv - Sq + i + 1  # cache length after appending token i
         step = run(impl, dispatch.attention, q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], causal=True)
-        assert_close(step[:, :, 0], full[:, :, i], 1e-12, f"step {i}")
+        assert_close(step[:, :, 0], full[:, :, i], 1e-12, f"step {i}", cancel=True)
 
 
 # ---- bad input -------------------------------------------------------------------

@@ -61,9 +61,9 @@ def test_matmul_matches_reference(impl, sa, sb, dtype):
     a, b, bias = randn(g, sa, dtype), randn(g, sb, dtype), randn(g, sb[-1:], dtype)
     shape = _out_shape_matmul(sa, sb)
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=poisoned(shape, dtype))
-    assert_close(got, ref.matmul(a, b, bias=bias, activation="gelu_tanh"), _tol(dtype, sa[-1]), "matmul")
+    assert_close(got, ref.matmul(a, b, bias=bias, activation="gelu_tanh"), _tol(dtype, sa[-1]), "matmul", cancel=True)
     got = run(impl, dispatch.matmul, a, b)
-    assert_close(got, ref.matmul(a, b), _tol(dtype, sa[-1]), "matmul no epilogue")
+    assert_close(got, ref.matmul(a, b), _tol(dtype, sa[-1]), "matmul no epilogue", cancel=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -74,9 +74,9 @@ def test_linear_matches_reference(impl, sx, sw, dtype):
     x, w, bias = randn(g, sx, dtype), randn(g, sw, dtype), randn(g, sw[:1], dtype)
     shape = sx[:-1] + sw[:1]
     got = run(impl, dispatch.linear, x, w, bias, activation="silu", out=poisoned(shape, dtype))
-    assert_close(got, ref.linear(x, w, bias, activation="silu"), _tol(dtype, sx[-1]), "linear")
+    assert_close(got, ref.linear(x, w, bias, activation="silu"), _tol(dtype, sx[-1]), "linear", cancel=True)
     got = run(impl, dispatch.linear, x, w)
-    assert_close(got, ref.linear(x, w), _tol(dtype, sx[-1]), "linear no epilogue")
+    assert_close(got, ref.linear(x, w), _tol(dtype, sx[-1]), "linear no epilogue", cancel=True)
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
@@ -90,7 +90,8 @@ def test_matmul_epilogues(impl, dtype, activation, with_bias):
     bias = randn(g, sb[-1:], dtype) if with_bias else None
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation,
               out=poisoned(_out_shape_matmul(sa, sb), dtype))
-    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, sa[-1]), f"matmul {activation}")
+    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, sa[-1]), f"matmul {activation}",
+                 cancel=True)
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
@@ -103,7 +104,8 @@ def test_linear_epilogues(impl, dtype, activation, with_bias):
     x, w = randn(g, sx, dtype), randn(g, sw, dtype)
     bias = randn(g, sw[:1], dtype) if with_bias else None
     got = run(impl, dispatch.linear, x, w, bias, activation=activation, out=poisoned(sx[:-1] + sw[:1], dtype))
-    assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(dtype, sx[-1]), f"linear {activation}")
+    assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(dtype, sx[-1]), f"linear {activation}",
+                 cancel=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -120,11 +122,11 @@ def test_views(impl, dtype):
     for aa, bb, what in [(a, b, "a.T @ b.T"), (strided(np.ascontiguousarray(a)), b, "strided a"),
                          (np.ascontiguousarray(a), strided(np.ascontiguousarray(b)), "strided b")]:
         got = run(impl, dispatch.matmul, aa, bb, bias=bias, activation="relu")
-        assert_close(got, expect, tol, what)
+        assert_close(got, expect, tol, what, cancel=True)
     # batched transposed view
     a3 = randn(g, (3, k, m), dtype)
     got = run(impl, dispatch.matmul, np.swapaxes(a3, 1, 2), np.ascontiguousarray(b))
-    assert_close(got, ref.matmul(np.swapaxes(a3, 1, 2), b), tol, "batched a view")
+    assert_close(got, ref.matmul(np.swapaxes(a3, 1, 2), b), tol, "batched a view", cancel=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -140,7 +142,7 @@ def test_linear_views(impl, dtype):
                          (strided(np.ascontiguousarray(x)), np.ascontiguousarray(w_kn.T), "strided x"),
                          (np.ascontiguousarray(x), strided(np.ascontiguousarray(w_kn.T)), "strided weight")]:
         got = run(impl, dispatch.linear, xx, ww, bias, activation="relu")
-        assert_close(got, expect, _tol(dtype, k), what)
+        assert_close(got, expect, _tol(dtype, k), what, cancel=True)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="strided host out=")
@@ -153,7 +155,8 @@ def test_non_contiguous_out(impl):
     with dispatch.use(matmul=impl):
         got = dispatch.matmul(a, b, bias=b[0], activation="silu", out=out)
     assert got is out
-    assert_close(out, ref.matmul(a, b, bias=b[0], activation="silu"), reduction_tol(np.float32, 12), "strided out")
+    assert_close(out, ref.matmul(a, b, bias=b[0], activation="silu"), reduction_tol(np.float32, 12), "strided out",
+                 cancel=True)
     assert np.isnan(big[:, 1::2]).all()
 
 
@@ -163,7 +166,7 @@ def test_empty_and_zero_k(impl):
     g = rng()
     bias = randn(g, (4,), np.float64)
     got = run(impl, dispatch.matmul, np.ones((3, 0)), np.ones((0, 4)), bias=bias, activation="relu", out=poisoned((3, 4), np.float64))
-    assert_close(got, np.broadcast_to(np.maximum(bias, 0), (3, 4)), 1e-15, "K = 0")
+    assert_close(got, np.broadcast_to(np.maximum(bias, 0), (3, 4)), 1e-15, "K = 0", cancel=True)
     got = run(impl, dispatch.matmul, np.ones((0, 5)), np.ones((5, 4)))
     assert got.shape == (0, 4)
     got = run(impl, dispatch.linear, np.ones((2, 0, 5)), np.ones((4, 5)))
@@ -183,7 +186,7 @@ def test_property_random_shapes(impl, m, k, n, batch, b_batch, activation, use_b
     b = randn(g, (batch[::-1] if b_batch else ()) + (k, n), dtype)
     bias = randn(g, (n,), dtype) if use_bias else None
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation)
-    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random")
+    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random", cancel=True)
 
 
 # ---- bad input ---------------------------------------------------------------------------

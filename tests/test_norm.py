@@ -52,21 +52,21 @@ def test_matches_reference(name, fn, reference, params, impl, shape, dtype, resi
         r = randn(g, shape, dtype)
         got, h = run(impl, fn, *args, eps=eps, residual=r, out=out, _op=name)
         want, want_h = reference(*args, eps=eps, residual=r)
-        assert_close(got, want, tol, name)
+        assert_close(got, want, tol, name, cancel=True)
         assert h.dtype == dtype and h.shape == shape
         np.testing.assert_array_equal(h, args[0] + r)  # one rounding, as numpy's add
         # strided views of x and residual, no out=
         got2, h2 = run(impl, fn, strided(args[0]), *args[1:], eps=eps, residual=strided(r), _op=name)
-        assert_close(got2, want, tol, name + " strided")
+        assert_close(got2, want, tol, name + " strided", cancel=True)
         np.testing.assert_array_equal(h2, args[0] + r)
     else:
         got = run(impl, fn, *args, eps=eps, out=out, _op=name)
         want = reference(*args, eps=eps)
         assert got.dtype == dtype
-        assert_close(got, want, tol, name)
+        assert_close(got, want, tol, name, cancel=True)
         got2 = run(impl, fn, strided(args[0]), *[None if a is None else strided(a) for a in args[1:]], eps=eps,
                    _op=name)
-        assert_close(got2, want, tol, name + " strided")
+        assert_close(got2, want, tol, name + " strided", cancel=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -78,7 +78,7 @@ def test_default_eps_and_views(name, fn, reference, params, impl, dtype):
         args, _ = _inputs(g, name, params, view.shape, dtype)
         args[0] = view
         got = run(impl, fn, *args, _op=name)
-        assert_close(got, reference(*args), TOL[np.dtype(dtype)], name + " view")
+        assert_close(got, reference(*args), TOL[np.dtype(dtype)], name + " view", cancel=True)
 
 
 @pytest.mark.parametrize("name, fn, reference, params, impl", [c for c in _cases() if c.values[3] in ("wb", "w")])
@@ -89,7 +89,7 @@ def test_large_offset_rows_keep_precision(name, fn, reference, params, impl):
     args, _ = _inputs(g, name, params, shape, np.float32)
     args[0] = (np.float32(30) + randn(g, shape, np.float32)).astype(np.float32)
     got = run(impl, fn, *args, _op=name)
-    assert_close(got, reference(*args), 1e-5, name + " offset")
+    assert_close(got, reference(*args), 1e-5, name + " offset", cancel=True)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="host-only check of the returned buffers")

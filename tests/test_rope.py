@@ -33,10 +33,10 @@ def test_matches_reference(impl, shape, dtype, interleaved):
     got = run(impl, dispatch.rope, x, c, s, interleaved=interleaved, out=out)
     want = ref.rope(x, c, s, interleaved=interleaved)
     assert got.dtype == dtype
-    assert_close(got, want, TOL[np.dtype(dtype)], "rope")
+    assert_close(got, want, TOL[np.dtype(dtype)], "rope", cancel=True)
     # non-contiguous x and tables, no out=
     got2 = run(impl, dispatch.rope, strided(x), strided(c), strided(s), interleaved=interleaved)
-    assert_close(got2, want, TOL[np.dtype(dtype)], "rope strided")
+    assert_close(got2, want, TOL[np.dtype(dtype)], "rope strided", cancel=True)
 
 
 @pytest.mark.parametrize("impl", impl_params("rope"))
@@ -51,7 +51,7 @@ def test_layouts_agree_up_to_permutation(impl):
     perm[1::2] = np.arange(d // 2) + d // 2  # interleaved position k holds rotate-half index perm[k]
     half = run(impl, dispatch.rope, x, c, sn)
     inter = run(impl, dispatch.rope, np.ascontiguousarray(x[..., perm]), c, sn, interleaved=True)
-    assert_close(inter, half[..., perm], 1e-12)
+    assert_close(inter, half[..., perm], 1e-12, cancel=True)
     # rotation keeps each pair's norm
     np.testing.assert_allclose(np.linalg.norm(half, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-12)
 
