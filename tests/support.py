@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,6 +196,58 @@ def strided(a):
     big[..., ::2] = a
     big[..., 1::2] = np.nan
     return big[..., ::2]
+
+
+def read_only(a):
+    """A C-contiguous copy of a with writeable=False (None stays None)."""
+    if a is None:
+        return None
+    r = np.array(a, copy=True, order="C")
+    r.flags.writeable = False
+    return r
+
+
+def broadcast_rows(a):
+    """np.broadcast_to of a's first index along axis 0 to a's shape: a read-only view with
+    zero strides on axis 0 (every row equal).  Compare with the reference on
+    ``np.array(view)``.  Arrays with fewer than 2 dimensions broadcast their first element."""
+    if a is None:
+        return None
+    if a.ndim < 2:
+        return np.broadcast_to(a.reshape(-1)[:1].reshape((1,) * a.ndim), a.shape)
+    return np.broadcast_to(a[:1], a.shape)
+
+
+# ---- kernel specializations ----------------------------------------------------------------
+
+def kernel_dispatchers(module):
+    """The numba dispatchers (njit functions) defined in a kernel module, by name."""
+    from numba.core.dispatcher import Dispatcher
+
+    return {name: obj for name, obj in vars(module).items() if isinstance(obj, Dispatcher)}
+
+
+def signature_counts(*modules) -> dict:
+    """{module.kernel: number of compiled signatures} over the kernels of the modules."""
+    return {f"{m.__name__}.{n}": len(d.signatures) for m in modules for n, d in kernel_dispatchers(m).items()}
+
+
+def assert_no_new_specialization(modules, call, what=""):
+    """Run call() and assert it compiled (or loaded from numba's cache) no new signature of
+    any kernel in modules and emitted no warning of any kind.  Warm the kernels first with
+    the same call on writeable arrays: this checks that a variant of the inputs (read-only,
+    broadcast) reuses the machine code compiled for plain arrays."""
+    before = signature_counts(*modules)
+    assert before, f"no numba kernels found in {[m.__name__ for m in modules]}"
+    assert any(before.values()), f"{what}: the warm-up compiled no kernel of {[m.__name__ for m in modules]}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    after = signature_counts(*modules)
+    grown = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
+    assert not grown, f"{what}: new kernel specializations (signatures before, after): {grown}"
+    assert not caught, f"{what}: warnings emitted: " + "; ".join(
+        f"{w.category.__name__}: {w.message}" for w in caught)
 
 
 # ---- error measures --------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import attention as ref
-from tests.support import ON_CUDA, SEEDS, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run
+from tests.support import (ON_CUDA, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
+                           poisoned, randn, read_only, reduction_tol, rng, run)
 
 IMPLS = impl_params("attention")
 DTYPES = [np.float32, np.float64]
@@ -148,6 +149,47 @@ def test_default_dispatch_decode_and_prefill():
         q, k, v = _qkv(g, *shape, np.float32)
         got = dispatch.attention(q, k, v, causal=True)
         assert_close(got, ref.attention(q, k, v, causal=True), _tol(np.float32, shape[4]), cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_read_only_and_broadcast_inputs(impl, dtype):
+    """Read-only q, k, v and mask; k and v broadcast over the batch and heads
+    (np.broadcast_to), a mask broadcast over the query rows."""
+    B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 9, 70, 16
+    g = rng()
+    q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+    mask = g.random((Sq, Skv)) < 0.8
+    kb = np.broadcast_to(k[:1, :1], k.shape)
+    vb = np.broadcast_to(v[:1, :1], v.shape)
+    for qq, kk, vv, mm, what in [(read_only(q), read_only(k), read_only(v), read_only(mask), "read-only"),
+                                 (q, kb, vb, None, "broadcast k, v"),
+                                 (broadcast_rows(q), k, v, broadcast_rows(mask), "broadcast q, mask")]:
+        got = run(impl, dispatch.attention, qq, kk, vv, causal=True, mask=mm, out=poisoned(q.shape, dtype))
+        want = ref.attention(np.array(qq), np.array(kk), np.array(vv), causal=True,
+                             mask=None if mm is None else np.array(mm))
+        assert_close(got, want, _tol(dtype, Skv), f"{impl} {what}", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any attention kernel, no warning."""
+    from kernels_cpu import attention as K
+
+    g = rng()
+    q, k, v = _qkv(g, 1, 2, 1, 3, 40, 8, np.float32)
+    mask = g.random((3, 40)) < 0.8
+    run(impl, dispatch.attention, q, k, v, causal=True)
+    run(impl, dispatch.attention, q, k, v, mask=mask)
+
+    def variants():
+        run(impl, dispatch.attention, read_only(q), read_only(k), read_only(v), causal=True)
+        run(impl, dispatch.attention, q, np.broadcast_to(k, k.shape), broadcast_rows(v), mask=read_only(mask))
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 # ---- properties ------------------------------------------------------------------

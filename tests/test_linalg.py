@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import linalg as ref
-from tests.support import ON_CUDA, SEEDS, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run, strided
+from tests.support import (ON_CUDA, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
+                           poisoned, randn, read_only, reduction_tol, rng, run, strided)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -187,6 +188,56 @@ def test_property_random_shapes(impl, m, k, n, batch, b_batch, activation, use_b
     bias = randn(g, (n,), dtype) if use_bias else None
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation)
     assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random", cancel=True)
+
+
+# ---- read-only and broadcast inputs (host arrays) ---------------------------------------
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_read_only_and_broadcast_inputs(impl, dtype):
+    """Read-only a, b and bias (plain and as transposed views), a batch of a broadcast
+    from one matrix, and a weight broadcast over a batch (np.broadcast_to, zero strides)."""
+    g = rng()
+    m, k, n = 13, 70, 21
+    a, b, bias = randn(g, (3, m, k), dtype), randn(g, (k, n), dtype), randn(g, (n,), dtype)
+    wt = randn(g, (n, k), dtype)  # linear's (N, K) weight
+    tol = _tol(dtype, k)
+    cases = [
+        (read_only(a), read_only(b), read_only(bias), "read-only"),
+        (read_only(np.swapaxes(a, 1, 2).copy()).swapaxes(1, 2), read_only(b.T.copy()).T, bias, "read-only transposed"),
+        (broadcast_rows(a), b, bias, "a broadcast over the batch"),
+        (a, np.broadcast_to(b, (3, k, n)), bias, "b broadcast over the batch"),
+        (a, b, np.broadcast_to(bias[:1], (n,)), "broadcast bias"),
+    ]
+    for aa, bb, cc, what in cases:
+        out = poisoned(np.broadcast_shapes(aa.shape[:-2], bb.shape[:-2]) + (m, n), dtype)
+        got = run(impl, dispatch.matmul, aa, bb, bias=cc, activation="silu", out=out)
+        want = ref.matmul(np.array(aa), np.array(bb), bias=np.array(cc), activation="silu")
+        assert_close(got, want, tol, f"matmul {what}", cancel=True)
+    got = run(impl, dispatch.linear, read_only(a[0]), read_only(wt), read_only(bias), activation="relu", _op="linear")
+    assert_close(got, ref.linear(a[0], wt, bias, activation="relu"), tol, "linear read-only", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", impl_params("matmul"))
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any GEMM kernel, no warning."""
+    from kernels_cpu import gemm as K
+
+    g = rng()
+    rows = 1 if impl == "cpu-gemv" else 9
+    a, b, bias = randn(g, (rows, 24), np.float32), randn(g, (24, 17), np.float32), randn(g, (17,), np.float32)
+    run(impl, dispatch.matmul, a, b, bias=bias, activation="gelu")
+    run(impl, dispatch.matmul, a, b)
+
+    def variants():
+        run(impl, dispatch.matmul, read_only(a), read_only(b), bias=read_only(bias), activation="gelu")
+        run(impl, dispatch.matmul, broadcast_rows(a), np.broadcast_to(b, b.shape), bias=bias, activation="gelu")
+        run(impl, dispatch.matmul, read_only(a), read_only(b))
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 # ---- bad input ---------------------------------------------------------------------------

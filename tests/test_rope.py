@@ -5,7 +5,8 @@ import pytest
 
 import dispatch
 from tests.reference import rope as ref
-from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, rng, run, strided
+from tests.support import (ON_CUDA, TOL, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
+                           poisoned, randn, read_only, rng, run, strided)
 
 # (..., S, D): 2-D, (B, S, D), (B, H, S, D) and odd sizes
 FULL = [(1, 2), (7, 10), (5, 3, 64), (2, 4, 33, 128), (3, 2, 5, 6), (1, 1, 1, 2), (2, 300, 62)]
@@ -64,6 +65,44 @@ def test_returns_new_array_or_out():
     assert y is not x and np.array_equal(y, x)
     out = np.empty_like(x)
     assert dispatch.rope(x, c, s, out=out) is out
+
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate_half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", impl_params("rope"))
+def test_read_only_and_broadcast_inputs(impl, dtype, interleaved):
+    """Read-only x and tables, x broadcast over the batch (np.broadcast_to), and tables
+    that are broadcast views themselves (one angle row for every position)."""
+    g = rng()
+    x = randn(g, (3, 4, 9, 16), dtype)
+    c, s = _tables(g, 9, 16, dtype)
+    for xx, cc, ss, what in [(read_only(x), read_only(c), read_only(s), "read-only"),
+                             (broadcast_rows(x), c, s, "broadcast x"),
+                             (x, broadcast_rows(c), broadcast_rows(s), "broadcast tables")]:
+        got = run(impl, dispatch.rope, xx, cc, ss, interleaved=interleaved, out=poisoned(x.shape, dtype))
+        want = ref.rope(np.array(xx), np.array(cc), np.array(ss), interleaved=interleaved)
+        assert_close(got, want, TOL[np.dtype(dtype)], f"rope {what}", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", impl_params("rope"))
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any rope kernel, no warning."""
+    from kernels_cpu import rope as K
+
+    g = rng()
+    x = randn(g, (2, 7, 16), np.float32)
+    c, s = _tables(g, 7, 16, np.float32)
+    run(impl, dispatch.rope, x, c, s)
+    run(impl, dispatch.rope, x, c, s, interleaved=True)
+
+    def variants():
+        run(impl, dispatch.rope, read_only(x), read_only(c), read_only(s))
+        run(impl, dispatch.rope, broadcast_rows(x), broadcast_rows(c), s, interleaved=True)
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 # ---- bad input ---------------------------------------------------------------------------

@@ -7,8 +7,8 @@ from hypothesis.extra import numpy as hnp
 
 import dispatch
 from tests.reference import softmax as ref
-from tests.support import (ON_CUDA, SEEDS, TOL, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run,
-                           strided)
+from tests.support import (ON_CUDA, SEEDS, TOL, assert_close, assert_no_new_specialization, broadcast_rows,
+                           impl_params, poisoned, randn, read_only, reduction_tol, rng, run, strided)
 
 FULL = [(1,), (7,), (3, 5), (1, 1), (33, 1), (5, 1037), (2, 3, 257), (3, 32000), (2, 3, 4, 9)]
 SMALL = [(7,), (3, 5), (1, 1), (5, 67), (2, 3, 37), (2, 3, 4, 9)]
@@ -217,6 +217,59 @@ def test_cross_entropy_huge_logits(impl):
     t = g.integers(0, 37, 20)
     got = run(impl, dispatch.cross_entropy, x, t, reduction="none")
     assert_close(got, ref.cross_entropy(x, t, reduction="none"), 1e-5, "offset 1e4", **_kw("cross_entropy"))
+
+
+# ---- read-only and broadcast inputs (host arrays) ---------------------------------------
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, fn, reference, impl", _cases(OPS))
+def test_read_only_and_broadcast_inputs(name, fn, reference, impl, dtype):
+    x = randn(rng(), (6, 257), dtype) * 3
+    for xx, what in [(read_only(x), "read-only"), (broadcast_rows(x), "broadcast_to"),
+                     (read_only(x).T, "read-only transposed")]:
+        for axis in (-1, 0):
+            got = run(impl, fn, xx, axis, out=poisoned(xx.shape, dtype), _op=name)
+            want = reference(np.array(xx), axis)
+            assert_close(got, want, _tol(dtype, xx.shape[axis]), f"{name} {what} axis {axis}", **_kw(name))
+
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("impl", impl_params("cross_entropy"))
+def test_cross_entropy_read_only_inputs(impl):
+    g = rng()
+    logits = randn(g, (9, 40), np.float32) * 3
+    t = g.integers(0, 40, 9)
+    want = ref.cross_entropy(logits, t, reduction="none")
+    for ll, tt, what in [(read_only(logits), read_only(t), "read-only"),
+                         (np.broadcast_to(logits[:1], logits.shape), np.broadcast_to(t[:1], t.shape), "broadcast_to")]:
+        got = run(impl, dispatch.cross_entropy, ll, tt, reduction="none")
+        want = ref.cross_entropy(np.array(ll), np.array(tt), reduction="none")
+        assert_close(got, want, reduction_tol(np.float32, 49), f"cross_entropy {what}", **_kw("cross_entropy"))
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", impl_params("softmax"))
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any softmax-family kernel, no warning."""
+    from kernels_cpu import softmax as K
+
+    g = rng()
+    x = randn(g, (4, 50), np.float32)
+    t = g.integers(0, 50, 4)
+    ops = {"softmax": dispatch.softmax, "log_softmax": dispatch.log_softmax}
+    for name, fn in ops.items():
+        run(impl, fn, x, _op=name)
+    run(impl, dispatch.cross_entropy, x, t, reduction="none")
+
+    def variants():
+        for name, fn in ops.items():
+            run(impl, fn, read_only(x), _op=name)
+            run(impl, fn, broadcast_rows(x), _op=name)
+        run(impl, dispatch.cross_entropy, read_only(x), read_only(t), reduction="none")
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 # ---- bad input ---------------------------------------------------------------------------
