@@ -113,7 +113,7 @@ def test_read_only_and_broadcast_inputs(name, fn, reference, params, impl, dtype
         got = run(impl, fn, *vargs, out=poisoned(shape, dtype), _op=name, **kw)
         plain = [None if a is None else np.array(a) for a in vargs]
         if residual:
-            want, want_h = reference(*plain, residual=np.array(rr))
+            want, _ = reference(*plain, residual=np.array(rr))
             np.testing.assert_array_equal(got[1], plain[0] + np.array(rr))
             got = got[0]
         else:

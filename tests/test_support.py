@@ -184,6 +184,14 @@ def test_nan_and_inf_patterns():
         assert_close(np.full(3, np.nan, np.float32), np.ones(3), 1e-5)
 
 
+def test_whole_output_underflowed_to_zero_passes():
+    """gelu(x, "tanh") of one float32 x = -10.4 is -0.0; the float64 reference is -1.5e-39
+    (a float32 subnormal): normwise relative error 1, absolute error below UNDERFLOW."""
+    assert_close(np.array([-0.0], np.float32), np.array([-1.46e-39]), 1e-5)
+    with pytest.raises(AssertionError, match="normwise"):
+        assert_close(np.array([-0.0], np.float32), np.array([-1e-30]), 1e-5)
+
+
 def test_shapes_must_match_and_empty_passes():
     with pytest.raises(AssertionError, match="shape"):
         assert_close(np.ones(3), np.ones((3, 1)), 1e-5)
