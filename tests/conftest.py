@@ -1,5 +1,11 @@
 """pytest setup shared by all tests.
 
+Seeds: every test runs with its own seed (tests/support.py: a fresh random one, or
+NK_TEST_SEED=<n> to replay); a failing test's report gets a "seed" section with the seed
+and the command that replays it, and the seed is recorded in item.user_properties
+(``nk_test_seed``, in --junitxml output).  Parametrized tests over implementations must
+keep impl_params' skip marks: a test that would run with impl=None is a collection error.
+
 With NK_TEST_DEVICE=cuda under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set in the
 environment before numba is imported), the simulator gets the test-only warp-primitive
 emulation (tests/cuda/simwarp.py) so kernels using warp shuffles run unchanged.  Without
@@ -42,6 +48,8 @@ if TARGET == "cuda":
 
         simwarp.install()
 
+from tests import support  # noqa: E402  (imports dispatch: after the cache check and the simulator set-up)
+
 
 def pytest_report_header(config):
     if TARGET != "cuda":
@@ -50,11 +58,49 @@ def pytest_report_header(config):
     return f"NK_TEST_DEVICE=cuda ({'CUDA simulator with emulated warp primitives' if sim else 'real GPU'})"
 
 
+@pytest.fixture(autouse=True)
+def _test_seed(request):
+    """Seed the test's random inputs (tests.support.rng) and record the seed."""
+    state = support.begin_test(request.node.nodeid)
+    request.node.user_properties.append(("nk_test_seed", state.seed))
+    request.node.nk_test_seed = state
+    yield state
+    support.end_test()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    state = getattr(item, "nk_test_seed", None)
+    if report.failed and state is not None:
+        if state.draws:
+            text = (f"{support.SEED_ENV}={state.seed} ({state.draws} generator(s) drawn from it)\n"
+                    f"replay: {support.replay_command(item.nodeid, state.seed)}")
+        else:
+            text = (f"{support.SEED_ENV}={state.seed}, but this test drew no generator from it "
+                    "(a hypothesis test shows the seeds it drew in its falsifying example)")
+        report.sections.append(("seed", text))
+
+
+def _check_impl_params_keep_marks(items):
+    """A test parametrized with impl=None runs without an implementation: impl_params gives
+    None only in a skip-marked param, so the mark was dropped (p.values[0] without p.marks)."""
+    bad = [item.nodeid for item in items
+           if "impl" in getattr(getattr(item, "callspec", None), "params", {})
+           and item.callspec.params["impl"] is None
+           and not any(m.name in ("skip", "skipif") for m in item.iter_markers())]
+    if bad:
+        raise pytest.UsageError("parametrized with impl=None but not skipped (impl_params' skip mark dropped): "
+                                + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+
+
 def pytest_collection_modifyitems(config, items):
     """tests/cuda/ holds CUDA-only tests: skipped on the CPU target.  Under the simulator,
     the block-per-row kernels run their float32 cases only: each simulated barrier costs
     milliseconds, the kernels are dtype-generic code, and float64 is covered by the
     warp-per-row kernels (on a real GPU everything runs)."""
+    _check_impl_params_keep_marks(items)
     if TARGET == "cuda":
         if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
             sim_skip = pytest.mark.skip(reason="simulator: block-per-row float64 covered by its float32 cases")

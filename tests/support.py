@@ -1,12 +1,29 @@
 """What every op test shares: the implementations to test, forcing one, moving data to
-its device, poisoned outputs, random inputs and the error measure.
+its device, poisoned outputs, seeded random inputs and the error measures.
 
 The target device of a test run is NK_TEST_DEVICE ("cpu", the default, or "cuda": the
 CUDA implementations, on a GPU or under NUMBA_ENABLE_CUDASIM=1 set before numba loads).
+
+Seeds
+-----
+Every test gets its own seed: a fresh random 32-bit number, or NK_TEST_SEED=<n> from the
+environment to replay one (tests/conftest.py sets it before each test and, when a test
+fails, prints the seed and the command that replays it).  `rng()` derives its
+generators from that seed: the i-th call in a test gets the i-th child stream
+(``SeedSequence(seed, spawn_key=(i,))``), so several calls give independent streams and a
+replay gives the same ones.  Tests never draw from numpy's global state.
+
+Hypothesis tests (@given) must not call `rng()` without a seed (it raises): they draw the
+seed from hypothesis, ``rng(data.draw(SEEDS))`` or a ``seed=SEEDS`` argument, so hypothesis
+can shrink it and print it in the falsifying example, and its database replays it.
 """
 from __future__ import annotations
 
 import os
+import secrets
+import shlex
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -16,35 +33,128 @@ from dispatch import registry
 
 TARGET = os.environ.get("NK_TEST_DEVICE", "cpu")
 ON_CUDA = TARGET == "cuda"
-
-# Normwise relative error bounds: max|got - ref| / max|ref|.
-TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
-def reduction_tol(dtype, k: int) -> float:
-    """Bound for results that are reductions over k terms (matmul, softmax denominators)."""
-    if np.dtype(dtype) == np.float64:
-        return 1e-12
-    return max(1e-5, k * 2e-7)
-
-
-def impl_params(op: str):
-    """pytest params: every implementation of op on the target device, by name."""
-    impls = registry.implementations(op, device=TARGET)
+def impl_params(op: str, device: str = TARGET):
+    """pytest params: every implementation of op on the device, by name; a single
+    skip-marked param when there is none.  Parametrize with these params themselves (or
+    copy ``p.marks`` when building new ones): taking ``p.values[0]`` alone drops the skip
+    mark and the test then runs with impl=None (tests/conftest.py rejects that)."""
+    impls = registry.implementations(op, device=device)
     return [pytest.param(impl.name, id=impl.name) for impl in impls] or [
-        pytest.param(None, marks=pytest.mark.skip(reason=f"no {TARGET} implementation of {op}"))
+        pytest.param(None, id=f"no-{device}-{op}",
+                     marks=pytest.mark.skip(reason=f"no {device} implementation of {op}"))
     ]
 
 
+# ---- seeds ---------------------------------------------------------------------------------
+
+SEED_ENV = "NK_TEST_SEED"
+SEED_MAX = 2**32 - 1
+
+
+@dataclass
+class TestSeed:
+    """The seed of the running test and how many generators `rng()` has derived from it."""
+
+    __test__ = False  # not a test class for pytest
+
+    seed: int
+    nodeid: str
+    draws: int = 0
+
+
+_current: TestSeed | None = None
+
+
+def seed_from_env() -> int | None:
+    """NK_TEST_SEED as an int (None when unset); a malformed value is an error naming it."""
+    text = os.environ.get(SEED_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        seed = int(text, 0)
+    except ValueError:
+        raise ValueError(f"{SEED_ENV} must be an integer in [0, 2**32), got {text!r}") from None
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{SEED_ENV} must be an integer in [0, 2**32), got {text!r}")
+    return seed
+
+
+def begin_test(nodeid: str) -> TestSeed:
+    """Give the test `nodeid` its seed (NK_TEST_SEED, else a fresh random one)."""
+    global _current
+    seed = seed_from_env()
+    _current = TestSeed(secrets.randbits(32) if seed is None else seed, nodeid)
+    return _current
+
+
+def end_test() -> None:
+    global _current
+    _current = None
+
+
+def current_seed() -> int | None:
+    """The running test's seed (None outside a test)."""
+    return None if _current is None else _current.seed
+
+
+def replay_command(nodeid: str, seed: int) -> str:
+    """The shell command that reruns one test with the given seed on this target."""
+    env = [f"{SEED_ENV}={seed}"]
+    if ON_CUDA:
+        env.append("NK_TEST_DEVICE=cuda")
+        if SIMULATOR:
+            env.append("NUMBA_ENABLE_CUDASIM=1")
+    return " ".join(env) + " python -m pytest " + shlex.quote(nodeid)
+
+
+def _in_hypothesis_example() -> bool:
+    try:
+        from hypothesis.control import currently_in_test_context
+    except ImportError:  # pragma: no cover - hypothesis is a test dependency
+        return False
+    return currently_in_test_context()
+
+
 def rng(seed=None):
-    """A fresh generator; tests pass no seed so every run draws new inputs (the seed is
-    printed on failure by hypothesis / pytest's -p randomly if installed)."""
-    return np.random.default_rng(seed)
+    """A numpy Generator.
+
+    rng(): the next independent stream derived from the running test's seed (see the
+    module docstring); rng(seed): a generator of that explicit seed (hypothesis tests pass
+    the seed they drew).  Calling rng() without a seed inside a hypothesis example, or
+    outside a test, is an error: those draws could not be replayed."""
+    if seed is not None:
+        return np.random.default_rng(seed)
+    if _in_hypothesis_example():
+        raise RuntimeError("rng() inside a hypothesis example: draw the seed from hypothesis so it can shrink "
+                           "and replay it, e.g. rng(data.draw(SEEDS)) or a seed=SEEDS argument to @given")
+    state = _current
+    if state is None:
+        raise RuntimeError("rng() outside a test: random inputs must come from the test's seed "
+                           "(draw them inside the test function)")
+    child = np.random.SeedSequence(state.seed, spawn_key=(state.draws,))
+    state.draws += 1
+    return np.random.default_rng(child)
+
+
+def _seeds_strategy():
+    try:
+        from hypothesis import strategies as st
+    except ImportError:  # pragma: no cover
+        return None
+    return st.integers(0, SEED_MAX)
+
+
+SEEDS = _seeds_strategy()  # hypothesis strategy of generator seeds: rng(data.draw(SEEDS))
 
 
 def randn(gen, shape, dtype):
     return gen.standard_normal(shape).astype(dtype)
 
+
+# ---- arrays on the target device -------------------------------------------------------------
 
 def to_target(a):
     """Host array -> an array on the target device (identity on the CPU)."""
@@ -78,6 +188,138 @@ def run(impl: str, fn, *args, **kwargs):
         return to_host(fn(*args, **kwargs))
 
 
+def strided(a):
+    """A non-contiguous view with the values of a (every other element of a bigger array)."""
+    big = np.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype) if a.ndim else np.empty((2,), a.dtype)
+    if a.ndim == 0:
+        return a
+    big[..., ::2] = a
+    big[..., 1::2] = np.nan
+    return big[..., ::2]
+
+
+def read_only(a):
+    """A C-contiguous copy of a with writeable=False (None stays None)."""
+    if a is None:
+        return None
+    r = np.array(a, copy=True, order="C")
+    r.flags.writeable = False
+    return r
+
+
+def broadcast_rows(a):
+    """np.broadcast_to of a's first index along axis 0 to a's shape: a read-only view with
+    zero strides on axis 0 (every row equal).  Compare with the reference on
+    ``np.array(view)``.  Arrays with fewer than 2 dimensions broadcast their first element."""
+    if a is None:
+        return None
+    if a.ndim < 2:
+        return np.broadcast_to(a.reshape(-1)[:1].reshape((1,) * a.ndim), a.shape)
+    return np.broadcast_to(a[:1], a.shape)
+
+
+# ---- kernel specializations ----------------------------------------------------------------
+
+def kernel_dispatchers(module):
+    """The numba dispatchers (njit functions) defined in a kernel module, by name."""
+    from numba.core.dispatcher import Dispatcher
+
+    return {name: obj for name, obj in vars(module).items() if isinstance(obj, Dispatcher)}
+
+
+def signature_counts(*modules) -> dict:
+    """{module.kernel: number of compiled signatures} over the kernels of the modules."""
+    return {f"{m.__name__}.{n}": len(d.signatures) for m in modules for n, d in kernel_dispatchers(m).items()}
+
+
+def assert_no_new_specialization(modules, call, what=""):
+    """Run call() and assert it compiled (or loaded from numba's cache) no new signature of
+    any kernel in modules and emitted no warning of any kind.  Warm the kernels first with
+    the same call on writeable arrays: this checks that a variant of the inputs (read-only,
+    broadcast) reuses the machine code compiled for plain arrays."""
+    before = signature_counts(*modules)
+    assert before, f"no numba kernels found in {[m.__name__ for m in modules]}"
+    assert any(before.values()), f"{what}: the warm-up compiled no kernel of {[m.__name__ for m in modules]}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    after = signature_counts(*modules)
+    grown = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
+    assert not grown, f"{what}: new kernel specializations (signatures before, after): {grown}"
+    assert not caught, f"{what}: warnings emitted: " + "; ".join(
+        f"{w.category.__name__}: {w.message}" for w in caught)
+
+
+# ---- error measures --------------------------------------------------------------------------
+#
+# assert_close(got, ref, tol) checks two bounds (ref is the float64 reference):
+#
+# 1. normwise:    max|got - ref| <= tol * max|ref|   (or <= UNDERFLOW[dtype], see below)
+#    tol is the caller's: TOL[dtype] for elementwise ops, reduction_tol(dtype, k) for
+#    results that sum k terms (float32 error grows ~ k * 2e-7 in the worst case; the
+#    1e-5 floor is ~80 float32 ulps).  float64: 1e-12 (~4500 ulps; the kernels' float64
+#    paths use libm-grade exp / erfc and no float32 intermediates).
+#
+# 2. elementwise: |got - ref| <= atol + rtol * |ref|   for every element
+#    rtol = tol: every element gets the relative accuracy asked of the largest ones, so
+#    a probability of 1e-8 computed as 2e-8 (relative error 1) fails although its
+#    normwise error (1e-8 of the row's max) is far below any float32 bound.
+#
+#    atol, by default (strict): max(FLOOR[dtype] * max|ref|, UNDERFLOW[dtype]).
+#      For results with a small relative error everywhere: activations, softmax
+#      probabilities, exact zeros.  The floor only absorbs the far tails:
+#      - float32 FLOOR 1e-20: exp's argument carries a relative rounding error of eps, so
+#        exp(-z^2) or exp(-2u) of a large argument has a relative error ~ |arg| * eps:
+#        measured on the kernels, gelu's erfc for x < -10 and tanh-gelu for x < -8 reach
+#        1.2e-5 to 1.8e-5 (> rtol), but those results are below 1e-20 of any output scale
+#        >= 1 (gelu(-10) = -8e-23).  Every result above that floor met rtol = 1e-5 on a
+#        4-million-point sweep of x in [-40, 40] (gelu, tanh-gelu, silu) and in 7 full
+#        runs of the CPU suite (softmax probabilities: every element within rtol).
+#      - float64 FLOOR 1e-290: exp64 and libm keep relative accuracy down to underflow.
+#      - float16 FLOOR 1e-20: float16 kernels compute in float32 (same tails).
+#      - UNDERFLOW: absolute error of results that flush to 0: float32 silu(x) for
+#        x < -88.4 is x / inf = -0 where the true value is ~5e-37; float16 results are
+#        rounded to subnormals of quantum 6e-8; float64 underflows near 1e-300.  The
+#        normwise check accepts it too: a one-element tanh-gelu of x = -10.4 is -0.0
+#        against -1.5e-39 (a normwise error of 1; NK_TEST_SEED=1633739782 on
+#        test_unary_matches_reference[gelutanh-cpu-serial-(1,)-float32]).
+#    atol with cancel=True: CANCEL_FLOOR * tol * max|ref|.
+#      For results that are sums or differences with cancellation (matmul, norm, rope
+#      and attention outputs, log-probabilities and losses near 0): their absolute error
+#      is ~ eps * (scale of the terms), which an element that cancels to ~0 carries whole,
+#      so their relative error is unbounded.  Measured on the current kernels (7 runs of
+#      the CPU suite, 19,800 comparisons): the atol these results needed, as a fraction
+#      of tol * max|ref|, was at most 0.11 (layer_norm of rows with mean 30, float32),
+#      0.04 (attention), 0.014 (matmul), 0.0016 (rope), 0.0013 (cross_entropy, log_softmax);
+#      float64 at most 9e-4.  CANCEL_FLOOR = 0.5 keeps 4x headroom over the worst.
+#
+# NaN, +inf and -inf patterns of got must equal ref's (a NaN-poisoned out= element that
+# was never written fails here).  A failure names the worst element (index, got, ref) and
+# the test's seed.
+
+TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+
+
+def reduction_tol(dtype, k: int) -> float:
+    """Bound for results that are reductions over k terms (matmul, softmax denominators)."""
+    if np.dtype(dtype) == np.float64:
+        return 1e-12
+    return max(1e-5, k * 2e-7)
+
+
+FLOOR = {np.dtype(np.float16): 1e-20, np.dtype(np.float32): 1e-20, np.dtype(np.float64): 1e-290}
+UNDERFLOW = {np.dtype(np.float16): 6e-8, np.dtype(np.float32): 1e-36, np.dtype(np.float64): 1e-300}
+CANCEL_FLOOR = 0.5
+
+
+def _float_dtype(got, ref):
+    for a in (got, ref):
+        dt = np.asarray(a).dtype
+        if dt.kind == "f":
+            return dt
+    return np.dtype(np.float64)
+
+
 def rel_err(got, ref) -> float:
     """max|got - ref| / max|ref| (0/0 -> 0); NaN anywhere in got gives inf."""
     got = np.asarray(got, dtype=np.float64)
@@ -92,16 +334,78 @@ def rel_err(got, ref) -> float:
     return float(diff / scale)
 
 
-def assert_close(got, ref, tol, what=""):
-    err = rel_err(got, ref)
-    assert err <= tol, f"{what} relative error {err:.3e} > {tol:.1e}"
+def _seed_note() -> str:
+    seed = current_seed()
+    if _in_hypothesis_example():
+        return "inputs drawn by hypothesis (its falsifying example shows the seed)"
+    return f"{SEED_ENV}={seed}" if seed is not None else "no test seed"
 
 
-def strided(a):
-    """A non-contiguous view with the values of a (every other element of a bigger array)."""
-    big = np.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype) if a.ndim else np.empty((2,), a.dtype)
-    if a.ndim == 0:
-        return a
-    big[..., ::2] = a
-    big[..., 1::2] = np.nan
-    return big[..., ::2]
+def _at(shape, flat):
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def _nonfinite_mismatch(got, ref, what):
+    for name, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        gm, rm = test(got), test(ref)
+        bad = np.flatnonzero(gm != rm)
+        if bad.size:
+            i = _at(got.shape, bad[0])
+            return (f"{what}: {name} pattern differs at {bad.size} element(s), first at index {i}: "
+                    f"got {got[i]!s}, ref {ref[i]!s} [{_seed_note()}]")
+    return None
+
+
+def assert_close(got, ref, tol, what="", *, rtol=None, atol=None, cancel=False):
+    """Normwise and elementwise comparison with the float64 reference (see above):
+    max|got - ref| <= tol * max|ref|, and |got - ref| <= atol + rtol * |ref| per element,
+    where unless given rtol = tol and atol = max(FLOOR[dtype] * max|ref|, UNDERFLOW[dtype])
+    (dtype: got's) or, with cancel=True, atol = CANCEL_FLOOR * tol * max|ref|.  NaN / inf
+    patterns must match.  A failure names the worst element and the test's seed."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    g = got.astype(np.float64)
+    r = ref.astype(np.float64)
+    assert g.shape == r.shape, f"{what}: shape {g.shape} != reference {r.shape} [{_seed_note()}]"
+    if g.size == 0:
+        return
+    dtype = _float_dtype(got, ref)
+    msg = _nonfinite_mismatch(got, ref, what)
+    assert msg is None, msg
+    fin = np.isfinite(r)
+    if not fin.any():
+        return
+    gf, rf = g[fin], r[fin]
+    scale = float(np.max(np.abs(rf)))
+    diff = np.abs(gf - rf)
+    idx = np.flatnonzero(fin)
+    f64 = np.dtype(np.float64)
+    underflow = UNDERFLOW.get(dtype, UNDERFLOW[f64])
+    # normwise (an output that underflowed whole, e.g. gelu of one very negative x, is 0)
+    dmax = float(np.max(diff))
+    err = dmax / scale if scale else dmax
+    if not (err <= tol or dmax <= underflow):
+        w = int(np.argmax(diff))
+        i = _at(g.shape, idx[w])
+        raise AssertionError(
+            f"{what} normwise relative error {err:.3e} > {tol:.1e} (max|ref| = {scale:.3e}); worst element "
+            f"{i}: got {got[i]!s}, ref {ref[i]!s} [{_seed_note()}]")
+    # elementwise
+    rtol = tol if rtol is None else rtol
+    if atol is None:
+        if cancel:
+            atol = CANCEL_FLOOR * tol * scale
+        else:
+            atol = max(FLOOR.get(dtype, FLOOR[f64]) * scale, underflow)
+    bound = atol + rtol * np.abs(rf)
+    excess = diff - bound
+    if np.any(excess > 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(bound > 0, diff / bound, np.inf)
+        w = int(np.argmax(ratio))
+        i = _at(g.shape, idx[w])
+        nbad = int(np.count_nonzero(excess > 0))
+        raise AssertionError(
+            f"{what} elementwise: {nbad} of {rf.size} element(s) outside |got - ref| <= atol + rtol*|ref| "
+            f"(rtol {rtol:.1e}, atol {atol:.1e}); worst element {i}: got {got[i]!s}, ref {ref[i]!s}, "
+            f"|got - ref| = {diff[w]:.3e} > {bound[w]:.3e} [{_seed_note()}]")
+

@@ -5,7 +5,8 @@ import pytest
 
 import dispatch
 from tests.reference import activation as ref
-from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, rng, run, strided
+from tests.support import (ON_CUDA, TOL, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
+                           poisoned, randn, read_only, rng, run, strided)
 
 FULL = [(1,), (7,), (3, 5), (2, 3, 1000), (32000,), (4, 1, 16385)]
 SMALL = [(1,), (7,), (3, 5), (2, 3, 170)]  # the CUDA simulator runs each thread in Python
@@ -60,12 +61,58 @@ def test_extreme_values_stay_finite():
     for f in (dispatch.silu, dispatch.gelu, lambda v: dispatch.gelu(v, "tanh")):
         y = f(x)
         assert np.all(np.isfinite(y)), y
-        assert_close(y[1:-1], np.maximum(x[1:-1].astype(np.float64), 0), 1e-5)
+        # relu is the limit, not the value: silu(-20) = -4e-8, hence the absolute 1e-6
+        assert_close(y[1:-1], np.maximum(x[1:-1].astype(np.float64), 0), 1e-5, atol=1e-6)
+
+
+# ---- read-only and broadcast inputs (host arrays) ----------------------------------------
+
+host_only = pytest.mark.skipif(ON_CUDA, reason="host-array checks run on the CPU target")
+
+
+@host_only
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(UNARY))
+def test_unary_read_only_and_broadcast_inputs(name, fn, reference, kw, impl, dtype):
+    x = randn(rng(), (5, 301), dtype) * 4
+    for xx, what in [(read_only(x), "read-only"), (broadcast_rows(x), "broadcast_to")]:
+        got = run(impl, fn, xx, out=poisoned(x.shape, dtype), **kw)
+        assert_close(got, reference(np.array(xx), **kw), TOL[np.dtype(dtype)], f"{name} {what}")
+
+
+@host_only
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(GATED))
+def test_gated_read_only_and_broadcast_inputs(name, fn, reference, kw, impl, dtype):
+    g = rng()
+    gate, up = randn(g, (5, 301), dtype) * 4, randn(g, (5, 301), dtype)
+    for gg, uu, what in [(read_only(gate), read_only(up), "read-only"),
+                         (broadcast_rows(gate), up, "broadcast gate"), (gate, broadcast_rows(up), "broadcast up")]:
+        got = run(impl, fn, gg, uu, out=poisoned(gate.shape, dtype), **kw)
+        assert_close(got, reference(np.array(gg), np.array(uu), **kw), TOL[np.dtype(dtype)], f"{name} {what}")
+
+
+@host_only
+@pytest.mark.parametrize("impl", impl_params("swiglu"))
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any activation kernel, no warning."""
+    from kernels_cpu import activation as K
+
+    g = rng()
+    x, up = randn(g, (3, 70), np.float32), randn(g, (3, 70), np.float32)
+    run(impl, dispatch.swiglu, x, up, _op="swiglu")
+    run(impl, dispatch.relu, x, _op="relu")
+
+    def variants():
+        run(impl, dispatch.swiglu, read_only(x), broadcast_rows(up), _op="swiglu")
+        run(impl, dispatch.relu, read_only(x), _op="relu")
+        run(impl, dispatch.relu, broadcast_rows(x), _op="relu")
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 # ---- bad input (host arrays: the checks are shared by every target) ----------------
-
-host_only = pytest.mark.skipif(ON_CUDA, reason="host-array checks run on the CPU target")
 
 
 @host_only
@@ -113,7 +160,7 @@ def test_bad_out_rejected_and_untouched(bad_out, err):
 
 @host_only
 def test_out_aliasing_input_rejected():
-    x = np.random.rand(8).astype(np.float32)
+    x = rng().random(8).astype(np.float32)
     before = x.copy()
     with pytest.raises(ValueError, match="out overlaps input x"):
         dispatch.relu(x[:4], out=x[2:6])

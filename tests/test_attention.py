@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import attention as ref
-from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, reduction_tol, rng, run
+from tests.support import (ON_CUDA, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
+                           poisoned, randn, read_only, reduction_tol, rng, run)
 
 IMPLS = impl_params("attention")
 DTYPES = [np.float32, np.float64]
@@ -56,7 +57,7 @@ def test_matches_reference(impl, shape, dtype):
     q *= 2  # sharper softmax than unit scores
     out = poisoned((B, Hq, Sq, D), dtype)
     got = run(impl, dispatch.attention, q, k, v, causal=causal, out=out)
-    assert_close(got, ref.attention(q, k, v, causal=causal), _tol(dtype, Skv), f"{impl} {shape}")
+    assert_close(got, ref.attention(q, k, v, causal=causal), _tol(dtype, Skv), f"{impl} {shape}", cancel=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -65,7 +66,7 @@ def test_scale_and_no_out(impl, dtype):
     g = rng()
     q, k, v = _qkv(g, 1, 4, 2, 9, 21, 16, dtype)
     got = run(impl, dispatch.attention, q, k, v, scale=0.3)
-    assert_close(got, ref.attention(q, k, v, scale=0.3), _tol(dtype, 21))
+    assert_close(got, ref.attention(q, k, v, scale=0.3), _tol(dtype, 21), cancel=True)
 
 
 MASK_SHAPES = ["skv", "sq_skv", "b1_sq_skv"]
@@ -93,7 +94,8 @@ def test_masks(impl, dtype, mshape, kind, causal):
     out = poisoned((B, Hq, Sq, D), dtype)
     got = run(impl, dispatch.attention, q, k, v, causal=causal, mask=mask, out=out)
     assert np.all(np.isfinite(got))
-    assert_close(got, ref.attention(q, k, v, causal=causal, mask=mask), _tol(dtype, Skv), f"{impl} {mshape} {kind}")
+    assert_close(got, ref.attention(q, k, v, causal=causal, mask=mask), _tol(dtype, Skv), f"{impl} {mshape} {kind}",
+                 cancel=True)
 
 
 @pytest.mark.parametrize("kind", ["bool", "add"])
@@ -114,7 +116,7 @@ def test_fully_masked_rows_are_zero(impl, dtype, kind):
     out = poisoned((B, Hq, Sq, D), dtype)
     got = run(impl, dispatch.attention, q, k, v, mask=mask, out=out)
     assert np.all(got[:, :, 1] == 0) and np.all(got[0, 1, 3] == 0)
-    assert_close(got, ref.attention(q, k, v, mask=mask), _tol(dtype, Skv))
+    assert_close(got, ref.attention(q, k, v, mask=mask), _tol(dtype, Skv), cancel=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,7 +139,7 @@ def test_non_contiguous_inputs(impl, dtype):
     v = randn(g, (B, Skv, Hkv, 2 * D), dtype).transpose(0, 2, 1, 3)[..., ::2]
     mask = (g.random((Sq, 2 * Skv)) < 0.8)[:, ::2]
     got = run(impl, dispatch.attention, q, k, v, causal=True, mask=mask, out=poisoned((B, Hq, Sq, D), dtype))
-    assert_close(got, ref.attention(q, k, v, causal=True, mask=mask), _tol(dtype, Skv))
+    assert_close(got, ref.attention(q, k, v, causal=True, mask=mask), _tol(dtype, Skv), cancel=True)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="CPU shape rule")
@@ -146,7 +148,48 @@ def test_default_dispatch_decode_and_prefill():
     for shape in [(1, 4, 2, 1, 300, 64), (1, 2, 2, 100, 100, 64), (1, 2, 1, 3, 5, 8)]:
         q, k, v = _qkv(g, *shape, np.float32)
         got = dispatch.attention(q, k, v, causal=True)
-        assert_close(got, ref.attention(q, k, v, causal=True), _tol(np.float32, shape[4]))
+        assert_close(got, ref.attention(q, k, v, causal=True), _tol(np.float32, shape[4]), cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_read_only_and_broadcast_inputs(impl, dtype):
+    """Read-only q, k, v and mask; k and v broadcast over the batch and heads
+    (np.broadcast_to), a mask broadcast over the query rows."""
+    B, Hq, Hkv, Sq, Skv, D = 2, 4, 2, 9, 70, 16
+    g = rng()
+    q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+    mask = g.random((Sq, Skv)) < 0.8
+    kb = np.broadcast_to(k[:1, :1], k.shape)
+    vb = np.broadcast_to(v[:1, :1], v.shape)
+    for qq, kk, vv, mm, what in [(read_only(q), read_only(k), read_only(v), read_only(mask), "read-only"),
+                                 (q, kb, vb, None, "broadcast k, v"),
+                                 (broadcast_rows(q), k, v, broadcast_rows(mask), "broadcast q, mask")]:
+        got = run(impl, dispatch.attention, qq, kk, vv, causal=True, mask=mm, out=poisoned(q.shape, dtype))
+        want = ref.attention(np.array(qq), np.array(kk), np.array(vv), causal=True,
+                             mask=None if mm is None else np.array(mm))
+        assert_close(got, want, _tol(dtype, Skv), f"{impl} {what}", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any attention kernel, no warning."""
+    from kernels_cpu import attention as K
+
+    g = rng()
+    q, k, v = _qkv(g, 1, 2, 1, 3, 40, 8, np.float32)
+    mask = g.random((3, 40)) < 0.8
+    run(impl, dispatch.attention, q, k, v, causal=True)
+    run(impl, dispatch.attention, q, k, v, mask=mask)
+
+    def variants():
+        run(impl, dispatch.attention, read_only(q), read_only(k), read_only(v), causal=True)
+        run(impl, dispatch.attention, q, np.broadcast_to(k, k.shape), broadcast_rows(v), mask=read_only(mask))
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 # ---- properties ------------------------------------------------------------------
@@ -170,7 +213,7 @@ def test_causal_prefix_does_not_see_the_future(impl, dims, data):
     if ON_CUDA:
         Hkv, G = 1, min(G, 2)
     Skv = Sq + extra
-    g = rng()
+    g = rng(data.draw(SEEDS, label="seed"))
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     t = data.draw(st.integers(1, Sq), label="t")
     o1 = run(impl, dispatch.attention, q, k, v, causal=True)
@@ -180,40 +223,40 @@ def test_causal_prefix_does_not_see_the_future(impl, dims, data):
     k2[:, :, last:] = randn(g, k2[:, :, last:].shape, np.float64)
     v2[:, :, last:] = randn(g, v2[:, :, last:].shape, np.float64)
     o2 = run(impl, dispatch.attention, q2, k2, v2, causal=True)
-    assert_close(o2[:, :, :t], o1[:, :, :t], 1e-12, "prefix changed")
+    assert_close(o2[:, :, :t], o1[:, :, :t], 1e-12, "prefix changed", cancel=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @_examples
-@given(dims=_dims, causal=st.booleans())
-def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal):
+@given(dims=_dims, causal=st.booleans(), seed=SEEDS)
+def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal, seed):
     B, Hkv, G, Sq, extra, D = dims
     if ON_CUDA:
         Hkv, G = 1, min(G, 2)
     Skv = Sq + extra
-    g = rng()
+    g = rng(seed)
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     gqa = run(impl, dispatch.attention, q, k, v, causal=causal)
     mha = run(impl, dispatch.attention, q, np.repeat(k, G, axis=1), np.repeat(v, G, axis=1), causal=causal)
-    assert_close(gqa, mha, 1e-12)
+    assert_close(gqa, mha, 1e-12, cancel=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=3 if ON_CUDA else 8, deadline=None)
-@given(dims=_dims)
-def test_decode_steps_equal_causal_prefill(impl, dims):
+@given(dims=_dims, seed=SEEDS)
+def test_decode_steps_equal_causal_prefill(impl, dims, seed):
     B, Hkv, G, Sq, extra, D = dims
     if ON_CUDA:
         Hkv, G, Sq = 1, min(G, 2), min(Sq, 3)
     Sq = min(Sq, 24)  # one call per step
     Skv = Sq + extra
-    g = rng()
+    g = rng(seed)
     q, k, v = _qkv(g, B, Hkv * G, Hkv, Sq, Skv, D, np.float64)
     full = run(impl, dispatch.attention, q, k, v, causal=True)
     for i in range(Sq):
         n = Skv - Sq + i + 1  # cache length after appending token i
         step = run(impl, dispatch.attention, q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], causal=True)
-        assert_close(step[:, :, 0], full[:, :, i], 1e-12, f"step {i}")
+        assert_close(step[:, :, 0], full[:, :, i], 1e-12, f"step {i}", cancel=True)
 
 
 # ---- bad input -------------------------------------------------------------------

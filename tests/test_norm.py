@@ -5,7 +5,8 @@ import pytest
 
 import dispatch
 from tests.reference import norm as ref
-from tests.support import ON_CUDA, TOL, assert_close, impl_params, poisoned, randn, rng, run, strided, to_target
+from tests.support import (ON_CUDA, TOL, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
+                           poisoned, randn, read_only, rng, run, strided)
 
 FULL = [(1,), (7,), (3, 5), (1, 1), (33, 1), (5, 768), (2, 3, 257), (2, 32000), (2, 3, 4, 9)]
 SMALL = [(7,), (3, 5), (1, 1), (5, 67), (2, 3, 37), (2, 3, 4, 9)]
@@ -52,21 +53,21 @@ def test_matches_reference(name, fn, reference, params, impl, shape, dtype, resi
         r = randn(g, shape, dtype)
         got, h = run(impl, fn, *args, eps=eps, residual=r, out=out, _op=name)
         want, want_h = reference(*args, eps=eps, residual=r)
-        assert_close(got, want, tol, name)
+        assert_close(got, want, tol, name, cancel=True)
         assert h.dtype == dtype and h.shape == shape
         np.testing.assert_array_equal(h, args[0] + r)  # one rounding, as numpy's add
         # strided views of x and residual, no out=
         got2, h2 = run(impl, fn, strided(args[0]), *args[1:], eps=eps, residual=strided(r), _op=name)
-        assert_close(got2, want, tol, name + " strided")
+        assert_close(got2, want, tol, name + " strided", cancel=True)
         np.testing.assert_array_equal(h2, args[0] + r)
     else:
         got = run(impl, fn, *args, eps=eps, out=out, _op=name)
         want = reference(*args, eps=eps)
         assert got.dtype == dtype
-        assert_close(got, want, tol, name)
+        assert_close(got, want, tol, name, cancel=True)
         got2 = run(impl, fn, strided(args[0]), *[None if a is None else strided(a) for a in args[1:]], eps=eps,
                    _op=name)
-        assert_close(got2, want, tol, name + " strided")
+        assert_close(got2, want, tol, name + " strided", cancel=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -78,7 +79,7 @@ def test_default_eps_and_views(name, fn, reference, params, impl, dtype):
         args, _ = _inputs(g, name, params, view.shape, dtype)
         args[0] = view
         got = run(impl, fn, *args, _op=name)
-        assert_close(got, reference(*args), TOL[np.dtype(dtype)], name + " view")
+        assert_close(got, reference(*args), TOL[np.dtype(dtype)], name + " view", cancel=True)
 
 
 @pytest.mark.parametrize("name, fn, reference, params, impl", [c for c in _cases() if c.values[3] in ("wb", "w")])
@@ -89,14 +90,67 @@ def test_large_offset_rows_keep_precision(name, fn, reference, params, impl):
     args, _ = _inputs(g, name, params, shape, np.float32)
     args[0] = (np.float32(30) + randn(g, shape, np.float32)).astype(np.float32)
     got = run(impl, fn, *args, _op=name)
-    assert_close(got, reference(*args), 1e-5, name + " offset")
+    assert_close(got, reference(*args), 1e-5, name + " offset", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, fn, reference, params, impl", [c for c in _cases() if c.values[3] in ("wb", "w")])
+def test_read_only_and_broadcast_inputs(name, fn, reference, params, impl, dtype, residual):
+    """Read-only x, weight, bias and residual; x and residual broadcast over rows
+    (np.broadcast_to), and a weight that is a broadcast view of one value."""
+    g = rng()
+    shape = (6, 130)
+    args, _ = _inputs(g, name, params, shape, dtype)
+    r = randn(g, shape, dtype) if residual else None
+    w1 = np.broadcast_to(args[1][:1], args[1].shape)
+    variants = [([read_only(a) for a in args], read_only(r), "read-only"),
+                ([broadcast_rows(args[0])] + args[1:], broadcast_rows(r), "broadcast rows"),
+                ([args[0], w1] + args[2:], r, "broadcast weight")]
+    for vargs, rr, what in variants:
+        kw = {"residual": rr} if residual else {}
+        got = run(impl, fn, *vargs, out=poisoned(shape, dtype), _op=name, **kw)
+        plain = [None if a is None else np.array(a) for a in vargs]
+        if residual:
+            want, _ = reference(*plain, residual=np.array(rr))
+            np.testing.assert_array_equal(got[1], plain[0] + np.array(rr))
+            got = got[0]
+        else:
+            want = reference(*plain)
+        assert_close(got, want, TOL[np.dtype(dtype)], f"{name} {what}", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", impl_params("layer_norm"))
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
+    no new specialization of any norm kernel, no warning."""
+    from kernels_cpu import norm as K
+
+    g = rng()
+    x, r = randn(g, (5, 40), np.float32), randn(g, (5, 40), np.float32)
+    w, b = randn(g, (40,), np.float32), randn(g, (40,), np.float32)
+    run(impl, dispatch.layer_norm, x, w, b, _op="layer_norm")
+    run(impl, dispatch.layer_norm, x, w, b, residual=r, _op="layer_norm")
+    run(impl, dispatch.rms_norm, x, w, _op="rms_norm")
+    run(impl, dispatch.rms_norm, x, w, residual=r, _op="rms_norm")
+
+    def variants():
+        run(impl, dispatch.layer_norm, read_only(x), read_only(w), read_only(b), _op="layer_norm")
+        run(impl, dispatch.layer_norm, broadcast_rows(x), w, b, residual=read_only(r), _op="layer_norm")
+        run(impl, dispatch.rms_norm, read_only(x), broadcast_rows(w), _op="rms_norm")
+        run(impl, dispatch.rms_norm, x, read_only(w), residual=broadcast_rows(r), _op="rms_norm")
+
+    assert_no_new_specialization([K], variants, impl)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="host-only check of the returned buffers")
 @pytest.mark.parametrize("name, fn", [("layer_norm", dispatch.layer_norm), ("rms_norm", dispatch.rms_norm)])
 def test_out_is_returned_and_h_is_new(name, fn):
-    x = np.random.rand(4, 9).astype(np.float32)
-    r = np.random.rand(4, 9).astype(np.float32)
+    g = rng()
+    x = g.random((4, 9)).astype(np.float32)
+    r = g.random((4, 9)).astype(np.float32)
     out = np.empty_like(x)
     assert fn(x, out=out) is out
     y, h = fn(x, residual=r, out=out)
@@ -146,9 +200,10 @@ def test_bad_inputs(call, err, msg):
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 def test_bad_out_rejected_and_untouched(name):
     fn = getattr(dispatch, name)
-    x = np.random.rand(3, 4).astype(np.float32)
-    r = np.random.rand(3, 4).astype(np.float32)
-    w = np.random.rand(4).astype(np.float32)
+    g = rng()
+    x = g.random((3, 4)).astype(np.float32)
+    r = g.random((3, 4)).astype(np.float32)
+    w = g.random(4).astype(np.float32)
     for bad, err, msg, kw in [
         (np.zeros((3, 5), np.float32), ValueError, "out must have shape", {}),
         (np.zeros((3, 4), np.float64), TypeError, "out must have dtype", {}),
