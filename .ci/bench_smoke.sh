@@ -50,7 +50,7 @@ import re, sys
 import matplotlib.image as mpimg
 import numpy as np
 dom = open(sys.argv[1], encoding="utf-8", errors="replace").read()
-names = set(re.findall(r"\b(?:activation|linalg|softmax|norm|rope|attention)\.[A-Z][A-Za-z]+\.[a-z_]+", dom))
+names = set(re.findall(r"\bops\.[A-Z][A-Za-z]+\.[a-z_]+", dom))  # bench/benchmarks/ops.py: one class per op
 img = mpimg.imread(sys.argv[2])
 colours = len(np.unique(img.reshape(-1, img.shape[-1]), axis=0))
 print(f"rendered page: {len(names)} benchmark names in the DOM, {colours} colours in the screenshot")

@@ -18,7 +18,7 @@ def _report_parser():
         "Subcommand: `python -m bench tune [ops...]` (see `python -m bench tune --help`)."))
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", default=True, help="the quick set of shapes (default)")
-    g.add_argument("--full", action="store_true", help="all shapes in bench/cases.py, more rounds")
+    g.add_argument("--full", action="store_true", help="all shapes in bench/cases, more rounds")
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: all registered)")
     p.add_argument("--json", default="bench_out/report.json", metavar="PATH", help="results file (default %(default)s)")
     p.add_argument("--plot", default="bench_out/roofline.png", metavar="PATH", help="roofline PNG (default %(default)s)")
@@ -30,7 +30,7 @@ def _report_parser():
 def _tune_parser():
     p = argparse.ArgumentParser(prog="python -m bench tune", description=(
         "Time each candidate implementation and its tunable parameters on the shape buckets of "
-        "bench/cases.py and store the winners in the tuning cache ($NK_TUNING_CACHE, else the user's cache dir)."))
+        "bench/cases and store the winners in the tuning cache ($NK_TUNING_CACHE, else the user's cache dir)."))
     p.add_argument("ops", nargs="*", help="ops to tune (default: all registered)")
     p.add_argument("--quick", action="store_true", help="only the quick shapes")
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])

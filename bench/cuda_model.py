@@ -1,7 +1,6 @@
 """Performance model of the CUDA kernels: roofline time adjusted for occupancy and grid fill.
 
-For each benchmark case (bench/cases.py, or the representative shapes below when that is
-not available) and each GPU, the op's own work model (``Op.flops`` / ``Op.bytes``, the
+For each benchmark case (bench/cases) and each GPU, the op's own work model (``Op.flops`` / ``Op.bytes``, the
 same numbers the CPU report's roofline uses: FLOPs done and the fewest bytes moved) gives
 
     roofline  = max(bytes / bandwidth, flops / fp32 peak)   (non-tensor-core fp32)
@@ -40,42 +39,12 @@ DEFAULT_OCCUPANCY = 0.5  # when no ptxas numbers are available (e.g. under the s
 PTX_CACHE = os.path.join("bench_out", "ptx.json")
 
 
-def _z(shape, dtype=np.float32):
-    return np.broadcast_to(np.zeros((), dtype), shape)
-
-
-def _own_cases():
-    """Representative shapes when bench/cases.py is not importable: (op, name, args, kwargs)."""
-    z = _z
-    return [
-        ("gelu", "bert ffn 128x3072", (z((128, 3072)),), {}),
-        ("swiglu", "llama ffn 512x11008", (z((512, 11008)), z((512, 11008))), {}),
-        ("softmax", "bert scores 12x128x128", (z((1, 12, 128, 128)),), {}),
-        ("softmax", "gpt-2 vocab 128x50257", (z((128, 50257)),), {}),
-        ("cross_entropy", "gpt-2 loss 128x50257", (z((128, 50257)), np.zeros(128, np.int64)), {}),
-        ("layer_norm", "bert 128x768", (z((128, 768)), z((768,)), z((768,))), {}),
-        ("rms_norm", "llama 512x4096", (z((512, 4096)), z((4096,))), {}),
-        ("matmul", "bert qkv 128x768x768", (z((128, 768)), z((768, 768))), {}),
-        ("matmul", "square 1024", (z((1024, 1024)), z((1024, 1024))), {}),
-        ("linear", "llama decode gate 1x4096x11008", (z((1, 4096)), z((11008, 4096))), {}),
-    ]
-
-
 def _case_calls(cases):
-    """(op, case name, args, kwargs) from bench.cases.Case objects (inputs as zero-stride
-    views: nothing is allocated)."""
+    """(op, case name, args, kwargs) of the bench cases: the op's own inputs, zeros drawn
+    without a generator (only shapes and dtypes matter here)."""
     out = []
     for c in cases:
-        inputs = {}
-        for name, shape in c.shapes.items():
-            inputs[name] = np.zeros(shape, np.int64) if name == "targets" else _z(shape)
-        if c.op == "cross_entropy":
-            inputs["targets"] = np.zeros(c.shapes["logits"][:-1], np.int64)
-        if c.op == "rope":
-            s, d = c.shapes["x"][-2], c.shapes["x"][-1]
-            inputs["cos"], inputs["sin"] = _z((s, d // 2)), _z((s, d // 2))
-        inputs.update(c.params)
-        args, kw = c.call_args(inputs)
+        args, kw = c.call_args(c.inputs(None, np.float32, shape_only=True))
         out.append((c.op, c.name, args, kw))
     return out
 
@@ -100,30 +69,17 @@ def predictions(cases=None, ptx_rows=None):
     import dispatch  # noqa: F401  (registers the ops and the CUDA implementations)
     from dispatch import devices, registry
 
-    if cases is None:
-        try:
-            from bench import cases as bc
+    from bench import cases as bc
 
-            cases = bc.CASES
-        except Exception:  # noqa: BLE001
-            cases = None
-    calls = _case_calls(cases) if cases is not None else _own_cases()
+    from dispatch import select
 
     plans = []
-    for op_name, case_name, args, kw in calls:
-        op = registry.OPS.get(op_name)
-        if op is None:
-            continue
-        try:
-            call = op.describe(*args, **kw)
-        except Exception as exc:  # noqa: BLE001
-            plans.append((op_name, case_name, None, None, f"describe failed: {exc}"))
-            continue
-        ckey = call.key[:1] + ("cuda",) + call.key[2:]
-        names, _ = op.order(ckey)
-        impls = [op.implementations[n] for n in names if n in op.implementations]
-        impls += [i for i in op.implementations.values() if i.device == "cuda" and i not in impls]
-        impl = next((i for i in impls if i.device == "cuda" and not i.refusals(ckey)), None)
+    for op_name, case_name, args, kw in _case_calls(bc.CASES if cases is None else cases):
+        op = registry.OPS[op_name]
+        call = op.describe(*args, **kw)
+        # what the dispatcher would run for the same call on a GPU (its CUDA rule, no
+        # overrides or tuning): asked, not re-derived
+        impl = select.rule_choice(call.key._replace(device="cuda"))
         plans.append((op_name, case_name, call, impl, None if impl else "no CUDA implementation"))
 
     launches = {}
@@ -151,8 +107,7 @@ def predictions(cases=None, ptx_rows=None):
                 out.append(row)
                 continue
             op = registry.OPS[op_name]
-            flops = float(op.flops(call)) if op.flops else 0.0
-            nbytes = float(op.bytes(call)) if op.bytes else 0.0
+            flops, nbytes = float(op.flops(call)), float(op.bytes(call))
             t_mem, t_flop = nbytes / bw, flops / peak
             bound = "memory" if t_mem >= t_flop else "compute"
             roof = max(t_mem, t_flop)

@@ -1,10 +1,11 @@
 """Peers: the same op written with numpy (always), PyTorch CPU and onnxruntime (when
-installed), on the same named inputs as bench/cases.py.
+installed), on the same named inputs as bench/cases.
 
 ``prepare(peer, case, inputs)`` returns a zero-argument callable that computes the op's
 result (ready to be timed: sessions built, tensors wrapped zero-copy), or raises
-`Unavailable` with the reason.  ``reference(case, inputs)`` is the numpy version in
-float64, used to check that every implementation agrees.
+`Unavailable` with the reason (an op without a version here simply has no such peer).
+``reference(case, inputs)`` is the tests' float64 reference (tests/reference), used to
+check that every implementation and peer agrees.
 
 The numpy versions are what a user would write with numpy alone; the onnxruntime ones are
 small ONNX graphs (opset 17, IR version 10: onnxruntime 1.31 rejects IR 14), so fusions are
@@ -12,6 +13,7 @@ up to onnxruntime's graph optimizer, as for a user exporting a model.
 """
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -118,10 +120,17 @@ NUMPY = {
 
 
 def reference(case, inputs):
-    """The numpy version in float64 (the agreement check's reference)."""
+    """The float64 reference of the op: the same function the tests compare every kernel
+    with (tests/reference/<family>.py, named like the op, with the public signature),
+    called through the op's own signature on float64 copies of the inputs."""
+    from dispatch import registry
+
+    op = registry.OPS[case.op]
     f64 = {k: (v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
            for k, v in inputs.items()}
-    return np.asarray(NUMPY[case.op](f64), dtype=np.float64)
+    fn = getattr(importlib.import_module(f"tests.reference.{op.family}"), op.name)
+    args, kwargs = op.signature(f64)
+    return np.asarray(fn(*args, **kwargs), dtype=np.float64)
 
 
 # ---- PyTorch -----------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """python -m bench.ptx: compile every CUDA kernel for real chips without a GPU.
 
-Each kernel of kernels_cuda (the KERNELS table below: every kernel the CUDA
-implementations launch) is compiled with numba-cuda's ``compile_ptx`` for sm_80 (A100),
+Each kernel declared in a kernels_cuda module's ``PTX`` list (kernels_cuda._jit.PtxBuild,
+beside the kernel; a kernel the dispatcher launches without a declaration is a failure)
+is compiled with numba-cuda's ``compile_ptx`` for sm_80 (A100),
 sm_87 (Jetson Orin) and sm_90 (H100), for float32 and float16 inputs, and assembled with
 ``ptxas -v -c`` (``-c``: the fp16 helpers leave extern calls that only a final link
 resolves).  The table gives registers per thread, static shared memory, spill bytes and
-the theoretical occupancy for the block size the dispatcher launches on that chip (the
-launch rule of dispatch.cuda_impls evaluated with that chip's properties on a
-representative shape).  Exit status 1 when a kernel fails to compile, spills, declares more than 48 KB of static
+the theoretical occupancy for the largest block the dispatcher launches on that chip (the
+launch rules of dispatch.cuda_impls evaluated with that chip's properties on every
+benchmark case of bench/cases).  Exit status 1 when a kernel fails to compile, spills, declares more than 48 KB of static
 shared memory, or needs more registers than its largest launch can get: a CI gate.
 
 Must run WITHOUT the simulator (compile_ptx fails under NUMBA_ENABLE_CUDASIM=1).
@@ -51,133 +52,57 @@ def ptxas_path() -> str:
 
 
 def kernels():
-    """name -> (family, get(dtype) -> cuda dispatcher, argtypes(dtype) -> tuple of numba types)."""
-    from numba import types as T
+    """name -> PtxBuild: every kernel declared in a kernels_cuda module's PTX list."""
+    import importlib
+    import pkgutil
 
-    from kernels_cuda import activation, attention, gemm, layout, norm, rope, softmax
+    import kernels_cuda
 
-    def arr(dt, nd, layout_="C"):
-        return T.Array(dt, nd, layout_)
-
-    def acc(dt):
-        return T.float64 if dt == T.float64 else T.float32
-
-    def acc_np(dt):
-        return np.float64 if dt == T.float64 else np.float32
-
-    b, i64, f64 = T.boolean, T.int64, T.float64
-    table = {
-        "activation.unary": ("activation", lambda dt: activation.unary_kernel(acc_np(dt)),
-                             lambda dt: (arr(dt, 1), arr(dt, 1), i64)),
-        "activation.gated": ("activation", lambda dt: activation.gated_kernel(acc_np(dt)),
-                             lambda dt: (arr(dt, 1), arr(dt, 1), arr(dt, 1), i64)),
-        "softmax.warp_rows": ("softmax", lambda dt: softmax.warp_rows(acc_np(dt)),
-                              lambda dt: (arr(dt, 2), arr(dt, 2), b)),
-        "softmax.block_rows": ("softmax", lambda dt: softmax.block_rows(acc_np(dt)),
-                               lambda dt: (arr(dt, 2), arr(dt, 2), b)),
-        "softmax.columns": ("softmax", lambda dt: softmax.columns(acc_np(dt)),
-                            lambda dt: (arr(dt, 3), arr(dt, 3), b)),
-        "cross_entropy.warp_rows": ("softmax", lambda dt: softmax.cross_entropy_rows(acc_np(dt)),
-                                    lambda dt: (arr(dt, 2), arr(i64, 1), i64, arr(acc(dt), 1), arr(acc(dt), 1), arr(i64, 1))),
-        "cross_entropy.block_rows": ("softmax", lambda dt: softmax.cross_entropy_block_rows(acc_np(dt)),
-                                     lambda dt: (arr(dt, 2), arr(i64, 1), i64, arr(acc(dt), 1), arr(acc(dt), 1), arr(i64, 1))),
-        "cross_entropy.reduce": ("softmax", lambda dt: softmax.sum_losses(acc_np(dt)),
-                                 lambda dt: (arr(acc(dt), 1), arr(acc(dt), 1), b, arr(dt, 1))),
-    }
-    for fam, rms in (("layer_norm", False), ("rms_norm", True)):
-        for kind in ("warp", "block"):
-            table[f"{fam}.{kind}_rows"] = (
-                "norm", (lambda kind, rms: lambda dt: norm.make(kind, rms, acc_np(dt)))(kind, rms),
-                lambda dt: (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 1), f64, arr(dt, 2), b, b, b))
-    table["rope.pairs"] = ("rope", lambda dt: rope.rope_kernel(acc_np(dt)),
-                           lambda dt: (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 2), b))
-    for dmax in attention.TILES:
-        table[f"attention.flash_d{dmax}"] = (
-            "attention", (lambda dmax: lambda dt: attention.flash_kernel(acc_np(dt), dmax))(dmax),
-            lambda dt: (arr(dt, 4), arr(dt, 4), arr(dt, 4), arr(T.boolean, 4), i64, b, f64, arr(dt, 4),
-                        arr(acc(dt), 5), arr(acc(dt), 5)))
-    table["attention.combine"] = ("attention", lambda dt: attention.combine_kernel(acc_np(dt)),
-                                  lambda dt: (arr(acc(dt), 5), arr(acc(dt), 5), arr(dt, 4)))
-    for tile in gemm.CONFIGS:
-        table[f"gemm.{tile}"] = ("linalg", (lambda tile: lambda dt: gemm.gemm_kernel(acc_np(dt), tile))(tile),
-                                 lambda dt: (arr(dt, 3), arr(dt, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, b, b))
-    for nd in (1, 2, 3, 4):
-        table[f"layout.copy{nd}"] = ("layout", (lambda nd: lambda dt: layout._COPY[nd])(nd),
-                                     (lambda nd: lambda dt: (arr(dt, nd, "A"), arr(dt, nd)))(nd))
-    for name, spec in _optional_kernels().items():
-        table[name] = spec
+    table = {}
+    for info in sorted(pkgutil.iter_modules(kernels_cuda.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"kernels_cuda.{info.name}")
+        for build in getattr(mod, "PTX", ()):
+            if build.name in table:
+                raise RuntimeError(f"kernel {build.name!r} declared twice (kernels_cuda.{info.name})")
+            table[build.name] = build
     return table
 
 
-def _optional_kernels():
-    """Kernels of families added later (rope, attention) register here when present."""
-    out = {}
-    try:
-        from kernels_cuda import catalog_extra
-    except ImportError:
-        return out
-    return catalog_extra.kernels()
-
-
-# Representative calls: which block size the dispatcher launches each kernel with.
-def _zeros(shape, dtype=np.float32):
-    return np.broadcast_to(np.zeros((), dtype), shape)
-
-
-def representative_calls():
-    """(kernel name, op, implementation, args, kwargs) evaluated with each chip's props."""
-    z = _zeros
-    calls = [
-        ("activation.unary", "gelu", "cuda-elementwise", (z((128, 3072)),), {}),
-        ("activation.gated", "swiglu", "cuda-elementwise", (z((128, 11008)), z((128, 11008))), {}),
-        ("softmax.warp_rows", "softmax", "cuda-warp-row", (z((12, 128, 128)),), {}),
-        ("softmax.block_rows", "softmax", "cuda-block-row", (z((128, 50257)),), {}),
-        ("softmax.columns", "softmax", "cuda-warp-row", (z((16, 512, 64)), 1), {}),
-        ("cross_entropy.warp_rows", "cross_entropy", "cuda-warp-row", (z((128, 1000)), np.zeros(128, np.int64)), {}),
-        ("cross_entropy.block_rows", "cross_entropy", "cuda-block-row", (z((128, 50257)), np.zeros(128, np.int64)), {}),
-        ("layer_norm.warp_rows", "layer_norm", "cuda-warp-row", (z((128, 768)), z((768,)), z((768,))), {}),
-        ("layer_norm.block_rows", "layer_norm", "cuda-block-row", (z((512, 4096)), z((4096,)), z((4096,))), {}),
-        ("rms_norm.warp_rows", "rms_norm", "cuda-warp-row", (z((128, 768)), z((768,))), {}),
-        ("rms_norm.block_rows", "rms_norm", "cuda-block-row", (z((512, 4096)), z((4096,))), {}),
-        ("rope.pairs", "rope", "cuda-elementwise", (z((1, 32, 512, 128)), z((512, 64)), z((512, 64))), {}),
-        ("attention.flash_d64", "attention", "cuda-flash", (z((1, 12, 512, 64)),) * 3, {}),
-        ("attention.flash_d128", "attention", "cuda-flash", (z((1, 32, 512, 128)),) * 3, {"causal": True}),
-    ]
-    try:
-        from kernels_cuda import catalog_extra
-
-        calls += catalog_extra.representative_calls(z)
-    except ImportError:
-        pass
-    return calls
-
-
-def launch_threads(chip: str) -> dict:
-    """kernel name -> threads per block the dispatcher uses on this chip."""
-    from dispatch import devices, registry
-
-    out = {"cross_entropy.reduce": 256, "attention.combine": 256}
-    for nd in (1, 2, 3, 4):
-        out[f"layout.copy{nd}"] = 256
-    with devices.assume(devices.CHIPS[chip]):
-        for kname, op, impl, args, kw in representative_calls():
-            o = registry.OPS.get(op)
-            if o is None or impl not in o.implementations:
-                continue
-            call = o.describe(*args, **kw)
-            cfg = o.implementations[impl].launch_config(call)
-            out[kname] = cfg["block"] if isinstance(cfg["block"], int) else math.prod(cfg["block"])
-        from dispatch.cuda_impls import linalg
-
-        for name, bm, bn, thr, smem in linalg.TILES:
-            out[f"gemm.{name}"] = thr
+def _launched_kernels(cfg):
+    """(kernel name, threads) of a launch configuration and its follow-up passes."""
+    out = []
+    while cfg:
+        block = cfg["block"]
+        out.append((cfg["kernel"], block if isinstance(block, int) else math.prod(block)))
+        cfg = cfg.get("reduce")
     return out
 
 
-def max_launch_threads(name: str, representative: int) -> int:
-    """The largest block the dispatcher may launch this kernel with (block-per-row kernels
-    grow their block with the row length up to 1024 threads)."""
-    return 1024 if name.endswith("block_rows") else representative
+def launch_threads(chip: str) -> dict:
+    """kernel name -> the largest block the dispatcher launches it with on this chip, over
+    every CUDA implementation of every op on every benchmark case (the launch rules
+    evaluated with that chip's properties; no GPU needed)."""
+    from bench import cases as bc
+    from dispatch import devices, registry
+
+    out = {}
+    with devices.assume(devices.CHIPS[chip]):
+        for case in bc.CASES:
+            op = registry.OPS[case.op]
+            args, kw = case.call_args(case.inputs(None, np.float32, shape_only=True))
+            call = op.describe(*args, **kw)
+            for impl in op.implementations.values():
+                if impl.device != "cuda" or impl.refusals(call.key._replace(device="cuda")):
+                    continue
+                for name, threads in _launched_kernels(impl.launch_config(call)):
+                    out[name] = max(out.get(name, 0), threads)
+    return out
+
+
+def undeclared(table, launched) -> list:
+    """Kernel names the dispatcher launches that no kernels_cuda module declares for the
+    PTX report: such a kernel would escape the spill and shared-memory gates."""
+    return sorted(set(launched) - set(table))
 
 
 def occupancy(chip: str, threads: int, regs: int, smem: int) -> float:
@@ -241,20 +166,24 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
     table = kernels()
     threads = {a: launch_threads(a) for a in archs}
     rows = []
+    for a in archs:
+        for name in undeclared(table, threads[a]):
+            rows.append({"kernel": name, "family": "?", "dtype": "-", "arch": a, "ok": False,
+                         "error": "launched by the dispatcher but not declared in a kernels_cuda PTX list"})
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (family, get, argtypes) in table.items():
+        for name, build in table.items():
             if only and not any(o in name for o in only):
                 continue
             for dtype in dtypes:
-                if family == "layout" and dtype != "float32":
+                if dtype not in build.dtypes:
                     continue
                 for arch in archs:
                     t0 = time.time()
-                    row = {"kernel": name, "family": family, "dtype": dtype, "arch": arch}
+                    row = {"kernel": name, "family": build.family, "dtype": dtype, "arch": arch}
                     try:
-                        info = compile_one(name, get, argtypes, dtype, arch, ptxas, tmp)
+                        info = compile_one(name, build.get, build.argtypes, dtype, arch, ptxas, tmp)
                         row.update(info)
-                        thr = threads[arch].get(name, 256)
+                        thr = threads[arch].get(name, build.threads)
                         row["threads"] = thr
                         row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
                         errors = []
@@ -262,7 +191,7 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
                             errors.append("spills")
                         if info["smem"] > STATIC_SMEM:
                             errors.append(f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
-                        biggest = max_launch_threads(name, thr)
+                        biggest = max(thr, build.threads)  # the kernel's own largest launch
                         if occupancy(arch, biggest, info["regs"], info["smem"]) == 0:
                             errors.append(f"{info['regs']} registers x {biggest} threads do not fit one SM: "
                                           "the largest launch would fail")

@@ -2,9 +2,8 @@
 op at model-derived shapes against the installed peers, compile times, the CUDA side as
 predicted by bench.cuda_model, a table, JSON and a roofline plot.
 
-Everything is driven by the registry: an op that is not registered yet (its public
-function still raises NotImplementedError) is listed as skipped, and measured as soon as
-its family registers it, with no edit here.  Shapes come from bench/cases.py.
+Everything is driven by the registry and the op records: a new op is measured as soon as
+its module registers it and bench/cases/<family>.py gives its shapes, with no edit here.
 """
 from __future__ import annotations
 
@@ -214,11 +213,7 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
     row = {"op": case.op, "case": case.name, "case_id": case.id, "label": case.label, "model": case.model,
            "family": case.family, "dtype": str(np.dtype(dtype)), "shapes": {k: list(v) for k, v in case.shapes.items()},
            "status": "ok", "notes": []}
-    op = registry.OPS.get(case.op)
-    if op is None:
-        row["status"] = "skipped"
-        row["notes"].append(f"dispatch.{case.op} is not registered yet (its family is being written)")
-        return row
+    op = registry.OPS[case.op]
     inputs = case.inputs(rng, dtype)
     args, kwargs = case.call_args(inputs)
     try:
@@ -226,12 +221,11 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
         ex = explain(case.op, *args, **kwargs)
     except (TypeError, ValueError) as exc:
         row["status"] = "skipped"
-        row["notes"].append(f"bench/cases.py arguments do not fit dispatch.{case.op}: {exc}")
+        row["notes"].append(f"bench/cases arguments do not fit dispatch.{case.op}: {exc}")
         return row
     row["impl"] = ex.chosen
     row["impl_source"] = ex.source
-    flops = float(op.flops(call)) if op.flops else None
-    nbytes = float(op.bytes(call)) if op.bytes else None
+    flops, nbytes = float(op.flops(call)), float(op.bytes(call))
     row.update(flops=flops, bytes=nbytes, floor_s=roofline.floor_seconds(flops, nbytes, ceilings))
     fn = _public(case.op)
 
@@ -410,7 +404,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     if ops:
         unknown = set(ops) - {c.op for c in C.CASES}
         for name in sorted(unknown):
-            out(f"note: no cases for op {name!r} in bench/cases.py")
+            out(f"note: no cases for op {name!r} in bench/cases")
     registered = set(registry.OPS)
     without_cases = sorted(registered - {c.op for c in C.CASES})
     rows = []
@@ -424,7 +418,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
 
     comp = {}
     if compile:
-        landed = [c for c in selected if c.op in registered and any(r["case_id"] == c.id and r["status"] == "ok" for r in rows)]
+        landed = [c for c in selected if any(r["case_id"] == c.id and r["status"] == "ok" for r in rows)]
         comp = compile_times(landed, progress=progress)
 
     preds, why = cuda_predictions(selected)
@@ -435,10 +429,9 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     skipped = [r for r in rows if r["status"] != "ok"]
     if skipped:
         out("")
-        out(f"skipped or failed: {len(skipped)} case(s), see the lines above; ops not registered yet: "
-            + (", ".join(sorted({r['op'] for r in skipped if 'not registered' in ' '.join(r['notes'])})) or "none"))
+        out(f"skipped or failed: {len(skipped)} case(s), see the lines above")
     for name in without_cases:
-        out(f"note: op {name!r} is registered but has no cases in bench/cases.py")
+        out(f"note: op {name!r} is registered but has no cases in bench/cases")
     notes = [(r["op"], r["case"], n) for r in rows if r["status"] == "ok" for n in r["notes"]]
     if notes:
         out("")

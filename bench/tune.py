@@ -1,6 +1,6 @@
 """Autotuning (`python -m bench tune [ops...]`): time every candidate implementation and
 every combination of its tunable parameters (Implementation.tunables) on the shape buckets
-of bench/cases.py, and write the winners to the tuning cache (dispatch.tuning.store) that
+of bench/cases, and write the winners to the tuning cache (dispatch.tuning.store) that
 the dispatcher reads at its first call.  Tuning never runs implicitly.
 
 One timing per selection key: cases whose calls fall in the same key (same op, device,
@@ -28,23 +28,18 @@ def param_grid(impl) -> list[dict]:
     return grid
 
 
-def _label(impl_name, params, defaults):
-    diff = {k: v for k, v in params.items() if defaults.get(k) != v or k not in defaults}
+def _label(impl_name, params):
     return impl_name + ("" if not params else " " + ",".join(f"{k}={v}" for k, v in sorted(params.items())))
 
 
 def tune(ops=None, quick=False, dtypes=(np.float32,), rounds=5, store=True, path=None, out=print, progress=None):
     """Tune the ops' keys; returns the list of winners ({op, key, impl, params, time_s, ...})."""
-    import dispatch  # noqa: F401 - registers the landed ops
     from dispatch import registry, select, tuning
 
     results, skipped = [], []
     seen = set()
     for case in C.cases(ops, quick=quick):
-        op = registry.OPS.get(case.op)
-        if op is None:
-            skipped.append(f"{case.op}: not registered yet (its family is being written)")
-            continue
+        op = registry.OPS[case.op]
         for dtype in dtypes:
             inputs = case.inputs(np.random.default_rng(0), dtype)
             args, kwargs = case.call_args(inputs)
@@ -61,7 +56,7 @@ def tune(ops=None, quick=False, dtypes=(np.float32,), rounds=5, store=True, path
                 if impl.refusals(call.key):
                     continue
                 for params in param_grid(impl):
-                    label = _label(impl.name, params, impl.params)
+                    label = _label(impl.name, params)
                     cands[label] = (lambda impl=impl, params=params: impl.run(params, *call.args))
                     labels[label] = (impl, params)
             if not cands:
@@ -76,19 +71,20 @@ def tune(ops=None, quick=False, dtypes=(np.float32,), rounds=5, store=True, path
                 continue
             best = min(stats, key=lambda k: stats[k].median)
             impl, params = labels[best]
-            rule_names, _ = op.order(call.key)
-            rule_choice = next((n for n in rule_names if n in op.implementations
-                                and not op.implementations[n].refusals(call.key)), None)
+            rule_impl = select.rule_choice(call.key)  # what the shape rule alone would pick
             results.append({
-                "op": case.op, "key": list(call.key), "impl": impl.name, "params": params,
+                "op": case.op, "key": call.key, "impl": impl.name, "params": params,
                 "time_s": stats[best].median, "case": case.id,
                 "candidates": {k: v.median for k, v in stats.items()},
-                "rule_choice": rule_choice,
+                "rule_choice": rule_impl.name if rule_impl is not None else None,
             })
     out(f"{'op':<14} {'key':<44} {'winner':<28} {'time':>10}  rule would pick   (others)")
     for r in results:
-        others = ", ".join(f"{k} {v * 1e6:.0f}us" for k, v in sorted(r["candidates"].items(), key=lambda kv: kv[1]) if k != _label(r["impl"], r["params"], {}))
-        out(f"{r['op']:<14} {str(tuple(r['key'][1:])):<44} {_label(r['impl'], r['params'], {}):<28} "
+        winner = _label(r["impl"], r["params"])
+        others = ", ".join(f"{k} {v * 1e6:.0f}us" for k, v in sorted(r["candidates"].items(), key=lambda kv: kv[1])
+                           if k != winner)
+        key = ",".join(str(v) for k, v in r["key"]._asdict().items() if k != "op")
+        out(f"{r['op']:<14} {key:<44} {winner:<28} "
             f"{r['time_s'] * 1e6:>8.1f}us  {str(r['rule_choice']):<16} ({others})")
     for s in skipped:
         out(f"skipped: {s}")

@@ -148,7 +148,8 @@ def lookup(op, key):
     entry = entries.get(entry_key(op.name, key))
     if entry is None:
         return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("impl"), str):
+    if not isinstance(entry, dict) or not isinstance(entry.get("impl"), str) \
+            or not isinstance(entry.get("params") or {}, dict):
         warnings.warn(f"ignoring malformed tuning entry for {op.name} {key} in {cache_path()}: {entry!r:.80}",
                       RuntimeWarning, stacklevel=3)
         return None

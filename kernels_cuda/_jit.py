@@ -41,3 +41,39 @@ def acc_of(dtype):
     """(numba type, numpy type) the kernels accumulate in for an input dtype."""
     acc = acc_dtype(dtype)
     return (float64 if acc is np.float64 else float32), acc
+
+
+class PtxBuild:
+    """What `python -m bench.ptx` compiles one kernel with, declared beside the kernel (each
+    kernels_cuda module lists its kernels in ``PTX``; the report discovers the modules).
+
+    name      the kernel's name as the dispatcher's launch configurations give it
+              ("softmax.warp_rows"); the PTX report fails if a launch names an undeclared one
+    family    the op family (report grouping)
+    get       numba type of the input dtype -> the cuda.jit dispatcher to compile
+    argtypes  numba type of the input dtype -> the kernel's argument types
+    threads   the largest block it may be launched with (its launch bound); the report's
+              block size when no benchmark case's launch configuration names the kernel
+    dtypes    the input dtypes it is built for
+    """
+
+    def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16")):
+        self.name, self.family, self.get, self.argtypes = name, family, get, argtypes
+        self.threads, self.dtypes = threads, tuple(dtypes)
+
+
+def acc_np(numba_dtype):
+    """The numpy accumulation type for a numba input dtype (kernels_common.acc_dtype)."""
+    return acc_dtype(np.dtype(str(numba_dtype)))
+
+
+def arr(numba_dtype, ndim, layout="C"):
+    """numba array type of that dtype and rank."""
+    from numba import types
+
+    return types.Array(numba_dtype, ndim, layout)
+
+
+def acc_type(numba_dtype):
+    """numba type of the accumulation dtype."""
+    return float64 if acc_np(numba_dtype) is np.float64 else float32

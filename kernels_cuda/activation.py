@@ -14,7 +14,9 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._jit import ELEMENTWISE_THREADS, acc_of, device, kernel
+from numba import types
+
+from ._jit import ELEMENTWISE_THREADS, PtxBuild, acc_np, acc_of, arr, device, kernel
 
 from kernels_common.activation import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, INV_SQRT2, SQRT_2_OVER_PI
 
@@ -111,3 +113,12 @@ def gated_kernel(acc_np):
 def kernel_for(kind, dtype):
     acc_np = acc_of(dtype)[1]
     return (unary_kernel if kind == "unary" else gated_kernel)(acc_np)
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+PTX = [
+    PtxBuild("activation.unary", "activation", lambda dt: unary_kernel(acc_np(dt)),
+             lambda dt: (arr(dt, 1), arr(dt, 1), types.int64), threads=ELEMENTWISE_THREADS),
+    PtxBuild("activation.gated", "activation", lambda dt: gated_kernel(acc_np(dt)),
+             lambda dt: (arr(dt, 1), arr(dt, 1), arr(dt, 1), types.int64), threads=ELEMENTWISE_THREADS),
+]

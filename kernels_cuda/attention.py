@@ -23,13 +23,13 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, int32
+from numba import cuda, int32, types
 
-from ._jit import FULL_MASK, acc_of, kernel
+from kernels_common.attention import MASK_BOOL, MASK_NONE
+from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW
+
+from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, kernel
 from .primitives import warp_max, warp_sum
-
-from kernels_common.attention import MASK_BOOL, MASK_NONE  # noqa: E402
-from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW  # noqa: E402
 
 
 @lru_cache(maxsize=None)
@@ -222,3 +222,20 @@ def combine_kernel(acc_np):
             g += step
 
     return attention_combine
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+def _flash_args(dt):
+    acc = acc_type(dt)
+    return (arr(dt, 4), arr(dt, 4), arr(dt, 4), arr(types.boolean, 4), types.int64, types.boolean, types.float64,
+            arr(dt, 4), arr(acc, 5), arr(acc, 5))
+
+
+PTX = [
+    PtxBuild(f"attention.flash_d{dmax}", "attention", (lambda dmax: lambda dt: flash_kernel(acc_np(dt), dmax))(dmax),
+             _flash_args, threads=32 * NW)
+    for dmax in sorted(TILES)
+] + [
+    PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),
+             lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4)), threads=256),
+]

@@ -19,12 +19,13 @@ cores (numba-cuda exposes no mma).
 """
 from functools import lru_cache
 
-from numba import cuda
-
-from ._jit import acc_of, kernel
-from .activation import act_fn
+from numba import cuda, types
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
+from kernels_common.cuda_tiles import gemm_threads
+
+from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
+from .activation import act_fn
 
 
 @lru_cache(maxsize=None)
@@ -121,3 +122,17 @@ def gemm_kernel(acc_np, cfg):
                         c[bz, gm, gn] = act(v, code)
 
     return gemm_tiled
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+def _gemm_args(dt):
+    i64 = types.int64
+    return (arr(dt, 3), arr(dt, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, types.boolean,
+            types.boolean)
+
+
+PTX = [
+    PtxBuild(f"gemm.{tile}", "linalg", (lambda tile: lambda dt: gemm_kernel(acc_np(dt), tile))(tile), _gemm_args,
+             threads=gemm_threads(tile))
+    for tile in CONFIGS
+]

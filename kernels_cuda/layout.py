@@ -3,7 +3,7 @@ for non-contiguous device inputs and out=), without a trip through the host."""
 import numpy as np
 from numba import cuda
 
-from ._jit import kernel
+from ._jit import PtxBuild, arr, kernel
 
 
 @kernel(launch_bounds=(256,))
@@ -94,3 +94,11 @@ def deliver(res, out):
         return res
     copy(res, out)
     return out
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+PTX = [
+    PtxBuild(f"layout.copy{nd}", "layout", (lambda nd: lambda dt: _COPY[nd])(nd),
+             (lambda nd: lambda dt: (arr(dt, nd, "A"), arr(dt, nd)))(nd), threads=BLOCK, dtypes=("float32",))
+    for nd in sorted(_COPY)
+]

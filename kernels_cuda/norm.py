@@ -13,7 +13,9 @@ from functools import lru_cache
 
 from numba import cuda
 
-from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, acc_of, kernel
+from numba import types
+
+from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
 from .primitives import block_sum, warp_sum
 
 
@@ -71,3 +73,16 @@ def make(kind, rms, acc_np):
             row += row_step
 
     return norm_rows
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+def _norm_args(dt):
+    return (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 1), types.float64, arr(dt, 2),
+            types.boolean, types.boolean, types.boolean)
+
+
+PTX = [
+    PtxBuild(f"{family}.{kind}_rows", "norm", (lambda kind, rms: lambda dt: make(kind, rms, acc_np(dt)))(kind, rms),
+             _norm_args, threads=WARP_ROWS_THREADS if kind == "warp" else BLOCK_ROWS_MAX_THREADS)
+    for family, rms in (("layer_norm", False), ("rms_norm", True)) for kind in ("warp", "block")
+]

@@ -11,7 +11,9 @@ from functools import lru_cache
 
 from numba import cuda
 
-from ._jit import ELEMENTWISE_THREADS, acc_of, kernel
+from numba import types
+
+from ._jit import ELEMENTWISE_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
 
 
 @lru_cache(maxsize=None)
@@ -44,3 +46,10 @@ def rope_kernel(acc_np):
             g += step
 
     return rope_pairs
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+PTX = [
+    PtxBuild("rope.pairs", "rope", lambda dt: rope_kernel(acc_np(dt)),
+             lambda dt: (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 2), types.boolean), threads=ELEMENTWISE_THREADS),
+]

@@ -19,7 +19,9 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, acc_of, device, kernel
+from numba import types
+
+from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel
 from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp, warp_sum2
 
 
@@ -231,3 +233,25 @@ def sum_losses(acc_np):
                 result[0] = a
 
     return cross_entropy_reduce
+
+
+# ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+def _ce_args(dt):
+    return (arr(dt, 2), arr(types.int64, 1), types.int64, arr(acc_type(dt), 1), arr(acc_type(dt), 1),
+            arr(types.int64, 1))
+
+
+PTX = [
+    PtxBuild("softmax.warp_rows", "softmax", lambda dt: warp_rows(acc_np(dt)),
+             lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean), threads=WARP_ROWS_THREADS),
+    PtxBuild("softmax.block_rows", "softmax", lambda dt: block_rows(acc_np(dt)),
+             lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean), threads=BLOCK_ROWS_MAX_THREADS),
+    PtxBuild("softmax.columns", "softmax", lambda dt: columns(acc_np(dt)),
+             lambda dt: (arr(dt, 3), arr(dt, 3), types.boolean), threads=128),
+    PtxBuild("cross_entropy.warp_rows", "softmax", lambda dt: cross_entropy_rows(acc_np(dt)), _ce_args,
+             threads=WARP_ROWS_THREADS),
+    PtxBuild("cross_entropy.block_rows", "softmax", lambda dt: cross_entropy_block_rows(acc_np(dt)), _ce_args,
+             threads=BLOCK_ROWS_MAX_THREADS),
+    PtxBuild("cross_entropy.reduce", "softmax", lambda dt: sum_losses(acc_np(dt)),
+             lambda dt: (arr(acc_type(dt), 1), arr(acc_type(dt), 1), types.boolean, arr(dt, 1)), threads=256),
+]

@@ -88,14 +88,14 @@ def _relu_key(n=100_000):
 
 
 def _non_rule_choice(key):
-    names, _ = registry.OPS["relu"].order(key)
-    return [n for n in registry.OPS["relu"].implementations if n != names[0] and n.startswith("cpu")][0]
+    chosen = select.rule_choice(key).name
+    return [n for n in registry.OPS["relu"].implementations if n != chosen and n.startswith("cpu")][0]
 
 
 def test_store_then_dispatch_uses_the_tuned_choice(cache_file):
     x, key = _relu_key()
     other = _non_rule_choice(key)
-    tuning.store([{"op": "relu", "key": list(key), "impl": other, "params": {}, "time_s": 1e-5}])
+    tuning.store([{"op": "relu", "key": key, "impl": other, "params": {}, "time_s": 1e-5}])
     data = json.loads(cache_file.read_text())
     assert data["format"] == tuning.FORMAT and len(data["entries"]) == 1
     select.clear_cache()
@@ -109,7 +109,7 @@ def test_store_then_dispatch_uses_the_tuned_choice(cache_file):
 def test_stale_entry_is_ignored_with_a_warning(cache_file, field, value):
     x, key = _relu_key()
     other = _non_rule_choice(key)
-    tuning.store([{"op": "relu", "key": list(key), "impl": other, "params": {}}])
+    tuning.store([{"op": "relu", "key": key, "impl": other, "params": {}}])
     data = json.loads(cache_file.read_text())
     for e in data["entries"].values():
         e[field] = value
@@ -150,7 +150,7 @@ def test_store_overwrites_an_unreadable_file(cache_file):
     cache_file.write_text("{broken")
     _, key = _relu_key()
     with pytest.warns(RuntimeWarning, match="overwriting"):
-        tuning.store([{"op": "relu", "key": list(key), "impl": "cpu-serial"}])
+        tuning.store([{"op": "relu", "key": key, "impl": "cpu-serial"}])
     assert len(json.loads(cache_file.read_text())["entries"]) == 1
 
 
@@ -180,18 +180,58 @@ def test_param_grid_expands_tunables():
 # ---- cases and peers ---------------------------------------------------------------------
 
 def test_every_case_fits_its_registered_op():
-    ops = {c.op for c in C.CASES}
-    assert {"relu", "matmul", "softmax", "attention"} <= ops
     for case in C.CASES:
-        op = registry.OPS.get(case.op)
-        if op is None:
-            continue  # family not landed yet: the report lists it as skipped
-        args, kwargs = case.call_args(case.inputs(np.random.default_rng(0), empty=True))
-        op.describe(*args, **kwargs)  # raises if the table's arguments do not fit
+        op = registry.OPS[case.op]
+        args, kwargs = case.call_args(case.inputs(None, shape_only=True))
+        op.describe(*args, **kwargs)  # raises if the case's arguments do not fit
 
 
-def test_every_quick_op_has_a_numpy_peer():
-    assert {c.op for c in C.CASES} <= set(P.NUMPY)
+def test_every_op_has_a_case_and_a_quick_case():
+    ops_with_cases = {c.op for c in C.CASES}
+    quick = {c.op for c in C.CASES if c.quick}
+    assert set(registry.OPS) <= ops_with_cases, "ops without benchmark cases in bench/cases/<family>.py"
+    assert set(registry.OPS) <= quick, "ops without a quick case (the report's quick run and asv smoke)"
+
+
+def test_a_case_for_an_unknown_op_raises():
+    with pytest.raises(ValueError, match="unknown op 'not_an_op'"):
+        C.Case("not_an_op", "tiny", "test", {"x": (3,)}).inputs(np.random.default_rng(0))
+
+
+def test_case_inputs_come_from_the_op_record():
+    ce = C.Case("cross_entropy", "t", "test", {"logits": (4, 9)})
+    inp = ce.inputs(np.random.default_rng(0))
+    assert inp["targets"].dtype == np.int64 and inp["targets"].shape == (4,)
+    assert inp["targets"].min() >= 0 and inp["targets"].max() < 9
+    rope = C.Case("rope", "t", "test", {"x": (1, 2, 5, 8)}).inputs(np.random.default_rng(0))
+    assert rope["cos"].shape == (5, 4) and np.allclose(rope["cos"] ** 2 + rope["sin"] ** 2, 1)
+    args, kwargs = ce.call_args(inp)
+    assert args[0] is inp["logits"] and args[1] is inp["targets"]
+
+
+def test_every_op_has_a_numpy_peer():
+    assert set(registry.OPS) <= set(P.NUMPY)
+
+
+def test_the_report_checks_against_the_tests_reference():
+    from tests.reference import activation as ref
+
+    case = C.Case("gelu", "t", "test", {"x": (7,)})
+    inputs = case.inputs(np.random.default_rng(0))
+    np.testing.assert_array_equal(P.reference(case, inputs), ref.gelu(inputs["x"]))
+
+
+def test_every_cuda_launch_names_a_declared_ptx_kernel():
+    pytest.importorskip("numba.cuda")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("kernels_cuda PTX declarations are read without the simulator")
+    from bench import ptx
+
+    table = ptx.kernels()
+    for chip in ptx.ARCHS:
+        launched = ptx.launch_threads(chip)
+        assert launched, chip
+        assert not ptx.undeclared(table, launched), chip
 
 
 TINY = [
@@ -209,8 +249,6 @@ TINY = [
 
 @pytest.mark.parametrize("case", TINY, ids=lambda c: c.op)
 def test_peers_agree_with_dispatch_on_tiny_cases(case):
-    if case.op not in registry.OPS:
-        pytest.skip(f"{case.op} not registered yet")
     inputs = case.inputs(np.random.default_rng())
     args, kwargs = case.call_args(inputs)
     ours = getattr(dispatch, case.op)(*args, **kwargs)
@@ -231,7 +269,7 @@ CEIL = {"gflops": 100.0, "gbs": 20.0, "gemm": {"median_gflops": 90.0, "what": "f
 
 
 def test_measure_case_on_a_tiny_case():
-    case = C.Case("relu", "tiny", "test", {"x": (1000,)}, quick=True, family="activation")
+    case = C.Case("relu", "tiny", "test", {"x": (1000,)}, quick=True)
     row = report.measure_case(case, CEIL, rounds=2, peers=("numpy",), pause_s=0.0)
     assert row["status"] == "ok", row["notes"]
     assert set(row["times"]) == {"ours", "numpy"}
@@ -242,18 +280,15 @@ def test_measure_case_on_a_tiny_case():
     assert "relu" in text and ("LOSE" in text or "win" in text)
 
 
-def test_unregistered_op_is_skipped_with_a_note(monkeypatch):
-    case = C.Case("relu", "tiny", "test", {"x": (10,)})
-    monkeypatch.setitem(C.SIGNATURES, "not_an_op", C.SIGNATURES["relu"])
-    missing = C.Case("not_an_op", "tiny", "test", {"x": (10,)})
-    row = report.measure_case(missing, CEIL, rounds=1, peers=())
-    assert row["status"] == "skipped" and "not registered" in row["notes"][0]
+def test_case_that_does_not_fit_is_skipped_with_a_note():
+    bad = C.Case("softmax", "tiny", "test", {"x": (4, 5)}, {"axis": 7})
+    row = report.measure_case(bad, CEIL, rounds=1, peers=())
+    assert row["status"] == "skipped" and "do not fit" in row["notes"][0]
     assert "SKIPPED" in report.table([row], {}, {})
-    assert report.measure_case(case, CEIL, rounds=1, peers=())["status"] == "ok"
 
 
 def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
-    tiny = C.Case("relu", "tiny", "test", {"x": (2000,)}, quick=True, family="activation")
+    tiny = C.Case("relu", "tiny", "test", {"x": (2000,)}, quick=True)
     monkeypatch.setattr(C, "CASES", [tiny])
     monkeypatch.setattr(roofline, "measure", lambda quick: CEIL)
     lines = []
@@ -290,13 +325,15 @@ def test_cuda_predictions_never_raise():
 def test_asv_classes_come_from_the_registry():
     from bench.benchmarks import _suite
 
-    classes = _suite.family_classes("activation")
+    classes = _suite.op_classes()
+    assert {"".join(p.capitalize() for p in op.split("_")) for op in registry.OPS} <= set(classes)
     relu = classes["Relu"]
     impls, case_names = relu.params
     assert impls[0] == "dispatch" and "numpy" in impls and "cuda" in impls
     assert set(registry.OPS["relu"].implementations) & set(impls)
     assert case_names == [c.name for c in C.CASES if c.op == "relu"]
     assert "ReluFirstCall" in classes and hasattr(relu, "track_ms_per_gb")
+    assert hasattr(classes["Matmul"], "track_ms_per_gflop")  # bound="compute" on the op record
     b = relu()
     if not _suite._cuda_available():
         with pytest.raises(NotImplementedError):

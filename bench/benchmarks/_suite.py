@@ -1,10 +1,10 @@
-"""Builds the asv benchmark class of one op from the registry and bench/cases.py.
+"""Builds the asv benchmark classes of every registered op from the registry and bench/cases.
 
 Parameters: ``impl`` x ``case``.
   impl: "dispatch" (the public function: whatever the dispatcher picks), every CPU
         implementation of the op in the registry (forced), "numpy" (bench/peers.py), and
         "cuda" (the public function on device arrays; skipped in setup without a GPU);
-  case: the op's cases in bench/cases.py (model-derived shapes).
+  case: the op's cases in bench/cases (model-derived shapes).
 With NK_ASV_QUICK=1 (CI smoke), only each op's first quick case runs (the others are
 skipped in setup), impl lists one CPU implementation besides "dispatch", and the
 FirstCall classes run for relu only.
@@ -15,11 +15,12 @@ Benchmarks:
                           dispatch.<op> in a fresh process, with an empty NUMBA_CACHE_DIR
                           (cold: every kernel compiles) or one filled beforehand (warm)
   track_ms_per_gflop / track_ms_per_gb
-                          achieved throughput, inverted: 1000 / GFLOP/s (matmul, linear,
-                          attention) or 1000 / GB/s (the memory-bound families).  asv has
-                          no "higher is better", so rates are tracked inverted: lower is
-                          better, as for times, and `asv continuous` flags slowdowns only.
-  peakmem_op              (attention only) peak resident memory of the call
+                          achieved throughput, inverted: 1000 / GFLOP/s for the ops whose
+                          record says bound="compute", 1000 / GB/s for the memory-bound
+                          ones.  asv has no "higher is better", so rates are tracked
+                          inverted: lower is better, as for times, and `asv continuous`
+                          flags slowdowns only.
+  peakmem_op              peak resident memory of the call (attention: no Sq x Skv buffer)
 """
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ QUICK = os.environ.get("NK_ASV_QUICK") == "1"
 # In the quick (CI smoke) mode a fresh-process compile is timed for these ops only: each
 # costs a Python start plus a full compile, and the report measures every family anyway.
 QUICK_FIRST_CALL_OPS = {"relu"}
-COMPUTE_BOUND = {"linalg", "attention"}
 
 
 def _registry():
@@ -120,7 +120,7 @@ def op_benchmark(op: str):
     op_cases = [c for c in C.CASES if c.op == op]
     case_names = [c.name for c in op_cases]
     by_name = {c.name: c for c in op_cases}
-    family = op_cases[0].family if op_cases else op
+    bound = _registry().OPS[op].bound
     first_quick = next((c.name for c in op_cases if c.quick), case_names[0] if case_names else None)
 
     class Bench:
@@ -186,7 +186,7 @@ def op_benchmark(op: str):
     # Achieved rates, tracked inverted (ms per GFLOP = 1000 / GFLOP/s, ms per GB = 1000 / GB/s):
     # asv has no "higher is better", so a rising GFLOP/s would read as a regression and make
     # `asv continuous` fail on a speed-up.  Inverted, lower is better like every asv number.
-    if family in COMPUTE_BOUND:
+    if bound == "compute":
         def track_ms_per_gflop(self, impl, case_name):
             """1000 / achieved GFLOP/s (lower is better)."""
             return 1e3 / self._rate(self.flops) if self.flops else float("nan")
@@ -200,11 +200,10 @@ def op_benchmark(op: str):
 
         track_ms_per_gb.unit = "ms/GB"
         Bench.track_ms_per_gb = track_ms_per_gb
-    if family == "attention":
-        def peakmem_op(self, impl, case_name):
-            self.fn()
+    def peakmem_op(self, impl, case_name):
+        self.fn()
 
-        Bench.peakmem_op = peakmem_op
+    Bench.peakmem_op = peakmem_op
 
     Bench.__name__ = Bench.__qualname__ = "".join(p.capitalize() for p in op.split("_"))
     return Bench
@@ -254,9 +253,9 @@ def first_call_benchmark(op: str):
     return FirstCall
 
 
-def family_classes(family: str) -> dict:
-    """{ClassName: class} for every op of a family that has cases."""
-    ops = sorted({c.op for c in C.CASES if c.family == family})
+def op_classes() -> dict:
+    """{ClassName: class} for every registered op that has benchmark cases."""
+    ops = [name for name in _registry().OPS if any(c.op == name for c in C.CASES)]
     out = {}
     for op in ops:
         for cls in (op_benchmark(op), first_call_benchmark(op)):

@@ -1,0 +1,7 @@
+"""Benchmark cases of the rope ops (model-derived shapes; see bench/cases/__init__.py)."""
+from . import case as _c
+
+CASES = [
+    _c("rope", "llama-7b prefill 512", "Llama-7B", {"x": (1, 32, 512, 128)}, quick=True),
+    _c("rope", "llama-7b decode", "Llama-7B", {"x": (1, 32, 1, 128)}),
+]
