@@ -16,7 +16,7 @@ from numba import cuda
 from numba import types
 
 from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
-from .primitives import block_sum, warp_sum
+from .primitives import block_sum, block_sum2, warp_sum, warp_sum2
 
 
 @lru_cache(maxsize=None)
@@ -39,6 +39,7 @@ def make(kind, rms, acc_np):
             start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
             row = cuda.blockIdx.x
         scratch = cuda.shared.array(32, acc)
+        scratch2 = cuda.shared.array(32, acc)
         inv_d = one / acc(d)
         epsa = acc(eps)
         while row < rows:  # warp: runs once; block: block-uniform grid-stride loop
@@ -56,13 +57,18 @@ def make(kind, rms, acc_np):
                 mean = zero
                 rstd = one / math.sqrt(s1 * inv_d + epsa)
             else:
+                # corrected two-pass (as kernels_cpu/norm.py): the sum of the deviations
+                # corrects the first mean's rounding, so a constant row normalizes to 0
                 mean = s1 * inv_d
                 s2 = zero
+                s3 = zero
                 for j in range(start, d, step):
                     dv = acc(src[row, j]) - mean
+                    s3 += dv
                     s2 += dv * dv
-                s2 = warp_sum(s2) if warp else block_sum(s2, scratch, zero)
-                rstd = one / math.sqrt(s2 * inv_d + epsa)
+                s2, s3 = warp_sum2(s2, s3) if warp else block_sum2(s2, s3, scratch, scratch2, zero)
+                mean += s3 * inv_d
+                rstd = one / math.sqrt(max(s2 - s3 * s3 * inv_d, zero) * inv_d + epsa)
             for j in range(start, d, step):
                 y = (acc(src[row, j]) - mean) * rstd
                 if has_w:

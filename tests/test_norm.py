@@ -93,6 +93,25 @@ def test_large_offset_rows_keep_precision(name, fn, reference, params, impl):
     assert_close(got, reference(*args), 1e-5, name + " offset", cancel=True)
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", impl_params("layer_norm"))
+def test_constant_rows_normalize_to_exactly_zero(impl, dtype, residual):
+    """A constant row has variance 0: the output is exactly bias (PyTorch gives 0), whatever
+    the constant; a float32 first mean off by an ulp once gave 1.4e-3 .. 1.0 here."""
+    for d in ((1, 7, 70) if ON_CUDA else (1, 7, 768, 4096)):
+        consts = np.array([0.0, 3.7, 1e4 + 0.1, -2.5e6, 1e20], dtype)
+        x = np.repeat(consts[:, None], d, axis=1)
+        bias = np.linspace(-1, 1, d).astype(dtype)
+        if residual:
+            r = np.zeros_like(x)
+            got, h = run(impl, dispatch.layer_norm, x, np.ones(d, dtype), bias, residual=r, _op="layer_norm")
+            np.testing.assert_array_equal(h, x)
+        else:
+            got = run(impl, dispatch.layer_norm, x, np.ones(d, dtype), bias, _op="layer_norm")
+        np.testing.assert_array_equal(got, np.broadcast_to(bias, x.shape), err_msg=f"D={d}")
+
+
 @pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("dtype", DTYPES)
