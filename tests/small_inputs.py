@@ -38,8 +38,18 @@ SHAPES = {
         frozenset({"x", "cos", "sin"}): {"x": (2, 8, 64, 64)},
         frozenset({"q", "k", "v"}): {"q": (1, 8, 40, 32), "k": (1, 4, 70, 32), "v": (1, 4, 70, 32)},
     },
+    # one row / one query against a longer context, grouped heads (only where rules look)
+    "decode": {
+        frozenset({"x"}): {"x": (1, 4096), "weight": (4096,), "bias": (4096,)},
+        frozenset({"gate", "up"}): {"gate": (1, 11), "up": (1, 11)},
+        frozenset({"a", "b"}): {"a": (1, 96), "b": (96, 200), "bias": (200,)},
+        frozenset({"x", "weight"}): {"x": (3, 96), "weight": (200, 96), "bias": (200,)},
+        frozenset({"logits", "targets"}): {"logits": (1, 3000)},
+        frozenset({"x", "cos", "sin"}): {"x": (1, 4, 1, 8)},
+        frozenset({"q", "k", "v"}): {"q": (1, 8, 1, 16), "k": (1, 2, 300, 16), "v": (1, 2, 300, 16)},
+    },
 }
-SIZES = tuple(SHAPES)
+SIZES = ("small", "large")  # what the thread and contract tests run; "decode" adds rule coverage
 
 
 class _Recorder(dict):

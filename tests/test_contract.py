@@ -29,7 +29,6 @@ import warnings
 import numba
 import numpy as np
 import pytest
-from numba import types as nbtypes
 from numba.core.dispatcher import Dispatcher
 
 import dispatch
