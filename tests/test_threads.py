@@ -372,3 +372,76 @@ def test_overrides_per_asyncio_task():
     assert a == other
     assert b == rule_choice
     assert dispatch.explain("softmax", x).chosen == rule_choice
+
+
+# ---- process-wide state first touched from many threads at once ------------------------------
+
+def test_environment_parsed_once_when_threads_start_together(monkeypatch):
+    """NK_USE / NK_EXCLUDE are parsed by the first call, once, even when many threads make
+    their first call at the same moment; every thread sees the forced implementation."""
+    op = registry.OPS["softmax"]
+    x = S.inputs(op, "large", seed=4)["x"]
+    rule_choice = dispatch.explain("softmax", x).chosen
+    other = next(n for n in S.cpu_impls(op) if n != rule_choice)
+    monkeypatch.setenv("NK_USE", f"softmax={other}")
+    monkeypatch.delenv("NK_EXCLUDE", raising=False)
+    monkeypatch.setattr(select, "_env_state", None)
+    monkeypatch.setattr(select, "_env_error", None)
+    calls = []
+    real_parse = select.parse_spec
+
+    def slow_parse(*args, **kwargs):
+        calls.append(args[0])
+        threading.Event().wait(0.02)  # widen the window in which a second parse could start
+        return real_parse(*args, **kwargs)
+
+    monkeypatch.setattr(select, "parse_spec", slow_parse)
+    seen = [None] * 8
+
+    def worker(i):
+        e = dispatch.explain("softmax", x)
+        seen[i] = (e.chosen, e.source)
+
+    _run_threads(8, worker)
+    assert sorted(calls) == ["NK_EXCLUDE", "NK_USE"], f"parsed {calls}"
+    assert seen == [(other, "forced")] * 8
+
+
+def test_tuning_cache_read_once_when_threads_start_together(tmp_path, monkeypatch):
+    """The tuning file is read once for all threads, and every thread gets its entry."""
+    import json
+
+    import numba
+
+    op = registry.OPS["softmax"]
+    x = S.inputs(op, "large", seed=4)["x"]
+    rule_choice = dispatch.explain("softmax", x).chosen
+    other = next(n for n in S.cpu_impls(op) if n != rule_choice)
+    key = op.describe(x).key
+    impl = op.implementations[other]
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"format": tuning.FORMAT, "entries": {tuning.entry_key("softmax", key): {
+        "impl": other, "params": {}, "time_s": 1e-5, "kernel_version": impl.version,
+        "numba_version": numba.__version__}}}))
+    monkeypatch.setenv("NK_TUNING_CACHE", str(path))
+    tuning.reload()
+    select.clear_cache()
+    loads = []
+    real_load = tuning._load
+
+    def slow_load():
+        loads.append(1)
+        threading.Event().wait(0.02)
+        return real_load()
+
+    monkeypatch.setattr(tuning, "_load", slow_load)
+    seen = [None] * 8
+
+    def worker(i):
+        e = dispatch.explain("softmax", x)
+        seen[i] = (e.chosen, e.source)
+        dispatch.softmax(x)
+
+    _run_threads(8, worker)
+    assert len(loads) == 1, f"the tuning file was read {len(loads)} times"
+    assert seen == [(other, "tuned")] * 8
