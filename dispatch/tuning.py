@@ -145,9 +145,10 @@ def lookup(op, key):
     entries = _entries_once()
     if not entries:
         return None
-    entry = entries.get(entry_key(op.name, key))
-    if entry is None:
+    k = entry_key(op.name, key)
+    if k not in entries:
         return None
+    entry = entries[k]
     if not isinstance(entry, dict) or not isinstance(entry.get("impl"), str) \
             or not isinstance(entry.get("params") or {}, dict):
         warnings.warn(f"ignoring malformed tuning entry for {op.name} {key} in {cache_path()}: {entry!r:.80}",
@@ -162,6 +163,8 @@ def lookup(op, key):
         stale = f"kernel sources changed (version {entry.get('kernel_version')!r} != {impl.version!r})"
     elif entry.get("numba_version") != numba.__version__:
         stale = f"tuned with numba {entry.get('numba_version')}, running {numba.__version__}"
+    elif impl.refusals(key):
+        stale = f"{name!r} cannot run this call ({'; '.join(impl.refusals(key))})"
     if stale:
         warnings.warn(f"ignoring stale tuning entry for {op.name} {key}: {stale}", RuntimeWarning, stacklevel=3)
         return None

@@ -49,6 +49,10 @@ SHAPES = {
         frozenset({"q", "k", "v"}): {"q": (1, 8, 1, 16), "k": (1, 2, 300, 16), "v": (1, 2, 300, 16)},
     },
 }
+# The parameter value meaning "no override: whatever the dispatcher picks" (not None: the
+# conftest treats impl=None as a dropped skip mark).
+DEFAULT = "dispatch"
+
 SIZES = ("small", "large")  # what the thread and contract tests run; "decode" adds rule coverage
 
 

@@ -34,6 +34,7 @@ from numba.core.dispatcher import Dispatcher
 import dispatch
 from dispatch import registry, select, tuning
 from tests import small_inputs as S
+from tests.small_inputs import DEFAULT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = list(registry.OPS.values())
@@ -370,20 +371,13 @@ def _variants(named):
            {k: (_repeat_first_row(v, True) if k in rows else v) for k, v in named.items()})
 
 
-_XFAIL_CE_READONLY = pytest.mark.xfail(strict=True, reason=(
-    "dispatch bug: read-only int64 targets reach ce_check and the cross-entropy kernels unaliased "
-    "(_host_targets uses np.ascontiguousarray, not kernel_input), so numba compiles read-only "
-    "specializations of them"))
-
-
 def _readonly_cases(with_default=True):
     out = []
     for op in OPS:
         for impl in S.cpu_impls(op):
-            marks = _XFAIL_CE_READONLY if op.name == "cross_entropy" and not with_default else ()
-            out.append(pytest.param(op.name, impl, id=f"{op.name}-{impl}", marks=marks))
+            out.append(pytest.param(op.name, impl, id=f"{op.name}-{impl}"))
         if with_default:
-            out.append(pytest.param(op.name, None, id=f"{op.name}-default"))
+            out.append(pytest.param(op.name, DEFAULT, id=f"{op.name}-default"))
     return out
 
 
@@ -393,7 +387,7 @@ def test_readonly_inputs_same_result_no_warning(op_name, impl):
     layout, and emit no warning."""
     op = registry.OPS[op_name]
     named = S.inputs(op, "small", seed=14)
-    ctx = dispatch.use(**{op_name: impl}) if impl else dispatch.use()
+    ctx = dispatch.use(**{op_name: impl}) if impl != DEFAULT else dispatch.use()
     with ctx:
         for what, ro, rw in _variants(named):
             expected = S.call(op, rw)      # warm-up: compiled here, for writeable inputs
@@ -454,11 +448,6 @@ def test_readonly_inputs_compile_nothing_new(readonly_compiles, op_name, impl):
     assert not got["new"], f"{op_name} ({impl}): read-only inputs compiled {got['new']}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "dispatch bug: dispatch.ops.linalg._batch_index returns read-only index arrays when a "
-    "batch is not broadcast (np.broadcast_to(...).ravel() is a read-only view) and fresh "
-    "writeable ones otherwise (or the shared _ZERO_IDX): gemm_parallel / gemv_parallel get up "
-    "to 4 specializations per dtype"))
 def test_gemm_index_arrays_compile_one_specialization():
     """matmul's batch broadcasting (no batch, batch on a, on b, on both) must not change the
     kernels' argument types: the batch index arrays are sometimes read-only views
@@ -736,10 +725,7 @@ def test_tuning_entry_stale_ignored_with_warning(attention_entry, change, match)
 
 @pytest.mark.parametrize("entry", [
     "cpu-splitkv",
-    pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=(
-        "dispatch bug (minor): tuning.lookup treats an entry that is JSON null like a missing "
-        "entry (entries.get(...) is None), so this malformed entry is ignored without the "
-        "promised warning"))),
+    None,
     3, ["cpu-splitkv"]], ids=["str", "null", "int", "list"])
 def test_tuning_entry_malformed_ignored_with_warning(tmp_path, cache_at, entry):
     q, k, v = _decode_call()
@@ -752,11 +738,6 @@ def test_tuning_entry_malformed_ignored_with_warning(tmp_path, cache_at, entry):
     assert e.source == "rule"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "dispatch bug: tuning.lookup accepts an entry whose implementation cannot run the key (here "
-    "a CUDA implementation for a CPU key): no warning, decide() refuses it and falls back to "
-    "registration order (cpu-flash) instead of the shape rule (cpu-serial), and explain reports "
-    "source 'tuned'"))
 def test_tuning_entry_of_another_device_ignored(attention_entry):
     """An entry for a CPU key that names a CUDA implementation (a hand-edited or
     mixed-up file) is ignored with a warning, and the shape rule decides."""

@@ -23,6 +23,7 @@ import pytest
 import dispatch
 from dispatch import registry, select, tuning
 from tests import small_inputs as S
+from tests.small_inputs import DEFAULT
 
 N_THREADS = 4
 REPS = 20
@@ -43,7 +44,7 @@ def _no_tuning_cache(tmp_path, monkeypatch):
 
 
 def _forcing(op_name, impl):
-    return dispatch.use(**{op_name: impl}) if impl is not None else contextlib.nullcontext()
+    return dispatch.use(**{op_name: impl}) if impl != DEFAULT else contextlib.nullcontext()
 
 
 def _cases():
@@ -51,7 +52,7 @@ def _cases():
     for op in OPS:
         for impl in S.cpu_impls(op):
             out.append(pytest.param(op.name, impl, id=f"{op.name}-{impl}"))
-        out.append(pytest.param(op.name, None, id=f"{op.name}-default"))
+        out.append(pytest.param(op.name, DEFAULT, id=f"{op.name}-default"))
     return out
 
 
@@ -108,7 +109,7 @@ def test_threads_give_single_thread_results(op_name, impl, size):
         exp = expected[i]
         with _forcing(op_name, impl):
             chosen = dispatch.explain(op_name, *args, **kwargs).chosen
-            want = impl if impl is not None else chosen_main[i]
+            want = impl if impl != DEFAULT else chosen_main[i]
             if chosen != want:
                 bad.append(f"thread {i}: explain chose {chosen}, expected {want}")
             out = np.empty_like(exp) if with_out and isinstance(exp, np.ndarray) else None

@@ -139,9 +139,11 @@ def _batch_index(a_batch, b_batch):
     n = math.prod(full)
     if n == 1:
         return 1, _ZERO_IDX, _ZERO_IDX
-    ai = np.broadcast_to(np.arange(math.prod(a_batch), dtype=np.int64).reshape(a_batch), full).ravel()
-    bi = np.broadcast_to(np.arange(math.prod(b_batch), dtype=np.int64).reshape(b_batch), full).ravel()
-    return n, np.ascontiguousarray(ai), np.ascontiguousarray(bi)
+    # fresh writeable arrays whether or not a side broadcasts (a read-only ravel view would
+    # make numba compile a second specialization of the kernels)
+    ai = np.array(np.broadcast_to(np.arange(math.prod(a_batch), dtype=np.int64).reshape(a_batch), full).ravel())
+    bi = np.array(np.broadcast_to(np.arange(math.prod(b_batch), dtype=np.int64).reshape(b_batch), full).ravel())
+    return n, ai, bi
 
 
 @functools.lru_cache(maxsize=64)

@@ -19,7 +19,7 @@ from kernels_cpu import softmax as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from ._common import HOST_COPY_NOTE, contiguous, deliver, kernel_input, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured on this machine kind (2 cores, float32; medians of 11 interleaved rounds of the
 # kernels alone, 2026-11-22, other jobs running): softmax rows of 1024: serial 3.2 / 6.3 us,
@@ -165,7 +165,7 @@ def _host_targets(targets, ignore_index, n_classes):
         i = int(np.argmax(targets > _INT64_MAX))
         raise ValueError(f"targets[{i}] = {targets[i]} is out of range: class indices must be in "
                          f"[0, {n_classes}) or equal ignore_index={ignore_index}")
-    return np.ascontiguousarray(targets, dtype=np.int64)
+    return kernel_input(np.ascontiguousarray(targets, dtype=np.int64))
 
 
 def _cross_entropy_host(kernel):
