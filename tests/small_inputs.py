@@ -5,8 +5,9 @@ named inputs an op takes is read off its own ``Op.signature`` (called on a recor
 mapping: ``i["x"]`` is a required input, ``i.get("bias")`` an optional one); the arrays are
 drawn by the op's own ``Op.inputs`` (its synthesizer makes targets, rope tables, ...).  Only
 the shapes are given here, keyed by the *set of required input names*, so a new op with
-a known input pattern (another unary op, another norm) is covered without an edit, and an
-op with a new pattern fails `shapes_for` loudly instead of being skipped.
+a known input pattern (another unary op, another norm) is covered without an edit; an op
+with a new pattern declares its shapes in its own bench/cases/<family>.py (TEST_SHAPES),
+and without them fails `shapes_for` loudly instead of being skipped.
 """
 from __future__ import annotations
 
@@ -83,13 +84,29 @@ def names_read(op: registry.Op):
     return tuple(dict.fromkeys(rec.required)), tuple(n for n in dict.fromkeys(rec.optional) if n not in rec.required)
 
 
+def _declared(op: registry.Op, size: str):
+    """Shapes the op's own case module declares for these tests, if any:
+    ``TEST_SHAPES = {op_name: {"small": {...}, "large": {...}, "decode": {...}}}`` in
+    bench/cases/<family>.py (an op with inputs of a new pattern, e.g. a convolution whose
+    (x, weight) are not linear's, declares them there, beside its benchmark shapes)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"bench.cases.{op.family}")
+    except ImportError:
+        return None
+    return getattr(mod, "TEST_SHAPES", {}).get(op.name, {}).get(size)
+
+
 def shapes_for(op: registry.Op, size: str = "small") -> dict:
-    """The named input shapes of op for one size (AssertionError for an unknown pattern)."""
+    """The named input shapes of op for one size: the op's own TEST_SHAPES if its case
+    module declares them, else by its pattern of input names (AssertionError for an
+    unknown pattern)."""
     required, optional = names_read(op)
-    table = SHAPES[size].get(frozenset(required))
+    table = _declared(op, size) or SHAPES[size].get(frozenset(required))
     assert table is not None, (
         f"op {op.name!r} takes inputs {sorted(required)}, a pattern tests/small_inputs.py has no shapes "
-        f"for: add an entry to SHAPES for it")
+        f"for: declare TEST_SHAPES for it in bench/cases/{op.family}.py")
     return {n: s for n, s in table.items() if n in required or n in optional}
 
 

@@ -209,10 +209,6 @@ def test_case_inputs_come_from_the_op_record():
     assert args[0] is inp["logits"] and args[1] is inp["targets"]
 
 
-def test_every_op_has_a_numpy_peer():
-    assert set(registry.OPS) <= set(P.NUMPY)
-
-
 def test_the_report_checks_against_the_tests_reference():
     from tests.reference import activation as ref
 
