@@ -19,6 +19,12 @@ flash (cpu-flash, cpu-serial)
   softmax (running max m, sum l, rescaled accumulator); no Sq x Skv buffer exists.
   Causal: K tiles wholly above the diagonal are not visited, the diagonal tile is masked
   per row.  A row that sees no key (mask all False / -inf, or causal with Sq > Skv) is 0.
+  NaN in, NaN out, as PyTorch: a row is NaN when its scores include NaN (NaN in q, in k,
+  or in an additive mask) or +inf (inf in q or in the mask: exp(inf - inf)); a mask
+  (bool False, or additive -inf) adds -inf to the score, so NaN at a masked key still
+  counts, while keys past the causal limit never do (as PyTorch's default CPU kernel).
+  NaN in V makes that column NaN in the rows that see the key; whether it reaches rows
+  that do not (0 * NaN in the P V product) depends on the tiling, as in PyTorch.
 
 split-KV (cpu-splitkv)
   For decode (few queries, long cache).  Work item = (batch, kv head, kv split, chunk of
@@ -213,16 +219,31 @@ def _rowmax_overload(ptr, n, init):
 
 
 @njit(inline="always", **JIT)
+def _exp_nan(t):
+    """fexp(t), except NaN for a NaN t (fexp gives 0 there).  The online softmax relies on
+    it to carry NaN: a NaN score, or +inf (exp(inf - inf)), makes p, hence l and the
+    row's output, NaN, as in PyTorch, with no per-row test.  One compare + blend per
+    vector in the exp loop."""
+    p = fexp(t)
+    return p if t == t else t
+
+
+@njit(inline="always", **JIT)
 def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
     """Turn scores srow[:jn] (keys j0..j0+jn) into exp(s - m_new) in place, masking keys
     >= lim (causal) and by the mask row; returns (m_new, l_new, alpha) of the online
     softmax (alpha rescales the accumulator).  A row with nothing visible so far keeps
-    m = -inf, l = 0 and contributes zeros."""
+    m = -inf, l = 0 and contributes zeros.  A NaN score (NaN in q, k or an additive mask;
+    +inf - inf) gives p = NaN, so l and the accumulator turn NaN and stay NaN (NaN * alpha,
+    NaN + s) whatever m does later (rowmax may skip NaN); the row's output is then NaN.
+    A bool-masked key gets -inf added, as PyTorch does (a NaN score there stays NaN); a
+    key past the causal limit is set to -inf (its score never matters: whole tiles of
+    such keys are not even computed)."""
     ninf = -np.inf
     if mkind == MASK_BOOL:
         for j in range(jn):
             if not mrow[j0 + j]:
-                srow[j] = ninf
+                srow[j] = srow[j] + ninf  # as an additive -inf (PyTorch): NaN stays NaN
     elif mkind == MASK_ADD:
         for j in range(jn):
             srow[j] = srow[j] + mrow[j0 + j]
@@ -230,10 +251,10 @@ def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
         srow[j] = ninf
     m_new = rowmax(srow.ctypes.data, jn, m_old)
     mu = m_new if m_new > ninf else srow.dtype.type(0)
-    alpha = fexp(m_old - mu) if m_new != m_old else srow.dtype.type(1)
+    alpha = _exp_nan(m_old - mu) if m_new != m_old else srow.dtype.type(1)
     s = srow.dtype.type(0)
     for j in range(jn):
-        p = fexp(srow[j] - mu)
+        p = _exp_nan(srow[j] - mu)
         srow[j] = p
         s += p
     return m_new, l_old * alpha + s, alpha
@@ -348,13 +369,13 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
         orow = out[b, rh[r], ri[r]]
         arow = acc[r]
         l = lv[r]
-        if l > zero:
+        if l == zero:  # saw no key: zeros (acc may hold 0 * NaN from V)
+            for d in range(D):
+                orow[d] = zero
+        else:  # l > 0, or NaN: NaN in, NaN out
             inv = dt(1) / l
             for d in range(D):
                 orow[d] = arow[d] * inv
-        else:
-            for d in range(D):
-                orow[d] = zero
 
 
 @njit(**JIT)
@@ -526,7 +547,10 @@ def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len
 
 @njit(**JIT)
 def _combine_row(pm, pl, pacc, rr, orow):
-    """orow = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits (0 if no key)."""
+    """orow = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits that saw a
+    key (l_s != 0; 0 if none did).  NaN carries: a split with l_s NaN (a NaN or +inf
+    score) or a NaN in acc_s (NaN in V) makes the row NaN; M may skip a NaN m_s, which
+    does not matter as that split's l_s is NaN."""
     nsplit = pm.shape[0]
     D = orow.shape[0]
     dt = orow.dtype.type
@@ -534,19 +558,20 @@ def _combine_row(pm, pl, pacc, rr, orow):
     M = dt(-np.inf)
     for s in range(nsplit):
         M = max(M, pm[s, rr])
+    mu = M if M > dt(-np.inf) else zero  # -inf: only splits with NaN l_s can be left
     for d in range(D):
         orow[d] = zero
-    if not M > dt(-np.inf):
-        return
     L = zero
     for s in range(nsplit):
-        w = fexp(pm[s, rr] - M)
-        L += w * pl[s, rr]
-        if w > zero:
-            src = pacc[s, rr]
-            for d in range(D):
-                orow[d] += w * src[d]
-    if L > zero:
+        ls = pl[s, rr]
+        if ls == zero:  # saw no key: adds nothing (its acc may hold 0 * NaN from V)
+            continue
+        w = _exp_nan(pm[s, rr] - mu)
+        L += w * ls
+        src = pacc[s, rr]
+        for d in range(D):
+            orow[d] += w * src[d]
+    if L != zero:
         inv = dt(1) / L
         for d in range(D):
             orow[d] *= inv

@@ -18,6 +18,9 @@ grid = (row blocks, B * Hkv, splits).  With splits == 1 the block writes out / l
 query that sees no key).  With splits > 1 (split-KV, for decode: few rows, long KV) split
 s takes a contiguous range of KV tiles and writes its normalized partial output and
 (m, l); `combine` (the second pass) merges the splits with the usual rescaling.
+NaN in, NaN out (as PyTorch; same rules as kernels_cpu/attention.py): a NaN or +inf
+score makes p, then l and o, NaN, and the output NaN; a bool mask adds -inf (a NaN score
+at a masked key still counts), keys past the causal limit never get a score.
 """
 import math
 from functools import lru_cache
@@ -141,18 +144,21 @@ def flash_kernel(acc_np, dmax):
                             mv = mask[b if mb_b else 0, h if mb_h else 0, qp if mb_q else 0, j if mb_k else 0]
                             if mkind == MASK_BOOL:
                                 if not mv:
-                                    s = neg_inf
+                                    s += neg_inf  # as an additive -inf (PyTorch): NaN stays NaN
                             else:
                                 s += acc(mv)
                 mt = warp_max(s)
                 m_new = max(m[i], mt)
                 p = zero
                 alpha = one
-                if m_new != neg_inf:
-                    if s != neg_inf:
-                        p = math.exp(s - m_new)
-                    if m[i] != neg_inf:
-                        alpha = math.exp(m[i] - m_new)
+                # NaN carries through p: max() skips a NaN s (mt >= every other lane's s
+                # still holds), so a NaN score gives exp(NaN - m_new) = NaN even when
+                # m_new is -inf, and +inf gives exp(inf - inf) = NaN; warp_sum then makes
+                # l NaN and Ps carries it into o.  Both stay NaN (NaN * alpha + ...).
+                if s != neg_inf:
+                    p = math.exp(s - m_new)
+                if m_new != neg_inf and m[i] != neg_inf:
+                    alpha = math.exp(m[i] - m_new)
                 l[i] = l[i] * alpha + warp_sum(p)
                 m[i] = m_new
                 Ps[rr, lane] = p
@@ -172,14 +178,18 @@ def flash_kernel(acc_np, dmax):
             if r < nrows:
                 qp = rp[i]
                 h = kvh * group + rq[i]
-                inv = one / l[i] if l[i] > zero else zero  # a query that sees no key: zeros
+                li = l[i]
+                seen = li != zero  # l > 0, or NaN (NaN in, NaN out)
+                inv = one / li if seen else zero
                 for c in range(DPL):
                     dd = lane + 32 * c
                     if dd < d:
+                        # a query that sees no key: zeros (o may hold 0 * NaN from V)
+                        y = o[i, c] * inv if seen else zero
                         if nsplit == 1:
-                            out[b, h, qp, dd] = o[i, c] * inv
+                            out[b, h, qp, dd] = y
                         else:
-                            part_o[split, b, h, qp, dd] = o[i, c] * inv
+                            part_o[split, b, h, qp, dd] = y
                 if nsplit > 1 and lane == 0:
                     part_ml[split, b, h, qp, 0] = m[i]
                     part_ml[split, b, h, qp, 1] = l[i]
@@ -209,16 +219,17 @@ def combine_kernel(acc_np):
             mx = neg_inf
             for s in range(nsplit):
                 mx = max(mx, part_ml[s, b, h, i, 0])
+            if mx == neg_inf:  # only splits that saw no key, or whose l is NaN, are left
+                mx = zero
             num = zero
             den = zero
-            if mx != neg_inf:
-                for s in range(nsplit):
-                    ls = part_ml[s, b, h, i, 1]
-                    if ls > zero:
-                        w = ls * math.exp(part_ml[s, b, h, i, 0] - mx)
-                        num += w * part_o[s, b, h, i, dd]
-                        den += w
-            out[b, h, i, dd] = num / den if den > zero else zero
+            for s in range(nsplit):
+                ls = part_ml[s, b, h, i, 1]
+                if ls != zero:  # saw a key (l > 0), or NaN: NaN carries into num and den
+                    w = ls * math.exp(part_ml[s, b, h, i, 0] - mx)
+                    num += w * part_o[s, b, h, i, dd]
+                    den += w
+            out[b, h, i, dd] = zero if den == zero else num / den
             g += step
 
     return attention_combine

@@ -3,17 +3,21 @@
 x, residual, h, out: (rows, D) C-contiguous; w, b: (D,) (a 1-element dummy when absent,
 flagged by has_w / has_b).  With has_res, pass 1 forms h = x + residual, writes it and
 the later passes read h back (each thread reads only the elements it wrote itself, so no
-barrier is needed).  layer_norm uses two reductions (mean, then the sum of squared
-deviations: no cancellation for rows with a large mean); rms_norm one.
+barrier is needed).  layer_norm uses two reductions, the corrected two-pass algorithm
+(as kernels_cpu/norm.py): s = sum(h - h[0]) gives m0 = h[0] + s / D (shifting by the row's
+first element makes a constant row exact: m0 == c, output == bias), then sd = sum(h - m0)
+and q = sum((h - m0)^2) give the mean's remainder mc = sd / D (the rounding of m0 to the
+accumulation type, which would otherwise cost up to ulp(mean) / 2 in every output: 5e-4 at
+a float32 offset of 1e4) and var = q / D - mc^2; the output is ((h - m0) - mc) * rstd
+(no fastmath on the GPU: evaluated as written).  rms_norm has one reduction (a sum of
+squares: nothing cancels).
 - warp_rows: one warp per row (block of W warps = W rows), shuffles only;
 - block_rows: one block per row, grid-stride over rows, shuffles + 32 shared slots.
 """
 import math
 from functools import lru_cache
 
-from numba import cuda
-
-from numba import types
+from numba import cuda, types
 
 from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
 from .primitives import block_sum, block_sum2, warp_sum, warp_sum2
@@ -44,6 +48,13 @@ def make(kind, rms, acc_np):
         epsa = acc(eps)
         while row < rows:  # warp: runs once; block: block-uniform grid-stride loop
             src = h if has_res else x
+            # shift of the mean's sum: h[row, 0], formed here by every thread (the thread
+            # that stores it may not have yet); acc is x's dtype, so it rounds the same.
+            x0 = zero
+            if not rms:
+                x0 = acc(x[row, 0])
+                if has_res:
+                    x0 += acc(residual[row, 0])
             s1 = zero
             for j in range(start, d, step):
                 v = acc(x[row, j])
@@ -51,26 +62,31 @@ def make(kind, rms, acc_np):
                     v += acc(residual[row, j])
                     h[row, j] = v
                     v = acc(h[row, j])  # the value stored (rounded to h's dtype)
-                s1 += v * v if rms else v
+                s1 += v * v if rms else v - x0
             s1 = warp_sum(s1) if warp else block_sum(s1, scratch, zero)
+            mean = zero
+            mc = zero
             if rms:
-                mean = zero
                 rstd = one / math.sqrt(s1 * inv_d + epsa)
             else:
-                # corrected two-pass (as kernels_cpu/norm.py): the sum of the deviations
-                # corrects the first mean's rounding, so a constant row normalizes to 0
-                mean = s1 * inv_d
+                mean = x0 + s1 * inv_d  # m0
                 s2 = zero
-                s3 = zero
+                sd = zero
                 for j in range(start, d, step):
                     dv = acc(src[row, j]) - mean
-                    s3 += dv
+                    sd += dv
                     s2 += dv * dv
-                s2, s3 = warp_sum2(s2, s3) if warp else block_sum2(s2, s3, scratch, scratch2, zero)
-                mean += s3 * inv_d
-                rstd = one / math.sqrt(max(s2 - s3 * s3 * inv_d, zero) * inv_d + epsa)
+                if warp:
+                    sd, s2 = warp_sum2(sd, s2)
+                else:
+                    sd, s2 = block_sum2(sd, s2, scratch, scratch2, zero)
+                mc = sd * inv_d
+                rstd = one / math.sqrt(max(s2 * inv_d - mc * mc, zero) + epsa)
             for j in range(start, d, step):
-                y = (acc(src[row, j]) - mean) * rstd
+                if rms:
+                    y = acc(src[row, j]) * rstd
+                else:
+                    y = ((acc(src[row, j]) - mean) - mc) * rstd
                 if has_w:
                     y *= acc(w[j])
                 if has_b:

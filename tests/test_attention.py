@@ -1,6 +1,8 @@
 """dispatch.attention against the float64 reference, for every implementation the
 dispatcher can pick, plus property tests (causal prefix, GQA = repeated MHA, decode step
 by step = causal prefill) and bad-input tests."""
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,6 +13,7 @@ from tests.support import (ON_CUDA, SEEDS, assert_close, assert_no_new_specializ
                            poisoned, randn, read_only, reduction_tol, rng, run)
 
 IMPLS = impl_params("attention")
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 DTYPES = [np.float32, np.float64]
 
 # (B, Hq, Hkv, Sq, Skv, D, causal)
@@ -346,3 +349,85 @@ def test_explain_names_a_cpu_kernel():
     assert dispatch.explain("attention", q, k, v, causal=True).chosen == "cpu-splitkv"
     q, k, v = _qkv(rng(), 1, 4, 4, 256, 256, 64, np.float32)
     assert dispatch.explain("attention", q, k, v, causal=True).chosen == "cpu-flash"
+
+
+# ---- NaN / inf in, NaN out ---------------------------------------------------------
+
+NONFINITE = ["q_nan", "k_nan", "v_nan", "mask_nan", "q_posinf", "q_neginf", "mask_posinf", "mask_neginf",
+             "k_nan_bool_masked"]
+# (B, Hq, Hkv, Sq, Skv, D): decode (Sq = 1, long KV: cpu-splitkv runs 3 splits, cuda-splitkv
+# several) and a shape of several query and key tiles (CPU: 64 x 64; CUDA: 16 rows x 32 keys)
+NONFINITE_SHAPES = {"decode": (1, 4, 2, 1, 70, 4), "tiles": (1, 4, 2, 9, 40, 4)} if ON_CUDA else \
+    {"decode": (1, 4, 2, 1, 700, 16), "tiles": (1, 4, 2, 70, 150, 16)}
+
+
+def _nonfinite_inputs(g, case, shape, dtype, causal):
+    """Inputs with one kind of non-finite value placed where rows see it (and, for masks,
+    also where the causal rule hides it)."""
+    B, Hq, Hkv, Sq, Skv, D = shape
+    q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+    off = Skv - Sq
+    i = Sq // 2
+    mask = None
+    if case == "q_nan":
+        q[0, Hq - 1, Sq - 1, D // 2] = np.nan
+    elif case == "k_nan":
+        k[0, 0, Skv - 3, D - 1] = np.nan  # causal: only the last 3 queries see it
+    elif case == "v_nan":
+        v[0, 0, 0, D - 1] = np.nan  # key 0: seen by every query
+        if not causal:
+            v[0, 0, Skv - 2, 0] = np.nan
+    elif case in ("q_posinf", "q_neginf"):
+        q[0, 0, i, 0] = np.inf if case == "q_posinf" else -np.inf
+    elif case.startswith("mask"):
+        mask = randn(g, (Sq, Skv), dtype)
+        mask[g.random((Sq, Skv)) < 0.2] = -np.inf
+        val = {"mask_nan": np.nan, "mask_posinf": np.inf, "mask_neginf": -np.inf}[case]
+        mask[i, (i + off) // 2] = val  # visible, causal or not
+        if case == "mask_neginf":
+            mask[i, ::3] = -np.inf
+            if Sq > 1:
+                mask[Sq - 1] = -np.inf  # a fully masked row: zeros
+        elif Sq > 1:
+            mask[0, Skv - 1] = val  # past query 0's causal limit: seen only without causal
+    elif case == "k_nan_bool_masked":
+        # a bool mask adds -inf (PyTorch): NaN + -inf is still NaN for every row that
+        # reaches the key, masked or not (past the causal limit it is never read)
+        mask = g.random((Sq, Skv)) < 0.8
+        mask[:, Skv - 3] = False
+        k[0, 0, Skv - 3, 0] = np.nan
+    return q, k, v, mask
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the CUDA simulator's numpy scalars
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("where", list(NONFINITE_SHAPES))
+@pytest.mark.parametrize("case", NONFINITE)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nonfinite_inputs_propagate_like_pytorch(impl, dtype, case, where, causal):
+    """NaN in q, k, v or an additive mask, and +inf (or -inf, which meets keys of both
+    signs) in q or the mask make exactly the reference's rows NaN (PyTorch's: checked
+    against torch's scaled_dot_product_attention in float64); -inf in a mask only masks,
+    fully masked rows stay zeros.  Everything else matches the reference."""
+    if ON_CUDA and SIM and dtype == np.float64 and causal:
+        pytest.skip("simulator: float64 runs non-causal only (the kernels are dtype-generic; ~4 s a case)")
+    shape = NONFINITE_SHAPES[where]
+    B, Hq, Hkv, Sq, Skv, D = shape
+    g = rng()
+    q, k, v, mask = _nonfinite_inputs(g, case, shape, dtype, causal)
+    want = ref.attention(q, k, v, causal=causal, mask=mask)
+    got = run(impl, dispatch.attention, q, k, v, causal=causal, mask=mask, out=poisoned(want.shape, dtype))
+    nan_rows = np.isnan(want).any(axis=-1)
+    if case == "mask_neginf":
+        assert not nan_rows.any()
+        if Sq > 1:
+            assert np.all(got[:, :, Sq - 1] == 0)
+    else:
+        assert nan_rows.any(), "test inputs should make some rows NaN"
+    bad = np.argwhere(np.isnan(got) != np.isnan(want))
+    assert bad.size == 0, f"{impl} {case}: NaN pattern differs from the reference at {bad[:5].tolist()} " \
+                          f"(got NaN: {np.isnan(got[tuple(bad[0])])})"
+    assert not np.isinf(got).any()
+    fin = ~np.isnan(want)
+    assert_close(got[fin], want[fin], _tol(dtype, Skv), f"{impl} {case} finite entries", cancel=True)

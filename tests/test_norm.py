@@ -93,25 +93,6 @@ def test_large_offset_rows_keep_precision(name, fn, reference, params, impl):
     assert_close(got, reference(*args), 1e-5, name + " offset", cancel=True)
 
 
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", impl_params("layer_norm"))
-def test_constant_rows_normalize_to_exactly_zero(impl, dtype, residual):
-    """A constant row has variance 0: the output is exactly bias (PyTorch gives 0), whatever
-    the constant; a float32 first mean off by an ulp once gave 1.4e-3 .. 1.0 here."""
-    for d in ((1, 7, 70) if ON_CUDA else (1, 7, 768, 4096)):
-        consts = np.array([0.0, 3.7, 1e4 + 0.1, -2.5e6, 1e20], dtype)
-        x = np.repeat(consts[:, None], d, axis=1)
-        bias = np.linspace(-1, 1, d).astype(dtype)
-        if residual:
-            r = np.zeros_like(x)
-            got, h = run(impl, dispatch.layer_norm, x, np.ones(d, dtype), bias, residual=r, _op="layer_norm")
-            np.testing.assert_array_equal(h, x)
-        else:
-            got = run(impl, dispatch.layer_norm, x, np.ones(d, dtype), bias, _op="layer_norm")
-        np.testing.assert_array_equal(got, np.broadcast_to(bias, x.shape), err_msg=f"D={d}")
-
-
 @pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -238,3 +219,83 @@ def test_bad_out_rejected_and_untouched(name):
     with pytest.raises(ValueError, match="out overlaps input residual"):
         fn(x, w, residual=r, out=r)
     assert np.array_equal(x, xs) and np.array_equal(r, rs)
+
+
+# ---- constant rows and large offsets ------------------------------------------------------
+
+CONST_VALUES = [0.0, 3.7, 1e4 + 0.1, -2.5e6, 1e20]
+CONST_D = [1, 7, 67, 300] if ON_CUDA else [1, 7, 768, 4096]
+LN_CASES = [c for c in _cases() if c.values[0] == "layer_norm" and c.values[3] in ("wb", "")]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", CONST_D)
+@pytest.mark.parametrize("name, fn, reference, params, impl", LN_CASES)
+def test_layer_norm_constant_rows_give_bias(name, fn, reference, params, impl, d, dtype, residual):
+    """A constant row has no deviation: the output is exactly the bias (0 without one), for
+    every finite constant (PyTorch gives the same).  Before the shifted, corrected two-pass
+    statistics, float32 D = 4096 gave 1.4e-3 at c = 3.7, 0.53 at 1e4 + 0.1, -1 at 1e20."""
+    g = rng()
+    rows = len(CONST_VALUES)
+    c = np.array(CONST_VALUES, dtype)[:, None]
+    x = np.broadcast_to(c, (rows, d)).copy()
+    args, _ = _inputs(g, name, params, (rows, d), dtype)
+    args[0] = x
+    eps = 1e-5
+    want = np.zeros((rows, d), dtype) if args[2] is None else np.broadcast_to(args[2], (rows, d))
+    if residual:
+        # h = x/2 + x/2 == x exactly (halving and doubling are exact, 1e20 included)
+        half = (x / dtype(2)).astype(dtype)
+        got, h = run(impl, fn, half, *args[1:], eps=eps, residual=half, out=poisoned(x.shape, dtype), _op=name)
+        np.testing.assert_array_equal(h, x)
+    else:
+        got = run(impl, fn, *args, eps=eps, out=poisoned(x.shape, dtype), _op=name)
+    for i, cv in enumerate(CONST_VALUES):
+        np.testing.assert_array_equal(got[i], want[i], err_msg=f"c = {cv!r}, D = {d}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, fn, reference, params, impl", LN_CASES)
+def test_layer_norm_infinite_rows_give_nan(name, fn, reference, params, impl, dtype):
+    """A row holding +-inf has no finite mean: NaN, as PyTorch."""
+    g = rng()
+    x = randn(g, (3, 9), dtype)
+    x[0] = np.inf
+    x[1, 4] = -np.inf
+    args, _ = _inputs(g, name, params, x.shape, dtype)
+    args[0] = x
+    got = run(impl, fn, *args, out=poisoned(x.shape, dtype), _op=name)
+    assert np.all(np.isnan(got[:2])) and np.all(np.isfinite(got[2]))
+    with np.errstate(invalid="ignore"):  # inf - inf in the reference's rows 0 and 1
+        want = reference(*args)
+    assert_close(got[2], want[2], TOL[np.dtype(dtype)])
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("spread", [1.0, 1e-2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, fn, reference, params, impl",
+                         [c for c in _cases() if c.values[0] == "layer_norm"])
+def test_layer_norm_offset_rows_keep_precision(name, fn, reference, params, impl, dtype, spread, residual):
+    """Rows 1e4 + small noise (and rows at other offsets): accurate relative to the spread,
+    i.e. the mean is not rounded to the dtype (float32: half an ulp of 1e4 is 4.9e-4)."""
+    g = rng()
+    shape = (4, 67) if ON_CUDA else (6, 4096)
+    offsets = np.array([1e4, -1e4, 3e5, 1e4], dtype)[:, None] if ON_CUDA else \
+        np.array([1e4, -1e4, 3e5, 1e4, 123.456, -7e3], dtype)[:, None]
+    x = (offsets + dtype(spread) * randn(g, shape, dtype)).astype(dtype)
+    args, _ = _inputs(g, name, params, shape, dtype)
+    tol = TOL[np.dtype(dtype)]
+    if residual:
+        r = (dtype(spread) * randn(g, shape, dtype)).astype(dtype)
+        args[0] = (x - r).astype(dtype)
+        got, h = run(impl, fn, *args, residual=r, out=poisoned(shape, dtype), _op=name)
+        hd = args[0] + r  # h as stored (rounded to the dtype: ulp(3e5) = 0.03 in float32)
+        np.testing.assert_array_equal(h, hd)
+        want = reference(hd, *args[1:])
+    else:
+        args[0] = x
+        got = run(impl, fn, *args, out=poisoned(shape, dtype), _op=name)
+        want = reference(*args)
+    assert_close(got, want, tol, f"{name} offset, spread {spread}", cancel=True)
