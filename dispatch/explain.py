@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels_cpu import runtime as cpu_runtime
+
 from . import registry
 from .select import decide
 
@@ -41,6 +43,8 @@ class Explanation:
             launch = getattr(impl, "launch_config", None)  # CUDA: grid/block/tiles for this call
             if launch is not None:
                 lines.append(f"  launch: {launch(self.call)}")
+            if impl.device == "cpu":
+                lines.append(f"  threading: {cpu_runtime.describe()}")
             if impl.notes:
                 lines.append(f"  notes: {impl.notes}")
         lines += [f"  layout: {n}" for n in self._layout_notes()]

@@ -33,6 +33,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from kernels_cpu import runtime as cpu_runtime
+
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 DEVICES = ("cpu", "cuda")
 BOUNDS = ("compute", "memory")
@@ -188,6 +190,9 @@ class Op:
         """Validate, select and run: what every public function does."""
         call = self.describe(*args, **kwargs)
         impl, params = _select(call.key)
+        if impl.device == "cpu":
+            with cpu_runtime.guard():  # serializes only under a user-chosen workqueue layer
+                return impl.run(params, *call.args)
         return impl.run(params, *call.args)
 
     def expose(self, fn):

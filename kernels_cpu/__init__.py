@@ -7,6 +7,8 @@ kernels' compilation only (that warning class and message).
 """
 import warnings
 
+from . import runtime  # noqa: F401 - picks the threading layer before any kernel runs
+
 from numba.core.errors import NumbaIRAssumptionWarning
 
 warnings.filterwarnings("ignore", message=r"variable '.*' is not in scope", category=NumbaIRAssumptionWarning)

@@ -1,0 +1,107 @@
+"""The CPU kernels' threading runtime: which numba threading layer runs the parallel kernels.
+
+Imported by ``kernels_cpu/__init__`` before any kernel is compiled, so it decides for the
+whole process when the user sets nothing.
+
+Why TBB (the A/B behind it is in README's "Threading" section and the issue notes):
+- numba's default ``omp`` layer loads the system libgomp beside PyTorch's own OpenMP
+  runtime. After one parallel numba kernel, PyTorch's attention on (16, 12, 198, 32) took
+  440-616 ms instead of 14-28 ms, and its workers wake slowly after an idle pause
+  (layer_norm 128x768 forced parallel after 0.2 s idle: 7.8 ms omp, 0.13 ms tbb).
+- ``workqueue`` aborts the process ("Concurrent access has been detected", exit 134) when
+  two Python threads call parallel kernels at once.
+- ``tbb`` has neither problem. numba already ranks it first (its default priority is tbb,
+  omp, workqueue) but finds ``libtbb.so.12`` only on the loader path, and pip's ``tbb``
+  wheel puts it in ``<prefix>/lib``, which is not on it. So the library is loaded here by
+  its absolute path (RTLD_GLOBAL) before numba starts its threads: the dynamic loader then
+  resolves numba's ``tbbpool`` extension against the copy already in the process (glibc
+  matches a needed library by its soname), and numba's own default choice becomes tbb.
+
+The user's settings win: ``NUMBA_THREADING_LAYER`` / ``NUMBA_THREADING_LAYER_PRIORITY`` are
+numba's and are left alone (``layer()`` reports what actually runs). If the user picks
+``workqueue``, ``guard()`` serializes our parallel kernels across Python threads so that
+concurrent calls cannot abort the process (numba's other parallel code in the process is
+the user's to guard).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+
+import numba
+from numba.core import config
+
+TBB_SONAME = "libtbb.so.12"
+
+
+def _tbb_library_path() -> str | None:
+    """Absolute path of the pip ``tbb`` wheel's libtbb.so.12, or None (not installed, or not
+    a Linux ELF platform)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        from importlib import metadata
+        dist = metadata.distribution("tbb")
+    except Exception:  # noqa: BLE001 - not installed: numba falls back to its own search
+        return None
+    for f in dist.files or ():
+        if f.name == TBB_SONAME:
+            path = os.path.realpath(str(dist.locate_file(f)))
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def _preload_tbb() -> str:
+    """Load libtbb.so.12 by path so that numba's tbb layer can start. Returns a short note
+    of what happened (shown by ``describe``)."""
+    path = _tbb_library_path()
+    if path is None:
+        return "pip tbb not found"
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        return f"could not load {path}: {e}"
+    return f"loaded {path}"
+
+
+TBB_NOTE = _preload_tbb()
+_LAUNCH_LOCK = threading.Lock()
+_WORKQUEUE_LOCK = threading.RLock()
+_LAYER = None  # fixed once numba has started its threads
+
+
+def layer() -> str:
+    """The threading layer numba runs our parallel kernels on ("tbb", "omp" or
+    "workqueue"). Starts numba's thread pool if no parallel kernel has run yet (a few ms,
+    once per process)."""
+    global _LAYER
+    if _LAYER is None:
+        with _LAUNCH_LOCK:
+            from numba.np.ufunc import parallel
+            parallel._launch_threads()  # returns at once when already started
+            _LAYER = numba.threading_layer()
+    return _LAYER
+
+
+def requested() -> str:
+    """The user's numba setting: "default" unless NUMBA_THREADING_LAYER names a layer."""
+    return str(config.THREADING_LAYER)
+
+
+def guard():
+    """A context for running a parallel kernel: a process-wide lock when the layer is
+    workqueue (which aborts on concurrent use), otherwise nothing."""
+    if layer() == "workqueue":
+        return _WORKQUEUE_LOCK
+    return contextlib.nullcontext()
+
+
+def describe() -> str:
+    """One line for ``explain`` and the report's machine header."""
+    req = requested()
+    how = "numba default" if req == "default" else f"NUMBA_THREADING_LAYER={req}"
+    return f"{layer()} layer, {numba.get_num_threads()} threads ({how}; tbb: {TBB_NOTE})"

@@ -1,0 +1,75 @@
+"""The CPU threading runtime (kernels_cpu/runtime.py): which layer runs when the user sets
+nothing, that the user's choice wins, and that no layer crashes or corrupts results when
+several Python threads call parallel kernels at once (numba's workqueue layer aborts the
+process there unless our guard serializes the calls)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support import ON_CUDA
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU threading runtime")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Four threads call the parallel softmax, layer_norm and matmul at once, each on its own
+# inputs, and compare with the same calls made alone; prints the layer on success.
+_CONCURRENT = r"""
+import threading, numpy as np, dispatch
+from kernels_cpu import runtime
+rng = np.random.default_rng(0)
+xs = [rng.standard_normal((512, 1024)).astype(np.float32) for _ in range(4)]
+w = rng.standard_normal((1024, 256)).astype(np.float32)
+g = np.ones(1024, np.float32)
+def calls(x):
+    with dispatch.use(softmax="cpu-parallel", layer_norm="cpu-parallel", matmul="cpu-gemm"):
+        return dispatch.softmax(x), dispatch.layer_norm(x, g), dispatch.matmul(x, w)
+alone = [calls(x) for x in xs]
+bad = []
+def work(i):
+    for _ in range(10):
+        for got, want in zip(calls(xs[i]), alone[i]):
+            if not np.array_equal(got, want):
+                bad.append(i)
+ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+assert not bad, f"threads {sorted(set(bad))} got results that differ from the same call alone"
+print(runtime.layer())
+"""
+
+
+def _run(code, **env_over):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING_LAYER")}
+    env.update(env_over)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _tbb_installed():
+    from kernels_cpu import runtime
+    return runtime._tbb_library_path() is not None
+
+
+@pytest.mark.parametrize("layer", [None, "tbb", "omp", "workqueue"])
+def test_concurrent_calls_from_threads_are_correct_on_every_layer(layer):
+    if layer == "tbb" and not _tbb_installed():
+        pytest.skip("pip tbb not installed")
+    env = {} if layer is None else {"NUMBA_THREADING_LAYER": layer}
+    p = _run(_CONCURRENT, **env)
+    assert p.returncode == 0, f"exit {p.returncode} with NUMBA_THREADING_LAYER={layer}:\n{p.stderr[-3000:]}"
+    got = p.stdout.strip().splitlines()[-1]
+    if layer is not None:
+        assert got == layer, f"NUMBA_THREADING_LAYER={layer} asked, {got} ran: the user's setting must win"
+    elif _tbb_installed():
+        assert got == "tbb", f"with nothing set and pip tbb installed the default must be tbb, got {got}"
+
+
+def test_explain_names_the_threading_layer():
+    import dispatch
+    from kernels_cpu import runtime
+    x = np.ones((4, 8), np.float32)
+    text = str(dispatch.explain("softmax", x))
+    assert f"threading: {runtime.layer()} layer" in text, text
