@@ -1,0 +1,320 @@
+"""Our CPU kernels where users run them: four settings, and the threading-layer A/B.
+
+    python -m bench.runtime              the four settings for this process's threading layer
+    python -m bench.runtime --ab         the same in one fresh process per layer (tbb, omp,
+                                         workqueue) plus PyTorch / numpy alone, and the table
+    python -m bench.runtime --json PATH  also write the rows
+
+The settings (per case, medians of per-call seconds):
+  (a) loop:   the call back to back (what a microbenchmark sees);
+  (b) idle:   one call after 0.2 s of sleep (a request arriving at a server; the thread
+              pool's wake-up is paid here);
+  (c) mixed:  one call right after a PyTorch call (numpy's BLAS when PyTorch is absent), as
+              in a model mixing both libraries; the peer's own time in the same alternation
+              is recorded too (composability: it must not slow down because we ran);
+  (d) threads: 4 Python threads calling at once, each its own inputs; every result is
+              checked bit for bit against the same call made alone (a wrong or crashed
+              call fails the run); per-call time = wall time / calls.
+Each case is timed as dispatched and, where the op has one, with its serial kernel forced
+(the serial/parallel thresholds must hold in (b) and (c), not only in (a)).
+The report (python -m bench) runs the same settings on its runtime cases; see report.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import timing
+
+IDLE_S = timing.PAUSE_S
+LAYERS = ("tbb", "omp", "workqueue")
+
+
+@dataclass(frozen=True)
+class RuntimeCase:
+    """One public call at a real-time shape. ``build(rng)`` -> (args, kwargs)."""
+
+    name: str
+    op: str
+    build: object
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _cases():
+    def ln(rng):
+        return (_f32(rng, 128, 768), _f32(rng, 768), _f32(rng, 768)), {}
+
+    def sm_small(rng):
+        return (_f32(rng, 1, 12, 128, 128),), {}
+
+    def sm_big(rng):
+        return (_f32(rng, 4096, 1024),), {}
+
+    def attn(rng):
+        q = _f32(rng, 1, 12, 128, 64)
+        return (q, _f32(rng, 1, 12, 128, 64), _f32(rng, 1, 12, 128, 64)), {}
+
+    def geglu(rng):
+        return (_f32(rng, 128, 3072), _f32(rng, 128, 3072)), {}
+
+    def lin(rng):
+        return (_f32(rng, 128, 768), _f32(rng, 3072, 768)), {"bias": _f32(rng, 3072), "activation": "gelu_tanh"}
+
+    def mm(rng):
+        return (_f32(rng, 128, 768), _f32(rng, 768, 768)), {}
+
+    return [
+        RuntimeCase("layer_norm 128x768", "layer_norm", ln),
+        RuntimeCase("softmax 1x12x128x128", "softmax", sm_small),
+        RuntimeCase("softmax 4096x1024", "softmax", sm_big),
+        RuntimeCase("attention 1x12x128x64", "attention", attn),
+        RuntimeCase("geglu 128x3072", "geglu", geglu),
+        RuntimeCase("linear+bias+gelu_tanh 128x768x3072", "linear", lin),
+        RuntimeCase("matmul 128x768x768", "matmul", mm),
+    ]
+
+
+CASES = _cases()
+
+
+def _peer():
+    """(name, fn) of the other library's call for setting (c): a PyTorch linear
+    128x768x3072 (numpy's BLAS matmul of the same shape without PyTorch)."""
+    rng = np.random.default_rng(1)
+    a, w = _f32(rng, 128, 768), _f32(rng, 3072, 768)
+    try:
+        import torch
+        ta, tw = torch.from_numpy(a), torch.from_numpy(w)
+        return "torch linear 128x768x3072", lambda: torch.nn.functional.linear(ta, tw)
+    except ImportError:
+        wt = np.ascontiguousarray(w.T)
+        return "numpy matmul 128x768x3072", lambda: a @ wt
+
+
+def _median_of(fn, n, before=None):
+    out = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        t0 = timing.clock()
+        fn()
+        out.append(timing.clock() - t0)
+    return statistics.median(out)
+
+
+def _threads(fn_for, nthreads=4, calls=12):
+    """Run fn_for(i)() `calls` times in each of nthreads threads at once. Returns (per-call
+    seconds, mismatches): each result is compared with thread i's result computed alone."""
+    alone = [np.array(fn_for(i)(), copy=True) for i in range(nthreads)]
+    bad = [0] * nthreads
+    barrier = threading.Barrier(nthreads + 1)
+
+    def work(i):
+        f = fn_for(i)
+        barrier.wait()
+        for _ in range(calls):
+            r = f()
+            if not np.array_equal(np.asarray(r), alone[i], equal_nan=True):
+                bad[i] += 1
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(nthreads)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = timing.clock()
+    for t in ts:
+        t.join()
+    return (timing.clock() - t0) / (nthreads * calls), sum(bad)
+
+
+def _variants(case):
+    """{label: force-name or None}: as dispatched, and the serial kernel where the op has one."""
+    import dispatch
+    from dispatch import registry
+    names = [i.name for i in registry.implementations(case.op, "cpu")]
+    out = {"dispatched": None}
+    if "cpu-serial" in names:
+        out["serial"] = "cpu-serial"
+    return out
+
+
+def measure(cases=None, *, rounds=9, progress=None) -> list[dict]:
+    """Settings (a)-(d) for each case in this process. Returns one row per case and variant."""
+    import dispatch
+    from kernels_cpu import runtime as rt
+
+    cases = CASES if cases is None else cases
+    peer_name, peer = _peer()
+    rows = []
+    for case in cases:
+        fn_pub = getattr(dispatch, case.op)
+        args, kwargs = case.build(np.random.default_rng(0))
+        for label, force in _variants(case).items():
+            ctx = (lambda: dispatch.use(**{case.op: force})) if force else None
+
+            def call(a=args, k=kwargs):
+                if ctx is None:
+                    return fn_pub(*a, **k)
+                with ctx():
+                    return fn_pub(*a, **k)
+
+            call()
+            call()
+            a_loop = timing.time_one(call, rounds=rounds).median
+            b_idle = _median_of(call, rounds, before=lambda: time.sleep(IDLE_S))
+            peer()
+            c_mixed = _median_of(call, rounds, before=peer)
+            c_peer = _median_of(peer, rounds, before=call)
+
+            def fn_for(i, c=case):
+                a, k = c.build(np.random.default_rng(100 + i))
+                if ctx is None:
+                    return lambda: fn_pub(*a, **k)
+
+                def forced():
+                    with ctx():
+                        return fn_pub(*a, **k)
+                return forced
+
+            d_threads, bad = _threads(fn_for)
+            rows.append({"case": case.name, "op": case.op, "variant": label, "layer": rt.layer(),
+                         "loop_s": a_loop, "idle_s": b_idle, "mixed_s": c_mixed, "threads_s": d_threads,
+                         "thread_mismatches": bad, "peer": peer_name, "peer_mixed_s": c_peer})
+            if progress is not None:
+                progress(f"{case.name} [{label}]")
+            if bad:
+                raise AssertionError(f"{case.name} [{label}]: {bad} results from 4 threads differ "
+                                     f"from the same call made alone ({rt.describe()})")
+    return rows
+
+
+def peer_alone(rounds=9) -> dict:
+    """The peer's call and PyTorch's masked attention in a process where our package is not
+    imported: the baseline of composability."""
+    name, peer = _peer()
+    peer()
+    out = {"peer": name, "peer_loop_s": timing.time_one(peer, rounds=rounds).median,
+           "peer_idle_s": _median_of(peer, rounds, before=lambda: time.sleep(IDLE_S))}
+    out.update(_torch_sdpa(rounds))
+    return out
+
+
+def _torch_sdpa(rounds):
+    """PyTorch's scaled_dot_product_attention on (16, 12, 198, 32) with a boolean mask: the
+    call that slowed down 20-40x next to numba's omp layer (see kernels_cpu/runtime.py)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(16, 12, 198, 32, generator=g)
+    mask = torch.ones(16, 1, 198, 198, dtype=torch.bool)
+    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)  # noqa: E731
+    f()
+    return {"sdpa_s": timing.time_one(f, rounds=rounds).median}
+
+
+def format_rows(rows) -> str:
+    head = f"{'case':36} {'variant':10} {'layer':9} {'(a) loop':>10} {'(b) idle':>10} {'(c) mixed':>10} {'(d) 4 thr':>10} {'peer in (c)':>12}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['case']:36} {r['variant']:10} {r['layer']:9} {_ms(r['loop_s'])} {_ms(r['idle_s'])} "
+                     f"{_ms(r['mixed_s'])} {_ms(r['threads_s'])} {_ms(r['peer_mixed_s'], 12)}")
+    return "\n".join(lines)
+
+
+def _ms(s, w=10):
+    return f"{s * 1e3:{w - 3}.3f} ms"
+
+
+def _child(mode, out_path, rounds):
+    if mode == "alone":
+        res = {"alone": peer_alone(rounds)}
+    else:
+        import dispatch  # noqa: F401 - our package imported and used first, as a user's script does
+        rows = measure(rounds=rounds, progress=lambda m: print(f"  {mode}: {m}", file=sys.stderr, flush=True))
+        res = {"rows": rows, "after_ours": peer_alone(rounds)}
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+
+
+def ab(rounds=9, layers=LAYERS, json_path=None) -> dict:
+    """One fresh process per threading layer (NUMBA_THREADING_LAYER set for it), and one
+    with PyTorch / numpy alone; prints the table and returns the results."""
+    import tempfile
+    results = {}
+    for mode in ("alone",) + tuple(layers):
+        env = dict(os.environ)
+        if mode != "alone":
+            env["NUMBA_THREADING_LAYER"] = mode
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            path = tmp.name
+        p = subprocess.run([sys.executable, "-m", "bench.runtime", "--child", mode, "--out", path,
+                            "--rounds", str(rounds)], env=env, cwd=_root())
+        if p.returncode != 0:
+            results[mode] = {"crashed": p.returncode}
+            print(f"{mode}: child exited with {p.returncode}")
+            continue
+        with open(path) as f:
+            results[mode] = json.load(f)
+        os.unlink(path)
+    alone = results.get("alone", {}).get("alone", {})
+    for mode in layers:
+        r = results.get(mode, {})
+        if "rows" not in r:
+            continue
+        print(f"\n== NUMBA_THREADING_LAYER={mode} ==")
+        print(format_rows(r["rows"]))
+        after = r["after_ours"]
+        for k in ("peer_loop_s", "peer_idle_s", "sdpa_s"):
+            if k in after and k in alone:
+                print(f"  {k[:-2]:10} alone {alone[k] * 1e3:8.3f} ms, after our kernels {after[k] * 1e3:8.3f} ms "
+                      f"({after[k] / alone[k]:.2f}x)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+def _root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.runtime", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ab", action="store_true", help="one fresh process per threading layer")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--child", choices=("alone",) + LAYERS, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        _child(a.child, a.out, a.rounds)
+        return 0
+    if a.ab:
+        ab(a.rounds, json_path=a.json)
+        return 0
+    from kernels_cpu import runtime as rt
+    rows = measure(rounds=a.rounds, progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    print(rt.describe())
+    print(format_rows(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
