@@ -23,6 +23,8 @@ def _report_parser():
     p.add_argument("--json", default="bench_out/report.json", metavar="PATH", help="results file (default %(default)s)")
     p.add_argument("--plot", default="bench_out/roofline.png", metavar="PATH", help="roofline PNG (default %(default)s)")
     p.add_argument("--no-peers", action="store_true", help="numpy as the only peer (skip PyTorch and onnxruntime)")
+    p.add_argument("--no-runtime", action="store_true", help="skip the settings (a)-(d) of bench/runtime.py")
+    p.add_argument("--no-model", action="store_true", help="skip the model-level row (bench/model.py)")
     p.add_argument("--no-compile-time", action="store_true", help="skip the fresh-process compile-time measurement")
     return p
 
@@ -58,7 +60,8 @@ def main(argv=None):
     from . import peers, report
 
     report.run(quick=not a.full, ops=a.ops, json_path=a.json, plot_path=a.plot,
-               peers=("numpy",) if a.no_peers else peers.PEERS, compile=not a.no_compile_time)
+               peers=("numpy",) if a.no_peers else peers.PEERS, compile=not a.no_compile_time,
+               runtime_settings=not a.no_runtime, model=not a.no_model)
     return 0
 
 

@@ -108,12 +108,8 @@ def gpu_info():
 
 
 def threading_layer():
-    import numba
-
-    try:
-        return numba.threading_layer()
-    except ValueError:
-        return f"not initialized yet (NUMBA_THREADING_LAYER={numba.config.THREADING_LAYER})"
+    from kernels_cpu import runtime
+    return runtime.describe()
 
 
 # ---- dispatch overhead -------------------------------------------------------------------
@@ -371,7 +367,8 @@ def cuda_predictions(case_list):
 # ---- the whole report --------------------------------------------------------------------
 
 def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="bench_out/roofline.png",
-        peers=P.PEERS, compile=True, out=None, progress=None, dtype=np.float32) -> dict:
+        peers=P.PEERS, compile=True, out=None, progress=None, dtype=np.float32, runtime_settings=True,
+        model=True) -> dict:
     from dispatch import registry
 
     out = out or (lambda s="": print(s, flush=True))
@@ -394,7 +391,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     progress("measuring the ceilings: fp32 GEMM via numpy BLAS, 256 MiB copy")
     ceilings = roofline.measure(quick)
     info["threading_layer"] = threading_layer()
-    out(f"numba threads: {info['numba_threads']}, threading layer: {info['threading_layer']}")
+    out(f"numba threading: {info['threading_layer']}")
     out("")
     out("== ceilings (best sample; median in brackets)")
     out(f"compute: {ceilings['gflops']:.1f} GFLOP/s [{ceilings['gemm']['median_gflops']:.1f}]  ({ceilings['gemm']['what']})")
@@ -422,6 +419,19 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
         comp = compile_times(landed, progress=progress)
 
     preds, why = cuda_predictions(selected)
+
+    rt_rows = []
+    if runtime_settings:
+        from . import runtime as RT
+        want = {c.op for c in selected}
+        rt_cases = [c for c in RT.CASES if c.op in want]
+        progress(f"runtime settings (a)-(d) on {len(rt_cases)} real-time cases")
+        rt_rows = RT.measure(rt_cases, rounds=5 if quick else 9, progress=progress)
+    model_row = None
+    if model:
+        from . import model as M
+        progress("model forward: MiniLM-L6-sized encoder, ours and PyTorch each in a fresh process")
+        model_row = M.run(rounds=3 if quick else 7, progress=progress)
 
     out("== ops (float32; median of interleaved rounds; +- = interquartile spread; floor = roofline floor;")
     out("   of floor = floor / ours (1.0 = at the machine's limit); LOSE = a peer is faster)")
@@ -456,6 +466,16 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
             f"{_fmt_t(overhead['kernel_s'])} = {overhead['overhead_s'] * 1e6:.2f} us "
             f"(goal < 5 us: {'met' if overhead['ok'] else 'NOT met'})")
 
+    if rt_rows:
+        out("")
+        out("== where users run it (bench/runtime.py): (a) back to back, (b) one call after 0.2 s idle,")
+        out("   (c) right after a PyTorch/BLAS call, (d) 4 Python threads at once (results checked); medians")
+        out(RT.format_rows(rt_rows))
+    if model_row is not None:
+        out("")
+        out("== model (bench/model.py; each side in a process of its own)")
+        out(M.format_row(model_row))
+
     out("")
     out("== CUDA (PREDICTED by bench.cuda_model's static analysis, not measured)")
     if preds is None:
@@ -475,7 +495,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
             out("  " + f"{op} {case}".ljust(w) + "  " + "  ".join(cells))
 
     result = {"mode": mode, "machine": info, "ceilings": ceilings, "rows": rows, "compile_time": comp,
-              "dispatch_overhead": overhead, "cuda_predicted": preds, "cuda_note": why,
+              "dispatch_overhead": overhead, "runtime_settings": rt_rows, "model": model_row, "cuda_predicted": preds, "cuda_note": why,
               "elapsed_s": time.perf_counter() - t_start}
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)

@@ -289,7 +289,8 @@ def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
     monkeypatch.setattr(roofline, "measure", lambda quick: CEIL)
     lines = []
     res = report.run(quick=True, json_path=str(tmp_path / "r.json"), plot_path=str(tmp_path / "r.png"),
-                     peers=("numpy",), compile=False, out=lines.append, progress=report.Progress(quiet=True))
+                     peers=("numpy",), compile=False, out=lines.append, progress=report.Progress(quiet=True),
+                     model=False)
     text = "\n".join(lines)
     for needle in ("== machine", "simd:", "== ceilings", "relu", "dispatch overhead", "CUDA (PREDICTED"):
         assert needle in text, needle
@@ -363,3 +364,32 @@ def test_bench_package_imports_are_harmless():
         for mod in ("bench", "bench.cases", "bench.peers", "bench.timing", "bench.roofline", "bench.report",
                     "bench.tune", "bench.asv_html", "bench.compile_time", "bench.__main__"):
             importlib.import_module(mod)
+
+
+def test_runtime_settings_measure_every_setting_and_check_threads():
+    from bench import runtime as RT
+
+    def build(rng):
+        return (rng.standard_normal((64, 96)).astype(np.float32),), {}
+
+    rows = RT.measure([RT.RuntimeCase("softmax tiny", "softmax", build)], rounds=1)
+    assert {r["variant"] for r in rows} == {"dispatched", "serial"}
+    for r in rows:
+        for k in ("loop_s", "idle_s", "mixed_s", "threads_s", "peer_mixed_s"):
+            assert r[k] > 0, (k, r)
+        assert r["thread_mismatches"] == 0 and r["layer"] in RT.LAYERS
+    assert "softmax tiny" in RT.format_rows(rows)
+
+
+def test_model_forward_matches_pytorch_at_a_small_size(monkeypatch):
+    """The encoder of bench/model.py through our ops equals the PyTorch forward (same weights)."""
+    pytest.importorskip("torch")
+    from bench import model as M
+    for name, v in dict(B=3, S=10, H=64, HEADS=4, FFN=96, LAYERS=2).items():
+        monkeypatch.setattr(M, name, v)
+    p = M.weights(seed=5)
+    assert not p["mask"].all(), "the padding mask must mask something"
+    ours, ref = M.forward_ours(p), M.forward_torch(p)
+    assert ours.shape == ref.shape == (3, 10, 64)
+    err = np.max(np.abs(ours.astype(np.float64) - ref)) / np.max(np.abs(ref))
+    assert err < 1e-5, err
