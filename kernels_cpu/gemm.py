@@ -291,7 +291,7 @@ def _pack_panel(src, s0, ld, step, nrows, K, dst, d0, R):
                 dst[_U(d + r)] = zero
 
 
-@njit(inline="always")
+@njit(**JIT)
 def _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full):
     """Pack panel i of gemm_parallel's work list: A panels first (ap[ba, p] from rows
     p*MR.. of A_ba), then B panels (bp[bb, q] from columns q*NR.. of B_bb)."""
@@ -348,55 +348,73 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     # function uncachable.)
     sync = np.zeros(2 + n_pack, np.int64)
     for worker in prange(min(nworkers, max(ntasks, 1))):
-        while True:
-            i = _fetch_add(sync, 0, 1)
-            if i >= n_pack:
-                break
+        _gemm_worker(sync, asrc, transa, apf, bsrc, transb, bpf, cf, out3, a_idx, b_idx, bias, epilogue, code,
+                     M, N, K, mp, npn, n_pack_a, n_pack, ntasks, nmb, nnb, mc_panels, nc_panels, kc)
+
+
+@njit(**JIT)
+def _gemm_worker(sync, asrc, transa, apf, bsrc, transb, bpf, cf, out3, a_idx, b_idx, bias, epilogue, code,
+                 M, N, K, mp, npn, n_pack_a, n_pack, ntasks, nmb, nnb, mc_panels, nc_panels, kc):
+    """One worker of gemm_parallel's region: packs panels, then runs GEMM tasks, both taken
+    from sync's atomic counters until none are left.  A plain function called from the
+    prange body rather than the body itself: numba's parfor passes and the gufunc's LLVM
+    optimization then see a one-line loop.  With _pack_one a called function too and one
+    micro-kernel call site, the cold first call of linear(128x768x3072, activation="gelu")
+    went from 52 s to 12 s (this machine, under other load; the report's compile table
+    has quiet figures)."""
+    nr_full = _nr(out3)
+    while True:
+        i = _fetch_add(sync, 0, 1)
+        if i >= n_pack:
+            break
+        _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
+        _fetch_add(sync, 2 + i, 1)
+    for i in range(n_pack):
+        if _fetch_add(sync, 2 + i, 0) == 0:
             _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
             _fetch_add(sync, 2 + i, 1)
-        for i in range(n_pack):
-            if _fetch_add(sync, 2 + i, 0) == 0:
-                _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
-                _fetch_add(sync, 2 + i, 1)
-        while True:
-            task = _fetch_add(sync, 1, 1)
-            if task >= ntasks:
-                break
-            bi = task // (nmb * nnb)
-            r = task - bi * (nmb * nnb)
-            mb = r // nnb
-            nb = r - mb * nnb
-            ba = a_idx[bi]
-            bb = b_idx[bi]
-            c = out3[bi]
-            t = np.empty(MR * nr_full, out3.dtype)
-            p0 = mb * mc_panels
-            p1 = min(p0 + mc_panels, mp)
-            q0 = nb * nc_panels
-            q1 = min(q0 + nc_panels, npn)
-            for k0 in range(0, K, kc):
-                kl = min(kc, K - k0)
-                accumulate = k0 > 0
-                for q in range(q0, q1):
-                    boff = ((bb * npn + q) * K + k0) * nr_full
-                    j0 = q * nr_full
-                    nr = min(nr_full, N - j0)
-                    for p in range(p0, p1):
-                        aoff = ((ba * mp + p) * K + k0) * MR
-                        i0 = p * MR
-                        mr = min(MR, M - i0)
-                        if mr == MR and nr == nr_full:
-                            _micro_kernel(kl, apf, aoff, bpf, boff, cf, (bi * M + i0) * N + j0, N, accumulate)
-                        else:
-                            _micro_kernel(kl, apf, aoff, bpf, boff, t, 0, nr_full, False)
-                            _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate)
-            if epilogue:  # bias + activation on the task's block while it is in L2
-                j0 = q0 * nr_full
-                j1 = min(q1 * nr_full, N)
-                bs = bias[j0:j1]
-                for i in range(p0 * MR, min(p1 * MR, M)):
-                    cs = c[i, j0:j1]
-                    act_store(cs, bs, cs, j1 - j0, code)
+    while True:
+        task = _fetch_add(sync, 1, 1)
+        if task >= ntasks:
+            break
+        bi = task // (nmb * nnb)
+        r = task - bi * (nmb * nnb)
+        mb = r // nnb
+        nb = r - mb * nnb
+        ba = a_idx[bi]
+        bb = b_idx[bi]
+        c = out3[bi]
+        t = np.empty(MR * nr_full, out3.dtype)
+        p0 = mb * mc_panels
+        p1 = min(p0 + mc_panels, mp)
+        q0 = nb * nc_panels
+        q1 = min(q0 + nc_panels, npn)
+        for k0 in range(0, K, kc):
+            kl = min(kc, K - k0)
+            accumulate = k0 > 0
+            for q in range(q0, q1):
+                boff = ((bb * npn + q) * K + k0) * nr_full
+                j0 = q * nr_full
+                nr = min(nr_full, N - j0)
+                for p in range(p0, p1):
+                    aoff = ((ba * mp + p) * K + k0) * MR
+                    i0 = p * MR
+                    mr = min(MR, M - i0)
+                    # one call site (each inlined copy of the intrinsic costs compile
+                    # time): full tiles go straight to C, edge tiles through t
+                    full = mr == MR and nr == nr_full
+                    _micro_kernel(kl, apf, aoff, bpf, boff, cf if full else t,
+                                  (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
+                                  accumulate and full)
+                    if not full:
+                        _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate)
+        if epilogue:  # bias + activation on the task's block while it is in L2
+            j0 = q0 * nr_full
+            j1 = min(q1 * nr_full, N)
+            bs = bias[j0:j1]
+            for i in range(p0 * MR, min(p1 * MR, M)):
+                cs = c[i, j0:j1]
+                act_store(cs, bs, cs, j1 - j0, code)
 
 
 # ---- GEMV ------------------------------------------------------------------------------------
