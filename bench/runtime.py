@@ -12,9 +12,10 @@ The settings (per case, medians of per-call seconds):
   (c) mixed:  one call right after a PyTorch call (numpy's BLAS when PyTorch is absent), as
               in a model mixing both libraries; the peer's own time in the same alternation
               is recorded too (composability: it must not slow down because we ran);
-  (d) threads: 4 Python threads calling at once, each its own inputs; every result is
-              checked bit for bit against the same call made alone (a wrong or crashed
-              call fails the run); per-call time = wall time / calls.
+  (d) threads: 4 Python threads calling at once, each its own inputs; the median latency
+              of one call (4 threads share 2 cores, so twice the loop time is par); every
+              result is checked bit for bit against the same call made alone (a wrong or
+              crashed call fails the run).
 Each case is timed as dispatched and, where the op has one, with its serial kernel forced
 (the serial/parallel thresholds must hold in (b) and (c), not only in (a)).
 The report (python -m bench) runs the same settings on its runtime cases; see report.py.
@@ -115,28 +116,31 @@ def _median_of(fn, n, before=None):
 
 
 def _threads(fn_for, nthreads=4, calls=12):
-    """Run fn_for(i)() `calls` times in each of nthreads threads at once. Returns (per-call
-    seconds, mismatches): each result is compared with thread i's result computed alone."""
+    """Run fn_for(i)() `calls` times in each of nthreads threads at once. Returns (median
+    latency of one call while the others run, mismatches): each result is compared with
+    thread i's result computed alone, after the timed calls (the comparison holds the GIL
+    and would slow the other threads)."""
     alone = [np.array(fn_for(i)(), copy=True) for i in range(nthreads)]
-    bad = [0] * nthreads
-    barrier = threading.Barrier(nthreads + 1)
+    results = [[] for _ in range(nthreads)]
+    lat = [[] for _ in range(nthreads)]
+    barrier = threading.Barrier(nthreads)
 
     def work(i):
         f = fn_for(i)
         barrier.wait()
         for _ in range(calls):
+            t0 = timing.clock()
             r = f()
-            if not np.array_equal(np.asarray(r), alone[i], equal_nan=True):
-                bad[i] += 1
+            lat[i].append(timing.clock() - t0)
+            results[i].append(r)
 
     ts = [threading.Thread(target=work, args=(i,)) for i in range(nthreads)]
     for t in ts:
         t.start()
-    barrier.wait()
-    t0 = timing.clock()
     for t in ts:
         t.join()
-    return (timing.clock() - t0) / (nthreads * calls), sum(bad)
+    bad = sum(not np.array_equal(np.asarray(r), alone[i], equal_nan=True) for i in range(nthreads) for r in results[i])
+    return statistics.median(x for per in lat for x in per), bad
 
 
 def _variants(case):
