@@ -19,7 +19,6 @@ two are compared (max relative error normwise).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -28,7 +27,7 @@ import tempfile
 
 import numpy as np
 
-from . import timing
+from . import ROOT, timing, tool_parser, write_json
 
 B, S, H, HEADS, FFN, LAYERS = 16, 198, 384, 12, 1536, 6
 EPS = 1e-12  # BERT's layer-norm epsilon
@@ -119,7 +118,7 @@ def run(rounds=7, progress=None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, which)
             r = subprocess.run([sys.executable, "-m", "bench.model", "--child", which, "--out", out,
-                                "--rounds", str(rounds)], cwd=_root(), capture_output=True, text=True)
+                                "--rounds", str(rounds)], cwd=ROOT, capture_output=True, text=True)
             if r.returncode != 0:
                 res[which] = None
                 res[f"{which}_error"] = (r.stderr.strip().splitlines() or ["?"])[-1]
@@ -160,25 +159,16 @@ def format_row(r) -> str:
     return "\n".join(lines)
 
 
-def _root():
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--json", metavar="PATH")
-    ap.add_argument("--child", choices=tuple(FORWARDS), help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    a = tool_parser("python -m bench.model", __doc__, 7, FORWARDS).parse_args(argv)
     if a.child:
         _child(a.child, a.out, a.rounds)
         return 0
     r = run(a.rounds)
     print(format_row(r))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(r, f, indent=1)
+        write_json(a.json, r)
     return 0
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import cases as C
 from . import peers as P
-from . import roofline, timing
+from . import ROOT, roofline, timing
 
 AGREE_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
 
@@ -150,7 +150,7 @@ def compile_times(case_list, progress=None) -> dict:
                 progress(f"compile time: first call of {len(ids)} ops in a fresh process ({state} numba cache)")
             env = dict(os.environ, NUMBA_CACHE_DIR=cache)
             proc = subprocess.run([sys.executable, "-m", "bench.compile_time", *ids], env=env,
-                                  capture_output=True, text=True, cwd=_root())
+                                  capture_output=True, text=True, cwd=ROOT)
             if proc.returncode != 0:
                 per_state[state] = {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
                 continue
@@ -173,9 +173,6 @@ def compile_times(case_list, progress=None) -> dict:
             r["import_s"] = data["import_s"]
     return out
 
-
-def _root():
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- one case ----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ The report (python -m bench) runs the same settings on its runtime cases; see re
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import timing
+from . import ROOT, timing, tool_parser, write_json
 
 IDLE_S = timing.PAUSE_S
 LAYERS = ("tbb", "omp", "workqueue")
@@ -145,7 +144,6 @@ def _threads(fn_for, nthreads=4, calls=12):
 
 def _variants(case):
     """{label: force-name or None}: as dispatched, and the serial kernel where the op has one."""
-    import dispatch
     from dispatch import registry
     names = [i.name for i in registry.implementations(case.op, "cpu")]
     out = {"dispatched": None}
@@ -266,7 +264,7 @@ def ab(rounds=9, layers=LAYERS, json_path=None) -> dict:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             path = tmp.name
         p = subprocess.run([sys.executable, "-m", "bench.runtime", "--child", mode, "--out", path,
-                            "--rounds", str(rounds)], env=env, cwd=_root())
+                            "--rounds", str(rounds)], env=env, cwd=ROOT)
         if p.returncode != 0:
             results[mode] = {"crashed": p.returncode}
             print(f"{mode}: child exited with {p.returncode}")
@@ -287,22 +285,14 @@ def ab(rounds=9, layers=LAYERS, json_path=None) -> dict:
                 print(f"  {k[:-2]:10} alone {alone[k] * 1e3:8.3f} ms, after our kernels {after[k] * 1e3:8.3f} ms "
                       f"({after[k] / alone[k]:.2f}x)")
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(json_path, results)
     return results
 
 
-def _root():
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m bench.runtime", description=__doc__.split("\n\n")[0])
+    p = tool_parser("python -m bench.runtime", __doc__, 9, ("alone",) + LAYERS)
     p.add_argument("--ab", action="store_true", help="one fresh process per threading layer")
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--json", metavar="PATH")
-    p.add_argument("--child", choices=("alone",) + LAYERS, help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         _child(a.child, a.out, a.rounds)
@@ -315,8 +305,7 @@ def main(argv=None):
     print(rt.describe())
     print(format_rows(rows))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_json(a.json, rows)
     return 0
 
 
