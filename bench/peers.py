@@ -280,6 +280,8 @@ def _ort_graph(case, inputs, g):
         a = _ort_silu(g, "gate") if op == "swiglu" else _ort_gelu(g, "gate", i.get("approximate", "none"))
         return {"gate": i["gate"], "up": i["up"]}, g.op("Mul", a, "up")
     if op == "matmul":
+        if i["b"].ndim == 2:  # a weight: a constant of the model, which onnxruntime prepacks
+            return {"a": i["a"]}, g.op("MatMul", "a", g.const(i["b"]))
         return {"a": i["a"], "b": i["b"]}, g.op("MatMul", "a", "b")
     if op == "linear":
         if i["x"].ndim != 2:

@@ -225,6 +225,10 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
     candidates, library, convert = {}, {}, {}
     candidates["ours"] = lambda: fn(*args, **kwargs)
     library["ours"], convert["ours"] = "numba", (lambda r: r)
+    packed = _prepacked(case.op, fn, args, kwargs)
+    if packed is not None:  # the weight packed once (dispatch.prepack), as onnxruntime does
+        candidates[PREPACKED] = packed
+        library[PREPACKED], convert[PREPACKED] = "numba", (lambda r: r)
     for peer in peers:
         try:
             run, conv = P.prepare(peer, case, inputs)
@@ -283,12 +287,34 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
         d["fraction_of_floor"] = row["floor_s"] / t if row["floor_s"] else None
         row["times"][name] = d
     ours = stats["ours"].median
-    peer_t = {n: s.median for n, s in stats.items() if n != "ours"}
+    peer_t = {n: s.median for n, s in stats.items() if n not in ("ours", PREPACKED)}
     if peer_t:
         best = min(peer_t, key=peer_t.get)
         row["fastest_peer"] = best
         row["ratio_to_fastest_peer"] = ours / peer_t[best]
+        if PREPACKED in stats:
+            t = stats[PREPACKED].median
+            row["prepacked_ratio_to_fastest_peer"] = t / peer_t[best]
+            row["notes"].append(f"weight prepacked (dispatch.prepack): {_fmt_t(t)}, "
+                                f"{peer_t[best] / t:.2f}x the fastest peer ({best})")
     return row
+
+
+PREPACKED = "ours-prepacked"
+
+
+def _prepacked(op, fn, args, kwargs):
+    """A call of `fn` with its weight (second argument) packed once by dispatch.prepack, or
+    None where the op has no prepacked form (prepack refuses it)."""
+    import dispatch
+    if len(args) < 2 or not isinstance(args[1], np.ndarray):
+        return None
+    try:
+        pw = dispatch.prepack(args[1], op=op)
+    except (TypeError, ValueError):
+        return None
+    rest = args[2:]
+    return lambda: fn(args[0], pw, *rest, **kwargs)
 
 
 # ---- the table ---------------------------------------------------------------------------

@@ -35,4 +35,15 @@ registry.check()
 globals().update({name: op.public for name, op in registry.OPS.items()})
 OPS = tuple(registry.OPS)  # the public op names
 
-__all__ = ["Explanation", "NoImplementationError", "explain", "registry", "use", *OPS]
+# Helpers an op module offers beside its ops (linalg: prepack, PackedWeight), named in its
+# __public__; discovered like the ops, so a new family's helpers need no edit here.
+_EXTRA = {}
+for _info in pkgutil.iter_modules(_ops.__path__):
+    _mod = importlib.import_module(f"{_ops.__name__}.{_info.name}")
+    for _name in getattr(_mod, "__public__", ()):
+        if _name in _EXTRA or _name in registry.OPS or _name in globals():
+            raise registry.RegistryError(f"dispatch.{_name} of {_mod.__name__} is already taken")
+        _EXTRA[_name] = getattr(_mod, _name)
+globals().update(_EXTRA)
+
+__all__ = ["Explanation", "NoImplementationError", "explain", "registry", "use", *OPS, *_EXTRA]

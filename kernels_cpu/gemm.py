@@ -315,12 +315,14 @@ def _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_
 # ---- GEMM ------------------------------------------------------------------------------------
 
 @njit(parallel=True, **JIT)
-def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, mc_panels, nc_panels, kc, nworkers):
+def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
+                  nc_panels, kc, nworkers):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
 
     epilogue: apply bias + activation (False: plain product, bias and code ignored);
     ap, bp: packing workspaces of shapes pack_shapes(...) (reused between calls, so no
     fresh pages are faulted in per call);
+    b_packed: bp already holds B's panels (a weight packed once by pack_b): only A is packed;
     mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length;
     nworkers: numba's thread count (numba.get_num_threads())."""
     nbatch, M, N = out3.shape
@@ -336,7 +338,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
     n_pack_a = a3.shape[0] * mp
-    n_pack = n_pack_a + b3.shape[0] * npn
+    n_pack = n_pack_a if b_packed else n_pack_a + b3.shape[0] * npn
     ntasks = nbatch * nmb * nnb
     # One parallel region, scheduled through atomic counters: sync[0] next panel to pack,
     # sync[1] next GEMM task, sync[2 + i] panel i packed.  A worker that starts late finds
@@ -415,6 +417,21 @@ def _gemm_worker(sync, asrc, transa, apf, bsrc, transb, bpf, cf, out3, a_idx, b_
             for i in range(p0 * MR, min(p1 * MR, M)):
                 cs = c[i, j0:j1]
                 act_store(cs, bs, cs, j1 - j0, code)
+
+
+@njit(parallel=True, **JIT)
+def pack_b(b3, transb, bp):
+    """bp[bb, q] = the q-th NR-column panel of B_bb, as gemm_parallel packs it (bp of shape
+    pack_shapes(...)[1]): a weight packed once and passed with b_packed=True afterwards."""
+    nb = b3.shape[0]
+    N = b3.shape[1] if transb else b3.shape[2]
+    K = b3.shape[2] if transb else b3.shape[1]
+    nr_full = _nr(bp)
+    npn = (N + nr_full - 1) // nr_full
+    bsrc = b3.reshape(-1)
+    bpf = bp.reshape(-1)
+    for i in prange(nb * npn):
+        _pack_one(i, bsrc, False, bpf, bsrc, transb, bpf, 1, N, K, 1, npn, 0, nr_full)
 
 
 # ---- GEMV ------------------------------------------------------------------------------------

@@ -306,3 +306,75 @@ def test_explain_picks_gemv_for_one_row_with_epilogue():
     assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32), activation="silu").chosen == "cpu-gemv"
     assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32)).chosen == "blas"
     assert dispatch.explain("matmul", np.ones((64, 64), F32), np.ones((64, 32), F32)).chosen in ("cpu-gemm", "blas")
+
+
+# ---- prepacked weights ---------------------------------------------------------------------
+
+PREPACK_IMPLS = ["cpu-gemm", "cpu-gemv", "blas"]  # every CPU implementation takes a PackedWeight
+
+
+@pytest.mark.skipif(ON_CUDA, reason="prepack packs for the CPU GEMM")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sx, sw", LINEAR_FULL, ids=str)
+@pytest.mark.parametrize("impl", PREPACK_IMPLS)
+def test_linear_prepacked_equals_unpacked(impl, sx, sw, dtype):
+    """Every shape class of the linear tests: a PackedWeight gives bit for bit the result of
+    the plain weight on the same implementation, and matches the float64 reference."""
+    g = rng()
+    x, w, bias = randn(g, sx, dtype), randn(g, sw, dtype), randn(g, sw[:1], dtype)
+    pw = dispatch.prepack(w)
+    shape = sx[:-1] + sw[:1]
+    with dispatch.use(linear=impl):
+        got = dispatch.linear(x, pw, bias, activation="gelu", out=poisoned(shape, dtype))
+        plain = dispatch.linear(x, w, bias, activation="gelu")
+    np.testing.assert_array_equal(got, plain)
+    assert_close(got, ref.linear(x, w, bias, activation="gelu"), _tol(dtype, sx[-1]), "linear prepacked", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="prepack packs for the CPU GEMM")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sa, sb", [s for s in MATMUL_FULL if len(s[1]) == 2], ids=str)
+@pytest.mark.parametrize("impl", PREPACK_IMPLS)
+def test_matmul_prepacked_equals_unpacked(impl, sa, sb, dtype):
+    g = rng()
+    a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+    pb = dispatch.prepack(b, op="matmul")
+    with dispatch.use(matmul=impl):
+        got, plain = dispatch.matmul(a, pb, activation="relu"), dispatch.matmul(a, b, activation="relu")
+    np.testing.assert_array_equal(got, plain)
+    assert_close(got, ref.matmul(a, b, activation="relu"), _tol(dtype, sa[-1]), "matmul prepacked", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="prepack packs for the CPU GEMM")
+def test_prepacked_views_and_explain():
+    g = rng()
+    w_t = randn(g, (40, 70), np.float32)            # weight given as the transpose of a (K, N) array
+    w_strided = randn(g, (140, 40), np.float32)[::2]  # neither layout: copied once at packing
+    x = randn(g, (130, 40), np.float32)
+    for w in (w_t.T, w_strided):
+        pw = dispatch.prepack(w)
+        with dispatch.use(linear="cpu-gemm"):
+            np.testing.assert_array_equal(dispatch.linear(x, pw, activation="silu"),
+                                          dispatch.linear(x, np.ascontiguousarray(w), activation="silu"))
+    text = str(dispatch.explain("linear", x, dispatch.prepack(w_t.T)))
+    assert "prepacked=True" in text and "chosen: cpu-gemm" in text and "weight prepacked" in text, text
+    pw = dispatch.prepack(w_t.T)
+    assert pw.shape == (70, 40) and pw.dtype == np.float32 and pw.op == "linear"
+    assert not pw.weight.flags.writeable
+
+
+@pytest.mark.skipif(ON_CUDA, reason="prepack packs for the CPU GEMM")
+@pytest.mark.parametrize("call, err, match", [
+    (lambda w, p: dispatch.linear(np.ones((3, 5), np.float32), p), ValueError, "K=5"),
+    (lambda w, p: dispatch.linear(np.ones((3, 8)), p), TypeError, "float64"),
+    (lambda w, p: dispatch.matmul(np.ones((3, 8), np.float32), p), TypeError, "op='matmul'"),
+    (lambda w, p: dispatch.prepack(w, op="conv"), ValueError, "op"),
+    (lambda w, p: dispatch.prepack(p), TypeError, "already a PackedWeight"),
+    (lambda w, p: dispatch.prepack(np.ones((2, 3, 4), np.float32)), ValueError, "weight"),
+    (lambda w, p: dispatch.prepack(np.ones((2, 3), np.int32)), TypeError, "weight"),
+    (lambda w, p: dispatch.prepack([[1.0]]), TypeError, "weight"),
+])
+def test_prepack_bad_input(call, err, match):
+    w = np.ones((6, 8), np.float32)
+    with pytest.raises(err, match=match):
+        call(w, dispatch.prepack(w))

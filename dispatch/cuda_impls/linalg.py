@@ -44,7 +44,7 @@ def choose_tile(p, batch, m, n, min_blocks_per_sm=1):
     return fits[-1]
 
 
-def launch(params, a, b, bias, out, code, b_is_nk):
+def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"])
@@ -74,7 +74,7 @@ def _batch_index(a_batch, b_batch):
     return hit
 
 
-def _run(params, a, b, bias, out, code, b_is_nk):
+def _run(params, a, b, bias, out, code, b_is_nk, packed=None):
     K = kernels("gemm")
     dt = np.dtype(a.dtype)
     batch, m, n, k = _dims(a, b, b_is_nk)

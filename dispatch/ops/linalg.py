@@ -7,6 +7,10 @@
         x (..., K) @ weight.T with weight (N, K) as in torch.nn.functional.linear; result
         (..., N).  The weight is read in its (N, K) layout (no transposed copy).
 
+    prepack(weight, *, op="linear") -> PackedWeight
+        packs a weight once into the own GEMM's panel layout; pass the result in place of
+        linear's weight (or matmul's 2-D b) to skip packing it on every call.
+
 activation: None, "relu", "gelu" (exact), "gelu_tanh" or "silu", applied after the bias.
 float32 or float64; every argument of one dtype.  Inputs of rank < 2 (matmul) or 0
 (linear x) are a ValueError: no numpy-style 1-D promotion, so a vector passed by mistake
@@ -42,6 +46,7 @@ class GemmKey(NamedTuple):
     k: int              # bucket of K
     act: int            # kernels_common.activation.ACT_*
     has_bias: bool
+    prepacked: bool = False  # the weight / b came as a PackedWeight
 
 
 class GemmArgs(NamedTuple):
@@ -51,6 +56,75 @@ class GemmArgs(NamedTuple):
     out: object
     act: int            # kernels_common.activation.ACT_*
     b_is_nk: bool       # True for linear: the second operand is (N, K), used transposed
+    packed: object = None  # B's panels when the weight came as a PackedWeight, else None
+
+
+__public__ = ("prepack", "PackedWeight")  # exported by dispatch/__init__ beside the ops
+
+
+class PackedWeight:
+    """A weight packed once by `prepack` into the own GEMM's NR-column panels.
+
+    Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight) or ``matmul``'s
+    b (op="matmul": a 2-D (K, N) b).  ``weight`` is the source array (read-only view), which
+    the other implementations (OpenBLAS, gemv, CUDA refuses host weights) still use; the
+    panels are a snapshot: writing into the source afterwards is not seen by cpu-gemm, so
+    pack again after changing a weight.  Attributes: op, weight, shape, dtype, panels."""
+
+    __slots__ = ("op", "weight", "shape", "dtype", "panels", "_nr")
+
+    def __init__(self, op, weight, panels, nr):
+        self.op, self.weight, self.panels, self._nr = op, weight, panels, nr
+        self.shape, self.dtype = tuple(weight.shape), weight.dtype
+
+    def __repr__(self):
+        return f"PackedWeight(op={self.op!r}, shape={self.shape}, dtype={self.dtype}, {self.panels.nbytes} bytes of panels)"
+
+
+PREPACK_OPS = ("linear", "matmul")
+
+
+def prepack(weight, *, op="linear"):
+    """Pack a weight once for ``linear`` (weight (N, K), op="linear") or ``matmul`` (a 2-D
+    b (K, N), op="matmul") into the own GEMM's panel layout.  Returns a PackedWeight to
+    pass in the weight's place: cpu-gemm then packs only the activations on each call.
+    The weight is validated now (float32/float64 host array, 2-D); the call validates the
+    rest (x's K against the packed shape, dtypes) as with a plain weight."""
+    V.choice("op", op, list(PREPACK_OPS))
+    if isinstance(weight, PackedWeight):
+        raise TypeError(f"weight is already a PackedWeight ({weight!r})")
+    V.required(weight=weight)
+    if V.device_of(weight=weight) != "cpu":
+        raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU GEMM")
+    dt = V.float_dtype("weight", weight)
+    V.rank("weight", weight, 2, " (N, K)" if op == "linear" else " (K, N) (a batched b cannot be prepacked)")
+    if op == "linear":
+        n, k = weight.shape
+        b3, transb = (weight.reshape(1, n, k), True) if weight.flags.c_contiguous else \
+                     (np.ascontiguousarray(weight).reshape(1, n, k), True)
+    else:
+        k, n = weight.shape
+        b3, transb = np.ascontiguousarray(weight).reshape(1, k, n), False
+    _, sb = K.pack_shapes(1, 1, 1, n, k, dt)
+    panels = np.empty(sb, dt)
+    if n and k:
+        K.pack_b(kernel_input(b3), transb, panels)
+    if not (weight.flags.c_contiguous or weight.T.flags.c_contiguous):
+        weight = np.ascontiguousarray(weight)  # what the other implementations read, copied once
+    view = weight.view()
+    view.flags.writeable = False
+    return PackedWeight(op, view, panels, K.tile_n(dt))
+
+
+def _unpack(name, w, op):
+    """(array, panels or None) for a weight argument that may be a PackedWeight."""
+    if not isinstance(w, PackedWeight):
+        return w, None
+    if w.op != op:
+        raise TypeError(f"{name} is a PackedWeight packed for op={w.op!r}; {op} needs prepack(..., op={op!r})")
+    if w._nr != K.tile_n(w.dtype):  # a different kernel build packed it
+        raise ValueError(f"{name}: PackedWeight has {w._nr}-column panels, this kernel build uses {K.tile_n(w.dtype)}")
+    return w.weight, w.panels
 
 
 def _common_checks(first_name, first, second_name, second, bias, out, activation):
@@ -69,13 +143,15 @@ def _check_bias(bias, n, what):
         raise ValueError(f"bias must have shape ({n},) to match {what}, got {tuple(bias.shape)}")
 
 
-def _key(op, dev, dt, batch, m, n, k, code, bias):
-    return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket(n), bucket(k), code, bias is not None)
+def _key(op, dev, dt, batch, m, n, k, code, bias, packed):
+    return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket(n), bucket(k), code, bias is not None,
+                   packed is not None)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     """Validate a matmul call: Call.args = GemmArgs (b_is_nk False; batch dims not yet
-    broadcast), key GemmKey."""
+    broadcast), key GemmKey.  b may be a PackedWeight (op="matmul")."""
+    b, packed = _unpack("b", b, "matmul")
     dev, dt, code = _common_checks("a", a, "b", b, bias, out, activation)
     V.rank("a", a, (2, 64), " (..., M, K)")
     V.rank("b", b, (2, 64), " (..., K, N)")
@@ -93,12 +169,15 @@ def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     out_shape = batch_shape + (m, n)
     V.out(out, out_shape, dt, a=a, b=b, bias=bias)
     batch = math.prod(batch_shape)
-    return Call(_key("matmul", dev, dt, batch, m, n, k, code, bias), GemmArgs(a, b, bias, out, code, False))
+    return Call(_key("matmul", dev, dt, batch, m, n, k, code, bias, packed),
+                GemmArgs(a, b, bias, out, code, False, packed))
 
 
 def describe_linear(x, weight, bias=None, *, activation=None, out=None):
     """Validate a linear call: Call.args = GemmArgs (a = x, b = weight, b_is_nk True), key
-    GemmKey with batch 1 and M the product of x's leading dims."""
+    GemmKey with batch 1 and M the product of x's leading dims.  weight may be a
+    PackedWeight (op="linear")."""
+    weight, packed = _unpack("weight", weight, "linear")
     dev, dt, code = _common_checks("x", x, "weight", weight, bias, out, activation)
     V.rank("x", x, (1, 64), " (..., K)")
     V.rank("weight", weight, 2, " (N, K)")
@@ -111,7 +190,8 @@ def describe_linear(x, weight, bias=None, *, activation=None, out=None):
     out_shape = tuple(x.shape[:-1]) + (n,)
     V.out(out, out_shape, dt, x=x, weight=weight, bias=bias)
     m = math.prod(x.shape[:-1])
-    return Call(_key("linear", dev, dt, 1, m, n, k, code, bias), GemmArgs(x, weight, bias, out, code, True))
+    return Call(_key("linear", dev, dt, 1, m, n, k, code, bias, packed),
+                GemmArgs(x, weight, bias, out, code, True, packed))
 
 
 # ---- host preparation ----------------------------------------------------------------------
@@ -234,18 +314,21 @@ def _gemm_blocks(m, n, k, nbatch, nr):
     return mc, nc, kc
 
 
-def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3):
+def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     nbatch, m, n = out3.shape
     k = a3.shape[1] if ta else a3.shape[2]
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, K.tile_n(out3.dtype))
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype)
-    ws = _workspace(math.prod(sa) + math.prod(sb), out3.dtype)
-    ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
-    K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, has_epilogue, code, out3, ap, bp, mc, nc, kc,
-                    numba.get_num_threads())
+    if packed is None:
+        ws = _workspace(math.prod(sa) + math.prod(sb), out3.dtype)
+        ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
+    else:
+        ap, bp = _workspace(math.prod(sa), out3.dtype).reshape(sa), kernel_input(packed)
+    K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, has_epilogue, code, out3, ap, bp, packed is not None,
+                    mc, nc, kc, numba.get_num_threads())
 
 
-def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3):
+def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     K.gemv_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3)
 
 
@@ -253,13 +336,13 @@ def _host(product):
     """run() of an own-kernel implementation: prepare, then product(...) or, for K == 0,
     the epilogue of a zero product."""
 
-    def run(params, a, b, bias, out, code, b_is_nk):
+    def run(params, a, b, bias, out, code, b_is_nk, packed=None):
         a3, b3, ai, bi, ta, tb, bias_v, out3, res, k = _prepare(a, b, bias, out, b_is_nk)
         if out3.size:
             if k == 0:
                 _degenerate(out3, bias_v, code)
             else:
-                product(a3, b3, ai, bi, ta, tb, bias_v, code, bias is not None or code != ACT_NONE, out3)
+                product(a3, b3, ai, bi, ta, tb, bias_v, code, bias is not None or code != ACT_NONE, out3, packed)
         return deliver(res, out)
 
     return run
@@ -268,7 +351,7 @@ def _host(product):
 _run_gemm, _run_gemv = _host(_gemm), _host(_gemv)
 
 
-def _run_blas(params, a, b, bias, out, code, b_is_nk):
+def _run_blas(params, a, b, bias, out, code, b_is_nk, packed=None):
     bmat = b.T if b_is_nk else b
     if out is not None and out.flags.c_contiguous:
         res = np.matmul(a, bmat, out=out)
@@ -357,6 +440,8 @@ SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 def _order(key):
     m, n, k = key.m, key.n, key.k
     epilogue = key.act != ACT_NONE or key.has_bias
+    if key.prepacked and m >= GEMV_ROWS:
+        return ("cpu-gemm", "blas", "cpu-gemv"), "weight prepacked: the own GEMM skips packing it (OpenBLAS and gemv would read the unpacked source)"
     if m < GEMV_ROWS and epilogue:
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
