@@ -1,0 +1,97 @@
+"""Compile the CPU kernels into numba's on-disk cache ahead of time.
+
+    python -m dispatch.warmup [OP ...] [--dtypes float32 float64] [--quiet]
+
+A first call compiles its kernel (seconds; see the report's first-call table) and numba
+caches it on disk, so later processes load it in well under a second. Run this once
+after installing, e.g. in a container build or on an edge device before it serves, so
+that no user request pays for compilation. It calls every CPU implementation of each op
+(all ops by default) on small example inputs (dispatch/examples.py), forced one at a
+time with `dispatch.use`, for each dtype (default float32), and prints a progress line
+per call.
+
+Where the cache goes is numba's choice: a ``__pycache__`` beside the kernel modules when
+that directory is writable, otherwise numba's per-user cache directory (a read-only
+site-packages falls back there by itself), or ``NUMBA_CACHE_DIR`` when set. Warm up under
+the same user, numba version and CPU as the later runs: the cache is keyed by them (a
+different CPU model recompiles).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+SIZES = ("small", "large", "decode")
+
+
+def plan(ops=None, dtypes=("float32",)):
+    """[(op, implementation, dtype)] to compile: every CPU implementation of the ops."""
+    from . import registry
+    names = list(registry.OPS) if not ops else list(ops)
+    unknown = [n for n in names if n not in registry.OPS]
+    if unknown:
+        raise ValueError(f"unknown op(s) {unknown}; registered: {sorted(registry.OPS)}")
+    out = []
+    for name in names:
+        for impl in registry.implementations(name, "cpu"):
+            for dt in dtypes:
+                if np.dtype(dt) in impl.dtypes:
+                    out.append((name, impl.name, np.dtype(dt)))
+    return out
+
+
+def compile_one(op_name, impl_name, dtype):
+    """Call op_name forced to impl_name on the first example size it accepts. Returns the
+    size used, or raises LookupError when no example fits."""
+    import dispatch
+    from . import examples, registry
+    from .explain import explain
+
+    op = registry.OPS[op_name]
+    for size in SIZES:
+        try:
+            named = examples.inputs(op, size, dtype, seed=0)
+        except LookupError:
+            continue
+        args, kwargs = op.signature(named)
+        with dispatch.use(**{op_name: impl_name}):
+            if explain(op_name, *args, **kwargs).chosen != impl_name:
+                continue  # this implementation refuses these inputs: try another size
+            op.public(*args, **kwargs)
+        return size
+    raise LookupError(f"{op_name}: no example input that {impl_name} takes")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dispatch.warmup", description=__doc__.split("\n\n")[0])
+    p.add_argument("ops", nargs="*", help="ops to compile (default: all registered)")
+    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    import dispatch  # noqa: F401 - registers the ops
+    from kernels_cpu import runtime
+
+    todo = plan(a.ops, a.dtypes)
+    failed = []
+    for i, (op, impl, dt) in enumerate(todo, 1):
+        t = time.perf_counter()
+        try:
+            size = compile_one(op, impl, dt)
+            msg = f"{time.perf_counter() - t:6.2f} s ({size} inputs)"
+        except LookupError as exc:
+            failed.append(str(exc))
+            msg = f"skipped: {exc}"
+        if not a.quiet:
+            bar = "#" * (20 * i // len(todo))
+            print(f"[{bar:<20}] {i}/{len(todo)} {op} {impl} {dt}: {msg}", flush=True)
+    print(f"warmed {len(todo) - len(failed)} of {len(todo)} kernels in {time.perf_counter() - t0:.1f} s "
+          f"({runtime.describe()})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""python -m dispatch.warmup fills numba's cache so that a later process compiles nothing,
+and the cache works for an install into a read-only site-packages (numba falls back to
+its per-user cache directory there)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ON_CUDA
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU kernels' on-disk cache")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("dispatch", "kernels_common", "kernels_cpu", "kernels_cuda")
+
+# Counts numba compilations (cache misses) during one softmax and one layer_norm call.
+_COUNT_COMPILES = r"""
+import json, numpy as np
+from numba.core import event
+n = []
+class L(event.Listener):
+    def on_start(self, ev): n.append(ev.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, ev): pass
+event.register("numba:compile", L())
+import dispatch
+x = np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32)
+with dispatch.use(softmax="cpu-serial", layer_norm="cpu-serial"):
+    dispatch.softmax(x); dispatch.layer_norm(x, np.ones(37, np.float32))
+print(json.dumps(n))
+"""
+
+
+def _env(**over):
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env.update(over)
+    return env
+
+
+def _run(args, env, cwd=ROOT):
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _compiles(env, cwd=ROOT):
+    p = _run([sys.executable, "-c", _COUNT_COMPILES], env, cwd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_warmup_fills_the_cache_a_later_process_compiles_nothing(tmp_path):
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    assert _compiles(env), "an empty cache must compile (else this test proves nothing)"
+    shutil.rmtree(tmp_path / "cache")
+    p = _run([sys.executable, "-m", "dispatch.warmup", "softmax", "layer_norm", "--dtypes", "float32"], env)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "warmed 4 of 4 kernels" in p.stdout, p.stdout
+    assert "softmax cpu-serial float32" in p.stdout
+    assert _compiles(env) == []
+
+
+def test_warmup_rejects_unknown_ops():
+    p = _run([sys.executable, "-m", "dispatch.warmup", "no_such_op"], _env())
+    assert p.returncode != 0 and "unknown op" in p.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="permissions / chattr")
+def test_read_only_install_caches_in_the_user_cache_dir(tmp_path):
+    """The packages copied into a read-only directory (as a non-editable install into a
+    system site-packages) and used by a user who cannot write there: kernels compile into
+    the user's cache directory and the next process loads them."""
+    site = tmp_path / "site"
+    for pkg in PACKAGES:
+        shutil.copytree(os.path.join(ROOT, pkg), site / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    home = tmp_path / "home"
+    home.mkdir()
+    dirs = [d for d, _, _ in os.walk(site)]
+    for d, _, files in os.walk(site):
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o444)
+    for d in dirs:
+        os.chmod(d, 0o555)
+    # root writes through permission bits (CI runs as root): make the directories
+    # immutable instead, which binds root too
+    immutable = os.geteuid() == 0
+    if immutable:
+        p = subprocess.run(["chattr", "+i", *dirs], capture_output=True, text=True)
+        if p.returncode != 0:
+            pytest.skip(f"running as root and chattr +i is not available here: {p.stderr.strip()}")
+    try:
+        env = _env(PYTHONPATH=str(site), HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
+        first = _compiles(env, cwd=str(tmp_path))
+        assert first, "first process must compile"
+        assert not any("__pycache__" in d for d, _, _ in os.walk(site)), "wrote into the read-only install"
+        cached = [f for d, _, fs in os.walk(home / ".cache" / "numba") for f in fs if f.endswith(".nbi")]
+        assert cached, f"no numba index files under {home / '.cache' / 'numba'}"
+        assert _compiles(env, cwd=str(tmp_path)) == []
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", *dirs], capture_output=True)
+        for d in dirs:
+            os.chmod(d, 0o755)
