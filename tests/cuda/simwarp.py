@@ -54,9 +54,15 @@ def _state(mod, mask):
             f"(warp {warp} has {lanes_here} lanes)")
     if not (mask >> lane) & 1:
         raise RuntimeError(f"lane {lane} calls a warp primitive with mask {mask:#x} that excludes it")
+    # State per block launch (kept on the simulator's block manager, which every thread of
+    # one launched block shares): a table kept across launches leaked a lane-phase or
+    # barrier left inconsistent by an earlier launch that raised midway, and later kernels
+    # with the same blockIdx then read stale slots (a wrong result seen once in CI).
     key = (tuple(t.blockIdx), warp, mask)
     with _lock:
-        table = mod.__dict__.setdefault("_nk_warps", {})
+        owner = getattr(t, "_manager", None)  # one BlockManager per launched block
+        holder = owner.__dict__ if owner is not None else mod.__dict__
+        table = holder.setdefault("_nk_warps", {})
         st = table.get(key)
         if st is None:
             st = table[key] = _Warp(bin(mask).count("1"))
