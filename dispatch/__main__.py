@@ -21,6 +21,11 @@ def main():
                 if names:
                     print(f"      {device}: {', '.join(names)}")
     print("also: dispatch.explain(op, *args, **kwargs), dispatch.use(...)")
+    for name, obj in dispatch._EXTRA.items():  # helpers the op modules export (__public__)
+        sig = inspect.signature(obj) if inspect.isfunction(obj) else ""
+        doc = " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split())
+        print(f"  dispatch.{name}{sig}")
+        print(f"      {doc}")
 
 
 if __name__ == "__main__":
