@@ -322,9 +322,12 @@ def test_python_m_dispatch_lists_every_op():
             names = [i.name for i in op.implementations.values() if i.device == device]
             if names:
                 assert f"{device}: {', '.join(names)}" in out, (op.name, device)
-    listed = [ln.split("(")[0].strip() for ln in out.splitlines() if ln.strip().startswith("dispatch.")
-              and "(" in ln and not ln.startswith("also")]
+    ops_part, _, extra_part = out.partition("\nalso:")
+    listed = [ln.split("(")[0].strip() for ln in ops_part.splitlines() if ln.strip().startswith("dispatch.")
+              and "(" in ln]
     assert sorted(n.removeprefix("dispatch.") for n in listed) == sorted(registry.OPS)
+    for name in dispatch._EXTRA:  # the op modules' exported helpers, after the ops
+        assert f"dispatch.{name}" in extra_part, f"python -m dispatch does not list {name}"
 
 
 def test_scratch_fixture_restores(scratch):
