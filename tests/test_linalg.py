@@ -356,7 +356,7 @@ def test_prepacked_views_and_explain():
         with dispatch.use(linear="cpu-gemm"):
             np.testing.assert_array_equal(dispatch.linear(x, pw, activation="silu"),
                                           dispatch.linear(x, np.ascontiguousarray(w), activation="silu"))
-    text = str(dispatch.explain("linear", x, dispatch.prepack(w_t.T)))
+    text = str(dispatch.explain("linear", x, dispatch.prepack(w_t.T), activation="gelu"))
     assert "prepacked=True" in text and "chosen: cpu-gemm" in text and "weight prepacked" in text, text
     pw = dispatch.prepack(w_t.T)
     assert pw.shape == (70, 40) and pw.dtype == np.float32 and pw.op == "linear"
