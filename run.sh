@@ -3,6 +3,8 @@
 #   ./run.sh report [args]   the performance report (python -m bench --quick by default)
 #   ./run.sh test            CPU tests, CUDA tests under the simulator, PTX compile check,
 #                            and the asv smoke run with its HTML render check
+#   ./run.sh history [N]     the asv suite (quick set) on the last N commits of main, each in
+#                            asv's own virtualenv; publishes the site and compares oldest/newest
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -33,8 +35,12 @@ case "$cmd" in
         setup
         bash .ci/tests.sh "$@"
         ;;
+    history)
+        setup
+        .venv/bin/python -m bench.history "$@"
+        ;;
     *)
-        echo "usage: ./run.sh report [--full ...] | ./run.sh test" >&2
+        echo "usage: ./run.sh report [--full ...] | ./run.sh test | ./run.sh history [N]" >&2
         exit 2
         ;;
 esac
