@@ -1,4 +1,5 @@
-"""Test-only warp primitives for numba's CUDA simulator (and one host-side shape fix).
+"""Test-only warp primitives for numba's CUDA simulator, and two fixes to it (a race in
+its shared-memory allocation, host-side shapes).
 
 The simulator runs every thread of a block as a Python thread but has no warp-level
 primitives (``shfl_*_sync``, ``syncwarp``, ``ballot_sync``, ``activemask`` raise
@@ -122,6 +123,43 @@ def activemask(self):
     return (1 << lanes_here) - 1
 
 
+_shared_lock = threading.Lock()
+
+
+def _shared_array(self, shape, dtype, alignment=None):
+    """numba-cuda's FakeCUDAShared.array with its first-allocation race closed.
+
+    The simulator gives every thread of a block the same array for one
+    ``cuda.shared.array`` line by looking the caller's (file, line) up in a dict and
+    creating the array when missing - without a lock.  Two threads that reach the line
+    together both miss, both create an array, and the one whose array is replaced in the
+    dict runs the whole kernel on a private "shared" array: its writes are invisible to
+    the block and it reads uninitialized memory.  That is the intermittent wrong/NaN row
+    of attention's flash kernel seen in CI (3 different tests, about 1 full run in 2; a
+    stress loop of the attention file reproduced it once in 7 runs).  Same semantics
+    otherwise (per-launch allocations keyed by the calling line, dynamic shared memory for
+    shape 0)."""
+    import sys
+
+    import numpy as np
+    from numba.cuda.simulator.kernelapi import numpy_support, types  # the simulator's own
+
+    if alignment is not None:
+        raise RuntimeError("Array alignment is not supported in cudasim")
+    if isinstance(dtype, types.Type):
+        dtype = numpy_support.as_dtype(dtype)
+    if shape == 0:
+        count = self._dynshared_size // dtype.itemsize
+        return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+    frame = sys._getframe(1)
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    with _shared_lock:
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+    return res
+
+
 _NAMES = ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "syncwarp",
           "ballot_sync", "activemask")
 
@@ -142,6 +180,7 @@ def install() -> bool:
 
     for name in _NAMES:
         setattr(kernelapi.FakeCUDAModule, name, globals()[name])
+    kernelapi.FakeCUDAShared.array = _shared_array
 
     # Host-side shapes: a real numba device array's .shape is a plain tuple (x.shape[-1]
     # works, and the op describes use it); the simulator returns its FakeShape, which

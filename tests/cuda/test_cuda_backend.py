@@ -70,6 +70,45 @@ def test_emulation_rejects_lanes_outside_mask():
         k[1, 32](np.zeros(32, np.int64))
 
 
+@pytest.mark.skipif(not SIM, reason="checks the simulator fix (tests/cuda/simwarp.py)")
+def test_simulator_shared_array_is_one_array_per_block():
+    """Every thread of a block that reaches a cuda.shared.array line at the same moment
+    gets the same array.  The simulator's own allocation checks and fills a dict without
+    a lock; before simwarp's fix this harness saw several distinct arrays (the cause of
+    the intermittent wrong rows in the flash attention tests)."""
+    import threading
+
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    n = 64
+
+    def one_launch():
+        shared = FakeCUDAShared(0)
+        start = threading.Barrier(n)
+        got = [None] * n
+
+        def thread(i):
+            start.wait()
+            got[i] = shared.array((8,), np.float32)  # one line: one array for every thread
+
+        ts = [threading.Thread(target=thread, args=(i,)) for i in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return len({id(a) for a in got})
+
+    # A GIL switch every microsecond makes the race window likely: the upstream function
+    # gave distinct arrays in 4 of 20 launches this way (about 1e-5 to pass 50 by chance).
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        counts = [one_launch() for _ in range(50)]
+    finally:
+        sys.setswitchinterval(old)
+    assert counts == [1] * 50, f"distinct shared arrays per launch: {counts}"
+
+
 @pytest.mark.parametrize("threads", [32, 96])
 def test_block_reductions(threads):
     from numba import float32
