@@ -1,7 +1,9 @@
 """Scaled dot-product attention on the CPU: flash-style tiles and split-KV decode.
 
-Layouts (all C-contiguous, prepared by dispatch/ops/attention.py):
-  q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D), out (B, Hq, Sq, D); query head h reads kv
+Layouts (prepared by dispatch/ops/attention.py): q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D),
+  each C-contiguous or a view with unit-stride rows (last axis) and positive strides (the
+  transposed q/k/v views of a fused QKV projection, read in place); out (B, Hq, Sq, D)
+  C-contiguous; query head h reads kv
   head h // (Hq // Hkv).  ``mask`` is always a 4-D (B, Hq, Sq, Skv) *broadcast view*
   (zero strides where the user's mask broadcasts, never a copy); ``mkind`` says how to
   read it: MASK_NONE (a dummy), MASK_BOOL (True = attend) or MASK_ADD (added to the scores).
@@ -323,6 +325,7 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
         lv[r] = zero
     kph = kp[b, hk]
     vh = v[b, hk]
+    ldv = vh.strides[0] // isz  # D when v is contiguous; a view's row stride otherwise
     qs_p, st_p, acc_p = qs.ctypes.data, st.ctypes.data, acc.ctypes.data
     kp_p, v_p = kph.ctypes.data, vh.ctypes.data
     d16 = D // NC * NC
@@ -352,9 +355,9 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
                     arow[d] *= alpha
         # acc += P V
         for d0 in range(0, d16, NC):
-            bptr = v_p + (j0 * D + d0) * isz
+            bptr = v_p + (j0 * ldv + d0) * isz
             for rb in range(0, nqr, MR):
-                micro(zero, st_p + rb * BK * isz, BK, 1, bptr, D,
+                micro(zero, st_p + rb * BK * isz, BK, 1, bptr, ldv,
                       acc_p + (rb * D + d0) * isz, D, jn, 1)
         if d16 < D:
             for r in range(nq):

@@ -145,6 +145,39 @@ def test_non_contiguous_inputs(impl, dtype):
     assert_close(got, ref.attention(q, k, v, causal=True, mask=mask), _tol(dtype, Skv), cancel=True)
 
 
+@pytest.mark.parametrize("D", [64, 24])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fused_qkv_views(impl, dtype, D):
+    """q, k, v as the transposed views of one fused QKV projection, as a transformer
+    layer makes them: qkv (B, S, 3, H, D)[:, :, i].transpose(0, 2, 1, 3) (rows contiguous,
+    v's row stride 3 H D, not D).  The CPU kernels read them in place; D = 24 is not a
+    multiple of the 16-column micro-kernel (the P V tail loop)."""
+    B, H, S = (1, 2, 5) if ON_CUDA else (2, 3, 70)
+    g = rng()
+    qkv = randn(g, (B, S, 3, H, D), dtype)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    mask = g.random((B, 1, 1, S)) < 0.9
+    for kw in ({"causal": True}, {"mask": mask}):
+        got = run(impl, dispatch.attention, q, k, v, out=poisoned((B, H, S, D), dtype), **kw)
+        assert_close(got, ref.attention(q, k, v, **kw), _tol(dtype, S), f"{impl} {kw}", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+def test_fused_qkv_views_are_not_copied(monkeypatch):
+    """The views reach the kernel as they are (no np.ascontiguousarray on the way)."""
+    from dispatch.ops import attention as A
+
+    seen = []
+    real = A.rows_input
+    monkeypatch.setattr(A, "rows_input", lambda x: seen.append(real(x)) or seen[-1])
+    g = rng()
+    qkv = randn(g, (1, 20, 3, 2, 16), np.float32)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    dispatch.attention(q, k, v)
+    assert [np.shares_memory(a, qkv) for a in seen] == [True] * 3
+
+
 @pytest.mark.skipif(ON_CUDA, reason="CPU shape rule")
 def test_default_dispatch_decode_and_prefill():
     g = rng()

@@ -46,6 +46,27 @@ def kernel_input(x):
 contiguous = kernel_input
 
 
+def rows_input(x):
+    """x for a kernel that reads it row by row (its last axis) through numba indexing, so
+    that any positive strides work: a view whose last axis has unit stride and whose other
+    strides are positive multiples of the item size (a transposed or sliced view of a
+    (B, S, H, D) projection: attention's q/k/v) is passed as it is, with no copy; anything
+    else goes through kernel_input (a C-contiguous array, copied when needed).  A view
+    passed as it is makes numba compile the kernel once more for non-contiguous ("A"
+    layout) arrays; broadcast (zero-stride) views are still copied, so they keep using the
+    contiguous specialization."""
+    if x is None or x.ndim == 0 or x.flags.c_contiguous:
+        return kernel_input(x)
+    it = x.itemsize
+    if x.strides[-1] != it or any(s <= 0 or s % it for s in x.strides[:-1]):
+        return kernel_input(x)
+    if type(x) is not np.ndarray:
+        x = x.view(np.ndarray)
+    if not x.flags.writeable:
+        return np.asarray(_Alias(x))
+    return x
+
+
 def result_buffer(out, shape, dtype):
     """Where the kernel writes: out itself when it is C-contiguous, else a fresh array."""
     if out is not None and out.flags.c_contiguous:

@@ -21,7 +21,12 @@ from kernels_cpu import attention as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer
+from ._common import deliver, result_buffer, rows_input
+
+# q/k/v views whose rows (last axis) are contiguous, e.g. qkv.reshape(B, S, 3, H, D)[:, :, i]
+# .transpose(0, 2, 1, 3), are read in place (_common.rows_input); out= as everywhere.
+ROWS_NOTE = ("q/k/v views with unit-stride rows are read in place, other non-contiguous inputs are "
+             "copied to C order first; a non-contiguous out= is filled by one copy")
 
 _KERNELS = ("kernels_cpu.attention", "kernels_cpu.approx", "kernels_cpu.parallel")
 
@@ -168,7 +173,7 @@ _ZERO = bytes(8)  # backing store of the dummy mask: a read-only zero with all s
 
 
 def _prepare(q, k, v, mask, out):
-    qc, kc, vc = contiguous(q), contiguous(k), contiguous(v)
+    qc, kc, vc = rows_input(q), rows_input(k), rows_input(v)
     B, Hq, Sq, D = q.shape
     Skv = k.shape[2]
     if mask is None:  # (np.broadcast_to costs ~5 us; this view is the same thing)
@@ -225,16 +230,16 @@ _op = register_op(Op(
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)}))
 register(Implementation(
     "attention", "cpu-flash", "cpu", _run_flash(True), kernel_modules=_KERNELS,
-    notes=HOST_COPY_NOTE + f"; K packed to 16-key K^T panels once per call; work items (batch, kv head, "
+    notes=ROWS_NOTE + f"; K packed to 16-key K^T panels once per call; work items (batch, kv head, "
           f"tile of {K.BQ} (query head, query) rows of its GQA group), handed out dynamically over threads; "
           f"{K.BK}-key tiles streamed with an online softmax, causal tiles above the diagonal skipped; "
           "mask read through broadcast strides"))
 register(Implementation(
     "attention", "cpu-serial", "cpu", _run_flash(False), kernel_modules=_KERNELS,
-    notes=HOST_COPY_NOTE + "; the flash kernel on the calling thread"))
+    notes=ROWS_NOTE + "; the flash kernel on the calling thread"))
 register(Implementation(
     "attention", "cpu-splitkv", "cpu", _run_splitkv, kernel_modules=_KERNELS,
-    notes=HOST_COPY_NOTE + f"; decode: work items (batch, kv head, kv split of >= {K.SPLIT_MIN} keys, "
+    notes=ROWS_NOTE + f"; decode: work items (batch, kv head, kv split of >= {K.SPLIT_MIN} keys, "
           f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group",
     params={"items_per_thread": 4}, tunables={"items_per_thread": [1, 2, 4, 8]}))
 
