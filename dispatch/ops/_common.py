@@ -23,20 +23,21 @@ class _Alias:
         self._keep = a
 
 
-def kernel_input(x):
+def kernel_input(x, *, rows=False):
     """x as a C-contiguous base-class ndarray for a kernel (None stays None).
 
-    A non-contiguous x is copied.  A read-only x (np.broadcast_to views, arrays with
-    writeable=False, read-only memmaps) is passed as a writeable-typed alias of the same
-    memory: numba types read-only arrays differently, so they would compile a second
-    specialization of every kernel on first use (seconds, and a warning), and a kernel
-    signature that ties an input to an output buffer would not type at all.  Kernels never
-    write their inputs, so the alias is only a typing device."""
+    A non-contiguous x is copied, unless ``rows`` and its rows are in place already (see
+    rows_input).  A read-only x (np.broadcast_to views, arrays with writeable=False,
+    read-only memmaps) is passed as a writeable-typed alias of the same memory: numba
+    types read-only arrays differently, so they would compile a second specialization of
+    every kernel on first use (seconds, and a warning), and a kernel signature that ties
+    an input to an output buffer would not type at all.  Kernels never write their
+    inputs, so the alias is only a typing device."""
     if x is None:
         return x
     if type(x) is not np.ndarray:
         x = x.view(np.ndarray)       # np.memmap and other ndarray subclasses: same memory
-    if not x.flags.c_contiguous:
+    if not x.flags.c_contiguous and not (rows and _unit_stride_rows(x)):
         return np.ascontiguousarray(x)
     if not x.flags.writeable:
         return np.asarray(_Alias(x))
@@ -46,25 +47,20 @@ def kernel_input(x):
 contiguous = kernel_input
 
 
+def _unit_stride_rows(x):
+    it = x.itemsize
+    return x.ndim > 0 and x.strides[-1] == it and all(s > 0 and s % it == 0 for s in x.strides[:-1])
+
+
 def rows_input(x):
     """x for a kernel that reads it row by row (its last axis) through numba indexing, so
     that any positive strides work: a view whose last axis has unit stride and whose other
     strides are positive multiples of the item size (a transposed or sliced view of a
     (B, S, H, D) projection: attention's q/k/v) is passed as it is, with no copy; anything
-    else goes through kernel_input (a C-contiguous array, copied when needed).  A view
-    passed as it is makes numba compile the kernel once more for non-contiguous ("A"
-    layout) arrays; broadcast (zero-stride) views are still copied, so they keep using the
-    contiguous specialization."""
-    if x is None or x.ndim == 0 or x.flags.c_contiguous:
-        return kernel_input(x)
-    it = x.itemsize
-    if x.strides[-1] != it or any(s <= 0 or s % it for s in x.strides[:-1]):
-        return kernel_input(x)
-    if type(x) is not np.ndarray:
-        x = x.view(np.ndarray)
-    if not x.flags.writeable:
-        return np.asarray(_Alias(x))
-    return x
+    else as kernel_input.  A view passed as it is makes numba compile the kernel once more
+    for non-contiguous ("A" layout) arrays; broadcast (zero-stride) views are still
+    copied, so they keep using the contiguous specialization."""
+    return kernel_input(x, rows=True)
 
 
 def result_buffer(out, shape, dtype):
