@@ -11,8 +11,9 @@ Layouts (prepared by dispatch/ops/attention.py): q (B, Hq, Sq, D), k and v (B, H
 
 flash (cpu-flash, cpu-serial)
   Work item = (batch, kv head, tile of BQ rows), the rows of a kv head enumerating
-  (query head of its group, query), so GQA/MQA query heads share every K/V tile read.  K is first packed once per kv head into
-  transposed 16-key panels ``kp (B, Hkv, ceil(Skv/16), D, 16)`` (zero padded), so that
+  (query head of its group, query), so GQA/MQA query heads share every K/V tile read.  Each thread packs the K of
+  the kv head it works on into transposed 16-key panels ``(ceil(Skv/16), D, 16)`` (zero
+  padded; a thread buffer, repacked only when the head changes), so that
   S = (scale*Q_tile) K^T and acc += P V both run on one register-blocked micro-kernel:
   a 4-row x 16-column block of C kept in 8 vector registers, updated by broadcast(A) x
   two 8-wide rows of B per step of the inner dimension (the classic GEMM micro-kernel,
@@ -37,7 +38,7 @@ split-KV (cpu-splitkv)
 """
 import numpy as np
 from llvmlite import ir
-from numba import get_thread_id, njit, prange, types
+from numba import carray, get_thread_id, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -145,6 +146,28 @@ def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumula
 
 # ---- shared pieces ---------------------------------------------------------------------
 
+@intrinsic
+def _data_ptr(typingctx, arr):
+    """The typed pointer to an array view's first element (for numba.carray)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.make_array(sig.args[0])(context, builder, args[0]).data
+
+    return types.CPointer(arr.dtype)(arr), codegen
+
+
+@njit(inline="always")
+def unit_row(row):
+    """A 1-D view with unit stride, retyped as C-contiguous.  Rows of the q/k/v views read
+    in place are typed with any strides ('A' layout), so numba indexes them with a
+    run-time stride and LLVM leaves those loops scalar; the kernels only receive views
+    whose rows have unit stride (dispatch's rows_input), so the retyped row is the same
+    memory."""
+    return carray(_data_ptr(row), row.shape[0])
+
+
 def _make_rowmax(fir, width, nacc=4):
     vty = ir.VectorType(fir, width)
     isz = 4 if isinstance(fir, ir.FloatType) else 8
@@ -231,24 +254,39 @@ def _exp_nan(t):
 
 
 @njit(inline="always", **JIT)
-def _row_softmax_update(srow, jn, lim, mrow, j0, mkind, m_old, l_old):
-    """Turn scores srow[:jn] (keys j0..j0+jn) into exp(s - m_new) in place, masking keys
-    >= lim (causal) and by the mask row; returns (m_new, l_new, alpha) of the online
-    softmax (alpha rescales the accumulator).  A row with nothing visible so far keeps
-    m = -inf, l = 0 and contributes zeros.  A NaN score (NaN in q, k or an additive mask;
-    +inf - inf) gives p = NaN, so l and the accumulator turn NaN and stay NaN (NaN * alpha,
-    NaN + s) whatever m does later (rowmax may skip NaN); the row's output is then NaN.
-    A bool-masked key gets -inf added, as PyTorch does (a NaN score there stays NaN); a
-    key past the causal limit is set to -inf (its score never matters: whole tiles of
-    such keys are not even computed)."""
+def _mask_row(mrow, j0, jn, mkind, mb):
+    """mb[:jn] = the additive form of mask row mrow at keys j0..j0+jn-1: a bool mask's
+    False becomes -inf (as PyTorch adds it: a NaN score at a masked key stays NaN), True
+    0.  mrow is a row of the broadcast mask view (any strides, bool or float): converting
+    it into a contiguous float row once, then adding that with unit stride, is what lets
+    the add vectorize; callers convert once per K tile for all rows that share a mask row
+    (a padding mask broadcast over heads and queries), which took the bool mask's cost in
+    the MiniLM shape (16x12x198x32) from 6.8 ms to 2 ms of 31 ms (one thread)."""
     ninf = -np.inf
+    zero = mb.dtype.type(0)
     if mkind == MASK_BOOL:
         for j in range(jn):
-            if not mrow[j0 + j]:
-                srow[j] = srow[j] + ninf  # as an additive -inf (PyTorch): NaN stays NaN
-    elif mkind == MASK_ADD:
+            mb[j] = zero if mrow[j0 + j] else ninf
+    else:
         for j in range(jn):
-            srow[j] = srow[j] + mrow[j0 + j]
+            mb[j] = mrow[j0 + j]
+
+
+@njit(inline="always", **JIT)
+def _row_softmax_update(srow, jn, lim, mb, mkind, m_old, l_old):
+    """Turn scores srow[:jn] into exp(s - m_new) in place, after adding the additive mask
+    row mb[:jn] (see _mask_row; unused when mkind is MASK_NONE) and masking keys >= lim
+    (causal); returns (m_new, l_new, alpha) of the online softmax (alpha rescales the
+    accumulator).  A row with nothing visible so far keeps m = -inf, l = 0 and
+    contributes zeros.  A NaN score (NaN in q, k or an additive mask; +inf - inf) gives
+    p = NaN, so l and the accumulator turn NaN and stay NaN (NaN * alpha, NaN + s)
+    whatever m does later (rowmax may skip NaN); the row's output is then NaN.  A key
+    past the causal limit is set to -inf (its score never matters: whole tiles of such
+    keys are not even computed)."""
+    ninf = -np.inf
+    if mkind != MASK_NONE:
+        for j in range(jn):
+            srow[j] = srow[j] + mb[j]
     for j in range(max(lim, 0), jn):
         srow[j] = ninf
     m_new = rowmax(srow.ctypes.data, jn, m_old)
@@ -272,7 +310,7 @@ def pack_k_head(kh, kph):
         for t in range(NC):
             j = c * NC + t
             if j < S:
-                row = kh[j]
+                row = unit_row(kh[j])
                 for d in range(D):
                     panel[d, t] = row[d]
             else:
@@ -280,17 +318,28 @@ def pack_k_head(kh, kph):
                     panel[d, t] = z
 
 
+@njit(**JIT)
+def _copy_rows(src, dst):
+    """dst[:, :] = src for a (S, D) view with unit-stride rows."""
+    for j in range(src.shape[0]):
+        s = unit_row(src[j])
+        d = dst[j]
+        for t in range(src.shape[1]):
+            d[t] = s[t]
+
+
 # ---- flash ---------------------------------------------------------------------------
 
 @njit(**JIT)
-def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
+def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
-    the query heads sharing a kv head read each K/V tile once (GQA/MQA).  qs (BQ, D),
+    the query heads sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv
+    head's K^T panels (pack_k_head); vh (Skv, D): its V, unit-stride rows.  qs (BQ, D),
     st (BQ, BK), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers; ri, rh (BQ,)
     int64 hold each row's query index and head (divisions done once, not per K tile)."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
-    Hkv, Skv = v.shape[1], v.shape[2]
+    Skv = vh.shape[0]
     G = Hq // Hkv
     dt = q.dtype.type
     zero, ninf = dt(0), dt(-np.inf)
@@ -308,11 +357,11 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
         last = max(last, ri[r])
     if causal:
         kv_end = min(Skv, last + off + 1)
-    mrow0 = mask[0, 0, 0]
+    mb = np.empty(BK, q.dtype)  # the additive mask row of the current K tile
     for r in range(nqr):
         qrow = qs[r]
         if r < nq:
-            src = q[b, rh[r], ri[r]]
+            src = unit_row(q[b, rh[r], ri[r]])
             for d in range(D):
                 qrow[d] = src[d] * scale
         else:
@@ -323,9 +372,7 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
             arow[d] = zero
         mv[r] = ninf
         lv[r] = zero
-    kph = kp[b, hk]
-    vh = v[b, hk]
-    ldv = vh.strides[0] // isz  # D when v is contiguous; a view's row stride otherwise
+    ldv = vh.strides[0] // isz
     qs_p, st_p, acc_p = qs.ctypes.data, st.ctypes.data, acc.ctypes.data
     kp_p, v_p = kph.ctypes.data, vh.ctypes.data
     d16 = D // NC * NC
@@ -339,14 +386,20 @@ def _flash_item(q, kp, v, mask, mkind, causal, scale, out, b, hk, qt, qs, st, ac
                 micro(zero, qs_p + rb * D * isz, D, 1, bptr, NC,
                       st_p + (rb * BK + cb * NC) * isz, BK, D, 0)
         # masks and online softmax, row by row
+        mprev = -1
         for r in range(nq):
             i = ri[r]
             lim = jn
             if causal:
                 lim = min(jn, i + off + 1 - j0)
-            mrow = mask[b, rh[r], i] if mkind != MASK_NONE else mrow0
+            if mkind != MASK_NONE:
+                mrow = mask[b, rh[r], i]
+                mp = mrow.ctypes.data
+                if mp != mprev:  # rows that share a mask row (a broadcast mask) convert it once per tile
+                    _mask_row(mrow, j0, jn, mkind, mb)
+                    mprev = mp
             mo = mv[r]
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mrow, j0, mkind, mo, lv[r])
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mb, mkind, mo, lv[r])
             mv[r] = mn
             lv[r] = ln
             if alpha != dt(1):
@@ -390,18 +443,27 @@ def _item_coords(t, BH, nqt):
 
 
 @njit(parallel=True, **JIT)
-def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out, nth):
-    """kp: (B, Hkv, ceil(Skv/16), D, 16) scratch, filled here with K^T panels; nth: the
-    number of threads (numba.get_num_threads() of the caller; scratch is per thread).
+def flash_parallel(q, k, v, mask, mkind, causal, scale, out, nth):
+    """nth: the number of threads (numba.get_num_threads() of the caller; scratch is per
+    thread).  Each thread packs K^T panels into its own buffer when an item's kv head is
+    not the one it holds (items are head-major, so a head is packed about once per
+    thread): one parallel region, no (B, Hkv, Skv, D) panel array to allocate and fault
+    in, no packing pass with a barrier before the work.  V heads whose rows are not
+    adjacent (q/k/v views of a fused QKV projection: rows 3*H apart) are copied into a
+    thread buffer the same way: 64 V rows 4.6 KB apart span 72 pages, more than the L1
+    TLB holds, and the views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape
+    (16x12x198x32, bool padding mask, 2 threads).
     Call it under numba.parallel_chunksize(1): items are then handed out one at a time,
     so a thread that the OS pauses (2 shared cores) does not hold back the whole call.
     (get_num_threads / set_parallel_chunksize inside the kernel would make it uncacheable.)"""
     B, Hq, Sq, D = q.shape
-    Hkv = v.shape[1]
-    for t in prange(B * Hkv):
-        pack_k_head(k[t // Hkv, t % Hkv], kp[t // Hkv, t % Hkv])
+    Hkv, Skv = v.shape[1], v.shape[2]
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     BH = B * Hkv
+    kps = np.empty((nth, (Skv + NC - 1) // NC, D, NC), q.dtype)
+    held = np.full(nth, -1, np.int64)  # the (batch * Hkv + kv head) whose panels kps[w] holds
+    vrows = v.strides[2] != D * q.itemsize  # V rows not adjacent: copy each head
+    vbs = np.empty((nth, Skv if vrows else 0, D), q.dtype)
     # Items are handed out one at a time (dynamic), not in one static block per thread: a
     # thread that the OS pauses (2 shared cores) does not hold back the whole call.
     # Scratch per thread (allocated once per call, indexed by the thread id).
@@ -415,16 +477,25 @@ def flash_parallel(q, k, kp, v, mask, mkind, causal, scale, out, nth):
     for t in prange(BH * nqt):
         bh, qt = _item_coords(t, BH, nqt)
         w = get_thread_id()
-        _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
+        vh = v[bh // Hkv, bh % Hkv]
+        if held[w] != bh:
+            pack_k_head(k[bh // Hkv, bh % Hkv], kps[w])
+            if vrows:
+                _copy_rows(vh, vbs[w])
+            held[w] = bh
+        if vrows:
+            vh = vbs[w]
+        _flash_item(q, kps[w], vh, Hkv, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
                     qs[w], st[w], acc[w], mv[w], lv[w], ri[w], rh[w])
 
 
 @njit(**JIT)
-def flash_serial(q, k, kp, v, mask, mkind, causal, scale, out):
+def flash_serial(q, k, v, mask, mkind, causal, scale, out):
     B, Hq, Sq, D = q.shape
-    Hkv = v.shape[1]
-    for t in range(B * Hkv):
-        pack_k_head(k[t // Hkv, t % Hkv], kp[t // Hkv, t % Hkv])
+    Hkv, Skv = v.shape[1], v.shape[2]
+    kph = np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype)
+    vrows = v.strides[2] != D * q.itemsize  # as in flash_parallel
+    vb = np.empty((Skv if vrows else 0, D), q.dtype)
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     qs = np.empty((BQ, D), q.dtype)
     st = np.empty((BQ, BK), q.dtype)
@@ -434,8 +505,13 @@ def flash_serial(q, k, kp, v, mask, mkind, causal, scale, out):
     ri = np.empty(BQ, np.int64)
     rh = np.empty(BQ, np.int64)
     for bh in range(B * Hkv):
+        pack_k_head(k[bh // Hkv, bh % Hkv], kph)
+        vh = v[bh // Hkv, bh % Hkv]
+        if vrows:
+            _copy_rows(vh, vb)
+            vh = vb
         for qt in range(nqt):
-            _flash_item(q, kp, v, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv, ri, rh)
+            _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv, ri, rh)
 
 
 # ---- split-KV --------------------------------------------------------------------------
@@ -467,7 +543,7 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
         last = max(last, ri[r])
     if causal:
         je = min(je, last + off + 1)
-    mrow0 = mask[0, 0, 0]
+    mb = np.empty(BK, q.dtype)
     kh, vh = k[b, hk], v[b, hk]
     for r in range(nr):
         src = q[b, rh[r], ri[r]]
@@ -498,8 +574,9 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
             lim = jn
             if causal:
                 lim = min(jn, i + off + 1 - j0)
-            mrow = mask[b, rh[r], i] if mkind != MASK_NONE else mrow0
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mrow, j0, mkind, mvals[rr], lvals[rr])
+            if mkind != MASK_NONE:
+                _mask_row(mask[b, rh[r], i], j0, jn, mkind, mb)
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mb, mkind, mvals[rr], lvals[rr])
             mvals[rr] = mn
             lvals[rr] = ln
             if alpha != dt(1):

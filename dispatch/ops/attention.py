@@ -190,15 +190,13 @@ def _run_flash(parallel):
     def run(params, q, k, v, mask, causal, scale, out):
         qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
         if res.size:
-            B, Hkv, Skv, D = kc.shape
-            kp = np.empty((B, Hkv, (Skv + K.NC - 1) // K.NC, D, K.NC), kc.dtype)  # K^T panels, filled by the kernel
             if parallel:
                 # one work item at a time per thread (dynamic): a paused thread does not stall the call
                 with numba.parallel_chunksize(1):
-                    K.flash_parallel(qc, kc, kp, vc, m4, mkind, causal, q.dtype.type(scale), res,
+                    K.flash_parallel(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res,
                                      numba.get_num_threads())
             else:
-                K.flash_serial(qc, kc, kp, vc, m4, mkind, causal, q.dtype.type(scale), res)
+                K.flash_serial(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res)
         return deliver(res, out)
 
     return run
@@ -230,10 +228,11 @@ _op = register_op(Op(
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)}))
 register(Implementation(
     "attention", "cpu-flash", "cpu", _run_flash(True), kernel_modules=_KERNELS,
-    notes=ROWS_NOTE + f"; K packed to 16-key K^T panels once per call; work items (batch, kv head, "
+    notes=ROWS_NOTE + f"; each thread packs the K of its current kv head into 16-key K^T panels (and copies a "
+          "V whose rows are not adjacent) when the head changes; work items (batch, kv head, "
           f"tile of {K.BQ} (query head, query) rows of its GQA group), handed out dynamically over threads; "
           f"{K.BK}-key tiles streamed with an online softmax, causal tiles above the diagonal skipped; "
-          "mask read through broadcast strides"))
+          "mask read through broadcast strides, converted to an additive row once per K tile for rows sharing it"))
 register(Implementation(
     "attention", "cpu-serial", "cpu", _run_flash(False), kernel_modules=_KERNELS,
     notes=ROWS_NOTE + "; the flash kernel on the calling thread"))
