@@ -453,8 +453,8 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     model_row = None
     if model:
         from . import model as M
-        progress("model forward: MiniLM-L6-sized encoder, ours and PyTorch each in a fresh process")
-        model_row = M.run(rounds=3 if quick else 7, progress=progress)
+        progress("model forward: MiniLM-L6-sized encoder, ours and PyTorch in alternating fresh processes")
+        model_row = M.run(rounds=3 if quick else 7, progress=progress, processes=2 if quick else 3)
 
     out("== ops (float32; median of interleaved rounds; +- = interquartile spread; floor = roofline floor;")
     out("   of floor = floor / ours (1.0 = at the machine's limit); LOSE = a peer is faster)")

@@ -3,8 +3,8 @@
 Layouts (prepared by dispatch/ops/attention.py): q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D),
   each C-contiguous or a view with unit-stride rows (last axis) and positive strides (the
   transposed q/k/v views of a fused QKV projection, read in place); out (B, Hq, Sq, D)
-  C-contiguous; query head h reads kv
-  head h // (Hq // Hkv).  ``mask`` is always a 4-D (B, Hq, Sq, Skv) *broadcast view*
+  likewise (C-contiguous, or a view with unit-stride rows that do not overlap, e.g. a
+  (B, Sq, Hq, D) buffer transposed); query head h reads kv head h // (Hq // Hkv).  ``mask`` is always a 4-D (B, Hq, Sq, Skv) *broadcast view*
   (zero strides where the user's mask broadcasts, never a copy); ``mkind`` says how to
   read it: MASK_NONE (a dummy), MASK_BOOL (True = attend) or MASK_ADD (added to the scores).
   ``causal``: query i sees keys j <= i + Skv - Sq (diagonal aligned to the bottom right).
@@ -422,7 +422,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, b, hk, qt, qs,
                     for d in range(d16, D):
                         arow[d] += p * vrow[d]
     for r in range(nq):
-        orow = out[b, rh[r], ri[r]]
+        orow = unit_row(out[b, rh[r], ri[r]])
         arow = acc[r]
         l = lv[r]
         if l == zero:  # saw no key: zeros (acc may hold 0 * NaN from V)
@@ -622,7 +622,7 @@ def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len
         rr = t % R
         bh = t // R
         b, hk = bh // Hkv, bh % Hkv
-        _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, out[b, hk * G + rr // Sq, rr % Sq])
+        _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, unit_row(out[b, hk * G + rr // Sq, rr % Sq]))
 
 
 @njit(**JIT)

@@ -178,6 +178,42 @@ def test_fused_qkv_views_are_not_copied(monkeypatch):
     assert [np.shares_memory(a, qkv) for a in seen] == [True] * 3
 
 
+@pytest.mark.skipif(ON_CUDA, reason="a strided view of a host buffer as out=: the CPU target")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_out_view_written_in_place(impl, dtype):
+    """out= as the (B, H, S, D) transposed view of a (B, S, H, D) buffer (what the next
+    projection reads as (B*S, H*D)): on the CPU the kernel writes the view itself, rows
+    of other views are untouched; GQA and a decode shape (split-KV) too."""
+    g = rng()
+    for B, Hq, Hkv, Sq, Skv, D in ((2, 4, 2, 9, 70, 16), (1, 4, 1, 1, 300, 24)):
+        q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
+        buf = poisoned((B, Sq, Hq + 1, D), dtype)  # one extra head: a row the kernel must not write
+        out = buf[:, :, :Hq].transpose(0, 2, 1, 3)
+        got = run(impl, dispatch.attention, q, k, v, out=out, causal=True)
+        assert got is out
+        assert_close(got, ref.attention(q, k, v, causal=True), _tol(dtype, Skv), f"{impl}", cancel=True)
+        assert np.isnan(buf[:, :, Hq]).all()
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+def test_out_view_is_not_a_copy(monkeypatch):
+    """The transposed out= view reaches the kernel as it is; an overlapping view does not."""
+    from dispatch.ops import _common
+    from dispatch.ops import attention as A
+
+    seen = []
+    real = _common.result_buffer
+    monkeypatch.setattr(A, "result_buffer", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    g = rng()
+    q, k, v = _qkv(g, 1, 2, 2, 20, 20, 16, np.float32)
+    out = np.empty((1, 20, 2, 16), np.float32).transpose(0, 2, 1, 3)
+    dispatch.attention(q, k, v, out=out)
+    assert seen[-1] is out
+    assert not _common._no_self_overlap(np.lib.stride_tricks.as_strided(out, strides=(0, 64, 32, 4)))
+    assert _common._no_self_overlap(out)
+
+
 @pytest.mark.skipif(ON_CUDA, reason="CPU shape rule")
 def test_default_dispatch_decode_and_prefill():
     g = rng()

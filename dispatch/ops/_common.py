@@ -63,11 +63,30 @@ def rows_input(x):
     return kernel_input(x, rows=True)
 
 
-def result_buffer(out, shape, dtype):
-    """Where the kernel writes: out itself when it is C-contiguous, else a fresh array."""
+def result_buffer(out, shape, dtype, *, rows=False):
+    """Where the kernel writes: out itself when it is C-contiguous, or with ``rows`` (a
+    kernel that writes row by row through numba indexing, as rows_input reads) when its
+    rows have unit stride and no two elements share memory (the (B, Hq, Sq, D) transposed
+    view of a (B, Sq, Hq, D) buffer, which a transformer layer reshapes to (B*Sq, Hq*D)
+    for free); else a fresh array that deliver() copies into out."""
     if out is not None and out.flags.c_contiguous:
         return out
+    if (rows and out is not None and type(out) is np.ndarray and _unit_stride_rows(out)
+            and _no_self_overlap(out)):
+        return out
     return np.empty(shape, dtype)
+
+
+def _no_self_overlap(x):
+    """True when no two elements of x share memory: with the axes ordered by stride, each
+    stride is at least the extent (stride x (size - 1) + item) spanned by the smaller ones
+    (sufficient, and exact for the views that slicing and transposing make)."""
+    span = x.itemsize
+    for st, n in sorted((st, n) for st, n in zip(x.strides, x.shape) if n > 1):
+        if st < span:
+            return False
+        span = st * (n - 1) + span
+    return True
 
 
 def deliver(res, out):

@@ -24,9 +24,10 @@ from ..registry import Call, Implementation, Op, Rule, bucket, register, registe
 from ._common import deliver, result_buffer, rows_input
 
 # q/k/v views whose rows (last axis) are contiguous, e.g. qkv.reshape(B, S, 3, H, D)[:, :, i]
-# .transpose(0, 2, 1, 3), are read in place (_common.rows_input); out= as everywhere.
+# .transpose(0, 2, 1, 3), are read in place (_common.rows_input), and such an out= view written in place.
 ROWS_NOTE = ("q/k/v views with unit-stride rows are read in place, other non-contiguous inputs are "
-             "copied to C order first; a non-contiguous out= is filled by one copy")
+             "copied to C order first; an out= view with unit-stride rows (e.g. a (B, S, H, D) buffer "
+             "transposed) is written in place, another non-contiguous out= is filled by one copy")
 
 _KERNELS = ("kernels_cpu.attention", "kernels_cpu.approx", "kernels_cpu.parallel")
 
@@ -182,7 +183,7 @@ def _prepare(q, k, v, mask, out):
     else:
         m4 = np.broadcast_to(mask.view(np.ndarray) if type(mask) is not np.ndarray else mask, (B, Hq, Sq, Skv))
         mkind = MASK_BOOL if mask.dtype == np.bool_ else MASK_ADD
-    res = result_buffer(out, q.shape, q.dtype)
+    res = result_buffer(out, q.shape, q.dtype, rows=True)  # a (B, S, H, D) buffer's transposed view: written in place
     return qc, kc, vc, m4, mkind, res
 
 
