@@ -166,6 +166,9 @@ class Op:
     synthesize(shapes, params, rng, dtype) -> dict: the named benchmark inputs of a case
         (None: every shape drawn from a standard normal in `dtype`).
     public: the public function (exported as ``dispatch.<name>``).
+    layouts: {name: f(args, kwargs) -> (args, kwargs)}: the same call with inputs in
+        another memory layout that compiles another kernel specialization, which
+        `python -m dispatch.warmup` compiles too (attention's fused-QKV views).
     """
 
     name: str
@@ -179,6 +182,7 @@ class Op:
     synthesize: Callable[..., dict] | None = None
     public: Callable[..., Any] | None = None
     implementations: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.bound not in BOUNDS:

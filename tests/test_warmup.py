@@ -101,3 +101,37 @@ def test_read_only_install_caches_in_the_user_cache_dir(tmp_path):
             subprocess.run(["chattr", "-i", *dirs], capture_output=True)
         for d in dirs:
             os.chmod(d, 0o755)
+
+
+_BERT_ATTENTION = r"""
+import json, numpy as np
+from numba.core import event
+n = []
+class L(event.Listener):
+    def on_start(self, ev): n.append(ev.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, ev): pass
+import dispatch
+B, S, H, D = 2, 9, 2, 8
+qkv = np.random.default_rng(0).standard_normal((B, S, 3, H, D)).astype(np.float32)
+q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+mask = np.ones((B, 1, 1, S), bool)
+mask[1, ..., 5:] = False
+buf = np.empty((B, S, H, D), np.float32)
+event.register("numba:compile", L())
+with dispatch.use(attention="cpu-serial"):
+    dispatch.attention(q, k, v, mask=mask, out=buf.transpose(0, 2, 1, 3))
+print(json.dumps(n))
+"""
+
+
+def test_warmup_covers_the_bert_attention_layout(tmp_path):
+    """Op.layouts: warmup also compiles attention for fused-QKV views, a bool padding mask
+    and a transposed out= (other types than the contiguous example: kernels of their own),
+    so a BERT layer's first attention call compiles nothing."""
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    warm = "import numpy as np; from dispatch.warmup import compile_one; compile_one('attention', 'cpu-serial', np.float32)"
+    p = _run([sys.executable, "-c", warm], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = _run([sys.executable, "-c", _BERT_ATTENTION], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == []

@@ -223,10 +223,32 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out):
     return deliver(res, out)
 
 
+def _strided_views(x):
+    """x (B, H, S, D) as the transposed view of a (B, S, H + 1, D) buffer: the layout of
+    q/k/v sliced out of a fused QKV projection (unit-stride rows that are not adjacent)."""
+    B, H, S, D = x.shape
+    buf = np.empty((B, S, H + 1, D), x.dtype)
+    view = buf[:, :, :H].transpose(0, 2, 1, 3)
+    view[...] = x
+    return view
+
+
+def _bert_layout(args, kwargs):
+    """The call as a BERT layer makes it (bench/model.py): q/k/v views of a fused QKV,
+    a bool padding mask (B, 1, 1, Skv), out= the transposed view of a (B, S, H, D)
+    buffer; each differs in type from the contiguous call, so it compiles its own kernel."""
+    q, k, v = args
+    B, Hq, Sq, D = q.shape
+    mask = np.ones((B, 1, 1, k.shape[2]), np.bool_)
+    out = np.empty((B, Sq, Hq, D), q.dtype).transpose(0, 2, 1, 3)
+    return tuple(_strided_views(a) for a in (q, k, v)), {**kwargs, "mask": mask, "out": out}
+
+
 _op = register_op(Op(
     "attention", describe, family="attention", bound="compute",
     signature=lambda i: ((i["q"], i["k"], i["v"]), {"causal": i.get("causal", False), "mask": i.get("mask")}),
-    flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)}))
+    flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)},
+    layouts={"bert": _bert_layout}))
 register(Implementation(
     "attention", "cpu-flash", "cpu", _run_flash(True), kernel_modules=_KERNELS,
     notes=ROWS_NOTE + f"; each thread packs the K of its current kv head into 16-key K^T panels (and copies a "
