@@ -37,11 +37,12 @@ epilogue_parallel: bias + activation in place on a (rows, N) result (the "blas" 
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
+from .parallel import ptr_as, run_workers, worker_address
 
 # Register tile MR x NR: 6 rows x 2 vectors = 12 accumulator registers + 2 B vectors + 1
 # broadcast A value = 15 of the 16 AVX2 registers (the BLIS/OpenBLAS Haswell shape).  It runs
@@ -184,6 +185,28 @@ def act_store(src, bias, dst, n, code):
             dst[j] = src[j] + bias[j]
 
 
+def act_store_lit(src, bias, dst, n, code):
+    """act_store for a literal code (a gemm_worker argument): only that activation's loop
+    is compiled into the worker."""
+
+
+@overload(act_store_lit, inline="always")
+def _act_store_lit_overload(src, bias, dst, n, code):
+    if not isinstance(code, types.Literal):
+        return None
+    act = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}.get(code.literal_value)
+    if act is None:
+        def bias_only(src, bias, dst, n, code):
+            for j in range(n):
+                dst[j] = src[j] + bias[j]
+        return bias_only
+
+    def biased_act(src, bias, dst, n, code):
+        for j in range(n):
+            dst[j] = act(src[j] + bias[j])
+    return biased_act
+
+
 @njit(**JIT)
 def _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate):
     """c[i0:i0+mr, j0:j0+nr] (=|+=) the top-left mr x nr of the tile t (row stride nr_full)."""
@@ -312,9 +335,73 @@ def _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_
             _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
 
 
+def _pack_a_lit(i, asrc, apf, M, K, mp, transa):
+    """Pack A panel i, for a literal transa (gemm_worker's argument): only that packing
+    loop is compiled into the worker."""
+
+
+@overload(_pack_a_lit, inline="always")
+def _pack_a_lit_overload(i, asrc, apf, M, K, mp, transa):
+    if not isinstance(transa, types.Literal):
+        return None
+    if transa.literal_value:
+        return lambda i, asrc, apf, M, K, mp, transa: _pack_a_t(i, asrc, apf, M, K, mp)
+    return lambda i, asrc, apf, M, K, mp, transa: _pack_a_n(i, asrc, apf, M, K, mp)
+
+
+def _pack_b_lit(j, bsrc, bpf, N, K, npn, nr_full, transb):
+    """Pack B panel j, for a literal transb (as _pack_a_lit)."""
+
+
+@overload(_pack_b_lit, inline="always")
+def _pack_b_lit_overload(j, bsrc, bpf, N, K, npn, nr_full, transb):
+    if not isinstance(transb, types.Literal):
+        return None
+    if transb.literal_value:
+        return lambda j, bsrc, bpf, N, K, npn, nr_full, transb: _pack_b_t(j, bsrc, bpf, N, K, npn, nr_full)
+    return lambda j, bsrc, bpf, N, K, npn, nr_full, transb: _pack_b_n(j, bsrc, bpf, N, K, npn, nr_full)
+
+
+@njit(**JIT)
+def _pack_a_n(i, asrc, apf, M, K, mp):
+    """A panel i of A (M, K): element (i, k) at i*K + k."""
+    ba = i // mp
+    i0 = (i - ba * mp) * MR
+    _pack_panel(asrc, ba * M * K + i0 * K, K, 1, min(MR, M - i0), K, apf, i * K * MR, MR)
+
+
+@njit(**JIT)
+def _pack_a_t(i, asrc, apf, M, K, mp):
+    """A panel i of A stored (K, M): element (i, k) at k*M + i."""
+    ba = i // mp
+    i0 = (i - ba * mp) * MR
+    _pack_panel(asrc, ba * M * K + i0, 1, M, min(MR, M - i0), K, apf, i * K * MR, MR)
+
+
+@njit(**JIT)
+def _pack_b_n(j, bsrc, bpf, N, K, npn, nr_full):
+    """B panel j of B (K, N): element (k, j) at k*N + j."""
+    bb = j // npn
+    j0 = (j - bb * npn) * nr_full
+    _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+
+
+@njit(**JIT)
+def _pack_b_t(j, bsrc, bpf, N, K, npn, nr_full):
+    """B panel j of B stored (N, K): element (k, j) at j*K + k."""
+    bb = j // npn
+    j0 = (j - bb * npn) * nr_full
+    _pack_panel(bsrc, bb * N * K + j0 * K, K, 1, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+
+
 # ---- GEMM ------------------------------------------------------------------------------------
 
-@njit(parallel=True, **JIT)
+# The worker's arguments, read from an int64 block (addresses, sizes, blocking): the
+# worker is called by address (parallel.run_workers), with C arguments only.
+(P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
+ P_MC, P_NC, P_KC, P_COUNT) = range(19)
+
+
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
                   nc_panels, kc, nworkers):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
@@ -324,57 +411,128 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     fresh pages are faulted in per call);
     b_packed: bp already holds B's panels (a weight packed once by pack_b): only A is packed;
     mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length;
-    nworkers: numba's thread count (numba.get_num_threads())."""
+    nworkers: numba's thread count (numba.get_num_threads()).
+
+    Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
+    compiled per (dtype, transa, transb, b_packed, epilogue, activation): each holds only
+    its own packing loops and activation, compiled once, not again into a parfor gufunc
+    and its kernel."""
     nbatch, M, N = out3.shape
     K = a3.shape[1] if transa else a3.shape[2]
-    nr_full = _nr(out3)
-    mp = (M + MR - 1) // MR
-    npn = (N + nr_full - 1) // nr_full
-    asrc = a3.reshape(-1)
-    bsrc = b3.reshape(-1)
-    apf = ap.reshape(-1)
-    bpf = bp.reshape(-1)
-    cf = out3.reshape(-1)
-    nmb = (mp + mc_panels - 1) // mc_panels
-    nnb = (npn + nc_panels - 1) // nc_panels
+    nr_full = tile_n(out3.dtype)
+    mp = -(-M // MR)
+    npn = -(-N // nr_full)
+    nmb = -(-mp // mc_panels)
+    nnb = -(-npn // nc_panels)
     n_pack_a = a3.shape[0] * mp
     n_pack = n_pack_a if b_packed else n_pack_a + b3.shape[0] * npn
     ntasks = nbatch * nmb * nnb
-    # One parallel region, scheduled through atomic counters: sync[0] next panel to pack,
-    # sync[1] next GEMM task, sync[2 + i] panel i packed.  A worker that starts late finds
-    # the work taken instead of holding the others up.  There is no barrier between
-    # packing and the GEMM: a worker that finds a panel not yet marked packed (its owner
-    # is still at it, or lost its core to another process) packs it again itself - the
-    # same bytes, so the duplicate writes are harmless - instead of spinning on it.
-    # (numba's set_parallel_chunksize would give dynamic scheduling too, but makes the
-    # function uncachable.)
+    # sync[0] next panel to pack, sync[1] next GEMM task, sync[2 + i] panel i packed
     sync = np.zeros(2 + n_pack, np.int64)
-    for worker in prange(min(nworkers, max(ntasks, 1))):
-        _gemm_worker(sync, asrc, transa, apf, bsrc, transb, bpf, cf, out3, a_idx, b_idx, bias, epilogue, code,
-                     M, N, K, mp, npn, n_pack_a, n_pack, ntasks, nmb, nnb, mc_panels, nc_panels, kc)
+    for arr in (a3, ap, b3, bp, bias, a_idx, b_idx):  # the worker reads raw memory
+        if not (arr.flags.c_contiguous and arr.dtype == (np.int64 if arr.dtype.kind == "i" else out3.dtype)):
+            raise ValueError(f"gemm_parallel: arrays must be C-contiguous {out3.dtype} (indices int64), "
+                             f"got {arr.dtype} {arr.flags.c_contiguous}")
+    if not out3.flags.c_contiguous:
+        raise ValueError("gemm_parallel: out3 must be C-contiguous")
+    p = np.empty(P_COUNT, np.int64)
+    _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
+    p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = a3.shape[0], b3.shape[0], nbatch, M, N, K
+    p[P_MC], p[P_NC], p[P_KC] = mc_panels, nc_panels, kc
+    variant = (bool(out3.dtype == np.float64), bool(transa), bool(transb), bool(b_packed), bool(epilogue),
+               int(code) if epilogue else ACT_NONE)
+    fn = _WORKERS.get(variant)
+    if fn is None:  # numba literal types are slow to make (~10 us each): once per variant
+        fn = _WORKERS[variant] = worker_address(gemm_worker, (types.int64, types.int64) + tuple(
+            types.literal(v) for v in variant))
+    run_workers(fn, p, min(nworkers, max(ntasks, 1)))
+
+
+_WORKERS = {}  # (is64, transa, transb, b_packed, epilogue, code) -> gemm_worker's address
+
+
+@njit(cache=True)
+def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
+    """The arrays' data addresses into their P_* slots of p."""
+    p[P_SYNC] = sync.ctypes.data
+    p[P_A] = a3.ctypes.data
+    p[P_AP] = ap.ctypes.data
+    p[P_B] = b3.ctypes.data
+    p[P_BP] = bp.ctypes.data
+    p[P_C] = out3.ctypes.data
+    p[P_AIDX] = a_idx.ctypes.data
+    p[P_BIDX] = b_idx.ctypes.data
+    p[P_BIAS] = bias.ctypes.data
+
+
+def _like_dtype(is64):
+    return np.float64(0)
+
+
+@overload(_like_dtype)
+def _like_dtype_overload(is64):
+    """A zero of the element type that the literal is64 (a worker argument) chooses."""
+    if not isinstance(is64, types.Literal):
+        return None
+    if is64.literal_value:
+        return lambda is64: np.float64(0)
+    return lambda is64: np.float32(0)
 
 
 @njit(**JIT)
-def _gemm_worker(sync, asrc, transa, apf, bsrc, transb, bpf, cf, out3, a_idx, b_idx, bias, epilogue, code,
-                 M, N, K, mp, npn, n_pack_a, n_pack, ntasks, nmb, nnb, mc_panels, nc_panels, kc):
-    """One worker of gemm_parallel's region: packs panels, then runs GEMM tasks, both taken
-    from sync's atomic counters until none are left.  A plain function called from the
-    prange body rather than the body itself: numba's parfor passes and the gufunc's LLVM
-    optimization then see a one-line loop.  With _pack_one a called function too and one
-    micro-kernel call site, the cold first call of linear(128x768x3072, activation="gelu")
-    went from 52 s to 12 s (this machine, under other load; the report's compile table
-    has quiet figures)."""
+def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
+    """Worker w of a gemm_parallel call: its arrays and sizes are read from the int64
+    block at address params (the P_* slots); is64, transa, transb, b_packed, epilogue and
+    code are literals (one compiled worker per combination, holding only the packing
+    loops and the activation it needs).
+
+    Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
+    are left: a worker that starts late finds the work taken instead of holding the
+    others up.  There is no barrier between packing and the GEMM: a worker that finds a
+    panel not yet marked packed (its owner is still at it, or lost its core to another
+    process) packs it again itself - the same bytes, so the duplicate writes are
+    harmless - instead of spinning on it.  One function, not a wrapper calling the body:
+    each numba function costs its own pipeline, and numba's inline="always" re-types the
+    inlined body (that cost more compile time than it saved)."""
+    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    z = _like_dtype(is64)
+    nbatch, M, N, K = p[P_NBATCH], p[P_M], p[P_N], p[P_K]
+    na, nb = p[P_NA], p[P_NB]
+    mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
+    out3 = carray(ptr_as(p[P_C], z), (nbatch, M, N))
     nr_full = _nr(out3)
+    mp = (M + MR - 1) // MR
+    npn = (N + nr_full - 1) // nr_full
+    nmb = (mp + mc_panels - 1) // mc_panels
+    nnb = (npn + nc_panels - 1) // nc_panels
+    n_pack_a = na * mp
+    n_pack = n_pack_a if b_packed else n_pack_a + nb * npn
+    ntasks = nbatch * nmb * nnb
+    sync = carray(ptr_as(p[P_SYNC], np.int64(0)), 2 + n_pack)
+    asrc = carray(ptr_as(p[P_A], z), na * M * K)
+    apf = carray(ptr_as(p[P_AP], z), na * mp * K * MR)
+    bsrc = carray(ptr_as(p[P_B], z), nb * N * K)
+    bpf = carray(ptr_as(p[P_BP], z), nb * npn * K * nr_full)
+    cf = carray(ptr_as(p[P_C], z), nbatch * M * N)
+    a_idx = carray(ptr_as(p[P_AIDX], np.int64(0)), nbatch)
+    b_idx = carray(ptr_as(p[P_BIDX], np.int64(0)), nbatch)
+    bias = carray(ptr_as(p[P_BIAS], z), N)
+    # panels from the counter, then a sweep packing any still unmarked
+    sweep = 0
     while True:
         i = _fetch_add(sync, 0, 1)
         if i >= n_pack:
-            break
-        _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
+            while sweep < n_pack and _fetch_add(sync, 2 + sweep, 0) != 0:
+                sweep += 1
+            if sweep >= n_pack:
+                break
+            i = sweep
+            sweep += 1
+        if i < n_pack_a:
+            _pack_a_lit(i, asrc, apf, M, K, mp, transa)
+        else:
+            _pack_b_lit(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full, transb)
         _fetch_add(sync, 2 + i, 1)
-    for i in range(n_pack):
-        if _fetch_add(sync, 2 + i, 0) == 0:
-            _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full)
-            _fetch_add(sync, 2 + i, 1)
     while True:
         task = _fetch_add(sync, 1, 1)
         if task >= ntasks:
@@ -416,7 +574,7 @@ def _gemm_worker(sync, asrc, transa, apf, bsrc, transb, bpf, cf, out3, a_idx, b_
             bs = bias[j0:j1]
             for i in range(p0 * MR, min(p1 * MR, M)):
                 cs = c[i, j0:j1]
-                act_store(cs, bs, cs, j1 - j0, code)
+                act_store_lit(cs, bs, cs, j1 - j0, code)
 
 
 @njit(parallel=True, **JIT)
