@@ -275,19 +275,29 @@ _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops
 
 
 @njit(inline="always")
-def _pack_panel(src, s0, ld, step, nrows, K, dst, d0, R):
-    """One packed panel: dst[d0 + k*R + r] = src[s0 + r*ld + k*step] for k < K, r < nrows,
-    and 0 for nrows <= r < R.  src and dst are flat; R is a compile-time constant after
-    inlining, so the r loops unroll.  ld == 1: the panel's R values at one k are
-    contiguous in src (a vector copy per k); otherwise R source rows are read at column
-    k (a transpose; the R source lines stay in L1 for 64 bytes' worth of k)."""
-    if nrows == R and ld == 1:
+def _pack_contig(src, s0, step, nrows, K, dst, d0, R):
+    """One packed panel whose R values at one k are contiguous in src (A stored (K, M), B
+    stored (K, N)): dst[d0 + k*R + r] = src[s0 + k*step + r] for k < K, r < nrows, and 0
+    for nrows <= r < R (a vector copy per k).  src and dst are flat; R is a compile-time
+    constant after inlining, so the r loops unroll.  Two layouts, two functions: each
+    worker compiles only the one its operand needs."""
+    if nrows == R:
         for k in range(K):
             s = s0 + k * step
             d = d0 + k * R
             for r in range(R):
                 dst[_U(d + r)] = src[_U(s + r)]
-    elif nrows == R and step == 1 and R % _vw(dst) == 0:
+    else:
+        _pack_edge(src, s0, 1, step, nrows, K, dst, d0, R)
+
+
+@njit(inline="always")
+def _pack_strided(src, s0, ld, nrows, K, dst, d0, R):
+    """One packed panel read from R rows of src at stride ld (A stored (M, K), B stored
+    (N, K)): dst[d0 + k*R + r] = src[s0 + r*ld + k], zeros past nrows.  With R a multiple
+    of the vector width, W x W blocks go through a register transpose; otherwise R source
+    rows are read at column k (the R source lines stay in L1 for 64 bytes' worth of k)."""
+    if nrows == R and R % _vw(dst) == 0:
         vw = _vw(dst)
         kv = K - K % vw
         for k in range(0, kv, vw):
@@ -299,40 +309,41 @@ def _pack_panel(src, s0, ld, step, nrows, K, dst, d0, R):
                 dst[_U(d + r)] = src[_U(s0 + r * ld + k)]
     elif nrows == R:
         for k in range(K):
-            s = s0 + k * step
             d = d0 + k * R
             for r in range(R):
-                dst[_U(d + r)] = src[_U(s + r * ld)]
+                dst[_U(d + r)] = src[_U(s0 + r * ld + k)]
     else:
-        zero = dst.dtype.type(0)
-        for k in range(K):
-            s = s0 + k * step
-            d = d0 + k * R
-            for r in range(nrows):
-                dst[_U(d + r)] = src[_U(s + r * ld)]
-            for r in range(nrows, R):
-                dst[_U(d + r)] = zero
+        _pack_edge(src, s0, ld, 1, nrows, K, dst, d0, R)
+
+
+@njit(inline="always")
+def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
+    """The last panel of an operand (nrows < R): dst[d0 + k*R + r] = src[s0 + r*ld +
+    k*step] for r < nrows, zeros after."""
+    zero = dst.dtype.type(0)
+    for k in range(K):
+        s = s0 + k * step
+        d = d0 + k * R
+        for r in range(nrows):
+            dst[_U(d + r)] = src[_U(s + r * ld)]
+        for r in range(nrows, R):
+            dst[_U(d + r)] = zero
 
 
 @njit(**JIT)
 def _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full):
-    """Pack panel i of gemm_parallel's work list: A panels first (ap[ba, p] from rows
-    p*MR.. of A_ba), then B panels (bp[bb, q] from columns q*NR.. of B_bb)."""
+    """Pack panel i of a GEMM's work list with run-time transa / transb (pack_b): A panels
+    first (ap[ba, p] from rows p*MR.. of A_ba), then B panels (bp[bb, q] from columns
+    q*NR.. of B_bb).  gemm_worker picks one of the four at compile time instead."""
     if i < n_pack_a:
-        ba = i // mp
-        i0 = (i - ba * mp) * MR
-        if transa:      # (K, M): element (i, k) at k*M + i
-            _pack_panel(asrc, ba * M * K + i0, 1, M, min(MR, M - i0), K, apf, i * K * MR, MR)
-        else:           # (M, K): element (i, k) at i*K + k
-            _pack_panel(asrc, ba * M * K + i0 * K, K, 1, min(MR, M - i0), K, apf, i * K * MR, MR)
+        if transa:
+            _pack_a_t(i, asrc, apf, M, K, mp)
+        else:
+            _pack_a_n(i, asrc, apf, M, K, mp)
+    elif transb:
+        _pack_b_t(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full)
     else:
-        j = i - n_pack_a
-        bb = j // npn
-        j0 = (j - bb * npn) * nr_full
-        if transb:      # (N, K): element (k, j) at j*K + k
-            _pack_panel(bsrc, bb * N * K + j0 * K, K, 1, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
-        else:           # (K, N): element (k, j) at k*N + j
-            _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+        _pack_b_n(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full)
 
 
 def _pack_a_lit(i, asrc, apf, M, K, mp, transa):
@@ -367,7 +378,7 @@ def _pack_a_n(i, asrc, apf, M, K, mp):
     """A panel i of A (M, K): element (i, k) at i*K + k."""
     ba = i // mp
     i0 = (i - ba * mp) * MR
-    _pack_panel(asrc, ba * M * K + i0 * K, K, 1, min(MR, M - i0), K, apf, i * K * MR, MR)
+    _pack_strided(asrc, ba * M * K + i0 * K, K, min(MR, M - i0), K, apf, i * K * MR, MR)
 
 
 @njit(**JIT)
@@ -375,7 +386,7 @@ def _pack_a_t(i, asrc, apf, M, K, mp):
     """A panel i of A stored (K, M): element (i, k) at k*M + i."""
     ba = i // mp
     i0 = (i - ba * mp) * MR
-    _pack_panel(asrc, ba * M * K + i0, 1, M, min(MR, M - i0), K, apf, i * K * MR, MR)
+    _pack_contig(asrc, ba * M * K + i0, M, min(MR, M - i0), K, apf, i * K * MR, MR)
 
 
 @njit(**JIT)
@@ -383,7 +394,7 @@ def _pack_b_n(j, bsrc, bpf, N, K, npn, nr_full):
     """B panel j of B (K, N): element (k, j) at k*N + j."""
     bb = j // npn
     j0 = (j - bb * npn) * nr_full
-    _pack_panel(bsrc, bb * N * K + j0, 1, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+    _pack_contig(bsrc, bb * N * K + j0, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
 
 
 @njit(**JIT)
@@ -391,7 +402,7 @@ def _pack_b_t(j, bsrc, bpf, N, K, npn, nr_full):
     """B panel j of B stored (N, K): element (k, j) at j*K + k."""
     bb = j // npn
     j0 = (j - bb * npn) * nr_full
-    _pack_panel(bsrc, bb * N * K + j0 * K, K, 1, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+    _pack_strided(bsrc, bb * N * K + j0 * K, K, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
 
 
 # ---- GEMM ------------------------------------------------------------------------------------
