@@ -166,9 +166,10 @@ class Op:
     synthesize(shapes, params, rng, dtype) -> dict: the named benchmark inputs of a case
         (None: every shape drawn from a standard normal in `dtype`).
     public: the public function (exported as ``dispatch.<name>``).
-    layouts: {name: f(args, kwargs) -> (args, kwargs)}: the same call with inputs in
-        another memory layout that compiles another kernel specialization, which
-        `python -m dispatch.warmup` compiles too (attention's fused-QKV views).
+    variants: {name: f(args, kwargs) -> (args, kwargs)}: the same call made another way
+        that compiles kernels of its own, which `python -m dispatch.warmup` compiles too:
+        another memory layout (attention's fused-QKV views), another fused epilogue
+        (linear's activations: the GEMM worker is compiled per epilogue).
     """
 
     name: str
@@ -182,7 +183,7 @@ class Op:
     synthesize: Callable[..., dict] | None = None
     public: Callable[..., Any] | None = None
     implementations: dict = field(default_factory=dict)
-    layouts: dict = field(default_factory=dict)
+    variants: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.bound not in BOUNDS:

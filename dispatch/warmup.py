@@ -8,9 +8,10 @@ after installing, e.g. in a container build or on an edge device before it serve
 that no user request pays for compilation. It calls every CPU implementation of each op
 (all ops by default) on small example inputs (dispatch/examples.py), forced one at a
 time with `dispatch.use`, for each dtype (default float32), and prints a progress line
-per call.  An op may declare other input layouts that compile kernels of their own
-(Op.layouts: attention's fused-QKV views with a padding mask and a transposed out=, as
-a BERT layer calls it); those are compiled in the same step.
+per call.  An op may declare other calls that compile kernels of their own
+(Op.variants: attention's fused-QKV views with a padding mask and a transposed out=, as
+a BERT layer calls it; linear's and matmul's fused epilogues); those are compiled in
+the same step.
 
 Where the cache goes is numba's choice: a ``__pycache__`` beside the kernel modules when
 that directory is writable, otherwise numba's per-user cache directory (a read-only
@@ -47,7 +48,7 @@ def plan(ops=None, dtypes=("float32",)):
 
 def compile_one(op_name, impl_name, dtype):
     """Call op_name forced to impl_name on the first example size it accepts, then once
-    more per layout the op declares (Op.layouts). Returns the size used, or raises
+    more per variant the op declares (Op.variants). Returns the size used, or raises
     LookupError when no example fits."""
     import dispatch
     from . import examples, registry
@@ -64,8 +65,8 @@ def compile_one(op_name, impl_name, dtype):
             if explain(op_name, *args, **kwargs).chosen != impl_name:
                 continue  # this implementation refuses these inputs: try another size
             op.public(*args, **kwargs)
-            for layout in op.layouts.values():
-                largs, lkwargs = layout(args, kwargs)
+            for variant in op.variants.values():
+                largs, lkwargs = variant(args, kwargs)
                 if explain(op_name, *largs, **lkwargs).chosen == impl_name:
                     op.public(*largs, **lkwargs)
         return size

@@ -125,7 +125,7 @@ print(json.dumps(n))
 
 
 def test_warmup_covers_the_bert_attention_layout(tmp_path):
-    """Op.layouts: warmup also compiles attention for fused-QKV views, a bool padding mask
+    """Op.variants: warmup also compiles attention for fused-QKV views, a bool padding mask
     and a transposed out= (other types than the contiguous example: kernels of their own),
     so a BERT layer's first attention call compiles nothing."""
     env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))

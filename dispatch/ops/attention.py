@@ -248,7 +248,7 @@ _op = register_op(Op(
     "attention", describe, family="attention", bound="compute",
     signature=lambda i: ((i["q"], i["k"], i["v"]), {"causal": i.get("causal", False), "mask": i.get("mask")}),
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)},
-    layouts={"bert": _bert_layout}))
+    variants={"bert": _bert_layout}))
 register(Implementation(
     "attention", "cpu-flash", "cpu", _run_flash(True), kernel_modules=_KERNELS,
     notes=ROWS_NOTE + f"; each thread packs the K of its current kv head into 16-key K^T panels (and copies a "

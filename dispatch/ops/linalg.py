@@ -489,17 +489,39 @@ def _sig_linear(i):
     return (i["x"], i["weight"], i.get("bias")), {"activation": i.get("activation")}
 
 
-def _register(name, describe, signature):
+def _epilogue_variants(bias_at):
+    """Op.variants for warmup: the GEMM worker is compiled per fused epilogue (no bias, bias
+    only, bias + each activation), so each is a kernel of its own to compile ahead.
+    bias_at: where the bias goes, ("args", 2) for linear, ("kwargs", "bias") for matmul."""
+    def variant(activation, with_bias):
+        def make(args, kwargs):
+            args, kwargs = list(args), dict(kwargs, activation=activation)
+            n = args[1].shape[0] if bias_at[0] == "args" else args[1].shape[-1]
+            bias = np.zeros(n, args[0].dtype) if with_bias else None
+            if bias_at[0] == "args":
+                args[bias_at[1]] = bias
+            else:
+                kwargs[bias_at[1]] = bias
+            return tuple(args), kwargs
+        return make
+
+    out = {"no epilogue": variant(None, False), "bias": variant(None, True)}
+    out.update({act: variant(act, True) for act in ACTIVATION_CODES if act is not None})
+    return out
+
+
+def _register(name, describe, signature, bias_at):
     op = register_op(Op(name, describe, family="linalg", bound="compute", signature=signature, flops=_flops,
-                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize))
+                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize,
+                        variants=_epilogue_variants(bias_at)))
     register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS))
     register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV, kernel_modules=_KERNELS))
     register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS, kernel_modules=_KERNELS))
     return op
 
 
-_matmul = _register("matmul", describe_matmul, _sig_matmul)
-_linear = _register("linear", describe_linear, _sig_linear)
+_matmul = _register("matmul", describe_matmul, _sig_matmul, ("kwargs", "bias"))
+_linear = _register("linear", describe_linear, _sig_linear, ("args", 2))
 
 
 @_matmul.expose
