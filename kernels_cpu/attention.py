@@ -37,12 +37,14 @@ split-KV (cpu-splitkv)
   a second parallel pass combines the splits.
 """
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 from llvmlite import ir
-from numba import carray, get_thread_id, njit, prange, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, fexp
+from .approx import JIT, bits_to_float, fexp, like
+from .parallel import fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
@@ -442,61 +444,93 @@ def _item_coords(t, BH, nqt):
     return t // nqt, nqt - 1 - t % nqt
 
 
-@njit(parallel=True, **JIT)
-def flash_parallel(q, k, v, mask, mkind, causal, scale, out, nth):
-    """nth: the number of threads (numba.get_num_threads() of the caller; scratch is per
-    thread).  Each thread packs K^T panels into its own buffer when an item's kv head is
-    not the one it holds (items are head-major, so a head is packed about once per
-    thread): one parallel region, no (B, Hkv, Skv, D) panel array to allocate and fault
-    in, no packing pass with a barrier before the work.  V heads whose rows are not
-    adjacent (q/k/v views of a fused QKV projection: rows 3*H apart) are copied into a
-    thread buffer the same way: 64 V rows 4.6 KB apart span 72 pages, more than the L1
-    TLB holds, and the views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape
-    (16x12x198x32, bool padding mask, 2 threads).
-    Call it under numba.parallel_chunksize(1): items are then handed out one at a time,
-    so a thread that the OS pauses (2 shared cores) does not hold back the whole call.
-    (get_num_threads / set_parallel_chunksize inside the kernel would make it uncacheable.)"""
+# The flash worker's arguments, read from an int64 block (see flash()): addresses, sizes,
+# byte strides (numpy's), the flat extents the views span, and the item counter.
+(F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_QN, F_KN, F_VN, F_MN, F_ON, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
+ F_SCALE, F_VROWS) = range(19)
+F_STRIDES = 19            # then 4 byte strides each of q, k, v, mask, out
+F_COUNT = F_STRIDES + 20
+
+
+def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
+    """out = attention(q, k, v) (see the module docstring) on nworkers workers (1: on the
+    calling thread).  q, k, v, out: views with unit-stride rows; mask: the 4-D broadcast
+    mask view (a dummy for MASK_NONE).
+
+    flash_worker runs by address (parallel.run_workers), compiled per (dtype, mask kind,
+    causal) for every input layout at once (it rebuilds the views from addresses and
+    strides): no parfor gufunc and kernel recompiling its code, and contiguous inputs
+    and fused-QKV views share one compiled worker.  Workers take items from an atomic
+    counter one at a time (dynamic: a thread the OS pauses does not hold back the call)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = v.shape[1], v.shape[2]
-    nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
-    BH = B * Hkv
-    kps = np.empty((nth, (Skv + NC - 1) // NC, D, NC), q.dtype)
-    held = np.full(nth, -1, np.int64)  # the (batch * Hkv + kv head) whose panels kps[w] holds
-    vrows = v.strides[2] != D * q.itemsize  # V rows not adjacent: copy each head
-    vbs = np.empty((nth, Skv if vrows else 0, D), q.dtype)
-    # Items are handed out one at a time (dynamic), not in one static block per thread: a
-    # thread that the OS pauses (2 shared cores) does not hold back the whole call.
-    # Scratch per thread (allocated once per call, indexed by the thread id).
-    qs = np.empty((nth, BQ, D), q.dtype)
-    st = np.empty((nth, BQ, BK), q.dtype)
-    acc = np.empty((nth, BQ, D), q.dtype)
-    mv = np.empty((nth, BQ), q.dtype)
-    lv = np.empty((nth, BQ), q.dtype)
-    ri = np.empty((nth, BQ), np.int64)
-    rh = np.empty((nth, BQ), np.int64)
-    for t in prange(BH * nqt):
-        bh, qt = _item_coords(t, BH, nqt)
-        w = get_thread_id()
-        vh = v[bh // Hkv, bh % Hkv]
-        if held[w] != bh:
-            pack_k_head(k[bh // Hkv, bh % Hkv], kps[w])
-            if vrows:
-                _copy_rows(vh, vbs[w])
-            held[w] = bh
-        if vrows:
-            vh = vbs[w]
-        _flash_item(q, kps[w], vh, Hkv, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
-                    qs[w], st[w], acc[w], mv[w], lv[w], ri[w], rh[w])
+    p = np.zeros(F_COUNT, np.int64)
+    for slot, nslot, arr in ((F_Q, F_QN, q), (F_K, F_KN, k), (F_V, F_VN, v), (F_MASK, F_MN, mask),
+                             (F_OUT, F_ON, out)):
+        if arr.size and (min(arr.strides) < 0 or (arr is not mask and arr.strides[-1] != arr.itemsize)):
+            raise ValueError("flash: strides must be non-negative, and q/k/v/out rows unit-stride")
+        p[slot] = arr.ctypes.data
+        p[nslot] = 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if n) // arr.itemsize
+        base = F_STRIDES + 4 * (slot - F_Q)
+        p[base:base + 4] = arr.strides
+    p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
+    p[F_SCALE] = np.float64(scale).view(np.int64)
+    p[F_VROWS] = v.strides[2] != D * v.itemsize  # V rows not adjacent: each head is copied
+    variant = (bool(q.dtype == np.float64), int(mkind), bool(causal))
+    fn = _FLASH_WORKERS.get(variant)
+    if fn is None:
+        fn = _FLASH_WORKERS[variant] = worker_address(flash_worker, (types.int64, types.int64) + tuple(
+            types.literal(x) for x in variant))
+    nitems = B * Hkv * (((Hq // Hkv) * Sq + BQ - 1) // BQ)
+    if nworkers <= 1:
+        run_serial(fn, p)
+    else:
+        run_workers(fn, p, min(nworkers, nitems))
+
+
+_FLASH_WORKERS = {}  # (is64, mkind, causal) -> flash_worker's address
+
+
+def _mask_like(mkind, z):
+    return z
+
+
+@overload(_mask_like)
+def _mask_like_overload(mkind, z):
+    """An element of the mask's type for the literal mkind: bool, or the input's float."""
+    if not isinstance(mkind, types.Literal):
+        return None
+    if mkind.literal_value == MASK_BOOL:
+        return lambda mkind, z: False
+    return lambda mkind, z: z
 
 
 @njit(**JIT)
-def flash_serial(q, k, v, mask, mkind, causal, scale, out):
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = v.shape[1], v.shape[2]
-    kph = np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype)
-    vrows = v.strides[2] != D * q.itemsize  # as in flash_parallel
-    vb = np.empty((Skv if vrows else 0, D), q.dtype)
+def flash_worker(w, params, is64, mkind, causal):
+    """Worker w of a flash() call: rebuilds q, k, v, mask and out as strided views of the
+    addresses in the int64 block at params (so every layout compiles the same worker),
+    then takes work items from the block's counter until none are left.  Scratch is its
+    own: K^T panels of the kv head it holds (repacked only when an item's head differs;
+    items are head-major, so a head is packed about once per worker) and, when V's rows
+    are not adjacent (q/k/v views of a fused QKV projection: rows 3*H apart), a copy of
+    that head's V: 64 V rows 4.6 KB apart span 72 pages, more than the L1 TLB holds (the
+    views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape 16x12x198x32)."""
+    p = carray(ptr_as(params, np.int64(0)), F_COUNT)
+    z = like_dtype(is64)
+    B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
+    s = F_STRIDES
+    q = as_strided(carray(ptr_as(p[F_Q], z), p[F_QN]), (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
+    k = as_strided(carray(ptr_as(p[F_K], z), p[F_KN]), (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
+    v = as_strided(carray(ptr_as(p[F_V], z), p[F_VN]), (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
+    mask = as_strided(carray(ptr_as(p[F_MASK], _mask_like(mkind, z)), p[F_MN]), (B, Hq, Sq, Skv),
+                      (p[s + 12], p[s + 13], p[s + 14], p[s + 15]))
+    out = as_strided(carray(ptr_as(p[F_OUT], z), p[F_ON]), (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
+    scale = like(z, bits_to_float(p[F_SCALE]))
+    vrows = p[F_VROWS] != 0
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
+    BH = B * Hkv
+    kph = np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype)
+    vb = np.empty((Skv if vrows else 0, D), q.dtype)
     qs = np.empty((BQ, D), q.dtype)
     st = np.empty((BQ, BK), q.dtype)
     acc = np.empty((BQ, D), q.dtype)
@@ -504,14 +538,22 @@ def flash_serial(q, k, v, mask, mkind, causal, scale, out):
     lv = np.empty(BQ, q.dtype)
     ri = np.empty(BQ, np.int64)
     rh = np.empty(BQ, np.int64)
-    for bh in range(B * Hkv):
-        pack_k_head(k[bh // Hkv, bh % Hkv], kph)
+    held = -1  # the (batch * Hkv + kv head) whose panels kph holds
+    while True:
+        t = fetch_add(p, F_NEXT, 1)
+        if t >= BH * nqt:
+            break
+        bh, qt = _item_coords(t, BH, nqt)
         vh = v[bh // Hkv, bh % Hkv]
+        if held != bh:
+            pack_k_head(k[bh // Hkv, bh % Hkv], kph)
+            if vrows:
+                _copy_rows(vh, vb)
+            held = bh
         if vrows:
-            _copy_rows(vh, vb)
             vh = vb
-        for qt in range(nqt):
-            _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt, qs, st, acc, mv, lv, ri, rh)
+        _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
+                    qs, st, acc, mv, lv, ri, rh)
 
 
 # ---- split-KV --------------------------------------------------------------------------

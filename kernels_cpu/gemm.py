@@ -42,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
-from .parallel import ptr_as, run_workers, worker_address
+from .parallel import fetch_add, like_dtype, ptr_as, run_workers, worker_address
 
 # Register tile MR x NR: 6 rows x 2 vectors = 12 accumulator registers + 2 B vectors + 1
 # broadcast A value = 15 of the 16 AVX2 registers (the BLIS/OpenBLAS Haswell shape).  It runs
@@ -144,23 +144,6 @@ def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
         return context.get_dummy_value()
 
     return types.none(kc, ap, aoff, bp, boff, c, coff, ldc, accumulate), codegen
-
-
-@intrinsic
-def _fetch_add(typingctx, arr, idx, val):
-    """Atomically arr[idx] += val and return the old value (int64 array, no bounds check);
-    val = 0 is an atomic read.  Sequentially consistent: a full barrier on x86, so data
-    written before a fetch_add is visible to a thread that sees its result."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        ptr = builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)])
-        v = context.cast(builder, args[2], sig.args[2], types.int64)
-        return builder.atomic_rmw("add", ptr, v, "seq_cst")
-
-    return types.int64(arr, idx, val), codegen
 
 
 # ---- epilogue ------------------------------------------------------------------------------
@@ -476,20 +459,6 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
     p[P_BIAS] = bias.ctypes.data
 
 
-def _like_dtype(is64):
-    return np.float64(0)
-
-
-@overload(_like_dtype)
-def _like_dtype_overload(is64):
-    """A zero of the element type that the literal is64 (a worker argument) chooses."""
-    if not isinstance(is64, types.Literal):
-        return None
-    if is64.literal_value:
-        return lambda is64: np.float64(0)
-    return lambda is64: np.float32(0)
-
-
 @njit(**JIT)
 def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
     """Worker w of a gemm_parallel call: its arrays and sizes are read from the int64
@@ -506,7 +475,7 @@ def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
     each numba function costs its own pipeline, and numba's inline="always" re-types the
     inlined body (that cost more compile time than it saved)."""
     p = carray(ptr_as(params, np.int64(0)), P_COUNT)
-    z = _like_dtype(is64)
+    z = like_dtype(is64)
     nbatch, M, N, K = p[P_NBATCH], p[P_M], p[P_N], p[P_K]
     na, nb = p[P_NA], p[P_NB]
     mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
@@ -531,9 +500,9 @@ def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
     # panels from the counter, then a sweep packing any still unmarked
     sweep = 0
     while True:
-        i = _fetch_add(sync, 0, 1)
+        i = fetch_add(sync, 0, 1)
         if i >= n_pack:
-            while sweep < n_pack and _fetch_add(sync, 2 + sweep, 0) != 0:
+            while sweep < n_pack and fetch_add(sync, 2 + sweep, 0) != 0:
                 sweep += 1
             if sweep >= n_pack:
                 break
@@ -543,9 +512,9 @@ def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
             _pack_a_lit(i, asrc, apf, M, K, mp, transa)
         else:
             _pack_b_lit(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full, transb)
-        _fetch_add(sync, 2 + i, 1)
+        fetch_add(sync, 2 + i, 1)
     while True:
-        task = _fetch_add(sync, 1, 1)
+        task = fetch_add(sync, 1, 1)
         if task >= ntasks:
             break
         bi = task // (nmb * nnb)

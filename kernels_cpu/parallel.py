@@ -9,9 +9,10 @@ address from one shared parallel driver, so its code is compiled once (see below
 import threading
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 # Parallel kernels split the rows into TASKS_PER_THREAD contiguous blocks per thread, handed
 # out dynamically (parallel chunk size 1): when another process takes a core, the other
@@ -76,10 +77,20 @@ def run_workers(fn, params, n):
     _run_workers(fn, params.ctypes.data, n)
 
 
+@njit(cache=True)
+def _run_serial(fn, params):
+    _call_address(fn, 0, params)
+
+
+def run_serial(fn, params):
+    """fn(0, params.ctypes.data) on the calling thread (no thread pool hand-off)."""
+    _run_serial(fn, params.ctypes.data)
+
+
 @intrinsic
 def ptr_as(typingctx, addr, like):
     """The int64 address addr as a pointer to like's type (for numba.carray)."""
-    if not isinstance(like, (types.Float, types.Integer)):
+    if not isinstance(like, (types.Float, types.Integer, types.Boolean)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -107,3 +118,34 @@ def worker_address(dispatcher, sig):
                 addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
                 _ADDRESSES[key] = addr
     return addr
+
+
+@intrinsic
+def fetch_add(typingctx, arr, idx, val):
+    """Atomically arr[idx] += val and return the old value (int64 array, no bounds check);
+    val = 0 is an atomic read.  Sequentially consistent: a full barrier on x86, so data
+    written before a fetch_add is visible to a thread that sees its result."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, v, "seq_cst")
+
+    return types.int64(arr, idx, val), codegen
+
+
+def like_dtype(is64):
+    return np.float64(0)
+
+
+@overload(like_dtype)
+def _like_dtype_overload(is64):
+    """A zero of the element type that the literal is64 (a worker argument) chooses."""
+    if not isinstance(is64, types.Literal):
+        return None
+    if is64.literal_value:
+        return lambda is64: np.float64(0)
+    return lambda is64: np.float32(0)

@@ -299,21 +299,26 @@ def test_matrix_and_masked_arrays_refused(op_name, name, kind):
 # ---- read-only inputs ------------------------------------------------------------------------
 
 def _kernel_dispatchers_by_name():
-    by_name = {}
+    """({name: numba dispatchers}, {name: plain Python functions}) of the kernels_cpu
+    modules: the second are the Python glue some kernels have (attention's flash, the
+    GEMM's gemm_parallel, parallel.run_workers), which call the compiled workers."""
+    by_name, glue = {}, {}
     for modname, mod in list(sys.modules.items()):
         if mod is None or not modname.startswith("kernels_cpu"):
             continue
         for name, v in vars(mod).items():
             if isinstance(v, Dispatcher):
                 by_name.setdefault(name, set()).add(v)
-    return by_name
+            elif isinstance(v, pytypes.FunctionType) and v.__module__ == modname:
+                glue.setdefault(name, []).append(v)
+    return by_name, glue
 
 
 def _kernels_of(impl):
     """The numba kernels an implementation's run calls from Python: kernels held in its
     closures, and kernels_cpu functions it names, followed through the dispatch helpers
     it calls (by name, so approximate, but never another op's kernels)."""
-    by_name = _kernel_dispatchers_by_name()
+    by_name, glue = _kernel_dispatchers_by_name()
     found, seen, todo = set(), set(), [impl.run]
     while todo:
         f = todo.pop()
@@ -332,6 +337,7 @@ def _kernels_of(impl):
                 todo.append(v)
         for name in code.co_names:
             found |= by_name.get(name, set())
+            todo.extend(glue.get(name, ()))
             g = f.__globals__.get(name)
             if isinstance(g, pytypes.FunctionType) and g.__module__.startswith("dispatch"):
                 todo.append(g)

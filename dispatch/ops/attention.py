@@ -181,7 +181,10 @@ def _prepare(q, k, v, mask, out):
         m4 = np.ndarray((B, Hq, Sq, Skv), q.dtype, buffer=_ZERO, strides=(0, 0, 0, 0))
         mkind = MASK_NONE
     else:
-        m4 = np.broadcast_to(mask.view(np.ndarray) if type(mask) is not np.ndarray else mask, (B, Hq, Sq, Skv))
+        m = mask.view(np.ndarray) if type(mask) is not np.ndarray else mask
+        if min(m.strides, default=0) < 0:  # the kernel reads the mask from its first element on
+            m = np.ascontiguousarray(m)
+        m4 = np.broadcast_to(m, (B, Hq, Sq, Skv))
         mkind = MASK_BOOL if mask.dtype == np.bool_ else MASK_ADD
     res = result_buffer(out, q.shape, q.dtype, rows=True)  # a (B, S, H, D) buffer's transposed view: written in place
     return qc, kc, vc, m4, mkind, res
@@ -191,13 +194,7 @@ def _run_flash(parallel):
     def run(params, q, k, v, mask, causal, scale, out):
         qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
         if res.size:
-            if parallel:
-                # one work item at a time per thread (dynamic): a paused thread does not stall the call
-                with numba.parallel_chunksize(1):
-                    K.flash_parallel(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res,
-                                     numba.get_num_threads())
-            else:
-                K.flash_serial(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res)
+            K.flash(qc, kc, vc, m4, mkind, causal, scale, res, numba.get_num_threads() if parallel else 1)
         return deliver(res, out)
 
     return run
