@@ -39,7 +39,7 @@ split-KV (cpu-splitkv)
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -420,7 +420,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, b, hk, qt, qs,
                 prow = st[r]
                 for j in range(jn):
                     p = prow[j]
-                    vrow = vh[j0 + j]
+                    vrow = unit_row(vh[j0 + j])
                     for d in range(d16, D):
                         arow[d] += p * vrow[d]
     for r in range(nq):
@@ -446,10 +446,44 @@ def _item_coords(t, BH, nqt):
 
 # The flash worker's arguments, read from an int64 block (see flash()): addresses, sizes,
 # byte strides (numpy's), the flat extents the views span, and the item counter.
+# The workers' arguments, read from an int64 block (_params): addresses, sizes, byte
+# strides (numpy's), the flat extents the views span, the item counter, and for split-KV
+# its partials and phase.
 (F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_QN, F_KN, F_VN, F_MN, F_ON, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
- F_SCALE, F_VROWS) = range(19)
-F_STRIDES = 19            # then 4 byte strides each of q, k, v, mask, out
+ F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE) = range(25)
+F_STRIDES = 25            # then 4 byte strides each of q, k, v, mask, out
 F_COUNT = F_STRIDES + 20
+
+
+def _params(q, k, v, mask, out, scale):
+    """The int64 block a worker reads q, k, v, mask (the 4-D broadcast view, or a dummy
+    for MASK_NONE) and out from; q/k/v/out rows must have unit stride, all strides be
+    non-negative (the worker rebuilds each view from its first element)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = v.shape[1], v.shape[2]
+    p = np.zeros(F_COUNT, np.int64)
+    for slot, nslot, arr in ((F_Q, F_QN, q), (F_K, F_KN, k), (F_V, F_VN, v), (F_MASK, F_MN, mask),
+                             (F_OUT, F_ON, out)):
+        if arr.size and (min(arr.strides) < 0 or (arr is not mask and arr.strides[-1] != arr.itemsize)):
+            raise ValueError("attention kernels: strides must be non-negative, and q/k/v/out rows unit-stride")
+        p[slot] = arr.ctypes.data
+        p[nslot] = 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if n) // arr.itemsize
+        base = F_STRIDES + 4 * (slot - F_Q)
+        p[base:base + 4] = arr.strides
+    p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
+    p[F_SCALE] = np.float64(scale).view(np.int64)
+    p[F_VROWS] = v.strides[2] != D * v.itemsize  # V rows not adjacent: each head is copied
+    return p
+
+
+def _worker(dispatcher, cache, q, mkind, causal):
+    """The address of dispatcher's worker for (dtype, mask kind, causal), compiled once."""
+    variant = (bool(q.dtype == np.float64), int(mkind), bool(causal))
+    fn = cache.get(variant)
+    if fn is None:  # numba literal types are slow to make: once per variant
+        fn = cache[variant] = worker_address(dispatcher, (types.int64, types.int64) + tuple(
+            types.literal(x) for x in variant))
+    return fn
 
 
 def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
@@ -463,24 +497,9 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
     and fused-QKV views share one compiled worker.  Workers take items from an atomic
     counter one at a time (dynamic: a thread the OS pauses does not hold back the call)."""
     B, Hq, Sq, D = q.shape
-    Hkv, Skv = v.shape[1], v.shape[2]
-    p = np.zeros(F_COUNT, np.int64)
-    for slot, nslot, arr in ((F_Q, F_QN, q), (F_K, F_KN, k), (F_V, F_VN, v), (F_MASK, F_MN, mask),
-                             (F_OUT, F_ON, out)):
-        if arr.size and (min(arr.strides) < 0 or (arr is not mask and arr.strides[-1] != arr.itemsize)):
-            raise ValueError("flash: strides must be non-negative, and q/k/v/out rows unit-stride")
-        p[slot] = arr.ctypes.data
-        p[nslot] = 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if n) // arr.itemsize
-        base = F_STRIDES + 4 * (slot - F_Q)
-        p[base:base + 4] = arr.strides
-    p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
-    p[F_SCALE] = np.float64(scale).view(np.int64)
-    p[F_VROWS] = v.strides[2] != D * v.itemsize  # V rows not adjacent: each head is copied
-    variant = (bool(q.dtype == np.float64), int(mkind), bool(causal))
-    fn = _FLASH_WORKERS.get(variant)
-    if fn is None:
-        fn = _FLASH_WORKERS[variant] = worker_address(flash_worker, (types.int64, types.int64) + tuple(
-            types.literal(x) for x in variant))
+    Hkv = v.shape[1]
+    p = _params(q, k, v, mask, out, scale)
+    fn = _worker(flash_worker, _FLASH_WORKERS, q, mkind, causal)
     nitems = B * Hkv * (((Hq // Hkv) * Sq + BQ - 1) // BQ)
     if nworkers <= 1:
         run_serial(fn, p)
@@ -505,6 +524,21 @@ def _mask_like_overload(mkind, z):
     return lambda mkind, z: z
 
 
+@njit(inline="always")
+def _views(p, z, mkind):
+    """(q, k, v, mask, out, scale) rebuilt from the int64 block p (see _params) as
+    strided views; z: a zero of the element type."""
+    B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
+    s = F_STRIDES
+    q = as_strided(carray(ptr_as(p[F_Q], z), p[F_QN]), (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
+    k = as_strided(carray(ptr_as(p[F_K], z), p[F_KN]), (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
+    v = as_strided(carray(ptr_as(p[F_V], z), p[F_VN]), (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
+    mask = as_strided(carray(ptr_as(p[F_MASK], _mask_like(mkind, z)), p[F_MN]), (B, Hq, Sq, Skv),
+                      (p[s + 12], p[s + 13], p[s + 14], p[s + 15]))
+    out = as_strided(carray(ptr_as(p[F_OUT], z), p[F_ON]), (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
+    return q, k, v, mask, out, like(z, bits_to_float(p[F_SCALE]))
+
+
 @njit(**JIT)
 def flash_worker(w, params, is64, mkind, causal):
     """Worker w of a flash() call: rebuilds q, k, v, mask and out as strided views of the
@@ -516,16 +550,9 @@ def flash_worker(w, params, is64, mkind, causal):
     that head's V: 64 V rows 4.6 KB apart span 72 pages, more than the L1 TLB holds (the
     views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape 16x12x198x32)."""
     p = carray(ptr_as(params, np.int64(0)), F_COUNT)
-    z = like_dtype(is64)
-    B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
-    s = F_STRIDES
-    q = as_strided(carray(ptr_as(p[F_Q], z), p[F_QN]), (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
-    k = as_strided(carray(ptr_as(p[F_K], z), p[F_KN]), (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
-    v = as_strided(carray(ptr_as(p[F_V], z), p[F_VN]), (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
-    mask = as_strided(carray(ptr_as(p[F_MASK], _mask_like(mkind, z)), p[F_MN]), (B, Hq, Sq, Skv),
-                      (p[s + 12], p[s + 13], p[s + 14], p[s + 15]))
-    out = as_strided(carray(ptr_as(p[F_OUT], z), p[F_ON]), (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
-    scale = like(z, bits_to_float(p[F_SCALE]))
+    q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
     vrows = p[F_VROWS] != 0
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     BH = B * Hkv
@@ -588,7 +615,7 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
     mb = np.empty(BK, q.dtype)
     kh, vh = k[b, hk], v[b, hk]
     for r in range(nr):
-        src = q[b, rh[r], ri[r]]
+        src = unit_row(q[b, rh[r], ri[r]])
         qrow = qs[r]
         for d in range(D):
             qrow[d] = src[d] * scale
@@ -603,7 +630,7 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
     for j0 in range(js, je, BK):
         jn = min(BK, je - j0)
         for j in range(jn):
-            krow = kh[j0 + j]
+            krow = unit_row(kh[j0 + j])
             for r in range(nr):
                 qrow = qs[r]
                 s = zero
@@ -626,7 +653,7 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
                 for d in range(D):
                     arow[d] *= alpha
         for j in range(jn):
-            vrow = vh[j0 + j]
+            vrow = unit_row(vh[j0 + j])
             for r in range(nr):
                 p = st[r, j]
                 arow = acc[r]
@@ -640,31 +667,69 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
             drow[d] = arow[d]
 
 
-@njit(parallel=True, **JIT)
-def splitkv_parallel(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl, pacc):
-    """pm, pl (B, Hkv, nsplit, G*Sq), pacc (B, Hkv, nsplit, G*Sq, D): partials.  Call it
-    under numba.parallel_chunksize(1) (dynamic hand-out of the split items)."""
+def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl, pacc, nworkers):
+    """out = attention(q, k, v) by split-KV (see the module docstring) on nworkers workers.
+    pm, pl (B, Hkv, nsplit, G*Sq), pacc (B, Hkv, nsplit, G*Sq, D): C-contiguous partials.
+    Two passes of splitkv_worker, by address like flash(): the split items, then (after
+    all of them: the first run_workers returns when every worker is done) the combine."""
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    R = (Hq // Hkv) * Sq
+    p = _params(q, k, v, mask, out, scale)
+    for slot, arr in ((F_PM, pm), (F_PL, pl), (F_PACC, pacc)):
+        if not (arr.flags.c_contiguous and arr.dtype == q.dtype):
+            raise ValueError("splitkv: the partials must be C-contiguous arrays of q's dtype")
+        p[slot] = arr.ctypes.data
+    p[F_NSPLIT], p[F_SPLIT_LEN] = nsplit, split_len
+    fn = _worker(splitkv_worker, _SPLITKV_WORKERS, q, mkind, causal)
+    for phase, nitems in ((0, B * Hkv * nsplit * ((R + RC - 1) // RC)), (1, B * Hkv * R)):
+        p[F_PHASE], p[F_NEXT] = phase, 0
+        run_workers(fn, p, max(1, min(nworkers, nitems)))
+
+
+_SPLITKV_WORKERS = {}  # (is64, mkind, causal) -> splitkv_worker's address
+
+
+@njit(**JIT)
+def splitkv_worker(w, params, is64, mkind, causal):
+    """Worker w of one splitkv() pass (the block's F_PHASE): 0, split items (batch, kv
+    head, split, chunk of RC query rows) writing the partials; 1, rows combining them.
+    Items are taken from the block's counter one at a time."""
+    p = carray(ptr_as(params, np.int64(0)), F_COUNT)
+    q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
     R = G * Sq
-    nrc = (R + RC - 1) // RC
-    n1 = B * Hkv * nsplit * nrc
-    for t in prange(n1):
-        rc = t % nrc
-        u = t // nrc
-        sp = u % nsplit
-        bh = u // nsplit
+    nsplit, split_len = p[F_NSPLIT], p[F_SPLIT_LEN]
+    z = q.dtype.type(0)
+    pm = carray(ptr_as(p[F_PM], z), (B, Hkv, nsplit, R))
+    pl = carray(ptr_as(p[F_PL], z), (B, Hkv, nsplit, R))
+    pacc = carray(ptr_as(p[F_PACC], z), (B, Hkv, nsplit, R, D))
+    if p[F_PHASE] == 0:
+        nrc = (R + RC - 1) // RC
         qs = np.empty((RC, D), q.dtype)
         st = np.empty((RC, BK), q.dtype)
         acc = np.empty((RC, D), q.dtype)
-        _split_item(q, k, v, mask, mkind, causal, scale, bh // Hkv, bh % Hkv, sp, rc, split_len,
-                    pm, pl, pacc, qs, st, acc)
-    for t in prange(B * Hkv * R):
-        rr = t % R
-        bh = t // R
-        b, hk = bh // Hkv, bh % Hkv
-        _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, unit_row(out[b, hk * G + rr // Sq, rr % Sq]))
+        while True:
+            t = fetch_add(p, F_NEXT, 1)
+            if t >= B * Hkv * nsplit * nrc:
+                break
+            rc = t % nrc
+            u = t // nrc
+            sp = u % nsplit
+            bh = u // nsplit
+            _split_item(q, k, v, mask, mkind, causal, scale, bh // Hkv, bh % Hkv, sp, rc, split_len,
+                        pm, pl, pacc, qs, st, acc)
+    else:
+        while True:
+            t = fetch_add(p, F_NEXT, 1)
+            if t >= B * Hkv * R:
+                break
+            rr = t % R
+            bh = t // R
+            b, hk = bh // Hkv, bh % Hkv
+            _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, unit_row(out[b, hk * G + rr // Sq, rr % Sq]))
 
 
 @njit(**JIT)

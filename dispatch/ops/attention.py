@@ -215,8 +215,7 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out):
         pm = np.empty((B, Hkv, nsplit, R), q.dtype)
         pl = np.empty((B, Hkv, nsplit, R), q.dtype)
         pacc = np.empty((B, Hkv, nsplit, R, D), q.dtype)
-        with numba.parallel_chunksize(1):
-            K.splitkv_parallel(qc, kc, vc, m4, mkind, causal, q.dtype.type(scale), res, nsplit, split_len, pm, pl, pacc)
+        K.splitkv(qc, kc, vc, m4, mkind, causal, scale, res, nsplit, split_len, pm, pl, pacc, numba.get_num_threads())
     return deliver(res, out)
 
 
