@@ -393,7 +393,7 @@ def _pack_b_t(j, bsrc, bpf, N, K, npn, nr_full):
 # The worker's arguments, read from an int64 block (addresses, sizes, blocking): the
 # worker is called by address (parallel.run_workers), with C arguments only.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_COUNT) = range(19)
+ P_MC, P_NC, P_KC, P_B_PACKED, P_EPILOGUE, P_COUNT) = range(21)
 
 
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
@@ -408,7 +408,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     nworkers: numba's thread count (numba.get_num_threads()).
 
     Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
-    compiled per (dtype, transa, transb, b_packed, epilogue, activation): each holds only
+    compiled per (dtype, transa, transb, activation): each holds only
     its own packing loops and activation, compiled once, not again into a parfor gufunc
     and its kernel."""
     nbatch, M, N = out3.shape
@@ -432,9 +432,10 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     p = np.empty(P_COUNT, np.int64)
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = a3.shape[0], b3.shape[0], nbatch, M, N, K
-    p[P_MC], p[P_NC], p[P_KC] = mc_panels, nc_panels, kc
-    variant = (bool(out3.dtype == np.float64), bool(transa), bool(transb), bool(b_packed), bool(epilogue),
-               int(code) if epilogue else ACT_NONE)
+    p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED], p[P_EPILOGUE] = mc_panels, nc_panels, kc, b_packed, epilogue
+    # b_packed and epilogue are run-time (small code): a prepacked weight, and a product
+    # with or without a bias, share the compiled worker
+    variant = (bool(out3.dtype == np.float64), bool(transa), bool(transb), int(code) if epilogue else ACT_NONE)
     fn = _WORKERS.get(variant)
     if fn is None:  # numba literal types are slow to make (~10 us each): once per variant
         fn = _WORKERS[variant] = worker_address(gemm_worker, (types.int64, types.int64) + tuple(
@@ -442,7 +443,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     run_workers(fn, p, min(nworkers, max(ntasks, 1)))
 
 
-_WORKERS = {}  # (is64, transa, transb, b_packed, epilogue, code) -> gemm_worker's address
+_WORKERS = {}  # (is64, transa, transb, code) -> gemm_worker's address
 
 
 @njit(cache=True)
@@ -460,11 +461,11 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
 
 
 @njit(**JIT)
-def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
+def gemm_worker(w, params, is64, transa, transb, code):
     """Worker w of a gemm_parallel call: its arrays and sizes are read from the int64
-    block at address params (the P_* slots); is64, transa, transb, b_packed, epilogue and
-    code are literals (one compiled worker per combination, holding only the packing
-    loops and the activation it needs).
+    block at address params (the P_* slots, b_packed and epilogue among them); is64,
+    transa, transb and code are literals (one compiled worker per combination, holding
+    only the packing loops and the activation it needs).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
@@ -479,6 +480,7 @@ def gemm_worker(w, params, is64, transa, transb, b_packed, epilogue, code):
     nbatch, M, N, K = p[P_NBATCH], p[P_M], p[P_N], p[P_K]
     na, nb = p[P_NA], p[P_NB]
     mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
+    b_packed, epilogue = p[P_B_PACKED] != 0, p[P_EPILOGUE] != 0
     out3 = carray(ptr_as(p[P_C], z), (nbatch, M, N))
     nr_full = _nr(out3)
     mp = (M + MR - 1) // MR
