@@ -80,6 +80,8 @@ def machine_info() -> dict:
         info["llvm_cpu"] = ll.get_host_cpu_name()
     except Exception:  # noqa: BLE001
         pass
+    from kernels_cpu import runtime as cpu_runtime
+    info["vectors"] = cpu_runtime.vectors()
     try:
         from threadpoolctl import threadpool_info
 
@@ -405,6 +407,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     out("== machine")
     out(f"cpu: {info['cpu']} ({info['cores']} logical cores; llvm target {info.get('llvm_cpu', '?')})")
     out(f"simd: {' '.join(info['simd']) or 'unknown'}")
+    out(f"vectors: {info.get('vectors', '?')}")
     out(f"python {info['python']}, numba {info['numba']}, numpy {info['numpy']}; "
         f"peers: " + ", ".join(f"{k} {v}" if v else f"{k} (not installed, skipped)" for k, v in info["peers"].items()))
     if info["blas"]:

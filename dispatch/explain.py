@@ -45,6 +45,7 @@ class Explanation:
                 lines.append(f"  launch: {launch(self.call)}")
             if impl.device == "cpu":
                 lines.append(f"  threading: {cpu_runtime.describe()}")
+                lines.append(f"  vectors: {cpu_runtime.vectors()}")
             if impl.notes:
                 lines.append(f"  notes: {impl.notes}")
         lines += [f"  layout: {n}" for n in self._layout_notes()]

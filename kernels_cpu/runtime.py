@@ -105,3 +105,20 @@ def describe() -> str:
     req = requested()
     how = "numba default" if req == "default" else f"NUMBA_THREADING_LAYER={req}"
     return f"{layer()} layer, {numba.get_num_threads()} threads ({how}; tbb: {TBB_NOTE})"
+
+
+def vectors() -> str:
+    """One line for ``explain`` and the report's machine header: the vector width the CPU
+    kernels' hand-written micro-kernels use, against what the host offers.  They are
+    written for 8 x float32 (256-bit: AVX2 + FMA, which LLVM also lowers for other
+    targets); the 16-wide AVX-512 register tiles are not written yet (issue #8), so on an
+    AVX-512 host this line says so rather than let the report imply full width."""
+    try:
+        import llvmlite.binding as ll
+        feats = ll.get_host_cpu_features()
+        avx512 = bool(feats.get("avx512f"))
+        cpu = ll.get_host_cpu_name()
+    except Exception:  # noqa: BLE001 - a description, never an error
+        avx512, cpu = False, "?"
+    host = "AVX-512 available, not used by the micro-kernels" if avx512 else "no AVX-512"
+    return f"micro-kernels 256-bit (8 x float32, 4 x float64); host {cpu}: {host}"

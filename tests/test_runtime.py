@@ -73,3 +73,18 @@ def test_explain_names_the_threading_layer():
     x = np.ones((4, 8), np.float32)
     text = str(dispatch.explain("softmax", x))
     assert f"threading: {runtime.layer()} layer" in text, text
+
+
+def test_explain_and_report_say_which_vector_width_runs():
+    """explain and the report's machine header name the micro-kernels' vector width and
+    whether the host has AVX-512 they do not use (from llvmlite's host features)."""
+    import llvmlite.binding as ll
+
+    import dispatch
+    from bench import report
+    text = str(dispatch.explain("softmax", np.ones((4, 8), np.float32)))
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("vectors:"))
+    assert "256-bit" in line and ll.get_host_cpu_name() in line, line
+    has512 = bool(ll.get_host_cpu_features().get("avx512f"))
+    assert ("AVX-512 available" in line) == has512, line
+    assert report.machine_info()["vectors"] in line
