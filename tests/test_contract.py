@@ -35,6 +35,7 @@ import dispatch
 from dispatch import registry, select, tuning
 from tests import small_inputs as S
 from tests.small_inputs import DEFAULT
+from tests.support import ON_CUDA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = list(registry.OPS.values())
@@ -802,3 +803,35 @@ def test_every_implementation_has_a_version():
     kernel_modules would only show when the tuner runs)."""
     for impl in registry.implementations():
         assert re.fullmatch(r"[0-9a-f]{16}", impl.version), (impl.op, impl.name)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU kernels' compiled variants (the simulator job tests the CUDA side)")
+def test_workers_compile_per_variant_not_per_layout():
+    """The address-called workers (kernels_cpu/parallel.py) are compiled per variant only:
+    attention with contiguous inputs, fused-QKV views, a transposed out= and a read-only
+    mask share one flash_worker; linear with a prepacked and an unpacked weight, with and
+    without a bias, share one gemm_worker (b_packed and the epilogue flag are run-time)."""
+    from kernels_cpu import attention as KA
+    from kernels_cpu import gemm as KG
+
+    g = np.random.default_rng(4)
+    B, S, H, D = 2, 9, 2, 16
+    qkv = g.standard_normal((B, S, 3, H, D)).astype(np.float32)
+    views = [qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]
+    contiguous = [np.ascontiguousarray(a) for a in views]
+    mask = np.broadcast_to(g.random((B, 1, 1, S)) < 0.8, (B, 1, 1, S))
+    with dispatch.use(attention="cpu-flash"):
+        dispatch.attention(*contiguous, mask=mask)
+        before = {str(s) for s in KA.flash_worker.signatures}
+        dispatch.attention(*views, mask=mask, out=np.empty((B, S, H, D), np.float32).transpose(0, 2, 1, 3))
+        dispatch.attention(*views, mask=mask.copy())
+    assert {str(s) for s in KA.flash_worker.signatures} == before
+
+    x = g.standard_normal((16, 24)).astype(np.float32)
+    w = g.standard_normal((19, 24)).astype(np.float32)
+    with dispatch.use(linear="cpu-gemm"):
+        dispatch.linear(x, w, np.ones(19, np.float32), activation="relu")
+        before = {str(s) for s in KG.gemm_worker.signatures}
+        dispatch.linear(x, dispatch.prepack(w), np.ones(19, np.float32), activation="relu")
+        dispatch.linear(x, dispatch.prepack(w), None, activation="relu")
+    assert {str(s) for s in KG.gemm_worker.signatures} == before
