@@ -162,11 +162,10 @@ def _data_ptr(typingctx, arr):
 
 @njit(inline="always")
 def unit_row(row):
-    """A 1-D view with unit stride, retyped as C-contiguous.  Rows of the q/k/v views read
-    in place are typed with any strides ('A' layout), so numba indexes them with a
-    run-time stride and LLVM leaves those loops scalar; the kernels only receive views
-    whose rows have unit stride (dispatch's rows_input), so the retyped row is the same
-    memory."""
+    """A 1-D view with unit stride, retyped as C-contiguous.  The workers rebuild q/k/v/out
+    with as_strided, typed with any strides ('A' layout), so numba indexes their rows
+    with a run-time stride and LLVM leaves those loops scalar; flash()/splitkv() only
+    accept views whose rows have unit stride, so the retyped row is the same memory."""
     return carray(_data_ptr(row), row.shape[0])
 
 
@@ -476,14 +475,9 @@ def _params(q, k, v, mask, out, scale):
     return p
 
 
-def _worker(dispatcher, cache, q, mkind, causal):
-    """The address of dispatcher's worker for (dtype, mask kind, causal), compiled once."""
-    variant = (bool(q.dtype == np.float64), int(mkind), bool(causal))
-    fn = cache.get(variant)
-    if fn is None:  # numba literal types are slow to make: once per variant
-        fn = cache[variant] = worker_address(dispatcher, (types.int64, types.int64) + tuple(
-            types.literal(x) for x in variant))
-    return fn
+def _variant(q, mkind, causal):
+    """The literals a worker is compiled for: (float64?, mask kind, causal)."""
+    return bool(q.dtype == np.float64), int(mkind), bool(causal)
 
 
 def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
@@ -499,15 +493,12 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
     B, Hq, Sq, D = q.shape
     Hkv = v.shape[1]
     p = _params(q, k, v, mask, out, scale)
-    fn = _worker(flash_worker, _FLASH_WORKERS, q, mkind, causal)
+    fn = worker_address(flash_worker, _variant(q, mkind, causal))
     nitems = B * Hkv * (((Hq // Hkv) * Sq + BQ - 1) // BQ)
     if nworkers <= 1:
         run_serial(fn, p)
     else:
         run_workers(fn, p, min(nworkers, nitems))
-
-
-_FLASH_WORKERS = {}  # (is64, mkind, causal) -> flash_worker's address
 
 
 def _mask_like(mkind, z):
@@ -681,13 +672,10 @@ def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl,
             raise ValueError("splitkv: the partials must be C-contiguous arrays of q's dtype")
         p[slot] = arr.ctypes.data
     p[F_NSPLIT], p[F_SPLIT_LEN] = nsplit, split_len
-    fn = _worker(splitkv_worker, _SPLITKV_WORKERS, q, mkind, causal)
+    fn = worker_address(splitkv_worker, _variant(q, mkind, causal))
     for phase, nitems in ((0, B * Hkv * nsplit * ((R + RC - 1) // RC)), (1, B * Hkv * R)):
         p[F_PHASE], p[F_NEXT] = phase, 0
         run_workers(fn, p, max(1, min(nworkers, nitems)))
-
-
-_SPLITKV_WORKERS = {}  # (is64, mkind, causal) -> splitkv_worker's address
 
 
 @njit(**JIT)

@@ -313,22 +313,6 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
             dst[_U(d + r)] = zero
 
 
-@njit(**JIT)
-def _pack_one(i, asrc, transa, apf, bsrc, transb, bpf, M, N, K, mp, npn, n_pack_a, nr_full):
-    """Pack panel i of a GEMM's work list with run-time transa / transb (pack_b): A panels
-    first (ap[ba, p] from rows p*MR.. of A_ba), then B panels (bp[bb, q] from columns
-    q*NR.. of B_bb).  gemm_worker picks one of the four at compile time instead."""
-    if i < n_pack_a:
-        if transa:
-            _pack_a_t(i, asrc, apf, M, K, mp)
-        else:
-            _pack_a_n(i, asrc, apf, M, K, mp)
-    elif transb:
-        _pack_b_t(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full)
-    else:
-        _pack_b_n(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full)
-
-
 def _pack_a_lit(i, asrc, apf, M, K, mp, transa):
     """Pack A panel i, for a literal transa (gemm_worker's argument): only that packing
     loop is compiled into the worker."""
@@ -436,14 +420,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     # b_packed and epilogue are run-time (small code): a prepacked weight, and a product
     # with or without a bias, share the compiled worker
     variant = (bool(out3.dtype == np.float64), bool(transa), bool(transb), int(code) if epilogue else ACT_NONE)
-    fn = _WORKERS.get(variant)
-    if fn is None:  # numba literal types are slow to make (~10 us each): once per variant
-        fn = _WORKERS[variant] = worker_address(gemm_worker, (types.int64, types.int64) + tuple(
-            types.literal(v) for v in variant))
-    run_workers(fn, p, min(nworkers, max(ntasks, 1)))
-
-
-_WORKERS = {}  # (is64, transa, transb, code) -> gemm_worker's address
+    run_workers(worker_address(gemm_worker, variant), p, min(nworkers, max(ntasks, 1)))
 
 
 @njit(cache=True)
@@ -571,7 +548,10 @@ def pack_b(b3, transb, bp):
     bsrc = b3.reshape(-1)
     bpf = bp.reshape(-1)
     for i in prange(nb * npn):
-        _pack_one(i, bsrc, False, bpf, bsrc, transb, bpf, 1, N, K, 1, npn, 0, nr_full)
+        if transb:
+            _pack_b_t(i, bsrc, bpf, N, K, npn, nr_full)
+        else:
+            _pack_b_n(i, bsrc, bpf, N, K, npn, nr_full)
 
 
 # ---- GEMV ------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Kernels split their rows into blocks and numba's prange hands the blocks out one at a
 time (chunk size 1), set from Python because numba.get_num_threads /
 set_parallel_chunksize inside a kernel make it uncacheable ("dynamic globals").
-Kernels with a big worker (the GEMM) run it with run_workers: the worker is called by
-address from one shared parallel driver, so its code is compiled once (see below).
+Kernels with a big worker (the GEMM, attention) run it with run_workers: the worker is
+called by address from one shared parallel driver, so its code is compiled once (see
+below).
 """
 import threading
 
@@ -103,16 +104,19 @@ _ADDRESSES = {}
 _ADDRESSES_LOCK = threading.Lock()
 
 
-def worker_address(dispatcher, sig):
-    """The address of the C entry point of dispatcher's specialization for sig (a tuple of
-    numba types whose first two are int64, int64: the worker index and the params
-    address), compiled, or loaded from numba's cache, on first use."""
-    key = (dispatcher, sig)
+def worker_address(dispatcher, variant):
+    """The address of the C entry point of worker dispatcher(w, params, *variant) for the
+    tuple of plain Python values variant (passed as numba literals: one compiled worker
+    per variant; w and params are int64), compiled, or loaded from numba's cache, on first
+    use.  Keyed on the plain values: numba literal types are slow to make (~10 us each),
+    so they are made once per variant, not per call."""
+    key = (dispatcher, variant)
     addr = _ADDRESSES.get(key)
     if addr is None:
         with _ADDRESSES_LOCK:
             addr = _ADDRESSES.get(key)
             if addr is None:
+                sig = (types.int64, types.int64) + tuple(types.literal(v) for v in variant)
                 dispatcher.compile(sig)
                 cres = dispatcher.overloads[sig]
                 addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)

@@ -57,9 +57,7 @@ def rows_input(x):
     that any positive strides work: a view whose last axis has unit stride and whose other
     strides are positive multiples of the item size (a transposed or sliced view of a
     (B, S, H, D) projection: attention's q/k/v) is passed as it is, with no copy; anything
-    else as kernel_input.  A view passed as it is makes numba compile the kernel once more
-    for non-contiguous ("A" layout) arrays; broadcast (zero-stride) views are still
-    copied, so they keep using the contiguous specialization."""
+    else as kernel_input (broadcast, zero-stride views are copied)."""
     return kernel_input(x, rows=True)
 
 
