@@ -31,6 +31,9 @@ FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 # error model (a float division by zero gives inf instead of a Python exception check in
 # the loop, which would stop vectorization).  Use as @njit(**JIT) or @njit(parallel=True, **JIT).
 JIT = dict(cache=True, fastmath=FASTMATH, error_model="numpy")
+# Functions only ever called by address (parallel.worker_address: workers, packers, the
+# GEMM epilogue): no CPython wrapper (boxing code that would be compiled and never run).
+JIT_BY_ADDRESS = dict(JIT, no_cpython_wrapper=True)
 
 # Activation codes passed to the kernels (the fused GEMM epilogue and the elementwise
 # kernels) and the formulas' constants: one table for both sides (kernels_common).

@@ -20,6 +20,8 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
      block) or added to it (later blocks) straight from the registers;
   3. bias + activation are applied to the task's block right after its last K block,
      while the block is in L2 (the fused epilogue: no extra pass over the output).
+The worker (gemm_worker, per dtype) calls the packers for the operands' layouts and the
+epilogue for the activation by address: each is compiled once, alone (parallel.py).
 
 The micro-kernel is an LLVM-IR intrinsic (see `_micro_kernel`): numba leaves LLVM's SLP
 vectorizer off, so an unrolled scalar version stays scalar, and a loop version gets its k
@@ -41,8 +43,8 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
-from .parallel import fetch_add, like_dtype, ptr_as, run_workers, worker_address
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
+from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, worker_address
 
 # Register tile MR x NR: 6 rows x 2 vectors = 12 accumulator registers + 2 B vectors + 1
 # broadcast A value = 15 of the 16 AVX2 registers (the BLIS/OpenBLAS Haswell shape).  It runs
@@ -65,15 +67,16 @@ def pack_shapes(n_a, n_b, M, N, K, dtype):
     return (n_a, -(-M // MR), K, MR), (n_b, -(-N // nr), K, nr)
 
 
-def _nr(x):
+def _nr(z):
     return NR_F64
 
 
 @overload(_nr, inline="always")
-def _nr_overload(x):
-    if x.dtype == types.float32:
-        return lambda x: NR_F32
-    return lambda x: NR_F64
+def _nr_overload(z):
+    """NR for the element type of the scalar z (a compile-time constant in the packers)."""
+    if z == types.float32:
+        return lambda z: NR_F32
+    return lambda z: NR_F64
 
 
 @intrinsic
@@ -169,8 +172,8 @@ def act_store(src, bias, dst, n, code):
 
 
 def act_store_lit(src, bias, dst, n, code):
-    """act_store for a literal code (a gemm_worker argument): only that activation's loop
-    is compiled into the worker."""
+    """act_store for a literal code (gemm_epilogue's argument): only that activation's
+    loop is compiled."""
 
 
 @overload(act_store_lit, inline="always")
@@ -190,18 +193,18 @@ def _act_store_lit_overload(src, bias, dst, n, code):
     return biased_act
 
 
-@njit(**JIT)
-def _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate):
-    """c[i0:i0+mr, j0:j0+nr] (=|+=) the top-left mr x nr of the tile t (row stride nr_full)."""
-    for i in range(mr):
-        ts = t[i * nr_full:i * nr_full + nr]
-        cs = c[i0 + i, j0:j0 + nr]
-        if accumulate:
-            for j in range(nr):
-                cs[j] += ts[j]
-        else:
-            for j in range(nr):
-                cs[j] = ts[j]
+@njit(**JIT_BY_ADDRESS)
+def gemm_epilogue(c, ldc, rows, n, bias, is64, code):
+    """C[i, 0:n] = act(C[i, 0:n] + bias[0:n]) for i < rows, C at address c with row stride
+    ldc (elements), bias at address bias; is64 and code are literals: one small function per
+    (dtype, activation), called by address from gemm_worker on each finished task block
+    (while it is in L2), so the worker itself is compiled per dtype only."""
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    bs = carray(ptr_as(bias, z), n)
+    for i in range(rows):
+        cs = carray(ptr_as(c + i * ldc * isz, z), n)
+        act_store_lit(cs, bs, cs, n, code)
 
 
 # ---- packing ---------------------------------------------------------------------------------
@@ -313,72 +316,77 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
             dst[_U(d + r)] = zero
 
 
-def _pack_a_lit(i, asrc, apf, M, K, mp, transa):
-    """Pack A panel i, for a literal transa (gemm_worker's argument): only that packing
-    loop is compiled into the worker."""
+# gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
+# sizes, blocking, and the addresses of the packers and the epilogue to call.
+(P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
+ P_MC, P_NC, P_KC, P_B_PACKED, P_PACK_A, P_PACK_B, P_EPILOGUE, P_COUNT) = range(23)
 
 
-@overload(_pack_a_lit, inline="always")
-def _pack_a_lit_overload(i, asrc, apf, M, K, mp, transa):
-    if not isinstance(transa, types.Literal):
-        return None
-    if transa.literal_value:
-        return lambda i, asrc, apf, M, K, mp, transa: _pack_a_t(i, asrc, apf, M, K, mp)
-    return lambda i, asrc, apf, M, K, mp, transa: _pack_a_n(i, asrc, apf, M, K, mp)
+# The packers run by address (gemm_worker calls the one its operand's layout needs, and
+# pack_b runs them over a weight's panels): each compiles once per dtype, alone, instead of
+# into every worker variant.  i: the panel; params: the GEMM's int64 block (P_* slots).
 
-
-def _pack_b_lit(j, bsrc, bpf, N, K, npn, nr_full, transb):
-    """Pack B panel j, for a literal transb (as _pack_a_lit)."""
-
-
-@overload(_pack_b_lit, inline="always")
-def _pack_b_lit_overload(j, bsrc, bpf, N, K, npn, nr_full, transb):
-    if not isinstance(transb, types.Literal):
-        return None
-    if transb.literal_value:
-        return lambda j, bsrc, bpf, N, K, npn, nr_full, transb: _pack_b_t(j, bsrc, bpf, N, K, npn, nr_full)
-    return lambda j, bsrc, bpf, N, K, npn, nr_full, transb: _pack_b_n(j, bsrc, bpf, N, K, npn, nr_full)
-
-
-@njit(**JIT)
-def _pack_a_n(i, asrc, apf, M, K, mp):
+@njit(**JIT_BY_ADDRESS)
+def _pack_a_n(i, params, is64):
     """A panel i of A (M, K): element (i, k) at i*K + k."""
+    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    z = like_dtype(is64)
+    M, K, na = p[P_M], p[P_K], p[P_NA]
+    mp = (M + MR - 1) // MR
     ba = i // mp
     i0 = (i - ba * mp) * MR
-    _pack_strided(asrc, ba * M * K + i0 * K, K, min(MR, M - i0), K, apf, i * K * MR, MR)
+    _pack_strided(carray(ptr_as(p[P_A], z), na * M * K), ba * M * K + i0 * K, K, min(MR, M - i0), K,
+                  carray(ptr_as(p[P_AP], z), na * mp * K * MR), i * K * MR, MR)
 
 
-@njit(**JIT)
-def _pack_a_t(i, asrc, apf, M, K, mp):
+@njit(**JIT_BY_ADDRESS)
+def _pack_a_t(i, params, is64):
     """A panel i of A stored (K, M): element (i, k) at k*M + i."""
+    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    z = like_dtype(is64)
+    M, K, na = p[P_M], p[P_K], p[P_NA]
+    mp = (M + MR - 1) // MR
     ba = i // mp
     i0 = (i - ba * mp) * MR
-    _pack_contig(asrc, ba * M * K + i0, M, min(MR, M - i0), K, apf, i * K * MR, MR)
+    _pack_contig(carray(ptr_as(p[P_A], z), na * M * K), ba * M * K + i0, M, min(MR, M - i0), K,
+                 carray(ptr_as(p[P_AP], z), na * mp * K * MR), i * K * MR, MR)
 
 
-@njit(**JIT)
-def _pack_b_n(j, bsrc, bpf, N, K, npn, nr_full):
+@njit(**JIT_BY_ADDRESS)
+def _pack_b_n(j, params, is64):
     """B panel j of B (K, N): element (k, j) at k*N + j."""
+    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    z = like_dtype(is64)
+    nr = _nr(z)
+    N, K, nb = p[P_N], p[P_K], p[P_NB]
+    npn = (N + nr - 1) // nr
     bb = j // npn
-    j0 = (j - bb * npn) * nr_full
-    _pack_contig(bsrc, bb * N * K + j0, N, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+    j0 = (j - bb * npn) * nr
+    _pack_contig(carray(ptr_as(p[P_B], z), nb * N * K), bb * N * K + j0, N, min(nr, N - j0), K,
+                 carray(ptr_as(p[P_BP], z), nb * npn * K * nr), j * K * nr, nr)
 
 
-@njit(**JIT)
-def _pack_b_t(j, bsrc, bpf, N, K, npn, nr_full):
+@njit(**JIT_BY_ADDRESS)
+def _pack_b_t(j, params, is64):
     """B panel j of B stored (N, K): element (k, j) at j*K + k."""
+    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    z = like_dtype(is64)
+    nr = _nr(z)
+    N, K, nb = p[P_N], p[P_K], p[P_NB]
+    npn = (N + nr - 1) // nr
     bb = j // npn
-    j0 = (j - bb * npn) * nr_full
-    _pack_strided(bsrc, bb * N * K + j0 * K, K, min(nr_full, N - j0), K, bpf, j * K * nr_full, nr_full)
+    j0 = (j - bb * npn) * nr
+    _pack_strided(carray(ptr_as(p[P_B], z), nb * N * K), bb * N * K + j0 * K, K, min(nr, N - j0), K,
+                  carray(ptr_as(p[P_BP], z), nb * npn * K * nr), j * K * nr, nr)
+
+
+def _packer(operand, transposed, dtype):
+    """The address of the packer for operand "a" or "b" stored transposed or not."""
+    fn = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack_b_n, ("b", True): _pack_b_t}
+    return worker_address(fn[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64),))
 
 
 # ---- GEMM ------------------------------------------------------------------------------------
-
-# The worker's arguments, read from an int64 block (addresses, sizes, blocking): the
-# worker is called by address (parallel.run_workers), with C arguments only.
-(P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_B_PACKED, P_EPILOGUE, P_COUNT) = range(21)
-
 
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
                   nc_panels, kc, nworkers):
@@ -392,9 +400,10 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     nworkers: numba's thread count (numba.get_num_threads()).
 
     Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
-    compiled per (dtype, transa, transb, activation): each holds only
-    its own packing loops and activation, compiled once, not again into a parfor gufunc
-    and its kernel."""
+    compiled per dtype; the packers for the operands' layouts and the epilogue for the
+    activation are functions of their own that it calls by address.  Each is compiled
+    once, alone: none is compiled again into the worker, a parfor gufunc or a kernel, and
+    a variant (transposes, activation) adds only its own small function."""
     nbatch, M, N = out3.shape
     K = a3.shape[1] if transa else a3.shape[2]
     nr_full = tile_n(out3.dtype)
@@ -416,11 +425,17 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     p = np.empty(P_COUNT, np.int64)
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = a3.shape[0], b3.shape[0], nbatch, M, N, K
-    p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED], p[P_EPILOGUE] = mc_panels, nc_panels, kc, b_packed, epilogue
-    # b_packed and epilogue are run-time (small code): a prepacked weight, and a product
-    # with or without a bias, share the compiled worker
-    variant = (bool(out3.dtype == np.float64), bool(transa), bool(transb), int(code) if epilogue else ACT_NONE)
-    run_workers(worker_address(gemm_worker, variant), p, min(nworkers, max(ntasks, 1)))
+    p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_packed
+    p[P_PACK_A] = _packer("a", transa, out3.dtype)
+    p[P_PACK_B] = 0 if b_packed else _packer("b", transb, out3.dtype)
+    p[P_EPILOGUE] = _epilogue(out3.dtype, code) if epilogue else 0
+    run_workers(worker_address(gemm_worker, (bool(out3.dtype == np.float64),)), p,
+                min(nworkers, max(ntasks, 1)))
+
+
+def _epilogue(dtype, code):
+    """The address of gemm_epilogue for (dtype, activation code)."""
+    return worker_address(gemm_epilogue, (bool(np.dtype(dtype) == np.float64), int(code)), nargs=5)
 
 
 @njit(cache=True)
@@ -437,12 +452,11 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
     p[P_BIAS] = bias.ctypes.data
 
 
-@njit(**JIT)
-def gemm_worker(w, params, is64, transa, transb, code):
-    """Worker w of a gemm_parallel call: its arrays and sizes are read from the int64
-    block at address params (the P_* slots, b_packed and epilogue among them); is64,
-    transa, transb and code are literals (one compiled worker per combination, holding
-    only the packing loops and the activation it needs).
+@njit(**JIT_BY_ADDRESS)
+def gemm_worker(w, params, is64):
+    """Worker w of a gemm_parallel call: its arrays, sizes and the addresses of its packers
+    and epilogue are read from the int64 block at address params (the P_* slots); is64 is
+    a literal (one compiled worker per dtype).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
@@ -454,28 +468,25 @@ def gemm_worker(w, params, is64, transa, transb, code):
     inlined body (that cost more compile time than it saved)."""
     p = carray(ptr_as(params, np.int64(0)), P_COUNT)
     z = like_dtype(is64)
+    isz = 8 if is64 else 4
     nbatch, M, N, K = p[P_NBATCH], p[P_M], p[P_N], p[P_K]
     na, nb = p[P_NA], p[P_NB]
     mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
-    b_packed, epilogue = p[P_B_PACKED] != 0, p[P_EPILOGUE] != 0
-    out3 = carray(ptr_as(p[P_C], z), (nbatch, M, N))
-    nr_full = _nr(out3)
+    pack_a, pack_b, epilogue = p[P_PACK_A], p[P_PACK_B], p[P_EPILOGUE]
+    nr_full = _nr(z)
     mp = (M + MR - 1) // MR
     npn = (N + nr_full - 1) // nr_full
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
     n_pack_a = na * mp
-    n_pack = n_pack_a if b_packed else n_pack_a + nb * npn
+    n_pack = n_pack_a if p[P_B_PACKED] != 0 else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     sync = carray(ptr_as(p[P_SYNC], np.int64(0)), 2 + n_pack)
-    asrc = carray(ptr_as(p[P_A], z), na * M * K)
     apf = carray(ptr_as(p[P_AP], z), na * mp * K * MR)
-    bsrc = carray(ptr_as(p[P_B], z), nb * N * K)
     bpf = carray(ptr_as(p[P_BP], z), nb * npn * K * nr_full)
     cf = carray(ptr_as(p[P_C], z), nbatch * M * N)
     a_idx = carray(ptr_as(p[P_AIDX], np.int64(0)), nbatch)
     b_idx = carray(ptr_as(p[P_BIDX], np.int64(0)), nbatch)
-    bias = carray(ptr_as(p[P_BIAS], z), N)
     # panels from the counter, then a sweep packing any still unmarked
     sweep = 0
     while True:
@@ -488,10 +499,11 @@ def gemm_worker(w, params, is64, transa, transb, code):
             i = sweep
             sweep += 1
         if i < n_pack_a:
-            _pack_a_lit(i, asrc, apf, M, K, mp, transa)
+            call_address(pack_a, (i, params))
         else:
-            _pack_b_lit(i - n_pack_a, bsrc, bpf, N, K, npn, nr_full, transb)
+            call_address(pack_b, (i - n_pack_a, params))
         fetch_add(sync, 2 + i, 1)
+    t = np.empty(MR * nr_full, cf.dtype)  # an edge tile (fewer than MR rows or NR columns)
     while True:
         task = fetch_add(sync, 1, 1)
         if task >= ntasks:
@@ -499,14 +511,12 @@ def gemm_worker(w, params, is64, transa, transb, code):
         bi = task // (nmb * nnb)
         r = task - bi * (nmb * nnb)
         mb = r // nnb
-        nb = r - mb * nnb
+        nb_ = r - mb * nnb
         ba = a_idx[bi]
         bb = b_idx[bi]
-        c = out3[bi]
-        t = np.empty(MR * nr_full, out3.dtype)
         p0 = mb * mc_panels
         p1 = min(p0 + mc_panels, mp)
-        q0 = nb * nc_panels
+        q0 = nb_ * nc_panels
         q1 = min(q0 + nc_panels, npn)
         for k0 in range(0, K, kc):
             kl = min(kc, K - k0)
@@ -515,9 +525,9 @@ def gemm_worker(w, params, is64, transa, transb, code):
                 boff = ((bb * npn + q) * K + k0) * nr_full
                 j0 = q * nr_full
                 nr = min(nr_full, N - j0)
-                for p in range(p0, p1):
-                    aoff = ((ba * mp + p) * K + k0) * MR
-                    i0 = p * MR
+                for pa in range(p0, p1):
+                    aoff = ((ba * mp + pa) * K + k0) * MR
+                    i0 = pa * MR
                     mr = min(MR, M - i0)
                     # one call site (each inlined copy of the intrinsic costs compile
                     # time): full tiles go straight to C, edge tiles through t
@@ -526,32 +536,33 @@ def gemm_worker(w, params, is64, transa, transb, code):
                                   (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
                                   accumulate and full)
                     if not full:
-                        _edge_store(t, nr_full, c, i0, j0, mr, nr, accumulate)
-        if epilogue:  # bias + activation on the task's block while it is in L2
+                        for ii in range(mr):
+                            c0 = (bi * M + i0 + ii) * N + j0
+                            if accumulate:
+                                for j in range(nr):
+                                    cf[c0 + j] += t[ii * nr_full + j]
+                            else:
+                                for j in range(nr):
+                                    cf[c0 + j] = t[ii * nr_full + j]
+        if epilogue != 0:  # bias + activation on the task's block while it is in L2
             j0 = q0 * nr_full
-            j1 = min(q1 * nr_full, N)
-            bs = bias[j0:j1]
-            for i in range(p0 * MR, min(p1 * MR, M)):
-                cs = c[i, j0:j1]
-                act_store_lit(cs, bs, cs, j1 - j0, code)
+            i0 = p0 * MR
+            call_address(epilogue, (p[P_C] + ((bi * M + i0) * N + j0) * isz, N, min(p1 * MR, M) - i0,
+                                    min(q1 * nr_full, N) - j0, p[P_BIAS] + j0 * isz))
 
 
-@njit(parallel=True, **JIT)
 def pack_b(b3, transb, bp):
     """bp[bb, q] = the q-th NR-column panel of B_bb, as gemm_parallel packs it (bp of shape
-    pack_shapes(...)[1]): a weight packed once and passed with b_packed=True afterwards."""
+    pack_shapes(...)[1]): a weight packed once and passed with b_packed=True afterwards.
+    The panels are packed in parallel by the GEMM's own packer."""
+    if not (b3.flags.c_contiguous and bp.flags.c_contiguous and b3.dtype == bp.dtype):
+        raise ValueError("pack_b: b3 and bp must be C-contiguous, of one dtype")
     nb = b3.shape[0]
     N = b3.shape[1] if transb else b3.shape[2]
     K = b3.shape[2] if transb else b3.shape[1]
-    nr_full = _nr(bp)
-    npn = (N + nr_full - 1) // nr_full
-    bsrc = b3.reshape(-1)
-    bpf = bp.reshape(-1)
-    for i in prange(nb * npn):
-        if transb:
-            _pack_b_t(i, bsrc, bpf, N, K, npn, nr_full)
-        else:
-            _pack_b_n(i, bsrc, bpf, N, K, npn, nr_full)
+    p = np.zeros(P_COUNT, np.int64)
+    p[P_B], p[P_BP], p[P_NB], p[P_N], p[P_K] = b3.ctypes.data, bp.ctypes.data, nb, N, K
+    run_workers(_packer("b", transb, bp.dtype), p, nb * -(-N // tile_n(bp.dtype)))
 
 
 # ---- GEMV ------------------------------------------------------------------------------------

@@ -52,14 +52,21 @@ def run_dynamic(kernel, tasks, *args):
 # every kernel that uses it, and each worker compiled once, alone.
 
 @intrinsic
-def _call_address(typingctx, fn, w, params):
-    """Call the C function at address fn as void(int64 w, int64 params)."""
-    sig = types.void(types.int64, types.int64, types.int64)
+def call_address(typingctx, fn, args):
+    """Call the C function at address fn as void(int64, ...) with the integers of the tuple
+    args (a worker's (w, params), a packer's (panel, params), an epilogue's pointers and
+    sizes).  The callee is not linked into the caller: its code is compiled once, alone."""
+    if not (isinstance(args, types.BaseTuple) and all(isinstance(t, types.Integer) for t in args)):
+        return None
+    sig = types.void(types.int64, args)
 
-    def codegen(context, builder, sig, args):
+    def codegen(context, builder, sig, llargs):
         i64 = ir.IntType(64)
-        fnptr = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), [i64, i64]).as_pointer())
-        builder.call(fnptr, [args[1], args[2]])
+        tup = sig.args[1]
+        vals = [context.cast(builder, builder.extract_value(llargs[1], i), tup[i], types.int64)
+                for i in range(len(tup))]
+        fnptr = builder.inttoptr(llargs[0], ir.FunctionType(ir.VoidType(), [i64] * len(vals)).as_pointer())
+        builder.call(fnptr, vals)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -68,19 +75,20 @@ def _call_address(typingctx, fn, w, params):
 @njit(parallel=True, cache=True)
 def _run_workers(fn, params, n):
     for w in prange(n):
-        _call_address(fn, w, params)
+        call_address(fn, (w, params))
 
 
 def run_workers(fn, params, n):
-    """fn(w, params.ctypes.data) for w in range(n) on numba's threads (n <= the thread
-    count: one worker per thread).  fn: a worker_address(); params: an int64 array the
-    worker reads its arguments from (addresses and sizes), kept alive by the caller."""
+    """fn(w, params.ctypes.data) for w in range(n) on numba's threads: n workers that take
+    their work from counters in params (n <= the thread count), or n tasks (packing
+    panels), split between the threads.  fn: a worker_address(); params: an int64 array
+    the worker reads its arguments from (addresses and sizes), kept alive by the caller."""
     _run_workers(fn, params.ctypes.data, n)
 
 
 @njit(cache=True)
 def _run_serial(fn, params):
-    _call_address(fn, 0, params)
+    call_address(fn, (0, params))
 
 
 def run_serial(fn, params):
@@ -104,19 +112,19 @@ _ADDRESSES = {}
 _ADDRESSES_LOCK = threading.Lock()
 
 
-def worker_address(dispatcher, variant):
-    """The address of the C entry point of worker dispatcher(w, params, *variant) for the
-    tuple of plain Python values variant (passed as numba literals: one compiled worker
-    per variant; w and params are int64), compiled, or loaded from numba's cache, on first
-    use.  Keyed on the plain values: numba literal types are slow to make (~10 us each),
-    so they are made once per variant, not per call."""
-    key = (dispatcher, variant)
+def worker_address(dispatcher, variant, nargs=2):
+    """The address of the C entry point of dispatcher(a_1, ..., a_nargs, *variant), the
+    a_i int64 (a worker's w and params), for the tuple of plain Python values variant
+    (passed as numba literals: one compiled function per variant), compiled, or loaded
+    from numba's cache, on first use.  Keyed on the plain values: numba literal types are
+    slow to make (~10 us each), so they are made once per variant, not per call."""
+    key = (dispatcher, variant, nargs)
     addr = _ADDRESSES.get(key)
     if addr is None:
         with _ADDRESSES_LOCK:
             addr = _ADDRESSES.get(key)
             if addr is None:
-                sig = (types.int64, types.int64) + tuple(types.literal(v) for v in variant)
+                sig = (types.int64,) * nargs + tuple(types.literal(v) for v in variant)
                 dispatcher.compile(sig)
                 cres = dispatcher.overloads[sig]
                 addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)

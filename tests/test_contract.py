@@ -810,7 +810,8 @@ def test_workers_compile_per_variant_not_per_layout():
     """The address-called workers (kernels_cpu/parallel.py) are compiled per variant only:
     attention with contiguous inputs, fused-QKV views, a transposed out= and a read-only
     mask share one flash_worker; linear with a prepacked and an unpacked weight, with and
-    without a bias, share one gemm_worker (b_packed and the epilogue flag are run-time)."""
+    without a bias, share one gemm_worker, its packers and epilogue, and another
+    activation adds only its epilogue (the worker is compiled per dtype)."""
     from kernels_cpu import attention as KA
     from kernels_cpu import gemm as KG
 
@@ -829,9 +830,17 @@ def test_workers_compile_per_variant_not_per_layout():
 
     x = g.standard_normal((16, 24)).astype(np.float32)
     w = g.standard_normal((19, 24)).astype(np.float32)
+    gemm_parts = (KG.gemm_worker, KG.gemm_epilogue, KG._pack_a_n, KG._pack_a_t, KG._pack_b_n, KG._pack_b_t)
+
+    def compiled():
+        return {(f.py_func.__name__, str(s)) for f in gemm_parts for s in f.signatures}
+
     with dispatch.use(linear="cpu-gemm"):
         dispatch.linear(x, w, np.ones(19, np.float32), activation="relu")
-        before = {str(s) for s in KG.gemm_worker.signatures}
+        before = compiled()
         dispatch.linear(x, dispatch.prepack(w), np.ones(19, np.float32), activation="relu")
         dispatch.linear(x, dispatch.prepack(w), None, activation="relu")
-    assert {str(s) for s in KG.gemm_worker.signatures} == before
+        assert compiled() == before
+        # another activation adds its epilogue only: the worker is compiled per dtype
+        dispatch.linear(x, w, None, activation="silu")
+    assert {name for name, _ in compiled() - before} == {"gemm_epilogue"}

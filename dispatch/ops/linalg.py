@@ -490,8 +490,8 @@ def _sig_linear(i):
 
 
 def _epilogue_variants(bias_at):
-    """Op.variants for warmup: the GEMM worker is compiled per activation (none, with or
-    without a bias, and each activation), so each is a kernel of its own to compile ahead.
+    """Op.variants for warmup: the GEMM's epilogue is compiled per activation (none, bias
+    only, bias + each activation), so each is a kernel of its own to compile ahead.
     bias_at: where the bias goes, ("args", 2) for linear, ("kwargs", "bias") for matmul."""
     def variant(activation, with_bias):
         def make(args, kwargs):
