@@ -169,7 +169,7 @@ class Op:
     variants: {name: f(args, kwargs) -> (args, kwargs)}: the same call made another way
         that compiles kernels of its own, which `python -m dispatch.warmup` compiles too:
         another memory layout (attention's fused-QKV views), another fused epilogue
-        (linear's activations: the GEMM worker is compiled per epilogue).
+        (linear's activations: the GEMM's epilogue is compiled per activation).
     """
 
     name: str

@@ -326,58 +326,47 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
 # pack_b runs them over a weight's panels): each compiles once per dtype, alone, instead of
 # into every worker variant.  i: the panel; params: the GEMM's int64 block (P_* slots).
 
+@njit(inline="always")
+def _panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
+    """For panel i of R rows of an operand (A: rows M, R = MR; B: rows N, R = NR), from the
+    block's slots: (the operand, its packed panels, rows, K, offset of the panel's batch
+    in the operand, the panel's first row)."""
+    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    rows, K, count = p[rows_slot], p[P_K], p[count_slot]
+    npan = (rows + R - 1) // R
+    bi = i // npan
+    return (carray(ptr_as(p[src_slot], z), count * rows * K), carray(ptr_as(p[dst_slot], z), count * npan * K * R),
+            rows, K, bi * rows * K, (i - bi * npan) * R)
+
+
 @njit(**JIT_BY_ADDRESS)
 def _pack_a_n(i, params, is64):
     """A panel i of A (M, K): element (i, k) at i*K + k."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
-    z = like_dtype(is64)
-    M, K, na = p[P_M], p[P_K], p[P_NA]
-    mp = (M + MR - 1) // MR
-    ba = i // mp
-    i0 = (i - ba * mp) * MR
-    _pack_strided(carray(ptr_as(p[P_A], z), na * M * K), ba * M * K + i0 * K, K, min(MR, M - i0), K,
-                  carray(ptr_as(p[P_AP], z), na * mp * K * MR), i * K * MR, MR)
+    src, dst, M, K, base, i0 = _panel(i, params, like_dtype(is64), MR, P_A, P_AP, P_M, P_NA)
+    _pack_strided(src, base + i0 * K, K, min(MR, M - i0), K, dst, i * K * MR, MR)
 
 
 @njit(**JIT_BY_ADDRESS)
 def _pack_a_t(i, params, is64):
     """A panel i of A stored (K, M): element (i, k) at k*M + i."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
-    z = like_dtype(is64)
-    M, K, na = p[P_M], p[P_K], p[P_NA]
-    mp = (M + MR - 1) // MR
-    ba = i // mp
-    i0 = (i - ba * mp) * MR
-    _pack_contig(carray(ptr_as(p[P_A], z), na * M * K), ba * M * K + i0, M, min(MR, M - i0), K,
-                 carray(ptr_as(p[P_AP], z), na * mp * K * MR), i * K * MR, MR)
+    src, dst, M, K, base, i0 = _panel(i, params, like_dtype(is64), MR, P_A, P_AP, P_M, P_NA)
+    _pack_contig(src, base + i0, M, min(MR, M - i0), K, dst, i * K * MR, MR)
 
 
 @njit(**JIT_BY_ADDRESS)
 def _pack_b_n(j, params, is64):
     """B panel j of B (K, N): element (k, j) at k*N + j."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
-    z = like_dtype(is64)
-    nr = _nr(z)
-    N, K, nb = p[P_N], p[P_K], p[P_NB]
-    npn = (N + nr - 1) // nr
-    bb = j // npn
-    j0 = (j - bb * npn) * nr
-    _pack_contig(carray(ptr_as(p[P_B], z), nb * N * K), bb * N * K + j0, N, min(nr, N - j0), K,
-                 carray(ptr_as(p[P_BP], z), nb * npn * K * nr), j * K * nr, nr)
+    nr = _nr(like_dtype(is64))
+    src, dst, N, K, base, j0 = _panel(j, params, like_dtype(is64), nr, P_B, P_BP, P_N, P_NB)
+    _pack_contig(src, base + j0, N, min(nr, N - j0), K, dst, j * K * nr, nr)
 
 
 @njit(**JIT_BY_ADDRESS)
 def _pack_b_t(j, params, is64):
     """B panel j of B stored (N, K): element (k, j) at j*K + k."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
-    z = like_dtype(is64)
-    nr = _nr(z)
-    N, K, nb = p[P_N], p[P_K], p[P_NB]
-    npn = (N + nr - 1) // nr
-    bb = j // npn
-    j0 = (j - bb * npn) * nr
-    _pack_strided(carray(ptr_as(p[P_B], z), nb * N * K), bb * N * K + j0 * K, K, min(nr, N - j0), K,
-                  carray(ptr_as(p[P_BP], z), nb * npn * K * nr), j * K * nr, nr)
+    nr = _nr(like_dtype(is64))
+    src, dst, N, K, base, j0 = _panel(j, params, like_dtype(is64), nr, P_B, P_BP, P_N, P_NB)
+    _pack_strided(src, base + j0 * K, K, min(nr, N - j0), K, dst, j * K * nr, nr)
 
 
 def _packer(operand, transposed, dtype):
