@@ -164,7 +164,7 @@ def _torch_fn(op, torch):
         if not t.get("causal") or sq == sk:
             return F.scaled_dot_product_attention(q, k, v, is_causal=bool(t.get("causal", False)))
         # is_causal aligns the mask top-left; ours (and the KV-cache convention) bottom-right
-        allowed = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
+        allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
     table = {

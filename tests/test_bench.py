@@ -393,3 +393,11 @@ def test_model_forward_matches_pytorch_at_a_small_size(monkeypatch):
     assert ours.shape == ref.shape == (3, 10, 64)
     err = np.max(np.abs(ours.astype(np.float64) - ref)) / np.max(np.abs(ref))
     assert err < 1e-5, err
+
+
+def test_gpu_harness_says_when_there_is_no_gpu():
+    """On a machine without a GPU (this job) it exits with the reason, measuring nothing."""
+    from bench import gpu
+
+    with pytest.raises(SystemExit, match="no CUDA GPU"):
+        gpu.main(["--ops", "relu"])
