@@ -30,9 +30,10 @@ import time
 
 import numpy as np
 
+from kernels_common.cuda_tiles import STATIC_SMEM
+
 ARCHS = ("sm_80", "sm_87", "sm_90")
-DTYPES = ("float32", "float16")
-STATIC_SMEM = 48 * 1024  # the most static shared memory a kernel may declare
+DTYPES = ("float32", "float16", "float64")  # every dtype the dispatcher accepts on CUDA
 MAX_BLOCKS_PER_SM = {"sm_80": 32, "sm_87": 16, "sm_90": 32}
 
 

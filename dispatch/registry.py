@@ -50,6 +50,16 @@ def bucket(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
+def bucket_up(n: int) -> int:
+    """Shape bucket rounding up: exact up to 16, else the smallest power of two >= n.
+
+    For limits of the form n <= T (T a power of two): n <= T exactly when bucket_up(n) <= T
+    (a head dim that fits a 128-wide tile), which bucket() cannot tell (bucket(200) = 128)."""
+    if n <= 16:
+        return n
+    return 1 << (n - 1).bit_length()
+
+
 class RegistryError(ValueError):
     """An op or implementation declared inconsistently (raised at import)."""
 

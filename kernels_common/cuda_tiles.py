@@ -3,6 +3,13 @@ bounds and shared-array shapes) and the dispatcher launches with them, so both r
 one table.  None of these was tuned on a GPU (none has been measured in this project yet);
 the sources of each choice are given beside it."""
 
+# CUDA's limits on every chip: static __shared__ arrays (more needs the dynamic opt-in), and
+# grid dimensions (x up to 2^31 - 1 blocks, y and z up to 65,535: launches put what can
+# grow with the data, rows and batches, on x).
+STATIC_SMEM = 48 * 1024
+GRID_X_MAX = 2**31 - 1
+GRID_YZ_MAX = 65535
+
 # Largest blocks launched per kernel kind, given to the compiler as launch bounds so a kernel
 # never needs more registers than a block of that size can get.  256 threads (8 warps) for
 # elementwise kernels and 4 warps for warp-per-row kernels are the common choices of
@@ -20,6 +27,17 @@ GEMM_TILES = {
     "64x64x16/4x4": (64, 64, 16, 4, 4),   # 256 threads, 8.3 KB shared
     "32x32x16/4x2": (32, 32, 16, 4, 2),   # 128 threads, 4.2 KB shared: small M or N
 }
+
+
+# Tiles that float64 runs on: with 8-byte accumulators the 8x4 and 4x4 register tiles spill
+# under their launch bounds (ptxas, sm_80/87/90: 280-304 and 120-152 bytes of spill stores
+# at 128 registers), the 4x2 tile does not (134-139 registers, no spill).
+GEMM_FLOAT64_TILES = ("32x32x16/4x2",)
+
+
+def gemm_tile_dtypes(tile: str) -> tuple:
+    """The input dtypes a GEMM tile is built and launched for."""
+    return ("float32", "float16", "float64") if tile in GEMM_FLOAT64_TILES else ("float32", "float16")
 
 
 def gemm_threads(tile: str) -> int:

@@ -57,7 +57,7 @@ class PtxBuild:
     dtypes    the input dtypes it is built for
     """
 
-    def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16")):
+    def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16", "float64")):
         self.name, self.family, self.get, self.argtypes = name, family, get, argtypes
         self.threads, self.dtypes = threads, tuple(dtypes)
 

@@ -14,7 +14,7 @@ conflicts):
   - P goes to a per-row shared slot and each lane accumulates its D/32 output columns
     o[d] = o[d] * alpha + sum_j P[j] V[j, d] (consecutive lanes, consecutive d).
 Tiles wholly above the causal diagonal of the block's last query are never loaded.
-grid = (row blocks, B * Hkv, splits).  With splits == 1 the block writes out / l (0 for a
+grid = (row blocks x B x Hkv, 1, splits).  With splits == 1 the block writes out / l (0 for a
 query that sees no key).  With splits > 1 (split-KV, for decode: few rows, long KV) split
 s takes a contiguous range of KV tiles and writes its normalized partial output and
 (m, l); `combine` (the second pass) merges the splits with the usual rescaling.
@@ -29,7 +29,8 @@ import numpy as np
 from numba import cuda, int32, types
 
 from kernels_common.attention import MASK_BOOL, MASK_NONE
-from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW
+from kernels_common import acc_dtype
+from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes
 
 from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, kernel
 from .primitives import warp_max, warp_sum
@@ -53,9 +54,13 @@ def flash_kernel(acc_np, dmax):
         skv = k.shape[2]
         group = hq // hkv
         nrows = group * sq
-        r0 = cuda.blockIdx.x * BQ
-        b = cuda.blockIdx.y // hkv
-        kvh = cuda.blockIdx.y - b * hkv
+        # (row block, batch x kv head) folded into grid x: y would stop at 65,535 batch x
+        # kv heads (B = 4096, Hkv = 16)
+        nrb = (nrows + BQ - 1) // BQ
+        bh = cuda.blockIdx.x // nrb
+        r0 = (cuda.blockIdx.x - bh * nrb) * BQ
+        b = bh // hkv
+        kvh = bh - b * hkv
         split = cuda.blockIdx.z
         nsplit = cuda.gridDim.z
         tid = cuda.threadIdx.x
@@ -242,9 +247,17 @@ def _flash_args(dt):
             arr(dt, 4), arr(acc, 5), arr(acc, 5))
 
 
+def _fitting_dtypes(dmax):
+    """The input dtypes whose tiles of width dmax fit in static shared memory (float64 at
+    dmax 128 would need 86 KB: the dispatcher refuses it, dispatch/cuda_impls/attention.py)."""
+    bq = TILES[dmax][1]
+    return tuple(dt for dt in ("float32", "float16", "float64")
+                 if attn_shared_bytes(dmax, bq, np.dtype(acc_dtype(np.dtype(dt))).itemsize) <= STATIC_SMEM)
+
+
 PTX = [
     PtxBuild(f"attention.flash_d{dmax}", "attention", (lambda dmax: lambda dt: flash_kernel(acc_np(dt), dmax))(dmax),
-             _flash_args, threads=32 * NW)
+             _flash_args, threads=32 * NW, dtypes=_fitting_dtypes(dmax))
     for dmax in sorted(TILES)
 ] + [
     PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),

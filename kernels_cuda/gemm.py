@@ -22,7 +22,7 @@ from functools import lru_cache
 from numba import cuda, types
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
-from kernels_common.cuda_tiles import gemm_threads
+from kernels_common.cuda_tiles import gemm_threads, gemm_tile_dtypes
 
 from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
 from .activation import act_fn
@@ -48,11 +48,19 @@ def gemm_kernel(acc_np, cfg):
         m_total = a.shape[1]
         k_total = a.shape[2]
         n_total = c.shape[2]
-        bz = cuda.blockIdx.z
+        # one grid dimension (x: up to 2^31 - 1 blocks; y and z stop at 65,535, which a
+        # 9M-row linear or a 70,000-matrix batch would pass): column block fastest, then
+        # row block, then batch
+        nbn = (n_total + BN - 1) // BN
+        nbm = (m_total + BM - 1) // BM
+        blk = cuda.blockIdx.x
+        bn = blk % nbn
+        rest = blk // nbn
+        bz = rest // nbm
         ab = a_idx[bz]
         bb = b_idx[bz]
-        m0 = cuda.blockIdx.y * BM
-        n0 = cuda.blockIdx.x * BN
+        m0 = (rest - bz * nbm) * BM
+        n0 = bn * BN
         t = cuda.threadIdx.x
         tx = t % NTX
         ty = t // NTX
@@ -133,6 +141,6 @@ def _gemm_args(dt):
 
 PTX = [
     PtxBuild(f"gemm.{tile}", "linalg", (lambda tile: lambda dt: gemm_kernel(acc_np(dt), tile))(tile), _gemm_args,
-             threads=gemm_threads(tile))
+             threads=gemm_threads(tile), dtypes=gemm_tile_dtypes(tile))
     for tile in CONFIGS
 ]

@@ -6,14 +6,16 @@ Shape rule (CUDA keys): split-KV for decode-like shapes (Sq bucket <= SPLITKV_MA
 where the (query tiles x batch x kv heads) blocks cannot fill the GPU; flash otherwise.
 splits = enough to give every SM two blocks, at most one per KV tile.  Not measured on a
 GPU (none has been lent to this project yet): 16 is one query tile of BQ rows.
-Head dims up to 128 (48 KB of static shared memory holds a Q tile and one K and V tile of D columns).
+Head dims up to 128 (48 KB of static shared memory holds a Q tile and one K and V tile of D columns),
+in float64 up to 64 (8-byte tiles of 128 columns would need 86 KB: refused, see _supports).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
-from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, attn_shared_bytes, attn_tile_for
+from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes,
+                                       attn_tile_for)
 
 from ..registry import Rule, set_rule
 from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda
@@ -28,9 +30,15 @@ _DMAX = max(ATTN_TILES)
 
 
 def _supports(key):
-    d = key.head_dim
-    return [] if d <= _DMAX else [f"head dim bucket {d} > {_DMAX}: the Q, K and V tiles would not fit in 48 KB of "
-                                  "static shared memory"]
+    d = key.head_dim  # rounded up to the tile width: d <= 128 exactly when the head dim is
+    if d > _DMAX:
+        return [f"head dim > {_DMAX}: the Q, K and V tiles would not fit in 48 KB of static shared memory"]
+    dmax, bq = attn_tile_for(d)
+    need = attn_shared_bytes(dmax, bq, np.dtype(acc_dtype(key.dtype)).itemsize)
+    if need > STATIC_SMEM:
+        return [f"{np.dtype(key.dtype).name} with head dim > {dmax // 2}: the {dmax}-wide tiles need {need} B of "
+                f"shared memory, more than the {STATIC_SMEM} B a kernel may declare statically"]
+    return []
 
 
 def launch(params, q, k, v, mask, causal, scale, out):
@@ -46,7 +54,7 @@ def launch(params, q, k, v, mask, causal, scale, out):
         splits = max(2, cdiv(p.sm_count * params["blocks_per_sm"], max(base, 1)))
         splits = min(splits, ntiles)
     smem = attn_shared_bytes(dmax, bq)
-    cfg = {"kernel": f"attention.flash_d{dmax}", "grid": (max(1, cdiv(rows, bq)), nb * hkv, splits),
+    cfg = {"kernel": f"attention.flash_d{dmax}", "grid": (max(1, cdiv(rows, bq)) * nb * hkv, 1, splits),
            "block": 32 * NW, "rows_per_block": bq, "kv_tile": BK, "shared_bytes": smem, "device": p.name}
     if splits > 1:
         cfg["reduce"] = {"kernel": "attention.combine", "block": 256}

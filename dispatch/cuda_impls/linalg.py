@@ -1,6 +1,6 @@
 """CUDA implementation of matmul and linear ("cuda-gemm"): the tiled register-blocked
 GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched over the
-broadcast batch dims (grid z), linear's (N, K) weight read in place (trans_b).
+broadcast batch dims (folded into grid x with the row and column blocks), linear's (N, K) weight read in place (trans_b).
 
 Tile rule: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import GEMM_TILES, gemm_shared_bytes, gemm_threads
+from kernels_common.cuda_tiles import GEMM_TILES, gemm_shared_bytes, gemm_threads, gemm_tile_dtypes
 
 from ..registry import fixed_rule, set_rule
 from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, props, register_cuda
@@ -36,8 +36,9 @@ def _dims(a, b, b_is_nk):
     return batch, m, n, k
 
 
-def choose_tile(p, batch, m, n, min_blocks_per_sm=1):
-    fits = [t for t in TILES if t[3] <= p.max_threads_per_block and t[4] <= p.smem_per_block]
+def choose_tile(p, batch, m, n, min_blocks_per_sm=1, dtype="float32"):
+    fits = [t for t in TILES if t[3] <= p.max_threads_per_block and t[4] <= p.smem_per_block
+            and np.dtype(dtype).name in gemm_tile_dtypes(t[0])]
     for name, bm, bn, thr, smem in fits:
         if batch * cdiv(m, bm) * cdiv(n, bn) >= p.sm_count * min_blocks_per_sm:
             return name, bm, bn, thr, smem
@@ -47,8 +48,8 @@ def choose_tile(p, batch, m, n, min_blocks_per_sm=1):
 def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
-    name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"])
-    return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn), cdiv(m, bm), batch), "block": thr,
+    name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"], a.dtype)
+    return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1), "block": thr,
             "shared_bytes": smem, "device": p.name}
 
 
@@ -99,7 +100,7 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None):
 
 
 NOTES = ("shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + TN shared reads), "
-         "bias + activation fused in the epilogue, batch on grid z; transposed device views are copied "
+         "bias + activation fused in the epilogue, batch folded into the grid; transposed device views are copied "
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
 
 for _op in ("matmul", "linear"):

@@ -20,7 +20,7 @@ from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_cpu import attention as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
+from ..registry import Call, Implementation, Op, Rule, bucket, bucket_up, register, register_op
 from ._common import deliver, result_buffer, rows_input
 
 # q/k/v views whose rows (last axis) are contiguous, e.g. qkv.reshape(B, S, 3, H, D)[:, :, i]
@@ -39,7 +39,7 @@ class AttentionKey(NamedTuple):
     heads: int          # bucket of B * Hq
     sq: int             # bucket of Sq
     skv: int            # bucket of Skv
-    head_dim: int       # bucket of D
+    head_dim: int       # bucket_up of D: which head-dim tile holds it (<= 64, <= 128, ...)
     group: int          # bucket of Hq // Hkv (query heads per kv head)
     causal: bool
     mask_kind: int      # kernels_common.attention.MASK_*
@@ -93,7 +93,7 @@ def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
     else:
         scale = V.finite("scale", scale, dtype=dt)
     V.out(out, (B, Hq, Sq, D), dt, q=q, k=k, v=v, mask=mask)
-    key = AttentionKey("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket(D),
+    key = AttentionKey("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket_up(D),
                        bucket(Hq // Hkv), causal, mkind)
     return Call(key, AttentionArgs(q, k, v, mask, causal, scale, out))
 

@@ -157,7 +157,7 @@ def test_gemm_tile(tile):
     bias = g.standard_normal(n).astype(np.float32)
     c = np.full((2, m, n), np.nan, np.float32)
     ai, bi = np.arange(2, dtype=np.int64), np.zeros(2, np.int64)
-    grid = (-(-n // bn), -(-m // bm), 2)
+    grid = -(-n // bn) * -(-m // bm) * 2  # (column block, row block, batch) folded into x
     dc = _dev(c)
     gemm.gemm_kernel(np.float32, tile)[grid, gemm_threads(tile)](
         _dev(a), _dev(bt), _dev(ai), _dev(bi), _dev(bias), dc, 1, True, True)
@@ -388,3 +388,49 @@ def test_block_per_row_kernels_with_several_warps():
         got = dispatch.cross_entropy(_dev(x), _dev(t), reduction="none").copy_to_host()
         lse = np.log(e.sum(-1)) + x64.max(-1)
         assert_close(got, lse - x64[[0, 1], t], 1e-5, cancel=True)
+
+
+def test_launches_stay_inside_the_grid_limits():
+    """What grows with the data (rows, batches, batch x heads) goes on grid x (2^31 - 1
+    blocks): y and z stop at 65,535, which attention with B = 4096 and 16 kv heads, a
+    batch of 70,000 products and a 9M-row linear would pass.  Launch rules only (pure
+    Python, on zero-stride inputs: nothing is allocated or run)."""
+    from dispatch import registry
+    from kernels_common.cuda_tiles import GRID_X_MAX, GRID_YZ_MAX
+
+    def z(*shape, dt=np.float32):
+        return np.broadcast_to(np.zeros((), dt), shape)
+
+    calls = [("attention", (z(4096, 16, 1, 64), z(4096, 16, 300, 64), z(4096, 16, 300, 64))),
+             ("attention", (z(4096, 16, 128, 64), z(4096, 16, 128, 64), z(4096, 16, 128, 64))),
+             ("matmul", (z(70000, 8, 8), z(70000, 8, 8))),
+             ("linear", (z(9_000_000, 64), z(64, 64)))]
+    seen = 0
+    with devices.assume(devices.CHIPS["sm_90"]):
+        for op, args in calls:
+            call = registry.OPS[op].describe(*args)
+            for impl in registry.OPS[op].implementations.values():
+                if impl.device != "cuda":
+                    continue
+                grid = impl.launch_config(call)["grid"]
+                grid = grid if isinstance(grid, tuple) else (grid,)
+                assert grid[0] <= GRID_X_MAX and all(g <= GRID_YZ_MAX for g in grid[1:]), (op, impl.name, grid)
+                seen += 1
+    assert seen >= 5
+
+
+def test_float64_attention_with_a_wide_head_is_refused_not_run():
+    """float64 tiles of 128 columns would need 86 KB of static shared memory: D > 64 in
+    float64 is refused with the reason (explain) and a clear error, never launched; D <= 64
+    runs."""
+    q = _dev(np.zeros((1, 2, 3, 96)))
+    e = dispatch.explain("attention", q, q, q)
+    assert e.chosen is None and "shared memory" in str(e), str(e)
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="shared memory"):
+        dispatch.attention(q, q, q)
+    g = rng()
+    q, k, v = (g.standard_normal((1, 2, 3, 64)) for _ in range(3))
+    got = dispatch.attention(_dev(q), _dev(k), _dev(v)).copy_to_host()
+    from tests.reference import attention as ref
+
+    assert_close(got, ref.attention(q, k, v), 1e-12, cancel=True)
