@@ -22,7 +22,7 @@ import math
 from numba import njit, prange
 
 from .approx import JIT, like
-from .parallel import run_dynamic, tasks_for
+from .parallel import row_of, run_dynamic, tasks_for
 
 
 @njit(**JIT)
@@ -49,11 +49,11 @@ def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
     one = like(eps, 1.0)
     zero = like(eps, 0.0)
     for i in range(lo, hi):
-        orow = out[i]
+        orow = row_of(out, i)
         if has_res:
-            xr = x[i]
-            rr = r[i]
-            src = h[i]
+            xr = row_of(x, i)
+            rr = row_of(r, i)
+            src = row_of(h, i)
             x0 = xr[0] + rr[0]  # == h[i, 0]: the same rounded sum
             s = zero
             for j in range(d):
@@ -61,7 +61,7 @@ def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
                 src[j] = v
                 s += v - x0
         else:
-            src = x[i]
+            src = row_of(x, i)
             x0 = src[0]
             s = zero
             for j in range(d):
@@ -88,10 +88,10 @@ def rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi):
     one = like(eps, 1.0)
     if has_res:
         for i in range(lo, hi):
-            xr = x[i]
-            rr = r[i]
-            hr = h[i]
-            orow = out[i]
+            xr = row_of(x, i)
+            rr = row_of(r, i)
+            hr = row_of(h, i)
+            orow = row_of(out, i)
             q = like(eps, 0.0)
             for j in range(d):
                 v = xr[j] + rr[j]
@@ -102,8 +102,8 @@ def rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi):
                 orow[j] = hr[j] * rstd * w[j]
     else:
         for i in range(lo, hi):
-            xr = x[i]
-            orow = out[i]
+            xr = row_of(x, i)
+            orow = row_of(out, i)
             q = like(eps, 0.0)
             for j in range(d):
                 v = xr[j]

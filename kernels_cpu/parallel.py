@@ -13,6 +13,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 # Parallel kernels split the rows into TASKS_PER_THREAD contiguous blocks per thread, handed
@@ -106,6 +107,36 @@ def ptr_as(typingctx, addr, like):
         return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
 
     return types.CPointer(like)(addr, like), codegen
+
+
+@intrinsic
+def row_of(typingctx, arr, i):
+    """Row i of a C-contiguous 2-D array as a 1-D C-contiguous array on the same memory,
+    with no reference count (nothing is checked: i must be in range).
+
+    numba's arr[i] makes a view that increments the array's reference count and
+    decrements it when the view dies: two locked instructions per row (about 20 cycles
+    each), and in a parallel kernel both threads write that one counter, so its cache
+    line moves between the cores for every row.  At 128-float rows that is most of a
+    softmax row's time."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C" and isinstance(i, types.Integer)):
+        return None
+    rty = types.Array(arr.dtype, 1, "C")
+
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        rows_stride = cgutils.unpack_tuple(builder, src.strides)[0]
+        ncols = cgutils.unpack_tuple(builder, src.shape)[1]
+        raw = builder.bitcast(src.data, ir.IntType(8).as_pointer())
+        data = builder.bitcast(builder.gep(raw, [builder.mul(idx, rows_stride)]), src.data.type)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(arr.dtype)))
+        out = context.make_array(rty)(context, builder)
+        context.populate_array(out, data=data, shape=cgutils.pack_array(builder, [ncols]),
+                               strides=cgutils.pack_array(builder, [itemsize]), itemsize=itemsize, meminfo=None)
+        return out._getvalue()
+
+    return rty(arr, i), codegen
 
 
 _ADDRESSES = {}

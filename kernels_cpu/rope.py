@@ -15,7 +15,7 @@ form (a plain copy: 0.10), the call and its alias checks dominating such short r
 from numba import njit, prange
 
 from .approx import JIT
-from .parallel import run_dynamic, tasks_for
+from .parallel import row_of, run_dynamic, tasks_for
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
@@ -28,10 +28,10 @@ def rope_rows(x, cos, sin, out, lo, hi, interleaved):
     t = lo % seq
     if interleaved:
         for r in range(lo, hi):
-            xr = x[r]
-            orow = out[r]
-            c = cos[t]
-            s = sin[t]
+            xr = row_of(x, r)
+            orow = row_of(out, r)
+            c = row_of(cos, t)
+            s = row_of(sin, t)
             for i in range(h):
                 a = xr[2 * i]
                 b = xr[2 * i + 1]
@@ -42,10 +42,10 @@ def rope_rows(x, cos, sin, out, lo, hi, interleaved):
                 t = 0
     else:
         for r in range(lo, hi):
-            xr = x[r]
-            orow = out[r]
-            c = cos[t]
-            s = sin[t]
+            xr = row_of(x, r)
+            orow = row_of(out, r)
+            c = row_of(cos, t)
+            s = row_of(sin, t)
             for i in range(h):
                 a = xr[i]
                 b = xr[i + h]

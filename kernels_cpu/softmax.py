@@ -24,7 +24,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .approx import JIT, bits_to_float, fence, fexp, like
-from .parallel import run_dynamic, tasks_for
+from .parallel import row_of, run_dynamic, tasks_for
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -83,8 +83,8 @@ def softmax_rows(x, out, log, lo, hi):
     if n == 0:
         return
     for i in range(lo, hi):
-        xr = x[i]
-        orow = out[i]
+        xr = row_of(x, i)
+        orow = row_of(out, i)
         m, nan = row_max(xr)
         if nan or m == like(m, np.inf) or m == like(m, -np.inf):
             for j in range(n):
@@ -141,7 +141,7 @@ def cross_entropy_rows(x, targets, ignore_index, losses, lo, hi):
         if t == ignore_index:
             losses[i] = 0
             continue
-        xr = x[i]
+        xr = row_of(x, i)
         m, nan = row_max(xr)
         if nan or m == like(m, np.inf) or m == like(m, -np.inf):
             v = like(m, np.nan)

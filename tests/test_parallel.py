@@ -1,0 +1,84 @@
+"""kernels_cpu/parallel.py: the pieces the parallel kernels are built from (row views
+without reference counts, functions called by address, the shared worker driver)."""
+import numpy as np
+import pytest
+from numba import carray, njit
+
+from kernels_cpu.parallel import call_address, fetch_add, ptr_as, row_of, run_serial, run_workers, worker_address
+from tests.support import ON_CUDA, rng
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
+
+
+@njit
+def _rows_sum_and_scale(a, out):
+    """out[i] = sum of row i; then every row of a is doubled in place through row_of."""
+    for i in range(a.shape[0]):
+        r = row_of(a, i)
+        s = 0.0
+        for j in range(r.shape[0]):
+            s += r[j]
+            r[j] *= 2
+        out[i] = s
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (7, 128)])
+def test_row_of_is_the_row_itself(shape):
+    g = rng()
+    a = g.standard_normal(shape)
+    before = a.copy()
+    out = np.full(shape[0], np.nan)
+    _rows_sum_and_scale(a, out)
+    np.testing.assert_allclose(out, before.sum(axis=1), rtol=1e-12)
+    np.testing.assert_array_equal(a, 2 * before)  # writes went to a's memory
+
+
+def test_row_of_refuses_arrays_without_unit_stride_rows():
+    a = np.zeros((4, 6))[:, ::2]  # typed 'A': its rows may not be contiguous
+    with pytest.raises(Exception, match="row_of"):
+        _rows_sum_and_scale(a, np.zeros(4))
+
+
+@njit(no_cpython_wrapper=True)
+def _record(w, params, a, b, c):
+    """Writes (w, a + b + c) into the int64 block: slot 2w and 2w + 1."""
+    p = carray(ptr_as(params, np.int64(0)), 64)
+    p[2 * w] = w
+    p[2 * w + 1] = a + b + c
+
+
+@njit(no_cpython_wrapper=True)
+def _count(w, params):
+    """Task w of run_workers: p[1 + w] += 1 (atomically: a task run twice would show)."""
+    p = carray(ptr_as(params, np.int64(0)), 64)
+    fetch_add(p, 1 + w, 1)
+    fetch_add(p, 0, 1)
+
+
+@njit
+def _call(fn, params, w, a, b, c):
+    call_address(fn, (w, params, a, b, c))
+
+
+def test_call_address_passes_every_argument():
+    p = np.zeros(64, np.int64)
+    fn = worker_address(_record, (), nargs=5)
+    for w, (a, b, c) in enumerate([(1, 2, 3), (-5, 0, 7), (2**40, 1, 1)]):
+        _call(fn, p.ctypes.data, w, a, b, c)
+        assert (p[2 * w], p[2 * w + 1]) == (w, a + b + c)
+
+
+@pytest.mark.parametrize("n", [1, 2, 37])
+def test_run_workers_runs_each_task_once(n):
+    """n workers, or n tasks (more than the threads, as pack_b hands out panels)."""
+    p = np.zeros(64, np.int64)
+    run_workers(worker_address(_count, ()), p, n)
+    assert p[0] == n
+    np.testing.assert_array_equal(p[1:1 + n], 1)
+    assert not p[1 + n:].any()
+
+
+def test_run_serial_runs_worker_zero():
+    p = np.zeros(64, np.int64)
+    run_serial(worker_address(_count, ()), p)
+    assert p[0] == 1 and p[1] == 1 and not p[2:].any()
