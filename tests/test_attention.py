@@ -1,7 +1,6 @@
 """dispatch.attention against the float64 reference, for every implementation the
 dispatcher can pick, plus property tests (causal prefix, GQA = repeated MHA, decode step
 by step = causal prefill) and bad-input tests."""
-import os
 
 import numpy as np
 import pytest
@@ -9,11 +8,10 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import attention as ref
-from tests.support import (ON_CUDA, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
-                           poisoned, randn, read_only, reduction_tol, rng, run)
+from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows,
+                           impl_params, poisoned, randn, read_only, reduction_tol, rng, run)
 
 IMPLS = impl_params("attention")
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 DTYPES = [np.float32, np.float64]
 
 # (B, Hq, Hkv, Sq, Skv, D, causal)
@@ -34,7 +32,7 @@ SMALL = [
     (1, 4, 2, 5, 13, 4, False),
     (2, 2, 2, 6, 6, 3, True),
 ]
-SHAPES = SMALL if ON_CUDA else FULL
+SHAPES = SMALL if SMALL_SHAPES else FULL
 
 
 def _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype):
@@ -55,6 +53,8 @@ def _sid(s):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_reference(impl, shape, dtype):
     B, Hq, Hkv, Sq, Skv, D, causal = shape
+    if ON_CUDA and dtype == np.float64 and D > 64:
+        pytest.skip("CUDA refuses float64 with D > 64 (86 KB of shared memory): test_wide_float64_heads_are_refused_on_cuda")
     g = rng()
     q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
     q *= 2  # sharper softmax than unit scores
@@ -90,7 +90,7 @@ def _mask(g, kind, mshape, B, Sq, Skv, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_masks(impl, dtype, mshape, kind, causal):
-    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 3, 11, 8) if ON_CUDA else (2, 4, 2, 37, 150, 64)
+    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 3, 11, 8) if SMALL_SHAPES else (2, 4, 2, 37, 150, 64)
     g = rng()
     q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
     mask = _mask(g, kind, mshape, B, Sq, Skv, dtype)
@@ -105,7 +105,7 @@ def test_masks(impl, dtype, mshape, kind, causal):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_fully_masked_rows_are_zero(impl, dtype, kind):
-    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 4, 9, 8) if ON_CUDA else (1, 4, 2, 6, 140, 64)
+    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 4, 9, 8) if SMALL_SHAPES else (1, 4, 2, 6, 140, 64)
     g = rng()
     q, k, v = _qkv(g, B, Hq, Hkv, Sq, Skv, D, dtype)
     if kind == "bool":
@@ -135,7 +135,7 @@ def test_empty_kv_gives_zeros(impl, dtype):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_non_contiguous_inputs(impl, dtype):
     """q, k, v as views of the (B, S, H, D) layout, and a strided mask."""
-    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 3, 7, 8) if ON_CUDA else (2, 8, 2, 33, 90, 64)
+    B, Hq, Hkv, Sq, Skv, D = (1, 2, 1, 3, 7, 8) if SMALL_SHAPES else (2, 8, 2, 33, 90, 64)
     g = rng()
     q = randn(g, (B, Sq, Hq, D), dtype).transpose(0, 2, 1, 3)
     k = randn(g, (B, Skv, Hkv, D), dtype).transpose(0, 2, 1, 3)
@@ -153,7 +153,7 @@ def test_fused_qkv_views(impl, dtype, D):
     layer makes them: qkv (B, S, 3, H, D)[:, :, i].transpose(0, 2, 1, 3) (rows contiguous,
     v's row stride 3 H D, not D).  The CPU kernels read them in place; D = 24 is not a
     multiple of the 16-column micro-kernel (the P V tail loop)."""
-    B, H, S = (1, 2, 5) if ON_CUDA else (2, 3, 70)
+    B, H, S = (1, 2, 5) if SMALL_SHAPES else (2, 3, 70)
     g = rng()
     qkv = randn(g, (B, S, 3, H, D), dtype)
     q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
@@ -270,11 +270,12 @@ _dims = st.tuples(
     st.integers(1, 2),            # B
     st.sampled_from([1, 2, 4]),   # Hkv
     st.sampled_from([1, 4, 8]),   # G
-    st.integers(1, 6 if ON_CUDA else 70),   # Sq
-    st.integers(0, 6 if ON_CUDA else 70),   # extra keys beyond Sq
-    st.sampled_from([1, 8] if ON_CUDA else [1, 8, 64, 80]),  # D
+    st.integers(1, 6 if SMALL_SHAPES else 70),   # Sq
+    st.integers(0, 6 if SMALL_SHAPES else 70),   # extra keys beyond Sq
+    # D (float64 draws: CUDA refuses float64 with D > 64, test_wide_float64_heads_are_refused_on_cuda)
+    st.sampled_from([1, 8] if SMALL_SHAPES else [1, 8, 64] if ON_CUDA else [1, 8, 64, 80]),
 )
-_examples = settings(max_examples=4 if ON_CUDA else 12, deadline=None)
+_examples = settings(max_examples=4 if SMALL_SHAPES else 12, deadline=None)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -282,7 +283,7 @@ _examples = settings(max_examples=4 if ON_CUDA else 12, deadline=None)
 @given(dims=_dims, data=st.data())
 def test_causal_prefix_does_not_see_the_future(impl, dims, data):
     B, Hkv, G, Sq, extra, D = dims
-    if ON_CUDA:
+    if SMALL_SHAPES:
         Hkv, G = 1, min(G, 2)
     Skv = Sq + extra
     g = rng(data.draw(SEEDS, label="seed"))
@@ -303,7 +304,7 @@ def test_causal_prefix_does_not_see_the_future(impl, dims, data):
 @given(dims=_dims, causal=st.booleans(), seed=SEEDS)
 def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal, seed):
     B, Hkv, G, Sq, extra, D = dims
-    if ON_CUDA:
+    if SMALL_SHAPES:
         Hkv, G = 1, min(G, 2)
     Skv = Sq + extra
     g = rng(seed)
@@ -314,11 +315,11 @@ def test_gqa_equals_mha_with_repeated_kv(impl, dims, causal, seed):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@settings(max_examples=3 if ON_CUDA else 8, deadline=None)
+@settings(max_examples=3 if SMALL_SHAPES else 8, deadline=None)
 @given(dims=_dims, seed=SEEDS)
 def test_decode_steps_equal_causal_prefill(impl, dims, seed):
     B, Hkv, G, Sq, extra, D = dims
-    if ON_CUDA:
+    if SMALL_SHAPES:
         Hkv, G, Sq = 1, min(G, 2), min(Sq, 3)
     Sq = min(Sq, 24)  # one call per step
     Skv = Sq + extra
@@ -426,7 +427,7 @@ NONFINITE = ["q_nan", "k_nan", "v_nan", "mask_nan", "q_posinf", "q_neginf", "mas
              "k_nan_bool_masked"]
 # (B, Hq, Hkv, Sq, Skv, D): decode (Sq = 1, long KV: cpu-splitkv runs 3 splits, cuda-splitkv
 # several) and a shape of several query and key tiles (CPU: 64 x 64; CUDA: 16 rows x 32 keys)
-NONFINITE_SHAPES = {"decode": (1, 4, 2, 1, 70, 4), "tiles": (1, 4, 2, 9, 40, 4)} if ON_CUDA else \
+NONFINITE_SHAPES = {"decode": (1, 4, 2, 1, 70, 4), "tiles": (1, 4, 2, 9, 40, 4)} if SMALL_SHAPES else \
     {"decode": (1, 4, 2, 1, 700, 16), "tiles": (1, 4, 2, 70, 150, 16)}
 
 
@@ -479,7 +480,7 @@ def test_nonfinite_inputs_propagate_like_pytorch(impl, dtype, case, where, causa
     signs) in q or the mask make exactly the reference's rows NaN (PyTorch's: checked
     against torch's scaled_dot_product_attention in float64); -inf in a mask only masks,
     fully masked rows stay zeros.  Everything else matches the reference."""
-    if ON_CUDA and SIM and dtype == np.float64 and causal:
+    if SMALL_SHAPES and dtype == np.float64 and causal:
         pytest.skip("simulator: float64 runs non-causal only (the kernels are dtype-generic; ~4 s a case)")
     shape = NONFINITE_SHAPES[where]
     B, Hq, Hkv, Sq, Skv, D = shape
@@ -500,3 +501,17 @@ def test_nonfinite_inputs_propagate_like_pytorch(impl, dtype, case, where, causa
     assert not np.isinf(got).any()
     fin = ~np.isnan(want)
     assert_close(got[fin], want[fin], _tol(dtype, Skv), f"{impl} {case} finite entries", cancel=True)
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="a CUDA limit")
+def test_wide_float64_heads_are_refused_on_cuda():
+    """float64 tiles 128 wide need 86,272 B of static shared memory (48 KB allowed): CUDA
+    refuses float64 with 64 < D <= 128 with the reason, and writes nothing to out=."""
+    from tests.support import to_target
+
+    q = to_target(randn(rng(), (1, 2, 3, 80), np.float64))
+    out = to_target(poisoned((1, 2, 3, 80), np.float64))
+    for impl in ("cuda-flash", "cuda-splitkv"):
+        with dispatch.use(attention=impl), pytest.raises((TypeError, ValueError, RuntimeError), match="shared memory"):
+            dispatch.attention(q, q, q, out=out)
+    assert np.isnan(out.copy_to_host()).all()

@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import linalg as ref
-from tests.support import (ON_CUDA, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
-                           poisoned, randn, read_only, reduction_tol, rng, run, strided)
+from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows,
+                           impl_params, poisoned, randn, read_only, reduction_tol, rng, run, strided)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -30,7 +30,7 @@ MATMUL_SMALL = [
     ((3, 17), (17, 33)),
     ((2, 5, 9), (9, 13)),
 ]
-MATMUL_SHAPES = MATMUL_SMALL if ON_CUDA else MATMUL_FULL
+MATMUL_SHAPES = MATMUL_SMALL if SMALL_SHAPES else MATMUL_FULL
 
 # (x shape, weight shape)
 LINEAR_FULL = [
@@ -41,9 +41,9 @@ LINEAR_FULL = [
     ((9, 500), (31, 500)),          # K beyond one K block
 ]
 LINEAR_SMALL = [((1, 24), (40, 24)), ((5, 3, 11), (17, 11))]
-LINEAR_SHAPES = LINEAR_SMALL if ON_CUDA else LINEAR_FULL
-EPI_MATMUL = ((3, 5, 33), (33, 20)) if ON_CUDA else ((70, 45), (45, 37))
-EPI_LINEAR = ((7, 21), (19, 21)) if ON_CUDA else ((70, 45), (37, 45))
+LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
+EPI_MATMUL = ((3, 5, 33), (33, 20)) if SMALL_SHAPES else ((70, 45), (45, 37))
+EPI_LINEAR = ((7, 21), (19, 21)) if SMALL_SHAPES else ((70, 45), (37, 45))
 
 
 def _out_shape_matmul(sa, sb):
@@ -114,7 +114,7 @@ def test_linear_epilogues(impl, dtype, activation, with_bias):
 def test_views(impl, dtype):
     """Transposed views (read in place by the packing) and strided views (copied)."""
     g = rng()
-    m, k, n = (5, 19, 23) if ON_CUDA else (37, 70, 41)
+    m, k, n = (5, 19, 23) if SMALL_SHAPES else (37, 70, 41)
     at, bt = randn(g, (k, m), dtype), randn(g, (n, k), dtype)
     a, b = at.T, bt.T
     bias = randn(g, (n,), dtype)
@@ -135,7 +135,7 @@ def test_views(impl, dtype):
 def test_linear_views(impl, dtype):
     """x.T views, the weight given as W.T of a (K, N) array (no copy), strided x / weight."""
     g = rng()
-    m, k, n = (5, 19, 23) if ON_CUDA else (37, 70, 41)
+    m, k, n = (5, 19, 23) if SMALL_SHAPES else (37, 70, 41)
     xt, w_kn, bias = randn(g, (k, m), dtype), randn(g, (k, n), dtype), randn(g, (n,), dtype)
     x = xt.T
     expect = ref.linear(x, w_kn.T, bias, activation="relu")
@@ -175,9 +175,9 @@ def test_empty_and_zero_k(impl):
 
 
 @pytest.mark.parametrize("impl", impl_params("matmul"))
-@settings(max_examples=5 if ON_CUDA else 15, deadline=None)
-@given(m=st.integers(1, 8 if ON_CUDA else 40), k=st.integers(1, 8 if ON_CUDA else 70),
-       n=st.integers(1, 8 if ON_CUDA else 40), batch=st.sampled_from([(), (2,), (2, 1), (1, 3)]),
+@settings(max_examples=5 if SMALL_SHAPES else 15, deadline=None)
+@given(m=st.integers(1, 8 if SMALL_SHAPES else 40), k=st.integers(1, 8 if SMALL_SHAPES else 70),
+       n=st.integers(1, 8 if SMALL_SHAPES else 40), batch=st.sampled_from([(), (2,), (2, 1), (1, 3)]),
        b_batch=st.booleans(), activation=st.sampled_from(ACTIVATIONS), use_bias=st.booleans(),
        dtype=st.sampled_from([np.float32, np.float64]), seed=SEEDS)
 def test_property_random_shapes(impl, m, k, n, batch, b_batch, activation, use_bias, dtype, seed):

@@ -5,12 +5,12 @@ import pytest
 
 import dispatch
 from tests.reference import norm as ref
-from tests.support import (ON_CUDA, TOL, assert_close, assert_no_new_specialization, broadcast_rows, impl_params,
-                           poisoned, randn, read_only, rng, run, strided)
+from tests.support import (ON_CUDA, SMALL_SHAPES, TOL, assert_close, assert_no_new_specialization, broadcast_rows,
+                           impl_params, poisoned, randn, read_only, rng, run, strided)
 
 FULL = [(1,), (7,), (3, 5), (1, 1), (33, 1), (5, 768), (2, 3, 257), (2, 32000), (2, 3, 4, 9)]
 SMALL = [(7,), (3, 5), (1, 1), (5, 67), (2, 3, 37), (2, 3, 4, 9)]
-SHAPES = SMALL if ON_CUDA else FULL
+SHAPES = SMALL if SMALL_SHAPES else FULL
 DTYPES = [np.float32, np.float64]
 
 # (op, public function, reference, which parameters: "wb", "w", "b" or "")
@@ -74,7 +74,7 @@ def test_matches_reference(name, fn, reference, params, impl, shape, dtype, resi
 @pytest.mark.parametrize("name, fn, reference, params, impl", [c for c in _cases() if "w" in c.values[3]])
 def test_default_eps_and_views(name, fn, reference, params, impl, dtype):
     g = rng()
-    base = randn(g, (20, 37) if ON_CUDA else (300, 130), dtype)
+    base = randn(g, (20, 37) if SMALL_SHAPES else (300, 130), dtype)
     for view in (base.T, base[3:31:2, 5:], base[::-1, ::3]):
         args, _ = _inputs(g, name, params, view.shape, dtype)
         args[0] = view
@@ -86,7 +86,7 @@ def test_default_eps_and_views(name, fn, reference, params, impl, dtype):
 def test_large_offset_rows_keep_precision(name, fn, reference, params, impl):
     """Rows with a mean far from zero: float32 statistics must not cancel catastrophically."""
     g = rng()
-    shape = (6, 67) if ON_CUDA else (6, 768)
+    shape = (6, 67) if SMALL_SHAPES else (6, 768)
     args, _ = _inputs(g, name, params, shape, np.float32)
     args[0] = (np.float32(30) + randn(g, shape, np.float32)).astype(np.float32)
     got = run(impl, fn, *args, _op=name)
@@ -224,7 +224,7 @@ def test_bad_out_rejected_and_untouched(name):
 # ---- constant rows and large offsets ------------------------------------------------------
 
 CONST_VALUES = [0.0, 3.7, 1e4 + 0.1, -2.5e6, 1e20]
-CONST_D = [1, 7, 67, 300] if ON_CUDA else [1, 7, 768, 4096]
+CONST_D = [1, 7, 67, 300] if SMALL_SHAPES else [1, 7, 768, 4096]
 LN_CASES = [c for c in _cases() if c.values[0] == "layer_norm" and c.values[3] in ("wb", "")]
 
 
@@ -281,8 +281,8 @@ def test_layer_norm_offset_rows_keep_precision(name, fn, reference, params, impl
     """Rows 1e4 + small noise (and rows at other offsets): accurate relative to the spread,
     i.e. the mean is not rounded to the dtype (float32: half an ulp of 1e4 is 4.9e-4)."""
     g = rng()
-    shape = (4, 67) if ON_CUDA else (6, 4096)
-    offsets = np.array([1e4, -1e4, 3e5, 1e4], dtype)[:, None] if ON_CUDA else \
+    shape = (4, 67) if SMALL_SHAPES else (6, 4096)
+    offsets = np.array([1e4, -1e4, 3e5, 1e4], dtype)[:, None] if SMALL_SHAPES else \
         np.array([1e4, -1e4, 3e5, 1e4, 123.456, -7e3], dtype)[:, None]
     x = (offsets + dtype(spread) * randn(g, shape, dtype)).astype(dtype)
     args, _ = _inputs(g, name, params, shape, dtype)
