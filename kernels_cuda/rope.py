@@ -5,7 +5,9 @@ x, out: (rows, D) C-contiguous with rows = batch * S (row r has position r % S);
 pair's cos / sin, and writes (a cos - b sin, b cos + a sin).  Consecutive threads take
 consecutive pairs i of a row, so for rotate-half (pairs (i, i + D/2)) both halves are
 read and written coalesced, and for interleaved (pairs (2i, 2i + 1)) a warp covers 64
-consecutive elements; the cos / sin rows are shared by all batch rows through L2.
+consecutive elements; the cos / sin rows are shared by all batch rows through L2.  A
+thread divides once to find its first pair's (row, pair, position) and then advances them
+by the grid stride with adds and compares (no division per pair).
 """
 from functools import lru_cache
 
@@ -27,10 +29,16 @@ def rope_kernel(acc_np):
         total = rows * h
         g = cuda.grid(1)
         step = cuda.gridsize(1)
+        # (row r, pair i, position t) of pair g, advanced by the grid stride without a
+        # division per pair (64-bit division is a ~70-instruction software routine):
+        # the divisions happen once per thread, here
+        r = g // h
+        i = g - r * h
+        t = r % seq
+        step_r = step // h
+        step_i = step - step_r * h
+        step_t = step_r % seq
         while g < total:
-            r = g // h
-            i = g - r * h
-            t = r % seq
             c = acc(cos[t, i])
             s = acc(sin[t, i])
             if interleaved:
@@ -44,6 +52,15 @@ def rope_kernel(acc_np):
             out[r, ia] = a * c - b * s
             out[r, ib] = b * c + a * s
             g += step
+            i += step_i
+            r += step_r
+            t += step_t
+            if i >= h:
+                i -= h
+                r += 1
+                t += 1
+            if t >= seq:
+                t -= seq
 
     return rope_pairs
 
