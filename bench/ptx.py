@@ -133,7 +133,7 @@ _RE = {
 _SHARED = re.compile(r"\.shared\s+\.align\s+\d+\s+\.b8\s+\w+\[(\d+)\]")
 
 
-def compile_one(name, get, argtypes, dtype, arch, ptxas, tmpdir):
+def compile_one(name, get, argtypes, dtype, arch, ptxas, tmpdir, requires=()):
     from numba import cuda
     from numba import types as T
 
@@ -156,6 +156,7 @@ def compile_one(name, get, argtypes, dtype, arch, ptxas, tmpdir):
     # numba declares shared arrays as module-level .shared variables, which ptxas -c does
     # not attribute to the kernel: count them from the PTX (one kernel per module here).
     info["smem"] += sum(int(x) for x in _SHARED.findall(ptx))
+    info["missing"] = [r for r in requires if r not in ptx]
     return info
 
 
@@ -182,7 +183,7 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
                     t0 = time.time()
                     row = {"kernel": name, "family": build.family, "dtype": dtype, "arch": arch}
                     try:
-                        info = compile_one(name, build.get, build.argtypes, dtype, arch, ptxas, tmp)
+                        info = compile_one(name, build.get, build.argtypes, dtype, arch, ptxas, tmp, build.requires)
                         row.update(info)
                         thr = threads[arch].get(name, build.threads)
                         row["threads"] = thr
@@ -190,6 +191,8 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
                         errors = []
                         if info["spill_st"] or info["spill_ld"]:
                             errors.append("spills")
+                        if info.pop("missing"):
+                            errors.append(f"the PTX lacks {build.requires} (the instruction the kernel is built on)")
                         if info["smem"] > STATIC_SMEM:
                             errors.append(f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
                         biggest = max(thr, build.threads)  # the kernel's own largest launch

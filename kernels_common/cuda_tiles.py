@@ -40,6 +40,15 @@ def gemm_tile_dtypes(tile: str) -> tuple:
     return ("float32", "float16", "float64") if tile in GEMM_FLOAT64_TILES else ("float32", "float16")
 
 
+# The float16 GEMM on tensor cores (kernels_cuda.gemm.gemm_tc_kernel): (BM, BN, BK) of a
+# block of TC_WARPS warps, each warp 32 x 32 of C as 2 x 4 mma.m16n8k16 per K step of 16.
+# The usual first tensor-core tiling (not measured on a GPU yet); shared memory 2 x 64 rows
+# x 12 words = 6 KB.
+TC_TILE = (64, 64, 16)
+TC_WARPS = 4
+TC_KERNEL = "gemm.tc_64x64x16"
+
+
 def gemm_threads(tile: str) -> int:
     bm, bn, bk, tm, tn = GEMM_TILES[tile]
     return (bm // tm) * (bn // tn)

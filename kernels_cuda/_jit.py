@@ -55,11 +55,14 @@ class PtxBuild:
     threads   the largest block it may be launched with (its launch bound); the report's
               block size when no benchmark case's launch configuration names the kernel
     dtypes    the input dtypes it is built for
+    requires  strings its PTX must contain (the tensor-core GEMM: its mma instruction), so
+              that a kernel silently built without them fails the report
     """
 
-    def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16", "float64")):
+    def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16", "float64"),
+                 requires=()):
         self.name, self.family, self.get, self.argtypes = name, family, get, argtypes
-        self.threads, self.dtypes = threads, tuple(dtypes)
+        self.threads, self.dtypes, self.requires = threads, tuple(dtypes), tuple(requires)
 
 
 def acc_np(numba_dtype):

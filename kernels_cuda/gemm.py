@@ -14,18 +14,21 @@ ty + i*(BM/TM) and columns tx + j*(BN/TN): the B-fragment reads of a warp are
 consecutive words (conflict-free) and the epilogue's stores are coalesced.
 float16 inputs are converted to float32 when staged (float32 accumulation).
 
-Not done (stated in the report): double-buffered tile loads, 128-bit vector loads, tensor
-cores (numba-cuda exposes no mma).
+float16 runs on tensor cores instead (gemm_tc_kernel: mma.sync m16n8k16 through inline
+PTX, kernels_cuda/mma.py).  Not done: double-buffered (cp.async) tile loads, 128-bit
+vector loads, ldmatrix fragments.
 """
 from functools import lru_cache
 
-from numba import cuda, types
+import numpy as np
+from numba import cuda, float32, types, uint32
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
-from kernels_common.cuda_tiles import gemm_threads, gemm_tile_dtypes
+from kernels_common.cuda_tiles import TC_KERNEL, TC_TILE, TC_WARPS, gemm_threads, gemm_tile_dtypes
 
 from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
 from .activation import act_fn
+from .mma import mma_16816
 
 
 @lru_cache(maxsize=None)
@@ -132,6 +135,126 @@ def gemm_kernel(acc_np, cfg):
     return gemm_tiled
 
 
+@lru_cache(maxsize=None)
+def gemm_tc_kernel():
+    """The float16 GEMM on tensor cores (mma.m16n8k16, float32 accumulation): a block of
+    TC_WARPS warps computes a TC_BM x TC_BN tile of C, each warp a 32 x 32 quarter as 2 x 4
+    m16n8 products per 16-wide K step.  Per step the block stages A (TC_BM rows) and B
+    (TC_BN columns) as 32-bit pairs of halves along K in shared memory (A row-major, B one
+    row per column: the "col" operand), rows padded to 12 words so that the fragment reads
+    of a warp (word 12g + t) hit 32 different banks.  a and b are uint16 views of the
+    float16 inputs (the pairs are built with integer ops); bias and c are float16."""
+    BM, BN, BK = TC_TILE
+    KP = BK // 2                 # 32-bit words (pairs of halves) per staged row
+    LD = KP + 4                  # padded row (see above)
+    NT = 32 * TC_WARPS
+    A_LOADS = BM * KP // NT
+    B_LOADS = BN * KP // NT
+    act = act_fn(np.float32)
+    zero = np.float32(0.0)
+
+    @kernel(launch_bounds=(NT, 2))
+    def gemm_tc(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
+        m_total = a.shape[1]
+        k_total = a.shape[2]
+        n_total = c.shape[2]
+        nbn = (n_total + BN - 1) // BN
+        nbm = (m_total + BM - 1) // BM
+        blk = cuda.blockIdx.x
+        bn = blk % nbn
+        rest = blk // nbn
+        bz = rest // nbm
+        ab = a_idx[bz]
+        bb = b_idx[bz]
+        m0 = (rest - bz * nbm) * BM
+        n0 = bn * BN
+        t = cuda.threadIdx.x
+        lane = t & 31
+        warp = t >> 5
+        g = lane >> 2
+        q = lane & 3
+        wm = (warp >> 1) * 32
+        wn = (warp & 1) * 32
+        As = cuda.shared.array((BM, LD), uint32)
+        Bs = cuda.shared.array((BN, LD), uint32)
+        d = cuda.local.array((2, 4, 4), float32)  # [m16 tile][n8 tile][fragment register]
+        for i in range(2):
+            for j in range(4):
+                for r in range(4):
+                    d[i, j, r] = zero
+        for k0 in range(0, k_total, BK):
+            # consecutive threads: consecutive pairs along K of one row (A; B stored (N, K))
+            for l in range(A_LOADS):
+                e = t + l * NT
+                mm = e // KP
+                pp = e - mm * KP
+                gm = m0 + mm
+                gk = k0 + 2 * pp
+                lo = uint32(0)
+                hi = uint32(0)
+                if gm < m_total:
+                    if gk < k_total:
+                        lo = uint32(a[ab, gm, gk])
+                    if gk + 1 < k_total:
+                        hi = uint32(a[ab, gm, gk + 1])
+                As[mm, pp] = lo | (hi << 16)
+            for l in range(B_LOADS):
+                e = t + l * NT
+                if trans_b:
+                    nn = e // KP
+                    pp = e - nn * KP
+                else:  # b stored (K, N): consecutive threads: consecutive columns
+                    pp = e // BN
+                    nn = e - pp * BN
+                gn = n0 + nn
+                gk = k0 + 2 * pp
+                lo = uint32(0)
+                hi = uint32(0)
+                if gn < n_total:
+                    if trans_b:
+                        if gk < k_total:
+                            lo = uint32(b[bb, gn, gk])
+                        if gk + 1 < k_total:
+                            hi = uint32(b[bb, gn, gk + 1])
+                    else:
+                        if gk < k_total:
+                            lo = uint32(b[bb, gk, gn])
+                        if gk + 1 < k_total:
+                            hi = uint32(b[bb, gk + 1, gn])
+                Bs[nn, pp] = lo | (hi << 16)
+            cuda.syncthreads()
+            for i in range(2):
+                r = wm + i * 16 + g
+                a0 = As[r, q]
+                a1 = As[r + 8, q]
+                a2 = As[r, q + 4]
+                a3 = As[r + 8, q + 4]
+                for j in range(4):
+                    cn = wn + j * 8 + g
+                    d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, Bs[cn, q], Bs[cn, q + 4],
+                                               d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
+                    d[i, j, 0] = d0
+                    d[i, j, 1] = d1
+                    d[i, j, 2] = d2
+                    d[i, j, 3] = d3
+            cuda.syncthreads()
+        # epilogue: register r of tile (i, j) is C[wm + 16i + g + 8(r >> 1), wn + 8j + 2q + (r & 1)]
+        for i in range(2):
+            for h in range(2):
+                gm = m0 + wm + i * 16 + g + 8 * h
+                if gm < m_total:
+                    for j in range(4):
+                        for e2 in range(2):
+                            gn = n0 + wn + j * 8 + 2 * q + e2
+                            if gn < n_total:
+                                v = d[i, j, 2 * h + e2]
+                                if has_bias:
+                                    v += float32(bias[gn])
+                                c[bz, gm, gn] = act(v, code)
+
+    return gemm_tc
+
+
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
 def _gemm_args(dt):
     i64 = types.int64
@@ -139,7 +262,16 @@ def _gemm_args(dt):
             types.boolean)
 
 
+def _gemm_tc_args(dt):
+    i64, u16 = types.int64, types.uint16
+    return (arr(u16, 3), arr(u16, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, types.boolean,
+            types.boolean)
+
+
 PTX = [
+    PtxBuild(TC_KERNEL, "linalg", lambda dt: gemm_tc_kernel(), _gemm_tc_args, threads=32 * TC_WARPS,
+             dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
+] + [
     PtxBuild(f"gemm.{tile}", "linalg", (lambda tile: lambda dt: gemm_kernel(acc_np(dt), tile))(tile), _gemm_args,
              threads=gemm_threads(tile), dtypes=gemm_tile_dtypes(tile))
     for tile in CONFIGS

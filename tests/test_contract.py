@@ -841,6 +841,7 @@ def test_workers_compile_per_variant_not_per_layout():
         dispatch.linear(x, dispatch.prepack(w), np.ones(19, np.float32), activation="relu")
         dispatch.linear(x, dispatch.prepack(w), None, activation="relu")
         assert compiled() == before
-        # another activation adds its epilogue only: the worker is compiled per dtype
+        # another activation adds (at most: another test may have compiled it) its
+        # epilogue: the worker and the packers are compiled per dtype
         dispatch.linear(x, w, None, activation="silu")
-    assert {name for name, _ in compiled() - before} == {"gemm_epilogue"}
+    assert {name for name, _ in compiled() - before} <= {"gemm_epilogue"}

@@ -2,7 +2,8 @@
 GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched over the
 broadcast batch dims (folded into grid x with the row and column blocks), linear's (N, K) weight read in place (trans_b).
 
-Tile rule: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
+float16 runs on tensor cores (kernels_cuda.gemm.gemm_tc_kernel, one 64 x 64 tile).  Tile
+rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
 more threads than the device allows per block are skipped.  Not measured on a GPU yet.
@@ -14,7 +15,8 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import GEMM_TILES, gemm_shared_bytes, gemm_threads, gemm_tile_dtypes
+from kernels_common.cuda_tiles import (GEMM_TILES, TC_KERNEL, TC_TILE, TC_WARPS, gemm_shared_bytes, gemm_threads,
+                                       gemm_tile_dtypes)
 
 from ..registry import fixed_rule, set_rule
 from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, props, register_cuda
@@ -48,6 +50,10 @@ def choose_tile(p, batch, m, n, min_blocks_per_sm=1, dtype="float32"):
 def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
+    if np.dtype(a.dtype) == np.float16:  # tensor cores (mma.m16n8k16, float32 accumulation)
+        bm, bn, _ = TC_TILE
+        return {"kernel": TC_KERNEL, "tile": "tensor cores", "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1),
+                "block": 32 * TC_WARPS, "shared_bytes": 2 * (bm + bn) * (TC_TILE[2] // 2 + 4), "device": p.name}
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"], a.dtype)
     return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1), "block": thr,
             "shared_bytes": smem, "device": p.name}
@@ -94,12 +100,18 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None):
         bias_d = as_input(bias) if bias is not None else dummy(dt)
         cfg = launch(params, a, b, bias, out, code, b_is_nk)
         acc = acc_dtype(dt)
-        K.gemm_kernel(acc, cfg["tile"])[cfg["grid"], cfg["block"]](
-            a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
+        if cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
+            K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
+                a3.view(np.uint16), b3.view(np.uint16), ai, bi, bias_d, res.reshape(batch, m, n), code,
+                bias is not None, b_is_nk)
+        else:
+            K.gemm_kernel(acc, cfg["tile"])[cfg["grid"], cfg["block"]](
+                a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
     return deliver(res, od, out)
 
 
-NOTES = ("shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + TN shared reads), "
+NOTES = ("float16 on tensor cores (mma.sync m16n8k16, float32 accumulation, 64 x 64 block tiles); float32/64: "
+         "shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + TN shared reads), "
          "bias + activation fused in the epilogue, batch folded into the grid; transposed device views are copied "
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
 

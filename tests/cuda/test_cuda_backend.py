@@ -6,6 +6,7 @@ Run with NK_TEST_DEVICE=cuda (under NUMBA_ENABLE_CUDASIM=1 without a GPU); skipp
 CPU target by tests/conftest.py.  Shapes are tiny (simulator: ~0.1 ms per GPU thread)
 but still cover partial tiles, several blocks and several warps per block.
 """
+import math
 import os
 import subprocess
 import sys
@@ -189,6 +190,34 @@ def test_float16_elementwise_softmax_norm_gemm():
     c = dispatch.matmul(_dev(x), _dev(w)).copy_to_host()
     assert c.dtype == np.float16
     assert_close(c, x64 @ w.astype(np.float64), F16_TOL, "matmul fp16", cancel=True)
+
+
+@pytest.mark.parametrize("case", ["linear bias gelu", "batched broadcast", "two row blocks", "k below 16"])
+def test_float16_gemm_runs_on_tensor_cores(case):
+    """float16 matmul / linear go to the tensor-core kernel (mma.m16n8k16, float32
+    accumulation): edges of the 64 x 64 tile and of the 16-wide K step, batches, the (N, K)
+    weight, bias + activation.  Under the simulator the mma is its Python twin."""
+    from kernels_common.cuda_tiles import TC_KERNEL
+
+    g = rng()
+
+    def h(*shape):
+        return g.standard_normal(shape).astype(np.float16)
+
+    if case == "linear bias gelu":
+        x, w, b = h(2, 3, 37), h(20, 37), h(20)
+        args, kw, fn = (_dev(x), _dev(w), _dev(b)), {"activation": "gelu"}, dispatch.linear
+        y = x.astype(np.float64) @ w.T.astype(np.float64) + b
+        want = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
+    else:
+        a, bm = {"batched broadcast": (h(2, 1, 17, 24), h(3, 24, 9)), "two row blocks": (h(70, 8), h(8, 9)),
+                 "k below 16": (h(5, 3), h(3, 6))}[case]
+        args, kw, fn = (_dev(a), _dev(bm)), {}, dispatch.matmul
+        want = a.astype(np.float64) @ bm.astype(np.float64)
+    assert str(dispatch.explain(fn.__name__, *args, **kw)).count(TC_KERNEL) == 1
+    got = fn(*args, **kw).copy_to_host()
+    assert got.dtype == np.float16
+    assert_close(got, want, F16_TOL, case, cancel=True)
 
 
 # ---- device-array plumbing ------------------------------------------------------------------
