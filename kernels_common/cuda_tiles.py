@@ -49,6 +49,13 @@ TC_WARPS = 4
 TC_KERNEL = "gemm.tc_64x64x16"
 
 
+# The GEMV kernel for few rows (decode: M <= GEMV_MAX_M by the dispatcher's rule): each
+# output column is one warp's dot products over K (the (N, K) weight) or one thread's
+# (a (K, N) b), for up to GEMV_MAX_M rows of A at once (accumulators in registers).
+GEMV_MAX_M = 8
+GEMV_WARPS = 4
+
+
 def gemm_threads(tile: str) -> int:
     bm, bn, bk, tm, tn = GEMM_TILES[tile]
     return (bm // tm) * (bn // tn)

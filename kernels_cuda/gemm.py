@@ -24,11 +24,13 @@ import numpy as np
 from numba import cuda, float32, types, uint32
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
-from kernels_common.cuda_tiles import TC_KERNEL, TC_TILE, TC_WARPS, gemm_threads, gemm_tile_dtypes
+from kernels_common.cuda_tiles import (GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, gemm_threads,
+                                       gemm_tile_dtypes)
 
 from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
 from .activation import act_fn
 from .mma import mma_16816
+from .primitives import warp_sum
 
 
 @lru_cache(maxsize=None)
@@ -255,6 +257,66 @@ def gemm_tc_kernel():
     return gemm_tc
 
 
+@lru_cache(maxsize=None)
+def gemv_kernel(acc_np):
+    """C = act(A @ op(B) + bias) for few rows of A (decode), no tiles: with trans_b (linear's
+    (N, K) weight) one warp per output column, its lanes striding over K (coalesced reads
+    of the weight row) and a warp sum; otherwise ((K, N) b) one thread per output column
+    (consecutive threads: consecutive columns).  Rows are taken GEMV_MAX_M at a time, each
+    weight element read once per group of rows; outputs grid-stride over (batch, column)."""
+    acc, _ = acc_of(acc_np)
+    zero = acc_np(0.0)
+    act = act_fn(acc_np)
+    NT = 32 * GEMV_WARPS
+    MM = GEMV_MAX_M
+
+    @kernel(launch_bounds=(NT, 4))
+    def gemv(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
+        m_total = a.shape[1]
+        k_total = a.shape[2]
+        n_total = c.shape[2]
+        total = c.shape[0] * n_total
+        s = cuda.local.array(MM, acc)
+        lane = cuda.threadIdx.x & 31
+        if trans_b:
+            first = cuda.blockIdx.x * GEMV_WARPS + (cuda.threadIdx.x >> 5)
+            stride = cuda.gridDim.x * GEMV_WARPS
+        else:
+            first = cuda.grid(1)
+            stride = cuda.gridsize(1)
+        for item in range(first, total, stride):  # the same item for every lane of a warp (trans_b)
+            bz = item // n_total
+            n = item - bz * n_total
+            ab = a_idx[bz]
+            bb = b_idx[bz]
+            for m0 in range(0, m_total, MM):
+                for mm in range(MM):
+                    s[mm] = zero
+                if trans_b:
+                    for k in range(lane, k_total, 32):
+                        w = acc(b[bb, n, k])
+                        for mm in range(MM):
+                            if m0 + mm < m_total:
+                                s[mm] += acc(a[ab, m0 + mm, k]) * w
+                else:
+                    for k in range(k_total):
+                        w = acc(b[bb, k, n])
+                        for mm in range(MM):
+                            if m0 + mm < m_total:
+                                s[mm] += acc(a[ab, m0 + mm, k]) * w
+                for mm in range(MM):
+                    if m0 + mm < m_total:
+                        v = s[mm]
+                        if trans_b:
+                            v = warp_sum(v)
+                        if lane == 0 or not trans_b:
+                            if has_bias:
+                                v += acc(bias[n])
+                            c[bz, m0 + mm, n] = act(v, code)
+
+    return gemv
+
+
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
 def _gemm_args(dt):
     i64 = types.int64
@@ -271,6 +333,7 @@ def _gemm_tc_args(dt):
 PTX = [
     PtxBuild(TC_KERNEL, "linalg", lambda dt: gemm_tc_kernel(), _gemm_tc_args, threads=32 * TC_WARPS,
              dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
+    PtxBuild("gemm.gemv", "linalg", lambda dt: gemv_kernel(acc_np(dt)), _gemm_args, threads=32 * GEMV_WARPS),
 ] + [
     PtxBuild(f"gemm.{tile}", "linalg", (lambda tile: lambda dt: gemm_kernel(acc_np(dt), tile))(tile), _gemm_args,
              threads=gemm_threads(tile), dtypes=gemm_tile_dtypes(tile))

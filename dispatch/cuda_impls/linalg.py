@@ -1,4 +1,4 @@
-"""CUDA implementation of matmul and linear ("cuda-gemm"): the tiled register-blocked
+"""CUDA implementations of matmul and linear: "cuda-gemm", the tiled register-blocked
 GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched over the
 broadcast batch dims (folded into grid x with the row and column blocks), linear's (N, K) weight read in place (trans_b).
 
@@ -7,6 +7,10 @@ rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_T
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
 more threads than the device allows per block are skipped.  Not measured on a GPU yet.
+
+"cuda-gemv" (kernels_cuda.gemm.gemv_kernel) for M <= GEMV_MAX_M (decode): dot products
+per output column, no tiles (decode linear 1 x 4096 -> 11008 on a 64-row tile would spend
+63 of 64 FMAs on zero rows).
 """
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import (GEMM_TILES, TC_KERNEL, TC_TILE, TC_WARPS, gemm_shared_bytes, gemm_threads,
-                                       gemm_tile_dtypes)
+from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, gemm_shared_bytes,
+                                       gemm_threads, gemm_tile_dtypes)
 
-from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, props, register_cuda
+from ..registry import Rule, set_rule
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, occupancy_blocks, output,
+                      props, register_cuda)
 
 # (name, BM, BN, threads, shared bytes float32), largest tile first
 TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
@@ -81,7 +86,7 @@ def _batch_index(a_batch, b_batch):
     return hit
 
 
-def _run(params, a, b, bias, out, code, b_is_nk, packed=None):
+def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
     K = kernels("gemm")
     dt = np.dtype(a.dtype)
     batch, m, n, k = _dims(a, b, b_is_nk)
@@ -98,9 +103,12 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None):
         b3 = bd.reshape(1, n, k) if b_is_nk else bd.reshape(max(1, math.prod(b_batch)), k, n)
         ai, bi = _batch_index(a_batch, b_batch)
         bias_d = as_input(bias) if bias is not None else dummy(dt)
-        cfg = launch(params, a, b, bias, out, code, b_is_nk)
+        cfg = (gemv_launch if gemv else launch)(params, a, b, bias, out, code, b_is_nk)
         acc = acc_dtype(dt)
-        if cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
+        if gemv:
+            K.gemv_kernel(acc)[cfg["grid"], cfg["block"]](
+                a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
+        elif cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
                 a3.view(np.uint16), b3.view(np.uint16), ai, bi, bias_d, res.reshape(batch, m, n), code,
                 bias is not None, b_is_nk)
@@ -110,11 +118,42 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None):
     return deliver(res, od, out)
 
 
+def gemv_launch(params, a, b, bias, out, code, b_is_nk, packed=None):
+    batch, m, n, k = _dims(a, b, b_is_nk)
+    p = props()
+    block = 32 * GEMV_WARPS
+    per_block = GEMV_WARPS if b_is_nk else block  # output columns a block computes at once
+    cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
+    return {"kernel": "gemm.gemv", "grid": max(1, min(cdiv(batch * n, per_block), cap)), "block": block,
+            "column_per": "warp" if b_is_nk else "thread", "device": p.name}
+
+
+def _run_gemv(params, a, b, bias, out, code, b_is_nk, packed=None):
+    return _run(params, a, b, bias, out, code, b_is_nk, packed, gemv=True)
+
+
+GEMV_PARAMS = {"waves": 1}  # grid capped at one wave of resident blocks, as the elementwise kernels
+
+
+def _order(key):
+    if key.m <= GEMV_MAX_M:
+        return (("cuda-gemv", "cuda-gemm"),
+                f"M bucket {key.m} <= {GEMV_MAX_M}: decode-like rows, dot products without tiles (a 64-row tile "
+                "would spend most of its FMAs on zero rows)")
+    return ("cuda-gemm", "cuda-gemv"), f"M bucket {key.m} > {GEMV_MAX_M}: the tiled GEMM (tile chosen per launch)"
+
+
 NOTES = ("float16 on tensor cores (mma.sync m16n8k16, float32 accumulation, 64 x 64 block tiles); float32/64: "
          "shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + TN shared reads), "
          "bias + activation fused in the epilogue, batch folded into the grid; transposed device views are copied "
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
 
+NOTES_GEMV = ("for few rows (decode): one warp per output column over the (N, K) weight (coalesced, warp sum), "
+              "one thread per column over a (K, N) b; up to 8 rows per weight read; bias + activation fused; "
+              + DEVICE_COPY_NOTE)
+
 for _op in ("matmul", "linear"):
-    register_cuda(_op, "cuda-gemm", _run, launch, kernels=("gemm", "activation"), notes=NOTES, params=PARAMS)
-    set_rule(_op, "cuda", fixed_rule(("cuda-gemm",), "the tiled CUDA GEMM (tile chosen per launch: see launch)"))
+    register_cuda(_op, "cuda-gemm", _run, launch, kernels=("gemm", "activation", "mma"), notes=NOTES, params=PARAMS)
+    register_cuda(_op, "cuda-gemv", _run_gemv, gemv_launch, kernels=("gemm", "activation"), notes=NOTES_GEMV,
+                  params=GEMV_PARAMS)
+    set_rule(_op, "cuda", Rule(("cuda-gemv", "cuda-gemm"), _order))

@@ -214,10 +214,28 @@ def test_float16_gemm_runs_on_tensor_cores(case):
                  "k below 16": (h(5, 3), h(3, 6))}[case]
         args, kw, fn = (_dev(a), _dev(bm)), {}, dispatch.matmul
         want = a.astype(np.float64) @ bm.astype(np.float64)
-    assert str(dispatch.explain(fn.__name__, *args, **kw)).count(TC_KERNEL) == 1
-    got = fn(*args, **kw).copy_to_host()
+    with dispatch.use(**{fn.__name__: "cuda-gemm"}):  # few rows would go to cuda-gemv
+        assert f"'kernel': '{TC_KERNEL}'" in str(dispatch.explain(fn.__name__, *args, **kw))
+        got = fn(*args, **kw).copy_to_host()
     assert got.dtype == np.float16
     assert_close(got, want, F16_TOL, case, cancel=True)
+
+
+def test_decode_rows_go_to_the_gemv_kernel():
+    """M <= 8 (decode) runs cuda-gemv: no 64-row tile of mostly zero rows; forced on more
+    rows it takes them 8 at a time.  Both B layouts, bias + activation."""
+    g = rng()
+    x, w, b = g.standard_normal((1, 64)), g.standard_normal((200, 64)), g.standard_normal(200)
+    x, w, b = (v.astype(np.float32) for v in (x, w, b))
+    e = dispatch.explain("linear", _dev(x), _dev(w), _dev(b))
+    assert e.chosen == "cuda-gemv" and "'column_per': 'warp'" in str(e), str(e)
+    got = dispatch.linear(_dev(x), _dev(w), _dev(b), activation="relu").copy_to_host()
+    want = np.maximum(x.astype(np.float64) @ w.T.astype(np.float64) + b, 0)
+    assert_close(got, want, 1e-5, "linear decode", cancel=True)
+    a, bm = g.standard_normal((11, 33)).astype(np.float32), g.standard_normal((33, 9)).astype(np.float32)
+    with dispatch.use(matmul="cuda-gemv"):
+        got = dispatch.matmul(_dev(a), _dev(bm)).copy_to_host()
+    assert_close(got, a.astype(np.float64) @ bm.astype(np.float64), 1e-5, "matmul 11 rows", cancel=True)
 
 
 # ---- device-array plumbing ------------------------------------------------------------------
