@@ -260,12 +260,19 @@ def gemm_tc_kernel():
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(acc_np):
-    """C = act(A @ op(B) + bias) for few rows of A (decode), no tiles: with trans_b (linear's
-    (N, K) weight) one warp per output column, its lanes striding over K (coalesced reads
-    of the weight row) and a warp sum; otherwise ((K, N) b) one thread per output column
-    (consecutive threads: consecutive columns).  Rows are taken GEMV_MAX_M at a time, each
-    weight element read once per group of rows; outputs grid-stride over (batch, column)."""
+def gemv_kernel(acc_np, trans_b):
+    """C = act(A @ op(B) + bias) for few rows of A (decode), no tiles; one kernel per B
+    layout (each with only the registers and shared memory its own loop needs).  Rows are
+    taken GEMV_MAX_M at a time (accumulators in registers), each weight element read once
+    per group of rows.
+      trans_b (linear's (N, K) weight): one warp per output column, its lanes striding over
+        K (coalesced reads of the weight row), a warp sum; warps grid-stride over (batch,
+        column).
+      (K, N) b: a block per 32 consecutive columns (lane = column: coalesced), its
+        GEMV_WARPS warps each summing a contiguous quarter of K, the partial sums added in
+        shared memory in warp order (deterministic); blocks grid-stride over (batch,
+        column group).  One thread per column over all of K left most SMs idle at decode
+        sizes (4096 columns = 32 blocks of 128; the model: 18% of the H100 roofline)."""
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     act = act_fn(acc_np)
@@ -273,50 +280,77 @@ def gemv_kernel(acc_np):
     MM = GEMV_MAX_M
 
     @kernel(launch_bounds=(NT, 4))
-    def gemv(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
+    def gemv_nk(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b_unused):
         m_total = a.shape[1]
         k_total = a.shape[2]
         n_total = c.shape[2]
-        total = c.shape[0] * n_total
         s = cuda.local.array(MM, acc)
         lane = cuda.threadIdx.x & 31
-        if trans_b:
-            first = cuda.blockIdx.x * GEMV_WARPS + (cuda.threadIdx.x >> 5)
-            stride = cuda.gridDim.x * GEMV_WARPS
-        else:
-            first = cuda.grid(1)
-            stride = cuda.gridsize(1)
-        for item in range(first, total, stride):  # the same item for every lane of a warp (trans_b)
-            bz = item // n_total
+        total = c.shape[0] * n_total
+        for item in range(cuda.blockIdx.x * GEMV_WARPS + (cuda.threadIdx.x >> 5), total, cuda.gridDim.x * GEMV_WARPS):
+            bz = item // n_total  # the same item for every lane of the warp
             n = item - bz * n_total
             ab = a_idx[bz]
             bb = b_idx[bz]
             for m0 in range(0, m_total, MM):
                 for mm in range(MM):
                     s[mm] = zero
-                if trans_b:
-                    for k in range(lane, k_total, 32):
-                        w = acc(b[bb, n, k])
-                        for mm in range(MM):
-                            if m0 + mm < m_total:
-                                s[mm] += acc(a[ab, m0 + mm, k]) * w
-                else:
-                    for k in range(k_total):
+                for k in range(lane, k_total, 32):
+                    w = acc(b[bb, n, k])
+                    for mm in range(MM):
+                        if m0 + mm < m_total:
+                            s[mm] += acc(a[ab, m0 + mm, k]) * w
+                for mm in range(MM):
+                    if m0 + mm < m_total:
+                        v = warp_sum(s[mm])
+                        if lane == 0:
+                            if has_bias:
+                                v += acc(bias[n])
+                            c[bz, m0 + mm, n] = act(v, code)
+
+    @kernel(launch_bounds=(NT, 4))
+    def gemv_kn(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b_unused):
+        m_total = a.shape[1]
+        k_total = a.shape[2]
+        n_total = c.shape[2]
+        s = cuda.local.array(MM, acc)
+        part = cuda.shared.array((GEMV_WARPS, MM, 32), acc)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        groups = (n_total + 31) // 32
+        total = c.shape[0] * groups
+        kq = (k_total + GEMV_WARPS - 1) // GEMV_WARPS
+        k_lo = min(warp * kq, k_total)
+        k_hi = min(k_lo + kq, k_total)
+        for item in range(cuda.blockIdx.x, total, cuda.gridDim.x):  # the same item for the whole block
+            bz = item // groups
+            n = (item - bz * groups) * 32 + lane
+            ab = a_idx[bz]
+            bb = b_idx[bz]
+            for m0 in range(0, m_total, MM):
+                for mm in range(MM):
+                    s[mm] = zero
+                if n < n_total:
+                    for k in range(k_lo, k_hi):
                         w = acc(b[bb, k, n])
                         for mm in range(MM):
                             if m0 + mm < m_total:
                                 s[mm] += acc(a[ab, m0 + mm, k]) * w
                 for mm in range(MM):
-                    if m0 + mm < m_total:
-                        v = s[mm]
-                        if trans_b:
-                            v = warp_sum(v)
-                        if lane == 0 or not trans_b:
+                    part[warp, mm, lane] = s[mm]
+                cuda.syncthreads()
+                if warp == 0 and n < n_total:
+                    for mm in range(MM):
+                        if m0 + mm < m_total:
+                            v = part[0, mm, lane]
+                            for w2 in range(1, GEMV_WARPS):
+                                v += part[w2, mm, lane]
                             if has_bias:
                                 v += acc(bias[n])
                             c[bz, m0 + mm, n] = act(v, code)
+                cuda.syncthreads()
 
-    return gemv
+    return gemv_nk if trans_b else gemv_kn
 
 
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
@@ -335,7 +369,8 @@ def _gemm_tc_args(dt):
 PTX = [
     PtxBuild(TC_KERNEL, "linalg", lambda dt: gemm_tc_kernel(), _gemm_tc_args, threads=32 * TC_WARPS,
              dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
-    PtxBuild("gemm.gemv", "linalg", lambda dt: gemv_kernel(acc_np(dt)), _gemm_args, threads=32 * GEMV_WARPS),
+    PtxBuild("gemm.gemv_nk", "linalg", lambda dt: gemv_kernel(acc_np(dt), True), _gemm_args, threads=32 * GEMV_WARPS),
+    PtxBuild("gemm.gemv_kn", "linalg", lambda dt: gemv_kernel(acc_np(dt), False), _gemm_args, threads=32 * GEMV_WARPS),
 ] + [
     PtxBuild(f"gemm.{tile}", "linalg", (lambda tile: lambda dt: gemm_kernel(acc_np(dt), tile))(tile), _gemm_args,
              threads=gemm_threads(tile), dtypes=gemm_tile_dtypes(tile))

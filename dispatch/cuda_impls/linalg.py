@@ -106,7 +106,7 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
         cfg = (gemv_launch if gemv else launch)(params, a, b, bias, out, code, b_is_nk)
         acc = acc_dtype(dt)
         if gemv:
-            K.gemv_kernel(acc)[cfg["grid"], cfg["block"]](
+            K.gemv_kernel(acc, b_is_nk)[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
         elif cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
@@ -122,10 +122,11 @@ def gemv_launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
     block = 32 * GEMV_WARPS
-    per_block = GEMV_WARPS if b_is_nk else block  # output columns a block computes at once
-    cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
-    return {"kernel": "gemm.gemv", "grid": max(1, min(cdiv(batch * n, per_block), cap)), "block": block,
-            "column_per": "warp" if b_is_nk else "thread", "device": p.name}
+    items = batch * n if b_is_nk else batch * cdiv(n, 32)   # (N, K): a warp per column; (K, N): a block per 32
+    per_block = GEMV_WARPS if b_is_nk else 1
+    cap = p.sm_count * occupancy_blocks(p, block, 0 if b_is_nk else GEMV_WARPS * GEMV_MAX_M * 32 * 8) * params["waves"]
+    return {"kernel": "gemm.gemv_nk" if b_is_nk else "gemm.gemv_kn", "grid": max(1, min(cdiv(items, per_block), cap)), "block": block,
+            "column_per": "warp" if b_is_nk else f"thread, K split over {GEMV_WARPS} warps", "device": p.name}
 
 
 def _run_gemv(params, a, b, bias, out, code, b_is_nk, packed=None):
@@ -149,7 +150,8 @@ NOTES = ("float16 on tensor cores (mma.sync m16n8k16, float32 accumulation, 64 x
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
 
 NOTES_GEMV = ("for few rows (decode): one warp per output column over the (N, K) weight (coalesced, warp sum), "
-              "one thread per column over a (K, N) b; up to 8 rows per weight read; bias + activation fused; "
+              "over a (K, N) b one thread per column with K split over the block's warps (shared-memory sum); "
+              "up to 8 rows per weight read; bias + activation fused; "
               + DEVICE_COPY_NOTE)
 
 for _op in ("matmul", "linear"):
