@@ -169,7 +169,7 @@ def _torch_cuda():
     return torch if (not SIM and torch.cuda.is_available()) else None
 
 
-def measure_one(cuda, torch, op_name, label, inputs, dtype, case, peaks, prediction):
+def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
     """One row of the table (a dict)."""
     import dispatch
     from dispatch import registry
@@ -302,7 +302,7 @@ def main(argv=None):
     for op_name, label, inputs, dtype, case in work:
         pred = preds.get(case.id) if case is not None and dtype == "float32" else None
         try:
-            r = measure_one(cuda, torch, op_name, label, inputs, dtype, case, peaks, pred)
+            r = measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, pred)
         except Refused as exc:
             r = {"op": op_name, "case": label, "dtype": dtype, "error": f"refused: {exc}"}
         except Exception as exc:  # noqa: BLE001 - reported; the harness goes on to the next case

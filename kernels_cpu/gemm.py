@@ -43,7 +43,7 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
 from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, worker_address
 
 # Register tile MR x NR: 6 rows x 2 vectors = 12 accumulator registers + 2 B vectors + 1
@@ -369,10 +369,12 @@ def _pack_b_t(j, params, is64):
     _pack_strided(src, base + j0 * K, K, min(nr, N - j0), K, dst, j * K * nr, nr)
 
 
+_PACKERS = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack_b_n, ("b", True): _pack_b_t}
+
+
 def _packer(operand, transposed, dtype):
     """The address of the packer for operand "a" or "b" stored transposed or not."""
-    fn = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack_b_n, ("b", True): _pack_b_t}
-    return worker_address(fn[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64),))
+    return worker_address(_PACKERS[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64),))
 
 
 # ---- GEMM ------------------------------------------------------------------------------------
