@@ -183,9 +183,13 @@ def _torch_fn(op, torch):
         "rope": rope,
         "attention": attention,
     }
-    if op not in table:
-        raise Unavailable(f"no PyTorch version of {op}")
-    return table[op]
+    if op in table:
+        return table[op]
+    from . import peer_ops
+
+    if op in peer_ops.TORCH:
+        return lambda t: peer_ops.TORCH[op](t, torch)
+    raise Unavailable(f"no PyTorch version of {op}")
 
 
 def _prepare_torch(case, inputs):
@@ -324,6 +328,10 @@ def _ort_graph(case, inputs, g):
             mask = np.where(np.triu(np.ones((sq, sk), bool), k=sk - sq + 1), -np.inf, 0).astype(q.dtype)
             s = g.op("Add", s, g.const(mask))
         return {"q": q, "k": i["k"], "v": i["v"]}, g.op("MatMul", g.op("Softmax", s, axis=-1), "v")
+    from . import peer_ops
+
+    if op in peer_ops.ORT:
+        return peer_ops.ORT[op](i, g)
     raise Unavailable(f"no onnxruntime graph for {op}")
 
 
@@ -347,7 +355,9 @@ def _prepare_ort(case, inputs):
 # ---- entry points ------------------------------------------------------------------------
 
 def _prepare_numpy(case, inputs):
-    fn = NUMPY.get(case.op)
+    from . import peer_ops
+
+    fn = NUMPY.get(case.op) or peer_ops.NUMPY.get(case.op)
     if fn is None:
         raise Unavailable(f"no numpy version of {case.op}")
     return (lambda: fn(inputs)), (lambda r: r)
