@@ -312,7 +312,8 @@ def _prepacked(op, fn, args, kwargs):
     if len(args) < 2 or not isinstance(args[1], np.ndarray):
         return None
     try:
-        pw = dispatch.prepack(args[1], op=op)
+        extra = {"groups": kwargs["groups"]} if "groups" in kwargs else {}  # conv2d packs per group
+        pw = dispatch.prepack(args[1], op=op, **extra)
     except (TypeError, ValueError):
         return None
     rest = args[2:]

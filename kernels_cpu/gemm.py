@@ -173,7 +173,19 @@ def act_store(src, bias, dst, n, code):
 
 def act_store_lit(src, bias, dst, n, code):
     """act_store for a literal code (gemm_epilogue's argument): only that activation's
-    loop is compiled."""
+    loop is compiled.  bias: an array (one value per column: the GEMM) or a scalar (one
+    value for the whole row: a convolution's output channel, kernels_cpu/conv.py)."""
+
+
+def _bias_at(bias, j):
+    return bias
+
+
+@overload(_bias_at, inline="always")
+def _bias_at_overload(bias, j):
+    if isinstance(bias, types.Array):
+        return lambda bias, j: bias[j]
+    return lambda bias, j: bias
 
 
 @overload(act_store_lit, inline="always")
@@ -184,12 +196,12 @@ def _act_store_lit_overload(src, bias, dst, n, code):
     if act is None:
         def bias_only(src, bias, dst, n, code):
             for j in range(n):
-                dst[j] = src[j] + bias[j]
+                dst[j] = src[j] + _bias_at(bias, j)
         return bias_only
 
     def biased_act(src, bias, dst, n, code):
         for j in range(n):
-            dst[j] = act(src[j] + bias[j])
+            dst[j] = act(src[j] + _bias_at(bias, j))
     return biased_act
 
 

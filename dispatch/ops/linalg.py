@@ -63,40 +63,41 @@ __public__ = ("prepack", "PackedWeight")  # exported by dispatch/__init__ beside
 
 
 class PackedWeight:
-    """A weight packed once by `prepack` into the own GEMM's NR-column panels.
+    """A weight packed once by `prepack` into a CPU kernel's panel layout.
 
-    Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight) or ``matmul``'s
-    b (op="matmul": a 2-D (K, N) b).  ``weight`` is the source array (read-only view), which
-    the other implementations (OpenBLAS, gemv, CUDA refuses host weights) still use; the
-    panels are a snapshot: writing into the source afterwards is not seen by cpu-gemm, so
-    pack again after changing a weight.  Attributes: op, weight, shape, dtype, panels."""
+    Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
+    panels of the GEMM), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
+    (op="conv2d": MR-row panels of the implicit GEMM, per group).  ``weight`` is the source
+    array (read-only view), which the other implementations (OpenBLAS, gemv, depthwise;
+    CUDA refuses host weights) still use; the panels are a snapshot: writing into the
+    source afterwards is not seen by the packed kernel, so pack again after changing a
+    weight.  Attributes: op, weight, shape, dtype, panels, groups (conv2d; 1 otherwise)."""
 
-    __slots__ = ("op", "weight", "shape", "dtype", "panels", "_nr")
+    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr")
 
-    def __init__(self, op, weight, panels, nr):
-        self.op, self.weight, self.panels, self._nr = op, weight, panels, nr
+    def __init__(self, op, weight, panels, nr, groups=1):
+        self.op, self.weight, self.panels, self._nr, self.groups = op, weight, panels, nr, groups
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
 
     def __repr__(self):
-        return f"PackedWeight(op={self.op!r}, shape={self.shape}, dtype={self.dtype}, {self.panels.nbytes} bytes of panels)"
+        g = f", groups={self.groups}" if self.op == "conv2d" else ""
+        return (f"PackedWeight(op={self.op!r}, shape={self.shape}, dtype={self.dtype}{g}, "
+                f"{self.panels.nbytes} bytes of panels)")
 
 
-PREPACK_OPS = ("linear", "matmul")
+def _readonly_source(weight):
+    """The source weight as the other implementations read it: a read-only view (a copy in
+    C order when it is neither C- nor Fortran-ordered)."""
+    if not (weight.flags.c_contiguous or weight.T.flags.c_contiguous):
+        weight = np.ascontiguousarray(weight)  # copied once
+    view = weight.view()
+    view.flags.writeable = False
+    return view
 
 
-def prepack(weight, *, op="linear"):
-    """Pack a weight once for ``linear`` (weight (N, K), op="linear") or ``matmul`` (a 2-D
-    b (K, N), op="matmul") into the own GEMM's panel layout.  Returns a PackedWeight to
-    pass in the weight's place: cpu-gemm then packs only the activations on each call.
-    The weight is validated now (float32/float64 host array, 2-D); the call validates the
-    rest (x's K against the packed shape, dtypes) as with a plain weight."""
-    V.choice("op", op, list(PREPACK_OPS))
-    if isinstance(weight, PackedWeight):
-        raise TypeError(f"weight is already a PackedWeight ({weight!r})")
-    V.required(weight=weight)
-    if V.device_of(weight=weight) != "cpu":
-        raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU GEMM")
-    dt = V.float_dtype("weight", weight)
+def _prepack_gemm(weight, dt, op, groups):
+    if groups != 1:
+        raise ValueError(f"groups is an argument of prepack(op='conv2d') only, got groups={groups!r} for op={op!r}")
     V.rank("weight", weight, 2, " (N, K)" if op == "linear" else " (K, N) (a batched b cannot be prepacked)")
     if op == "linear":
         n, k = weight.shape
@@ -109,11 +110,36 @@ def prepack(weight, *, op="linear"):
     panels = np.empty(sb, dt)
     if n and k:
         K.pack_b(kernel_input(b3), transb, panels)
-    if not (weight.flags.c_contiguous or weight.T.flags.c_contiguous):
-        weight = np.ascontiguousarray(weight)  # what the other implementations read, copied once
-    view = weight.view()
-    view.flags.writeable = False
-    return PackedWeight(op, view, panels, K.tile_n(dt))
+    return PackedWeight(op, _readonly_source(weight), panels, K.tile_n(dt))
+
+
+# op -> packer(weight, dtype, op, groups) -> PackedWeight; another family adds its op with
+# register_prepacker (conv2d: dispatch/ops/conv.py).
+_PREPACKERS = {"linear": _prepack_gemm, "matmul": _prepack_gemm}
+
+
+def register_prepacker(op, packer):
+    if op in _PREPACKERS:
+        raise ValueError(f"a prepacker for {op!r} is already registered")
+    _PREPACKERS[op] = packer
+
+
+def prepack(weight, *, op="linear", groups=1):
+    """Pack a weight once for ``linear`` (weight (N, K), op="linear"), ``matmul`` (a 2-D
+    b (K, N), op="matmul") or ``conv2d`` (weight (Cout, Cin/groups, KH, KW), op="conv2d",
+    with the convolution's ``groups``) into the own kernel's panel layout.  Returns a
+    PackedWeight to pass in the weight's place: the GEMM then packs only the activations
+    on each call.  The weight is validated now (float32/float64 host array of the op's
+    rank); the call validates the rest (shapes against x, dtypes, groups) as with a plain
+    weight."""
+    V.choice("op", op, list(_PREPACKERS))
+    if isinstance(weight, PackedWeight):
+        raise TypeError(f"weight is already a PackedWeight ({weight!r})")
+    V.required(weight=weight)
+    if V.device_of(weight=weight) != "cpu":
+        raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU kernels")
+    dt = V.float_dtype("weight", weight)
+    return _PREPACKERS[op](weight, dt, op, V.integer("groups", groups))
 
 
 def _unpack(name, w, op):

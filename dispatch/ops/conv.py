@@ -1,0 +1,277 @@
+"""Public conv2d (NCHW) with the per-channel bias and an activation fused into the output pass.
+
+    conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
+           activation=None, out=None)
+        x (N, C, H, W) or unbatched (C, H, W); weight (Cout, C / groups, KH, KW) or a
+        PackedWeight from prepack(weight, op="conv2d", groups=...); bias (Cout,) or None;
+        result (N, Cout, OH, OW) (or (Cout, OH, OW)), as torch.nn.functional.conv2d.
+
+stride, dilation: an int or a pair (>= 1); padding: an int or a pair (>= 0), or "valid"
+(none) or "same" (stride 1 only; when the total padding d*(k-1) is odd the extra row /
+column goes to the bottom / right, as PyTorch).  activation: None, "relu", "gelu",
+"gelu_tanh" or "silu", applied after the bias.  float32 or float64 on the CPU (float16
+too on CUDA); every argument of one dtype.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
+from kernels_cpu import conv as K
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer
+from ._spatial import out_size, pair
+from .linalg import PackedWeight, _readonly_source, register_prepacker
+
+_KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+# Depthwise planes: serial below this many output elements.  Provisional: the one-pass
+# memory-bound ops' crossover (norms, dispatch/ops/norm.py) is 2^15 elements; a 3x3 depthwise
+# output element costs ~9 FMAs, more than a norm's, so threads pay off no later.
+DEPTHWISE_PARALLEL_THRESHOLD = 1 << 15
+
+
+class ConvKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    batch: int          # bucket of N
+    cin: int            # bucket of C
+    cout: int           # bucket of Cout
+    kind: str           # "dense" (groups 1), "grouped", "depthwise" (groups == C > 1)
+    kernel: tuple       # (KH, KW)
+    stride: tuple       # (sh, sw)
+    pixels: int         # bucket of OH * OW
+    size: int           # bucket of the output's element count
+    act: int            # kernels_common.activation.ACT_*
+    has_bias: bool
+    prepacked: bool
+
+
+class ConvArgs(NamedTuple):
+    x: object           # (N, C, H, W) as given (or (C, H, W))
+    weight: object      # (Cout, C / groups, KH, KW), the source array of a PackedWeight too
+    bias: object        # (Cout,) or None
+    stride: tuple       # (sh, sw)
+    pad: tuple          # (top, left) padding; bottom / right follow from out_hw
+    dilation: tuple     # (dh, dw)
+    groups: int
+    act: int
+    out_hw: tuple       # (OH, OW)
+    out: object
+    packed: object      # the PackedWeight's panels, or None
+
+
+def _padding(padding, kh, kw, dil, stride):
+    """(top, left, bottom, right) padding from the padding argument."""
+    if isinstance(padding, str):
+        V.choice("padding", padding, ["same", "valid"])
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if stride != (1, 1):
+            raise ValueError(f"padding='same' needs stride 1 (as PyTorch), got stride={stride}")
+        th, tw = dil[0] * (kh - 1), dil[1] * (kw - 1)
+        return th // 2, tw // 2, th - th // 2, tw - tw // 2
+    ph, pw = pair("padding", padding)
+    return ph, pw, ph, pw
+
+
+def _unpack(weight, groups):
+    if not isinstance(weight, PackedWeight):
+        return weight, None
+    if weight.op != "conv2d":
+        raise TypeError(f"weight is a PackedWeight packed for op={weight.op!r}; conv2d needs "
+                        "prepack(..., op='conv2d')")
+    if weight.groups != groups:
+        raise ValueError(f"weight was packed with groups={weight.groups}, the call has groups={groups}")
+    if weight._nr != K.MR:
+        raise ValueError(f"weight: PackedWeight has {weight._nr}-row panels, this kernel build uses {K.MR}")
+    return weight.weight, weight.panels
+
+
+def describe(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, out=None):
+    """Validate a conv2d call: Call.args = ConvArgs, key ConvKey."""
+    groups = V.integer("groups", groups)
+    if groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups}")
+    weight, packed = _unpack(weight, groups)
+    V.required(x=x, weight=weight)
+    dev = V.device_of(x=x, weight=weight, bias=bias, out=out)
+    dt = V.float_dtype("x", x)
+    V.same_dtype("weight", weight, "x", dt)
+    if bias is not None:
+        V.same_dtype("bias", bias, "x", dt)
+    V.rank("x", x, (3, 4), " (N, C, H, W) or (C, H, W)")
+    V.rank("weight", weight, 4, " (Cout, C / groups, KH, KW)")
+    n, c, h, w = (1,) + tuple(x.shape) if x.ndim == 3 else tuple(x.shape)
+    cout, cin_g, kh, kw = (int(s) for s in weight.shape)
+    if c % groups:
+        raise ValueError(f"groups={groups} must divide x's channels C={c}")
+    if cout % groups:
+        raise ValueError(f"groups={groups} must divide weight's output channels Cout={cout}")
+    if cin_g * groups != c:
+        raise ValueError(f"weight must have C / groups = {c // groups} input channels (x has C={c}, "
+                         f"groups={groups}), got shape {tuple(weight.shape)}")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"weight must have a kernel of at least 1x1, got shape {tuple(weight.shape)}")
+    if bias is not None:
+        V.shape("bias", bias, (cout,), " (Cout,) for weight's output channels")
+    st = pair("stride", stride, minimum=1)
+    dil = pair("dilation", dilation, minimum=1)
+    pt, pl, pb, pr = _padding(padding, kh, kw, dil, st)
+    oh = out_size(h + pb - pt, kh, st[0], pt, dil[0])
+    ow = out_size(w + pr - pl, kw, st[1], pl, dil[1])
+    if oh < 1 or ow < 1:
+        raise ValueError(f"weight's kernel {kh}x{kw} (dilation {dil}) is larger than the padded input "
+                         f"{h + pt + pb}x{w + pl + pr}")
+    V.choice("activation", activation, list(ACTIVATION_CODES))
+    code = ACTIVATION_CODES[activation]
+    out_shape = ((n,) if x.ndim == 4 else ()) + (cout, oh, ow)
+    V.out(out, out_shape, dt, x=x, weight=weight, bias=bias)
+    kind = "dense" if groups == 1 else ("depthwise" if groups == c else "grouped")
+    key = ConvKey("conv2d", dev, dt, bucket(n), bucket(c), bucket(cout), kind, (kh, kw), st, bucket(oh * ow),
+                  bucket(n * cout * oh * ow), code, bias is not None, packed is not None)
+    return Call(key, ConvArgs(x, weight, bias, st, (pt, pl), dil, groups, code, (oh, ow), out, packed))
+
+
+# ---- CPU ---------------------------------------------------------------------------------------
+
+def _host_arrays(x, bias, out, cout, out_hw, dt):
+    x4 = contiguous(x if x.ndim == 4 else x[None])
+    out_shape = tuple(x4.shape[:1]) + (cout,) + tuple(out_hw)
+    res = result_buffer(out, out_shape if x.ndim == 4 else out_shape[1:], dt)
+    b = np.zeros(cout, dt) if bias is None else contiguous(bias)
+    return x4, res, res.reshape(out_shape), b
+
+
+def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+    dt = x.dtype
+    cout, _, kh, kw = weight.shape
+    x4, res, res4, b = _host_arrays(x, bias, out, cout, out_hw, dt)
+    ap = contiguous(packed) if packed is not None else K.pack_weight(contiguous(weight), groups)
+    K.conv_gemm(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, bias is not None or act != 0, act,
+                numba.get_num_threads())
+    return deliver(res, out)
+
+
+def _depthwise(kernel):
+    def run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+        dt = x.dtype
+        x4, res, res4, b = _host_arrays(x, bias, out, weight.shape[0], out_hw, dt)
+        if res4.size:
+            kernel(x4, contiguous(weight), b, res4, stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
+                   act)
+        return deliver(res, out)
+
+    return run
+
+
+def _depthwise_only(key):
+    return [] if key.kind == "depthwise" else [f"groups is not the channel count ({key.kind} convolution)"]
+
+
+def _choose(key):
+    if key.kind != "depthwise":
+        return ("cpu-gemm",), f"{key.kind} convolution: the implicit GEMM"
+    if key.size < DEPTHWISE_PARALLEL_THRESHOLD:
+        return (("cpu-depthwise-serial", "cpu-depthwise", "cpu-gemm"),
+                f"depthwise, output size bucket {key.size} < {DEPTHWISE_PARALLEL_THRESHOLD}: one thread "
+                "(provisional threshold, from the norms' measured crossover)")
+    return (("cpu-depthwise", "cpu-depthwise-serial", "cpu-gemm"),
+            f"depthwise, output size bucket {key.size} >= {DEPTHWISE_PARALLEL_THRESHOLD}: planes over threads")
+
+
+def _flops(call):
+    a = call.args
+    cout, cin_g, kh, kw = a.weight.shape
+    n = a.x.shape[0] if a.x.ndim == 4 else 1
+    outs = n * cout * a.out_hw[0] * a.out_hw[1]
+    return outs * (2 * cin_g * kh * kw + (a.bias is not None) + FLOPS_PER_ELEMENT[a.act])
+
+
+def _bytes(call):
+    a = call.args
+    n = a.x.shape[0] if a.x.ndim == 4 else 1
+    outs = n * a.weight.shape[0] * a.out_hw[0] * a.out_hw[1]
+    return (a.x.size + a.weight.size + outs + (0 if a.bias is None else a.bias.size)) * a.x.dtype.itemsize
+
+
+def _signature(i):
+    """Benchmark / example inputs -> the call; without a "groups" parameter, groups is what
+    the shapes imply (C / the weight's input channels)."""
+    x, w = i["x"], i["weight"]
+    kw = {k: i[k] for k in ("stride", "padding", "dilation", "groups", "activation") if k in i}
+    if "groups" not in kw and hasattr(x, "shape") and hasattr(w, "shape"):
+        kw["groups"] = max(1, x.shape[-3] // max(1, w.shape[1]))
+    return (x, w, i.get("bias")), kw
+
+
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: x standard normal, weight scaled by 1/sqrt(fan-in) (He-like, so
+    activations stay O(1) through the layer), bias small."""
+    out = {}
+    for name, shape in shapes.items():
+        v = rng.standard_normal(shape)
+        if name == "weight":
+            v = v / np.sqrt(max(1, int(np.prod(shape[1:]))))
+        elif name == "bias":
+            v = 0.1 * v
+        out[name] = v.astype(dtype)
+    return out
+
+
+# Warm-up / contract-test shapes (dispatch/examples.py): a new input pattern.  Depthwise
+# (groups = C, multiplier 2), so that every CPU implementation takes them (the contract
+# and thread tests force each one); the dense GEMM path is covered by "decode" (1x1) and
+# by tests/test_conv.py.
+EXAMPLE_SHAPES = {"conv2d": {
+    "small": {"x": (2, 3, 9, 11), "weight": (6, 1, 3, 3), "bias": (6,)},
+    "large": {"x": (1, 16, 40, 40), "weight": (32, 1, 3, 3), "bias": (32,)},
+    "decode": {"x": (1, 8, 5, 5), "weight": (4, 8, 1, 1), "bias": (4,)},
+}}
+
+
+def _prepack_conv(weight, dt, op, groups):
+    if groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups}")
+    V.rank("weight", weight, 4, " (Cout, C / groups, KH, KW)")
+    if weight.shape[0] % groups:
+        raise ValueError(f"groups={groups} must divide weight's output channels Cout={weight.shape[0]}")
+    src = _readonly_source(weight)
+    return PackedWeight(op, src, K.pack_weight(np.ascontiguousarray(weight), groups), K.MR, groups)
+
+
+register_prepacker("conv2d", _prepack_conv)
+
+_conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
+                         bytes=_bytes, rules={"cpu": Rule(("cpu-gemm", "cpu-depthwise", "cpu-depthwise-serial"),
+                                                          _choose)},
+                         synthesize=_synthesize))
+register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_KERNELS,
+                        notes=HOST_COPY_NOTE + "; implicit GEMM: KC x NC blocks of the im2col matrix packed from x per "
+                        "task (no im2col buffer: extra memory = the packed weight + 128 KiB per thread), register-"
+                        "tiled micro-kernel, bias + activation fused; weight prepacked when given as a PackedWeight"))
+register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(K.depthwise_parallel), kernel_modules=_KERNELS,
+                        supports=_depthwise_only,
+                        notes=HOST_COPY_NOTE + "; one plane per task over threads, vector multiply-adds along rows"))
+register(Implementation("conv2d", "cpu-depthwise-serial", "cpu", _depthwise(K.depthwise_serial),
+                        kernel_modules=_KERNELS, supports=_depthwise_only,
+                        notes=HOST_COPY_NOTE + "; one thread, vector multiply-adds along rows"))
+
+
+@_conv2d.expose
+def conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, out=None):
+    """2-D convolution (cross-correlation, as torch.nn.functional.conv2d) of x (N, C, H, W)
+    or (C, H, W) with weight (Cout, C / groups, KH, KW) (or a PackedWeight from
+    prepack(weight, op="conv2d", groups=groups)), + bias (Cout,), then the activation.
+
+    stride, dilation: int or pair >= 1; padding: int or pair >= 0, "valid" or "same"
+    (stride 1); groups divides C and Cout.  Returns (N, Cout, OH, OW) with
+    OH = (H + 2 ph - dh (KH - 1) - 1) // sh + 1 (likewise OW); out= receives it."""
+    return _conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                   activation=activation, out=out)

@@ -1,0 +1,340 @@
+"""2-D convolution (NCHW), with the per-channel bias and the activation fused.
+
+x (N, C, H, W), weight (Cout, C / groups, KH, KW), out (N, Cout, OH, OW), all C-contiguous.
+Geometry: stride (sh, sw), dilation (dh, dw), and the top / left padding (ph, pw) (the
+bottom / right padding is implied by OH, OW, which the caller computes: padding="same"
+may pad one more on the far side).  Output (oy, ox) of channel co reads input rows
+oy*sh - ph + ky*dh and columns ox*sw - pw + kx*dw, zero outside the image.
+
+conv_gemm: an implicit GEMM on the GEMM's register-tiled micro-kernel (gemm.py).  Per
+image n and group g, out[n, g] (Cout_g, P = OH*OW) = W_g (Cout_g, Kc) @ col (Kc, P),
+Kc = Cin_g*KH*KW.  The weight is packed into MR-row panels once (pack_weight, numpy; or
+once for good with dispatch.prepack).  The im2col matrix col is never formed: a task
+(image, group, block of Cout rows, block of NC output pixels) packs each KC x NC block of
+col straight from x into its worker's workspace (zeros for the padding: no padded copy of
+x either), then runs the micro-kernel over the weight panels.  Extra memory: the packed
+weight (Cout x Kc rounded up to MR rows) plus one KC x NC workspace per thread (256 x 128
+float32 = 128 KiB).  A 1x1 convolution is the same GEMM whose packing is a plain copy.
+Tasks come from an atomic counter (dynamic: a thread that loses its core to another
+process does not hold the others up); bias + activation run on a task's block while it is
+in cache (conv_epilogue, called by address).
+
+depthwise_*: groups == C, Cout = C * multiplier: each output plane is a weighted sum of
+KH*KW shifted copies of one input plane: per output row, for each tap, a vector
+multiply-add along the row (contiguous for stride 1).
+"""
+import numpy as np
+from numba import carray, njit, prange
+
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
+from .gemm import MR, _micro_kernel, _nr, act_store_lit, tile_n
+from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_dynamic, run_workers, tasks_for, \
+    worker_address
+
+# K block (rows of col packed per step) and output pixels per task, in NR-column panels.
+# A KC x NC float32 block is 128 KiB: it stays in L2 (512 KiB per core on Zen 3, 1-2 MiB
+# on Ice Lake / Zen 4) while every weight panel (MR x KC, 6 KiB, L1) sweeps it; the GEMM's
+# own KC_MAX (dispatch/ops/linalg.py) was measured at 256.  Provisional for NC: chosen so
+# that a 56x56 image (3136 pixels) gives 25 tasks per (image, group) for 2 threads.
+KC = 256
+NC_PANELS = 8
+
+_U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
+
+# conv_gemm's int64 argument block, read by conv_worker.
+(C_SYNC, C_X, C_AP, C_OUT, C_BIAS, C_WS, C_NIMG, C_CIN, C_H, C_W, C_GROUPS, C_COUT, C_KH, C_KW, C_SH, C_SW,
+ C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_COUNT) = range(27)
+
+
+def pack_weight(weight, groups):
+    """The weight (Cout, Cin_g, KH, KW) as the micro-kernel's A panels: (groups, mp, Kc, MR)
+    with mp = ceil(Cout_g / MR), rows past Cout_g zero."""
+    cout, cin_g, kh, kw = weight.shape
+    cout_g = cout // groups
+    kc = cin_g * kh * kw
+    mp = -(-cout_g // MR)
+    w = np.zeros((groups, mp * MR, kc), weight.dtype)
+    w[:, :cout_g] = weight.reshape(groups, cout_g, kc)
+    return np.ascontiguousarray(w.reshape(groups, mp, MR, kc).transpose(0, 1, 3, 2))
+
+
+def packed_shape(weight_shape, groups):
+    cout, cin_g, kh, kw = weight_shape
+    return (groups, -(-(cout // groups) // MR), cin_g * kh * kw, MR)
+
+
+@njit(inline="always")
+def _pack_cols(xf, xbase, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OW, P, k0, kl, c0, npan, ws, nr):
+    """ws[(qi*kl + kk)*nr + r] = col[k0 + kk, c0 + qi*nr + r]: rows k0.. of the im2col
+    matrix of the image at xf[xbase:], for npan panels of nr output pixels from c0 (zeros
+    for padding and for pixels past P).  Per k row and output row, the pixels split into
+    three branch-free runs: left padding, inside the image (a contiguous copy for stride 1),
+    right padding."""
+    zero = ws.dtype.type(0)
+    khw = KH * KW
+    for kk in range(kl):
+        k = k0 + kk
+        ci = k // khw
+        rem = k - ci * khw
+        ky = rem // KW
+        kx = rem - ky * KW
+        cbase = xbase + ci * H * W
+        dy = ky * dh - ph
+        dx = kx * dw - pw
+        j = c0
+        oy = j // OW
+        ox = j - oy * OW
+        for qi in range(npan):
+            d = (qi * kl + kk) * nr
+            r = 0
+            while r < nr:
+                if j >= P:
+                    for t in range(r, nr):
+                        ws[_U(d + t)] = zero
+                    break
+                seg = min(nr - r, OW - ox)
+                iy = oy * sh + dy
+                if iy < 0 or iy >= H:
+                    for t in range(seg):
+                        ws[_U(d + r + t)] = zero
+                else:
+                    ix0 = ox * sw + dx
+                    # valid t: 0 <= ix0 + t*sw < W
+                    lo = 0 if ix0 >= 0 else min(seg, (-ix0 + sw - 1) // sw)
+                    hi = 0 if ix0 >= W else min(seg, (W - ix0 + sw - 1) // sw)
+                    hi = max(hi, lo)
+                    for t in range(lo):
+                        ws[_U(d + r + t)] = zero
+                    src = cbase + iy * W + ix0
+                    if sw == 1:
+                        for t in range(lo, hi):
+                            ws[_U(d + r + t)] = xf[_U(src + t)]
+                    else:
+                        for t in range(lo, hi):
+                            ws[_U(d + r + t)] = xf[_U(src + t * sw)]
+                    for t in range(hi, seg):
+                        ws[_U(d + r + t)] = zero
+                r += seg
+                j += seg
+                ox += seg
+                if ox == OW:
+                    ox = 0
+                    oy += 1
+
+
+@njit(**JIT_BY_ADDRESS)
+def conv_worker(w, params, is64):
+    """Worker w of a conv_gemm call (the C_* slots of the int64 block at params); is64 a
+    literal: one compiled worker per dtype, whatever the geometry and activation."""
+    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    nr = _nr(z)
+    nimg, cin, H, W, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
+    KH, KW, sh, sw, ph, pw, dh, dw = p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW], p[C_DH], p[C_DW]
+    OH, OW, kc, nc, mc = p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_MC]
+    epilogue = p[C_EPILOGUE]
+    cin_g = cin // G
+    cout_g = cout // G
+    Kc = cin_g * KH * KW
+    P = OH * OW
+    mp = (cout_g + MR - 1) // MR
+    npn = (P + nr - 1) // nr
+    nmb = (mp + mc - 1) // mc
+    nnb = (npn + nc - 1) // nc
+    ntasks = nimg * G * nmb * nnb
+    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
+    xf = carray(ptr_as(p[C_X], z), nimg * cin * H * W)
+    apf = carray(ptr_as(p[C_AP], z), G * mp * Kc * MR)
+    of = carray(ptr_as(p[C_OUT], z), nimg * cout * P)
+    ws = carray(ptr_as(p[C_WS] + w * kc * nc * nr * isz, z), kc * nc * nr)
+    t = np.empty(MR * nr, of.dtype)  # an edge tile (fewer than MR rows or nr pixels)
+    while True:
+        task = fetch_add(sync, 0, 1)
+        if task >= ntasks:
+            break
+        img_g = task // (nmb * nnb)
+        rest = task - img_g * (nmb * nnb)
+        mb = rest // nnb
+        cb = rest - mb * nnb
+        img = img_g // G
+        g = img_g - img * G
+        q0 = cb * nc
+        q1 = min(q0 + nc, npn)
+        pa0 = mb * mc
+        pa1 = min(pa0 + mc, mp)
+        c0 = q0 * nr
+        xbase = (img * cin + g * cin_g) * H * W
+        obase = (img * cout + g * cout_g) * P
+        for k0 in range(0, Kc, kc):
+            kl = min(kc, Kc - k0)
+            _pack_cols(xf, xbase, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OW, P, k0, kl, c0, q1 - q0, ws, nr)
+            accumulate = k0 > 0
+            for pa in range(pa0, pa1):
+                aoff = ((g * mp + pa) * Kc + k0) * MR
+                i0 = pa * MR
+                mr = min(MR, cout_g - i0)
+                for q in range(q0, q1):
+                    j0 = q * nr
+                    ncol = min(nr, P - j0)
+                    full = mr == MR and ncol == nr
+                    # one call site (each inlined copy of the intrinsic costs compile time)
+                    _micro_kernel(kl, apf, aoff, ws, (q - q0) * kl * nr, of if full else t,
+                                  obase + i0 * P + j0 if full else 0, P if full else nr, accumulate and full)
+                    if not full:
+                        for ii in range(mr):
+                            o0 = obase + (i0 + ii) * P + j0
+                            if accumulate:
+                                for j in range(ncol):
+                                    of[o0 + j] += t[ii * nr + j]
+                            else:
+                                for j in range(ncol):
+                                    of[o0 + j] = t[ii * nr + j]
+        if epilogue != 0:  # bias + activation on the task's block while it is in cache
+            r0 = pa0 * MR
+            call_address(epilogue, (p[C_OUT] + (obase + r0 * P + c0) * isz, P, min(pa1 * MR, cout_g) - r0,
+                                    min(q1 * nr, P) - c0, p[C_BIAS] + (g * cout_g + r0) * isz))
+
+
+@njit(**JIT_BY_ADDRESS)
+def conv_epilogue(c, ldc, rows, n, bias, is64, code):
+    """C[i, 0:n] = act(C[i, 0:n] + bias[i]) for i < rows (C at address c, row stride ldc
+    elements; bias: one value per output channel, at address bias); is64 and code are
+    literals: one small function per (dtype, activation)."""
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    bs = carray(ptr_as(bias, z), rows)
+    for i in range(rows):
+        cs = carray(ptr_as(c + i * ldc * isz, z), n)
+        act_store_lit(cs, bs[i], cs, n, code)
+
+
+@njit(cache=True)
+def _addresses(p, sync, x, ap, out, bias, ws):
+    p[C_SYNC] = sync.ctypes.data
+    p[C_X] = x.ctypes.data
+    p[C_AP] = ap.ctypes.data
+    p[C_OUT] = out.ctypes.data
+    p[C_BIAS] = bias.ctypes.data
+    p[C_WS] = ws.ctypes.data
+
+
+def conv_gemm(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue, code, nworkers):
+    """out = act(conv2d(x, weight) + bias) through the implicit GEMM (module docstring).
+
+    ap: the weight packed by pack_weight; bias: (Cout,) (zeros when the call has none);
+    epilogue: apply bias + activation (False: the plain convolution); pad: the (top, left)
+    padding; out: (N, Cout, OH, OW), which fixes the output size; nworkers: numba's thread
+    count (a call with few tasks runs on fewer)."""
+    nimg, cin, H, W = x.shape
+    _, cout, OH, OW = out.shape
+    dt = out.dtype
+    nr = tile_n(dt)
+    mp = ap.shape[1]
+    npn = -(-(OH * OW) // nr)
+    nnb = -(-npn // NC_PANELS)
+    # split the Cout rows over tasks only when (image, group, pixel block) tasks are too
+    # few for the threads (a 7x7 image has one pixel block): each split packs col again
+    per = nimg * groups * nnb
+    if per == 0 or mp == 0:  # an empty batch or no output channels: nothing to compute
+        return
+    nmb = 1 if per >= 4 * nworkers else min(mp, -(-4 * nworkers // per))
+    mc = -(-mp // nmb)
+    nmb = -(-mp // mc)
+    ntasks = per * nmb
+    for arr in (x, ap, bias, out):
+        if not (arr.flags.c_contiguous and arr.dtype == dt):
+            raise ValueError(f"conv_gemm: arrays must be C-contiguous {dt}, got {arr.dtype}")
+    nw = min(nworkers, ntasks)
+    ws = np.empty(max(nw, 1) * KC * NC_PANELS * nr, dt)
+    sync = np.zeros(1, np.int64)
+    p = np.empty(C_COUNT, np.int64)
+    _addresses(p, sync, x, ap, out, bias, ws)
+    p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT] = nimg, cin, H, W, groups, cout
+    p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW] = kh, kw, stride[0], stride[1], pad[0], pad[1]
+    p[C_DH], p[C_DW], p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_MC] = dilation[0], dilation[1], OH, OW, KC, NC_PANELS, mc
+    is64 = bool(dt == np.float64)
+    p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
+    if ntasks:
+        run_workers(worker_address(conv_worker, (is64,)), p, nw)
+
+
+# ---- depthwise ---------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _act_row(of, o0, n, code):
+    """of[o0:o0+n] = act(of[o0:o0+n]) in place, one loop per activation."""
+    if code == ACT_RELU:
+        for j in range(n):
+            of[_U(o0 + j)] = relu(of[_U(o0 + j)])
+    elif code == ACT_SILU:
+        for j in range(n):
+            of[_U(o0 + j)] = silu(of[_U(o0 + j)])
+    elif code == ACT_GELU:
+        for j in range(n):
+            of[_U(o0 + j)] = gelu(of[_U(o0 + j)])
+    elif code == ACT_GELU_TANH:
+        for j in range(n):
+            of[_U(o0 + j)] = gelu_tanh(of[_U(o0 + j)])
+
+
+@njit(**JIT)
+def depthwise_planes(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, lo, hi):
+    """Output planes lo..hi of the flattened (N * Cout) planes: out[n, co] = act(bias[co] +
+    sum over taps of w[co, 0, ky, kx] * x[n, co // mult] shifted by the tap), x, w, out
+    flat views of the 4-D arrays (offsets computed here: no per-row array views)."""
+    nimg, C, H, W = x.shape
+    _, cout, OH, OW = out.shape
+    KH, KW = w.shape[2], w.shape[3]
+    mult = cout // C
+    xf = x.reshape(-1)
+    wf = w.reshape(-1)
+    of = out.reshape(-1)
+    for pl in range(lo, hi):
+        n = pl // cout
+        co = pl - n * cout
+        xb = (n * C + co // mult) * H * W
+        wb = co * KH * KW
+        ob = pl * OH * OW
+        b = bias[co]
+        for oy in range(OH):
+            o0 = ob + oy * OW
+            for ox in range(OW):
+                of[_U(o0 + ox)] = b
+            for ky in range(KH):
+                iy = oy * sh - ph + ky * dh
+                if iy < 0 or iy >= H:
+                    continue
+                xr = xb + iy * W
+                for kx in range(KW):
+                    wv = wf[_U(wb + ky * KW + kx)]
+                    off = kx * dw - pw
+                    # valid ox: 0 <= ox*sw + off < W
+                    ox0 = 0 if off >= 0 else min(OW, (-off + sw - 1) // sw)
+                    ox1 = 0 if off >= W else min(OW, (W - off + sw - 1) // sw)
+                    if sw == 1:
+                        s = xr + off
+                        for ox in range(ox0, ox1):
+                            of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
+                    else:
+                        for ox in range(ox0, ox1):
+                            of[_U(o0 + ox)] += wv * xf[_U(xr + ox * sw + off)]
+            _act_row(of, o0, OW, code)
+
+
+@njit(**JIT)
+def depthwise_serial(x, w, bias, out, sh, sw, ph, pw, dh, dw, code):
+    depthwise_planes(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, 0, out.shape[0] * out.shape[1])
+
+
+@njit(parallel=True, **JIT)
+def _depthwise_parallel(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, tasks):
+    n = out.shape[0] * out.shape[1]
+    for k in prange(tasks):
+        depthwise_planes(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, k * n // tasks, (k + 1) * n // tasks)
+
+
+def depthwise_parallel(x, w, bias, out, sh, sw, ph, pw, dh, dw, code):
+    """depthwise_serial's result, output planes split over numba's threads (dynamic hand-out)."""
+    run_dynamic(_depthwise_parallel, tasks_for(out.shape[0] * out.shape[1]), x, w, bias, out, sh, sw, ph, pw, dh,
+                dw, code)
