@@ -19,16 +19,17 @@ Tasks come from an atomic counter (dynamic: a thread that loses its core to anot
 process does not hold the others up); bias + activation run on a task's block while it is
 in cache (conv_epilogue, called by address).
 
-depthwise_*: groups == C, Cout = C * multiplier: each output plane is a weighted sum of
+depthwise: groups == C, Cout = C * multiplier: each output plane is a weighted sum of
 KH*KW shifted copies of one input plane: per output row, for each tap, a vector
-multiply-add along the row (contiguous for stride 1).
+multiply-add along the row (contiguous for stride 1).  Both run as workers called by
+address (parallel.run_workers / run_serial): one compiled worker per dtype.
 """
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
 from .gemm import MR, _micro_kernel, _nr, act_store_lit, tile_n
-from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_dynamic, run_workers, tasks_for, \
+from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
 # K block (rows of col packed per step) and output pixels per task, in NR-column panels.
@@ -41,9 +42,10 @@ NC_PANELS = 8
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 
-# conv_gemm's int64 argument block, read by conv_worker.
+# The int64 argument block of conv_worker and depthwise_worker (C_AP: the packed weight for
+# the GEMM, the plain weight for depthwise; C_CODE: depthwise's activation).
 (C_SYNC, C_X, C_AP, C_OUT, C_BIAS, C_WS, C_NIMG, C_CIN, C_H, C_W, C_GROUPS, C_COUT, C_KH, C_KW, C_SH, C_SW,
- C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_COUNT) = range(27)
+ C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_CODE, C_COUNT) = range(28)
 
 
 def pack_weight(weight, groups):
@@ -247,16 +249,25 @@ def conv_gemm(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue,
             raise ValueError(f"conv_gemm: arrays must be C-contiguous {dt}, got {arr.dtype}")
     nw = min(nworkers, ntasks)
     ws = np.empty(max(nw, 1) * KC * NC_PANELS * nr, dt)
-    sync = np.zeros(1, np.int64)
-    p = np.empty(C_COUNT, np.int64)
-    _addresses(p, sync, x, ap, out, bias, ws)
-    p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT] = nimg, cin, H, W, groups, cout
-    p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW] = kh, kw, stride[0], stride[1], pad[0], pad[1]
-    p[C_DH], p[C_DW], p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_MC] = dilation[0], dilation[1], OH, OW, KC, NC_PANELS, mc
+    p, sync = _params(x, ap, bias, out, ws, groups, kh, kw, stride, pad, dilation)
+    p[C_KC], p[C_NC], p[C_MC] = KC, NC_PANELS, mc
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
-    if ntasks:
-        run_workers(worker_address(conv_worker, (is64,)), p, nw)
+    run_workers(worker_address(conv_worker, (is64,)), p, nw)
+
+
+def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):
+    """(the workers' int64 argument block, its task counter): the caller holds both until
+    the workers return (the block has only the counter's address)."""
+    nimg, cin, H, W = x.shape
+    _, cout, OH, OW = out.shape
+    sync = np.zeros(1, np.int64)
+    p = np.zeros(C_COUNT, np.int64)
+    _addresses(p, sync, x, w, out, bias, ws)
+    p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT] = nimg, cin, H, W, groups, cout
+    p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW] = kh, kw, stride[0], stride[1], pad[0], pad[1]
+    p[C_DH], p[C_DW], p[C_OH], p[C_OW] = dilation[0], dilation[1], OH, OW
+    return p, sync
 
 
 # ---- depthwise ---------------------------------------------------------------------------------
@@ -278,63 +289,79 @@ def _act_row(of, o0, n, code):
             of[_U(o0 + j)] = gelu_tanh(of[_U(o0 + j)])
 
 
-@njit(**JIT)
-def depthwise_planes(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, lo, hi):
-    """Output planes lo..hi of the flattened (N * Cout) planes: out[n, co] = act(bias[co] +
-    sum over taps of w[co, 0, ky, kx] * x[n, co // mult] shifted by the tap), x, w, out
-    flat views of the 4-D arrays (offsets computed here: no per-row array views)."""
-    nimg, C, H, W = x.shape
-    _, cout, OH, OW = out.shape
-    KH, KW = w.shape[2], w.shape[3]
+@njit(**JIT_BY_ADDRESS)
+def depthwise_worker(w, params, is64):
+    """Worker w of a depthwise call (the C_* slots; C_AP is the plain weight (Cout, 1, KH,
+    KW)): takes blocks of output planes (n, co) from the counter.  out[n, co] = act(bias[co]
+    + sum over taps of weight[co, 0, ky, kx] * x[n, co // multiplier] shifted by the tap),
+    per output row one vector multiply-add along the row per tap (contiguous for stride 1).
+    One compiled worker per dtype, serial (run_serial) and parallel alike."""
+    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
+    z = like_dtype(is64)
+    nimg, C, H, W, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_COUT]
+    KH, KW, sh, sw, ph, pw, dh, dw = p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW], p[C_DH], p[C_DW]
+    OH, OW, code, per_task = p[C_OH], p[C_OW], p[C_CODE], p[C_MC]
     mult = cout // C
-    xf = x.reshape(-1)
-    wf = w.reshape(-1)
-    of = out.reshape(-1)
-    for pl in range(lo, hi):
-        n = pl // cout
-        co = pl - n * cout
-        xb = (n * C + co // mult) * H * W
-        wb = co * KH * KW
-        ob = pl * OH * OW
-        b = bias[co]
-        for oy in range(OH):
-            o0 = ob + oy * OW
-            for ox in range(OW):
-                of[_U(o0 + ox)] = b
-            for ky in range(KH):
-                iy = oy * sh - ph + ky * dh
-                if iy < 0 or iy >= H:
-                    continue
-                xr = xb + iy * W
-                for kx in range(KW):
-                    wv = wf[_U(wb + ky * KW + kx)]
-                    off = kx * dw - pw
-                    # valid ox: 0 <= ox*sw + off < W
-                    ox0 = 0 if off >= 0 else min(OW, (-off + sw - 1) // sw)
-                    ox1 = 0 if off >= W else min(OW, (W - off + sw - 1) // sw)
-                    if sw == 1:
-                        s = xr + off
-                        for ox in range(ox0, ox1):
-                            of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
-                    else:
-                        for ox in range(ox0, ox1):
-                            of[_U(o0 + ox)] += wv * xf[_U(xr + ox * sw + off)]
-            _act_row(of, o0, OW, code)
+    nplanes = nimg * cout
+    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
+    xf = carray(ptr_as(p[C_X], z), nimg * C * H * W)
+    wf = carray(ptr_as(p[C_AP], z), cout * KH * KW)
+    bf = carray(ptr_as(p[C_BIAS], z), cout)
+    of = carray(ptr_as(p[C_OUT], z), nplanes * OH * OW)
+    while True:
+        lo = fetch_add(sync, 0, per_task)
+        if lo >= nplanes:
+            break
+        for pl in range(lo, min(lo + per_task, nplanes)):
+            n = pl // cout
+            co = pl - n * cout
+            xb = (n * C + co // mult) * H * W
+            wb = co * KH * KW
+            ob = pl * OH * OW
+            b = bf[co]
+            for oy in range(OH):
+                o0 = ob + oy * OW
+                for ox in range(OW):
+                    of[_U(o0 + ox)] = b
+                for ky in range(KH):
+                    iy = oy * sh - ph + ky * dh
+                    if iy < 0 or iy >= H:
+                        continue
+                    xr = xb + iy * W
+                    for kx in range(KW):
+                        wv = wf[_U(wb + ky * KW + kx)]
+                        off = kx * dw - pw
+                        # valid ox: 0 <= ox*sw + off < W
+                        ox0 = 0 if off >= 0 else min(OW, (-off + sw - 1) // sw)
+                        ox1 = 0 if off >= W else min(OW, (W - off + sw - 1) // sw)
+                        if sw == 1:
+                            s = xr + off
+                            for ox in range(ox0, ox1):
+                                of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
+                        else:
+                            for ox in range(ox0, ox1):
+                                of[_U(o0 + ox)] += wv * xf[_U(xr + ox * sw + off)]
+                _act_row(of, o0, OW, code)
 
 
-@njit(**JIT)
-def depthwise_serial(x, w, bias, out, sh, sw, ph, pw, dh, dw, code):
-    depthwise_planes(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, 0, out.shape[0] * out.shape[1])
-
-
-@njit(parallel=True, **JIT)
-def _depthwise_parallel(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, tasks):
-    n = out.shape[0] * out.shape[1]
-    for k in prange(tasks):
-        depthwise_planes(x, w, bias, out, sh, sw, ph, pw, dh, dw, code, k * n // tasks, (k + 1) * n // tasks)
-
-
-def depthwise_parallel(x, w, bias, out, sh, sw, ph, pw, dh, dw, code):
-    """depthwise_serial's result, output planes split over numba's threads (dynamic hand-out)."""
-    run_dynamic(_depthwise_parallel, tasks_for(out.shape[0] * out.shape[1]), x, w, bias, out, sh, sw, ph, pw, dh,
-                dw, code)
+def depthwise(x, weight, bias, out, stride, pad, dilation, code, nworkers):
+    """Depthwise convolution (groups == C): x (N, C, H, W), weight (Cout, 1, KH, KW) with
+    Cout a multiple of C, bias (Cout,) (zeros for none), out (N, Cout, OH, OW); pad the
+    (top, left) padding; nworkers 1 runs on the calling thread, more hand blocks of
+    output planes to numba's threads (dynamic: TASKS_PER_THREAD blocks per thread)."""
+    for arr in (x, weight, bias, out):
+        if not (arr.flags.c_contiguous and arr.dtype == out.dtype):
+            raise ValueError(f"depthwise: arrays must be C-contiguous {out.dtype}, got {arr.dtype}")
+    nplanes = out.shape[0] * out.shape[1]
+    if nplanes == 0:
+        return
+    _, _, kh, kw = weight.shape
+    p, sync = _params(x, weight, bias, out, bias, x.shape[1], kh, kw, stride, pad, dilation)
+    p[C_CODE] = code
+    fn = worker_address(depthwise_worker, (bool(out.dtype == np.float64),))
+    if nworkers <= 1:
+        p[C_MC] = nplanes
+        run_serial(fn, p)
+    else:
+        p[C_MC] = max(1, nplanes // (nworkers * TASKS_PER_THREAD))
+        run_workers(fn, p, min(nworkers, nplanes))

@@ -159,13 +159,12 @@ def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_h
     return deliver(res, out)
 
 
-def _depthwise(kernel):
+def _depthwise(parallel):
     def run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
         dt = x.dtype
         x4, res, res4, b = _host_arrays(x, bias, out, weight.shape[0], out_hw, dt)
-        if res4.size:
-            kernel(x4, contiguous(weight), b, res4, stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
-                   act)
+        K.depthwise(x4, contiguous(weight), b, res4, stride, pad, dilation, act,
+                    numba.get_num_threads() if parallel else 1)
         return deliver(res, out)
 
     return run
@@ -256,10 +255,10 @@ register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_
                         notes=HOST_COPY_NOTE + "; implicit GEMM: KC x NC blocks of the im2col matrix packed from x per "
                         "task (no im2col buffer: extra memory = the packed weight + 128 KiB per thread), register-"
                         "tiled micro-kernel, bias + activation fused; weight prepacked when given as a PackedWeight"))
-register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(K.depthwise_parallel), kernel_modules=_KERNELS,
+register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
                         supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; one plane per task over threads, vector multiply-adds along rows"))
-register(Implementation("conv2d", "cpu-depthwise-serial", "cpu", _depthwise(K.depthwise_serial),
+register(Implementation("conv2d", "cpu-depthwise-serial", "cpu", _depthwise(False),
                         kernel_modules=_KERNELS, supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; one thread, vector multiply-adds along rows"))
 
