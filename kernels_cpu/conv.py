@@ -82,6 +82,23 @@ def _pack_cols(xf, xbase, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OW, P, k0, kl, c
     npix = min(npan * nr, P - c0)
     oy0 = c0 // OW
     ox0 = c0 - oy0 * OW
+    if khw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0:
+        # a 1x1 convolution: col row k is channel k's plane, contiguous (P == H*W)
+        nfull = npix // nr
+        for kk in range(kl):
+            src = xbase + (k0 + kk) * H * W + c0
+            for qi in range(nfull):
+                d = (qi * kl + kk) * nr
+                for r in range(nr):
+                    ws[_U(d + r)] = xf[_U(src + qi * nr + r)]
+            if nfull < npan:
+                d = (nfull * kl + kk) * nr
+                rest = npix - nfull * nr
+                for r in range(rest):
+                    ws[_U(d + r)] = xf[_U(src + nfull * nr + r)]
+                for r in range(rest, nr):
+                    ws[_U(d + r)] = zero
+        return
     for kk in range(kl):
         k = k0 + kk
         ci = k // khw
