@@ -334,39 +334,66 @@ def depthwise_worker(w, params, is64):
     wf = carray(ptr_as(p[C_AP], z), cout * KH * KW)
     bf = carray(ptr_as(p[C_BIAS], z), cout)
     of = carray(ptr_as(p[C_OUT], z), nplanes * OH * OW)
+    # per kx, the output columns whose tap lies inside the image: [lo[kx], hi[kx]); the
+    # columns [a, b) where every tap does (the interior) take the fused 3-tap loop
+    lo = np.empty(KW, np.int64)
+    hi = np.empty(KW, np.int64)
+    a = 0
+    b = OW
+    for kx in range(KW):
+        off = kx * dw - pw
+        lo[kx] = 0 if off >= 0 else min(OW, (sw - 1 - off) // sw)
+        hi[kx] = max(lo[kx], 0 if off >= W else min(OW, (W - off + sw - 1) // sw))
+        a = max(a, lo[kx])
+        b = min(b, hi[kx])
+    fused3 = KW == 3 and sw == 1 and a < b
     while True:
-        lo = fetch_add(sync, 0, per_task)
-        if lo >= nplanes:
+        first = fetch_add(sync, 0, per_task)
+        if first >= nplanes:
             break
-        for pl in range(lo, min(lo + per_task, nplanes)):
+        for pl in range(first, min(first + per_task, nplanes)):
             n = pl // cout
             co = pl - n * cout
             xb = (n * C + co // mult) * H * W
             wb = co * KH * KW
             ob = pl * OH * OW
-            b = bf[co]
+            bv = bf[co]
             for oy in range(OH):
                 o0 = ob + oy * OW
                 for ox in range(OW):
-                    of[_U(o0 + ox)] = b
+                    of[_U(o0 + ox)] = bv
                 for ky in range(KH):
                     iy = oy * sh - ph + ky * dh
                     if iy < 0 or iy >= H:
                         continue
                     xr = xb + iy * W
-                    for kx in range(KW):
-                        wv = wf[_U(wb + ky * KW + kx)]
-                        off = kx * dw - pw
-                        # valid ox: 0 <= ox*sw + off < W
-                        ox0 = 0 if off >= 0 else min(OW, (-off + sw - 1) // sw)
-                        ox1 = 0 if off >= W else min(OW, (W - off + sw - 1) // sw)
-                        if sw == 1:
-                            s = xr + off
-                            for ox in range(ox0, ox1):
+                    wk = wb + ky * KW
+                    if fused3:
+                        # stride 1, 3 taps: the interior in one loop (3 FMAs per output,
+                        # one load and store of the output), the edge columns tap by tap
+                        w0, w1, w2 = wf[_U(wk)], wf[_U(wk + 1)], wf[_U(wk + 2)]
+                        s0 = xr - pw
+                        for ox in range(a, b):
+                            of[_U(o0 + ox)] += (w0 * xf[_U(s0 + ox)] + w1 * xf[_U(s0 + dw + ox)]
+                                                + w2 * xf[_U(s0 + 2 * dw + ox)])
+                        for kx in range(3):
+                            wv = wf[_U(wk + kx)]
+                            s = s0 + kx * dw
+                            for ox in range(lo[kx], a):
                                 of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
-                        else:
-                            for ox in range(ox0, ox1):
-                                of[_U(o0 + ox)] += wv * xf[_U(xr + ox * sw + off)]
+                            for ox in range(b, hi[kx]):
+                                of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
+                    else:
+                        for kx in range(KW):
+                            wv = wf[_U(wk + kx)]
+                            off = kx * dw - pw
+                            if sw == 1:
+                                s = xr + off
+                                for ox in range(lo[kx], hi[kx]):
+                                    of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
+                            else:
+                                for ox in range(lo[kx], hi[kx]):
+                                    of[_U(o0 + ox)] += wv * xf[_U(xr + ox * sw + off)]
                 _act_row(of, o0, OW, code)
 
 
