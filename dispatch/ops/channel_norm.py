@@ -284,8 +284,12 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, *, eps=1e-5
 
     running_mean, running_var, weight, bias: (C,) (weight / bias may be None).  The
     per-channel scale and shift are folded once per call (in float64) and x streams through
-    one fused multiply-add + activation pass.  activation: None, "relu", "gelu",
-    "gelu_tanh" or "silu".  eps must be finite and > 0 (ValueError naming eps)."""
+    one fused multiply-add + activation pass, as PyTorch's CPU kernel does: like it, a
+    channel whose values sit far from zero relative to their spread (|mean| >> sqrt(var))
+    keeps the dtype's absolute precision of x * scale, not the relative precision of the
+    result.  activation: None, "relu", "gelu", "gelu_tanh" or "silu".  A negative
+    running_var gives NaN in its channel.  eps must be finite and > 0 (ValueError naming
+    eps)."""
     return _batch_norm(x, running_mean, running_var, weight, bias, eps=eps, activation=activation, out=out)
 
 
