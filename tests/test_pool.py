@@ -317,3 +317,24 @@ def test_cuda_grid_stride_loops_cover_every_output(kind):
     out = cuda.to_device(np.full(want.shape, np.nan, np.float32))
     KC.kernel_for(kind, np.dtype(np.float32))[(1, 1, 1), (2, 2, 2)](cuda.to_device(x), out, *args)
     assert_close(out.copy_to_host(), want, 1e-5, kind, cancel=kind != "max")
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="device array views")
+@pytest.mark.parametrize("op, impl", MAX_IMPLS + AVG_IMPLS + ADAPTIVE_IMPLS)
+def test_device_strided_input_and_out(op, impl):
+    """A strided device view as x (copied to C order on the device) and as out= (filled by
+    one device copy, the gaps untouched)."""
+    from numba import cuda
+
+    g = rng()
+    big = _x(g, (2, 3, 7, 16), np.float32)
+    args = {"max_pool2d": (3, 2, 1), "avg_pool2d": (3, 2, 1), "adaptive_avg_pool2d": ((3, 2),)}[op]
+    want = getattr(ref, op)(big[:, :, :, ::2], *args)
+    obig = cuda.to_device(np.full(want.shape[:-1] + (2 * want.shape[-1],), np.nan, np.float32))
+    out = obig[:, :, :, ::2]
+    with dispatch.use(**{op: impl}):
+        res = getattr(dispatch, op)(cuda.to_device(big)[:, :, :, ::2], *args, out=out)
+    assert res is out
+    host = obig.copy_to_host()
+    assert_close(host[..., ::2], want, _tol(np.float32, 9), op + " device views", cancel=op != "max_pool2d")
+    assert np.isnan(host[..., 1::2]).all()
