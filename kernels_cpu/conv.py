@@ -299,20 +299,25 @@ def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):
 # ---- depthwise ---------------------------------------------------------------------------------
 
 @njit(inline="always")
-def _act_row(of, o0, n, code):
-    """of[o0:o0+n] = act(of[o0:o0+n]) in place, one loop per activation."""
+def _act_copy(src, s0, dst, d0, n, code):
+    """dst[d0:d0+n] = act(src[s0:s0+n]), one loop per activation.  Never in place: LLVM
+    turns an in-place "x < 0 ? 0 : x" into a masked store of the zeros (vmaskmovps, slow on
+    x86: an in-place ReLU over a 56x56 plane cost more than the 9-tap convolution)."""
     if code == ACT_RELU:
         for j in range(n):
-            of[_U(o0 + j)] = relu(of[_U(o0 + j)])
+            dst[_U(d0 + j)] = relu(src[_U(s0 + j)])
     elif code == ACT_SILU:
         for j in range(n):
-            of[_U(o0 + j)] = silu(of[_U(o0 + j)])
+            dst[_U(d0 + j)] = silu(src[_U(s0 + j)])
     elif code == ACT_GELU:
         for j in range(n):
-            of[_U(o0 + j)] = gelu(of[_U(o0 + j)])
+            dst[_U(d0 + j)] = gelu(src[_U(s0 + j)])
     elif code == ACT_GELU_TANH:
         for j in range(n):
-            of[_U(o0 + j)] = gelu_tanh(of[_U(o0 + j)])
+            dst[_U(d0 + j)] = gelu_tanh(src[_U(s0 + j)])
+    else:
+        for j in range(n):
+            dst[_U(d0 + j)] = src[_U(s0 + j)]
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -334,19 +339,25 @@ def depthwise_worker(w, params, is64):
     wf = carray(ptr_as(p[C_AP], z), cout * KH * KW)
     bf = carray(ptr_as(p[C_BIAS], z), cout)
     of = carray(ptr_as(p[C_OUT], z), nplanes * OH * OW)
-    # per kx, the output columns whose tap lies inside the image: [lo[kx], hi[kx]); the
-    # columns [a, b) where every tap does (the interior) take the fused 3-tap loop
+    # strided rows: per kx, the output columns whose tap lies inside the image
     lo = np.empty(KW, np.int64)
     hi = np.empty(KW, np.int64)
-    a = 0
-    b = OW
     for kx in range(KW):
         off = kx * dw - pw
         lo[kx] = 0 if off >= 0 else min(OW, (sw - 1 - off) // sw)
         hi[kx] = max(lo[kx], 0 if off >= W else min(OW, (W - off + sw - 1) // sw))
-        a = max(a, lo[kx])
-        b = min(b, hi[kx])
-    fused3 = KW == 3 and sw == 1 and a < b
+    # Stride 1: the plane is copied into a zero-padded buffer xp (top / left padding ph /
+    # pw, row pitch Wp) and the output accumulated in t with the same pitch, so that output
+    # o reads xp[o + ky*dh*Wp + kx*dw] for every tap: each tap is one long vector loop over
+    # the whole plane, with no edge cases (the columns OW..Wp of t are computed and
+    # dropped).  The padding of xp is zeroed once per worker; only the image part is
+    # written per plane.
+    flat = sh == 1 and sw == 1
+    Wp = max(W + pw, OW + (KW - 1) * dw) if flat else 1
+    Hp = max(H + ph, OH + (KH - 1) * dh) if flat else 1
+    xp = np.zeros(Hp * Wp if flat else 1, of.dtype)
+    tp = np.empty(OH * Wp if flat else OW, of.dtype)
+    nt = (OH - 1) * Wp + OW
     while True:
         first = fetch_add(sync, 0, per_task)
         if first >= nplanes:
@@ -358,43 +369,37 @@ def depthwise_worker(w, params, is64):
             wb = co * KH * KW
             ob = pl * OH * OW
             bv = bf[co]
-            for oy in range(OH):
-                o0 = ob + oy * OW
+            if flat:
+                for iy in range(H):
+                    d = (iy + ph) * Wp + pw
+                    sx = xb + iy * W
+                    for ix in range(W):
+                        xp[_U(d + ix)] = xf[_U(sx + ix)]
+                for o in range(nt):
+                    tp[_U(o)] = bv
+                for ky in range(KH):
+                    for kx in range(KW):
+                        wv = wf[_U(wb + ky * KW + kx)]
+                        s = ky * dh * Wp + kx * dw
+                        for o in range(nt):
+                            tp[_U(o)] += wv * xp[_U(s + o)]
+                for oy in range(OH):
+                    _act_copy(tp, oy * Wp, of, ob + oy * OW, OW, code)
+                continue
+            for oy in range(OH):  # strided: one output row at a time in tp
                 for ox in range(OW):
-                    of[_U(o0 + ox)] = bv
+                    tp[_U(ox)] = bv
                 for ky in range(KH):
                     iy = oy * sh - ph + ky * dh
                     if iy < 0 or iy >= H:
                         continue
                     xr = xb + iy * W
-                    wk = wb + ky * KW
-                    if fused3:
-                        # stride 1, 3 taps: the interior in one loop (3 FMAs per output,
-                        # one load and store of the output), the edge columns tap by tap
-                        w0, w1, w2 = wf[_U(wk)], wf[_U(wk + 1)], wf[_U(wk + 2)]
-                        s0 = xr - pw
-                        for ox in range(a, b):
-                            of[_U(o0 + ox)] += (w0 * xf[_U(s0 + ox)] + w1 * xf[_U(s0 + dw + ox)]
-                                                + w2 * xf[_U(s0 + 2 * dw + ox)])
-                        for kx in range(3):
-                            wv = wf[_U(wk + kx)]
-                            s = s0 + kx * dw
-                            for ox in range(lo[kx], a):
-                                of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
-                            for ox in range(b, hi[kx]):
-                                of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
-                    else:
-                        for kx in range(KW):
-                            wv = wf[_U(wk + kx)]
-                            off = kx * dw - pw
-                            if sw == 1:
-                                s = xr + off
-                                for ox in range(lo[kx], hi[kx]):
-                                    of[_U(o0 + ox)] += wv * xf[_U(s + ox)]
-                            else:
-                                for ox in range(lo[kx], hi[kx]):
-                                    of[_U(o0 + ox)] += wv * xf[_U(xr + ox * sw + off)]
-                _act_row(of, o0, OW, code)
+                    for kx in range(KW):
+                        wv = wf[_U(wb + ky * KW + kx)]
+                        off = kx * dw - pw
+                        for ox in range(lo[kx], hi[kx]):
+                            tp[_U(ox)] += wv * xf[_U(xr + ox * sw + off)]
+                _act_copy(tp, 0, of, ob + oy * OW, OW, code)
 
 
 def depthwise(x, weight, bias, out, stride, pad, dilation, code, nworkers):
