@@ -28,7 +28,7 @@ import numpy as np
 from numba import carray, njit
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
-from .gemm import MR, _micro_kernel, _nr, act_store_lit, tile_n
+from .gemm import MR, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, tile_n
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
@@ -225,6 +225,77 @@ def conv_worker(w, params, is64):
 
 
 @njit(**JIT_BY_ADDRESS)
+def conv_direct_worker(w, params, is64):
+    """Worker w of a conv_direct call: the stride-1 convolution read straight from a
+    zero-padded copy of the image (C_X: (N, C, Hp, Wp) with C_H = Hp, C_W = Wp; C_WS: the
+    k -> offset table; C_NC: output rows per task).  No packing of the image at all: the
+    micro-kernel's B row k of the NR-pixel tile at (oy, ox0) is the NR contiguous values at
+    tab[k] + oy*Wp + ox0 (micro_kernel_indexed).  Tasks: (image, group, block of output
+    rows), all output channels; per K block of kc, each weight panel (L1) sweeps the
+    task's tiles, whose image rows stay in L2 across the panels."""
+    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    nr = _nr(z)
+    nimg, cin, Hp, Wp, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
+    KH, KW = p[C_KH], p[C_KW]
+    OH, OW, kc, rows_per = p[C_OH], p[C_OW], p[C_KC], p[C_NC]
+    epilogue = p[C_EPILOGUE]
+    cin_g = cin // G
+    cout_g = cout // G
+    Kc = cin_g * KH * KW
+    P = OH * OW
+    mp = (cout_g + MR - 1) // MR
+    nbr = (OH + rows_per - 1) // rows_per
+    ntasks = nimg * G * nbr
+    ntile = (OW + nr - 1) // nr
+    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
+    xf = carray(ptr_as(p[C_X], z), nimg * cin * Hp * Wp)
+    tab = carray(ptr_as(p[C_WS], np.int64(0)), Kc)
+    apf = carray(ptr_as(p[C_AP], z), G * mp * Kc * MR)
+    of = carray(ptr_as(p[C_OUT], z), nimg * cout * P)
+    t = np.empty(MR * nr, of.dtype)  # an edge tile (fewer than MR rows or nr pixels)
+    while True:
+        task = fetch_add(sync, 0, 1)
+        if task >= ntasks:
+            break
+        img_g = task // nbr
+        rb = task - img_g * nbr
+        img = img_g // G
+        g = img_g - img * G
+        oy0 = rb * rows_per
+        oy1 = min(oy0 + rows_per, OH)
+        xbase = (img * cin + g * cin_g) * Hp * Wp
+        obase = (img * cout + g * cout_g) * P
+        for k0 in range(0, Kc, kc):
+            kl = min(kc, Kc - k0)
+            accumulate = k0 > 0
+            for pa in range(mp):
+                aoff = ((g * mp + pa) * Kc + k0) * MR
+                i0 = pa * MR
+                mr = min(MR, cout_g - i0)
+                for oy in range(oy0, oy1):
+                    for tl in range(ntile):
+                        ox0 = tl * nr
+                        ncol = min(nr, OW - ox0)
+                        full = mr == MR and ncol == nr
+                        o0 = obase + i0 * P + oy * OW + ox0
+                        micro_kernel_indexed(kl, apf, aoff, xf, xbase + oy * Wp + ox0, tab, k0, of if full else t,
+                                             o0 if full else 0, P if full else nr, accumulate and full)
+                        if not full:
+                            for ii in range(mr):
+                                if accumulate:
+                                    for j in range(ncol):
+                                        of[o0 + ii * P + j] += t[ii * nr + j]
+                                else:
+                                    for j in range(ncol):
+                                        of[o0 + ii * P + j] = t[ii * nr + j]
+        if epilogue != 0:  # bias + activation on the task's rows (all channels of the group)
+            call_address(epilogue, (p[C_OUT] + (obase + oy0 * OW) * isz, P, cout_g, (oy1 - oy0) * OW,
+                                    p[C_BIAS] + g * cout_g * isz))
+
+
+@njit(**JIT_BY_ADDRESS)
 def conv_epilogue(c, ldc, rows, n, bias, is64, code):
     """C[i, 0:n] = act(C[i, 0:n] + bias[i]) for i < rows (C at address c, row stride ldc
     elements; bias: one value per output channel, at address bias); is64 and code are
@@ -280,6 +351,53 @@ def conv_gemm(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue,
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
     run_workers(worker_address(conv_worker, (is64,)), p, nw)
+
+
+def direct_applies(kh, kw, stride, pad):
+    """conv_direct's domain: stride 1, and not a 1x1 without padding (whose packing is a
+    plain copy of the channel planes, cheaper than conv_direct's padded copy)."""
+    return tuple(stride) == (1, 1) and not (kh == 1 and kw == 1 and tuple(pad) == (0, 0))
+
+
+def conv_direct(x, ap, bias, out, groups, kh, kw, pad, dilation, epilogue, code, nworkers):
+    """conv_gemm's result for stride 1 (direct_applies) without packing the image: x is
+    copied once into a zero-padded (N, C, Hp, Wp) buffer (extra memory: about x's size;
+    Wp rounds the output width up to whole NR-pixel tiles) and conv_direct_worker reads
+    the micro-kernel's B rows from it through a k -> offset table."""
+    nimg, cin, H, W = x.shape
+    _, cout, OH, OW = out.shape
+    dt = out.dtype
+    nr = tile_n(dt)
+    mp = ap.shape[1]
+    if nimg * groups == 0 or mp == 0 or OH * OW == 0:
+        return
+    dh, dw = dilation
+    ntile = -(-OW // nr)
+    Hp = OH + (kh - 1) * dh
+    Wp = ntile * nr + (kw - 1) * dw
+    xp = np.zeros((nimg, cin, Hp, Wp), dt)
+    ph, pw = pad
+    rows = max(0, min(H, Hp - ph))
+    cols = max(0, min(W, Wp - pw))
+    xp[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
+    cin_g = cin // groups
+    k = np.arange(cin_g * kh * kw, dtype=np.int64)
+    ci, r = np.divmod(k, kh * kw)
+    ky, kx = np.divmod(r, kw)
+    tab = ci * Hp * Wp + ky * dh * Wp + kx * dw
+    for arr in (ap, bias, out):
+        if not (arr.flags.c_contiguous and arr.dtype == dt):
+            raise ValueError(f"conv_direct: arrays must be C-contiguous {dt}, got {arr.dtype}")
+    # about 4 tasks per thread, whole images' rows split evenly
+    per_image = max(1, -(-4 * nworkers // (nimg * groups)))
+    rows_per = -(-OH // min(OH, per_image))
+    ntasks = nimg * groups * -(-OH // rows_per)
+    p, sync = _params(xp, ap, bias, out, tab, groups, kh, kw, (1, 1), pad, dilation)
+    p[C_H], p[C_W] = Hp, Wp
+    p[C_KC], p[C_NC] = KC, rows_per
+    is64 = bool(dt == np.float64)
+    p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
+    run_workers(worker_address(conv_direct_worker, (is64,)), p, min(nworkers, ntasks))
 
 
 def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):

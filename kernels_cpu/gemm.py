@@ -79,6 +79,81 @@ def _nr_overload(z):
     return lambda z: NR_F64
 
 
+def _micro_codegen(indexed):
+    """The micro-kernel's code generator; indexed: B row k at bp[boff + tab[toff + k]]
+    (the convolution's direct form) instead of bp[boff + k*NR] (a packed panel)."""
+
+    def typer(typingctx, *argtys):
+        ap, bp = argtys[1], argtys[3]
+        c = argtys[7] if indexed else argtys[5]
+        if not (isinstance(ap, types.Array) and ap.dtype in (types.float32, types.float64)):
+            return None
+        if bp.dtype != ap.dtype or c.dtype != ap.dtype:
+            return None
+        is32 = ap.dtype == types.float32
+        nr = NR_F32 if is32 else NR_F64
+        width = 8 if is32 else 4
+        nv = nr // width
+        ci = 7 if indexed else 5  # position of c (then coff, ldc, accumulate)
+
+        def codegen(context, builder, sig, args):
+            fty = context.get_value_type(sig.args[1].dtype)
+            vty = ir.VectorType(fty, width)
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+
+            def i64_of(pos):
+                return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+            apd = builder.gep(context.make_array(sig.args[1])(context, builder, args[1]).data, [i64_of(2)])
+            bpd = builder.gep(context.make_array(sig.args[3])(context, builder, args[3]).data, [i64_of(4)])
+            cpd = builder.gep(context.make_array(sig.args[ci])(context, builder, args[ci]).data, [i64_of(ci + 1)])
+            if indexed:
+                tabd = builder.gep(context.make_array(sig.args[5])(context, builder, args[5]).data, [i64_of(6)])
+            ldc = i64_of(ci + 2)
+            kc64 = i64_of(0)
+            accumulate = context.cast(builder, args[ci + 3], sig.args[ci + 3], types.boolean)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vty, [vty, vty, vty]),
+                "llvm.fma.v%d%s" % (width, "f32" if is32 else "f64"))
+            zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(MR)]
+            undef = ir.Constant(vty, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(i32, width), [0] * width)
+            with cgutils.for_range(builder, kc64) as loop:
+                k = loop.index
+                if indexed:
+                    bbase = builder.gep(bpd, [builder.load(builder.gep(tabd, [k]))])
+                else:
+                    bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
+                abase = builder.gep(apd, [builder.mul(k, ir.Constant(i64, MR))])
+                bvec = []
+                for v in range(nv):
+                    ptr = builder.bitcast(builder.gep(bbase, [ir.Constant(i64, v * width)]), vty.as_pointer())
+                    bvec.append(builder.load(ptr, align=4))
+                for i in range(MR):
+                    a = builder.load(builder.gep(abase, [ir.Constant(i64, i)]))
+                    av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [av, bvec[v], builder.load(accs[i][v])]), accs[i][v])
+            ptrs = [[builder.bitcast(builder.gep(cpd, [builder.add(builder.mul(ldc, ir.Constant(i64, i)), ir.Constant(i64, v * width))]),
+                                     vty.as_pointer()) for v in range(nv)] for i in range(MR)]
+            with builder.if_else(accumulate) as (then, otherwise):
+                with then:
+                    for i in range(MR):
+                        for v in range(nv):
+                            old = builder.load(ptrs[i][v], align=4)
+                            builder.store(builder.fadd(old, builder.load(accs[i][v])), ptrs[i][v], align=4)
+                with otherwise:
+                    for i in range(MR):
+                        for v in range(nv):
+                            builder.store(builder.load(accs[i][v]), ptrs[i][v], align=4)
+            return context.get_dummy_value()
+
+        return types.none(*argtys), codegen
+
+    return typer
+
+
 @intrinsic
 def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
     """C[0:MR, 0:NR] (=|+=) (Ap[aoff:] as kc x MR)^T @ (Bp[boff:] as kc x NR), where C
@@ -88,65 +163,15 @@ def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
     a loop over kc doing NR/W unaligned vector loads of B, MR scalar loads of A broadcast
     to a vector, and MR * NR/W llvm.fma calls; then per row NR/W vector stores to C, after
     adding C's old value when ``accumulate``."""
-    if not (isinstance(ap, types.Array) and ap.dtype in (types.float32, types.float64)):
-        return None
-    if bp.dtype != ap.dtype or c.dtype != ap.dtype:
-        return None
-    is32 = ap.dtype == types.float32
-    nr = NR_F32 if is32 else NR_F64
-    width = 8 if is32 else 4
-    nv = nr // width
+    return _micro_codegen(False)(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate)
 
-    def codegen(context, builder, sig, args):
-        kc_v, ap_v, aoff_v, bp_v, boff_v, c_v, coff_v, ldc_v, acc_v = args
-        fty = context.get_value_type(sig.args[1].dtype)
-        vty = ir.VectorType(fty, width)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
 
-        def i64_of(pos):
-            return context.cast(builder, args[pos], sig.args[pos], types.int64)
-
-        apd = builder.gep(context.make_array(sig.args[1])(context, builder, ap_v).data, [i64_of(2)])
-        bpd = builder.gep(context.make_array(sig.args[3])(context, builder, bp_v).data, [i64_of(4)])
-        cpd = builder.gep(context.make_array(sig.args[5])(context, builder, c_v).data, [i64_of(6)])
-        ldc = i64_of(7)
-        kc64 = i64_of(0)
-        accumulate = context.cast(builder, acc_v, sig.args[8], types.boolean)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vty, [vty, vty, vty]),
-            "llvm.fma.v%d%s" % (width, "f32" if is32 else "f64"))
-        zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
-        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(MR)]
-        undef = ir.Constant(vty, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(i32, width), [0] * width)
-        with cgutils.for_range(builder, kc64) as loop:
-            k = loop.index
-            bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
-            abase = builder.gep(apd, [builder.mul(k, ir.Constant(i64, MR))])
-            bvec = []
-            for v in range(nv):
-                ptr = builder.bitcast(builder.gep(bbase, [ir.Constant(i64, v * width)]), vty.as_pointer())
-                bvec.append(builder.load(ptr, align=4))
-            for i in range(MR):
-                a = builder.load(builder.gep(abase, [ir.Constant(i64, i)]))
-                av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
-                for v in range(nv):
-                    builder.store(builder.call(fma, [av, bvec[v], builder.load(accs[i][v])]), accs[i][v])
-        ptrs = [[builder.bitcast(builder.gep(cpd, [builder.add(builder.mul(ldc, ir.Constant(i64, i)), ir.Constant(i64, v * width))]),
-                                 vty.as_pointer()) for v in range(nv)] for i in range(MR)]
-        with builder.if_else(accumulate) as (then, otherwise):
-            with then:
-                for i in range(MR):
-                    for v in range(nv):
-                        old = builder.load(ptrs[i][v], align=4)
-                        builder.store(builder.fadd(old, builder.load(accs[i][v])), ptrs[i][v], align=4)
-            with otherwise:
-                for i in range(MR):
-                    for v in range(nv):
-                        builder.store(builder.load(accs[i][v]), ptrs[i][v], align=4)
-        return context.get_dummy_value()
-
-    return types.none(kc, ap, aoff, bp, boff, c, coff, ldc, accumulate), codegen
+@intrinsic
+def micro_kernel_indexed(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate):
+    """_micro_kernel with B row k read at bp[boff + tab[toff + k]] (NR contiguous values):
+    a direct convolution's B operand straight from the (padded) image, tab holding each k's
+    offset (channel, tap) in it (kernels_cpu/conv.py)."""
+    return _micro_codegen(True)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate)
 
 
 # ---- epilogue ------------------------------------------------------------------------------
