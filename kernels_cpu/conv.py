@@ -226,9 +226,9 @@ def conv_worker(w, params, is64):
 
 @njit(**JIT_BY_ADDRESS)
 def conv_direct_worker(w, params, is64):
-    """Worker w of a conv_direct call: the stride-1 convolution read straight from a
-    zero-padded copy of the image (C_X: (N, C, Hp, Wp) with C_H = Hp, C_W = Wp; C_WS: the
-    k -> offset table; C_NC: output rows per task).  No packing of the image at all: the
+    """Worker w of a conv_direct call: the convolution read straight from a zero-padded,
+    phase-split copy of the image (C_X; a channel is C_H * C_W values, output rows C_W
+    apart; C_WS: the k -> offset table; C_NC: output rows per task).  No packing of the image at all: the
     micro-kernel's B row k of the NR-pixel tile at (oy, ox0) is the NR contiguous values at
     tab[k] + oy*Wp + ox0 (micro_kernel_indexed).  Tasks: (image, group, block of output
     rows), all output channels; per K block of kc, each weight panel (L1) sweeps the
@@ -354,16 +354,20 @@ def conv_gemm(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue,
 
 
 def direct_applies(kh, kw, stride, pad):
-    """conv_direct's domain: stride 1, and not a 1x1 without padding (whose packing is a
-    plain copy of the channel planes, cheaper than conv_direct's padded copy)."""
-    return tuple(stride) == (1, 1) and not (kh == 1 and kw == 1 and tuple(pad) == (0, 0))
+    """conv_direct's domain: every convolution but an unpadded stride-1 1x1, whose packing
+    is a plain copy of the channel planes (cheaper than conv_direct's padded copy)."""
+    return not (kh == 1 and kw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0))
 
 
-def conv_direct(x, ap, bias, out, groups, kh, kw, pad, dilation, epilogue, code, nworkers):
-    """conv_gemm's result for stride 1 (direct_applies) without packing the image: x is
-    copied once into a zero-padded (N, C, Hp, Wp) buffer (extra memory: about x's size;
-    Wp rounds the output width up to whole NR-pixel tiles) and conv_direct_worker reads
-    the micro-kernel's B rows from it through a k -> offset table."""
+def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue, code, nworkers):
+    """conv_gemm's result without packing the image: x is copied once into a zero-padded,
+    phase-split buffer and conv_direct_worker reads the micro-kernel's B rows from it
+    through a k -> offset table.  Phase split (stride s): padded row y = r*s + py goes to
+    phase py, row r, so that output row oy's tap ky reads phase (ky*dh) % s at row
+    oy + (ky*dh) // s, and NR consecutive output columns read NR consecutive values (for
+    stride 1 there is one phase: the padded image).  Buffer: (N, C, sh, sw, Hq, Wq), Wq the
+    output width rounded up to whole NR-pixel tiles plus the taps' reach: extra memory
+    about x's size (s^2 / stride^2 of it)."""
     nimg, cin, H, W = x.shape
     _, cout, OH, OW = out.shape
     dt = out.dtype
@@ -371,20 +375,24 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, pad, dilation, epilogue, code,
     mp = ap.shape[1]
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return
-    dh, dw = dilation
+    (sh, sw), (dh, dw), (ph, pw) = stride, dilation, pad
     ntile = -(-OW // nr)
-    Hp = OH + (kh - 1) * dh
-    Wp = ntile * nr + (kw - 1) * dw
-    xp = np.zeros((nimg, cin, Hp, Wp), dt)
-    ph, pw = pad
-    rows = max(0, min(H, Hp - ph))
-    cols = max(0, min(W, Wp - pw))
-    xp[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
+    Hq = OH + (kh - 1) * dh // sh
+    Wq = ntile * nr + (kw - 1) * dw // sw
+    xpad = np.zeros((nimg, cin, Hq * sh, Wq * sw), dt)
+    rows = max(0, min(H, Hq * sh - ph))
+    cols = max(0, min(W, Wq * sw - pw))
+    xpad[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
+    if sh * sw == 1:
+        xq = xpad
+    else:
+        xq = np.ascontiguousarray(xpad.reshape(nimg, cin, Hq, sh, Wq, sw).transpose(0, 1, 3, 5, 2, 4))
     cin_g = cin // groups
     k = np.arange(cin_g * kh * kw, dtype=np.int64)
     ci, r = np.divmod(k, kh * kw)
     ky, kx = np.divmod(r, kw)
-    tab = ci * Hp * Wp + ky * dh * Wp + kx * dw
+    (qy, py), (qx, px) = np.divmod(ky * dh, sh), np.divmod(kx * dw, sw)
+    tab = ((ci * sh + py) * sw + px) * Hq * Wq + qy * Wq + qx
     for arr in (ap, bias, out):
         if not (arr.flags.c_contiguous and arr.dtype == dt):
             raise ValueError(f"conv_direct: arrays must be C-contiguous {dt}, got {arr.dtype}")
@@ -392,8 +400,8 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, pad, dilation, epilogue, code,
     per_image = max(1, -(-4 * nworkers // (nimg * groups)))
     rows_per = -(-OH // min(OH, per_image))
     ntasks = nimg * groups * -(-OH // rows_per)
-    p, sync = _params(xp, ap, bias, out, tab, groups, kh, kw, (1, 1), pad, dilation)
-    p[C_H], p[C_W] = Hp, Wp
+    p, sync = _params(xq.reshape(nimg, cin, sh * sw * Hq, Wq), ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
+    p[C_H], p[C_W] = sh * sw * Hq, Wq  # a channel's size is C_H * C_W; rows are C_W apart
     p[C_KC], p[C_NC] = KC, rows_per
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0

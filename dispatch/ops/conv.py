@@ -156,7 +156,7 @@ def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_h
     ap = contiguous(packed) if packed is not None else K.pack_weight(contiguous(weight), groups)
     epi = bias is not None or act != 0
     if K.direct_applies(kh, kw, stride, pad):
-        K.conv_direct(x4, ap, b, res4, groups, kh, kw, pad, dilation, epi, act, numba.get_num_threads())
+        K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
     else:
         K.conv_gemm(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
     return deliver(res, out)
@@ -256,9 +256,9 @@ _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", sig
                          synthesize=_synthesize))
 register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_KERNELS,
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "
-                        "fused; stride 1 (but an unpadded 1x1): B read straight from a zero-padded copy of x through a "
-                        "k -> offset table (extra memory ~ x); otherwise KC x NC blocks of the im2col matrix packed "
-                        "from x per task (extra memory: 128 KiB per thread); the weight's panels packed per call, or "
+                        "fused; B read straight from a zero-padded, phase-split (stride) copy of x through a k -> offset "
+                        "table (extra memory ~ x); an unpadded stride-1 1x1 packs KC x NC blocks of x's channel planes "
+                        "per task instead (extra memory: 128 KiB per thread); the weight's panels packed per call, or "
                         "once when given as a PackedWeight"))
 register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
                         supports=_depthwise_only,
