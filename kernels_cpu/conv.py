@@ -6,22 +6,30 @@ bottom / right padding is implied by OH, OW, which the caller computes: padding=
 may pad one more on the far side).  Output (oy, ox) of channel co reads input rows
 oy*sh - ph + ky*dh and columns ox*sw - pw + kx*dw, zero outside the image.
 
-conv_gemm: an implicit GEMM on the GEMM's register-tiled micro-kernel (gemm.py).  Per
-image n and group g, out[n, g] (Cout_g, P = OH*OW) = W_g (Cout_g, Kc) @ col (Kc, P),
-Kc = Cin_g*KH*KW.  The weight is packed into MR-row panels once (pack_weight, numpy; or
-once for good with dispatch.prepack).  The im2col matrix col is never formed: a task
-(image, group, block of Cout rows, block of NC output pixels) packs each KC x NC block of
-col straight from x into its worker's workspace (zeros for the padding: no padded copy of
-x either), then runs the micro-kernel over the weight panels.  Extra memory: the packed
-weight (Cout x Kc rounded up to MR rows) plus one KC x NC workspace per thread (256 x 128
-float32 = 128 KiB).  A 1x1 convolution is the same GEMM whose packing is a plain copy.
+Both GEMM forms run on the GEMM's register-tiled micro-kernel (gemm.py): per image n
+and group g, out[n, g] (Cout_g, P = OH*OW) = W_g (Cout_g, Kc) @ col (Kc, P), Kc =
+Cin_g*KH*KW, the weight packed into MR-row panels (pack_weight, numpy; once for good with
+dispatch.prepack).  The im2col matrix col is never formed:
+
+conv_direct (every convolution but an unpadded stride-1 1x1): x is copied once into a
+zero-padded, phase-split buffer in which row k of col for NR consecutive output pixels is
+NR consecutive values at a per-k offset (tab); the micro-kernel reads B straight from
+there (micro_kernel_indexed), no packing.  Extra memory: about x's size.  Before it, a
+packed im2col block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3 64ch
+56x56: 5.85 ms packed, 3.28 ms direct; 7x7/2 stem: 4.24 -> 3.28 ms).
+
+conv_gemm (the unpadded stride-1 1x1): col is x's channel planes themselves; a task
+(image, group, block of Cout rows, block of NC output pixels) copies KC x NC blocks of
+them into NR-column panels in its worker's workspace (extra memory: 128 KiB per thread)
+and runs the micro-kernel over the weight panels.
+
 Tasks come from an atomic counter (dynamic: a thread that loses its core to another
 process does not hold the others up); bias + activation run on a task's block while it is
 in cache (conv_epilogue, called by address).
 
 depthwise: groups == C, Cout = C * multiplier: each output plane is a weighted sum of
 KH*KW shifted copies of one input plane: per output row, for each tap, a vector
-multiply-add along the row (contiguous for stride 1).  Both run as workers called by
+multiply-add along the row (contiguous for stride 1).  All run as workers called by
 address (parallel.run_workers / run_serial): one compiled worker per dtype.
 """
 import numpy as np
@@ -66,104 +74,43 @@ def packed_shape(weight_shape, groups):
 
 
 @njit(inline="always")
-def _pack_cols(xf, xbase, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OW, P, k0, kl, c0, npan, ws, nr, line):
-    """ws[(qi*kl + kk)*nr + r] = col[k0 + kk, c0 + qi*nr + r]: rows k0.. of the im2col
-    matrix of the image at xf[xbase:], for npan panels of nr output pixels from c0 (zeros
-    for padding and for pixels past P).  Per k row the task's pixels are first gathered
-    into `line` (contiguous): one run per output row, each split into three branch-free
-    loops (left padding, the image: a contiguous copy for stride 1, right padding); then
-    the line is scattered into the panels with fixed-length nr copies.  Gathering straight
-    into the panels cut every run at panel edges too (every 16 pixels), 15-25% slower:
-    packing plus one 6-row panel's micro-kernel took 1.16-1.24 ns per packed element
-    against 0.90-1.07 for this (one thread's CPU time, ResNet-50 stem / 3x3 / 1x1 shapes,
-    medians of 5 alternating rounds, other jobs on the machine)."""
+def _pack_planes(xf, xbase, HW, k0, kl, c0, npan, ws, nr):
+    """ws[(qi*kl + kk)*nr + r] = x[channel k0 + kk, pixel c0 + qi*nr + r] (zeros past the
+    plane's HW pixels): rows k0.. of a 1x1 convolution's col, which are the channel planes
+    of the image at xf[xbase:], for npan panels of nr pixels from c0."""
     zero = ws.dtype.type(0)
-    khw = KH * KW
-    npix = min(npan * nr, P - c0)
-    oy0 = c0 // OW
-    ox0 = c0 - oy0 * OW
-    if khw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0:
-        # a 1x1 convolution: col row k is channel k's plane, contiguous (P == H*W)
-        nfull = npix // nr
-        for kk in range(kl):
-            src = xbase + (k0 + kk) * H * W + c0
-            for qi in range(nfull):
-                d = (qi * kl + kk) * nr
-                for r in range(nr):
-                    ws[_U(d + r)] = xf[_U(src + qi * nr + r)]
-            if nfull < npan:
-                d = (nfull * kl + kk) * nr
-                rest = npix - nfull * nr
-                for r in range(rest):
-                    ws[_U(d + r)] = xf[_U(src + nfull * nr + r)]
-                for r in range(rest, nr):
-                    ws[_U(d + r)] = zero
-        return
+    npix = min(npan * nr, HW - c0)
+    nfull = npix // nr
     for kk in range(kl):
-        k = k0 + kk
-        ci = k // khw
-        rem = k - ci * khw
-        ky = rem // KW
-        kx = rem - ky * KW
-        cbase = xbase + ci * H * W
-        dy = ky * dh - ph
-        dx = kx * dw - pw
-        j = 0
-        oy = oy0
-        ox = ox0
-        while j < npix:
-            seg = min(npix - j, OW - ox)
-            iy = oy * sh + dy
-            if iy < 0 or iy >= H:
-                for t in range(seg):
-                    line[_U(j + t)] = zero
-            else:
-                ix0 = ox * sw + dx
-                # the run's pixels t with 0 <= ix0 + t*sw < W: [lo, hi)
-                if sw == 1:
-                    lo = min(seg, max(0, -ix0))
-                    hi = max(lo, min(seg, W - ix0))
-                else:
-                    lo = 0 if ix0 >= 0 else min(seg, (sw - 1 - ix0) // sw)
-                    hi = max(lo, 0 if ix0 >= W else min(seg, (W - ix0 + sw - 1) // sw))
-                for t in range(lo):
-                    line[_U(j + t)] = zero
-                src = cbase + iy * W + ix0
-                if sw == 1:
-                    for t in range(lo, hi):
-                        line[_U(j + t)] = xf[_U(src + t)]
-                else:
-                    for t in range(lo, hi):
-                        line[_U(j + t)] = xf[_U(src + t * sw)]
-                for t in range(hi, seg):
-                    line[_U(j + t)] = zero
-            j += seg
-            ox = 0
-            oy += 1
-        for t in range(npix, npan * nr):
-            line[_U(t)] = zero
-        for qi in range(npan):
+        src = xbase + (k0 + kk) * HW + c0
+        for qi in range(nfull):
             d = (qi * kl + kk) * nr
-            s0 = qi * nr
             for r in range(nr):
-                ws[_U(d + r)] = line[_U(s0 + r)]
+                ws[_U(d + r)] = xf[_U(src + qi * nr + r)]
+        if nfull < npan:
+            d = (nfull * kl + kk) * nr
+            rest = npix - nfull * nr
+            for r in range(rest):
+                ws[_U(d + r)] = xf[_U(src + nfull * nr + r)]
+            for r in range(rest, nr):
+                ws[_U(d + r)] = zero
 
 
 @njit(**JIT_BY_ADDRESS)
 def conv_worker(w, params, is64):
-    """Worker w of a conv_gemm call (the C_* slots of the int64 block at params); is64 a
-    literal: one compiled worker per dtype, whatever the geometry and activation."""
+    """Worker w of a conv_gemm call (the C_* slots of the int64 block at params: an
+    unpadded stride-1 1x1 convolution); is64 a literal: one compiled worker per dtype,
+    whatever the activation."""
     p = carray(ptr_as(params, np.int64(0)), C_COUNT)
     z = like_dtype(is64)
     isz = 8 if is64 else 4
     nr = _nr(z)
     nimg, cin, H, W, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
-    KH, KW, sh, sw, ph, pw, dh, dw = p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW], p[C_DH], p[C_DW]
     OH, OW, kc, nc, mc = p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_MC]
     epilogue = p[C_EPILOGUE]
     cin_g = cin // G
     cout_g = cout // G
-    Kc = cin_g * KH * KW
+    Kc = cin_g  # 1x1: a k row is an input channel
     P = OH * OW
     mp = (cout_g + MR - 1) // MR
     npn = (P + nr - 1) // nr
@@ -176,7 +123,6 @@ def conv_worker(w, params, is64):
     of = carray(ptr_as(p[C_OUT], z), nimg * cout * P)
     ws = carray(ptr_as(p[C_WS] + w * kc * nc * nr * isz, z), kc * nc * nr)
     t = np.empty(MR * nr, of.dtype)  # an edge tile (fewer than MR rows or nr pixels)
-    line = np.empty(nc * nr, of.dtype)  # one k row of the task's pixels (_pack_cols)
     while True:
         task = fetch_add(sync, 0, 1)
         if task >= ntasks:
@@ -196,7 +142,7 @@ def conv_worker(w, params, is64):
         obase = (img * cout + g * cout_g) * P
         for k0 in range(0, Kc, kc):
             kl = min(kc, Kc - k0)
-            _pack_cols(xf, xbase, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OW, P, k0, kl, c0, q1 - q0, ws, nr, line)
+            _pack_planes(xf, xbase, P, k0, kl, c0, q1 - q0, ws, nr)
             accumulate = k0 > 0
             for pa in range(pa0, pa1):
                 aoff = ((g * mp + pa) * Kc + k0) * MR
@@ -318,15 +264,17 @@ def _addresses(p, sync, x, ap, out, bias, ws):
     p[C_WS] = ws.ctypes.data
 
 
-def conv_gemm(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue, code, nworkers):
-    """out = act(conv2d(x, weight) + bias) through the implicit GEMM (module docstring).
+def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
+    """out = act(conv2d(x, weight) + bias) for an unpadded stride-1 1x1 convolution
+    (weight (Cout, Cin_g, 1, 1)) through the GEMM on x's channel planes (module docstring).
 
     ap: the weight packed by pack_weight; bias: (Cout,) (zeros when the call has none);
-    epilogue: apply bias + activation (False: the plain convolution); pad: the (top, left)
-    padding; out: (N, Cout, OH, OW), which fixes the output size; nworkers: numba's thread
-    count (a call with few tasks runs on fewer)."""
+    epilogue: apply bias + activation (False: the plain convolution); out: (N, Cout, H, W);
+    nworkers: numba's thread count (a call with few tasks runs on fewer)."""
     nimg, cin, H, W = x.shape
     _, cout, OH, OW = out.shape
+    if (OH, OW) != (H, W) or ap.shape[2] != cin // groups:
+        raise ValueError("conv_gemm: an unpadded stride-1 1x1 convolution only (conv_direct takes the rest)")
     dt = out.dtype
     nr = tile_n(dt)
     mp = ap.shape[1]
@@ -346,7 +294,7 @@ def conv_gemm(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue,
             raise ValueError(f"conv_gemm: arrays must be C-contiguous {dt}, got {arr.dtype}")
     nw = min(nworkers, ntasks)
     ws = np.empty(max(nw, 1) * KC * NC_PANELS * nr, dt)
-    p, sync = _params(x, ap, bias, out, ws, groups, kh, kw, stride, pad, dilation)
+    p, sync = _params(x, ap, bias, out, ws, groups, 1, 1, (1, 1), (0, 0), (1, 1))
     p[C_KC], p[C_NC], p[C_MC] = KC, NC_PANELS, mc
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0

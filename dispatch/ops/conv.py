@@ -158,7 +158,7 @@ def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_h
     if K.direct_applies(kh, kw, stride, pad):
         K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
     else:
-        K.conv_gemm(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
+        K.conv_gemm(x4, ap, b, res4, groups, epi, act, numba.get_num_threads())
     return deliver(res, out)
 
 
