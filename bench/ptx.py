@@ -172,42 +172,63 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
         for name in undeclared(table, threads[a]):
             rows.append({"kernel": name, "family": "?", "dtype": "-", "arch": a, "ok": False,
                          "error": "launched by the dispatcher but not declared in a kernels_cuda PTX list"})
+    jobs = [(name, build, dtype, arch, threads[arch].get(name, build.threads))
+            for name, build in table.items() if not only or any(o in name for o in only)
+            for dtype in dtypes if dtype in build.dtypes for arch in archs]
+    global _JOBS
+    _JOBS = jobs
+    nproc = min(len(jobs), max(1, int(os.environ.get("NK_PTX_JOBS", 0) or (os.cpu_count() or 1))))
     with tempfile.TemporaryDirectory() as tmp:
-        for name, build in table.items():
-            if only and not any(o in name for o in only):
-                continue
-            for dtype in dtypes:
-                if dtype not in build.dtypes:
-                    continue
-                for arch in archs:
-                    t0 = time.time()
-                    row = {"kernel": name, "family": build.family, "dtype": dtype, "arch": arch}
-                    try:
-                        info = compile_one(name, build.get, build.argtypes, dtype, arch, ptxas, tmp, build.requires)
-                        row.update(info)
-                        thr = threads[arch].get(name, build.threads)
-                        row["threads"] = thr
-                        row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
-                        errors = []
-                        if info["spill_st"] or info["spill_ld"]:
-                            errors.append("spills")
-                        if info.pop("missing"):
-                            errors.append(f"the PTX lacks {build.requires} (the instruction the kernel is built on)")
-                        if info["smem"] > STATIC_SMEM:
-                            errors.append(f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
-                        biggest = max(thr, build.threads)  # the kernel's own largest launch
-                        if occupancy(arch, biggest, info["regs"], info["smem"]) == 0:
-                            errors.append(f"{info['regs']} registers x {biggest} threads do not fit one SM: "
-                                          "the largest launch would fail")
-                        row["ok"] = not errors
-                        row["error"] = "; ".join(errors)
-                    except Exception as exc:  # noqa: BLE001 - reported in the table, CI fails
-                        row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                    row["compile_s"] = round(time.time() - t0, 2)
+        if nproc > 1:
+            # each build is independent (compile_ptx needs no GPU or driver context): forked
+            # workers, rows in job order; 2 processes on 2 cores halve the step
+            import concurrent.futures as cf
+            import multiprocessing as mp
+
+            with cf.ProcessPoolExecutor(nproc, mp_context=mp.get_context("fork")) as pool:
+                done = pool.map(_build_row, range(len(jobs)), [tmp] * len(jobs), [ptxas] * len(jobs))
+                for row in done:
                     rows.append(row)
                     if verbose:
                         print(_fmt(row), flush=True)
+        else:
+            for k in range(len(jobs)):
+                rows.append(_build_row(k, tmp, ptxas))
+                if verbose:
+                    print(_fmt(rows[-1]), flush=True)
     return rows
+
+
+_JOBS = []  # run()'s build list, read by _build_row in the forked workers
+
+
+def _build_row(k, tmp, ptxas):
+    """The report row of build k of _JOBS: compile, assemble, check."""
+    name, build, dtype, arch, thr = _JOBS[k]
+    t0 = time.time()
+    row = {"kernel": name, "family": build.family, "dtype": dtype, "arch": arch}
+    try:
+        info = compile_one(name, build.get, build.argtypes, dtype, arch, ptxas, tmp, build.requires)
+        row.update(info)
+        row["threads"] = thr
+        row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
+        errors = []
+        if info["spill_st"] or info["spill_ld"]:
+            errors.append("spills")
+        if info.pop("missing"):
+            errors.append(f"the PTX lacks {build.requires} (the instruction the kernel is built on)")
+        if info["smem"] > STATIC_SMEM:
+            errors.append(f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
+        biggest = max(thr, build.threads)  # the kernel's own largest launch
+        if occupancy(arch, biggest, info["regs"], info["smem"]) == 0:
+            errors.append(f"{info['regs']} registers x {biggest} threads do not fit one SM: "
+                          "the largest launch would fail")
+        row["ok"] = not errors
+        row["error"] = "; ".join(errors)
+    except Exception as exc:  # noqa: BLE001 - reported in the table, CI fails
+        row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+    row["compile_s"] = round(time.time() - t0, 2)
+    return row
 
 
 HEADER = f"{'kernel':28s} {'dtype':8s} {'arch':6s} {'regs':>4s} {'smem B':>7s} {'spill B':>7s} {'threads':>7s} {'occup.':>6s}  status"
