@@ -31,6 +31,7 @@ passes ones / zeros for None).
 import math
 
 import numpy as np
+from numpy import uintp
 from numba import njit, prange
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, like, relu, silu
@@ -48,22 +49,45 @@ VEC_CHUNK = 1024
 
 @njit(**JIT)
 def affine_act(src, dst, a, b, code, lo, hi):
-    """dst[j] = act(src[j] * a + b) for j in [lo, hi) (src may be dst)."""
+    """dst[uintp(j)] = act(src[uintp(j)] * a + b) for j in [lo, hi) (src may be dst)."""
     if code == ACT_RELU:
         for j in range(lo, hi):
-            dst[j] = relu(src[j] * a + b)
+            dst[uintp(j)] = relu(src[uintp(j)] * a + b)
     elif code == ACT_SILU:
         for j in range(lo, hi):
-            dst[j] = silu(src[j] * a + b)
+            dst[uintp(j)] = silu(src[uintp(j)] * a + b)
     elif code == ACT_GELU:
         for j in range(lo, hi):
-            dst[j] = gelu(src[j] * a + b)
+            dst[uintp(j)] = gelu(src[uintp(j)] * a + b)
     elif code == ACT_GELU_TANH:
         for j in range(lo, hi):
-            dst[j] = gelu_tanh(src[j] * a + b)
+            dst[uintp(j)] = gelu_tanh(src[uintp(j)] * a + b)
     else:
         for j in range(lo, hi):
-            dst[j] = src[j] * a + b
+            dst[uintp(j)] = src[uintp(j)] * a + b
+
+
+@njit(**JIT)
+def affine_act_inplace(buf, a, b, code, lo, hi):
+    """buf[uintp(j)] = act(buf[uintp(j)] * a + b) for j in [lo, hi).  affine_act(buf, buf, ...) computes
+    the same, but its loops read src and write dst: LLVM vectorizes them behind a runtime
+    overlap check, which an in-place call fails, so they ran scalar (group_norm + SiLU
+    at 1x320x64x64: 9.6 ms, 5.9 ns per element; one array here: no check, vectorized)."""
+    if code == ACT_RELU:
+        for j in range(lo, hi):
+            buf[uintp(j)] = relu(buf[uintp(j)] * a + b)
+    elif code == ACT_SILU:
+        for j in range(lo, hi):
+            buf[uintp(j)] = silu(buf[uintp(j)] * a + b)
+    elif code == ACT_GELU:
+        for j in range(lo, hi):
+            buf[uintp(j)] = gelu(buf[uintp(j)] * a + b)
+    elif code == ACT_GELU_TANH:
+        for j in range(lo, hi):
+            buf[uintp(j)] = gelu_tanh(buf[uintp(j)] * a + b)
+    else:
+        for j in range(lo, hi):
+            buf[uintp(j)] = buf[uintp(j)] * a + b
 
 
 @njit(**JIT)
@@ -155,7 +179,7 @@ def group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi):
         for k in range(cg):
             c = g * cg + k
             a = rstd * w[c]
-            affine_act(orow, orow, a, b[c] - mc * a, code, k * s, (k + 1) * s)
+            affine_act_inplace(orow, a, b[c] - mc * a, code, k * s, (k + 1) * s)
         g += 1
         if g == ng:
             g = 0
