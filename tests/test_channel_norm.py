@@ -328,7 +328,7 @@ def test_rules():
     def chosen(op, *args):
         return dispatch.explain(op, *args).chosen
 
-    small, large = np.ones((2, 8, 5, 5), np.float32), np.ones((1, 64, 32, 32), np.float32)
+    small, large = np.ones((2, 8, 5, 5), np.float32), np.ones((1, 64, 128, 128), np.float32)
     p8, p64 = np.ones(8, np.float32), np.ones(64, np.float32)
     assert chosen("batch_norm", small, p8, p8) == "cpu-serial"
     assert chosen("batch_norm", large, p64, p64) == "cpu-parallel"

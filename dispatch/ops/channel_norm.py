@@ -26,17 +26,16 @@ from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
-# Provisional (not measured: the machine is shared and timing loops are not allowed now).
-# Reasoned from the norm family's measured crossovers on this machine kind (2 cores):
-# layer_norm's serial / parallel crossover is at 2^14..2^15 elements, relu's (one streaming
-# pass, like batch_norm) at 2^15..2^16.  batch_norm does a little more per element than relu
-# (an FMA before the activation) and group_norm the work of layer_norm (three passes over a
-# cached block), so both start threads at 2^15.  To confirm: medians of interleaved rounds
-# of the serial and parallel kernels alone at 2^13..2^17 elements (batch_norm 1xCx32x32
-# with relu, group_norm 1xCx32x32 with 32 groups and silu), float32.
-PARALLEL_THRESHOLD = {"batch_norm": 1 << 15, "group_norm": 1 << 15}
-_MEASURED = {"batch_norm": "provisional, from layer_norm's 2^15 and relu's 2^15..2^16 measured crossovers",
-             "group_norm": "provisional, from layer_norm's 2^15 measured crossover"}
+# Measured 2026-11-23 (AMD znver3, 2 cores; cpu-serial vs cpu-parallel, medians of 7
+# alternating rounds, back to back / after 0.2 s idle, float32): batch_norm + relu on
+# 1xCx28x28 was never faster in parallel at 2^11..2^18 elements (2^18: 176 / 618 us serial,
+# 212 / 808 us parallel), nor at ResNet's 1x64x112x112 (2^19.6: 422 vs 444 us): threads from
+# 2^20.  group_norm 32 + silu on 1xCx16x16: parallel ahead back to back from 2^17 (249 vs
+# 304 us) but behind after idle (1095 vs 740 us), about even at SD's 1x320x64x64 (2.68 vs
+# 2.83 ms): threads from 2^17.
+PARALLEL_THRESHOLD = {"batch_norm": 1 << 20, "group_norm": 1 << 17}
+_MEASURED = {"batch_norm": "parallel never ahead at 2^11..2^19.6 elements (measured, 2 cores)",
+             "group_norm": "parallel ahead back to back from 2^17, even at 2^20 (measured, 2 cores)"}
 
 _KERNELS = ("kernels_cpu.channel_norm", "kernels_cpu.approx", "kernels_cpu.parallel")
 

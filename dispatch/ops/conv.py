@@ -30,9 +30,11 @@ from .linalg import PackedWeight, _readonly_source, register_prepacker
 
 _KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
 
-# Depthwise planes: serial below this many output elements.  Provisional: the one-pass
-# memory-bound ops' crossover (norms, dispatch/ops/norm.py) is 2^15 elements; a 3x3 depthwise
-# output element costs ~9 FMAs, more than a norm's, so threads pay off no later.
+# Depthwise planes: serial below this many output elements.  Measured 2026-11-23 (AMD
+# znver3, 2 cores; serial vs parallel, medians of 7 alternating rounds, 3x3 + relu on
+# 1xCx28x28, float32): even at 2^13..2^15 back to back (102 / 111 us at 2^13, 241 / 161 us
+# at 2^15), parallel ahead at 2^16..2^17 (239 / 247, 343 / 371 us), behind after 0.2 s idle
+# throughout; at MobileNetV2's 1x144x56x56 (2^18.8) parallel 680 vs serial 821 us.
 DEPTHWISE_PARALLEL_THRESHOLD = 1 << 15
 
 
@@ -183,7 +185,7 @@ def _choose(key):
     if key.size < DEPTHWISE_PARALLEL_THRESHOLD:
         return (("cpu-depthwise-serial", "cpu-depthwise", "cpu-gemm"),
                 f"depthwise, output size bucket {key.size} < {DEPTHWISE_PARALLEL_THRESHOLD}: one thread "
-                "(provisional threshold, from the norms' measured crossover)")
+                "(measured crossover 2^15..2^16 back to back)")
     return (("cpu-depthwise", "cpu-depthwise-serial", "cpu-gemm"),
             f"depthwise, output size bucket {key.size} >= {DEPTHWISE_PARALLEL_THRESHOLD}: planes over threads")
 
