@@ -36,7 +36,7 @@ import numpy as np
 from numba import carray, njit
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
-from .gemm import MR, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, tile_n
+from .gemm import MR, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, store_edge_tile, tile_n
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
@@ -156,14 +156,7 @@ def conv_worker(w, params, is64):
                     _micro_kernel(kl, apf, aoff, ws, (q - q0) * kl * nr, of if full else t,
                                   obase + i0 * P + j0 if full else 0, P if full else nr, accumulate and full)
                     if not full:
-                        for ii in range(mr):
-                            o0 = obase + (i0 + ii) * P + j0
-                            if accumulate:
-                                for j in range(ncol):
-                                    of[o0 + j] += t[ii * nr + j]
-                            else:
-                                for j in range(ncol):
-                                    of[o0 + j] = t[ii * nr + j]
+                        store_edge_tile(t, nr, of, obase + i0 * P + j0, P, mr, ncol, accumulate)
         if epilogue != 0:  # bias + activation on the task's block while it is in cache
             r0 = pa0 * MR
             call_address(epilogue, (p[C_OUT] + (obase + r0 * P + c0) * isz, P, min(pa1 * MR, cout_g) - r0,
@@ -229,13 +222,7 @@ def conv_direct_worker(w, params, is64):
                         micro_kernel_indexed(kl, apf, aoff, xf, xbase + oy * Wp + ox0, tab, k0, of if full else t,
                                              o0 if full else 0, P if full else nr, accumulate and full)
                         if not full:
-                            for ii in range(mr):
-                                if accumulate:
-                                    for j in range(ncol):
-                                        of[o0 + ii * P + j] += t[ii * nr + j]
-                                else:
-                                    for j in range(ncol):
-                                        of[o0 + ii * P + j] = t[ii * nr + j]
+                            store_edge_tile(t, nr, of, o0, P, mr, ncol, accumulate)
         if epilogue != 0:  # bias + activation on the task's rows (all channels of the group)
             call_address(epilogue, (p[C_OUT] + (obase + oy0 * OW) * isz, P, cout_g, (oy1 - oy0) * OW,
                                     p[C_BIAS] + g * cout_g * isz))

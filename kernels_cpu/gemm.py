@@ -174,6 +174,20 @@ def micro_kernel_indexed(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, 
     return _micro_codegen(True)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate)
 
 
+@njit(inline="always")
+def store_edge_tile(t, ldt, c, c0, ldc, rows, cols, accumulate):
+    """C[0:rows, 0:cols] (=|+=) T[0:rows, 0:cols] for an edge tile the micro-kernel wrote
+    into the buffer t (row stride ldt); C at c[c0] with row stride ldc."""
+    for ii in range(rows):
+        o = c0 + ii * ldc
+        if accumulate:
+            for j in range(cols):
+                c[o + j] += t[ii * ldt + j]
+        else:
+            for j in range(cols):
+                c[o + j] = t[ii * ldt + j]
+
+
 # ---- epilogue ------------------------------------------------------------------------------
 
 @njit(inline="always")
@@ -564,14 +578,7 @@ def gemm_worker(w, params, is64):
                                   (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
                                   accumulate and full)
                     if not full:
-                        for ii in range(mr):
-                            c0 = (bi * M + i0 + ii) * N + j0
-                            if accumulate:
-                                for j in range(nr):
-                                    cf[c0 + j] += t[ii * nr_full + j]
-                            else:
-                                for j in range(nr):
-                                    cf[c0 + j] = t[ii * nr_full + j]
+                        store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)
         if epilogue != 0:  # bias + activation on the task's block while it is in L2
             j0 = q0 * nr_full
             i0 = p0 * MR
