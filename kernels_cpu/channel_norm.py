@@ -28,13 +28,12 @@ element loops (affine_act) so every loop body is branch-free and vectorizes, and
 compiled kernel serves every activation.  weight / bias are always arrays here (dispatch
 passes ones / zeros for None).
 """
-import math
-
 import numpy as np
 from numpy import uintp
 from numba import njit, prange
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, like, relu, silu
+from .norm import centered_stats
 from .parallel import row_of, run_dynamic, tasks_for
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
@@ -154,8 +153,6 @@ def group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi):
     """Rows [lo, hi) of x, out: (N*G, cg*s), row i = group i % G of sample i // G; w, b: (C,)."""
     d = x.shape[1]
     ng = w.shape[0] // cg
-    inv_d = like(eps, 1.0 / d)
-    one = like(eps, 1.0)
     zero = like(eps, 0.0)
     g = lo % ng
     for i in range(lo, hi):
@@ -165,17 +162,7 @@ def group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi):
         t = zero
         for j in range(d):
             t += src[j] - x0
-        m0 = x0 + t * inv_d
-        sd = zero
-        q = zero
-        for j in range(d):
-            v = src[j] - m0
-            orow[j] = v
-            sd += v
-            q += v * v
-        mc = sd * inv_d
-        var = max(q * inv_d - mc * mc, zero)
-        rstd = one / math.sqrt(var + eps)
+        mc, rstd = centered_stats(src, x0, t, orow, eps)  # layer_norm's statistics
         for k in range(cg):
             c = g * cg + k
             a = rstd * w[c]

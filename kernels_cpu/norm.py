@@ -25,6 +25,28 @@ from .approx import JIT, like
 from .parallel import row_of, run_dynamic, tasks_for
 
 
+@njit(inline="always")
+def centered_stats(src, x0, s, dst, eps):
+    """Passes 2 and 3 of the corrected two-pass statistics (see layer_norm_rows) of the row
+    src, given s = sum(src - x0) (x0 = src[0]): writes d = src - m0 into dst (m0 = x0 +
+    s / D) and returns (mc, rstd): the mean's remainder sum(d) / D and 1 / sqrt(var + eps).
+    The output is then (d - mc) * rstd.  Shared with group_norm (channel_norm.py)."""
+    d = src.shape[0]
+    inv_d = like(eps, 1.0 / d)
+    zero = like(eps, 0.0)
+    m0 = x0 + s * inv_d
+    sd = zero
+    q = zero
+    for j in range(d):
+        c = src[j] - m0
+        dst[j] = c
+        sd += c
+        q += c * c
+    mc = sd * inv_d
+    var = max(q * inv_d - mc * mc, zero)
+    return mc, like(eps, 1.0) / math.sqrt(var + eps)
+
+
 @njit(**JIT)
 def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
     """Three vectorized passes over the cached row (h = x + r with a residual):
@@ -45,8 +67,6 @@ def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
       reassociation LLVM may rewrite (h - m0) - sd / D as h - (m0 + sd / D), which rounds
       the corrected mean back to the dtype."""
     d = x.shape[1]
-    inv_d = like(eps, 1.0 / d)
-    one = like(eps, 1.0)
     zero = like(eps, 0.0)
     for i in range(lo, hi):
         orow = row_of(out, i)
@@ -66,17 +86,7 @@ def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
             s = zero
             for j in range(d):
                 s += src[j] - x0
-        m0 = x0 + s * inv_d
-        sd = zero
-        q = zero
-        for j in range(d):
-            c = src[j] - m0
-            orow[j] = c
-            sd += c
-            q += c * c
-        mc = sd * inv_d
-        var = max(q * inv_d - mc * mc, zero)
-        rstd = one / math.sqrt(var + eps)
+        mc, rstd = centered_stats(src, x0, s, orow, eps)
         for j in range(d):
             orow[j] = (orow[j] - mc) * rstd * w[j] + b[j]
 
