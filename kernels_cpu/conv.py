@@ -35,7 +35,7 @@ address (parallel.run_workers / run_serial): one compiled worker per dtype.
 import numpy as np
 from numba import carray, njit
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
+from .approx import JIT_BY_ADDRESS
 from .gemm import MR, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, store_edge_tile, tile_n
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
@@ -50,10 +50,10 @@ NC_PANELS = 8
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 
-# The int64 argument block of conv_worker and depthwise_worker (C_AP: the packed weight for
-# the GEMM, the plain weight for depthwise; C_CODE: depthwise's activation).
+# The int64 argument block of the workers (C_AP: the packed weight for the GEMM forms, the
+# plain weight for depthwise).
 (C_SYNC, C_X, C_AP, C_OUT, C_BIAS, C_WS, C_NIMG, C_CIN, C_H, C_W, C_GROUPS, C_COUT, C_KH, C_KW, C_SH, C_SW,
- C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_CODE, C_COUNT) = range(28)
+ C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_COUNT) = range(27)
 
 
 def pack_weight(weight, groups):
@@ -359,28 +359,6 @@ def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):
 
 # ---- depthwise ---------------------------------------------------------------------------------
 
-@njit(inline="always")
-def _act_copy(src, s0, dst, d0, n, code):
-    """dst[d0:d0+n] = act(src[s0:s0+n]), one loop per activation.  Never in place: LLVM
-    turns an in-place "x < 0 ? 0 : x" into a masked store of the zeros (vmaskmovps, slow on
-    x86: an in-place ReLU over a 56x56 plane cost more than the 9-tap convolution)."""
-    if code == ACT_RELU:
-        for j in range(n):
-            dst[_U(d0 + j)] = relu(src[_U(s0 + j)])
-    elif code == ACT_SILU:
-        for j in range(n):
-            dst[_U(d0 + j)] = silu(src[_U(s0 + j)])
-    elif code == ACT_GELU:
-        for j in range(n):
-            dst[_U(d0 + j)] = gelu(src[_U(s0 + j)])
-    elif code == ACT_GELU_TANH:
-        for j in range(n):
-            dst[_U(d0 + j)] = gelu_tanh(src[_U(s0 + j)])
-    else:
-        for j in range(n):
-            dst[_U(d0 + j)] = src[_U(s0 + j)]
-
-
 @njit(**JIT_BY_ADDRESS)
 def depthwise_worker(w, params, is64):
     """Worker w of a depthwise call (the C_* slots; C_AP is the plain weight (Cout, 1, KH,
@@ -392,13 +370,13 @@ def depthwise_worker(w, params, is64):
     z = like_dtype(is64)
     nimg, C, H, W, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_COUT]
     KH, KW, sh, sw, ph, pw, dh, dw = p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW], p[C_DH], p[C_DW]
-    OH, OW, code, per_task = p[C_OH], p[C_OW], p[C_CODE], p[C_MC]
+    OH, OW, per_task, epilogue = p[C_OH], p[C_OW], p[C_MC], p[C_EPILOGUE]
+    isz = 8 if is64 else 4
     mult = cout // C
     nplanes = nimg * cout
     sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
     xf = carray(ptr_as(p[C_X], z), nimg * C * H * W)
     wf = carray(ptr_as(p[C_AP], z), cout * KH * KW)
-    bf = carray(ptr_as(p[C_BIAS], z), cout)
     of = carray(ptr_as(p[C_OUT], z), nplanes * OH * OW)
     # strided rows: per kx, the output columns whose tap lies inside the image
     lo = np.empty(KW, np.int64)
@@ -429,7 +407,7 @@ def depthwise_worker(w, params, is64):
             xb = (n * C + co // mult) * H * W
             wb = co * KH * KW
             ob = pl * OH * OW
-            bv = bf[co]
+            zero = of.dtype.type(0)
             if flat:
                 for iy in range(H):
                     d = (iy + ph) * Wp + pw
@@ -437,7 +415,7 @@ def depthwise_worker(w, params, is64):
                     for ix in range(W):
                         xp[_U(d + ix)] = xf[_U(sx + ix)]
                 for o in range(nt):
-                    tp[_U(o)] = bv
+                    tp[_U(o)] = zero
                 for ky in range(KH):
                     for kx in range(KW):
                         wv = wf[_U(wb + ky * KW + kx)]
@@ -445,27 +423,35 @@ def depthwise_worker(w, params, is64):
                         for o in range(nt):
                             tp[_U(o)] += wv * xp[_U(s + o)]
                 for oy in range(OH):
-                    _act_copy(tp, oy * Wp, of, ob + oy * OW, OW, code)
-                continue
-            for oy in range(OH):  # strided: one output row at a time in tp
-                for ox in range(OW):
-                    tp[_U(ox)] = bv
-                for ky in range(KH):
-                    iy = oy * sh - ph + ky * dh
-                    if iy < 0 or iy >= H:
-                        continue
-                    xr = xb + iy * W
-                    for kx in range(KW):
-                        wv = wf[_U(wb + ky * KW + kx)]
-                        off = kx * dw - pw
-                        for ox in range(lo[kx], hi[kx]):
-                            tp[_U(ox)] += wv * xf[_U(xr + ox * sw + off)]
-                _act_copy(tp, 0, of, ob + oy * OW, OW, code)
+                    t0 = oy * Wp
+                    o0 = ob + oy * OW
+                    for ox in range(OW):
+                        of[_U(o0 + ox)] = tp[_U(t0 + ox)]
+            else:
+                for oy in range(OH):  # strided: one output row at a time in tp
+                    for ox in range(OW):
+                        tp[_U(ox)] = zero
+                    for ky in range(KH):
+                        iy = oy * sh - ph + ky * dh
+                        if iy < 0 or iy >= H:
+                            continue
+                        xr = xb + iy * W
+                        for kx in range(KW):
+                            wv = wf[_U(wb + ky * KW + kx)]
+                            off = kx * dw - pw
+                            for ox in range(lo[kx], hi[kx]):
+                                tp[_U(ox)] += wv * xf[_U(xr + ox * sw + off)]
+                    o0 = ob + oy * OW
+                    for ox in range(OW):
+                        of[_U(o0 + ox)] = tp[_U(ox)]
+            if epilogue != 0:  # bias + activation over the plane, as one row (conv_epilogue)
+                call_address(epilogue, (p[C_OUT] + ob * isz, OH * OW, 1, OH * OW, p[C_BIAS] + co * isz))
 
 
-def depthwise(x, weight, bias, out, stride, pad, dilation, code, nworkers):
+def depthwise(x, weight, bias, out, stride, pad, dilation, epilogue, code, nworkers):
     """Depthwise convolution (groups == C): x (N, C, H, W), weight (Cout, 1, KH, KW) with
-    Cout a multiple of C, bias (Cout,) (zeros for none), out (N, Cout, OH, OW); pad the
+    Cout a multiple of C, bias (Cout,) (zeros for none), out (N, Cout, OH, OW); epilogue:
+    apply bias + activation `code` (False: the plain convolution); pad the
     (top, left) padding; nworkers 1 runs on the calling thread, more hand blocks of
     output planes to numba's threads (dynamic: TASKS_PER_THREAD blocks per thread)."""
     for arr in (x, weight, bias, out):
@@ -476,8 +462,11 @@ def depthwise(x, weight, bias, out, stride, pad, dilation, code, nworkers):
         return
     _, _, kh, kw = weight.shape
     p, sync = _params(x, weight, bias, out, bias, x.shape[1], kh, kw, stride, pad, dilation)
-    p[C_CODE] = code
-    fn = worker_address(depthwise_worker, (bool(out.dtype == np.float64),))
+    is64 = bool(out.dtype == np.float64)
+    # bias + activation by address (conv_epilogue, one small function per activation): in
+    # the worker itself every activation's loop compiled in (3.8 s cold first call)
+    p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
+    fn = worker_address(depthwise_worker, (is64,))
     if nworkers <= 1:
         p[C_MC] = nplanes
         run_serial(fn, p)

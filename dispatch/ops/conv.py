@@ -168,7 +168,7 @@ def _depthwise(parallel):
     def run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
         dt = x.dtype
         x4, res, res4, b = _host_arrays(x, bias, out, weight.shape[0], out_hw, dt)
-        K.depthwise(x4, contiguous(weight), b, res4, stride, pad, dilation, act,
+        K.depthwise(x4, contiguous(weight), b, res4, stride, pad, dilation, bias is not None or act != 0, act,
                     numba.get_num_threads() if parallel else 1)
         return deliver(res, out)
 
