@@ -210,9 +210,10 @@ def _register(name, kind, describe, signature, flops, serial, parallel):
     op = register_op(Op(name, describe, family="pool", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}))
     register(Implementation(name, "cpu-serial", "cpu", _host(kind, serial), kernel_modules=_KERNELS,
-                            notes=HOST_COPY_NOTE + "; output rows in order, innermost loop along W"))
+                            notes=HOST_COPY_NOTE + ("; max / avg: per plane, stride phases of the padded plane, one vector loop per "
+                                                    "window tap; adaptive: output rows in order, innermost loop along W")))
     register(Implementation(name, "cpu-parallel", "cpu", _host(kind, parallel), kernel_modules=_KERNELS,
-                            notes=HOST_COPY_NOTE + "; blocks of output rows (over all N*C planes) split over threads"))
+                            notes=HOST_COPY_NOTE + "; as cpu-serial, blocks of planes (adaptive: of output rows) over threads"))
     return op
 
 
