@@ -98,13 +98,10 @@ def window_worker(wk, params, is64):
     a = np.empty(oh * wq, of.dtype)
     b = np.empty(oh * wq, of.dtype)
     nt = (oh - 1) * wq + ow
-    # per column phase px: the phase columns qx whose input column qx*sw + px - pw is inside
-    qlo = np.empty(sw, np.int64)
-    qhi = np.empty(sw, np.int64)
-    for px in range(sw):
-        c0 = px - pw
-        qlo[px] = min(wq, 0 if c0 >= 0 else (sw - 1 - c0) // sw)
-        qhi[px] = max(qlo[px], min(wq, 0 if c0 >= w else (w - c0 + sw - 1) // sw))
+    # one padded input row: columns [pw_lo, pw_hi) hold the image, the rest the fill
+    trow = np.empty(wq * sw, of.dtype)
+    pw_lo = min(pw, wq * sw)
+    pw_hi = max(pw_lo, min(pw + w, wq * sw))
     # avg divisor factors: rows and columns
     rf = np.empty(oh, of.dtype)
     cf = np.empty(ow, of.dtype)
@@ -126,27 +123,33 @@ def window_worker(wk, params, is64):
             for py in range(sh):
                 for qy in range(hq):
                     iy = qy * sh + py - ph
-                    for px in range(sw):
-                        d = ((py * sw + px) * hq + qy) * wq
-                        if iy < 0 or iy >= h:
+                    d0 = (py * sw * hq + qy) * wq  # phase (py, 0), row qy
+                    if iy < 0 or iy >= h:
+                        for px in range(sw):
                             for qx in range(wq):
-                                xq[uintp(d + qx)] = fill
-                            continue
-                        lo_, hi_ = qlo[px], qhi[px]
-                        for qx in range(lo_):
-                            xq[uintp(d + qx)] = fill
-                        src = xb + iy * w + px - pw
-                        if sw == 1:
-                            for qx in range(lo_, hi_):
-                                xq[uintp(d + qx)] = xf[uintp(src + qx)]
-                        elif sw == 2:
-                            for qx in range(lo_, hi_):
-                                xq[uintp(d + qx)] = xf[uintp(src + 2 * qx)]
-                        else:
-                            for qx in range(lo_, hi_):
-                                xq[uintp(d + qx)] = xf[uintp(src + qx * sw)]
-                        for qx in range(hi_, wq):
-                            xq[uintp(d + qx)] = fill
+                                xq[uintp(d0 + px * pq + qx)] = fill
+                        continue
+                    # the padded input row, contiguous, then split into the sw column
+                    # phases (for sw == 2 one loop over both: an interleaved pair LLVM
+                    # vectorizes with shuffles; a single strided phase stayed scalar)
+                    src = xb + iy * w
+                    for c in range(pw_lo):
+                        trow[uintp(c)] = fill
+                    for c in range(pw_lo, pw_hi):
+                        trow[uintp(c)] = xf[uintp(src + c - pw)]
+                    for c in range(pw_hi, wq * sw):
+                        trow[uintp(c)] = fill
+                    if sw == 1:
+                        for qx in range(wq):
+                            xq[uintp(d0 + qx)] = trow[uintp(qx)]
+                    elif sw == 2:
+                        for qx in range(wq):
+                            xq[uintp(d0 + qx)] = trow[uintp(2 * qx)]
+                            xq[uintp(d0 + pq + qx)] = trow[uintp(2 * qx + 1)]
+                    else:
+                        for px in range(sw):
+                            for qx in range(wq):
+                                xq[uintp(d0 + px * pq + qx)] = trow[uintp(qx * sw + px)]
             cur = a
             nxt = b
             first_tap = True
