@@ -17,7 +17,8 @@ import numpy as np
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 
 from ..registry import Rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, props, register_cuda
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, pow2_at_least,
+                      props, register_cuda)
 from .linalg import choose_tile
 
 PARAMS = {"min_blocks_per_sm": 1}
@@ -38,7 +39,9 @@ def launch(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, 
 
 def depthwise_launch(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
     n, cout, _, pix = _dims(x, weight, groups, out_hw)
-    block = ELEMENTWISE_THREADS
+    # a plane's outputs per block, at most ELEMENTWISE_THREADS: a 7x7 plane takes 64
+    # threads, not 256 of which 207 would idle (and the simulator runs each as a thread)
+    block = min(ELEMENTWISE_THREADS, max(32, pow2_at_least(pix)))
     return {"kernel": "conv.depthwise", "grid": (n * cout * cdiv(pix, block), 1, 1), "block": block,
             "device": props().name}
 
