@@ -312,8 +312,9 @@ def _prepacked(op, fn, args, kwargs):
     if len(args) < 2 or not isinstance(args[1], np.ndarray):
         return None
     try:
-        extra = {"groups": kwargs["groups"]} if "groups" in kwargs else {}  # conv2d packs per group
-        pw = dispatch.prepack(args[1], op=op, **extra)
+        from dispatch.ops.linalg import prepack_options
+
+        pw = dispatch.prepack(args[1], op=op, **prepack_options(op, kwargs))  # conv2d: groups
     except (TypeError, ValueError):
         return None
     rest = args[2:]

@@ -68,11 +68,6 @@ def pack_weight(weight, groups):
     return np.ascontiguousarray(w.reshape(groups, mp, MR, kc).transpose(0, 1, 3, 2))
 
 
-def packed_shape(weight_shape, groups):
-    cout, cin_g, kh, kw = weight_shape
-    return (groups, -(-(cout // groups) // MR), cin_g * kh * kw, MR)
-
-
 @njit(inline="always")
 def _pack_planes(xf, xbase, HW, k0, kl, c0, npan, ws, nr):
     """ws[(qi*kl + kk)*nr + r] = x[channel k0 + kk, pixel c0 + qi*nr + r] (zeros past the

@@ -6,7 +6,7 @@ import pytest
 
 import dispatch
 from tests.reference import pool as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, TOL, assert_close, impl_params, poisoned, randn, read_only,
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, impl_params, poisoned, randn, read_only,
                            reduction_tol, rng, run, strided)
 
 DTYPES = [np.float32, np.float64] + ([np.float16] if ON_CUDA else [])

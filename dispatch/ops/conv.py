@@ -26,7 +26,7 @@ from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer
 from ._spatial import out_size, pair
-from .linalg import PackedWeight, _readonly_source, register_prepacker
+from .linalg import PackedWeight, _readonly_source, _zeros, register_prepacker
 
 _KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
 
@@ -147,7 +147,7 @@ def _host_arrays(x, bias, out, cout, out_hw, dt):
     x4 = contiguous(x if x.ndim == 4 else x[None])
     out_shape = tuple(x4.shape[:1]) + (cout,) + tuple(out_hw)
     res = result_buffer(out, out_shape if x.ndim == 4 else out_shape[1:], dt)
-    b = np.zeros(cout, dt) if bias is None else contiguous(bias)
+    b = _zeros(cout, dt) if bias is None else contiguous(bias)  # shared, read-only
     return x4, res, res.reshape(out_shape), b
 
 
@@ -250,7 +250,7 @@ def _prepack_conv(weight, dt, op, groups):
     return PackedWeight(op, src, K.pack_weight(np.ascontiguousarray(weight), groups), K.MR, groups)
 
 
-register_prepacker("conv2d", _prepack_conv)
+register_prepacker("conv2d", _prepack_conv, options=("groups",))
 
 _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
                          bytes=_bytes, rules={"cpu": Rule(("cpu-gemm", "cpu-depthwise", "cpu-depthwise-serial"),

@@ -116,12 +116,21 @@ def _prepack_gemm(weight, dt, op, groups):
 # op -> packer(weight, dtype, op, groups) -> PackedWeight; another family adds its op with
 # register_prepacker (conv2d: dispatch/ops/conv.py).
 _PREPACKERS = {"linear": _prepack_gemm, "matmul": _prepack_gemm}
+# op -> the op's call arguments prepack takes as well (conv2d: groups): what a caller holding
+# a call's kwargs (the report's prepacked timing) passes on to prepack
+_PREPACK_OPTIONS = {"linear": (), "matmul": ()}
 
 
-def register_prepacker(op, packer):
+def register_prepacker(op, packer, options=()):
     if op in _PREPACKERS:
         raise ValueError(f"a prepacker for {op!r} is already registered")
     _PREPACKERS[op] = packer
+    _PREPACK_OPTIONS[op] = tuple(options)
+
+
+def prepack_options(op, call_kwargs: dict) -> dict:
+    """The subset of a call's keyword arguments that prepack(..., op=op) needs too."""
+    return {k: call_kwargs[k] for k in _PREPACK_OPTIONS.get(op, ()) if k in call_kwargs}
 
 
 def prepack(weight, *, op="linear", groups=1):
