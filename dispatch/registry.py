@@ -180,6 +180,11 @@ class Op:
         that compiles kernels of its own, which `python -m dispatch.warmup` compiles too:
         another memory layout (attention's fused-QKV views), another fused epilogue
         (linear's activations: the GEMM's epilogue is compiled per activation).
+    updates: names of inputs the op writes in place (the decode states of
+        selective_state_update / causal_conv1d_update).  Whoever calls the op repeatedly on
+        the same named inputs and wants the same result (the contract and thread tests)
+        passes fresh copies of these (`fresh_inputs`); benchmarks let the state evolve, as a
+        decode loop does.
     """
 
     name: str
@@ -194,6 +199,7 @@ class Op:
     public: Callable[..., Any] | None = None
     implementations: dict = field(default_factory=dict)
     variants: dict = field(default_factory=dict)
+    updates: tuple = ()
 
     def __post_init__(self):
         if self.bound not in BOUNDS:
@@ -224,6 +230,12 @@ class Op:
         else:
             out = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
         return {**out, **params}
+
+    def fresh_inputs(self, named: dict) -> dict:
+        """named with a private copy of every host array the op updates in place."""
+        if not self.updates:
+            return named
+        return {k: (v.copy() if k in self.updates and isinstance(v, np.ndarray) else v) for k, v in named.items()}
 
     def rule(self, device: str) -> Rule | None:
         return self.rules.get(device)

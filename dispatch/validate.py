@@ -164,6 +164,26 @@ def out(out, expected_shape: tuple, dtype, **inputs) -> None:
                 raise ValueError(f"out overlaps input {name}: pass a separate output array")
 
 
+def updated(name: str, arr, expected_shape: tuple, dtype, **inputs) -> None:
+    """An input the op writes in place (a decode state: Op.updates) must have exactly this
+    shape and dtype (it is not converted: the caller's array is the one updated), be
+    writeable, and share no memory with any other input."""
+    if tuple(arr.shape) != tuple(expected_shape):
+        raise ValueError(f"{name} must have shape {tuple(expected_shape)}, got {tuple(arr.shape)}")
+    if dtype_of(arr) != np.dtype(dtype):
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype)} (it is updated in place), got {dtype_of(arr)}")
+    if isinstance(arr, np.ndarray):
+        if not arr.flags.writeable:
+            raise ValueError(f"{name} must be writeable (it is updated in place), got a read-only array")
+        for other, a in inputs.items():
+            if a is not None and np.may_share_memory(arr, a) and np.shares_memory(arr, a):
+                raise ValueError(f"{name} overlaps input {other}: it is updated in place, pass a separate array")
+    else:
+        for other, a in inputs.items():
+            if a is not None and devices.overlaps(arr, a):
+                raise ValueError(f"{name} overlaps input {other}: it is updated in place, pass a separate array")
+
+
 def broadcastable(name: str, arr_shape: tuple, target: tuple, target_desc: str) -> None:
     """arr_shape must broadcast to target (numpy rules, no new leading dims beyond target)."""
     if len(arr_shape) > len(target):

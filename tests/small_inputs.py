@@ -37,12 +37,13 @@ def inputs(op: registry.Op, size: str = "small", dtype=np.float32, seed=None) ->
 
 
 def call_args(op: registry.Op, named: dict):
-    """(args, kwargs) of op's public function for named inputs."""
-    return op.signature(named)
+    """(args, kwargs) of op's public function for named inputs, with fresh copies of the
+    inputs it updates in place (Op.updates): every call sees the same inputs."""
+    return op.signature(op.fresh_inputs(named))
 
 
 def call(op: registry.Op, named: dict, **extra):
-    args, kwargs = op.signature(named)
+    args, kwargs = call_args(op, named)
     return op.public(*args, **kwargs, **extra)
 
 

@@ -77,10 +77,14 @@ class Case:
     def inputs(self, rng: np.random.Generator, dtype=np.float32, shape_only: bool = False) -> dict:
         """The named input arrays (and parameters) of this case, drawn by the op's own
         synthesis.  shape_only=True: zeros of the right shapes and dtypes, drawn without
-        a random generator, for describing calls (the CUDA model)."""
-        if shape_only:
-            rng = ShapeOnlyRng()
-        return _op(self.op).inputs(self.shapes, self.params, rng, np.dtype(dtype).type)
+        a random generator, for describing calls (the CUDA model): read-only zero-stride
+        views, except the inputs the op updates in place (Op.updates)."""
+        op = _op(self.op)
+        if not shape_only:
+            return op.inputs(self.shapes, self.params, rng, np.dtype(dtype).type)
+        named = op.inputs(self.shapes, self.params, ShapeOnlyRng(), np.dtype(dtype).type)
+        # inputs the op writes in place must be writeable arrays: materialize them (decode states, small)
+        return {k: (np.zeros(v.shape, v.dtype) if k in op.updates else v) for k, v in named.items()}
 
     def call_args(self, inputs: dict):
         """(args, kwargs) for dispatch.<op>(*args, **kwargs)."""
