@@ -7,6 +7,7 @@ Checks only use ``.shape``, ``.dtype`` and ``.ndim``, so they serve host and dev
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -111,10 +112,17 @@ def integer(name: str, value, dtype=np.int64) -> int:
     """A Python or numpy integer (not a bool) within dtype's range, as int."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    info = np.iinfo(dtype)
-    if not info.min <= int(value) <= info.max:
-        raise ValueError(f"{name}={value} is out of range: it must fit {np.dtype(dtype)} [{info.min}, {info.max}]")
+    lo, hi = _int_range(np.dtype(dtype))
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name}={value} is out of range: it must fit {np.dtype(dtype)} [{lo}, {hi}]")
     return int(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _int_range(dtype):
+    """(min, max) of an integer dtype: np.iinfo costs ~1.5 us a call, a tenth of a small routing call."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
 
 
 def flag(name: str, value) -> bool:
