@@ -1,56 +1,390 @@
-"""Performance model of the CUDA kernels: roofline time adjusted for occupancy and grid fill.
+"""Performance model of the CUDA kernels: the larger of a memory bound and an issue bound.
 
-For each benchmark case (bench/cases) and each GPU, the op's own work model (``Op.flops`` / ``Op.bytes``, the
-same numbers the CPU report's roofline uses: FLOPs done and the fewest bytes moved) gives
+For each benchmark case (bench/cases), dtype and GPU, the kernel the dispatcher launches
+(its CUDA rule and launch configuration evaluated with that chip's properties) is timed as
 
-    roofline  = max(bytes / bandwidth, flops / fp32 peak)   (non-tensor-core fp32)
+    predicted = max(memory bound, issue bound) + LAUNCH_S per kernel launch
 
-which is then divided by what the launch configuration lets the chip reach:
-- occupancy: theoretical occupancy of the kernel the dispatcher picks on that chip
-  (registers and shared memory from `python -m bench.ptx`, block size from the launch
-  rule); a memory-bound kernel needs about OCC_SAT_MEM of the warps resident to keep
-  enough loads in flight (Little's law on ~600 ns DRAM latency), a compute-bound one
-  OCC_SAT_FLOP (the register tile supplies the rest of the ILP): efficiency
-  min(1, occupancy / saturation);
-- grid fill: a grid of fewer blocks than SMs leaves SMs idle (fraction blocks / SMs), and
-  a grid of several waves pays for its partial last wave;
-plus LAUNCH_S per kernel launch.  The result is a prediction of the best this kernel can
-do, not a measurement: there is no GPU here.  ``predictions(cases)`` returns
-[{op, case, gpu, seconds, bound, ...}] for the performance report.
+- memory bound: the op's fewest bytes (``Op.bytes``, the CPU roofline's number) over the
+  bandwidth the launch can draw: the chip's DRAM bandwidth, or less when too few bytes are in
+  flight (Little's law: achievable = active SMs x resident warps per SM x 32 lanes x bytes
+  each thread has in flight / DRAM latency; bytes in flight per thread = the global-load
+  bytes of one iteration of the kernel's streaming loop, or of its tile-staging loop, read
+  from its SASS, all assumed independent; resident warps from the kernel's registers and
+  shared memory (ptxas) and the blocks the grid actually gives each SM);
+- issue bound: the machine code of the kernel's loops, read from the SASS (bench/sass.py, per
+  iteration: all instructions, FFMA, HMMA, MUFU, shared-memory bytes...), times how often
+  they run (below), divided over the SMs as the grid's blocks are (the busiest SM: ceil(blocks
+  / SMs) blocks), each SM retiring at most ISSUE_PER_SM_CLK warp instructions per clock
+  (fewer when it holds fewer warps) and each pipe at its own rate: FFMA at the FP32 peak, HMMA
+  at the tensor-core peak, DFMA/DADD/DMUL at the FP64 peak, MUFU at MUFU_PER_SM_CLK, shared
+  loads at SHARED_BYTES_PER_SM_CLK.  The slowest of these is the bound (``issue_pipe``).
+
+How often the loops run (``WORK``, one table keyed by kernel name; kernels_cuda does not
+declare it, see below):
+- "fma" kernels (GEMMs, GEMV, implicit-GEMM and depthwise convolution, flash attention): the
+  FMAs the kernel executes, tile padding included, computed from the launch configuration and
+  the shapes (e.g. GEMM: blocks x BM x BN x K rounded up to BK).  The loops doing them are the
+  kernel's innermost hot loops with FFMA/DFMA/HMMA (attention: the QK and the PV loops); their
+  instructions per FMA (summed over those loops) times the FMAs gives the instruction count,
+  plus, where the table says how many FMAs one iteration of the enclosing loop does, that
+  loop's own instructions (register-tiled GEMM and convolution: the tile staging per k-step;
+  attention: the online softmax per row and key tile).
+- "stream" kernels (elementwise, row reductions, copies): elements x passes over the data;
+  each pass costs the instructions per element of the kernel's full-width streaming loops
+  (elements per iteration = bytes stored / element size, or bytes loaded for a loop that only
+  reads), averaged over those loops, because which variant runs (residual or not, log or
+  not) is a run-time choice the SASS cannot tell.
+Kernels not in the table: "fma" with the op's FLOPs / 2 when the op is compute-bound and its
+hot loop has FMAs, else "stream" over the largest input, one pass.
+
+What it leaves out, so read it as the best this machine code can do: instructions outside
+the counted loops (epilogues, prologues, per-row reductions of the stream kernels; the tile
+staging of the tensor-core GEMM, which is inside its hot loop, is counted), bank conflicts,
+dependency stalls beyond the warps' count, L2 effects, clocks below boost, and mma.sync
+reaching less than the tensor-core peak on Hopper (see SPECS).  A
+loop body counts both sides of every branch in it (bench/sass.py), so a loop holding every
+activation behind a run-time switch (activation.*) is charged for all of them.  No GPU was
+measured: calibrate against one when it is lent (bench/gpu.py prints measured / predicted).
+
+``predictions(cases, ptx_rows, dtype)`` returns rows {op, case, gpu, dtype, seconds,
+predicted_us, bound ("memory" / "issue" / "launch"), memory_s, issue_s, issue_pipe, inner_loop
+(the hot loop's counts), work, ...} for the performance report, bench.ptx and bench.gpu.
+``python -m bench.cuda_model [--dtype float16] [--bars]``: the table; --bars the shapes of
+issue #9's static bars (H100, float16) with the instruction counts behind each number.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
-GPUS = {
-    # name: (chip key in dispatch.devices.CHIPS, bytes/s, fp32 FLOP/s non-tensor)
-    "H100 SXM": ("sm_90", 3.35e12, 67e12),
-    "A100 80GB SXM": ("sm_80", 2.0e12, 19.5e12),
-    "Jetson AGX Orin": ("sm_87", 204.8e9, 5.3e12),
+
+@dataclass(frozen=True)
+class Chip:
+    """Datasheet peaks of one GPU (SM count and per-SM limits: dispatch.devices.CHIPS[arch])."""
+
+    arch: str
+    clock_hz: float       # boost clock
+    dram_bps: float       # DRAM bandwidth
+    fp32_flops: float     # non-tensor FP32 (an FFMA = 2 FLOPs)
+    fp16_tc_flops: float  # dense FP16 tensor core, FP32 accumulation (mma.sync HMMA)
+    fp64_flops: float     # non-tensor FP64
+
+
+SPECS = {
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TFLOPS, FP64 34 TFLOPS, FP16 Tensor Core
+    # 1,979 TFLOPS with sparsity = 989.4 dense, HBM3 3.35 TB/s; 132 SMs; 67e12 / (132 SMs x 128
+    # lanes x 2) = 1.98 GHz boost.  The dense tensor peak corresponds to 1.83 GHz (132 x 1024 FMA/clk
+    # x 2 x 1.83e9): with it the HMMA pipe below runs at 0.92 of an HMMA.16816 per SM clock.
+    # Hopper reaches that peak with wgmma; mma.sync (HMMA) is reported to stay below it
+    # (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024): an
+    # optimistic pipe rate here.
+    "H100 SXM": Chip("sm_90", 1.98e9, 3.35e12, 67e12, 989.4e12, 34e12),
+    # NVIDIA A100 datasheet (80GB SXM): FP32 19.5, FP64 9.7, FP16 Tensor Core 312 TFLOPS (dense),
+    # 2,039 GB/s; 108 SMs at 1.41 GHz boost (A100 whitepaper).
+    "A100 80GB SXM": Chip("sm_80", 1.41e9, 2.039e12, 19.5e12, 312e12, 9.7e12),
+    # Jetson AGX Orin Series Technical Brief (64GB): 2048 CUDA cores (16 SMs) at 1.3 GHz, 5.3 FP32
+    # TFLOPS, 64 tensor cores with 170 sparse INT8 TOPS = 85 dense = 42.5 dense FP16 TFLOPS (Ampere
+    # runs FP16 at half its INT8 rate), LPDDR5 204.8 GB/s.  FP64: not in the brief; GA10x SMs run
+    # it at 1/64 of FP32 (NVIDIA GA102 whitepaper), assumed here.
+    "Jetson AGX Orin": Chip("sm_87", 1.3e9, 204.8e9, 5.3e12, 42.5e12, 5.3e12 / 64),
 }
-OCC_SAT_MEM = 0.5
-OCC_SAT_FLOP = 0.25
+# (arch, bytes/s, FP32 FLOP/s) per GPU: what bench/gpu.py reads its peaks from
+GPUS = {name: (c.arch, c.dram_bps, c.fp32_flops) for name, c in SPECS.items()}
+
+# An SM is four partitions, each with one warp scheduler dispatching one warp instruction
+# per clock (NVIDIA A100 and H100 whitepapers, "SM architecture").
+ISSUE_PER_SM_CLK = 4
+# MUFU (ex2, lg2, rcp, rsqrt, sin, cos): 16 results per clock per SM on compute capability
+# 8.x and 9.0 (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table).
+MUFU_PER_SM_CLK = 16 / 32
+# Shared memory: 32 banks x 4 bytes per clock per SM (CUDA C++ Programming Guide, "Shared
+# Memory" of compute capability 8.x / 9.0); bank conflicts are not modeled.
+SHARED_BYTES_PER_SM_CLK = 128
+# DRAM latency seen by a load under load, for Little's law: an assumption (the previous model's
+# figure).  Pointer-chasing microbenchmarks put unloaded latency at several hundred ns on
+# V100 / A100 / H100 (Jia et al. 2018; Chips and Cheese 2023) and it rises with load.
+# Calibrate it when a GPU is lent.
+DRAM_LATENCY_S = 600e-9
+# Kernel launch overhead added per launch (a typical figure for a launch from Python; not
+# measured here).
 LAUNCH_S = 3e-6
 DEFAULT_OCCUPANCY = 0.5  # when no ptxas numbers are available (e.g. under the simulator)
+MIN_INFLIGHT = 4  # bytes per thread in flight when no counted loop loads: one 32-bit load
 PTX_CACHE = os.path.join("bench_out", "ptx.json")
 
+# FMAs per thread of one instruction, for the "fma" work (every HMMA taken as HMMA.16816,
+# 16 x 8 x 16 per warp: the only shape these kernels emit)
+_FMA_PER_THREAD = {"ffma": 1, "dfma": 1, "hmma": 16 * 8 * 16 // 32}
+_MIX = ("total", "ffma", "hmma", "fp64", "mufu", "ld_shared_bytes", "st_shared", "ld_global", "st_global")
 
-def _case_calls(cases):
-    """(op, case name, args, kwargs) of the bench cases: the op's own inputs, zeros drawn
-    without a generator (only shapes and dtypes matter here)."""
+
+# ---- work: how often the loops run, per kernel ---------------------------------------------
+
+def _gemm_dims(call):
+    from dispatch.cuda_impls.linalg import _dims
+
+    a = call.args
+    return _dims(a.a, a.b, a.b_is_nk)  # batch, m, n, k
+
+
+def _up(x, m):
+    return -(-int(x) // m) * m
+
+
+def _blocks(cfg):
+    g = cfg["grid"]
+    return g if isinstance(g, int) else math.prod(g)
+
+
+def _tiled(cfg, k):
+    """FMAs of a register-tiled launch: blocks x BM x BN x K rounded up to BK."""
+    from kernels_common.cuda_tiles import GEMM_TILES
+
+    bm, bn, bk, _, _ = GEMM_TILES[cfg["tile"]]
+    return _blocks(cfg) * bm * bn * _up(k, bk)
+
+
+def _gemm_tiled(cfg, call):
+    return _tiled(cfg, _gemm_dims(call)[3])
+
+
+def _gemm_tc(cfg, call):
+    from kernels_common.cuda_tiles import TC_TILE
+
+    bm, bn, bk = TC_TILE
+    return _blocks(cfg) * bm * bn * _up(_gemm_dims(call)[3], bk)
+
+
+def _gemv(cfg, call):
+    """Every lane runs GEMV_MAX_M rows' FMAs (predicated off past M); (N, K): a warp per column,
+    lanes over K; (K, N): a thread per column of 32."""
+    from kernels_common.cuda_tiles import GEMV_MAX_M
+
+    batch, m, n, k = _gemm_dims(call)
+    if call.args.b_is_nk:
+        return batch * n * _up(m, GEMV_MAX_M) * _up(k, 32)
+    return batch * _up(n, 32) * _up(m, GEMV_MAX_M) * k
+
+
+def _conv_igemm(cfg, call):
+    return _tiled(cfg, math.prod(call.args.weight.shape[1:]))  # K = C / groups x KH x KW
+
+
+def _conv_depthwise(cfg, call):
+    x, w = call.args.x, call.args.weight
+    n = x.shape[0] if len(x.shape) == 4 else 1
+    return n * w.shape[0] * call.args.out_hw[0] * call.args.out_hw[1] * w.shape[2] * w.shape[3]
+
+
+def _attention(cfg, call):
+    """QK and PV FMAs: each real row (padding rows are skipped) against every key of the
+    tiles its row block stages (the kernel's causal tile skipping: up to the last key the
+    block's last query sees; masked keys inside a tile still cost the warp), head dim d."""
+    from kernels_common.cuda_tiles import ATTN_BK as BK
+
+    q, k = call.args.q, call.args.k
+    nb, hq, sq, d = (int(s) for s in q.shape)
+    hkv, skv = int(k.shape[1]), int(k.shape[2])
+    bq = cfg["rows_per_block"]
+    rows = (hq // hkv) * sq
+    row_keys = 0
+    for r0 in range(0, rows, bq):
+        r_end = min(rows, r0 + bq)
+        kv_end = skv
+        if call.args.causal:
+            first, last = r0 % sq, (r_end - 1) % sq
+            last = sq - 1 if r_end - r0 >= sq or last < first else last
+            kv_end = min(skv, max(0, last + skv - sq + 1))
+        row_keys += (r_end - r0) * _up(kv_end, BK)
+    return 2 * nb * hkv * row_keys * d
+
+
+def _tile_step(cfg, call):
+    """FMAs per thread per k-step of a register tile: TM x TN x BK."""
+    from kernels_common.cuda_tiles import GEMM_TILES
+
+    _, _, bk, tm, tn = GEMM_TILES[cfg["tile"]]
+    return tm * tn * bk
+
+
+def _attention_row(cfg, call):
+    """FMAs per lane per (row, key tile): d for QK (one key per lane) + d for PV (d / 32
+    columns x 32 keys)."""
+    return 2 * int(call.args.q.shape[3])
+
+
+def _elements(call):
+    """Elements of the largest array argument."""
+    return max((a.size for a in call.args if hasattr(a, "size") and hasattr(a, "dtype")), default=0)
+
+
+def _resample_out(cfg, call):
+    return math.prod(cfg["output"])
+
+
+# kernel name (or the prefix before its first ".") -> ("fma", FMAs(cfg, call)[, FMAs per
+# thread per iteration of the loop enclosing the hot one (cfg, call): its own instructions,
+# sass.py's "outer", are then charged per FMA too]) or ("stream", elements(cfg, call), passes
+# over them).  Derived from each kernel's source (kernels_cuda/<family>.py docstrings); these
+# kernels should declare it in their launch() configuration later ("loop_trips") so that this
+# table goes away.
+WORK = {
+    "gemm.tc_64x64x16": ("fma", _gemm_tc),
+    "gemm.gemv_nk": ("fma", _gemv),
+    "gemm.gemv_kn": ("fma", _gemv),
+    "gemm": ("fma", _gemm_tiled, _tile_step),     # the register-tiled gemm.<tile>: staging per k-step
+    "conv.depthwise": ("fma", _conv_depthwise),
+    "conv": ("fma", _conv_igemm, _tile_step),     # conv.igemm_<tile>
+    "attention.combine": ("stream", lambda cfg, call: _elements(call), 1),
+    "attention": ("fma", _attention, _attention_row),  # attention.flash_d<DMAX>: softmax per row and tile
+    "softmax": ("stream", lambda cfg, call: _elements(call), 2),        # online (max, sum), then write
+    "cross_entropy": ("stream", lambda cfg, call: _elements(call), 1),  # online logsumexp
+    "layer_norm": ("stream", lambda cfg, call: _elements(call), 3),     # mean, centered variance, write
+    "rms_norm": ("stream", lambda cfg, call: _elements(call), 2),       # sum of squares, write
+    "group_norm": ("stream", lambda cfg, call: _elements(call), 3),
+    "resample": ("stream", _resample_out, 1),
+}
+
+
+def _work_entry(kernel):
+    return WORK.get(kernel) or WORK.get(kernel.split(".")[0])
+
+
+def _fma_loops(loop):
+    """The innermost loops doing the FMAs: those with FFMA/DFMA/HMMA nested in another loop
+    (a tiled kernel's inner loops), else those with a data-dependent trip count (bench/sass.py's
+    hot-loop candidates; an epilogue after the tile loop is neither)."""
+    fma = [lp for lp in loop.get("loops", []) if any(lp.get(k) for k in _FMA_PER_THREAD)]
+    ls = [lp for lp in fma if lp.get("nested")] or [lp for lp in fma if not lp.get("fixed_trips")]
+    return ls or ([loop] if any(loop.get(k) for k in _FMA_PER_THREAD) else [])
+
+
+def _stream_loops(loop, itemsize):
+    """(loop, elements per iteration) of the full-width streaming loops: the innermost loops
+    moving global memory with the most elements per iteration (unrolled bodies, not their
+    remainder loops)."""
     out = []
-    for c in cases:
-        args, kw = c.call_args(c.inputs(None, np.float32, shape_only=True))
-        out.append((c.op, c.name, args, kw))
+    for lp in loop.get("loops", []) or [loop]:
+        e = (lp.get("st_global_bytes") or lp.get("ld_global_bytes") or 0) / itemsize
+        if e > 0:
+            out.append((lp, e))
+    top = max((e for _, e in out), default=0)
+    return [(lp, e) for lp, e in out if e == top]
+
+
+def work(kernel, cfg, call, op, loop, itemsize):
+    """How a kernel's counted loops run: {"kind": "fma" | "stream", "units": FMAs or elements,
+    "per_unit": thread instructions per unit {total, ffma, hmma, ...} (None when the SASS
+    counts do not cover it), "inflight": global-load bytes per thread one iteration has in
+    flight (the streaming loops'; for "fma", the most of any loop's, the enclosing loop's
+    included: the tile staging of a GEMM or of attention), "note"}."""
+    entry = _work_entry(kernel)
+    if entry is None:
+        hot_fma = any(loop.get(k) for k in _FMA_PER_THREAD)
+        if op.bound == "compute" and hot_fma:
+            entry = ("fma", lambda cfg, call: op.flops(call) / 2)
+        else:
+            entry = ("stream", lambda cfg, call: _elements(call), 1)
+        note = "not in WORK: " + ("the op's FLOPs / 2 as FMAs" if entry[0] == "fma" else "largest input, one pass")
+    else:
+        note = ""
+    if entry[0] == "fma":
+        units = float(entry[1](cfg, call))
+        loops = _fma_loops(loop)
+        fmas = sum(sum(lp.get(k, 0) * f for k, f in _FMA_PER_THREAD.items()) for lp in loops)
+        mix = {k: sum(lp.get(k, 0) for lp in loops) / fmas for k in _MIX} if fmas else None
+        note = note or f"{len(loops)} FMA loop(s)"
+        outer = loop.get("outer", {})
+        if mix and len(entry) > 2 and outer:
+            per = entry[2](cfg, call)
+            mix = {k: v + outer.get(k, 0) / per for k, v in mix.items()}
+            note += f" + the enclosing loop's own instructions per {per} FMAs"
+        inflight = max(lp.get("ld_global_bytes", 0) for lp in loop.get("loops", []) + [loop, outer])
+    else:
+        units = float(entry[1](cfg, call)) * entry[2]
+        loops = _stream_loops(loop, itemsize)
+        mix = {k: sum(lp.get(k, 0) / e for lp, e in loops) / len(loops) for k in _MIX} if loops else None
+        note = note or f"{entry[2]} pass(es), {len(loops)} streaming loop(s)"
+        inflight = max((lp.get("ld_global_bytes", 0) for lp, _ in loops), default=0)
+    return {"kind": entry[0], "units": units, "per_unit": mix, "inflight": inflight or MIN_INFLIGHT, "note": note}
+
+
+# ---- the bounds ------------------------------------------------------------------------------
+
+def bounds(chip: Chip, props, cfg, occupancy, nbytes, mix, units, inflight_bytes):
+    """{memory_s, issue_s, issue_pipe, bandwidth, warps_per_sm, warp_instructions} of one launch
+    (see the module docstring).  mix: thread instructions per unit of work (None: no issue
+    bound); units: FMAs or elements."""
+    threads = cfg["block"] if isinstance(cfg["block"], int) else math.prod(cfg["block"])
+    warps_per_block = -(-threads // 32)
+    blocks = _blocks(cfg)
+    sms = props.sm_count
+    per_sm = -(-blocks // sms)  # blocks of the busiest SM
+    resident_blocks = max(1, round(occupancy * props.max_threads_per_sm / (32 * warps_per_block)))
+    warps = min(per_sm, resident_blocks) * warps_per_block
+    active = min(blocks, sms)
+    bw = min(chip.dram_bps, active * warps * 32 * max(inflight_bytes, 1) / DRAM_LATENCY_S)
+    out = {"memory_s": nbytes / bw, "bandwidth": bw, "warps_per_sm": warps, "blocks": blocks}
+    if mix is None:
+        out.update(issue_s=None, issue_pipe=None, warp_instructions=None)
+        return out
+    share = per_sm / blocks  # the busiest SM's part of the work
+    warp_instr = {k: v * units / 32 for k, v in mix.items()}
+    sm = {k: v * share for k, v in warp_instr.items()}
+    clock = chip.clock_hz
+    pipes = {
+        "issue": sm["total"] / (min(ISSUE_PER_SM_CLK, warps) * clock),
+        "fp32": sm["ffma"] * 64 / (chip.fp32_flops / sms),
+        "tensor": sm["hmma"] * 2 * 16 * 8 * 16 / (chip.fp16_tc_flops / sms),
+        "fp64": sm["fp64"] * 64 / (chip.fp64_flops / sms),
+        "mufu": sm["mufu"] / (MUFU_PER_SM_CLK * clock),
+        "shared": (sm["ld_shared_bytes"] + 4 * sm["st_shared"]) * 32 / (SHARED_BYTES_PER_SM_CLK * clock),
+    }
+    pipe = max(pipes, key=pipes.get)
+    out.update(issue_s=pipes[pipe], issue_pipe=pipe, pipes_s=pipes,
+               warp_instructions={k: round(v) for k, v in warp_instr.items()})
     return out
 
 
-def _ptx_rows(kernel_names, archs):
-    """ptxas results: from bench_out/ptx.json when present, else compiled now (float32)."""
+def combine(b, launches=1):
+    """(seconds, bound) from bounds(): the larger of the memory and issue bounds plus LAUNCH_S
+    per launch; bound "launch" when the launch overhead exceeds both."""
+    busy = max(b["memory_s"], b["issue_s"] or 0.0)
+    bound = ("launch" if LAUNCH_S * launches > busy else
+             "memory" if b["issue_s"] is None or b["memory_s"] >= b["issue_s"] else "issue")
+    return busy + LAUNCH_S * launches, bound
+
+
+# ---- predictions -----------------------------------------------------------------------------
+
+def describe(case, dtype=np.float32):
+    """The validated call of a benchmark case with inputs of `dtype` (zeros drawn without a
+    generator: only shapes and dtypes matter here), as the dispatcher sees it for device
+    arrays.  float16 is accepted for device arrays only, so a float16 call is described with
+    float32 host zeros, then its float32 arrays and its key are given float16."""
+    from dispatch import registry
+
+    dt = np.dtype(dtype)
+    args, kw = case.call_args(case.inputs(None, np.float32 if dt == np.float16 else dt.type, shape_only=True))
+    call = registry.OPS[case.op].describe(*args, **kw)
+    if dt != np.float16:
+        return call
+
+    def retype(v):
+        return np.broadcast_to(np.zeros((), dt), v.shape) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
+
+    return call._replace(key=call.key._replace(dtype=dt),
+                         args=call.args._replace(**{f: retype(v) for f, v in call.args._asdict().items()}))
+
+
+def _ptx_rows(kernel_names, archs, dtype):
+    """ptxas + SASS results: from bench_out/ptx.json when present, else compiled now."""
     if os.path.exists(PTX_CACHE):
         with open(PTX_CACHE) as f:
             return json.load(f)
@@ -59,103 +393,177 @@ def _ptx_rows(kernel_names, archs):
     try:
         from bench import ptx
 
-        return ptx.run(archs, ("float32",), only=sorted(kernel_names), verbose=False)
+        return ptx.run(archs, (np.dtype(dtype).name,), only=sorted(kernel_names), verbose=False)
     except Exception:  # noqa: BLE001 - no numba-cuda / nvcc: fall back to the default
         return []
 
 
-def predictions(cases=None, ptx_rows=None):
-    """[{op, case, gpu, seconds, bound, kernel, launch, occupancy, roofline_s, flops, bytes}]"""
+def predictions(cases=None, ptx_rows=None, dtype=np.float32):
+    """[{op, case, gpu, dtype, seconds, predicted_us, bound, memory_s, issue_s, issue_pipe,
+    inner_loop, work, kernel, impl, threads, blocks, occupancy, roofline_s, flops, bytes, ...}]
+    for every benchmark case (cases: bench.cases.Case list; default all) on every GPU of SPECS,
+    inputs of `dtype`."""
     import dispatch  # noqa: F401  (registers the ops and the CUDA implementations)
-    from dispatch import devices, registry
+    from dispatch import devices, registry, select
 
     from bench import cases as bc
 
-    from dispatch import select
-
+    dtype = np.dtype(dtype)
     plans = []
-    for op_name, case_name, args, kw in _case_calls(bc.CASES if cases is None else cases):
-        op = registry.OPS[op_name]
-        call = op.describe(*args, **kw)
+    for c in bc.CASES if cases is None else cases:
+        try:
+            call = describe(c, dtype)
+        except (TypeError, ValueError) as exc:  # the op does not take this dtype
+            plans.append((c.op, c.name, None, None, f"not for {dtype.name}: {exc}"))
+            continue
         # what the dispatcher would run for the same call on a GPU (its CUDA rule, no
         # overrides or tuning): asked, not re-derived
         impl = select.rule_choice(call.key._replace(device="cuda"))
-        plans.append((op_name, case_name, call, impl, None if impl else "no CUDA implementation"))
+        plans.append((c.op, c.name, call, impl, None if impl else "no CUDA implementation"))
 
-    launches = {}
-    needed = set()
-    for gname, (chip, bw, peak) in GPUS.items():
-        with devices.assume(devices.CHIPS[chip]):
-            for i, (op_name, case_name, call, impl, err) in enumerate(plans):
-                if impl is None:
-                    continue
-                cfg = impl.launch_config(call)
-                launches[(i, gname)] = cfg
-                needed.add(cfg.get("kernel", ""))
+    launches, needed = {}, set()
+    for gname, chip in SPECS.items():
+        with devices.assume(devices.CHIPS[chip.arch]):
+            for i, (_, _, call, impl, _) in enumerate(plans):
+                if impl is not None:
+                    cfg = launches[(i, gname)] = impl.launch_config(call)
+                    needed.add(cfg.get("kernel", ""))
     if ptx_rows is None:
-        ptx_rows = _ptx_rows(needed, tuple(c for c, _, _ in GPUS.values()))
-    occ = {(r["kernel"], r["arch"]): r for r in ptx_rows if r.get("dtype", "float32") == "float32" and "regs" in r}
+        ptx_rows = _ptx_rows(needed, tuple(c.arch for c in SPECS.values()), dtype)
+    built = {(r["kernel"], r["arch"]): r for r in ptx_rows
+             if r.get("dtype", "float32") == dtype.name and "regs" in r}
 
     from bench import ptx as ptxmod
 
     out = []
     for i, (op_name, case_name, call, impl, err) in enumerate(plans):
-        for gname, (chip, bw, peak) in GPUS.items():
-            row = {"op": op_name, "case": case_name, "gpu": gname}
+        for gname, chip in SPECS.items():
+            row = {"op": op_name, "case": case_name, "gpu": gname, "dtype": dtype.name}
             if impl is None:
-                row.update(seconds=None, bound=err)
+                row.update(seconds=None, predicted_us=None, bound=err)
                 out.append(row)
                 continue
             op = registry.OPS[op_name]
+            props = devices.CHIPS[chip.arch]
             flops, nbytes = float(op.flops(call)), float(op.bytes(call))
-            t_mem, t_flop = nbytes / bw, flops / peak
-            bound = "memory" if t_mem >= t_flop else "compute"
-            roof = max(t_mem, t_flop)
             cfg = launches[(i, gname)]
             kname = cfg.get("kernel", "")
             threads = cfg["block"] if isinstance(cfg["block"], int) else math.prod(cfg["block"])
-            r = occ.get((kname, chip))
+            r = built.get((kname, chip.arch))
             if r is not None:
-                occupancy = ptxmod.occupancy(chip, threads, r["regs"], r["smem"])
-                occ_src = "ptxas"
+                occupancy, occ_src = ptxmod.occupancy(chip.arch, threads, r["regs"], r["smem"]), "ptxas"
             else:
                 occupancy, occ_src = DEFAULT_OCCUPANCY, "assumed"
-            sat = OCC_SAT_MEM if bound == "memory" else OCC_SAT_FLOP
-            eff = min(1.0, occupancy / sat)
-            grid = cfg["grid"]
-            blocks = grid if isinstance(grid, int) else math.prod(grid)
-            p = devices.CHIPS[chip]
-            per_sm = max(1, round(occupancy * p.max_threads_per_sm / threads))
-            resident = p.sm_count * per_sm
-            if blocks < p.sm_count:
-                fill = blocks / p.sm_count
-            else:
-                waves = math.ceil(blocks / resident)
-                fill = blocks / (waves * resident) if waves > 1 else 1.0
-            launches_n = 2 if cfg.get("reduce") else 1
-            seconds = roof / (eff * fill) + LAUNCH_S * launches_n
-            row.update(seconds=seconds, bound=bound, roofline_s=roof, flops=flops, bytes=nbytes,
-                       impl=impl.name, kernel=kname, threads=threads, blocks=blocks,
-                       occupancy=occupancy, occupancy_source=occ_src, efficiency=eff * fill)
+            loop = (r or {}).get("inner_loop") or {"error": "no bench.ptx row with SASS counts"}
+            w = {"kind": None, "units": None, "per_unit": None, "inflight": MIN_INFLIGHT, "note": loop.get("error")}
+            if w["note"] is None:
+                try:
+                    w = work(kname, cfg, call, op, loop, dtype.itemsize)
+                except Exception as exc:  # noqa: BLE001 - a kernel the table misreads: no issue bound, said why
+                    w["note"] = f"work not derived ({type(exc).__name__}: {exc})"
+            b = bounds(chip, props, cfg, occupancy, nbytes, w["per_unit"], w["units"], w["inflight"])
+            seconds, bound = combine(b, 2 if cfg.get("reduce") else 1)
+            roof = max(nbytes / chip.dram_bps, flops / chip.fp32_flops)
+            row.update(seconds=seconds, predicted_us=seconds * 1e6, bound=bound, memory_s=b["memory_s"],
+                       issue_s=b["issue_s"], issue_pipe=b["issue_pipe"], pipes_s=b.get("pipes_s"),
+                       bandwidth=b["bandwidth"], warps_per_sm=b["warps_per_sm"],
+                       inner_loop={k: loop.get(k) for k in ("scope", "ffma", "dfma", "hmma", "mufu", "ld_shared",
+                                                            "ld_global", "st", "total", "outer") if k in loop},
+                       work=dict(w, warp_instructions=b["warp_instructions"]),
+                       roofline_s=roof, flops=flops, bytes=nbytes, impl=impl.name, kernel=kname, threads=threads,
+                       blocks=b["blocks"], occupancy=occupancy, occupancy_source=occ_src, efficiency=roof / seconds)
             out.append(row)
     return out
 
 
+def annotate(ptx_rows, dtypes):
+    """Predict every benchmark case in each dtype from these bench.ptx rows and give each row
+    ``predicted_us``: {case id: microseconds on the row's chip} for the cases that launch the
+    row's kernel in the row's dtype.  Returns {dtype: prediction rows}."""
+    arch = {name: c.arch for name, c in SPECS.items()}
+    preds, by = {}, {}
+    for dt in dtypes:
+        preds[dt] = predictions(None, ptx_rows=ptx_rows, dtype=dt)
+        for p in preds[dt]:
+            if p.get("seconds") is not None:
+                by.setdefault((p["kernel"], arch[p["gpu"]], dt), {})[f"{p['op']}:{p['case']}"] = round(p["predicted_us"], 2)
+    for r in ptx_rows:
+        if "regs" in r:
+            r["predicted_us"] = by.get((r["kernel"], r["arch"], r["dtype"]), {})
+    return preds
+
+
+def _us(s):
+    return "-" if s is None else f"{s * 1e6:9.1f}us"
+
+
 def print_table(rows):
-    print(f"{'op':14s} {'case':32s} {'gpu':16s} {'bound':8s} {'kernel':26s} {'occ':>4s} {'eff':>5s} {'roofline':>10s} {'predicted':>10s}")
+    print(f"{'op':14s} {'case':30s} {'gpu':16s} {'dtype':8s} {'kernel':24s} {'occ':>4s} {'memory':>11s} "
+          f"{'issue':>11s} {'pipe':>6s} {'predicted':>11s} {'bound':7s} {'instr/unit':>10s}")
     for r in rows:
         if r.get("seconds") is None:
-            print(f"{r['op']:14s} {r['case'][:32]:32s} {r['gpu']:16s} {r['bound']}")
+            print(f"{r['op']:14s} {r['case'][:30]:30s} {r['gpu']:16s} {r['dtype']:8s} {r['bound']}")
             continue
-        print(f"{r['op']:14s} {r['case'][:32]:32s} {r['gpu']:16s} {r['bound']:8s} {r['kernel'][:26]:26s} "
-              f"{r['occupancy']:4.0%} {r['efficiency']:5.0%} {r['roofline_s'] * 1e6:8.1f}us {r['seconds'] * 1e6:8.1f}us")
+        mix = (r["work"] or {}).get("per_unit")
+        per = f"{mix['total']:.2f}/{'FMA' if r['work']['kind'] == 'fma' else 'elt'}" if mix else "-"
+        print(f"{r['op']:14s} {r['case'][:30]:30s} {r['gpu']:16s} {r['dtype']:8s} {r['kernel'][:24]:24s} "
+              f"{r['occupancy']:4.0%} {_us(r['memory_s']):>11s} {_us(r['issue_s']):>11s} {r['issue_pipe'] or '-':>6s} "
+              f"{_us(r['seconds']):>11s} {r['bound']:7s} {per:>10s}")
 
 
-def main():
+def bar_cases():
+    """The shapes of issue #9's static bars (GEMM 4096^3; causal flash attention (1, 32, 4096,
+    128); softmax, layer_norm, rms_norm (4096, 4096)) as benchmark cases."""
+    from bench.cases import case
+
+    return [
+        case("matmul", "bar gemm 4096^3", "issue #9", {"a": (4096, 4096), "b": (4096, 4096)}),
+        case("attention", "bar causal 1x32x4096x128", "issue #9",
+             {"q": (1, 32, 4096, 128), "k": (1, 32, 4096, 128), "v": (1, 32, 4096, 128)}, causal=True),
+        case("softmax", "bar 4096x4096", "issue #9", {"x": (4096, 4096)}),
+        case("layer_norm", "bar 4096x4096", "issue #9", {"x": (4096, 4096), "weight": (4096,), "bias": (4096,)}),
+        case("rms_norm", "bar 4096x4096", "issue #9", {"x": (4096, 4096), "weight": (4096,)}),
+    ]
+
+
+def print_bars(rows):
+    """The bar rows: % of the tensor-core peak (GEMM, attention) or of DRAM bandwidth (the rest)
+    beside the counts that justify them."""
+    from dispatch import registry
+
+    for r in rows:
+        if r.get("seconds") is None:
+            print(f"{r['op']} {r['case']} {r['gpu']}: {r['bound']}")
+            continue
+        chip = SPECS[r["gpu"]]
+        if registry.OPS[r["op"]].bound == "compute":
+            frac, what = r["flops"] / r["seconds"] / chip.fp16_tc_flops, "of the FP16 tensor-core peak"
+        else:
+            frac, what = r["bytes"] / r["seconds"] / chip.dram_bps, "of DRAM bandwidth"
+        w = r["work"]
+        print(f"{r['op']} {r['case']} ({r['gpu']}, {r['dtype']}): {r['predicted_us']:.1f} us = {frac:.1%} {what}; "
+              f"bound {r['bound']} ({r['issue_pipe'] or '-'}); memory {_us(r['memory_s']).strip()}, "
+              f"issue {_us(r['issue_s']).strip()}; kernel {r['kernel']}, occupancy {r['occupancy']:.0%}, "
+              f"{r['blocks']} blocks")
+        print(f"    hot loop per iteration: {r['inner_loop']}")
+        if w and w.get("per_unit"):
+            per = {k: round(v, 3) for k, v in w["per_unit"].items() if v}
+            print(f"    {w['kind']} work {w['units']:.3g} {'FMAs' if w['kind'] == 'fma' else 'elements'} ({w['note']}); "
+                  f"thread instructions per unit {per}")
+
+
+def main(argv=None):
     import sys
 
+    ap = argparse.ArgumentParser(prog="python -m bench.cuda_model", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "float64"])
+    ap.add_argument("--bars", action="store_true", help="issue #9's bar shapes on the H100 (float16)")
+    a = ap.parse_args(argv)
     sys.path.insert(0, os.getcwd())
-    print_table(predictions())
+    if a.bars:
+        print_bars([r for r in predictions(bar_cases(), dtype=np.float16) if r["gpu"] == "H100 SXM"])
+    else:
+        print_table(predictions(dtype=a.dtype))
 
 
 if __name__ == "__main__":

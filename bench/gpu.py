@@ -222,16 +222,18 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
     return row
 
 
-def _predictions(cases, gpu_name):
-    """{case id: predicted seconds} from bench.cuda_model for the chip the peaks came from."""
+def _predictions(cases, gpu_name, dtypes):
+    """{(case id, dtype name): predicted seconds} from bench.cuda_model for the chip the
+    peaks came from, per measured dtype (the model reads each dtype's own kernel build)."""
     if not cases:
         return {}
     from bench import cuda_model
 
     out = {}
-    for r in cuda_model.predictions(cases):
-        if r["gpu"] == gpu_name and r.get("seconds"):
-            out[f"{r['op']}:{r['case']}"] = r["seconds"]
+    for dt in dtypes:
+        for r in cuda_model.predictions(cases, dtype=np.dtype(dt)):
+            if r["gpu"] == gpu_name and r.get("seconds"):
+                out[(f"{r['op']}:{r['case']}", dt)] = r["seconds"]
     return out
 
 
@@ -295,12 +297,13 @@ def main(argv=None):
           f"{'; ' + note if note else ''}")
     print(f"reference: {'PyTorch ' + torch.__version__ + ' on CUDA' if torch else 'the float64 reference (no CUDA PyTorch)'}")
     work = list(workloads(args.ops, args.full, args.dtypes))
-    preds = _predictions(list({c.id: c for *_, c in work if c is not None}.values()), peaks[0])
+    preds = _predictions(list({c.id: c for *_, c in work if c is not None}.values()), peaks[0],
+                         sorted({dtype for _, _, _, dtype, _ in work}))
     print(f"\n{'op':14s} {'case':44s} {'dtype':8s} {'impl':14s} {'time':>12s} {'TFLOP/s':>7s} {'TB/s':>6s} "
           f"{'peak':>5s} {'vsTorch':>7s} {'m/pred':>6s} {'rel err':>8s}")
     rows = []
     for op_name, label, inputs, dtype, case in work:
-        pred = preds.get(case.id) if case is not None and dtype == "float32" else None
+        pred = preds.get((case.id, dtype)) if case is not None else None
         try:
             r = measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, pred)
         except Refused as exc:

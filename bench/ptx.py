@@ -3,13 +3,25 @@
 Each kernel declared in a kernels_cuda module's ``PTX`` list (kernels_cuda._jit.PtxBuild,
 beside the kernel; a kernel the dispatcher launches without a declaration is a failure)
 is compiled with numba-cuda's ``compile_ptx`` for sm_80 (A100),
-sm_87 (Jetson Orin) and sm_90 (H100), for float32 and float16 inputs, and assembled with
-``ptxas -v -c`` (``-c``: the fp16 helpers leave extern calls that only a final link
+sm_87 (Jetson Orin) and sm_90 (H100), for every input dtype the dispatcher accepts on CUDA
+(float32, float16, float64: each kernel for the dtypes its declaration lists), and assembled with
+``ptxas -v -c -o X.o`` (``-c``: the fp16 helpers leave extern calls that only a final link
 resolves).  The table gives registers per thread, static shared memory, spill bytes and
 the theoretical occupancy for the largest block the dispatcher launches on that chip (the
 launch rules of dispatch.cuda_impls evaluated with that chip's properties on every
-benchmark case of bench/cases).  Exit status 1 when a kernel fails to compile, spills, declares more than 48 KB of static
-shared memory, or needs more registers than its largest launch can get: a CI gate.
+benchmark case of bench/cases, in every dtype), and the instruction mix of the kernel's
+hottest loop, read from the object's SASS with nvdisasm (bench/sass.py): per iteration
+FFMA, HMMA, shared and global loads, stores, all instructions.  Exit status 1 when a kernel fails to compile, spills, declares more than 48 KB of static
+shared memory, needs more registers than its largest launch can get, or is launched by the
+dispatcher for a dtype its declaration does not build: a CI gate.
+
+``--json FILE`` rows, one per (kernel, dtype, arch): ``registers``, ``shared_bytes``,
+``spill_bytes``, ``occupancy``, ``inner_loop`` ({"ffma", "hmma", "ld_shared", "ld_global",
+"st", "total", ...} per iteration, or {"error": why}) and ``predicted_us`` ({benchmark case id:
+microseconds} predicted by bench/cuda_model.py for the chip of that arch, for the cases that
+launch this kernel in this dtype); also the older names ``regs``, ``smem``, ``spill_st``,
+``spill_ld`` and ``stack`` (bytes of local-memory stack frame), and ``compile_s`` / ``sass_s``
+(seconds for the whole build / its disassembly and reading).
 
 Must run WITHOUT the simulator (compile_ptx fails under NUMBA_ENABLE_CUDASIM=1).
 
@@ -18,7 +30,6 @@ Must run WITHOUT the simulator (compile_ptx fails under NUMBA_ENABLE_CUDASIM=1).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -28,9 +39,9 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 from kernels_common.cuda_tiles import STATIC_SMEM
+
+from bench import sass
 
 ARCHS = ("sm_80", "sm_87", "sm_90")
 DTYPES = ("float32", "float16", "float64")  # every dtype the dispatcher accepts on CUDA
@@ -38,18 +49,7 @@ MAX_BLOCKS_PER_SM = {"sm_80": 32, "sm_87": 16, "sm_90": 32}
 
 
 def ptxas_path() -> str:
-    import nvidia
-
-    for base in nvidia.__path__:
-        hits = glob.glob(os.path.join(base, "**", "bin", "ptxas"), recursive=True)
-        if hits:
-            return hits[0]
-    from shutil import which
-
-    p = which("ptxas")
-    if p:
-        return p
-    raise RuntimeError("ptxas not found: install nvidia-cuda-nvcc (pip install '.[cuda]')")
+    return sass.cuda_tool("ptxas", "nvidia-cuda-nvcc")
 
 
 def kernels():
@@ -79,31 +79,51 @@ def _launched_kernels(cfg):
     return out
 
 
-def launch_threads(chip: str) -> dict:
-    """kernel name -> the largest block the dispatcher launches it with on this chip, over
-    every CUDA implementation of every op on every benchmark case (the launch rules
-    evaluated with that chip's properties; no GPU needed)."""
+def launches(chip: str, dtypes=DTYPES) -> dict:
+    """kernel name -> {"threads": the largest block the dispatcher launches it with on this
+    chip, "dtypes": the input dtypes it is launched for}, over every CUDA implementation of
+    every op on every benchmark case in every dtype (the launch rules evaluated with that
+    chip's properties; no GPU needed)."""
     from bench import cases as bc
+    from bench.cuda_model import describe
     from dispatch import devices, registry
 
     out = {}
     with devices.assume(devices.CHIPS[chip]):
         for case in bc.CASES:
             op = registry.OPS[case.op]
-            args, kw = case.call_args(case.inputs(None, np.float32, shape_only=True))
-            call = op.describe(*args, **kw)
-            for impl in op.implementations.values():
-                if impl.device != "cuda" or impl.refusals(call.key._replace(device="cuda")):
+            for dtype in dtypes:
+                try:
+                    call = describe(case, dtype)
+                except (TypeError, ValueError):  # the op does not take this dtype
                     continue
-                for name, threads in _launched_kernels(impl.launch_config(call)):
-                    out[name] = max(out.get(name, 0), threads)
+                for impl in op.implementations.values():
+                    if impl.device != "cuda" or impl.refusals(call.key._replace(device="cuda")):
+                        continue
+                    for name, threads in _launched_kernels(impl.launch_config(call)):
+                        k = out.setdefault(name, {"threads": 0, "dtypes": set()})
+                        k["threads"] = max(k["threads"], threads)
+                        k["dtypes"].add(dtype)
     return out
+
+
+def launch_threads(chip: str) -> dict:
+    """kernel name -> the largest block the dispatcher launches it with on this chip."""
+    return {name: k["threads"] for name, k in launches(chip).items()}
 
 
 def undeclared(table, launched) -> list:
     """Kernel names the dispatcher launches that no kernels_cuda module declares for the
     PTX report: such a kernel would escape the spill and shared-memory gates."""
     return sorted(set(launched) - set(table))
+
+
+def unbuilt_dtypes(table, launched: dict, dtypes=DTYPES) -> list:
+    """(kernel, dtype) pairs the dispatcher launches (launched: launches()) that the kernel's
+    declaration does not build: that compile would escape the gates (float64 shared tiles
+    over 48 KB)."""
+    return sorted((name, dt) for name, k in launched.items() if name in table
+                  for dt in k["dtypes"] if dt in dtypes and dt not in table[name].dtypes)
 
 
 def occupancy(chip: str, threads: int, regs: int, smem: int) -> float:
@@ -157,6 +177,7 @@ def compile_one(name, get, argtypes, dtype, arch, ptxas, tmpdir, requires=()):
     # not attribute to the kernel: count them from the PTX (one kernel per module here).
     info["smem"] += sum(int(x) for x in _SHARED.findall(ptx))
     info["missing"] = [r for r in requires if r not in ptx]
+    info["object"] = path + ".o"
     return info
 
 
@@ -166,18 +187,27 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
         raise SystemExit("bench.ptx must run without NUMBA_ENABLE_CUDASIM (compile_ptx needs the real CUDA target)")
     ptxas = ptxas_path()
     table = kernels()
-    threads = {a: launch_threads(a) for a in archs}
+    launched = {a: launches(a, dtypes) for a in archs}
+    threads = {a: {n: k["threads"] for n, k in launched[a].items()} for a in archs}
     rows = []
     for a in archs:
         for name in undeclared(table, threads[a]):
             rows.append({"kernel": name, "family": "?", "dtype": "-", "arch": a, "ok": False,
                          "error": "launched by the dispatcher but not declared in a kernels_cuda PTX list"})
+        for name, dt in unbuilt_dtypes(table, launched[a], dtypes):
+            if not only or any(o in name for o in only):
+                rows.append({"kernel": name, "family": table[name].family, "dtype": dt, "arch": a, "ok": False,
+                             "error": f"launched by the dispatcher for {dt}, which its PtxBuild does not build"})
     jobs = [(name, build, dtype, arch, threads[arch].get(name, build.threads))
             for name, build in table.items() if not only or any(o in name for o in only)
             for dtype in dtypes if dtype in build.dtypes for arch in archs]
     global _JOBS
     _JOBS = jobs
     nproc = min(len(jobs), max(1, int(os.environ.get("NK_PTX_JOBS", 0) or (os.cpu_count() or 1))))
+    try:
+        nvdisasm = sass.nvdisasm_path()
+    except RuntimeError as exc:  # the SASS columns say why; the gates still run
+        nvdisasm = f"unavailable: {exc}"
     with tempfile.TemporaryDirectory() as tmp:
         if nproc > 1:
             # each build is independent (compile_ptx needs no GPU or driver context): forked
@@ -186,14 +216,15 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
             import multiprocessing as mp
 
             with cf.ProcessPoolExecutor(nproc, mp_context=mp.get_context("fork")) as pool:
-                done = pool.map(_build_row, range(len(jobs)), [tmp] * len(jobs), [ptxas] * len(jobs))
+                done = pool.map(_build_row, range(len(jobs)), [tmp] * len(jobs), [ptxas] * len(jobs),
+                                [nvdisasm] * len(jobs))
                 for row in done:
                     rows.append(row)
                     if verbose:
                         print(_fmt(row), flush=True)
         else:
             for k in range(len(jobs)):
-                rows.append(_build_row(k, tmp, ptxas))
+                rows.append(_build_row(k, tmp, ptxas, nvdisasm))
                 if verbose:
                     print(_fmt(rows[-1]), flush=True)
     return rows
@@ -202,16 +233,22 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
 _JOBS = []  # run()'s build list, read by _build_row in the forked workers
 
 
-def _build_row(k, tmp, ptxas):
-    """The report row of build k of _JOBS: compile, assemble, check."""
+def _build_row(k, tmp, ptxas, nvdisasm):
+    """The report row of build k of _JOBS: compile, assemble, check, read the hot loop."""
     name, build, dtype, arch, thr = _JOBS[k]
     t0 = time.time()
     row = {"kernel": name, "family": build.family, "dtype": dtype, "arch": arch}
     try:
         info = compile_one(name, build.get, build.argtypes, dtype, arch, ptxas, tmp, build.requires)
+        obj = info.pop("object")
         row.update(info)
+        row.update(registers=info["regs"], shared_bytes=info["smem"], spill_bytes=info["spill_st"] + info["spill_ld"])
         row["threads"] = thr
         row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
+        t1 = time.time()
+        row["inner_loop"] = ({"error": f"nvdisasm {nvdisasm}"} if nvdisasm.startswith("unavailable")
+                             else sass.analyze(obj, nvdisasm))
+        row["sass_s"] = round(time.time() - t1, 2)
         errors = []
         if info["spill_st"] or info["spill_ld"]:
             errors.append("spills")
@@ -256,14 +293,18 @@ def main(argv=None):
     rows = run(a.arch.split(","), a.dtype.split(","), [s for s in a.only.split(",") if s])
     bad = [r for r in rows if not r["ok"]]
     print(f"\n{len(rows)} kernel builds in {time.time() - t0:.0f} s; {len(bad)} failed or spilled")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
     if not a.no_model:
         from bench import cuda_model
 
-        print()
-        cuda_model.print_table(cuda_model.predictions(None, ptx_rows=rows))
+        try:
+            for preds in cuda_model.annotate(rows, a.dtype.split(",")).values():
+                print()
+                cuda_model.print_table(preds)
+        except Exception as exc:  # noqa: BLE001 - the gates above stand; the JSON is still written
+            print(f"\nperformance model failed: {type(exc).__name__}: {exc}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 1 if bad else 0
 
 
