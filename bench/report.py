@@ -245,6 +245,9 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
 
     # first calls: compile ours, build peers' plans, and check the outputs agree
     ref = P.reference(case, inputs)
+    if ref is None:
+        row["notes"].append(f"outputs not checked against the float64 reference: its copies would exceed "
+                            f"{P.REFERENCE_MAX_BYTES >> 30} GiB")
     tol = AGREE_TOL[np.dtype(dtype)]
     row["agreement"] = {}
     # a state the op updates in place (Op.updates) is shared with the peers' views of the
@@ -274,6 +277,8 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
             row["first_call_s"] = first
         if isinstance(res, tuple):
             res = res[0]
+        if ref is None:
+            continue
         err = rel_err(convert[name](res), ref)
         row["agreement"][name] = {"rel_err": err, "ok": err <= tol}
         if err > tol:
