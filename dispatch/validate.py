@@ -160,16 +160,20 @@ def out(out, expected_shape: tuple, dtype, **inputs) -> None:
         raise ValueError(f"out must have shape {tuple(expected_shape)}, got {tuple(out.shape)}")
     if out.dtype != dtype and dtype_of(out) != dtype:
         raise TypeError(f"out must have dtype {dtype}, got {dtype_of(out)}")
-    if isinstance(out, np.ndarray):
-        if not out.flags.writeable:
-            raise ValueError("out must be writeable, got a read-only array")
-        for name, arr in inputs.items():
-            if arr is not None and np.may_share_memory(out, arr) and np.shares_memory(out, arr):
-                raise ValueError(f"out overlaps input {name}: pass a separate output array")
-    else:
-        for name, arr in inputs.items():
-            if arr is not None and devices.overlaps(out, arr):
-                raise ValueError(f"out overlaps input {name}: pass a separate output array")
+    _written("out", out, "", "pass a separate output array", inputs)
+
+
+def _written(name, arr, why, advice, inputs):
+    """An array an op writes: writeable, and sharing no memory with any input (the kernel
+    would read what it already overwrote)."""
+    if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+        raise ValueError(f"{name} must be writeable{why}, got a read-only array")
+    for other, a in inputs.items():
+        if a is None:
+            continue
+        if (np.may_share_memory(arr, a) and np.shares_memory(arr, a) if isinstance(arr, np.ndarray)
+                else devices.overlaps(arr, a)):
+            raise ValueError(f"{name} overlaps input {other}: {advice}")
 
 
 def updated(name: str, arr, expected_shape: tuple, dtype, **inputs) -> None:
@@ -180,16 +184,7 @@ def updated(name: str, arr, expected_shape: tuple, dtype, **inputs) -> None:
         raise ValueError(f"{name} must have shape {tuple(expected_shape)}, got {tuple(arr.shape)}")
     if dtype_of(arr) != np.dtype(dtype):
         raise TypeError(f"{name} must have dtype {np.dtype(dtype)} (it is updated in place), got {dtype_of(arr)}")
-    if isinstance(arr, np.ndarray):
-        if not arr.flags.writeable:
-            raise ValueError(f"{name} must be writeable (it is updated in place), got a read-only array")
-        for other, a in inputs.items():
-            if a is not None and np.may_share_memory(arr, a) and np.shares_memory(arr, a):
-                raise ValueError(f"{name} overlaps input {other}: it is updated in place, pass a separate array")
-    else:
-        for other, a in inputs.items():
-            if a is not None and devices.overlaps(arr, a):
-                raise ValueError(f"{name} overlaps input {other}: it is updated in place, pass a separate array")
+    _written(name, arr, " (it is updated in place)", "it is updated in place, pass a separate array", inputs)
 
 
 def broadcastable(name: str, arr_shape: tuple, target: tuple, target_desc: str) -> None:
