@@ -1,0 +1,129 @@
+"""QuantizedArray: integer values with their scale(s) and zero point(s) (ONNX QuantizeLinear
+semantics, kernels_common/quant.py).
+
+    QuantizedArray(values, scale, zero_point=None, axis=None)
+        values: int8 or uint8 array, numpy (CPU) or a CUDA device array, any shape.
+        scale: float32, positive and finite: shape () for one scale for the whole tensor
+            (axis None), or (values.shape[axis],) for one scale per slice along `axis`
+            (per-channel: axis 0 of a (N, K) linear weight, axis 1 of a (K, N) matmul b,
+            axis 0 of a (M, K) activation for per-row scales).
+        zero_point: values' dtype, the same shape as scale; None means zeros (symmetric).
+    The real value of element i is (values[i] - zero_point[c]) * scale[c], c its index
+    along axis.  scale and zero_point are held as host numpy arrays whatever the device of
+    values (they are small; a CUDA kernel gets a device copy made once per object).
+
+The object is immutable: its fields are checked once here, and kernels may cache what they
+derive from it (packed layouts, device copies) on it by identity.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels_common.quant import QTYPES, qrange
+
+from . import validate as V
+from .devices import device_kind
+
+
+def _host(name, a):
+    if device_kind(a) == "cuda":
+        return np.asarray(a.copy_to_host() if hasattr(a, "copy_to_host") else a)
+    if isinstance(a, np.ndarray):
+        return a
+    if isinstance(a, (int, float, np.number)):
+        return np.asarray(a)
+    raise TypeError(f"{name} must be a numpy array or a number, got {type(a).__name__}")
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedArray:
+    values: object
+    scale: np.ndarray
+    zero_point: np.ndarray | None = None
+    axis: int | None = None
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: object = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        values = self.values
+        if not (isinstance(values, np.ndarray) or device_kind(values) == "cuda"):
+            raise TypeError(f"values must be a numpy array or a CUDA device array, got {type(values).__name__}")
+        dt = V.dtype_of(values)
+        if dt not in {d for d, _, _ in QTYPES.values()}:
+            raise TypeError(f"values must be int8 or uint8, got {dt}")
+        ndim = len(values.shape)
+        axis = self.axis
+        if axis is not None:
+            axis = V.axis("axis", axis, ndim)
+        want = () if axis is None else (int(values.shape[axis]),)
+        scale = _host("scale", self.scale)
+        if scale.dtype.kind != "f":
+            raise TypeError(f"scale must be a float array, got {scale.dtype}")
+        scale = np.ascontiguousarray(scale, dtype=np.float32)
+        if axis is None and scale.shape == (1,):
+            scale = scale.reshape(())
+        if scale.shape != want:
+            raise ValueError(f"scale must have shape {want} for axis={self.axis} and values of shape "
+                             f"{tuple(values.shape)}, got {scale.shape}")
+        if not np.all(np.isfinite(scale)) or not np.all(scale > 0):
+            bad = scale[~(np.isfinite(scale) & (scale > 0))].ravel()[:3]
+            raise ValueError(f"scale must be positive and finite, got {bad.tolist()}")
+        zp = self.zero_point
+        if zp is None:
+            zp = np.zeros(want, dt)
+        else:
+            zp = _host("zero_point", zp)
+            if zp.dtype != dt:
+                raise TypeError(f"zero_point must have values' dtype {dt}, got {zp.dtype}")
+            if axis is None and zp.shape == (1,):
+                zp = zp.reshape(())
+            if zp.shape != want:
+                raise ValueError(f"zero_point must have scale's shape {want}, got {zp.shape}")
+            zp = np.ascontiguousarray(zp)
+        scale.setflags(write=False)
+        zp.setflags(write=False)
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "zero_point", zp)
+        object.__setattr__(self, "axis", axis)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return V.dtype_of(self.values)
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(int(s) for s in self.values.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.values.shape)
+
+    @property
+    def device(self) -> str:
+        return "cuda" if device_kind(self.values) == "cuda" else "cpu"
+
+    @property
+    def symmetric(self) -> bool:
+        return not np.any(self.zero_point)
+
+    @property
+    def qrange(self) -> tuple:
+        """(lowest, highest) integer of values' dtype."""
+        return qrange(self.dtype)
+
+    def cached(self, key, make):
+        """make() once per key for this object (thread-safe): derived layouts and device
+        copies that are valid as long as the object lives (it is immutable; its values
+        array must not be written after construction)."""
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = make()
+            return self._cache[key]
+
+    def __repr__(self):
+        kind = "per-tensor" if self.axis is None else f"per-channel axis={self.axis}"
+        return (f"QuantizedArray(shape={self.shape}, dtype={self.dtype}, {kind}, "
+                f"{'symmetric' if self.symmetric else 'asymmetric'}, device={self.device})")
