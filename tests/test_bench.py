@@ -313,7 +313,16 @@ def test_dispatch_overhead_is_measured():
 
 
 def test_cuda_predictions_never_raise():
-    preds, why = report.cuda_predictions(C.cases(quick=True))
+    """Every quick case gets a prediction row without compiling anything (no SASS rows: the
+    model falls back to assumed occupancy); the path through compiled kernels and their SASS
+    counts is CI's PTX step (python -m bench.ptx fails when the model raises there), and one
+    cheap case goes through it here."""
+    from bench import cuda_model
+
+    cases = C.cases(quick=True)
+    preds = cuda_model.predictions(cases, ptx_rows=[])
+    assert {(p["op"], p["case"]) for p in preds} == {(c.op, c.name) for c in cases}
+    preds, why = report.cuda_predictions([c for c in cases if c.op == "relu"][:1])
     assert (preds is None) == (why is not None)
 
 
