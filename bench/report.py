@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from . import accuracy
 from . import cases as C
 from . import peers as P
 from . import ROOT, roofline, timing
@@ -285,6 +286,11 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
             row["notes"].append(f"{name}: output DISAGREES with the float64 numpy reference (rel err {err:.2e} > {tol:g})")
     if "ours" not in candidates:
         return row
+    if case.accuracy is not None:  # a low-precision case: its accuracy cost beside its times
+        try:
+            row["accuracy_vs_fp32"] = accuracy.measure(case, rng)
+        except Exception as exc:  # noqa: BLE001
+            row["notes"].append(f"accuracy vs fp32 not measured ({exc.__class__.__name__}: {str(exc)[:100]})")
 
     if progress:
         progress(f"  timing {', '.join(candidates)} interleaved ({rounds} rounds)")
@@ -349,7 +355,9 @@ def _fmt(v, spec):
 
 def table(rows, compile_by_family, peers_installed) -> str:
     peer_cols = [p for p in P.PEERS if peers_installed.get(p)]
-    head = ["op", "case", "impl", "ours", "+-", "GFLOP/s", "GB/s", "floor", "of floor"] + peer_cols + ["vs best peer", "compile cold/warm"]
+    lowp = any(r.get("accuracy_vs_fp32") for r in rows)
+    head = (["op", "case", "impl", "ours", "+-", "GFLOP/s", "GB/s", "floor", "of floor"] + peer_cols
+            + ["vs best peer"] + (["err vs fp32 (normal/outliers)"] if lowp else []) + ["compile cold/warm"])
     lines = []
     out_rows = []
     for r in rows:
@@ -374,7 +382,11 @@ def table(rows, compile_by_family, peers_installed) -> str:
             mark = f"win  x{1 / ratio:.2f}"
         if any(not a["ok"] for a in r.get("agreement", {}).values()):
             mark += " MISMATCH"
-        cells += [mark, comp]
+        cells.append(mark)
+        if lowp:  # normwise max relative error against the float32 op (bench/accuracy.py)
+            acc = r.get("accuracy_vs_fp32")
+            cells.append("/".join(f"{acc[d]['max_rel']:.1e}" for d in accuracy.DISTRIBUTIONS) if acc else "-")
+        cells.append(comp)
         out_rows.append(cells)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *[c for c in out_rows if len(c) == len(head)])]
     fmt_row = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731

@@ -274,6 +274,21 @@ def test_measure_case_on_a_tiny_case():
     assert row["ratio_to_fastest_peer"] > 0 and row["fastest_peer"] == "numpy"
     text = report.table([row], {}, {"numpy": "x"})
     assert "relu" in text and ("LOSE" in text or "win" in text)
+    assert "err vs fp32" not in text  # no low-precision row, no accuracy column
+
+
+def test_low_precision_case_reports_its_accuracy_beside_its_times():
+    def probe(case, data):  # relu of the float16-rounded input against relu of the input
+        x = data["x"]
+        return np.maximum(x.astype(np.float16), 0).astype(np.float32), np.maximum(x, 0)
+
+    case = C.Case("relu", "tiny fp16", "test", {"x": (1000,)}, quick=True, accuracy=probe)
+    row = report.measure_case(case, CEIL, rounds=2, peers=("numpy",), pause_s=0.0)
+    acc = row["accuracy_vs_fp32"]
+    assert 0 < acc["normal"]["max_rel"] <= 2.0**-11 and 0 < acc["outliers"]["max_rel"] <= 2.0**-11
+    text = report.table([row], {}, {"numpy": "x"})
+    assert "err vs fp32 (normal/outliers)" in text
+    assert f"{acc['normal']['max_rel']:.1e}/{acc['outliers']['max_rel']:.1e}" in text
 
 
 def test_case_that_does_not_fit_is_skipped_with_a_note():
@@ -410,3 +425,35 @@ def test_gpu_harness_says_when_there_is_no_gpu():
 
     with pytest.raises(SystemExit, match="no CUDA GPU"):
         gpu.main(["--ops", "relu"])
+
+
+# ---- accuracy of the low-precision cases -------------------------------------------------
+
+def test_accuracy_probe_draws_and_errors():
+    from bench import accuracy as A
+    from bench.cases import Case
+
+    g = np.random.default_rng(3)
+    normal = A.draw({"w": (100, 100)}, g, "normal")["w"]
+    outl = A.draw({"w": (100, 100)}, g, "outliers")["w"]
+    assert normal.dtype == outl.dtype == np.float32
+    assert np.max(np.abs(outl)) > 3 * np.max(np.abs(normal))  # 10 entries scaled by 20
+    with pytest.raises(ValueError, match="distribution"):
+        A.draw({"w": (2,)}, g, "uniform")
+    ref = np.array([1.0, -2.0, 4.0])
+    e = A.errors(ref * 1.01, ref)
+    assert abs(e["max_rel"] - 0.01) < 1e-12 and abs(e["mean_rel"] - 0.01) < 1e-12
+    assert A.errors(ref, ref) == {"max_rel": 0.0, "mean_rel": 0.0}
+
+    # a probe that rounds its input to float16: its error is float16's, on both distributions
+    def probe(case, data):
+        x = data["x"]
+        return x.astype(np.float16).astype(np.float32), x
+
+    c = Case("relu", "fp16 round trip", "test", {"x": (64, 64)}, accuracy=probe)
+    acc = A.measure(c, np.random.default_rng(0))
+    assert set(acc) == set(A.DISTRIBUTIONS)
+    for v in acc.values():
+        assert 0 < v["max_rel"] <= 2.0**-11 and 0 < v["mean_rel"] <= 2.0**-11
+    assert A.measure(Case("relu", "plain", "test", {"x": (4,)})) is None
+    assert "outliers max" in A.fmt(acc)

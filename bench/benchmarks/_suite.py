@@ -21,6 +21,9 @@ Benchmarks:
                           inverted: lower is better, as for times, and `asv continuous`
                           flags slowdowns only.
   peakmem_op              peak resident memory of the call (attention: no Sq x Skv buffer)
+  track_err_vs_fp32_normal / _outliers
+                          low-precision cases only (bench/accuracy.py): the normwise max
+                          relative error against the float32 op, per input distribution
 """
 from __future__ import annotations
 
@@ -204,6 +207,25 @@ def op_benchmark(op: str):
         self.fn()
 
     Bench.peakmem_op = peakmem_op
+
+    if any(c.accuracy is not None for c in op_cases):
+        # low-precision cases: the accuracy cost against the float32 op (bench/accuracy.py),
+        # tracked per input distribution; measured through dispatch once, not per impl
+        from bench import accuracy as A
+
+        def _track_error(dist):
+            def track(self, impl, case_name):
+                case = by_name[case_name]
+                if case.accuracy is None or impl != "dispatch":
+                    return float("nan")  # not a low-precision case, or a forced impl (measured once, via dispatch)
+                return A.measure(case, np.random.default_rng(0))[dist]["max_rel"]
+
+            track.unit = "max rel err"
+            track.__name__ = f"track_err_vs_fp32_{dist}"
+            return track
+
+        for dist in A.DISTRIBUTIONS:
+            setattr(Bench, f"track_err_vs_fp32_{dist}", _track_error(dist))
 
     Bench.__name__ = Bench.__qualname__ = "".join(p.capitalize() for p in op.split("_"))
     return Bench

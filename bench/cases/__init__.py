@@ -60,6 +60,9 @@ class Case:
     shapes: dict               # input name -> shape
     params: dict = field(default_factory=dict)  # non-array arguments (axis, causal, ...)
     quick: bool = False        # part of the quick report / asv quick set
+    # low-precision cases: probe(case, float32 inputs) -> (low-precision result, float32
+    # result), the accuracy cost the report and asv show beside the times (bench/accuracy.py)
+    accuracy: object = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -91,9 +94,9 @@ class Case:
         return _op(self.op).signature(inputs)
 
 
-def case(op, name, model, shapes, quick=False, **params) -> Case:
-    """One row of a family module's CASES."""
-    return Case(op, name, model, shapes, params, quick)
+def case(op, name, model, shapes, quick=False, accuracy=None, **params) -> Case:
+    """One row of a family module's CASES (accuracy: see Case.accuracy)."""
+    return Case(op, name, model, shapes, params, quick, accuracy)
 
 
 def _discover() -> list[Case]:
