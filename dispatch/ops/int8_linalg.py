@@ -1,0 +1,487 @@
+"""int8 GEMM ops (issue #12): int32 accumulation, dequantize + bias + activation fused.
+
+    matmul_int8(a_q, b_q, *, bias=None, activation=None, out_dtype=np.float32, out=None)
+        a_q: QuantizedArray (..., M, K), int8 or uint8, per-tensor or per-row (axis = its
+            -2 axis, one scale / zero point per row, shared by the batch);
+        b_q: QuantizedArray (K, N), int8, per-tensor or per-column (axis = 1);
+        result (..., M, N) float32:
+            act(scale_a[m] * scale_b[n] * sum_k (a[m, k] - za[m]) * (b[k, n] - zb[n]) + bias[n])
+
+    dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=None)
+        x: float32 (..., K); w_q: QuantizedArray (N, K) int8 (PyTorch Linear layout), per-
+        tensor or per-output-channel (axis 0); result (..., N) float32:
+            act(dequantize(quantize_rows(x)) @ dequantize(w_q).T + bias)
+        quantize_rows: each row of x quantized to uint8 with its own scale and zero point by
+        ONNX DynamicQuantizeLinear's formulas (float32: scale = (max(0, max x) - min(0, min
+        x)) / 255, zp = saturate(round(-min(0, min x) / scale)), q = saturate(round(x /
+        scale) + zp), rounding half to even; a row of zeros gets scale 1, zp 0).  Asymmetric
+        uint8 because it is what the u8 x s8 dot product (vpdpbusd) takes without a shift,
+        and it uses all 256 levels for one-sided rows (after a ReLU / GELU).  Per row rather
+        than per tensor (ONNX's op) so one outlier token does not coarsen the others.
+        x holding NaN or inf: ValueError (a quantization scale would not be finite).
+
+Exactness.  The integer sum is exact in int32 on every path for K <= MAX_K = 65793 (K *
+255 * 128 < 2^31: the kernels multiply a + 128 (int8 a) or a (uint8 a) with the signed
+int8 b and remove the zero-point terms afterwards); larger K is a ValueError.  The
+epilogue evaluates the zero-point corrections and scale_a * scale_b * sum in float64
+(exact integers below 2^53, an exact scale product, one rounding), adds the bias, and
+rounds once to float32 before the activation: the result equals the float64
+dequantize(a) @ dequantize(b) + bias up to that final rounding (a few float64 roundings
+below it).  A per-channel scale along K (a's axis -1, b's axis 0, w_q's axis 1) cannot
+be factored out of the sum: a ValueError naming the argument.
+
+The weight is packed once per QuantizedArray (q.cached) into the chosen micro-kernel's
+layout with its column sums, and reused by every later call (`explain` shows whether it
+already is: key field ``prepacked`` and a "prepared" line).  Implementations (chosen from
+the host's CPU features, kernels_cpu/int8_gemm.host_paths): cpu-vnni512 (AVX-512 VNNI
+vpdpbusd), cpu-avx2 (exact int16 vpmaddwd), cpu-portable (int32 loops).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
+from kernels_cpu import int8_gemm as K
+from kernels_cpu.parallel import run_dynamic
+
+from .. import validate as V
+from ..quantized import QuantizedArray
+from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
+from ._common import deliver, kernel_input, result_buffer
+
+_KERNELS = ("kernels_cpu.int8_gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+MAX_K = K.MAX_K
+F32 = np.dtype(np.float32)
+
+EXAMPLE_SHAPES = {
+    "matmul_int8": {"small": {"a_q": (2, 5, 24), "b_q": (24, 19), "bias": (19,)},
+                    "large": {"a_q": (64, 256), "b_q": (256, 256), "bias": (256,)},
+                    "decode": {"a_q": (1, 96), "b_q": (96, 200), "bias": (200,)}},
+    "dynamic_quant_linear": {"small": {"x": (5, 24), "w_q": (19, 24), "bias": (19,)},
+                             "large": {"x": (64, 256), "w_q": (256, 256), "bias": (256,)},
+                             "decode": {"x": (3, 96), "w_q": (200, 96), "bias": (200,)}},
+}
+
+
+class Int8Key(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype      # the output dtype (float32)
+    m: int               # bucket of the rows (batch x M)
+    n: int               # bucket of N
+    k: int               # bucket of K
+    a_type: str          # "int8" / "uint8" (matmul_int8), "float32" (dynamic_quant_linear)
+    act: int             # kernels_common.activation.ACT_*
+    has_bias: bool
+    prepacked: bool      # the weight already holds a packed layout (an earlier call made it)
+
+
+class Int8Args(NamedTuple):
+    a: object            # QuantizedArray (matmul_int8) or float32 x (dynamic_quant_linear)
+    w: object            # QuantizedArray b (K, N) or w (N, K)
+    bias: object
+    out: object
+    act: int
+    transposed: bool     # w is (N, K) (dynamic_quant_linear)
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+def _quantized(name, q, what):
+    if not isinstance(q, QuantizedArray):
+        kind = type(q).__name__ if not isinstance(q, np.ndarray) else f"a {q.dtype} numpy array"
+        raise TypeError(f"{name} must be a QuantizedArray {what}, got {kind}: build one with "
+                        f"QuantizedArray(values, scale, zero_point, axis) (or dispatch.quantize)")
+    return q
+
+
+def _check_k(k):
+    if k > MAX_K:
+        raise ValueError(f"K = {k} is too large for exact int32 accumulation: K * 255 * 128 must fit int32, "
+                         f"so K <= {MAX_K}; split the product along K")
+
+
+def _common(bias, out, activation, n, out_shape, dev, **inputs):
+    if bias is not None:
+        V.device_of(bias=bias)
+        if V.dtype_of(bias) != F32:
+            raise TypeError(f"bias must have dtype float32, got {V.dtype_of(bias)}")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    V.choice("activation", activation, list(ACTIVATION_CODES))
+    odev = V.device_of(bias=bias, out=out)
+    if (bias is not None or out is not None) and odev != dev:
+        raise ValueError(f"bias / out are {odev} arrays but the quantized inputs are on {dev}: "
+                         "all inputs and out= must be on the same device")
+    V.out(out, out_shape, F32, bias=bias, **inputs)
+    return ACTIVATION_CODES[activation]
+
+
+def _prepacked(w):
+    return any(isinstance(k, tuple) and k and k[0] == "int8_gemm" for k in w.cached_keys())
+
+
+def describe_matmul_int8(a_q, b_q, *, bias=None, activation=None, out_dtype=np.float32, out=None):
+    """Validate a matmul_int8 call: Call.args = Int8Args, key Int8Key."""
+    _quantized("a_q", a_q, "(..., M, K) of int8 or uint8")
+    _quantized("b_q", b_q, "(K, N) of int8")
+    if np.dtype(out_dtype) != F32:
+        raise ValueError(f"out_dtype must be float32, got {np.dtype(out_dtype)}")
+    if a_q.ndim < 2:
+        raise ValueError(f"a_q must have at least 2 dimensions (..., M, K), got shape {a_q.shape}")
+    if b_q.ndim != 2:
+        raise ValueError(f"b_q must have 2 dimensions (K, N), got shape {b_q.shape}")
+    if b_q.dtype != np.int8:
+        raise TypeError(f"b_q must hold int8 values (the signed operand of the u8 x s8 product), got {b_q.dtype}")
+    if a_q.axis is not None and a_q.axis != a_q.ndim - 2:
+        if a_q.axis == a_q.ndim - 1:
+            raise ValueError("a_q has a per-channel scale along K (axis -1): it cannot be factored out of the "
+                             "sum over K; quantize a per tensor or per row (axis -2)")
+        raise ValueError(f"a_q must be quantized per tensor or per row (axis {a_q.ndim - 2}), got axis {a_q.axis}")
+    if b_q.axis == 0:
+        raise ValueError("b_q has a per-channel scale along K (axis 0): it cannot be factored out of the sum "
+                         "over K; quantize b per tensor or per column (axis 1)")
+    if a_q.device != b_q.device:
+        raise ValueError(f"a_q is a {a_q.device} array but b_q is a {b_q.device} array: "
+                         "all inputs must be on the same device")
+    m, k = a_q.shape[-2:]
+    kb, n = b_q.shape
+    if kb != k:
+        raise ValueError(f"b_q must have K={k} rows to match a_q (..., {m}, {k}), got shape {b_q.shape}")
+    _check_k(k)
+    out_shape = a_q.shape[:-1] + (n,)
+    code = _common(bias, out, activation, n, out_shape, a_q.device, a=a_q.values, b=b_q.values)
+    rows = math.prod(a_q.shape[:-1])
+    key = Int8Key("matmul_int8", a_q.device, F32, bucket(rows), bucket(n), bucket(k), str(a_q.dtype), code,
+                  bias is not None, _prepacked(b_q))
+    return Call(key, Int8Args(a_q, b_q, bias, out, code, False), _prep_notes(b_q, "b_q"))
+
+
+def describe_dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=None):
+    """Validate a dynamic_quant_linear call: Call.args = Int8Args, key Int8Key."""
+    V.required(x=x)
+    _quantized("w_q", w_q, "(N, K) of int8")
+    dev = V.device_of(x=x)
+    if V.dtype_of(x) != F32:
+        raise TypeError(f"x must have dtype float32, got {V.dtype_of(x)}")
+    V.rank("x", x, (1, 64), " (..., K)")
+    if w_q.ndim != 2:
+        raise ValueError(f"w_q must have 2 dimensions (N, K), got shape {w_q.shape}")
+    if w_q.dtype != np.int8:
+        raise TypeError(f"w_q must hold int8 values (the signed operand of the u8 x s8 product), got {w_q.dtype}")
+    if w_q.axis == 1:
+        raise ValueError("w_q has a per-channel scale along K (axis 1): it cannot be factored out of the sum "
+                         "over K; quantize the weight per tensor or per output channel (axis 0)")
+    if w_q.device != dev:
+        raise ValueError(f"x is a {dev} array but w_q is a {w_q.device} array: all inputs must be on the same device")
+    k = x.shape[-1]
+    n, kw = w_q.shape
+    if kw != k:
+        raise ValueError(f"w_q must have K={k} columns to match x (..., {k}), got shape {w_q.shape}")
+    _check_k(k)
+    out_shape = tuple(x.shape[:-1]) + (n,)
+    code = _common(bias, out, activation, n, out_shape, dev, x=x, w=w_q.values)
+    rows = math.prod(x.shape[:-1])
+    key = Int8Key("dynamic_quant_linear", dev, F32, bucket(rows), bucket(n), bucket(k), "float32", code,
+                  bias is not None, _prepacked(w_q))
+    return Call(key, Int8Args(x, w_q, bias, out, code, True), _prep_notes(w_q, "w_q"))
+
+
+def _prep_notes(w, name):
+    done = [k[1] for k in w.cached_keys() if isinstance(k, tuple) and k and k[0] == "int8_gemm"]
+    if done:
+        paths = ", ".join(K.PATH_NAMES[p] for p in sorted(done))
+        return (f"{name} prepacked (cached on the QuantizedArray, packed once, reused): {paths}",)
+    return (f"{name} is packed on this call and cached on the QuantizedArray: later calls reuse it",)
+
+
+# ---- host preparation ------------------------------------------------------------------------------
+
+class _PackedW(NamedTuple):
+    bp: np.ndarray       # int32 words: micro-kernel panels (packed paths) / (K, N) int8 (portable)
+    colsum: np.ndarray   # float64 (N,)
+    sb: np.ndarray       # float64 (N,) column scales
+    zb: np.ndarray       # float64 (N,) column zero points
+
+
+def _column_params(w, n):
+    sb = np.broadcast_to(w.scale.astype(np.float64), (n,)).copy()
+    zb = np.broadcast_to(w.zero_point.astype(np.float64), (n,)).copy()
+    return sb, zb
+
+
+def _packed_weight(w, transposed, path):
+    """The weight's layout for `path`, made once per QuantizedArray (thread-safe: q.cached)."""
+    def make():
+        vals = np.asarray(w.values)
+        n = vals.shape[0] if transposed else vals.shape[1]
+        sb, zb = _column_params(w, n)
+        if path == K.PATH_PORTABLE:
+            b2 = np.ascontiguousarray(vals.T if transposed else vals)
+            colsum = b2.astype(np.int64).sum(axis=0).astype(np.float64)
+            packed = _PackedW(b2, colsum, sb, zb)
+        else:
+            bp, colsum = K.pack_b(vals, transposed, path)
+            packed = _PackedW(bp, colsum, sb, zb)
+        for arr in packed:
+            arr.flags.writeable = False
+        return packed
+
+    return w.cached(("int8_gemm", path, transposed), make)
+
+
+def _row_params(a, rows, m):
+    """(sa, za) float64 per flattened row for a QuantizedArray a (per tensor or per row)."""
+    sa = a.scale.astype(np.float64)
+    za = a.zero_point.astype(np.float64)
+    if a.axis is None:
+        return np.full(rows, float(sa)), np.full(rows, float(za))
+    reps = rows // m
+    return np.tile(sa, reps), np.tile(za, reps)
+
+
+# Task blocking of the packed GEMM: whole row panels per task (the A panels of a task stay
+# in L2 while its B panels stream), columns split until there are TASKS_MIN tasks.
+# Measured 2026-11-25 (Sapphire Rapids host, 2 threads, loaded by other jobs; medians of 40):
+# 128x768x768 vnni512 (row panels, column panels per task): (16, 1) 256 us, (16, 2) 255,
+# (8, 2) 255, (4, 4) 258 (quantization of A included): the blocking hardly matters at this
+# size, so the rule only keeps both threads busy.
+TASKS_MIN = 8
+
+
+def _blocks(mp, npn):
+    nc = max(1, npn // TASKS_MIN) if mp <= 16 else max(1, npn // 2)
+    mc = mp if mp <= 16 else 16
+    return mc, nc, -(-mp // mc) * -(-npn // nc)
+
+
+def _run_packed(path):
+    mr, nr, kg = K.TILES[path]
+    et = np.uint8 if path == K.PATH_VNNI512 else np.int16
+
+    def run(params, a, w, bias, out, code, transposed):
+        pw = _packed_weight(w, transposed, path)
+        if transposed:
+            x = a
+            kdim = x.shape[-1]
+            rows = math.prod(x.shape[:-1])
+            out_shape = tuple(x.shape[:-1]) + (w.shape[0],)
+        else:
+            kdim = a.shape[-1]
+            rows = math.prod(a.shape[:-1])
+            out_shape = a.shape[:-1] + (w.shape[1],)
+        n = out_shape[-1]
+        res = result_buffer(out, out_shape, F32)
+        if res.size == 0:
+            return deliver(res, out)
+        kq = -(-kdim // kg)
+        mp = -(-rows // mr)
+        abuf = np.empty((mp * mr, kq * kg), et)
+        c = np.empty(rows)
+        rs = np.empty(rows)
+        if transposed:
+            x2 = kernel_input(x.reshape(rows, kdim) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(rows, kdim))
+            sa = np.empty(rows)
+            K.quant_pack_a(x2, abuf, sa, c, rs)
+            if not np.all(np.isfinite(sa)):
+                raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+        else:
+            a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
+            sa, za = _row_params(a, rows, a.shape[-2])
+            K.pack_a_int(a2, 128 if a.dtype == np.int8 else 0, za, abuf, c, rs)
+        bias_v = np.zeros(n, F32) if bias is None else kernel_input(bias)
+        out2 = res.reshape(rows, n)
+        npn = -(-n // nr)
+        mc, nc, ntasks = _blocks(mp, npn)
+        run_dynamic(K.GEMM[path], ntasks, abuf.reshape(-1).view(np.int32), pw.bp, rows, n, kq, sa, c, rs, pw.sb,
+                    pw.colsum, pw.zb, bias_v, code, out2, mc, nc)
+        return deliver(res, out)
+
+    return run
+
+
+def _run_portable(params, a, w, bias, out, code, transposed):
+    pw = _packed_weight(w, transposed, K.PATH_PORTABLE)
+    kdim = a.shape[-1]
+    rows = math.prod(a.shape[:-1])
+    n = pw.bp.shape[1]
+    out_shape = tuple(a.shape[:-1]) + (n,)
+    res = result_buffer(out, out_shape, F32)
+    if res.size == 0:
+        return deliver(res, out)
+    if transposed:
+        x2 = kernel_input(np.ascontiguousarray(a).reshape(rows, kdim))
+        q = np.empty((rows, kdim), np.uint8)
+        sa = np.empty(rows)
+        zp = np.empty(rows)
+        K.quant_rows(x2, q, sa, zp)
+        if not np.all(np.isfinite(sa)):
+            raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+        a2, shift, za = q, 0, zp
+    else:
+        a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
+        shift = 128 if a.dtype == np.int8 else 0
+        sa, za = _row_params(a, rows, a.shape[-2])
+    c = shift + za
+    rs = a2.astype(np.int64).sum(axis=1).astype(np.float64) + kdim * (shift - c)
+    bias_v = np.zeros(n, F32) if bias is None else kernel_input(bias)
+    ntasks = rows * -(-n // K.PORTABLE_NB)
+    K.gemm_portable(a2, shift, pw.bp, rows, n, kdim, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, code,
+                    res.reshape(rows, n), ntasks)
+    return deliver(res, out)
+
+
+# ---- work model ------------------------------------------------------------------------------
+
+def _dims(call):
+    a, w = call.args.a, call.args.w
+    rows = math.prod(a.shape[:-1])
+    n = w.shape[0] if call.args.transposed else w.shape[1]
+    return rows, n, a.shape[-1]
+
+
+def _flops(call):
+    """2 integer ops per multiply-add, plus the epilogue (dequantize, bias, activation) per
+    output; dynamic_quant_linear adds ~5 per x element (range, divide, round, clamp)."""
+    rows, n, k = _dims(call)
+    per_out = 2 * k + 4 + (call.args.bias is not None) + FLOPS_PER_ELEMENT[call.args.act]
+    extra = 5 * rows * k if call.args.transposed else 0
+    return rows * n * per_out + extra
+
+
+def _bytes(call):
+    """a (1 byte, or 4 for float32 x) and the int8 weight read once, float32 result written."""
+    rows, n, k = _dims(call)
+    a_bytes = rows * k * (4 if call.args.transposed else 1)
+    return a_bytes + n * k + 4 * rows * n + (4 * n if call.args.bias is not None else 0)
+
+
+# ---- selection -------------------------------------------------------------------------------
+
+_HOST = K.host_paths()
+_IMPL_PATH = {"cpu-vnni512": K.PATH_VNNI512, "cpu-avx2": K.PATH_AVX2, "cpu-portable": K.PATH_PORTABLE}
+
+
+def _order(key):
+    """The widest integer dot product the host has: VNNI first, then AVX2, then loops."""
+    names = [n for n in ("cpu-vnni512", "cpu-avx2") if _HOST[_IMPL_PATH[n]] is None] + ["cpu-portable"]
+    rest = [n for n in ("cpu-vnni512", "cpu-avx2") if n not in names]
+    first = names[0]
+    why = {"cpu-vnni512": "host has AVX-512 VNNI: vpdpbusd, 64 u8 x s8 products per instruction",
+           "cpu-avx2": "host has AVX2 but no AVX-512 VNNI: exact int16 vpmaddwd, 16 products per instruction",
+           "cpu-portable": "host has neither AVX-512 VNNI nor AVX2: plain int32 loops"}[first]
+    return tuple(names + rest), why
+
+
+_RULE = Rule(("cpu-vnni512", "cpu-avx2", "cpu-portable"), _order)
+
+
+def _supports(path):
+    def supports(key):
+        why = _HOST[path]
+        return [] if why is None else [why]
+    return supports
+
+
+def _int_values(rng, shape, lo, hi, dtype):
+    return rng.integers(lo, hi + 1, size=shape, dtype=dtype)
+
+
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark / example inputs: a_q int8 per row with zero points, b_q / w_q full-range
+    int8 per column (symmetric), bias and x standard normal float32 (the ops are float32
+    whatever `dtype` asks)."""
+    out = {}
+    for name, s in shapes.items():
+        if name == "a_q":
+            m = s[-2]
+            vals = _int_values(rng, s, -128, 127, np.int8)
+            scale = (0.01 * (1.0 + np.abs(rng.standard_normal(m)))).astype(np.float32)
+            zp = _int_values(rng, (m,), -8, 8, np.int8)
+            out[name] = QuantizedArray(vals, scale, zp, axis=len(s) - 2)
+        elif name in ("b_q", "w_q"):
+            axis = 1 if name == "b_q" else 0
+            vals = _int_values(rng, s, -128, 127, np.int8)
+            scale = (0.02 / math.sqrt(s[1 - axis]) * (1.0 + np.abs(rng.standard_normal(s[axis])))).astype(np.float32)
+            out[name] = QuantizedArray(vals, scale, None, axis=axis)
+        else:
+            out[name] = np.asarray(rng.standard_normal(s)).astype(np.float32)
+    return out
+
+
+def _sig_matmul(i):
+    return (i["a_q"], i["b_q"]), {"bias": i.get("bias"), "activation": i.get("activation")}
+
+
+def _sig_dql(i):
+    return (i["x"], i["w_q"], i.get("bias")), {"activation": i.get("activation")}
+
+
+def _variants(bias_at):
+    def variant(activation, with_bias):
+        def make(args, kwargs):
+            args, kwargs = list(args), dict(kwargs, activation=activation)
+            n = args[1].shape[0] if bias_at[0] == "args" else args[1].shape[-1]
+            bias = np.zeros(n, np.float32) if with_bias else None
+            if bias_at[0] == "args":
+                args[bias_at[1]] = bias
+            else:
+                kwargs[bias_at[1]] = bias
+            return tuple(args), kwargs
+        return make
+
+    out = {"no epilogue": variant(None, False), "bias": variant(None, True)}
+    out.update({act: variant(act, True) for act in ACTIVATION_CODES if act is not None})
+    return out
+
+
+_NOTES = {
+    "cpu-vnni512": ("AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32) 8x48 register tile on zmm; A rows read in place "
+                    "(int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed once per "
+                    "QuantizedArray into 48-column panels of 4-byte groups with its column sums; prange over "
+                    "row x column blocks; zero-point corrections, scales, bias and activation fused per tile"),
+    "cpu-avx2": ("AVX2: vpmaddwd on int16 operands (exact; vpmaddubsw's int16 saturation avoided), 6x16 tile on "
+                 "ymm; weight packed once per QuantizedArray as int16 pairs; same fused epilogue"),
+    "cpu-portable": "plain int32 numba loops over the unpacked weight (any host); same fused epilogue",
+}
+
+
+def _register(name, describe, signature, bias_at):
+    op = register_op(Op(name, describe, family="int8_linalg", bound="compute", signature=signature, flops=_flops,
+                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize, variants=_variants(bias_at)))
+    for impl, path in _IMPL_PATH.items():
+        run = _run_portable if path == K.PATH_PORTABLE else _run_packed(path)
+        register(Implementation(name, impl, "cpu", run, dtypes=(F32,), supports=_supports(path),
+                                notes=_NOTES[impl], kernel_modules=_KERNELS))
+    return op
+
+
+_matmul_int8 = _register("matmul_int8", describe_matmul_int8, _sig_matmul, ("kwargs", "bias"))
+_dql = _register("dynamic_quant_linear", describe_dynamic_quant_linear, _sig_dql, ("args", 2))
+
+
+@_matmul_int8.expose
+def matmul_int8(a_q, b_q, *, bias=None, activation=None, out_dtype=np.float32, out=None):
+    """act(dequantize(a_q) @ dequantize(b_q) + bias) with int32 accumulation.
+
+    a_q: QuantizedArray (..., M, K) int8 or uint8, per tensor or per row (axis -2);
+    b_q: QuantizedArray (K, N) int8, per tensor or per column (axis 1); bias (N,) float32
+    or None; activation None / "relu" / "gelu" / "gelu_tanh" / "silu" (fused).  Returns
+    (..., M, N) float32 (out_dtype must be float32), written into out= when given.  Exact
+    up to the final rounding to float32 for K <= 65793 (larger K: ValueError)."""
+    return _matmul_int8(a_q, b_q, bias=bias, activation=activation, out_dtype=out_dtype, out=out)
+
+
+@_dql.expose
+def dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=None):
+    """act(x @ dequantize(w_q).T + bias) with x quantized per row to uint8 on the fly
+    (ONNX DynamicQuantizeLinear's formulas per row) and an int8 GEMM.
+
+    x: float32 (..., K), finite; w_q: QuantizedArray (N, K) int8 (PyTorch Linear layout),
+    per tensor or per output channel (axis 0); bias (N,) float32 or None.  Returns (..., N)
+    float32, written into out= when given.  The result is exactly (up to the final
+    float32 rounding) the float64 product of the dequantized quantized x and w_q."""
+    return _dql(x, w_q, bias, activation=activation, out=out)

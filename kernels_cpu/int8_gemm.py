@@ -1,0 +1,442 @@
+"""int8 GEMM with int32 accumulation and a fused dequantize + bias + activation epilogue.
+
+    out[m, n] = act(sa[m] * sb[n] * X[m, n] + bias[n]),
+    X[m, n]   = sum_k (a[m, k] - za[m]) * (b[k, n] - zb[n])          (an exact integer)
+
+a: int8 or uint8 activations (per-row or per-tensor scale / zero point), b: int8 weights
+(per-column or per-tensor).  The kernels multiply the *unshifted* unsigned activations
+au = a + s (s = 128 for int8 a, 0 for uint8) with the signed weights, as the hardware's
+u8 x s8 dot product wants, and correct afterwards:
+
+    acc[m, n] = sum_k au[m, k] * b[k, n]                             (int32, exact)
+    X[m, n]   = acc[m, n] - c[m] * colsum[n] - zb[n] * rsa[m]
+    c[m] = s + za[m],  colsum[n] = sum_k b[k, n],  rsa[m] = sum_k (a[m, k] - za[m])
+
+colsum is computed once when the weight is packed; c and rsa when A is packed.  Exactness:
+|au| <= 255 and |b| <= 128, so |acc| <= K * 32640 < 2^31 for K <= MAX_K = 65793; the
+epilogue evaluates X in float64, where every term is an integer below 2^53 (exact), then
+(sa * sb) (exact in float64: 24-bit significands) times X, + bias, rounded once to float32,
+then the activation (kernels_cpu/approx.py's float32 functions).
+
+Instruction paths (chosen per call by the dispatcher from the host's features, see
+`host_paths`; each compiled only when used, so a host without AVX-512 never compiles the
+VNNI kernel):
+  PATH_VNNI512  AVX-512 VNNI `vpdpbusd` on zmm registers (llvm.x86.avx512.vpdpbusd.512):
+                16 int32 lanes, each += 4 u8 x s8 products.  Register tile MR_V x NR_V =
+                8 x 48 (24 zmm accumulators, 3 B vectors, 1 broadcast A word: 28 of 32).
+                A's rows are read in place, a 4-byte word at a time (broadcast), from a
+                copy padded to whole tiles and words; B is packed as [panel][k/4][NR][4] s8.
+  PATH_AVX2     AVX2 `vpmaddwd` (llvm.x86.avx2.pmadd.wd) on int16 operands: exact (int16
+                products, pair sums in int32), unlike `vpmaddubsw`, whose int16 pair sums
+                saturate (255 * 127 * 2 > 32767; onnxruntime's AVX2 u8s8 kernel does).
+                Register tile MR_A x NR_A = 6 x 16 (12 ymm accumulators, 2 B, 1 A).  A
+                rows as int16 (words of 2), B as [panel][k/2][NR][2] int16.
+  PATH_PORTABLE plain numba int32 loops on the unpacked operands (any host).
+Both packed paths run the same driver body (gemm_vnni512 / gemm_avx2): prange over (row block x column block)
+tasks handed out one at a time (parallel.run_dynamic), each task running the micro-kernel
+over the whole K (no K blocking: a 48-column B panel of K = 4096 is 192 KiB, in L2) into a
+small int32 tile, then the epilogue from that tile straight into the output (fused: the
+output is written once).  Few rows (decode) take the same path: one row panel, the tasks
+split the columns, and each packed weight panel is streamed once.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu
+
+PATH_VNNI512, PATH_AVX2, PATH_PORTABLE = 0, 1, 2
+PATH_NAMES = {PATH_VNNI512: "avx512-vnni vpdpbusd (zmm, u8 x s8)",
+              PATH_AVX2: "avx2 vpmaddwd (ymm, int16 x int16, exact)",
+              PATH_PORTABLE: "portable int32 loops"}
+
+# K limit of the exact int32 accumulation: K * 255 * 128 <= 2^31 - 1.
+MAX_K = (2**31 - 1) // (255 * 128)
+
+# Register tiles (rows MR, columns NR) and K group (products per int32 lane and step).
+MR_V, NR_V, KG_V = 8, 48, 4
+MR_A, NR_A, KG_A = 6, 16, 2
+TILES = {PATH_VNNI512: (MR_V, NR_V, KG_V), PATH_AVX2: (MR_A, NR_A, KG_A)}
+
+
+def host_paths():
+    """{path: None if it can run on this host, else the reason it cannot} from LLVM's view
+    of the host CPU (the same features numba compiles for)."""
+    try:
+        import llvmlite.binding as ll
+        feats = ll.get_host_cpu_features()
+        cpu = ll.get_host_cpu_name()
+    except Exception:  # noqa: BLE001 - no feature list: only the portable path
+        feats, cpu = {}, "?"
+    out = {PATH_PORTABLE: None}
+    need = ("avx512f", "avx512bw", "avx512vnni")
+    miss = [f for f in need if not feats.get(f)]
+    out[PATH_VNNI512] = None if not miss else f"host {cpu} lacks {', '.join(miss)}"
+    out[PATH_AVX2] = None if feats.get("avx2") else f"host {cpu} lacks avx2"
+    return out
+
+
+# ---- the micro-kernel -------------------------------------------------------------------------
+
+def _micro_typer(path):
+    mr, nr, _ = TILES[path]
+    lanes = 16 if path == PATH_VNNI512 else 8
+    nv = nr // lanes
+
+    def typer(typingctx, kq, ap, aoff, lda, bp, boff, t):
+        for arr in (ap, bp, t):
+            if not (isinstance(arr, types.Array) and arr.dtype == types.int32):
+                return None
+
+        def codegen(context, builder, sig, args):
+            i32, i64, i16 = ir.IntType(32), ir.IntType(64), ir.IntType(16)
+            vty = ir.VectorType(i32, lanes)
+
+            def i64_of(pos):
+                return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+            def data(pos):
+                return context.make_array(sig.args[pos])(context, builder, args[pos]).data
+
+            apd = builder.gep(data(1), [i64_of(2)])
+            lda = i64_of(3)
+            bpd = builder.gep(data(4), [i64_of(5)])
+            tpd = data(6)
+            arows = [builder.gep(apd, [builder.mul(lda, ir.Constant(i64, i))]) for i in range(mr)]
+            if path == PATH_VNNI512:
+                dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
+                                                     "llvm.x86.avx512.vpdpbusd.512")
+            else:
+                wty = ir.VectorType(i16, 2 * lanes)
+                pmadd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [wty, wty]),
+                                                       "llvm.x86.avx2.pmadd.wd")
+            zero = ir.Constant(vty, [ir.Constant(i32, 0)] * lanes)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+            undef = ir.Constant(vty, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+            with cgutils.for_range(builder, i64_of(0)) as loop:
+                k = loop.index
+                bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
+                bvec = [builder.load(builder.bitcast(builder.gep(bbase, [ir.Constant(i64, v * lanes)]),
+                                                     vty.as_pointer()), align=4) for v in range(nv)]
+                if path == PATH_AVX2:
+                    bvec = [builder.bitcast(b, wty) for b in bvec]
+                for i in range(mr):
+                    a = builder.load(builder.gep(arows[i], [k]), align=1)
+                    av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
+                    for v in range(nv):
+                        old = builder.load(accs[i][v])
+                        if path == PATH_VNNI512:
+                            new = builder.call(dot, [old, av, bvec[v]])   # old += u8(av) . s8(b)
+                        else:
+                            new = builder.add(old, builder.call(pmadd, [builder.bitcast(av, wty), bvec[v]]))
+                        builder.store(new, accs[i][v])
+            for i in range(mr):
+                for v in range(nv):
+                    ptr = builder.gep(tpd, [ir.Constant(i64, i * nr + v * lanes)])
+                    builder.store(builder.load(accs[i][v]), builder.bitcast(ptr, vty.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.none(kq, ap, aoff, lda, bp, boff, t), codegen
+
+    return typer
+
+
+@intrinsic
+def micro_vnni512(typingctx, kq, ap, aoff, lda, bp, boff, t):
+    """t[i*NR_V + j] = sum over kq groups of 4 of u8(A) . s8(B) for the MR_V x NR_V tile;
+    ap / bp / t int32 arrays (words of 4 bytes), A row i's word k at ap[aoff + i*lda + k]
+    (A is not interleaved: its rows, padded to whole words, are read in place), the B panel
+    at bp[boff:] (kq x NR_V words).
+
+    Emits, per group: NR_V/16 zmm loads of B, MR_V broadcast A words and MR_V * NR_V/16
+    `vpdpbusd` (llvm.x86.avx512.vpdpbusd.512) into zmm accumulators (allocas mem2reg keeps
+    in registers); then the tile stored to t."""
+    return _micro_typer(PATH_VNNI512)(typingctx, kq, ap, aoff, lda, bp, boff, t)
+
+
+@intrinsic
+def micro_avx2(typingctx, kq, ap, aoff, lda, bp, boff, t):
+    """micro_vnni512's AVX2 twin: MR_A x NR_A tile, words of 2 int16, `vpmaddwd`
+    (llvm.x86.avx2.pmadd.wd: exact int16 x int16 pair sums) plus `vpaddd` per step."""
+    return _micro_typer(PATH_AVX2)(typingctx, kq, ap, aoff, lda, bp, boff, t)
+
+
+# ---- epilogue --------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _epi_row(acc, sa, c, rs, sb, colsum, zb, bias, dst, n, code):
+    """dst[j] = act(f32(sa * sb[j] * (acc[j] - c * colsum[j] - zb[j] * rs) + bias[j])), j < n:
+    float64 arithmetic on exact integers (see the module docstring), one rounding to float32
+    before the activation; one branch-free loop per activation."""
+    if code == ACT_RELU:
+        for j in range(n):
+            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
+            dst[j] = relu(np.float32(sa * sb[j] * x + bias[j]))
+    elif code == ACT_GELU:
+        for j in range(n):
+            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
+            dst[j] = gelu(np.float32(sa * sb[j] * x + bias[j]))
+    elif code == ACT_GELU_TANH:
+        for j in range(n):
+            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
+            dst[j] = gelu_tanh(np.float32(sa * sb[j] * x + bias[j]))
+    elif code == ACT_SILU:
+        for j in range(n):
+            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
+            dst[j] = silu(np.float32(sa * sb[j] * x + bias[j]))
+    else:
+        for j in range(n):
+            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
+            dst[j] = np.float32(sa * sb[j] * x + bias[j])
+
+
+# ---- packing ---------------------------------------------------------------------------------
+
+def pack_b(b, transposed, path):
+    """The weight in the micro-kernel's layout (numpy, once per weight).
+
+    b: int8 (K, N), or (N, K) when transposed (a PyTorch Linear weight).  Returns
+    (bp, colsum): bp an int32 array of npanels * kq * NR words, panel q holding columns
+    q*NR .. q*NR+NR-1 as [k group][column][KG values] (int8 bytes for PATH_VNNI512, int16
+    for PATH_AVX2), zero padded in K and N; colsum float64 (N,) = sum_k b[k, n]."""
+    mr, nr, kg = TILES[path]
+    bk = np.ascontiguousarray(b.T if transposed else b)  # (K, N)
+    k, n = bk.shape
+    kq = -(-k // kg)
+    npn = -(-n // nr)
+    et = np.int8 if path == PATH_VNNI512 else np.int16
+    pad = np.zeros((kq * kg, npn * nr), et)
+    pad[:k, :n] = bk
+    # (kq, kg, npn, nr) -> (npn, kq, nr, kg)
+    packed = np.ascontiguousarray(pad.reshape(kq, kg, npn, nr).transpose(2, 0, 3, 1))
+    colsum = bk.astype(np.int64).sum(axis=0).astype(np.float64)
+    return packed.reshape(-1).view(np.int32), colsum
+
+
+@njit(cache=True, parallel=True)
+def pack_a_int(a2, shift, za, dst, c, rs):
+    """A for the packed paths from integer activations: a2 (M, K) int8 or uint8, au = a +
+    shift (shift 128 for int8, 0 for uint8); dst (Mp, Kp) uint8 (PATH_VNNI512) or int16
+    (PATH_AVX2), Mp / Kp whole register tiles / words, zero padded (the micro-kernel reads
+    A's rows in place, a word of KG values at a time).  za (M,) float64 zero points;
+    c[m] = shift + za[m], rs[m] = sum_k (a - za) (float64, exact)."""
+    M, K = a2.shape
+    Mp, Kp = dst.shape
+    for m in prange(Mp):
+        d = dst[m]
+        if m < M:
+            row = a2[m]
+            s = 0
+            for k in range(K):
+                v = np.int32(row[k]) + shift
+                s += v
+                d[k] = v
+            for k in range(K, Kp):
+                d[k] = 0
+            c[m] = shift + za[m]
+            rs[m] = np.float64(s) - K * c[m]
+        else:
+            for k in range(Kp):
+                d[k] = 0
+
+
+_RINT_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
+
+
+@njit(inline="always")
+def _rint(v):
+    """v rounded to the nearest integer, ties to even, for float32 |v| < 2^22: (v + 1.5*2^23)
+    - 1.5*2^23 in float32 (the addition rounds in the 2^0 place).  numba's np.rint is a libm
+    call per element, which kept the quantization loop scalar (136 us for 128 x 768 on one
+    thread); these kernels are compiled without fastmath, so LLVM keeps both operations."""
+    return (v + _RINT_MAGIC) - _RINT_MAGIC
+
+
+@intrinsic
+def _f32_of_bits(typingctx, b):
+    """The float32 whose bit pattern is the low 32 bits of the integer b."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if v.type.width != 32:
+            v = builder.trunc(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(b), codegen
+
+
+_NEG_INF_KEY = np.int32(-2139095041)  # _order_key(-inf) = 0xFF800000 ^ 0x7FFFFFFF as int32
+_POS_INF_KEY = np.int32(0x7F800000)
+
+
+@njit(inline="always")
+def _row_range(row, K):
+    """(min(0, min x), max(0, max x), finite) of a float32 row, in one integer pass: the
+    bit pattern b maps to the key b ^ ((b >> 31) & 0x7FFFFFFF), whose signed integer order
+    is the float order (and NaNs land beyond the infinities), so the two reductions are
+    integer min / max, which LLVM vectorizes; float min / max reductions stay scalar
+    without fastmath's no-NaN promise (measured 2026-11-25 on this Sapphire Rapids host,
+    128 x 768 on one thread: 98 us as float, 13 us as integers)."""
+    bits = row.view(np.int32)
+    lo = np.int32(0)
+    hi = np.int32(0)
+    for k in range(K):
+        b = bits[k]
+        key = np.int32(b ^ ((b >> 31) & np.int32(0x7FFFFFFF)))
+        lo = min(lo, key)
+        hi = max(hi, key)
+    finite = hi < _POS_INF_KEY and lo > _NEG_INF_KEY
+    lo = lo ^ ((lo >> 31) & np.int32(0x7FFFFFFF))
+    hi = hi ^ ((hi >> 31) & np.int32(0x7FFFFFFF))
+    return _f32_of_bits(lo), _f32_of_bits(hi), finite
+
+
+@njit(inline="always")
+def _quant_row(row, K, qrow):
+    """Per-row asymmetric uint8 quantization, ONNX DynamicQuantizeLinear's formulas on one
+    row (float32 arithmetic, round half to even): scale = (max(0, max x) - min(0, min x)) /
+    255, zp = saturate(round(-min(0, min x) / scale)), q = saturate(round(x / scale) + zp).
+    A row of zeros gets scale 1, zp 0; a row holding NaN or inf scale NaN (nothing
+    written).  Writes q into qrow[0:K] (any integer type wide enough for 0..255); returns
+    (scale, zp)."""
+    lo, hi, finite = _row_range(row, K)
+    if not finite:
+        return np.float32(np.nan), np.int32(0)
+    scale = (hi - lo) / np.float32(255.0)
+    if not (scale > np.float32(0.0)) or scale == np.inf:
+        scale = np.float32(1.0)
+    zp = np.float32(np.rint(np.float32(0.0) - lo / scale))
+    zp = min(max(zp, np.float32(0.0)), np.float32(255.0))
+    for k in range(K):
+        q = _rint(row[k] / scale) + zp
+        q = min(max(q, np.float32(0.0)), np.float32(255.0))
+        qrow[k] = q
+    return scale, np.int32(zp)
+
+
+@njit(cache=True, parallel=True)
+def quant_pack_a(x2, dst, sa, c, rs):
+    """dynamic_quant_linear's A: each row of x2 (M, K) float32 quantized to uint8
+    (_quant_row) straight into dst (Mp, Kp) (as pack_a_int lays it out: no other copy of
+    x), with its scale sa[m], c[m] = zp[m] and rs[m] = sum_k (q - zp).  A row holding NaN
+    or inf gets scale NaN (the caller checks sa before running the GEMM)."""
+    M, K = x2.shape
+    Mp, Kp = dst.shape
+    for m in prange(Mp):
+        d = dst[m]
+        if m < M:
+            scale, zp = _quant_row(x2[m], K, d)
+            s = 0
+            for k in range(K):
+                s += np.int32(d[k])
+            for k in range(K, Kp):
+                d[k] = 0
+            sa[m] = scale
+            c[m] = zp
+            rs[m] = np.float64(s) - K * np.float64(zp)
+        else:
+            for k in range(Kp):
+                d[k] = 0
+
+
+@njit(cache=True)
+def quant_rows(x2, q, sa, zp):
+    """The portable path's dynamic quantization: q (M, K) int32 rows, sa, zp per row."""
+    for m in range(x2.shape[0]):
+        s, z = _quant_row(x2[m], x2.shape[1], q[m])
+        sa[m] = s
+        zp[m] = z
+
+
+# ---- the GEMM drivers --------------------------------------------------------------------------
+
+def _gemm_doc(fn):
+    fn.__doc__ = """out (M, N) float32 = the module docstring's epilogue of the packed product.
+
+    ap / bp: packed A / B (int32 words, TILES[path]); sa, c, rs: per-row float64 (M,); sb,
+    colsum, zb: per-column float64 (N,); bias float32 (N,); code: approx.ACT_*; mc / nc:
+    row / column panels per task; ntasks: the (row block x column block) task count,
+    iterated by prange (the caller sets chunk size 1: parallel.run_dynamic).  One driver
+    per instruction path (the same body): a path's intrinsic is compiled only into its
+    own driver, so a host without AVX-512 never compiles the VNNI code."""
+    return fn
+
+
+@njit(cache=True, parallel=True)
+def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
+    MR, NR = MR_V, NR_V
+    mp = (M + MR - 1) // MR
+    npn = (N + NR - 1) // NR
+    nnb = (npn + nc - 1) // nc
+    for task in prange(ntasks):
+        mb = task // nnb
+        nb = task - mb * nnb
+        t = np.empty(MR * NR, np.int32)
+        for q in range(nb * nc, min(nb * nc + nc, npn)):
+            j0 = q * NR
+            nr = min(NR, N - j0)
+            boff = q * kq * NR
+            for p in range(mb * mc, min(mb * mc + mc, mp)):
+                i0 = p * MR
+                micro_vnni512(kq, ap, p * MR * kq, kq, bp, boff, t)
+                for i in range(min(MR, M - i0)):
+                    m = i0 + i
+                    _epi_row(t[i * NR:i * NR + nr], sa[m], c[m], rs[m], sb[j0:j0 + nr], colsum[j0:j0 + nr],
+                             zb[j0:j0 + nr], bias[j0:j0 + nr], out[m, j0:j0 + nr], nr, code)
+
+
+@njit(cache=True, parallel=True)
+def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
+    MR, NR = MR_A, NR_A
+    mp = (M + MR - 1) // MR
+    npn = (N + NR - 1) // NR
+    nnb = (npn + nc - 1) // nc
+    for task in prange(ntasks):
+        mb = task // nnb
+        nb = task - mb * nnb
+        t = np.empty(MR * NR, np.int32)
+        for q in range(nb * nc, min(nb * nc + nc, npn)):
+            j0 = q * NR
+            nr = min(NR, N - j0)
+            boff = q * kq * NR
+            for p in range(mb * mc, min(mb * mc + mc, mp)):
+                i0 = p * MR
+                micro_avx2(kq, ap, p * MR * kq, kq, bp, boff, t)
+                for i in range(min(MR, M - i0)):
+                    m = i0 + i
+                    _epi_row(t[i * NR:i * NR + nr], sa[m], c[m], rs[m], sb[j0:j0 + nr], colsum[j0:j0 + nr],
+                             zb[j0:j0 + nr], bias[j0:j0 + nr], out[m, j0:j0 + nr], nr, code)
+
+
+_gemm_doc(gemm_vnni512.py_func)
+_gemm_doc(gemm_avx2.py_func)
+GEMM = {PATH_VNNI512: gemm_vnni512, PATH_AVX2: gemm_avx2}
+
+
+PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row in L1)
+
+
+@njit(cache=True, parallel=True)
+def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code, out, ntasks):
+    """The portable path: a2 (M, K) integer activations (int8 / uint8 / int32 quantized
+    rows), used as a + shift; b2 (K, N) int8.  Same epilogue; prange over (row x column
+    block) tasks."""
+    nnb = (N + PORTABLE_NB - 1) // PORTABLE_NB
+    for task in prange(ntasks):
+        m = task // nnb
+        j0 = (task - m * nnb) * PORTABLE_NB
+        nl = min(PORTABLE_NB, N - j0)
+        acc = np.zeros(PORTABLE_NB, np.int32)
+        row = a2[m]
+        for k in range(K):
+            av = np.int32(row[k]) + shift
+            brow = b2[k]
+            for j in range(nl):
+                acc[j] += av * np.int32(brow[j0 + j])
+        _epi_row(acc, sa[m], c[m], rs[m], sb[j0:j0 + nl], colsum[j0:j0 + nl], zb[j0:j0 + nl],
+                 bias[j0:j0 + nl], out[m, j0:j0 + nl], nl, code)

@@ -1,0 +1,357 @@
+"""dispatch.matmul_int8 and dispatch.dynamic_quant_linear against the float64 references,
+every implementation forced (on this AVX-512 host: the VNNI, the AVX2 and the portable
+paths): the integer sum is exact, so the float32 result must be the float64 value rounded
+once (within one float32 ulp).  Per-tensor / per-row / per-column scales, int8 and uint8
+a, zero points, full-range weights with -128 (vpmaddubsw's saturation trap), K not a
+multiple of the 4-byte groups, M / N of 1 and off the register tiles, batched a, bias and
+every activation, NaN / inf bias, out=, bad input, the prepacked weight."""
+import numpy as np
+import pytest
+
+import dispatch
+from dispatch.quantized import QuantizedArray
+from tests.reference import int8_linalg as ref
+from tests.support import ON_CUDA, SMALL_SHAPES, assert_close, impl_params, poisoned, rng, run, to_host, to_target
+
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+
+# (a shape, b shape (K, N))
+MATMUL_FULL = [
+    ((1, 1), (1, 1)),
+    ((1, 5), (5, 48)),           # M = 1, K = 5 (one group of 4 and a tail)
+    ((7, 3), (3, 1)),            # N = 1, K = 3
+    ((9, 65), (65, 49)),         # one past the 8 x 48 tile
+    ((17, 130), (130, 97)),
+    ((130, 64), (64, 100)),      # many row panels
+    ((2, 3, 7, 19), (19, 33)),   # batched a
+    ((64, 768), (768, 96)),
+]
+MATMUL_SMALL = [((1, 5), (5, 7)), ((3, 9), (9, 10)), ((2, 3, 6), (6, 5))]
+MATMUL_SHAPES = MATMUL_SMALL if SMALL_SHAPES else MATMUL_FULL
+LINEAR_FULL = [((1, 64), (100, 64)), ((33,), (9, 33)), ((5, 3, 31), (17, 31)), ((130, 70), (50, 70))]
+LINEAR_SMALL = [((1, 8), (6, 8)), ((2, 3, 5), (4, 5))]
+LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
+
+
+def _ints(g, shape, dtype):
+    lo, hi = (-128, 127) if np.dtype(dtype) == np.int8 else (0, 255)
+    return g.integers(lo, hi + 1, size=shape, dtype=dtype)
+
+
+def _scales(g, n, unit=1.0):
+    return ((0.001 + g.random(n)) * unit).astype(np.float32)
+
+
+def make_a(g, shape, dtype=np.int8, kind="row", zp=True, unit=1.0):
+    vals = _ints(g, shape, dtype)
+    m = shape[-2]
+    if kind == "row":
+        z = _ints(g, (m,), dtype) if zp else None
+        return QuantizedArray(vals, _scales(g, m, unit), z, axis=len(shape) - 2)
+    z = _ints(g, (), dtype) if zp else None
+    return QuantizedArray(vals, _scales(g, 1, unit)[0], z)
+
+
+def make_b(g, shape, kind="col", zp=False, axis=1, unit=1.0):
+    vals = _ints(g, shape, np.int8)
+    if kind == "col":
+        n = shape[axis]
+        return QuantizedArray(vals, _scales(g, n, unit), _ints(g, (n,), np.int8) if zp else None, axis=axis)
+    return QuantizedArray(vals, _scales(g, 1, unit)[0], _ints(g, (), np.int8) if zp else None)
+
+
+def assert_one_rounding(got, want, what=""):
+    """got (float32) is the float64 want rounded once: within one float32 ulp of it, NaN /
+    inf patterns equal."""
+    got = np.asarray(got)
+    assert got.dtype == np.float32, what
+    assert got.shape == want.shape, (got.shape, want.shape)
+    fin = np.isfinite(want)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), f"{what}: NaN pattern differs"
+    assert np.array_equal(got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)].astype(np.float32)), what
+    g, w = got[fin].astype(np.float64), want[fin]
+    ulp = np.spacing(np.abs(w).astype(np.float32)).astype(np.float64)
+    bad = np.abs(g - w) > ulp
+    if bad.any():
+        i = int(np.argmax(np.abs(g - w) / ulp))
+        raise AssertionError(f"{what}: {int(bad.sum())} element(s) beyond one float32 rounding; worst got {g[i]!r}, "
+                             f"exact {w[i]!r} ({abs(g[i] - w[i]) / ulp[i]:.2f} ulp)")
+
+
+def _call(impl, fn, *args, **kwargs):
+    return run(impl, fn, *args, **kwargs)
+
+
+# ---- matmul_int8 -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("b_kind", ["col", "tensor"])
+@pytest.mark.parametrize("a_kind", ["row", "tensor"])
+@pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("sa, sb", MATMUL_SHAPES, ids=str)
+@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+def test_matmul_int8_exact(impl, sa, sb, a_dtype, a_kind, b_kind):
+    g = rng()
+    a = make_a(g, sa, a_dtype, a_kind)
+    b = make_b(g, sb, b_kind, zp=bool(g.integers(2)))
+    got = _call(impl, dispatch.matmul_int8, a, b)
+    assert_one_rounding(got, ref.matmul_int8(a, b), f"{impl} {sa}x{sb}")
+
+
+@pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+def test_full_range_extremes_do_not_saturate(impl, a_dtype):
+    """a at its extremes (255 for uint8, -128 for int8 (stored 0 after the +128 shift)) against
+    weights of -128 / 127: pair sums of 255 * -128 * 2 overflow int16 (vpmaddubsw saturates
+    there); every path must give the exact sum."""
+    k, n = (12, 5) if SMALL_SHAPES else (260, 50)
+    g = rng()
+    hi = 255 if a_dtype == np.uint8 else 127
+    lo = 0 if a_dtype == np.uint8 else -128
+    av = np.where(g.random((3, k)) < 0.8, hi, lo).astype(a_dtype)
+    bv = np.where(g.random((k, n)) < 0.5, -128, 127).astype(np.int8)
+    bv[:, 0] = -128
+    av[0] = hi
+    a = QuantizedArray(av, np.float32(1.0))
+    b = QuantizedArray(bv, np.float32(1.0))
+    got = _call(impl, dispatch.matmul_int8, a, b)
+    want = ref.matmul_int8(a, b)
+    assert got[0, 0] == hi * -128 * k
+    assert_one_rounding(got, want, impl)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+def test_matmul_int8_bias_and_activation(impl, activation):
+    g = rng()
+    sa, sb = ((2, 3, 9), (9, 10)) if SMALL_SHAPES else ((3, 21, 70), (70, 53))
+    a = make_a(g, sa, np.uint8, "row", unit=1 / 128)   # outputs of order one: the activations' range
+    b = make_b(g, sb, "col", zp=True, unit=1 / (128 * np.sqrt(sb[0])))
+    bias = g.standard_normal(sb[1]).astype(np.float32)
+    got = _call(impl, dispatch.matmul_int8, a, b, bias=bias, activation=activation)
+    want = ref.matmul_int8(a, b, bias=bias, activation=activation)
+    if activation in (None, "relu"):
+        assert_one_rounding(got, want, f"{impl} {activation}")
+    else:
+        assert_close(got, want, 1e-5, f"{impl} {activation}", cancel=True)
+
+
+@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+def test_nonfinite_bias_propagates(impl):
+    g = rng()
+    a = make_a(g, (5, 13), np.int8, "row")
+    b = make_b(g, (13, 6), "col")
+    bias = g.standard_normal(6).astype(np.float32)
+    bias[1], bias[3], bias[4] = np.nan, np.inf, -np.inf
+    got = _call(impl, dispatch.matmul_int8, a, b, bias=bias, activation="relu")
+    want = ref.matmul_int8(a, b, bias=bias, activation="relu")
+    assert np.isnan(got[:, 1]).all() and np.isposinf(got[:, 3]).all() and (got[:, 4] == 0).all()
+    assert_one_rounding(got, want, impl)
+
+
+@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+def test_matmul_int8_out(impl):
+    g = rng()
+    a = make_a(g, (2, 7, 11), np.int8, "row")
+    b = make_b(g, (11, 9), "col")
+    want = ref.matmul_int8(a, b)
+    out = poisoned((2, 7, 9), np.float32)
+    with dispatch.use(matmul_int8=impl):
+        got = dispatch.matmul_int8(a, b, out=out)
+    assert got is out
+    assert_one_rounding(to_host(out), want, impl)
+    if not ON_CUDA:  # a non-contiguous out= is filled as well
+        big = np.full((2, 7, 18), np.nan, np.float32)
+        with dispatch.use(matmul_int8=impl):
+            got = dispatch.matmul_int8(a, b, out=big[..., ::2])
+        assert_one_rounding(big[..., ::2], want, impl)
+        assert np.isnan(big[..., 1::2]).all()
+
+
+def test_empty_and_zero_rows():
+    g = rng()
+    a = make_a(g, (0, 8), np.int8, "tensor")
+    b = make_b(g, (8, 5), "col")
+    assert dispatch.matmul_int8(a, b).shape == (0, 5)
+    # x rows of zeros quantize with scale 1, zp 0: exact zeros (+ bias)
+    x = np.zeros((3, 8), np.float32)
+    w = make_b(g, (5, 8), "col", axis=0)
+    bias = g.standard_normal(5).astype(np.float32)
+    np.testing.assert_array_equal(dispatch.dynamic_quant_linear(x, w, bias), np.broadcast_to(bias, (3, 5)))
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+def _bad_cases():
+    g = np.random.default_rng(0)
+    a = make_a(g, (4, 8), np.int8, "row")
+    b = make_b(g, (8, 5), "col")
+    a_k = QuantizedArray(a.values, _scales(g, 8), axis=1)
+    b_k = QuantizedArray(b.values, _scales(g, 8), axis=0)
+    b_u8 = QuantizedArray(_ints(g, (8, 5), np.uint8), np.float32(1.0))
+    return [
+        ("a_q", TypeError, (a.values, b), {}),
+        ("a_q", TypeError, (np.zeros((4, 8), np.float32), b), {}),
+        ("b_q", TypeError, (a, b.values), {}),
+        ("a_q", ValueError, (a_k, b), {}),                       # scale along K
+        ("b_q", ValueError, (a, b_k), {}),                       # scale along K
+        ("b_q", TypeError, (a, b_u8), {}),
+        ("b_q", ValueError, (a, make_b(g, (7, 5), "col")), {}),  # K mismatch
+        ("b_q", ValueError, (a, QuantizedArray(np.zeros((2, 8, 5), np.int8), np.float32(1))), {}),
+        ("bias", ValueError, (a, b), {"bias": np.zeros(4, np.float32)}),
+        ("bias", TypeError, (a, b), {"bias": np.zeros(5, np.float64)}),
+        ("activation", ValueError, (a, b), {"activation": "tanh"}),
+        ("out_dtype", ValueError, (a, b), {"out_dtype": np.float64}),
+        ("out", ValueError, (a, b), {"out": np.zeros((4, 6), np.float32)}),
+        ("out", TypeError, (a, b), {"out": np.zeros((4, 5), np.float64)}),
+    ]
+
+
+@pytest.mark.parametrize("name, exc, args, kwargs", _bad_cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_matmul_int8_bad_input(name, exc, args, kwargs):
+    out = kwargs.get("out")
+    if out is None:
+        out = np.full((4, 5), np.nan, np.float32)
+        kwargs = {**kwargs, "out": out}
+    with pytest.raises(exc, match=name):
+        dispatch.matmul_int8(*args, **kwargs)
+    assert np.all(np.isnan(out)) or not np.any(out)
+
+
+def test_k_too_large_refused():
+    k = ref_max_k = 65793 + 1
+    assert ref_max_k == dispatch.registry.OPS["matmul_int8"].describe.__globals__["MAX_K"] + 1
+    a = QuantizedArray(np.zeros((1, k), np.int8), np.float32(1))
+    b = QuantizedArray(np.zeros((k, 1), np.int8), np.float32(1))
+    with pytest.raises(ValueError, match="K = 65794 is too large"):
+        dispatch.matmul_int8(a, b)
+    with pytest.raises(ValueError, match="too large"):
+        dispatch.dynamic_quant_linear(np.zeros((1, k), np.float32), QuantizedArray(np.zeros((1, k), np.int8),
+                                                                                   np.float32(1)))
+
+
+def test_dynamic_quant_linear_bad_input():
+    g = np.random.default_rng(1)
+    x = g.standard_normal((3, 8)).astype(np.float32)
+    w = make_b(g, (5, 8), "col", axis=0)
+    with pytest.raises(TypeError, match="w_q"):
+        dispatch.dynamic_quant_linear(x, w.values)
+    with pytest.raises(ValueError, match="w_q"):
+        dispatch.dynamic_quant_linear(x, QuantizedArray(w.values, _scales(g, 8), axis=1))
+    with pytest.raises(ValueError, match="w_q"):
+        dispatch.dynamic_quant_linear(x[:, :7], w)
+    with pytest.raises(TypeError, match="x"):
+        dispatch.dynamic_quant_linear(x.astype(np.float64), w)
+    out = np.full((3, 5), np.nan, np.float32)
+    for bad in (np.nan, np.inf, -np.inf):
+        xb = x.copy()
+        xb[1, 2] = bad
+        for impl in impl_params("dynamic_quant_linear"):
+            with dispatch.use(dynamic_quant_linear=impl.values[0]), pytest.raises(ValueError, match="x must be finite"):
+                dispatch.dynamic_quant_linear(xb, w, out=out)
+    assert np.isnan(out).all()
+
+
+# ---- dynamic_quant_linear ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("w_kind", ["col", "tensor"])
+@pytest.mark.parametrize("sx, sw", LINEAR_SHAPES, ids=str)
+@pytest.mark.parametrize("impl", impl_params("dynamic_quant_linear"))
+def test_dynamic_quant_linear_exact(impl, sx, sw, w_kind):
+    g = rng()
+    x = g.standard_normal(sx).astype(np.float32)
+    if x.ndim >= 2:
+        x[..., 0, :] = np.abs(x[..., 0, :])    # a one-sided row (zp 0)
+        x[..., -1, :] *= 50                    # a row of another scale
+    w = make_b(g, sw, w_kind, axis=0, zp=w_kind == "tensor")
+    got = _call(impl, dispatch.dynamic_quant_linear, x, w)
+    assert_one_rounding(got, ref.dynamic_quant_linear(x, w), f"{impl} {sx}")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("impl", impl_params("dynamic_quant_linear"))
+def test_dynamic_quant_linear_bias_and_activation(impl, activation):
+    g = rng()
+    sx, sw = ((3, 7), (6, 7)) if SMALL_SHAPES else ((20, 96), (70, 96))
+    x = g.standard_normal(sx).astype(np.float32)
+    w = make_b(g, sw, "col", axis=0, unit=1 / (128 * np.sqrt(sw[1])))
+    bias = g.standard_normal(sw[0]).astype(np.float32)
+    got = _call(impl, dispatch.dynamic_quant_linear, x, w, bias, activation=activation)
+    want = ref.dynamic_quant_linear(x, w, bias, activation=activation)
+    if activation in (None, "relu"):
+        assert_one_rounding(got, want, f"{impl} {activation}")
+    else:
+        assert_close(got, want, 1e-5, f"{impl} {activation}", cancel=True)
+
+
+def test_quantization_matches_the_reference_quantizer():
+    """The kernels' per-row quantization is the reference's, integer for integer: checked
+    through a weight that is the identity (the product returns the quantized x)."""
+    g = rng()
+    k = 40
+    x = (g.standard_normal((6, k)) * np.array([[1], [10], [1e-3], [1e4], [0.5], [3]])).astype(np.float32)
+    x[4] = np.abs(x[4])
+    x[5] = -np.abs(x[5])
+    w = QuantizedArray(np.eye(k, dtype=np.int8), np.float32(1))
+    q, s, z = ref.quantize_rows_dynamic(x)
+    for impl in impl_params("dynamic_quant_linear"):
+        with dispatch.use(dynamic_quant_linear=impl.values[0]):
+            got = dispatch.dynamic_quant_linear(x, w)
+        np.testing.assert_array_equal(got, ((q.astype(np.float64) - z[:, None]) * s[:, None]).astype(np.float32))
+
+
+def test_dynamic_quant_linear_accuracy_against_float():
+    """Against the unquantized float32 linear: per-row uint8 activations and per-channel
+    int8 weights keep the normwise relative error near 1% on normal data (a sanity bound)."""
+    g = rng()
+    x = g.standard_normal((32, 256)).astype(np.float32)
+    wf = (g.standard_normal((64, 256)) / 16).astype(np.float32)
+    w = ref.quantize(wf, np.int8, axis=0, symmetric=True)
+    got = dispatch.dynamic_quant_linear(x, w)
+    full = x.astype(np.float64) @ wf.T.astype(np.float64)
+    err = np.max(np.abs(got - full)) / np.max(np.abs(full))
+    assert err < 0.03, err
+
+
+# ---- the prepacked weight, the paths ------------------------------------------------------------------
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU packing")
+def test_weight_is_packed_once_and_explain_says_so():
+    g = rng()
+    a = make_a(g, (9, 40), np.int8, "row")
+    b = make_b(g, (40, 50), "col")
+    e = dispatch.explain("matmul_int8", a, b)
+    assert not e.key.prepacked and "packed on this call" in str(e)
+    dispatch.matmul_int8(a, b)
+    e = dispatch.explain("matmul_int8", a, b)
+    assert e.key.prepacked and "prepacked" in str(e) and e.chosen in str(e)
+    keys = b.cached_keys()
+    first = b.cached(keys[0], lambda: None)
+    dispatch.matmul_int8(a, b)
+    assert b.cached_keys() == keys and b.cached(keys[0], lambda: None) is first
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU rule")
+def test_rule_follows_the_host_features(monkeypatch):
+    from dispatch import select
+    from dispatch.ops import int8_linalg as M
+    from kernels_cpu import int8_gemm as K
+
+    g = rng()
+    a = make_a(g, (9, 40), np.int8, "row")
+    b = make_b(g, (40, 50), "col")
+    host = dict(M._HOST)
+    expected = "cpu-vnni512" if host[K.PATH_VNNI512] is None else "cpu-avx2" if host[K.PATH_AVX2] is None \
+        else "cpu-portable"
+    assert dispatch.explain("matmul_int8", a, b).chosen == expected
+    monkeypatch.setitem(M._HOST, K.PATH_VNNI512, "host lacks avx512vnni (simulated)")
+    select.clear_cache()
+    e = dispatch.explain("matmul_int8", a, b)
+    assert e.chosen == ("cpu-avx2" if host[K.PATH_AVX2] is None else "cpu-portable")
+    assert "avx512vnni (simulated)" in str(e)
+    with dispatch.use(matmul_int8="cpu-vnni512"), pytest.raises(dispatch.NoImplementationError):
+        dispatch.matmul_int8(a, b)
+    monkeypatch.setitem(M._HOST, K.PATH_AVX2, "host lacks avx2 (simulated)")
+    select.clear_cache()
+    assert dispatch.explain("matmul_int8", a, b).chosen == "cpu-portable"
+    monkeypatch.undo()
+    select.clear_cache()
