@@ -49,6 +49,7 @@ class Explanation:
             if impl.notes:
                 lines.append(f"  notes: {impl.notes}")
         lines += [f"  layout: {n}" for n in self._layout_notes()]
+        lines += [f"  prepared: {n}" for n in getattr(self.call, "prep_notes", ())]
         for name, verdict, reasons in self.candidates:
             if verdict != "chosen":
                 lines.append(f"  {name}: {verdict}: {'; '.join(reasons)}")

@@ -82,7 +82,7 @@ class QuantizedArray:
                 zp = zp.reshape(())
             if zp.shape != want:
                 raise ValueError(f"zero_point must have scale's shape {want}, got {zp.shape}")
-            zp = np.ascontiguousarray(zp)
+            zp = np.ascontiguousarray(zp).reshape(want)  # ascontiguousarray makes a 0-d array 1-d
         scale.setflags(write=False)
         zp.setflags(write=False)
         object.__setattr__(self, "scale", scale)
@@ -122,6 +122,11 @@ class QuantizedArray:
             if key not in self._cache:
                 self._cache[key] = make()
             return self._cache[key]
+
+    def cached_keys(self) -> tuple:
+        """The keys cached() holds so far (what `explain` reports as already prepacked)."""
+        with self._lock:
+            return tuple(self._cache)
 
     def __repr__(self):
         kind = "per-tensor" if self.axis is None else f"per-channel axis={self.axis}"
