@@ -90,4 +90,10 @@ def has_out(op: registry.Op) -> bool:
 
 
 def cpu_impls(op: registry.Op):
-    return [impl.name for impl in op.implementations.values() if impl.device == "cpu"]
+    """op's CPU implementations that take its example inputs.  Left out: those that refuse
+    the small example's key outright, i.e. that serve another kind of input of the same op
+    (linear's weight-only *-wo-* kernels take low-precision weights only; their own test
+    file, tests/test_weight_only.py, runs them, threads included)."""
+    args, kwargs = call_args(op, inputs(op, "small", seed=0))
+    key = op.describe(*args, **kwargs).key
+    return [impl.name for impl in op.implementations.values() if impl.device == "cpu" and not impl.refusals(key)]

@@ -27,9 +27,11 @@ import numba
 import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
+from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 from kernels_cpu import gemm as K
 
 from .. import validate as V
+from ..quantized import QuantizedArray
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import deliver, kernel_input, result_buffer
 
@@ -47,6 +49,7 @@ class GemmKey(NamedTuple):
     act: int            # kernels_common.activation.ACT_*
     has_bias: bool
     prepacked: bool = False  # the weight / b came as a PackedWeight
+    weight_format: int = WEIGHT_DENSE  # kernels_common.quant.WEIGHT_*: a low-precision linear weight (ops/weight_only.py)
 
 
 class GemmArgs(NamedTuple):
@@ -145,6 +148,9 @@ def prepack(weight, *, op="linear", groups=1):
     if isinstance(weight, PackedWeight):
         raise TypeError(f"weight is already a PackedWeight ({weight!r})")
     V.required(weight=weight)
+    if isinstance(weight, QuantizedArray) or getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2:
+        raise TypeError(f"prepack: a low-precision weight ({getattr(weight, 'dtype', None)}) is not prepacked: pass it to "
+                        "linear as it is (the weight-only kernels read it in place, dispatch/ops/weight_only.py)")
     if V.device_of(weight=weight) != "cpu":
         raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU kernels")
     dt = V.float_dtype("weight", weight)
@@ -212,6 +218,11 @@ def describe_linear(x, weight, bias=None, *, activation=None, out=None):
     """Validate a linear call: Call.args = GemmArgs (a = x, b = weight, b_is_nk True), key
     GemmKey with batch 1 and M the product of x's leading dims.  weight may be a
     PackedWeight (op="linear")."""
+    if isinstance(weight, QuantizedArray) or getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2:
+        from .weight_only import describe_low_precision  # it imports this module
+        call = describe_low_precision(x, weight, bias, activation=activation, out=out)
+        if call is not None:  # None: float16 x with a float16 weight, a dense call
+            return call
     weight, packed = _unpack("weight", weight, "linear")
     dev, dt, code = _common_checks("x", x, "weight", weight, bias, out, activation)
     V.rank("x", x, (1, 64), " (..., K)")
@@ -419,6 +430,9 @@ def _bytes(call):
     """Fewest bytes: read a, b and bias once (broadcast batches once), write the result."""
     a, b, bias = call.args.a, call.args.b, call.args.bias
     batch, m, n, k = _dims(call)
+    if isinstance(b, QuantizedArray) or b.dtype.itemsize != a.dtype.itemsize:  # a low-precision weight
+        wb = (b.values.nbytes if isinstance(b, QuantizedArray) else b.size * b.dtype.itemsize)
+        return (a.size + (bias.size if bias is not None else 0) + batch * m * n) * a.dtype.itemsize + wb
     elems = a.size + b.size + (bias.size if bias is not None else 0) + batch * m * n
     return elems * a.dtype.itemsize
 
@@ -478,6 +492,9 @@ SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 
 
 def _order(key):
+    if key.weight_format != WEIGHT_DENSE:
+        from .weight_only import order  # it imports this module
+        return order(key)
     m, n, k = key.m, key.n, key.k
     epilogue = key.act != ACT_NONE or key.has_bias
     if key.prepacked and m >= GEMV_ROWS and epilogue:
@@ -505,6 +522,17 @@ _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel
 
 
 _RULE = Rule(("cpu-gemm", "cpu-gemv", "blas"), _order)
+# linear also takes low-precision weights (dispatch/ops/weight_only.py registers these)
+_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm"), _order)
+
+
+def dense_weight(key) -> list:
+    """supports() of the dense implementations: a low-precision weight goes to the weight-only ones."""
+    fmt = getattr(key, "weight_format", WEIGHT_DENSE)
+    if fmt == WEIGHT_DENSE:
+        return []
+    return [f"weight is {WEIGHT_FORMAT_NAMES[fmt]}: the dense kernels read weights of x's dtype "
+            "(the weight-only implementations *-wo-* take it)"]
 
 
 def _synthesize(shapes, params, rng, dtype):
@@ -547,11 +575,14 @@ def _epilogue_variants(bias_at):
 
 def _register(name, describe, signature, bias_at):
     op = register_op(Op(name, describe, family="linalg", bound="compute", signature=signature, flops=_flops,
-                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize,
+                        bytes=_bytes, rules={"cpu": _RULE_LINEAR if name == "linear" else _RULE}, synthesize=_synthesize,
                         variants=_epilogue_variants(bias_at)))
-    register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS))
-    register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV, kernel_modules=_KERNELS))
-    register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS,
+                            supports=dense_weight))
+    register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV, kernel_modules=_KERNELS,
+                            supports=dense_weight))
+    register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS, kernel_modules=_KERNELS,
+                            supports=dense_weight))
     return op
 
 

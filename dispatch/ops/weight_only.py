@@ -1,0 +1,277 @@
+"""Weight-only low precision for `linear` (issue #12): the weight is stored in 16 or 8 bits,
+x and the accumulation stay float32.
+
+    linear(x, weight, bias=None, *, activation=None, out=None)
+        weight (N, K) given as one of
+          numpy float16                       (format "float16")
+          ml_dtypes.bfloat16                  (format "bfloat16"; plain uint16 bits are
+                                               refused: pass bits.view(ml_dtypes.bfloat16))
+          QuantizedArray of int8 values, per-channel along axis 0 (one scale / zero point per
+                                               output row) or per-tensor (format "int8
+                                               per-channel": a per-tensor scale is the same
+                                               scale for every row)
+        x (..., K) float32 (CPU; float32 or float16 on CUDA), bias (N,) of x's dtype.
+        Result: act(x @ dequant(weight).T + bias), (..., N) in x's dtype, where dequant is
+        the exact float32 value of each weight (int8: (q - zero_point) * scale).
+    float64 x with a low-precision weight is refused (TypeError): the kernels accumulate in
+    float32, and a float64 call would silently lose the precision the caller asked for;
+    cast x to float32.
+
+The conversion happens inside the kernels, in registers: no float32 copy of the whole
+weight is made (the GEMM path for many rows widens one block of rows at a time into a
+per-call buffer).  The weight is read in place when it is C-contiguous; a non-contiguous
+weight is copied to C order in its own storage type (a QuantizedArray's values once per
+object, cached on it).
+
+This module registers implementations of the existing op "linear" (dispatch/ops/linalg.py
+builds the key: GemmKey.weight_format, a kernels_common.quant.WEIGHT_* code; the dense
+implementations refuse a low-precision key and these refuse a dense one):
+  cpu-wo-gemv   kernels_cpu.weight_only.wo_gemv: dot products over weight rows widened in
+                registers, each weight byte read once for up to 4 rows of x (decode);
+  cpu-wo-gemm   blocks of WO_GEMM_ROWS weight rows widened into a float32 buffer, then the
+                dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) on each block;
+  cuda-wo-gemv  (dispatch/cuda_impls/weight_only.py) warp-per-row GEMV.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from kernels_common.activation import ACT_NONE
+from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
+from kernels_cpu import weight_only as KW
+
+from .. import validate as V
+from ..quantized import QuantizedArray
+from ..registry import Call, Implementation, bucket, register
+from . import linalg as L
+from ._common import deliver, kernel_input, result_buffer
+
+_KERNELS = ("kernels_cpu.weight_only", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+
+
+def is_bfloat16(dtype) -> bool:
+    """ml_dtypes.bfloat16 (or any 2-byte dtype numpy calls bfloat16), recognised without
+    importing ml_dtypes."""
+    return getattr(dtype, "name", None) == "bfloat16" and getattr(dtype, "itemsize", 0) == 2
+
+
+def weight_format(x_dtype, weight) -> int:
+    """The WEIGHT_* format of linear's weight for an x of x_dtype: WEIGHT_DENSE for a weight
+    of x's float dtype (the dense path validates it), else the low-precision format; a
+    weight that is neither is a TypeError saying how to pass it."""
+    if isinstance(weight, QuantizedArray):
+        if weight.dtype != np.int8:
+            raise TypeError(f"weight: a QuantizedArray weight must hold int8 values, got {weight.dtype} "
+                            "(quantize to symmetric int8, kernels_common.quant)")
+        return WEIGHT_INT8
+    dt = getattr(weight, "dtype", None)
+    if dt is None:
+        return WEIGHT_DENSE
+    if is_bfloat16(dt):
+        return WEIGHT_BF16
+    try:
+        dt = V.dtype_of(weight)
+    except Exception:  # noqa: BLE001 - not an array: the dense path's validation names it
+        return WEIGHT_DENSE
+    if dt == _F16 and np.dtype(x_dtype) != _F16:
+        return WEIGHT_F16
+    if dt == np.uint16:
+        raise TypeError("weight has dtype uint16: bfloat16 weights are passed as ml_dtypes.bfloat16 arrays "
+                        "(bits.view(ml_dtypes.bfloat16) for their 16-bit patterns), float16 ones as float16")
+    if dt in (np.dtype(np.int8), np.dtype(np.uint8)):
+        raise TypeError(f"weight has dtype {dt}: an integer weight needs its scale, pass it as a "
+                        "dispatch.QuantizedArray(values, scale, zero_point, axis=0) (per output row) or axis=None")
+    return WEIGHT_DENSE
+
+
+def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
+    """linear's describe for a low-precision weight (None when the weight is dense: the
+    caller goes on with the dense description).  Key: linalg.GemmKey with weight_format;
+    args: linalg.GemmArgs with b = the weight as given (array or QuantizedArray)."""
+    V.required(x=x, weight=weight)
+    fmt = weight_format(V.dtype_of(x), weight)
+    if fmt == WEIGHT_DENSE:
+        return None
+    values = weight.values if isinstance(weight, QuantizedArray) else weight
+    dev = V.device_of(x=x, weight=values, bias=bias, out=out)
+    xdt = V.dtype_of(x)
+    allowed = (_F32,) if dev == "cpu" else (_F32, _F16)
+    if xdt not in allowed:
+        names = " or ".join(d.name for d in allowed)
+        raise TypeError(f"x must be {names} with a {WEIGHT_FORMAT_NAMES[fmt]} weight (the kernels accumulate in "
+                        f"float32), got {xdt}" + ("; cast x to float32" if xdt == np.float64 else ""))
+    if bias is not None:
+        V.same_dtype("bias", bias, "x", xdt)
+    V.choice("activation", activation, list(L.ACTIVATION_CODES))
+    code = L.ACTIVATION_CODES[activation]
+    V.rank("x", x, (1, 64), " (..., K)")
+    V.rank("weight", values, 2, " (N, K)")
+    if isinstance(weight, QuantizedArray) and weight.axis not in (None, 0):
+        raise ValueError(f"weight: a QuantizedArray linear weight (N, K) is quantized per output row (axis=0) "
+                         f"or per tensor (axis=None), got axis={weight.axis}")
+    k = x.shape[-1]
+    n, kw = values.shape
+    if kw != k:
+        raise ValueError(f"weight must have K={k} columns to match x (..., {k}), got shape {tuple(values.shape)}")
+    L._check_bias(bias, n, f"weight ({n}, {k})")
+    out_shape = tuple(x.shape[:-1]) + (n,)
+    V.out(out, out_shape, xdt, x=x, weight=values, bias=bias)
+    m = math.prod(x.shape[:-1])
+    key = L.GemmKey(op="linear", device=dev, dtype=xdt, batch=1, m=bucket(m), n=bucket(n), k=bucket(k), act=code,
+                    has_bias=bias is not None, prepacked=False, weight_format=fmt)
+    return Call(key, L.GemmArgs(x, weight, bias, out, code, True, None))
+
+
+def refuse_dense(key) -> list:
+    """supports() of the weight-only implementations: they take low-precision weights only."""
+    if getattr(key, "weight_format", WEIGHT_DENSE) == WEIGHT_DENSE:
+        return ["weight is dense (float32/float64): the weight-only kernels read float16, bfloat16 or int8 "
+                "QuantizedArray weights"]
+    return []
+
+
+# ---- host preparation ----------------------------------------------------------------------
+
+def _scales(q: QuantizedArray, n: int):
+    """(scale, zero point) as float32 (N,) vectors, made once per QuantizedArray."""
+    def make():
+        sc = np.ascontiguousarray(np.broadcast_to(q.scale, (n,)), np.float32)
+        zp = np.ascontiguousarray(np.broadcast_to(q.zero_point, (n,)), np.float32)
+        sc.flags.writeable = zp.flags.writeable = False
+        return sc, zp
+    return q.cached(("wo-scales", n), make)
+
+
+_UNIT = {}
+_UNIT_LOCK = threading.Lock()
+
+
+def _unit(n):
+    """Unused scale / zero point vectors of the float formats (one read-only pair per N)."""
+    hit = _UNIT.get(n)
+    if hit is None:
+        with _UNIT_LOCK:
+            hit = _UNIT.setdefault(n, (np.ones(n, np.float32), np.zeros(n, np.float32)))
+            for a in hit:
+                a.flags.writeable = False
+    return hit
+
+
+def host_weight(weight):
+    """(w2, fmt, scale, zp): the weight as a C-contiguous (N, K) uint16 (float16 / bfloat16
+    bits) or int8 array for the kernels, its format and the float32 (N,) scale / zero point
+    vectors (ones / zeros for the float formats), all typed writeable (kernel_input)."""
+    if isinstance(weight, QuantizedArray):
+        w2 = weight.cached("cpu-contiguous", lambda: np.ascontiguousarray(weight.values))
+        sc, zp = _scales(weight, w2.shape[0])
+        return kernel_input(w2), WEIGHT_INT8, kernel_input(sc), kernel_input(zp)
+    fmt = WEIGHT_BF16 if is_bfloat16(weight.dtype) else WEIGHT_F16
+    w2 = kernel_input(np.ascontiguousarray(weight).view(np.uint16))
+    sc, zp = _unit(w2.shape[0])
+    return w2, fmt, kernel_input(sc), kernel_input(zp)
+
+
+def _prepare(x, weight, bias, out):
+    k = x.shape[-1]
+    m = math.prod(x.shape[:-1])
+    w2, fmt, sc, zp = host_weight(weight)
+    n = w2.shape[0]
+    x2 = kernel_input(np.ascontiguousarray(x).reshape(m, k))
+    res = result_buffer(out, tuple(x.shape[:-1]) + (n,), _F32)
+    bias_v = L._zeros(n, _F32) if bias is None else kernel_input(bias)
+    return x2, w2, fmt, sc, zp, bias_v, res, m, n, k
+
+
+def _run_gemv(params, x, weight, bias, out, code, b_is_nk, packed=None):
+    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
+    if res.size:
+        out2 = res.reshape(m, n)
+        if k == 0:
+            L._degenerate(out2.reshape(1, m, n), bias_v, code)
+        else:
+            KW.wo_gemv(x2, w2, fmt, sc, zp, bias_v, code, KW.active_lanes() == 16, out2)
+    return deliver(res, out)
+
+
+_WORKSPACE = threading.local()
+
+
+def _block_buffers(rows, k, m):
+    """(block, tmp): the calling thread's float32 buffers for one widened block of the
+    weight (rows, K) and its product (m, rows), kept for the next call (per Python thread:
+    the kernels release the GIL).  Not linalg's workspace: its GEMM packs into that one."""
+    need = rows * k + m * rows
+    buf = getattr(_WORKSPACE, "buf", None)
+    if buf is None or buf.size < need:
+        buf = np.empty(need, np.float32)
+        if need <= L.WORKSPACE_KEEP:
+            _WORKSPACE.buf = buf
+    return buf[:rows * k].reshape(rows, k), buf[rows * k:need]
+
+
+# Rows of the weight widened per block on the GEMM path: a 256 x 4096 float32 block is 4 MiB
+# (the GEMM's B operand, packed again by it).  Not tuned: the ratio to the dense GEMM at
+# M = 128 is in bench/cases/weight_only.py's notes.
+WO_GEMM_ROWS = 256
+
+
+def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
+    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
+    if not res.size:
+        return deliver(res, out)
+    out2 = res.reshape(m, n)
+    if k == 0:
+        L._degenerate(out2.reshape(1, m, n), bias_v, code)
+        return deliver(res, out)
+    rows = min(WO_GEMM_ROWS, n)
+    blk, tmp = _block_buffers(rows, k, m)
+    a3 = x2.reshape(1, m, k)
+    epilogue = bias is not None or code != ACT_NONE
+    for n0 in range(0, n, rows):
+        nb = min(rows, n - n0)
+        b = blk[:nb]
+        KW.widen_rows(w2, fmt, sc, zp, n0, b)
+        o3 = tmp[:m * nb].reshape(1, m, nb)
+        L._gemm(a3, b.reshape(1, nb, k), L._ZERO_IDX, L._ZERO_IDX, False, True,
+                np.ascontiguousarray(bias_v[n0:n0 + nb]), code, epilogue, o3, None)
+        out2[:, n0:n0 + nb] = o3[0]
+    return deliver(res, out)
+
+
+# ---- selection -----------------------------------------------------------------------------
+
+# Rows of x below which the GEMV path wins.  Not measured at the boundary yet: the GEMV
+# reads each weight byte once for up to 4 rows (16 lanes; 2 with 8) and again from L2 for
+# each further group of rows, while the GEMM path pays the widening of the whole weight
+# plus the dense GEMM; 8 is the dense rule's GEMV_ROWS.
+WO_GEMV_ROWS = 8
+
+
+def order(key):
+    """The CPU candidates for a low-precision key, best first, and why."""
+    name = WEIGHT_FORMAT_NAMES[key.weight_format]
+    if key.m < WO_GEMV_ROWS:
+        return (("cpu-wo-gemv", "cpu-wo-gemm"),
+                f"{name} weight, M bucket {key.m} < {WO_GEMV_ROWS}: weights widened in registers, each byte read once "
+                "(memory bound: the bytes of the weight)")
+    return (("cpu-wo-gemm", "cpu-wo-gemv"),
+            f"{name} weight, M bucket {key.m} >= {WO_GEMV_ROWS}: blocks of the weight widened to float32, then the "
+            "dense GEMM (compute bound)")
+
+
+_NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
+               "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
+               "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
+               "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
+_NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ROWS} weight rows widened to float32 "
+               "(per-call buffer), then the own GEMM (cpu-gemm) on each block with bias + activation fused")
+
+register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,), supports=refuse_dense,
+                        notes=_NOTES_GEMV, kernel_modules=_KERNELS))
+register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32,), supports=refuse_dense,
+                        notes=_NOTES_GEMM, kernel_modules=_KERNELS))

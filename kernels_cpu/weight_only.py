@@ -1,0 +1,364 @@
+"""Weight-only low precision linear: out = act(x @ dequant(W).T + bias), x float32 (M, K),
+W (N, K) stored as float16, bfloat16 (its 16-bit patterns, uint16) or int8 with a float32
+scale (and zero point) per output row; float32 accumulation.  The weight is widened in
+registers inside the loop: no float32 copy of it is ever made (wo_gemv), or only one block
+of rows at a time into a per-call buffer (widen_rows, the GEMM path for many rows).
+
+wo_gemv (decode, M = 1..~8): prange over blocks of NB output rows.  A task walks its rows in
+groups of TB = 4 weight rows; for each group and each group of up to TA rows of x, the
+`wo_tile` intrinsic computes the TA x TB dot products over K with TA * TB vector
+accumulators: per step, TB loads of W vectors of 16-bit / 8-bit weights, widened in
+registers (bfloat16: zero-extend to 32 bits and shift left 16; float16: fpext <W x half>,
+which LLVM lowers to vcvtph2ps; int8: sign-extend and sitofp), TA loads of x and TA * TB
+FMAs; while a group streams, the next group's rows are prefetched (llvm.prefetch), so each
+group is read from L2 after the first.  A weight byte is read from memory once per call
+when M <= TA (all x rows of the call in one group).  int8: the dot product is taken with the
+raw integers q; the zero point enters through the row sum of x and the per-row scale once
+after the dot product: out[m, n] = scale[n] * (sum_k x[m, k] q[n, k] - zp[n] sum_k x[m, k]).
+
+Vector width: 16 float32 lanes (zmm) where the target has avx512f, else 8 (ymm: AVX2 +
+F16C + FMA, every x86-64 host with AVX2 has F16C).  Both widths are compiled into the same
+kernel and chosen by its `wide` argument, so tests run the 8-lane path on an AVX-512 host.
+TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
+registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
+
+widen_rows (many rows, M >= ~8): rows n0:n1 of W dequantized into a float32 (n1 - n0, K)
+buffer (the caller then runs the dense GEMM on it: dispatch/ops/weight_only.py).
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
+
+from .approx import JIT
+from .gemm import act_store
+
+TB = 4        # weight rows per tile
+TA_WIDE = 4   # x rows per tile with 16 lanes (16 + 4 + 1 of 32 zmm)
+TA_NARROW = 2  # with 8 lanes (8 + 4 + 1 of 16 ymm)
+# Output rows per gemv task: 64 rows = 172 tasks at N = 11008, enough for dynamic balance
+# on 2 threads; a task's buffers (TA_WIDE x NB float32) stay in L1.  Not tuned separately.
+NB = 64
+
+
+def _target_features():
+    """The CPU features numba compiles for: NUMBA_CPU_FEATURES when set, else the host's."""
+    from numba.core import config
+    if config.CPU_FEATURES:
+        feats = config.CPU_FEATURES
+    else:
+        import llvmlite.binding as ll
+        feats = ll.get_host_cpu_features().flatten()
+    return {f[1:] for f in feats.split(",") if f.startswith("+")}
+
+
+def host_has_avx512() -> bool:
+    try:
+        return "avx512f" in _target_features()
+    except Exception:  # noqa: BLE001 - no feature list: the portable width
+        return False
+
+
+def host_lanes() -> int:
+    """float32 lanes of the vectors wo_gemv uses on this host by default."""
+    return 16 if host_has_avx512() else 8
+
+
+@intrinsic
+def wo_tile(typingctx, fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3, q0, q1, q2, q3, t):
+    """t[i*TB + j] = sum over k < kl of x[x_i + k] * widen(w[w_j + k]) for the ta (literal,
+    1..4) rows of x at offsets x0..x3 and the TB rows of w at offsets w0..w3 (flat arrays;
+    x float32, w uint16 holding float16 / bfloat16 bits or int8, per the literal fmt),
+    prefetching the w rows at offsets q0..q3 on the way (the next group).  lanes (literal 8
+    or 16): float32 lanes per vector.  int8 is widened to its integer value (the caller
+    applies zero point and scale).  A vector loop of kl // lanes steps, a horizontal sum per
+    accumulator, a scalar loop over the last kl % lanes, ta * TB stores to t (float32)."""
+    for lit in (fmt, lanes, ta):
+        if not isinstance(lit, types.IntegerLiteral):
+            return None
+    f, width, nta = fmt.literal_value, lanes.literal_value, ta.literal_value
+    if not (isinstance(x, types.Array) and x.dtype == types.float32 and isinstance(w, types.Array)
+            and isinstance(t, types.Array) and t.dtype == types.float32 and 1 <= nta <= 4 and width in (8, 16)):
+        return None
+    want = types.int8 if f == WEIGHT_INT8 else types.uint16
+    if w.dtype != want or f not in (WEIGHT_F16, WEIGHT_BF16, WEIGHT_INT8):
+        return None
+    sig = types.none(fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3, q0, q1, q2, q3, t)
+
+    def codegen(context, builder, sig, args):
+        fty = ir.FloatType()
+        vty = ir.VectorType(fty, width)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        wbits = 8 if f == WEIGHT_INT8 else 16
+        wint = ir.IntType(wbits)
+        wvty = ir.VectorType(wint, width)
+        wsize = wbits // 8
+
+        def i64_of(pos):
+            return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+        def data(pos):
+            return context.make_array(sig.args[pos])(context, builder, args[pos]).data
+
+        xrows = [builder.gep(data(4), [i64_of(5 + i)]) for i in range(nta)]
+        wrows = [builder.gep(data(9), [i64_of(10 + j)]) for j in range(TB)]
+        i8p = ir.IntType(8).as_pointer()
+        qrows = [builder.bitcast(builder.gep(data(9), [i64_of(14 + j)]), i8p) for j in range(TB)]
+        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
+                                               ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        vfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
+                                              f"llvm.fma.v{width}f32")
+        sfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fty, [fty] * 3), "llvm.fma.f32")
+
+        def widen(v, vec):
+            """float32 (vector or scalar) of 16/8-bit weights v."""
+            ity = ir.VectorType(i32, width) if vec else i32
+            if f == WEIGHT_INT8:
+                return builder.sitofp(builder.sext(v, ity), vty if vec else fty)
+            if f == WEIGHT_BF16:
+                sh = ir.Constant(ity, [16] * width) if vec else ir.Constant(i32, 16)
+                return builder.bitcast(builder.shl(builder.zext(v, ity), sh), vty if vec else fty)
+            hty = ir.VectorType(ir.HalfType(), width) if vec else ir.HalfType()
+            return builder.fpext(builder.bitcast(v, hty), vty if vec else fty)
+
+        kl64 = i64_of(3)
+        nvec = builder.udiv(kl64, ir.Constant(i64, width))
+        zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(TB)] for _ in range(nta)]
+
+        with cgutils.for_range(builder, nvec) as loop:
+            k = builder.mul(loop.index, ir.Constant(i64, width))
+            kb = builder.mul(k, ir.Constant(i64, wsize))
+            for j in range(TB):
+                builder.call(pfn, [builder.gep(qrows[j], [kb]), ir.Constant(i32, 0), ir.Constant(i32, 2),
+                                   ir.Constant(i32, 1)])
+            wv = [widen(builder.load(builder.bitcast(builder.gep(wrows[j], [k]), wvty.as_pointer()), align=wsize),
+                        True) for j in range(TB)]
+            for i in range(nta):
+                xv = builder.load(builder.bitcast(builder.gep(xrows[i], [k]), vty.as_pointer()), align=4)
+                for j in range(TB):
+                    builder.store(builder.call(vfma, [xv, wv[j], builder.load(accs[i][j])]), accs[i][j])
+
+        def hsum(v):
+            n = width
+            while n > 1:
+                n //= 2
+                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, n), list(range(n))))
+                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, n), list(range(n, 2 * n))))
+                v = builder.fadd(lo, hi)
+            return builder.extract_element(v, ir.Constant(i32, 0))
+
+        sums = [[cgutils.alloca_once_value(builder, hsum(builder.load(accs[i][j]))) for j in range(TB)]
+                for i in range(nta)]
+        kv = builder.mul(nvec, ir.Constant(i64, width))
+        with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:
+            k = builder.add(kv, loop.index)
+            ws = [widen(builder.load(builder.gep(wrows[j], [k])), False) for j in range(TB)]
+            for i in range(nta):
+                xs = builder.load(builder.gep(xrows[i], [k]))
+                for j in range(TB):
+                    builder.store(builder.call(sfma, [xs, ws[j], builder.load(sums[i][j])]), sums[i][j])
+        tp = data(18)
+        for i in range(nta):
+            for j in range(TB):
+                builder.store(builder.load(sums[i][j]), builder.gep(tp, [ir.Constant(i64, i * TB + j)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _tile(fmt, wide, ta, kl, x, xo, w, wo, q, t):
+    """wo_tile for a runtime fmt / wide / ta (one inlined copy per combination that the
+    weight's dtype allows: the int8 kernel holds only the int8 tiles)."""
+
+
+@overload(_tile, inline="always")
+def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
+    if not isinstance(w, types.Array):
+        return None
+    if w.dtype == types.int8:
+        def tile8(fmt, wide, ta, kl, x, xo, w, wo, q, t):
+            if wide:
+                if ta == 1:
+                    wo_tile(3, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                elif ta == 2:
+                    wo_tile(3, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                else:
+                    wo_tile(3, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+            else:
+                if ta == 1:
+                    wo_tile(3, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                else:
+                    wo_tile(3, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+        return tile8
+
+    def tile16(fmt, wide, ta, kl, x, xo, w, wo, q, t):
+        if fmt == 2:  # WEIGHT_BF16
+            if wide:
+                if ta == 1:
+                    wo_tile(2, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                elif ta == 2:
+                    wo_tile(2, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                else:
+                    wo_tile(2, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+            else:
+                if ta == 1:
+                    wo_tile(2, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                else:
+                    wo_tile(2, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+        else:
+            if wide:
+                if ta == 1:
+                    wo_tile(1, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                elif ta == 2:
+                    wo_tile(1, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                else:
+                    wo_tile(1, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+            else:
+                if ta == 1:
+                    wo_tile(1, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+                else:
+                    wo_tile(1, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                            q[0], q[1], q[2], q[3], t)
+    return tile16
+
+
+@njit(parallel=True, **JIT)
+def wo_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
+    """out2 = act(x2 @ dequant(w2).T + bias): x2 (M, K) float32, w2 (N, K) uint16 (fmt
+    WEIGHT_F16 / WEIGHT_BF16 bits) or int8 (fmt WEIGHT_INT8, scale / zp (N,) float32 per
+    output row, unused otherwise), bias (N,) float32, code an ACT_*, out2 (M, N) float32;
+    all C-contiguous.  wide: 16-lane vectors (AVX-512 targets only), else 8."""
+    M, K = x2.shape
+    N = w2.shape[0]
+    tamax = TA_WIDE if wide else TA_NARROW
+    xf = x2.ravel()
+    wf = w2.ravel()
+    xsum = np.zeros(M, np.float64)
+    if fmt == WEIGHT_INT8:
+        for m in range(M):
+            s = 0.0
+            for k in range(K):
+                s += x2[m, k]
+            xsum[m] = s
+    ntask = (N + NB - 1) // NB
+    for task in prange(ntask):
+        n0 = task * NB
+        nl = min(NB, N - n0)
+        acc = np.empty((M, NB), np.float32)
+        t = np.empty(4 * TB, np.float32)
+        xo = np.zeros(4, np.int64)
+        wo = np.zeros(TB, np.int64)
+        q = np.zeros(TB, np.int64)
+        for g in range(0, nl, TB):
+            for j in range(TB):
+                wo[j] = (n0 + min(g + j, nl - 1)) * K       # an edge group repeats its last row
+                q[j] = (n0 + min(g + TB + j, nl - 1)) * K   # the next group (the last: itself)
+            for m0 in range(0, M, tamax):
+                ta = min(tamax, M - m0)
+                if ta == 3:
+                    ta = 4
+                for i in range(4):
+                    xo[i] = min(m0 + i, M - 1) * K
+                _tile(fmt, wide, ta, K, xf, xo, wf, wo, q, t)
+                for i in range(min(tamax, M - m0)):
+                    for j in range(min(TB, nl - g)):
+                        acc[m0 + i, g + j] = t[i * TB + j]
+        if fmt == WEIGHT_INT8:
+            for m in range(M):
+                for j in range(nl):
+                    n = n0 + j
+                    acc[m, j] = np.float32(scale[n] * (np.float64(acc[m, j]) - np.float64(zp[n]) * xsum[m]))
+        for m in range(M):
+            act_store(acc[m], bias[n0:n0 + nl], out2[m, n0:n0 + nl], nl, code)
+
+
+@njit(parallel=True, **JIT)
+def widen_rows(w2, fmt, scale, zp, n0, dst):
+    """dst[r, :] = dequant(w2[n0 + r, :]) in float32 for r < dst.shape[0] (w2, fmt, scale,
+    zp as wo_gemv)."""
+    R, K = dst.shape
+    for r in prange(R):
+        src = w2[n0 + r]
+        d = dst[r]
+        if fmt == WEIGHT_INT8:
+            s = scale[n0 + r]
+            z = zp[n0 + r]
+            for k in range(K):
+                d[k] = (np.float32(src[k]) - z) * s
+        else:
+            _widen16(src, d, K, fmt)
+
+
+def _widen16(src, d, K, fmt):
+    """d[k] = the float32 of the 16-bit pattern src[k] (float16 or bfloat16 per fmt)."""
+
+
+@overload(_widen16, inline="always")
+def _widen16_overload(src, d, K, fmt):
+    if not (isinstance(src, types.Array) and src.dtype == types.uint16):
+        return lambda src, d, K, fmt: None
+
+    def impl(src, d, K, fmt):
+        if fmt == WEIGHT_BF16:
+            dv = d.view(np.uint32)
+            for k in range(K):
+                dv[k] = np.uint32(src[k]) << np.uint32(16)
+        else:
+            for k in range(K):
+                d[k] = half_to_float(src[k])
+    return impl
+
+
+@intrinsic
+def half_to_float(typingctx, u):
+    """The float32 of the float16 whose bits are the uint16 u (fpext: vcvtph2ps)."""
+    if u != types.uint16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+_LANES = [host_lanes()]
+
+
+def active_lanes() -> int:
+    """The float32 lanes wo_gemv runs with now (16: zmm, 8: ymm)."""
+    return _LANES[0]
+
+
+def use_lanes(lanes) -> int:
+    """Run wo_gemv with 8- or 16-lane vectors ("auto": the host's) from now on in this
+    process and return the previous setting: the tests run the AVX2 path on an AVX-512 host
+    with it.  16 lanes on a host without avx512f is refused (LLVM would split every vector
+    in two: correct but never what a caller wants).  Not thread-safe against concurrent
+    calls switching it."""
+    if lanes == "auto":
+        lanes = host_lanes()
+    if lanes not in (8, 16):
+        raise ValueError(f"use_lanes: expected 8, 16 or 'auto', got {lanes!r}")
+    if lanes == 16 and not host_has_avx512():
+        raise ValueError("use_lanes(16): this host has no avx512f")
+    prev = _LANES[0]
+    _LANES[0] = lanes
+    return prev

@@ -1,0 +1,284 @@
+"""linear with a low-precision weight (float16, bfloat16, int8 QuantizedArray per channel or
+per tensor; dispatch/ops/weight_only.py) against the float64 linear on the dequantized
+weight, every weight-only implementation forced: decode and prefill row counts, K not a
+multiple of any vector width, N below a tile, batched / 1-D x, views and read-only inputs,
+bias and every activation, NaN-poisoned out=, NaN propagation, both vector widths of the
+CPU GEMV, bad input, and the rule."""
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dispatch
+from dispatch.quantized import QuantizedArray
+from tests.reference import weight_only as ref
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, impl_params, poisoned, randn, read_only,
+                           reduction_tol, rng, run, strided, to_target)
+
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+FORMATS = ["float16", "bfloat16", "int8-channel", "int8-tensor", "int8-asym"]
+WO_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or "-wo-" in p.values[0]]
+
+# (x shape, weight shape (N, K))
+SHAPES_FULL = [
+    ((1, 64), (100, 64)),           # decode
+    ((2, 17), (3, 17)),             # K = 17: no full 16-lane vector + tail
+    ((7, 1), (1, 1)),               # K = 1, N = 1
+    ((1, 4095), (3, 4095)),         # long K, odd
+    ((33, 130), (70, 130)),         # x rows past the tile's group of 4
+    ((128, 48), (300, 48)),         # prefill: N past one widened block (256 rows)
+    ((5, 3, 33), (17, 33)),         # batched x
+    ((65,), (9, 65)),               # 1-D x
+]
+SHAPES_SMALL = [((1, 24), (5, 24)), ((2, 3, 9), (3, 9)), ((3, 1), (2, 1))]
+SHAPES = SHAPES_SMALL if SMALL_SHAPES else SHAPES_FULL
+EPI = ((2, 11), (3, 11)) if SMALL_SHAPES else ((7, 45), (37, 45))
+
+
+def make_weight(g, shape, fmt):
+    """A low-precision (N, K) weight of format fmt drawn from g (host arrays)."""
+    w = randn(g, shape, np.float32) / np.float32(np.sqrt(shape[1]))
+    if fmt == "float16":
+        return w.astype(np.float16)
+    if fmt == "bfloat16":
+        return w.astype(ml_dtypes.bfloat16)
+    if fmt == "int8-tensor":
+        sc = np.float32(np.abs(w).max() / 127 or 1)
+        return QuantizedArray(np.round(w / sc).astype(np.int8), sc)
+    sc = (np.maximum(np.abs(w).max(axis=1), 1e-6) / 127).astype(np.float32)
+    q = np.round(w / sc[:, None])
+    if fmt == "int8-asym":
+        zp = g.integers(-20, 21, shape[0]).astype(np.int8)
+        return QuantizedArray(np.clip(q + zp[:, None], -128, 127).astype(np.int8), sc, zp, axis=0)
+    return QuantizedArray(q.astype(np.int8), sc, axis=0)
+
+
+def on_target(w):
+    """The weight on the test's device: a QuantizedArray's values moved, its scales kept."""
+    if isinstance(w, QuantizedArray):
+        return QuantizedArray(to_target(w.values), w.scale, w.zero_point, w.axis) if ON_CUDA else w
+    return to_target(w)
+
+
+def _tol(k):
+    # the weight's values are exact in float32; only the float32 accumulation differs
+    return reduction_tol(np.float32, k)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("sx, sw", SHAPES, ids=str)
+@pytest.mark.parametrize("impl", WO_IMPLS)
+def test_matches_reference(impl, sx, sw, fmt):
+    g = rng()
+    x, bias = randn(g, sx, np.float32), randn(g, sw[:1], np.float32)
+    w = make_weight(g, sw, fmt)
+    shape = sx[:-1] + sw[:1]
+    got = run(impl, dispatch.linear, x, on_target(w), bias, activation="silu", out=poisoned(shape, np.float32))
+    assert_close(got, ref.linear(x, w, bias, activation="silu"), _tol(sx[-1]), f"{fmt} linear", cancel=True)
+    got = run(impl, dispatch.linear, x, on_target(w))
+    assert_close(got, ref.linear(x, w), _tol(sx[-1]), f"{fmt} linear no epilogue", cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMV's vector widths")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 9])
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_cpu_gemv_both_widths(lanes, m, fmt):
+    """The 8-lane (AVX2) path runs here too, forced, with every x-row group size."""
+    from kernels_cpu import weight_only as KW
+
+    if lanes == 16 and not KW.host_has_avx512():
+        pytest.skip("no avx512f on this host")
+    g = rng()
+    k, n = 45, 13
+    x, bias = randn(g, (m, k), np.float32), randn(g, (n,), np.float32)
+    w = make_weight(g, (n, k), fmt)
+    prev = KW.use_lanes(lanes)
+    try:
+        got = run("cpu-wo-gemv", dispatch.linear, x, w, bias, activation="gelu_tanh")
+    finally:
+        KW.use_lanes(prev)
+    assert_close(got, ref.linear(x, w, bias, activation="gelu_tanh"), _tol(k), f"{fmt} {lanes} lanes", cancel=True)
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
+@pytest.mark.parametrize("impl", WO_IMPLS)
+def test_epilogues(impl, activation, with_bias):
+    g = rng()
+    sx, sw = EPI
+    x = randn(g, sx, np.float32)
+    bias = randn(g, sw[:1], np.float32) if with_bias else None
+    for fmt in ("bfloat16", "int8-channel"):
+        w = make_weight(g, sw, fmt)
+        got = run(impl, dispatch.linear, x, on_target(w), bias, activation=activation,
+                  out=poisoned(sx[:-1] + sw[:1], np.float32))
+        assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(sx[-1]), f"{fmt} {activation}",
+                     cancel=True)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="host views (device arrays are made contiguous by to_target)")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("impl", WO_IMPLS)
+def test_views_and_read_only(impl, fmt):
+    g = rng()
+    x, bias = randn(g, (3, 40), np.float32), randn(g, (21,), np.float32)
+    w = make_weight(g, (21, 40), fmt)
+    want = ref.linear(x, w, bias)
+
+    def rebuilt(values_fn):
+        if isinstance(w, QuantizedArray):
+            return QuantizedArray(values_fn(w.values), w.scale, w.zero_point, w.axis)
+        return values_fn(w)
+
+    def every_other(a):  # strided() for any dtype (it fills the gaps with NaN)
+        big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+        big[..., ::2] = a
+        return big[..., ::2]
+
+    for what, xv, wv in [("strided x and weight", strided(x), rebuilt(every_other)),
+                         ("read-only x and weight", read_only(x), rebuilt(read_only)),
+                         ("transposed weight view", x, rebuilt(lambda a: np.ascontiguousarray(a.T).T))]:
+        got = run(impl, dispatch.linear, xv, wv, bias)
+        assert_close(got, want, _tol(40), f"{fmt} {what}", cancel=True)
+    out = np.full((7, 3, 21), np.nan, np.float32)[2]  # a C-contiguous slice of a bigger buffer
+    got = run(impl, dispatch.linear, x, w, bias, out=out)
+    assert got is out
+    assert_close(out, want, _tol(40), f"{fmt} out=", cancel=True)
+    tout = np.full((21, 3), np.nan, np.float32).T  # a non-contiguous out=
+    got = run(impl, dispatch.linear, x, w, bias, out=tout)
+    assert got is tout
+    assert_close(tout, want, _tol(40), f"{fmt} non-contiguous out=", cancel=True)
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8-asym"])
+@pytest.mark.parametrize("impl", WO_IMPLS)
+def test_nan_in_x_propagates(impl, fmt):
+    g = rng()
+    m, k, n = (2, 9, 3) if SMALL_SHAPES else (5, 37, 20)
+    x = randn(g, (m, k), np.float32)
+    x[1, k // 2] = np.nan
+    w = make_weight(g, (n, k), fmt)
+    got = run(impl, dispatch.linear, x, on_target(w))
+    assert np.isnan(got[1]).all(), got[1]
+    keep = np.arange(m) != 1
+    assert np.isfinite(got[keep]).all()
+    assert_close(got[keep], ref.linear(x[keep], w), _tol(k), f"{fmt} other rows", cancel=True)
+
+
+def _bad_cases():
+    g = np.random.default_rng(0)
+    x = g.standard_normal((2, 8)).astype(np.float32)
+    w = g.standard_normal((3, 8)).astype(np.float32)
+    q8 = np.round(w * 20).astype(np.int8)
+    sc = np.full(3, 0.05, np.float32)
+    return [
+        ("uint16 weight", (x, w.astype(ml_dtypes.bfloat16).view(np.uint16)), {}, TypeError,
+         r"bits.view\(ml_dtypes.bfloat16\)"),
+        ("int8 ndarray weight", (x, q8), {}, TypeError, "QuantizedArray"),
+        ("uint8 ndarray weight", (x, q8.view(np.uint8)), {}, TypeError, "QuantizedArray"),
+        ("per-channel along axis 1", (x, QuantizedArray(q8, np.full(8, 0.05, np.float32), axis=1)), {}, ValueError,
+         "axis=0"),
+        ("uint8 QuantizedArray", (x, QuantizedArray(q8.view(np.uint8), sc, axis=0)), {}, TypeError, "int8 values"),
+        ("wrong K", (x[:, :7], w.astype(np.float16)), {}, ValueError, "K=7"),
+        ("wrong K int8", (x[:, :7], QuantizedArray(q8, sc, axis=0)), {}, ValueError, "K=7"),
+        ("float64 x", (x.astype(np.float64), w.astype(ml_dtypes.bfloat16)), {}, TypeError, "cast x to float32"),
+        ("float64 bias", (x, w.astype(np.float16), np.zeros(3)), {}, TypeError, "bias"),
+        ("bias shape", (x, w.astype(np.float16), np.zeros(4, np.float32)), {}, ValueError, r"bias must have shape \(3,\)"),
+        ("weight rank", (x, w.astype(np.float16).reshape(3, 8, 1)), {}, ValueError, "weight must have 2 dimensions"),
+        ("activation", (x, w.astype(np.float16)), {"activation": "tanh"}, ValueError, "activation"),
+        ("out dtype", (x, w.astype(np.float16)), {"out": np.zeros((2, 3))}, TypeError, "out"),
+        ("out shape", (x, w.astype(np.float16)), {"out": np.zeros((2, 4), np.float32)}, ValueError, "out"),
+    ]
+
+
+@pytest.mark.skipif(ON_CUDA, reason="validation is device-independent (host inputs)")
+@pytest.mark.parametrize("what, args, kwargs, err, match", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_input(what, args, kwargs, err, match):
+    out = kwargs.get("out")
+    if out is not None:
+        out[...] = 7
+    with pytest.raises(err, match=match):
+        dispatch.linear(*args, **kwargs)
+    if out is not None:
+        assert (out == 7).all(), "out= written before the error"
+
+
+@pytest.mark.skipif(ON_CUDA, reason="host-side checks")
+def test_prepack_refuses_low_precision():
+    w = np.ones((3, 4), np.float16)
+    for weight in (w, w.astype(ml_dtypes.bfloat16), QuantizedArray(np.ones((3, 4), np.int8), np.float32(1))):
+        with pytest.raises(TypeError, match="low-precision weight"):
+            dispatch.prepack(weight)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU rule")
+def test_rule_and_refusals():
+    g = np.random.default_rng(1)
+    w = make_weight(g, (64, 32), "bfloat16")
+    one = str(dispatch.explain("linear", np.ones((1, 32), np.float32), w))
+    assert "chosen: cpu-wo-gemv" in one and "weight_format=2" in one, one
+    assert "cpu-gemm: refused: weight is bfloat16" in one, one
+    many = str(dispatch.explain("linear", np.ones((128, 32), np.float32), make_weight(g, (64, 32), "int8-channel")))
+    assert "chosen: cpu-wo-gemm" in many, many
+    dense = str(dispatch.explain("linear", np.ones((1, 32), np.float32), np.ones((64, 32), np.float32)))
+    assert "cpu-wo-gemv: refused: weight is dense" in dense, dense
+    assert "weight_format=0" in dense
+
+
+@pytest.mark.skipif(ON_CUDA, reason="CPU threads")
+@pytest.mark.parametrize("impl", [p for p in WO_IMPLS if p.values[0] is not None])
+def test_threads_give_single_thread_results(impl):
+    """4 Python threads calling at once (the kernels release the GIL; the GEMM path's block
+    buffers are per thread) give bitwise the single-threaded results."""
+    g = np.random.default_rng(5)
+    cases = []
+    for i, fmt in enumerate(["float16", "bfloat16", "int8-channel", "int8-asym"]):
+        m, k, n = [(1, 300, 70), (3, 129, 300), (40, 64, 513), (9, 33, 17)][i]
+        cases.append((g.standard_normal((m, k)).astype(np.float32), make_weight(g, (n, k), fmt),
+                      g.standard_normal(n).astype(np.float32)))
+    with dispatch.use(linear=impl):
+        want = [dispatch.linear(x, w, b, activation="gelu") for x, w, b in cases]
+    bad = []
+
+    def worker(i):
+        x, w, b = cases[i]
+        with dispatch.use(linear=impl):
+            for _ in range(5):
+                if not np.array_equal(dispatch.linear(x, w, b, activation="gelu"), want[i]):
+                    bad.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not bad, f"threads {sorted(set(bad))} differ from their single-threaded results"
+
+
+@pytest.mark.skipif(ON_CUDA, reason="accuracy against the float32 op, host side")
+def test_accuracy_against_float32_linear():
+    """The cost of storing the weight in low precision (not a kernel error): bfloat16 keeps
+    8 bits of mantissa, float16 11, int8 per channel about 7 per row's range.  Normal
+    weights: normwise error vs the float32 linear well under these bounds; one large
+    outlier per row ruins the per-channel int8 scale of its row only (shown, not hidden)."""
+    g = np.random.default_rng(3)
+    x = g.standard_normal((4, 512)).astype(np.float32)
+    w = g.standard_normal((64, 512)).astype(np.float32) / np.float32(np.sqrt(512))
+    def err(wq, wf):
+        fp32 = x.astype(np.float64) @ wf.T.astype(np.float64)
+        return float(np.abs(dispatch.linear(x, wq) - fp32).max() / np.abs(fp32).max())
+
+    def int8(wf):
+        sc = np.abs(wf).max(axis=1) / 127
+        return QuantizedArray(np.round(wf / sc[:, None]).astype(np.int8), sc.astype(np.float32), axis=0)
+
+    assert err(w.astype(np.float16), w) < 2e-3
+    assert err(w.astype(ml_dtypes.bfloat16), w) < 1e-2
+    normal = err(int8(w), w)
+    assert normal < 2e-2
+    wo = w.copy()
+    wo[np.arange(64), g.integers(0, 512, 64)] *= 50   # one outlier per row
+    assert err(int8(wo), wo) > 3 * normal
+    assert err(wo.astype(ml_dtypes.bfloat16), wo) < 1e-2  # bfloat16's exponent takes outliers in stride
