@@ -47,8 +47,9 @@ from numba.extending import intrinsic
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu
 
-PATH_VNNI512, PATH_AVX2, PATH_PORTABLE = 0, 1, 2
-PATH_NAMES = {PATH_VNNI512: "avx512-vnni vpdpbusd (zmm, u8 x s8)",
+PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX = 0, 1, 2, 3
+PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
+              PATH_VNNI512: "avx512-vnni vpdpbusd (zmm, u8 x s8)",
               PATH_AVX2: "avx2 vpmaddwd (ymm, int16 x int16, exact)",
               PATH_PORTABLE: "portable int32 loops"}
 
@@ -58,7 +59,40 @@ MAX_K = (2**31 - 1) // (255 * 128)
 # Register tiles (rows MR, columns NR) and K group (products per int32 lane and step).
 MR_V, NR_V, KG_V = 8, 48, 4
 MR_A, NR_A, KG_A = 6, 16, 2
-TILES = {PATH_VNNI512: (MR_V, NR_V, KG_V), PATH_AVX2: (MR_A, NR_A, KG_A)}
+MR_X, NR_X, KG_X = 32, 32, 4   # AMX: 2 x 2 tiles of 16 x 16 int32
+TILES = {PATH_VNNI512: (MR_V, NR_V, KG_V), PATH_AVX2: (MR_A, NR_A, KG_A), PATH_AMX: (MR_X, NR_X, KG_X)}
+# K is padded (zeros) to a multiple of this: AMX multiplies 64-byte K chunks per tile.
+K_ALIGN = {PATH_VNNI512: KG_V, PATH_AVX2: KG_A, PATH_AMX: 64}
+
+
+def k_words(k, path):
+    """Words (groups of KG values) per packed row for K = k on path (K padded with zeros)."""
+    al = K_ALIGN[path]
+    return -(-k // al) * al // TILES[path][2]
+
+
+_AMX_PERMISSION = None
+
+
+def _amx_permission():
+    """Ask Linux for the AMX tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA),
+    once per process; None when granted, else the reason.  Without it the first tile
+    instruction kills the process (SIGILL)."""
+    global _AMX_PERMISSION
+    if _AMX_PERMISSION is None:
+        try:
+            import ctypes
+            import sys
+            if not sys.platform.startswith("linux"):
+                _AMX_PERMISSION = "AMX permission is requested through Linux's arch_prctl only"
+            else:
+                libc = ctypes.CDLL(None, use_errno=True)
+                sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+                rc = libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
+                _AMX_PERMISSION = "" if rc == 0 else f"the kernel refused AMX tile state (errno {ctypes.get_errno()})"
+        except Exception as exc:  # noqa: BLE001
+            _AMX_PERMISSION = f"could not request AMX permission ({exc.__class__.__name__})"
+    return _AMX_PERMISSION or None
 
 
 def host_paths():
@@ -75,6 +109,8 @@ def host_paths():
     miss = [f for f in need if not feats.get(f)]
     out[PATH_VNNI512] = None if not miss else f"host {cpu} lacks {', '.join(miss)}"
     out[PATH_AVX2] = None if feats.get("avx2") else f"host {cpu} lacks avx2"
+    miss = [f for f in ("amx-tile", "amx-int8") if not feats.get(f)]
+    out[PATH_AMX] = f"host {cpu} lacks {', '.join(miss)}" if miss else _amx_permission()
     return out
 
 
@@ -164,33 +200,140 @@ def micro_avx2(typingctx, kq, ap, aoff, lda, bp, boff, t):
     return _micro_typer(PATH_AVX2)(typingctx, kq, ap, aoff, lda, bp, boff, t)
 
 
+def _amx_fns(builder):
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    p8 = i8.as_pointer()
+    mod = builder.module
+    void = ir.VoidType()
+    return {"load": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8, p8, i64]), "llvm.x86.tileloadd64"),
+            "store": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8, p8, i64]),
+                                                    "llvm.x86.tilestored64"),
+            "dp": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8, i8, i8]), "llvm.x86.tdpbusd"),
+            "zero": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8]), "llvm.x86.tilezero"),
+            "cfg": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [p8]), "llvm.x86.ldtilecfg"),
+            "release": cgutils.get_or_insert_function(mod, ir.FunctionType(void, []), "llvm.x86.tilerelease")}
+
+
+@intrinsic
+def amx_config(typingctx):
+    """ldtilecfg: palette 1, tiles 0-7 all 16 rows x 64 bytes (C: 16 x 16 int32; A: 16 rows x
+    64 u8 of K; B: 16 groups of 4 K values x 16 columns).  Tile state is per thread: each
+    task loads it before its first tile instruction (amx_release after its last)."""
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        cfg = [0] * 64
+        cfg[0] = 1
+        for tile in range(8):
+            cfg[16 + 2 * tile] = 64
+            cfg[48 + tile] = 16
+        arrty = ir.ArrayType(i8, 64)
+        slot = cgutils.alloca_once(builder, arrty)
+        builder.store(ir.Constant(arrty, [ir.Constant(i8, v) for v in cfg]), slot)
+        builder.call(_amx_fns(builder)["cfg"], [builder.bitcast(slot, i8.as_pointer())])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def amx_release(typingctx):
+    """tilerelease: the thread's tile state back to its initial (unused) state."""
+    def codegen(context, builder, sig, args):
+        builder.call(_amx_fns(builder)["release"], [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def micro_amx(typingctx, kq, ap, aoff, lda, bp, boff, t):
+    """t[i*NR_X + j] (int32, 32 x 32) = u8(A) . s8(B) for a 32-row A block (its rows in place
+    at ap[aoff + i*lda], lda in words, K padded to 64-byte chunks) and a 32-column B panel
+    (bp[boff:], [k/4][32][4] bytes, 128 bytes per K group): per 64-byte K chunk, two A
+    tiles (tmm4, tmm5: 16 rows each) and two B tiles (tmm6, tmm7: 16 columns each, row
+    stride 128 bytes) loaded, four `tdpbusd` into the C tiles tmm0-3 (16 x 16 x 64 products
+    each); then the C tiles stored into t.  amx_config must have run on this thread."""
+    for arr in (ap, bp, t):
+        if not (isinstance(arr, types.Array) and arr.dtype == types.int32):
+            return None
+
+    def codegen(context, builder, sig, args):
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        p8 = i8.as_pointer()
+        f = _amx_fns(builder)
+
+        def i64_of(pos):
+            return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+        def byte_ptr(pos, off_pos):
+            data = context.make_array(sig.args[pos])(context, builder, args[pos]).data
+            return builder.bitcast(builder.gep(data, [i64_of(off_pos)]), p8)
+
+        C = lambda v: ir.Constant(i8, v)  # noqa: E731
+        abase = byte_ptr(1, 2)
+        lda_b = builder.mul(i64_of(3), ir.Constant(i64, 4))
+        bbase = byte_ptr(4, 5)
+        bstride = ir.Constant(i64, NR_X * 4)
+        for tile in range(4):
+            builder.call(f["zero"], [C(tile)])
+        a1 = builder.gep(abase, [builder.mul(lda_b, ir.Constant(i64, 16))])
+        nchunks = builder.udiv(i64_of(0), ir.Constant(i64, 16))
+        with cgutils.for_range(builder, nchunks) as loop:
+            c = loop.index
+            aoff = builder.mul(c, ir.Constant(i64, 64))
+            boffc = builder.mul(c, ir.Constant(i64, 16 * NR_X * 4))
+            builder.call(f["load"], [C(4), builder.gep(abase, [aoff]), lda_b])
+            builder.call(f["load"], [C(5), builder.gep(a1, [aoff]), lda_b])
+            builder.call(f["load"], [C(6), builder.gep(bbase, [boffc]), bstride])
+            builder.call(f["load"], [C(7), builder.gep(bbase, [builder.add(boffc, ir.Constant(i64, 64))]), bstride])
+            builder.call(f["dp"], [C(0), C(4), C(6)])
+            builder.call(f["dp"], [C(1), C(4), C(7)])
+            builder.call(f["dp"], [C(2), C(5), C(6)])
+            builder.call(f["dp"], [C(3), C(5), C(7)])
+        tdata = builder.bitcast(context.make_array(sig.args[6])(context, builder, args[6]).data, p8)
+        for i in range(2):
+            for j in range(2):
+                ptr = builder.gep(tdata, [ir.Constant(i64, (16 * i * NR_X + 16 * j) * 4)])
+                builder.call(f["store"], [C(2 * i + j), ptr, bstride])
+        return context.get_dummy_value()
+
+    return types.none(kq, ap, aoff, lda, bp, boff, t), codegen
+
+
 # ---- epilogue --------------------------------------------------------------------------------
 
 @njit(inline="always")
-def _epi_row(acc, sa, c, rs, sb, colsum, zb, bias, dst, n, code):
-    """dst[j] = act(f32(sa * sb[j] * (acc[j] - c * colsum[j] - zb[j] * rs) + bias[j])), j < n:
-    float64 arithmetic on exact integers (see the module docstring), one rounding to float32
-    before the activation; one branch-free loop per activation."""
+def _epi_row(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+    """dst[do + j] = act(f32(sa * sb[j0+j] * (acc[ao+j] - c * colsum[j0+j] - zb[j0+j] * rs)
+    + bias[j0+j])) for j < n: float64 arithmetic on exact integers (see the module
+    docstring), one rounding to float32 before the activation; one branch-free loop per
+    activation.  Offsets into whole arrays (unsigned: no negative-index fix-up), not
+    slices: a slice per row and operand cost a reference count each, more than the row's
+    arithmetic."""
+    ao, j0, do = _U(ao), _U(j0), _U(do)
     if code == ACT_RELU:
-        for j in range(n):
-            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
-            dst[j] = relu(np.float32(sa * sb[j] * x + bias[j]))
+        for j in range(_U(n)):
+            x = np.float64(acc[ao + j]) - c * colsum[j0 + j] - zb[j0 + j] * rs
+            dst[do + j] = relu(np.float32(sa * sb[j0 + j] * x + bias[j0 + j]))
     elif code == ACT_GELU:
-        for j in range(n):
-            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
-            dst[j] = gelu(np.float32(sa * sb[j] * x + bias[j]))
+        for j in range(_U(n)):
+            x = np.float64(acc[ao + j]) - c * colsum[j0 + j] - zb[j0 + j] * rs
+            dst[do + j] = gelu(np.float32(sa * sb[j0 + j] * x + bias[j0 + j]))
     elif code == ACT_GELU_TANH:
-        for j in range(n):
-            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
-            dst[j] = gelu_tanh(np.float32(sa * sb[j] * x + bias[j]))
+        for j in range(_U(n)):
+            x = np.float64(acc[ao + j]) - c * colsum[j0 + j] - zb[j0 + j] * rs
+            dst[do + j] = gelu_tanh(np.float32(sa * sb[j0 + j] * x + bias[j0 + j]))
     elif code == ACT_SILU:
-        for j in range(n):
-            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
-            dst[j] = silu(np.float32(sa * sb[j] * x + bias[j]))
+        for j in range(_U(n)):
+            x = np.float64(acc[ao + j]) - c * colsum[j0 + j] - zb[j0 + j] * rs
+            dst[do + j] = silu(np.float32(sa * sb[j0 + j] * x + bias[j0 + j]))
     else:
-        for j in range(n):
-            x = np.float64(acc[j]) - c * colsum[j] - zb[j] * rs
-            dst[j] = np.float32(sa * sb[j] * x + bias[j])
+        for j in range(_U(n)):
+            x = np.float64(acc[ao + j]) - c * colsum[j0 + j] - zb[j0 + j] * rs
+            dst[do + j] = np.float32(sa * sb[j0 + j] * x + bias[j0 + j])
+
+
+_U = np.uint64
 
 
 # ---- packing ---------------------------------------------------------------------------------
@@ -205,9 +348,9 @@ def pack_b(b, transposed, path):
     mr, nr, kg = TILES[path]
     bk = np.ascontiguousarray(b.T if transposed else b)  # (K, N)
     k, n = bk.shape
-    kq = -(-k // kg)
+    kq = k_words(k, path)
     npn = -(-n // nr)
-    et = np.int8 if path == PATH_VNNI512 else np.int16
+    et = np.int16 if path == PATH_AVX2 else np.int8
     pad = np.zeros((kq * kg, npn * nr), et)
     pad[:k, :n] = bk
     # (kq, kg, npn, nr) -> (npn, kq, nr, kg)
@@ -377,6 +520,7 @@ def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, m
         mb = task // nnb
         nb = task - mb * nnb
         t = np.empty(MR * NR, np.int32)
+        of = out.reshape(M * N)
         for q in range(nb * nc, min(nb * nc + nc, npn)):
             j0 = q * NR
             nr = min(NR, N - j0)
@@ -386,8 +530,7 @@ def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, m
                 micro_vnni512(kq, ap, p * MR * kq, kq, bp, boff, t)
                 for i in range(min(MR, M - i0)):
                     m = i0 + i
-                    _epi_row(t[i * NR:i * NR + nr], sa[m], c[m], rs[m], sb[j0:j0 + nr], colsum[j0:j0 + nr],
-                             zb[j0:j0 + nr], bias[j0:j0 + nr], out[m, j0:j0 + nr], nr, code)
+                    _epi_row(t, i * NR, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, nr, code)
 
 
 @njit(cache=True, parallel=True)
@@ -400,6 +543,7 @@ def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, 
         mb = task // nnb
         nb = task - mb * nnb
         t = np.empty(MR * NR, np.int32)
+        of = out.reshape(M * N)
         for q in range(nb * nc, min(nb * nc + nc, npn)):
             j0 = q * NR
             nr = min(NR, N - j0)
@@ -409,13 +553,38 @@ def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, 
                 micro_avx2(kq, ap, p * MR * kq, kq, bp, boff, t)
                 for i in range(min(MR, M - i0)):
                     m = i0 + i
-                    _epi_row(t[i * NR:i * NR + nr], sa[m], c[m], rs[m], sb[j0:j0 + nr], colsum[j0:j0 + nr],
-                             zb[j0:j0 + nr], bias[j0:j0 + nr], out[m, j0:j0 + nr], nr, code)
+                    _epi_row(t, i * NR, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, nr, code)
+
+
+@njit(cache=True, parallel=True)
+def gemm_amx(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
+    MR, NR = MR_X, NR_X
+    mp = (M + MR - 1) // MR
+    npn = (N + NR - 1) // NR
+    nnb = (npn + nc - 1) // nc
+    for task in prange(ntasks):
+        mb = task // nnb
+        nb = task - mb * nnb
+        t = np.empty(MR * NR, np.int32)
+        of = out.reshape(M * N)
+        amx_config()
+        for q in range(nb * nc, min(nb * nc + nc, npn)):
+            j0 = q * NR
+            nr = min(NR, N - j0)
+            boff = q * kq * NR
+            for p in range(mb * mc, min(mb * mc + mc, mp)):
+                i0 = p * MR
+                micro_amx(kq, ap, p * MR * kq, kq, bp, boff, t)
+                for i in range(min(MR, M - i0)):
+                    m = i0 + i
+                    _epi_row(t, i * NR, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, nr, code)
+        amx_release()
 
 
 _gemm_doc(gemm_vnni512.py_func)
 _gemm_doc(gemm_avx2.py_func)
-GEMM = {PATH_VNNI512: gemm_vnni512, PATH_AVX2: gemm_avx2}
+_gemm_doc(gemm_amx.py_func)
+GEMM = {PATH_VNNI512: gemm_vnni512, PATH_AVX2: gemm_avx2, PATH_AMX: gemm_amx}
 
 
 PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row in L1)
@@ -438,5 +607,4 @@ def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code,
             brow = b2[k]
             for j in range(nl):
                 acc[j] += av * np.int32(brow[j0 + j])
-        _epi_row(acc, sa[m], c[m], rs[m], sb[j0:j0 + nl], colsum[j0:j0 + nl], zb[j0:j0 + nl],
-                 bias[j0:j0 + nl], out[m, j0:j0 + nl], nl, code)
+        _epi_row(acc, 0, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, out.reshape(M * N), m * N + j0, nl, code)

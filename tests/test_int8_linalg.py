@@ -340,18 +340,18 @@ def test_rule_follows_the_host_features(monkeypatch):
     a = make_a(g, (9, 40), np.int8, "row")
     b = make_b(g, (40, 50), "col")
     host = dict(M._HOST)
-    expected = "cpu-vnni512" if host[K.PATH_VNNI512] is None else "cpu-avx2" if host[K.PATH_AVX2] is None \
-        else "cpu-portable"
-    assert dispatch.explain("matmul_int8", a, b).chosen == expected
-    monkeypatch.setitem(M._HOST, K.PATH_VNNI512, "host lacks avx512vnni (simulated)")
-    select.clear_cache()
-    e = dispatch.explain("matmul_int8", a, b)
-    assert e.chosen == ("cpu-avx2" if host[K.PATH_AVX2] is None else "cpu-portable")
-    assert "avx512vnni (simulated)" in str(e)
-    with dispatch.use(matmul_int8="cpu-vnni512"), pytest.raises(dispatch.NoImplementationError):
-        dispatch.matmul_int8(a, b)
-    monkeypatch.setitem(M._HOST, K.PATH_AVX2, "host lacks avx2 (simulated)")
-    select.clear_cache()
+    order = ["cpu-amx", "cpu-vnni512", "cpu-avx2"]
+    usable = [n for n in order if host[M._IMPL_PATH[n]] is None] + ["cpu-portable"]
+    assert dispatch.explain("matmul_int8", a, b).chosen == usable[0]
+    # take the paths away one by one, as hosts without them have it
+    for i, name in enumerate(order):
+        monkeypatch.setitem(M._HOST, M._IMPL_PATH[name], f"host lacks {name} (simulated)")
+        select.clear_cache()
+        e = dispatch.explain("matmul_int8", a, b)
+        assert e.chosen == [n for n in usable if n not in order[:i + 1]][0]
+        assert f"host lacks {name} (simulated)" in str(e)
+        with dispatch.use(matmul_int8=name), pytest.raises(dispatch.NoImplementationError):
+            dispatch.matmul_int8(a, b)
     assert dispatch.explain("matmul_int8", a, b).chosen == "cpu-portable"
     monkeypatch.undo()
     select.clear_cache()

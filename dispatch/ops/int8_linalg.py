@@ -260,7 +260,7 @@ def _blocks(mp, npn):
 
 def _run_packed(path):
     mr, nr, kg = K.TILES[path]
-    et = np.uint8 if path == K.PATH_VNNI512 else np.int16
+    et = np.int16 if path == K.PATH_AVX2 else np.uint8
 
     def run(params, a, w, bias, out, code, transposed):
         pw = _packed_weight(w, transposed, path)
@@ -277,7 +277,7 @@ def _run_packed(path):
         res = result_buffer(out, out_shape, F32)
         if res.size == 0:
             return deliver(res, out)
-        kq = -(-kdim // kg)
+        kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
         abuf = np.empty((mp * mr, kq * kg), et)
         c = np.empty(rows)
@@ -362,21 +362,25 @@ def _bytes(call):
 # ---- selection -------------------------------------------------------------------------------
 
 _HOST = K.host_paths()
-_IMPL_PATH = {"cpu-vnni512": K.PATH_VNNI512, "cpu-avx2": K.PATH_AVX2, "cpu-portable": K.PATH_PORTABLE}
+_IMPL_PATH = {"cpu-amx": K.PATH_AMX, "cpu-vnni512": K.PATH_VNNI512, "cpu-avx2": K.PATH_AVX2,
+              "cpu-portable": K.PATH_PORTABLE}
+_WIDEST_FIRST = ("cpu-amx", "cpu-vnni512", "cpu-avx2")
 
 
 def _order(key):
-    """The widest integer dot product the host has: VNNI first, then AVX2, then loops."""
-    names = [n for n in ("cpu-vnni512", "cpu-avx2") if _HOST[_IMPL_PATH[n]] is None] + ["cpu-portable"]
-    rest = [n for n in ("cpu-vnni512", "cpu-avx2") if n not in names]
+    """The widest integer dot product the host has: AMX tiles, then AVX-512 VNNI, then AVX2,
+    then loops."""
+    names = [n for n in _WIDEST_FIRST if _HOST[_IMPL_PATH[n]] is None] + ["cpu-portable"]
+    rest = [n for n in _WIDEST_FIRST if n not in names]
     first = names[0]
-    why = {"cpu-vnni512": "host has AVX-512 VNNI: vpdpbusd, 64 u8 x s8 products per instruction",
+    why = {"cpu-amx": "host has AMX-INT8 (permission granted): tdpbusd, 16 x 16 x 64 u8 x s8 products per instruction",
+           "cpu-vnni512": "host has AVX-512 VNNI (no usable AMX): vpdpbusd, 64 u8 x s8 products per instruction",
            "cpu-avx2": "host has AVX2 but no AVX-512 VNNI: exact int16 vpmaddwd, 16 products per instruction",
            "cpu-portable": "host has neither AVX-512 VNNI nor AVX2: plain int32 loops"}[first]
     return tuple(names + rest), why
 
 
-_RULE = Rule(("cpu-vnni512", "cpu-avx2", "cpu-portable"), _order)
+_RULE = Rule(("cpu-amx", "cpu-vnni512", "cpu-avx2", "cpu-portable"), _order)
 
 
 def _supports(path):
@@ -391,17 +395,16 @@ def _int_values(rng, shape, lo, hi, dtype):
 
 
 def _synthesize(shapes, params, rng, dtype):
-    """Benchmark / example inputs: a_q int8 per row with zero points, b_q / w_q full-range
-    int8 per column (symmetric), bias and x standard normal float32 (the ops are float32
-    whatever `dtype` asks)."""
+    """Benchmark / example inputs as an exported quantized model has them: a_q uint8 per
+    tensor with a zero point (onnxruntime's u8s8 MatMulInteger takes a scalar a zero point),
+    b_q / w_q full-range int8 per output column, symmetric; bias and x standard normal
+    float32 (the ops are float32 whatever `dtype` asks)."""
     out = {}
     for name, s in shapes.items():
         if name == "a_q":
-            m = s[-2]
-            vals = _int_values(rng, s, -128, 127, np.int8)
-            scale = (0.01 * (1.0 + np.abs(rng.standard_normal(m)))).astype(np.float32)
-            zp = _int_values(rng, (m,), -8, 8, np.int8)
-            out[name] = QuantizedArray(vals, scale, zp, axis=len(s) - 2)
+            vals = _int_values(rng, s, 0, 255, np.uint8)
+            scale = np.float32(0.02 * (1.0 + abs(float(np.asarray(rng.standard_normal(1))[0]))))
+            out[name] = QuantizedArray(vals, scale, np.uint8(120 + int(np.asarray(rng.integers(0, 16, size=1))[0])))
         elif name in ("b_q", "w_q"):
             axis = 1 if name == "b_q" else 0
             vals = _int_values(rng, s, -128, 127, np.int8)
@@ -439,6 +442,10 @@ def _variants(bias_at):
 
 
 _NOTES = {
+    "cpu-amx": ("AMX-INT8: tdpbusd on 2 x 2 tiles of 16 x 16 int32 (a 32 x 32 block per 64-byte K chunk); A rows read "
+                "in place as tiles (int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed "
+                "once per QuantizedArray into 32-column panels of 4-byte groups with its column sums; prange over "
+                "row x column blocks; zero-point corrections, scales, bias and activation fused per tile"),
     "cpu-vnni512": ("AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32) 8x48 register tile on zmm; A rows read in place "
                     "(int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed once per "
                     "QuantizedArray into 48-column panels of 4-byte groups with its column sums; prange over "
