@@ -31,6 +31,9 @@ from .devices import device_kind
 def _host(name, a):
     if device_kind(a) == "cuda":
         return np.asarray(a.copy_to_host() if hasattr(a, "copy_to_host") else a)
+    if isinstance(a, (np.matrix, np.ma.MaskedArray)):
+        raise TypeError(f"{name} must be a plain numpy array, got {type(a).__name__} (its semantics would be "
+                        "dropped silently): pass np.asarray(...)")
     if isinstance(a, np.ndarray):
         return a
     if isinstance(a, (int, float, np.number)):
@@ -51,6 +54,9 @@ class QuantizedArray:
         values = self.values
         if not (isinstance(values, np.ndarray) or device_kind(values) == "cuda"):
             raise TypeError(f"values must be a numpy array or a CUDA device array, got {type(values).__name__}")
+        if isinstance(values, (np.matrix, np.ma.MaskedArray)):
+            raise TypeError(f"values must be a plain numpy array, got {type(values).__name__} (its semantics would "
+                            "be dropped silently): pass np.asarray(...)")
         dt = V.dtype_of(values)
         if dt not in {d for d, _, _ in QTYPES.values()}:
             raise TypeError(f"values must be int8 or uint8, got {dt}")

@@ -1,0 +1,494 @@
+"""Public quantize / dequantize: linear int8 / uint8 quantization with ONNX QuantizeLinear /
+DequantizeLinear semantics, per tensor or per channel (issue #12).
+
+    quantize(x, *, dtype="int8", axis=None, symmetric=True, scale=None, zero_point=None)
+        -> QuantizedArray
+    dequantize(q, *, dtype=np.float32, out=None) -> array of q's shape
+
+Quantization (ONNX QuantizeLinear):
+    q = saturate(round_half_to_even(x / scale[c]) + zero_point[c])
+with c the index along `axis` (one scale for the whole tensor when axis is None), the
+division in x's type (float32 for float32 x, as ONNX computes it; float64 for float64 x;
+float32 for float16 x on CUDA), saturation to the type's limits: int8 [-128, 127], uint8
+[0, 255].  NaN in x becomes the type's lowest value (-128 or 0), as onnxruntime 1.32 gives;
++-inf saturate.
+
+Scales, when not given (dynamic quantization), from each slice's range, computed on the
+host from the exact float min / max / max|x| (float64 arithmetic, rounded as stated):
+    symmetric (default): scale = float32(max|x| / 127); zero point 0 for int8 (values then
+        in [-127, 127]: -128 never occurs, so negation is exact), 128 for uint8 (values in
+        [1, 255]; onnxruntime's zero point for symmetric uint8);
+    asymmetric: ONNX DynamicQuantizeLinear's rule for any type: rmin = min(0, min x),
+        rmax = max(0, max x), scale = float32(T(rmax - rmin) / (qmax - qmin)) (the
+        difference rounded in x's type T first, as onnxruntime's float32 code does), zero
+        point = round_half_even(clamp(qmin - rmin / scale, qmin, qmax)) with the division
+        in T.
+A slice whose range is all zeros (or empty) gets scale 1 (not 0: DequantizeLinear needs a
+positive scale; onnxruntime's DynamicQuantizeLinear does the same).  A scale that would
+underflow float32 (|x| below ~1.5e-36) is raised to float32's smallest normal number.  x
+holding NaN or +-inf cannot be given a scale: ValueError naming x (pass scale= to quantize
+it statically).  A float64 x whose range overflows a float32 scale is a ValueError too.
+
+Static quantization (ONNX QuantizeLinear): scale= (positive finite; a number or shape ()
+for axis None, shape (x.shape[axis],) per channel) and optionally zero_point= (the integer
+type's numpy dtype, or Python ints in its range; default 0).  `symmetric` only chooses how
+scales are computed, so it is ignored when scale= is given.
+
+Dequantization (ONNX DequantizeLinear): y = (q.values - zero_point[c]) * scale[c] in
+`dtype` (float32 or float64; float16 too on CUDA): q - zero_point is an exact integer, so
+the result is the exact product rounded once (float64: exact).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kernels_common.quant import QTYPES, SYMMETRIC_INT8_MAX
+from kernels_cpu import parallel as KP
+from kernels_cpu import quant as K
+
+from .. import validate as V
+from ..quantized import QuantizedArray
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
+from ._common import deliver, kernel_input, result_buffer, serial_parallel_rule, size_bucket
+
+__public__ = ("QuantizedArray",)  # exported by dispatch/__init__ beside the ops
+
+_KERNELS = ("kernels_cpu.quant", "kernels_cpu.parallel")
+
+# Serial below 2^18 elements.  Placeholder until measured (see the commit measuring it).
+PARALLEL_THRESHOLD = 1 << 18
+_MEASURED = "placeholder, not yet measured"
+
+EXAMPLE_SHAPES = {
+    # quantize: one scale per tensor (the signature's default); the cases cover per-channel
+    "quantize": {"small": {"x": (5, 37)}, "large": {"x": (64, 4100)}, "decode": {"x": (1, 4096)}},
+    # dequantize: scale of shape (5,) along axis 0 (synthesize reads the axis off the shapes)
+    "dequantize": {"small": {"values": (5, 37), "scale": (5,)},
+                   "large": {"values": (64, 4100), "scale": (64,)},
+                   "decode": {"values": (1, 4096), "scale": ()}},
+}
+
+_FINITE_BITS = {np.dtype(np.float32): (np.int32, 0x7FFFFFFF, 31, 0x7F800000),
+                np.dtype(np.float64): (np.int64, 0x7FFFFFFFFFFFFFFF, 63, 0x7FF0000000000000)}
+
+
+def compute_dtype(dtype) -> np.dtype:
+    """The type x / scale is computed in for x of this dtype (float16: float32)."""
+    dt = np.dtype(dtype)
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+def qdtype_of(name, value) -> np.dtype:
+    """The quantized numpy dtype for a `dtype=` argument: "int8" / "uint8" or np.int8 /
+    np.uint8 (as a type or a dtype)."""
+    if isinstance(value, str):
+        if value in QTYPES:
+            return QTYPES[value][0]
+    elif isinstance(value, (type, np.dtype)):
+        try:
+            dt = np.dtype(value)
+        except TypeError:
+            dt = None
+        if dt is not None and dt.name in QTYPES and dt.kind in "iu":
+            return dt
+    raise ValueError(f"{name} must be one of {sorted(QTYPES)} (or np.int8 / np.uint8), got {value!r}")
+
+
+def _channels(shape, axis):
+    """(O, C, I) of shape around axis (axis None: (1, 1, size))."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if axis is None:
+        return 1, 1, n
+    o = 1
+    for s in shape[:axis]:
+        o *= int(s)
+    c = int(shape[axis])
+    i = 1
+    for s in shape[axis + 1:]:
+        i *= int(s)
+    return o, c, i
+
+
+# ---- scales from ranges (host, shared with the CUDA implementation) -----------------------
+
+def floats_from_bits(dtype, amax, lo, hi):
+    """The float max|x|, min(0, min x), max(0, max x) from the integer reductions' results
+    (see kernels_cpu/quant.py), and whether each channel held a NaN or inf."""
+    it, absmask, shift, expo = _FINITE_BITS[np.dtype(dtype)]
+    amax = np.asarray(amax, it)
+    bad = amax >= it(expo)
+    fdt = np.dtype(dtype)
+
+    def unkey(k):
+        k = np.asarray(k, it)
+        return (k ^ ((k >> it(shift)) & it(absmask))).view(fdt)
+
+    return amax.view(fdt), (unkey(lo) if lo is not None else None), (unkey(hi) if hi is not None else None), bad
+
+
+def scales_from_range(xdtype, qdtype, symmetric, amax, rmin, rmax):
+    """(scale float32 (C,), zero_point qdtype (C,)) of the dynamic rule (module docstring)
+    from per-channel max|x|, min(0, min x), max(0, max x) (arrays of x's dtype)."""
+    qd = np.dtype(qdtype)
+    qlo, qhi = QTYPES[qd.name][1:]
+    T = compute_dtype(xdtype)
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if symmetric:
+            m = np.asarray(amax, np.float64)
+            scale = (m / SYMMETRIC_INT8_MAX).astype(np.float32)
+            zp = np.full(scale.shape, 128 if qd == np.uint8 else 0, qd)
+            wide = m > 0
+        else:
+            d = (np.asarray(rmax).astype(T) - np.asarray(rmin).astype(T)).astype(np.float64)
+            scale = (d / (qhi - qlo)).astype(np.float32)
+            wide = d > 0
+        if not np.all(np.isfinite(scale)):
+            raise ValueError("x's range overflows a float32 scale (max|x| or max - min beyond "
+                             f"{(qhi - qlo if not symmetric else SYMMETRIC_INT8_MAX)} x 3.4e38): scale it first")
+        scale = np.where(wide, np.maximum(scale, tiny), np.float32(1.0)).astype(np.float32)
+        if not symmetric:
+            rmin_t = np.asarray(rmin).astype(T)
+            z = T.type(qlo) - rmin_t / scale.astype(T)
+            z = np.minimum(np.maximum(z, T.type(qlo)), T.type(qhi))
+            zp = np.rint(z).astype(qd)
+    return scale, zp
+
+
+def check_finite(bad, axis):
+    if np.any(bad):
+        where = "" if axis is None else f" (first in channel {int(np.flatnonzero(bad)[0])} along axis {axis})"
+        raise ValueError(f"x holds NaN or inf{where}: dynamic quantization computes the scale from x's range; "
+                         "pass scale= (and zero_point=) to quantize it statically")
+
+
+def host_range(x3, dtype, minmax, parallel):
+    """Per-channel (amax, rmin, rmax, bad) of a (O, C, I) C-contiguous host array."""
+    it, absmask, shift, _ = _FINITE_BITS[np.dtype(dtype)]
+    xi = x3.view(it)
+    c = x3.shape[1]
+    if parallel:
+        tasks = KP.tasks_for(max(x3.shape))
+        dim = K.split_dim(x3.shape, tasks)
+        tasks = max(1, min(tasks, x3.shape[dim]))
+        amax = np.zeros((tasks, c), it)
+        lo = np.zeros((tasks, c), it)
+        hi = np.zeros((tasks, c), it)
+        KP.run_dynamic(K.stats_parallel, tasks, xi, it(absmask), it(shift), minmax, amax, lo, hi, dim)
+        amax, lo, hi = amax.max(axis=0), lo.min(axis=0), hi.max(axis=0)
+    else:
+        amax = np.zeros(c, it)
+        lo = np.zeros(c, it)
+        hi = np.zeros(c, it)
+        K.stats_serial(xi, it(absmask), it(shift), minmax, amax, lo, hi)
+    return floats_from_bits(dtype, amax, lo if minmax else None, hi if minmax else None)
+
+
+# ---- quantize ----------------------------------------------------------------------------
+
+class QuantizeKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype      # x's
+    size: int            # bucket of x.size
+    channels: int        # bucket of C (1: one scale per tensor)
+    inner: int           # bucket of I, the run of one channel's contiguous elements
+    qdtype: str          # "int8" / "uint8"
+    mode: str            # "symmetric" / "asymmetric" (scales computed) / "static" (given)
+
+
+class QuantizeArgs(NamedTuple):
+    x: object            # float array, any shape
+    qdtype: np.dtype
+    axis: object         # None or a normalized axis
+    symmetric: bool
+    scale: object        # None, or float32 (C,) given (static)
+    zero_point: object   # None, or qdtype (C,) given (static)
+
+
+def _static_params(x_shape, axis, qd, scale, zero_point):
+    """The given scale / zero_point as float32 (C,) / qdtype (C,) host arrays (checked)."""
+    want = () if axis is None else (int(x_shape[axis]),)
+    c = 1 if axis is None else want[0]
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.number, np.ndarray)):
+        raise TypeError(f"scale must be a float number or a numpy float array, got {type(scale).__name__}")
+    s = np.asarray(scale)
+    if s.dtype.kind not in "fiu":
+        raise TypeError(f"scale must be a float number or a numpy float array, got dtype {s.dtype}")
+    if s.shape not in (want, (1,) if axis is None else want):
+        raise ValueError(f"scale must have shape {want} for axis={axis} and x of shape {tuple(x_shape)}, "
+                         f"got {s.shape}")
+    s64 = s.astype(np.float64)
+    with np.errstate(over="ignore"):
+        s32 = s.astype(np.float32)
+    if not (np.all(np.isfinite(s64)) and np.all(s64 > 0) and np.all(np.isfinite(s32)) and np.all(s32 > 0)):
+        raise ValueError(f"scale must be positive and finite in float32, got {s64.ravel()[:4].tolist()}")
+    if zero_point is None:
+        z = np.zeros(c, qd)
+    else:
+        lo, hi = QTYPES[qd.name][1:]
+        if isinstance(zero_point, (bool, np.bool_)):
+            raise TypeError(f"zero_point must have dtype {qd}, got a bool")
+        if isinstance(zero_point, int):
+            if not lo <= zero_point <= hi:
+                raise ValueError(f"zero_point={zero_point} is out of {qd}'s range [{lo}, {hi}]")
+            z = np.asarray(zero_point, qd)
+        elif isinstance(zero_point, (np.ndarray, np.generic)):
+            z = np.asarray(zero_point)
+            if z.dtype != qd:
+                raise TypeError(f"zero_point must have dtype {qd} (the quantized type), got {z.dtype}")
+        else:
+            raise TypeError(f"zero_point must be a numpy {qd} array or an int, got {type(zero_point).__name__}")
+        if z.shape not in (want, (1,) if axis is None else want):
+            raise ValueError(f"zero_point must have scale's shape {want}, got {z.shape}")
+    s32 = np.ascontiguousarray(s32.reshape(c))
+    z = np.ascontiguousarray(np.asarray(z).reshape(c))
+    return s32, z
+
+
+def _describe_quantize(x, *, dtype="int8", axis=None, symmetric=True, scale=None, zero_point=None):
+    """Call.args = QuantizeArgs, key QuantizeKey."""
+    V.required(x=x)
+    dev = V.device_of(x=x)
+    xdt = V.float_dtype("x", x)
+    qd = qdtype_of("dtype", dtype)
+    if axis is not None:
+        axis = V.axis("axis", axis, len(x.shape))
+    symmetric = V.flag("symmetric", symmetric)
+    shape = tuple(int(s) for s in x.shape)
+    if scale is None:
+        if zero_point is not None:
+            raise ValueError("zero_point is given without scale: pass both (static quantization) or neither")
+        s = z = None
+        mode = "symmetric" if symmetric else "asymmetric"
+    else:
+        s, z = _static_params(shape, axis, qd, scale, zero_point)
+        mode = "static"
+    o, c, i = _channels(shape, axis)
+    key = QuantizeKey("quantize", dev, xdt, size_bucket(*shape), bucket(c), bucket(i), qd.name, mode)
+    return Call(key, QuantizeArgs(x, qd, axis, symmetric, s, z))
+
+
+def result(values, scale, zero_point, axis):
+    """The QuantizedArray of a quantize call (scale / zero_point (C,) -> () per tensor)."""
+    if axis is None:
+        scale, zero_point = scale.reshape(()), zero_point.reshape(())
+    return QuantizedArray(values, scale, zero_point, axis)
+
+
+def _quantize_host(parallel):
+    def run(params, x, qd, axis, symmetric, scale, zero_point):
+        xc = kernel_input(x)
+        shape = xc.shape
+        o, c, i = _channels(shape, axis)
+        x3 = xc.reshape(o, c, i)
+        if scale is None:
+            amax, rmin, rmax, bad = host_range(x3, xc.dtype, not symmetric, parallel and x3.size > 0)
+            check_finite(bad, axis)
+            scale, zero_point = scales_from_range(xc.dtype, qd, symmetric, amax, rmin, rmax)
+        T = compute_dtype(xc.dtype)
+        q = np.empty(shape, qd)
+        if q.size:
+            lo, hi = QTYPES[qd.name][1:]
+            args = (x3, scale.astype(T), zero_point.astype(T), T.type(lo), T.type(hi), q.reshape(o, c, i))
+            if parallel:
+                tasks = KP.tasks_for(max(x3.shape))
+                dim = K.split_dim(x3.shape, tasks)
+                tasks = max(1, min(tasks, x3.shape[dim]))
+                KP.run_dynamic(K.quantize_parallel, tasks, *args, dim)
+            else:
+                K.quantize_serial(*args)
+        return result(q, scale, zero_point, axis)
+
+    return run
+
+
+def _q_flops(call):
+    """Per element: the division, the rounding, the zero point add and two clamps (plus the
+    range reduction's compares when the scale is computed)."""
+    n = int(np.prod(call.args.x.shape))
+    return n * (5 + (0 if call.args.scale is not None else (1 if call.args.symmetric else 3)))
+
+
+def _q_bytes(call):
+    """x read (twice when the scale is computed: once for the range, once to quantize),
+    one byte written per element."""
+    a = call.args
+    n = int(np.prod(a.x.shape))
+    item = V.dtype_of(a.x).itemsize
+    return n * item * (1 if a.scale is not None else 2) + n
+
+
+def _q_signature(i):
+    return (i["x"],), {"dtype": i.get("qtype", "int8"), "axis": i.get("axis"),
+                       "symmetric": i.get("symmetric", True), "scale": i.get("scale"),
+                       "zero_point": i.get("zero_point")}
+
+
+_quantize = register_op(Op("quantize", _describe_quantize, family="quant", bound="memory", signature=_q_signature,
+                           flops=_q_flops, bytes=_q_bytes,
+                           rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
+_Q_NOTES = ("x seen as (O, C, I) around the axis; the range per channel by integer min/max reductions on x's "
+            "bits (vectorized), scales on the host, then one vectorized x / scale -> rint -> clamp pass; "
+            "non-contiguous x is copied to C order first")
+register(Implementation("quantize", "cpu-serial", "cpu", _quantize_host(False), kernel_modules=_KERNELS,
+                        notes=_Q_NOTES))
+register(Implementation("quantize", "cpu-parallel", "cpu", _quantize_host(True), kernel_modules=_KERNELS,
+                        notes=_Q_NOTES + "; ranges of O, C or I over threads (partial ranges combined on the host)"))
+
+
+@_quantize.expose
+def quantize(x, *, dtype="int8", axis=None, symmetric=True, scale=None, zero_point=None):
+    """Quantize float x to int8 / uint8 (ONNX QuantizeLinear), one scale per tensor
+    (axis=None) or per slice along `axis` (per-channel); returns a QuantizedArray.
+
+    x: float32 or float64 (float16 too on CUDA), any shape.  dtype: "int8" or "uint8".
+    q = saturate(round_half_to_even(x / scale) + zero_point), the division in x's type
+    (float32 for float16); NaN gives the type's lowest value.  Without scale= the scales
+    come from x (dynamic): symmetric, scale = max|x| / 127 with zero point 0 (int8, values
+    in [-127, 127]) or 128 (uint8); symmetric=False, ONNX DynamicQuantizeLinear's rule
+    (range [min(0, min x), max(0, max x)] over the type's full range, rounded zero point).
+    A slice of all zeros gets scale 1, not 0.  x with NaN or inf cannot be given a scale:
+    ValueError naming x.  With scale= (a number, or shape (x.shape[axis],) per channel;
+    positive, finite) and optionally zero_point= (dtype's numpy type; default 0), those are
+    used (static quantization).  See dispatch/ops/quant.py for the exact rounding of the
+    computed scales."""
+    return _quantize(x, dtype=dtype, axis=axis, symmetric=symmetric, scale=scale, zero_point=zero_point)
+
+
+# ---- dequantize --------------------------------------------------------------------------
+
+class DequantizeKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype      # the result's
+    size: int            # bucket of q's size
+    channels: int        # bucket of C
+    inner: int           # bucket of I
+    qdtype: str
+
+
+class DequantizeArgs(NamedTuple):
+    values: object       # q.values (int8 / uint8)
+    q: object            # the QuantizedArray (scale, zero point, caches)
+    dtype: np.dtype
+    out: object
+
+
+def out_dtype(name, value, device):
+    try:
+        dt = None if value is None else np.dtype(value)  # np.dtype(None) would be float64
+    except TypeError:
+        dt = None
+    ok = FLOAT_DTYPES + ((np.dtype(np.float16),) if device == "cuda" else ())
+    if value is None or isinstance(value, (bool, np.bool_)) or dt not in ok:  # (dtype == None is True for float64)
+        names = ", ".join(str(d) for d in ok)
+        raise ValueError(f"{name} must be one of {names}" + ("" if device == "cuda" else " (float16: CUDA only)")
+                         + f", got {value!r}")
+    return dt
+
+
+def _describe_dequantize(q, *, dtype=np.float32, out=None):
+    """Call.args = DequantizeArgs, key DequantizeKey."""
+    if not isinstance(q, QuantizedArray):
+        raise TypeError(f"q must be a QuantizedArray (from dispatch.quantize or QuantizedArray(values, scale, "
+                        f"zero_point, axis)), got {type(q).__name__}")
+    dev = V.device_of(**{"q.values": q.values, "out": out})
+    dt = out_dtype("dtype", dtype, dev)
+    shape = q.shape
+    V.out(out, shape, dt, **{"q.values": q.values})
+    o, c, i = _channels(shape, q.axis)
+    key = DequantizeKey("dequantize", dev, dt, size_bucket(*shape), bucket(c), bucket(i), q.dtype.name)
+    return Call(key, DequantizeArgs(q.values, q, dt, out))
+
+
+def _dequantize_host(parallel):
+    def run(params, values, q, dt, out):
+        vc = kernel_input(values)
+        shape = vc.shape
+        o, c, i = _channels(shape, q.axis)
+        y = result_buffer(out, shape, dt)
+        if vc.size:
+            scale, zp = q.cached(("host-dequant", dt), lambda: (np.ascontiguousarray(q.scale.reshape(c), dt),
+                                                                np.ascontiguousarray(q.zero_point.reshape(c), dt)))
+            args = (vc.reshape(o, c, i), scale, zp, y.reshape(o, c, i))
+            if parallel:
+                tasks = KP.tasks_for(max(o, c, i))
+                dim = K.split_dim((o, c, i), tasks)
+                tasks = max(1, min(tasks, (o, c, i)[dim]))
+                KP.run_dynamic(K.dequantize_parallel, tasks, *args, dim)
+            else:
+                K.dequantize_serial(*args)
+        return deliver(y, out)
+
+    return run
+
+
+def _dq_flops(call):
+    """Per element: the zero point subtraction and the product."""
+    return 2 * int(np.prod(call.args.values.shape))
+
+
+def _dq_bytes(call):
+    """One byte read, the result written."""
+    n = int(np.prod(call.args.values.shape))
+    return n * (1 + call.args.dtype.itemsize)
+
+
+def _is_array(a):
+    from ..devices import device_kind
+
+    return isinstance(a, np.ndarray) or device_kind(a) == "cuda"
+
+
+def _dq_signature(i):
+    """The benchmark inputs are q's parts (values, scale, zero_point, axis), so that the
+    generic tests see (and vary: memmap, read-only, broadcast) its arrays; the call gets
+    the QuantizedArray built from them.  Registry probes (dispatch.examples.names_read)
+    pass placeholders, which are passed on as they are."""
+    parts = (i["values"], i["scale"], i.get("zero_point"), i.get("axis"))
+    kw = {"dtype": i.get("dtype", np.float32)}
+    if not _is_array(parts[0]):
+        return (parts,), kw
+    return (QuantizedArray(*parts),), kw
+
+
+def _dq_synthesize(shapes, params, rng, dtype):
+    """values drawn over the quantized type's range, scales positive around 0.01, a zero
+    point only when a shape is given for it; axis: the first axis of values' extent
+    scale's length (scale of shape (): per tensor); the result dtype = the case's dtype."""
+    qd = qdtype_of("qtype", params.get("qtype", "int8"))
+    lo, hi = QTYPES[qd.name][1:]
+    vshape = tuple(shapes["values"])
+    sshape = tuple(shapes.get("scale", ()))
+    out = {"values": rng.integers(lo, hi + 1, size=vshape, dtype=qd),
+           "scale": (np.abs(rng.standard_normal(sshape)) * 0.01 + 0.001).astype(np.float32)}
+    if "zero_point" in shapes:
+        out["zero_point"] = rng.integers(lo, hi + 1, size=tuple(shapes["zero_point"]), dtype=qd)
+    if sshape and "axis" not in params:
+        out["axis"] = vshape.index(sshape[0])
+    out["dtype"] = np.dtype(dtype)
+    return out
+
+
+_dequantize = register_op(Op("dequantize", _describe_dequantize, family="quant", bound="memory",
+                             signature=_dq_signature, flops=_dq_flops, bytes=_dq_bytes, synthesize=_dq_synthesize,
+                             rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
+_DQ_NOTES = "one vectorized (q - zero_point) * scale pass over (O, C, I); a non-contiguous out= is filled by one copy"
+register(Implementation("dequantize", "cpu-serial", "cpu", _dequantize_host(False), kernel_modules=_KERNELS,
+                        notes=_DQ_NOTES))
+register(Implementation("dequantize", "cpu-parallel", "cpu", _dequantize_host(True), kernel_modules=_KERNELS,
+                        notes=_DQ_NOTES + "; ranges of O, C or I over threads"))
+
+
+@_dequantize.expose
+def dequantize(q, *, dtype=np.float32, out=None):
+    """Dequantize a QuantizedArray (ONNX DequantizeLinear): (q.values - zero_point) * scale
+    per tensor or per channel along q.axis, in `dtype` (float32 or float64; float16 too on
+    CUDA), of q's shape.  The product is rounded once (float64: exact).  out= (q's shape,
+    `dtype`, writeable, not overlapping q.values) receives the result."""
+    return _dequantize(q, dtype=dtype, out=out)

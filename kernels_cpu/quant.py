@@ -1,0 +1,201 @@
+"""Linear quantization (ONNX QuantizeLinear / DequantizeLinear) on the CPU.
+
+Every array is seen as (O, C, I), C-contiguous: C the channels (the quantization axis; 1 for
+one scale per tensor), O the extent before it, I after it.  Channel c owns x[:, c, :].
+
+stats: per channel, the range of x, for computing scales.  The reductions run on the bit
+patterns of x as integers (x viewed as int32 for float32, int64 for float64): LLVM does not
+vectorize a float min/max reduction here (fcmp + select stays scalar, vminss, even with
+nnan; checked 2026-11-25 with numba 0.68 / llvmlite 0.50 on the Sapphire Rapids host), but
+it does vectorize integer ones (vpmaxs*/vpmins* on ymm).  Two monotone maps:
+    |x| bits  = bits & ABS          (non-negative floats order like their bits; a NaN or
+                                     inf gives bits >= the exponent mask, so the largest
+                                     |x| bits also say whether the channel is finite)
+    key(x)    = bits ^ ((bits >> SHIFT) & ABS)   (negative floats flip their magnitude
+                                     bits: signed key order = float order)
+The dispatcher turns them back into floats (dispatch/ops/quant.py).
+
+quantize: q = saturate(round_half_even(x / scale[c]) + zero_point[c]), the division in x's
+type (float32 for float32, as ONNX), np.rint (vroundps: vectorized).  A NaN quotient fails
+`t >= qmin` and becomes qmin (onnxruntime 1.32 gives the lowest value of the type for NaN
+as well); +-inf saturates.  No fastmath here: arcp would turn x / s into x * (1 / s), which
+rounds differently.
+
+dequantize: y = (q - zero_point[c]) * scale[c] in y's type: q - zp is an exact small
+integer, so the only rounding is the product's (float64: exact).
+
+Serial kernels take the whole array; the parallel ones split one of O, C, I (the largest
+that fits, see `split_dim`) into `tasks` ranges handed to numba's threads one at a time.
+"""
+import numpy as np
+from numba import njit, prange
+from numpy import uintp
+
+# Reductions: reassociation only (the integer reductions do not need it; kept off the
+# quantize and dequantize loops, see the module docstring).
+SJIT = dict(cache=True, error_model="numpy")
+
+
+@njit(**SJIT)
+def _row_absmax(xr, i0, i1, absmask, m):
+    for i in range(i0, i1):
+        a = xr[uintp(i)] & absmask
+        m = a if a > m else m
+    return m
+
+
+@njit(**SJIT)
+def _row_minmax(xr, i0, i1, absmask, shift, m, lo, hi):
+    for i in range(i0, i1):
+        b = xr[uintp(i)]
+        a = b & absmask
+        k = b ^ ((b >> shift) & absmask)
+        m = a if a > m else m
+        lo = k if k < lo else lo
+        hi = k if k > hi else hi
+    return m, lo, hi
+
+
+@njit(**SJIT)
+def stats_range(xi, absmask, shift, minmax, amax, lo, hi, o0, o1, c0, c1, i0, i1):
+    """Fold x[o0:o1, c0:c1, i0:i1] (xi: x's bits, (O, C, I)) into amax / lo / hi [C]."""
+    ni = xi.shape[2]
+    if ni == 1:  # channels are the last axis: vectors across channels
+        for o in range(o0, o1):
+            xr = xi[o, :, 0]
+            if minmax:
+                for c in range(c0, c1):
+                    b = xr[uintp(c)]
+                    a = b & absmask
+                    k = b ^ ((b >> shift) & absmask)
+                    amax[c] = a if a > amax[c] else amax[c]
+                    lo[c] = k if k < lo[c] else lo[c]
+                    hi[c] = k if k > hi[c] else hi[c]
+            else:
+                for c in range(c0, c1):
+                    a = xr[uintp(c)] & absmask
+                    amax[c] = a if a > amax[c] else amax[c]
+        return
+    for o in range(o0, o1):
+        for c in range(c0, c1):
+            xr = xi[o, c]
+            if minmax:
+                amax[c], lo[c], hi[c] = _row_minmax(xr, i0, i1, absmask, shift, amax[c], lo[c], hi[c])
+            else:
+                amax[c] = _row_absmax(xr, i0, i1, absmask, amax[c])
+
+
+@njit(**SJIT)
+def stats_serial(xi, absmask, shift, minmax, amax, lo, hi):
+    o, c, i = xi.shape
+    stats_range(xi, absmask, shift, minmax, amax, lo, hi, 0, o, 0, c, 0, i)
+
+
+@njit(**SJIT)
+def _bounds(shape, dim, t, tasks):
+    """(o0, o1, c0, c1, i0, i1): task t of `tasks` equal ranges of dimension dim."""
+    n = shape[dim]
+    a = n * t // tasks
+    b = n * (t + 1) // tasks
+    o0, o1, c0, c1, i0, i1 = 0, shape[0], 0, shape[1], 0, shape[2]
+    if dim == 0:
+        o0, o1 = a, b
+    elif dim == 1:
+        c0, c1 = a, b
+    else:
+        i0, i1 = a, b
+    return o0, o1, c0, c1, i0, i1
+
+
+@njit(parallel=True, **SJIT)
+def stats_parallel(xi, absmask, shift, minmax, amax_p, lo_p, hi_p, dim, tasks):
+    """Task t folds its range into row t of the (tasks, C) partials (combined by the caller)."""
+    for t in prange(tasks):
+        o0, o1, c0, c1, i0, i1 = _bounds(xi.shape, dim, t, tasks)
+        stats_range(xi, absmask, shift, minmax, amax_p[t], lo_p[t], hi_p[t], o0, o1, c0, c1, i0, i1)
+
+
+@njit(**SJIT)
+def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
+    """q[o, c, i] = saturate(rint(x / scale[c]) + zp[c]) over the range; scale and zp in x's
+    type (zp: small integers as floats), qlo / qhi the type's limits as floats."""
+    ni = x.shape[2]
+    if ni == 1:
+        for o in range(o0, o1):
+            xr = x[o, :, 0]
+            qr = q[o, :, 0]
+            for c in range(c0, c1):
+                t = np.rint(xr[uintp(c)] / scale[uintp(c)]) + zp[uintp(c)]
+                t = t if t >= qlo else qlo
+                t = t if t <= qhi else qhi
+                qr[uintp(c)] = np.int32(t)
+        return
+    for o in range(o0, o1):
+        for c in range(c0, c1):
+            xr = x[o, c]
+            qr = q[o, c]
+            s = scale[c]
+            z = zp[c]
+            for i in range(i0, i1):
+                t = np.rint(xr[uintp(i)] / s) + z
+                t = t if t >= qlo else qlo
+                t = t if t <= qhi else qhi
+                qr[uintp(i)] = np.int32(t)
+
+
+@njit(**SJIT)
+def quantize_serial(x, scale, zp, qlo, qhi, q):
+    o, c, i = x.shape
+    quantize_range(x, scale, zp, qlo, qhi, q, 0, o, 0, c, 0, i)
+
+
+@njit(parallel=True, **SJIT)
+def quantize_parallel(x, scale, zp, qlo, qhi, q, dim, tasks):
+    for t in prange(tasks):
+        o0, o1, c0, c1, i0, i1 = _bounds(x.shape, dim, t, tasks)
+        quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1)
+
+
+@njit(**SJIT)
+def dequantize_range(q, scale, zp, y, o0, o1, c0, c1, i0, i1):
+    """y[o, c, i] = (q - zp[c]) * scale[c]; scale and zp in y's type (int - float promotes
+    to y's type, as numpy does)."""
+    ni = q.shape[2]
+    if ni == 1:
+        for o in range(o0, o1):
+            qr = q[o, :, 0]
+            yr = y[o, :, 0]
+            for c in range(c0, c1):
+                yr[uintp(c)] = (qr[uintp(c)] - zp[uintp(c)]) * scale[uintp(c)]
+        return
+    for o in range(o0, o1):
+        for c in range(c0, c1):
+            qr = q[o, c]
+            yr = y[o, c]
+            s = scale[c]
+            z = zp[c]
+            for i in range(i0, i1):
+                yr[uintp(i)] = (qr[uintp(i)] - z) * s
+
+
+@njit(**SJIT)
+def dequantize_serial(q, scale, zp, y):
+    o, c, i = q.shape
+    dequantize_range(q, scale, zp, y, 0, o, 0, c, 0, i)
+
+
+@njit(parallel=True, **SJIT)
+def dequantize_parallel(q, scale, zp, y, dim, tasks):
+    for t in prange(tasks):
+        o0, o1, c0, c1, i0, i1 = _bounds(q.shape, dim, t, tasks)
+        dequantize_range(q, scale, zp, y, o0, o1, c0, c1, i0, i1)
+
+
+def split_dim(shape, tasks):
+    """The dimension of (O, C, I) the parallel kernels split: I when it is long enough
+    for every task to stream a long run (one scale per tensor: I is everything), else the
+    larger of O and C."""
+    o, c, i = shape
+    if i >= 1024 * tasks or (o == 1 and c == 1):
+        return 2
+    return 0 if o >= c else 1
