@@ -7,7 +7,7 @@ CHUNK elements over numba's threads.  The activation is chosen by an integer cod
 """
 from numba import njit, prange
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu, wide_loops
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).
@@ -17,6 +17,7 @@ CHUNK = 16384
 @njit(**JIT)
 def activation_block(x, out, code):
     """out[:] = act(x[:]) for 1-D arrays."""
+    wide_loops()  # 16 float32 lanes on AVX-512 hosts
     n = x.shape[0]
     if code == ACT_RELU:
         for i in range(n):
@@ -38,6 +39,7 @@ def activation_block(x, out, code):
 @njit(**JIT)
 def gated_block(gate, up, out, code):
     """out[:] = act(gate[:]) * up[:] (SwiGLU with ACT_SILU, GeGLU with ACT_GELU[_TANH])."""
+    wide_loops()
     n = gate.shape[0]
     if code == ACT_SILU:
         for i in range(n):

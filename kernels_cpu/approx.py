@@ -41,6 +41,38 @@ from kernels_common.activation import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RE
                                        GELU_TANH_C, INV_SQRT2, SQRT_2_OVER_PI)
 
 
+def _target_has_avx512():
+    """Whether numba compiles for a target with AVX-512 F (NUMBA_CPU_FEATURES when set, else
+    the host's features from llvmlite): decided when a kernel is compiled, so a numba cache
+    (keyed on the CPU name and features) never carries the choice to another host."""
+    try:
+        from numba.core import config
+        if config.CPU_FEATURES:
+            feats = config.CPU_FEATURES
+        else:
+            import llvmlite.binding as ll
+            feats = ll.get_host_cpu_features().flatten()
+        return "+avx512f" in feats.split(",")
+    except Exception:  # noqa: BLE001 - no feature list: leave LLVM's default
+        return False
+
+
+@intrinsic
+def wide_loops(typingctx):
+    """Call once in a kernel whose loops LLVM vectorizes: on an AVX-512 target, marks the
+    function "prefer-vector-width"="512", so the loop vectorizer uses 16 float32 lanes (zmm)
+    instead of the 8 that LLVM's Skylake-and-later tuning prefers; elsewhere a no-op (AVX2
+    and other targets keep LLVM's choice).  Exact gelu, 4M float32, one thread, Sapphire
+    Rapids (2026-11-25): 5.15 ms with 8 lanes, 3.25 ms with 16."""
+    def codegen(context, builder, sig, args):
+        if _target_has_avx512():
+            # a string attribute, which llvmlite's FunctionAttributes does not list
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
 def like(x, value):
     """value (a Python float) as a constant of x's float type (float32 code stays float32)."""
     return value

@@ -36,7 +36,7 @@ import numpy as np
 from numba import carray, njit
 
 from .approx import JIT_BY_ADDRESS
-from .gemm import MR, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, store_edge_tile, tile_n
+from .gemm import MR, NARROW, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, store_edge_tile, tile_n
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
@@ -258,7 +258,7 @@ def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
     if (OH, OW) != (H, W) or ap.shape[2] != cin // groups:
         raise ValueError("conv_gemm: an unpadded stride-1 1x1 convolution only (conv_direct takes the rest)")
     dt = out.dtype
-    nr = tile_n(dt)
+    nr = tile_n(dt, NARROW)  # conv2d runs the 6x16 tile (its weight panels are MR = 6 rows)
     mp = ap.shape[1]
     npn = -(-(OH * OW) // nr)
     nnb = -(-npn // NC_PANELS)
@@ -301,7 +301,7 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     nimg, cin, H, W = x.shape
     _, cout, OH, OW = out.shape
     dt = out.dtype
-    nr = tile_n(dt)
+    nr = tile_n(dt, NARROW)  # conv2d runs the 6x16 tile (its weight panels are MR = 6 rows)
     mp = ap.shape[1]
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return

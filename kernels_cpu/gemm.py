@@ -23,13 +23,22 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
 The worker (gemm_worker, per dtype) calls the packers for the operands' layouts and the
 epilogue for the activation by address: each is compiled once, alone (parallel.py).
 
-The micro-kernel is an LLVM-IR intrinsic (see `_micro_kernel`): numba leaves LLVM's SLP
-vectorizer off, so an unrolled scalar version stays scalar, and a loop version gets its k
-loop vectorized (the wrong loop).  The intrinsic emits the vector loop directly:
-float32 6 x 16 (12 ymm accumulators), float64 6 x 8, using only 8 x f32 / 4 x f64 vectors
-and fma, i.e. AVX2 + FMA (LLVM lowers the same IR for other x86 levels).  Measured alone
-in L1 on this machine: 105-110 GFLOP/s per core in float32; the whole GEMM 90-95 GFLOP/s
-on one thread at 1024^3 (OpenBLAS 91-96).
+The micro-kernel is an LLVM-IR intrinsic (see `_micro_kernel` / `micro_tile`): numba
+leaves LLVM's SLP vectorizer off, so an unrolled scalar version stays scalar, and a loop
+version gets its k loop vectorized (the wrong loop).  The intrinsic emits the vector loop
+directly, for a register tile from TILES chosen once at import from the target's features
+(NK_GEMM_TILE=6x16|8x48|12x32 overrides; `use_tile` switches it in-process for tests):
+  6x16 (AVX2 + FMA, and the portable choice): float32 6 x 16 (12 ymm accumulators),
+    float64 6 x 8, 8 x f32 / 4 x f64 vectors.  Alone in L1 on a Zen 3 host: 105-110
+    GFLOP/s per core; the whole GEMM 90-95 on one thread at 1024^3 (OpenBLAS 91-96).
+  8x48 (the AVX-512 default): float32 8 x 48 (24 zmm accumulators, 3 B vectors, 1
+    broadcast), float64 8 x 24, k unrolled by 4, A and C prefetched.  1024^3 on one
+    Sapphire Rapids core: 150-160 GFLOP/s against OpenBLAS's 154-162 (6x16 there: 91).
+  12x32 (BLIS SkylakeX's sgemm shape): selectable, measured beside 8x48 (TILES).
+The IR uses only llvm.fma on <W x float> vectors and plain loads / stores, no x86
+intrinsics: on aarch64 or any other target LLVM lowers the same code (the 6x16 tile is
+the default there).  The workers, packers and micro-kernel are compiled per (dtype, tile),
+the tile a literal argument.  conv2d (kernels_cpu/conv.py) runs the 6x16 tile.
 
 gemv_parallel: for M == 1 (decode).  prange over (batch x blocks of GEMV_NB outputs);
 with ``transb`` each output is a dot product with a contiguous weight row, else the block
@@ -37,34 +46,161 @@ accumulates ``x[k] * B[k, n0:n1]`` rows.
 
 epilogue_parallel: bias + activation in place on a (rows, N) result (the "blas" path).
 """
+import math
+from typing import NamedTuple
+
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu, \
+    wide_loops
 from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, worker_address
 
-# Register tile MR x NR: 6 rows x 2 vectors = 12 accumulator registers + 2 B vectors + 1
-# broadcast A value = 15 of the 16 AVX2 registers (the BLIS/OpenBLAS Haswell shape).  It runs
-# at 95 GFLOP/s per core at 1024^3 against OpenBLAS's 93-96 (measurements beside KC_MAX in
-# dispatch/ops/linalg.py).
-MR = 6            # rows of the register tile (both dtypes)
-NR_F32 = 16       # columns of the register tile: 2 vectors of 8 float32
+# Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
+# registers + 2 B vectors + 1 broadcast A value = 15 of the 16 AVX2 registers (the BLIS /
+# OpenBLAS Haswell shape); it runs at 95 GFLOP/s per core at 1024^3 against OpenBLAS's 93-96
+# (measurements beside KC_MAX in dispatch/ops/linalg.py).  The AVX-512 tiles use 16-float32
+# vectors and the 32 zmm registers (BLIS SkylakeX: sgemm 32x12, dgemm 16x14 in its
+# orientation); which one is the host default is chosen from the measurements beside
+# HOST_WIDE.  The IR is target-independent (llvm.fma on <W x float>): on a host without
+# AVX-512 (or aarch64) LLVM splits a 16-lane vector into narrower ones, correct but slower,
+# so the wide tiles are the default only where the target has avx512f.
+MR = 6            # rows of the 6x16 tile (both dtypes); conv2d's weight panels use it
+NR_F32 = 16       # columns of the 6x16 tile: 2 vectors of 8 float32
 NR_F64 = 8        # 2 vectors of 4 float64
 GEMV_NB = 64      # outputs per gemv task (not measured on its own: 64 rows of K floats stay in L2)
 
 
-def tile_n(dtype) -> int:
-    """NR (register tile columns) for a dtype, as used by the packing and the micro-kernel."""
-    return NR_F32 if np.dtype(dtype) == np.float32 else NR_F64
+class Tile(NamedTuple):
+    """A register tile: mr rows (broadcast A values) x nr vector columns (nr32 float32 /
+    nr64 float64 values, vectors of lanes32 / lanes32 // 2 lanes)."""
+    name: str
+    mr: int
+    nr32: int
+    nr64: int
+    lanes32: int
+    unroll: int = 1   # k steps per loop iteration
+    pfa: int = 0      # prefetch A this many bytes ahead of the current k (0: none)
+    pfc: bool = False  # prefetch C's tile rows at the start
+    a_outer: bool = False  # a task's loop: A panels outer (else B panels outer)
+
+    def nr(self, dtype) -> int:
+        return self.nr32 if np.dtype(dtype) == np.float32 else self.nr64
+
+    def describe(self, dtype=np.float32) -> str:
+        lanes = self.lanes32 if np.dtype(dtype) == np.float32 else self.lanes32 // 2
+        return f"{self.mr}x{self.nr(dtype)} of {lanes}-lane {np.dtype(dtype).name} vectors"
 
 
-def pack_shapes(n_a, n_b, M, N, K, dtype):
+# Index = the literal the workers are compiled for.  0 is the AVX2 tile and conv2d's; the
+# AVX-512 ones unroll k by 4, prefetch A pfa bytes ahead and C's rows before the stores.
+# Measured on Sapphire Rapids ("rocketlake" to LLVM), 2 shared cores, 2026-11-25, float32,
+# one thread, GFLOP/s as medians of 7-11 interleaved rounds (numpy = OpenBLAS 0.3.31 in the
+# same rounds; other jobs loaded the host, so differences under ~5% are noise):
+#   1024^3, plain loop:   6x16 91, 12x32 133-137, 14x32 134, 8x48 139, numpy 157
+#   + unroll 4:           12x32 139, 8x48 139;  + prefetch A and C: 12x32 145, 14x32 142,
+#                         8x48 140 (numpy 152)
+#   after B-packing prefetch (PACK_PF_ROWS), through dispatch: 12x32 151, 14x32 149,
+#                         8x48 154, numpy 154, onnxruntime 155
+#   128x768x768 (dispatch): 6x16 58, 12x32 86, 14x32 84, 8x48 93, numpy 117, ort prepacked 157
+#   linear 128x768x3072 + bias + gelu, prepacked: 6x16 7.85 ms, 12x32 5.36, 14x32 5.28,
+#                         8x48 4.93, onnxruntime prepacked 4.30
+# 8x48 fits M = 128 and N = 768 / 3072 with no edge tiles; 12x32 (BLIS SkylakeX's sgemm
+# shape) is kept selectable for hosts where it may win (NK_GEMM_TILE=12x32).  Walking A
+# panels in the outer loop (a_outer, BLIS's order) measured within noise of B outer.
+TILES = (Tile("6x16", 6, 16, 8, 8),
+         Tile("8x48", 8, 48, 24, 16, 4, 256, True),     # 24 zmm accumulators + 3 B + 1 broadcast
+         Tile("12x32", 12, 32, 16, 16, 4, 384, True))   # 24 + 2 + 1
+TILE_NAMES = tuple(t.name for t in TILES)
+NARROW = 0
+HOST_WIDE = 1     # the AVX-512 default (measurements in the module docstring)
+TILE_ENV = "NK_GEMM_TILE"
+
+
+def _target_features():
+    """The CPU features numba compiles for: NUMBA_CPU_FEATURES when set (a portable cache),
+    else the host's (llvmlite)."""
+    from numba.core import config
+    if config.CPU_FEATURES:
+        feats = config.CPU_FEATURES
+    else:
+        import llvmlite.binding as ll
+        feats = ll.get_host_cpu_features().flatten()
+    return {f[1:] for f in feats.split(",") if f.startswith("+")}
+
+
+def host_has_avx512() -> bool:
+    try:
+        return "avx512f" in _target_features()
+    except Exception:  # noqa: BLE001 - no feature list: the portable tile
+        return False
+
+
+def _tile_from_env():
+    """The tile index from NK_GEMM_TILE ("auto", unset or empty: the host's), read once at
+    import; anything else than a TILE_NAMES entry is an error naming the variable."""
+    import os
+    val = os.environ.get(TILE_ENV, "").strip()
+    if val in ("", "auto"):
+        return HOST_WIDE if host_has_avx512() else NARROW
+    if val not in TILE_NAMES:
+        raise ValueError(f"{TILE_ENV}={val!r}: expected 'auto' or one of {list(TILE_NAMES)}")
+    return TILE_NAMES.index(val)
+
+
+_ACTIVE = [_tile_from_env()]
+
+
+def active_tile() -> Tile:
+    """The register tile the GEMM runs (and packs weights for) now."""
+    return TILES[_ACTIVE[0]]
+
+
+def use_tile(name) -> str:
+    """Make `name` (a TILE_NAMES entry, or "auto") the active tile for later calls in this
+    process and return the previous one's name.  For tests and measurements (not
+    thread-safe against concurrent GEMM calls switching tiles); weights prepacked for
+    another tile are refused by the dispatch layer."""
+    if name == "auto":
+        idx = HOST_WIDE if host_has_avx512() else NARROW
+    elif name in TILE_NAMES:
+        idx = TILE_NAMES.index(name)
+    else:
+        raise ValueError(f"use_tile: expected 'auto' or one of {list(TILE_NAMES)}, got {name!r}")
+    prev = TILES[_ACTIVE[0]].name
+    _ACTIVE[0] = idx
+    return prev
+
+
+def _tile_index(tile):
+    if tile is None:
+        return _ACTIVE[0]
+    if isinstance(tile, Tile):
+        return TILES.index(tile)
+    if isinstance(tile, str):
+        return TILE_NAMES.index(tile)
+    return int(tile)
+
+
+def tile_m(tile=None) -> int:
+    """MR (register tile rows) of a tile (default: the active one)."""
+    return TILES[_tile_index(tile)].mr
+
+
+def tile_n(dtype, tile=None) -> int:
+    """NR (register tile columns) for a dtype, as used by the packing and the micro-kernel
+    (default: the active tile)."""
+    return TILES[_tile_index(tile)].nr(dtype)
+
+
+def pack_shapes(n_a, n_b, M, N, K, dtype, tile=None):
     """Shapes of gemm_parallel's packed A and B for n_a / n_b distinct A / B matrices."""
-    nr = tile_n(dtype)
-    return (n_a, -(-M // MR), K, MR), (n_b, -(-N // nr), K, nr)
+    t = TILES[_tile_index(tile)]
+    nr, mr = t.nr(dtype), t.mr
+    return (n_a, -(-M // mr), K, mr), (n_b, -(-N // nr), K, nr)
 
 
 def _nr(z):
@@ -73,15 +209,59 @@ def _nr(z):
 
 @overload(_nr, inline="always")
 def _nr_overload(z):
-    """NR for the element type of the scalar z (a compile-time constant in the packers)."""
+    """NR of the 6x16 tile for the element type of the scalar z (a compile-time constant in
+    the packers)."""
     if z == types.float32:
         return lambda z: NR_F32
     return lambda z: NR_F64
 
 
-def _micro_codegen(indexed):
-    """The micro-kernel's code generator; indexed: B row k at bp[boff + tab[toff + k]]
-    (the convolution's direct form) instead of bp[boff + k*NR] (a packed panel)."""
+def _tnr(z, ti):
+    return NR_F64
+
+
+@overload(_tnr, inline="always")
+def _tnr_overload(z, ti):
+    """NR of tile TILES[ti] (ti a literal) for the element type of the scalar z."""
+    if not isinstance(ti, types.Literal):
+        return None
+    t = TILES[ti.literal_value]
+    nr = t.nr32 if z == types.float32 else t.nr64
+    return lambda z, ti: nr
+
+
+def _taouter(ti):
+    return False
+
+
+@overload(_taouter, inline="always")
+def _taouter_overload(ti):
+    """Whether tile TILES[ti] (ti a literal) walks A panels in the outer loop."""
+    if not isinstance(ti, types.Literal):
+        return None
+    flag = TILES[ti.literal_value].a_outer
+    return lambda ti: flag
+
+
+def _tmr(ti):
+    return MR
+
+
+@overload(_tmr, inline="always")
+def _tmr_overload(ti):
+    """MR of tile TILES[ti] (ti a literal)."""
+    if not isinstance(ti, types.Literal):
+        return None
+    mr = TILES[ti.literal_value].mr
+    return lambda ti: mr
+
+
+def _micro_codegen(indexed, ti=NARROW):
+    """The micro-kernel's code generator for tile TILES[ti]; indexed: B row k at
+    bp[boff + tab[toff + k]] (the convolution's direct form) instead of bp[boff + k*NR] (a
+    packed panel)."""
+    tile = TILES[ti]
+    MR = tile.mr  # noqa: N806 - the tile's rows, shadowing the 6x16 constant
 
     def typer(typingctx, *argtys):
         ap, bp = argtys[1], argtys[3]
@@ -91,8 +271,8 @@ def _micro_codegen(indexed):
         if bp.dtype != ap.dtype or c.dtype != ap.dtype:
             return None
         is32 = ap.dtype == types.float32
-        nr = NR_F32 if is32 else NR_F64
-        width = 8 if is32 else 4
+        nr = tile.nr32 if is32 else tile.nr64
+        width = tile.lanes32 if is32 else tile.lanes32 // 2
         nv = nr // width
         ci = 7 if indexed else 5  # position of c (then coff, ldc, accumulate)
 
@@ -119,13 +299,29 @@ def _micro_codegen(indexed):
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(MR)]
             undef = ir.Constant(vty, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, width), [0] * width)
-            with cgutils.for_range(builder, kc64) as loop:
-                k = loop.index
+            i8p = ir.IntType(8).as_pointer()
+            pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
+                                                   ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+            esz = 4 if is32 else 8
+
+            def prefetch(ptr, byte_off):
+                addr = builder.gep(builder.bitcast(ptr, i8p), [ir.Constant(i64, byte_off)])
+                builder.call(pfn, [addr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+            if tile.pfc:  # C's rows into L1 before the tile's stores (they follow the FMAs)
+                for i in range(MR):
+                    row = builder.gep(cpd, [builder.mul(ldc, ir.Constant(i64, i))])
+                    for off in range(0, nr * esz, 64):
+                        prefetch(row, off)
+
+            def step(k):
                 if indexed:
                     bbase = builder.gep(bpd, [builder.load(builder.gep(tabd, [k]))])
                 else:
                     bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
                 abase = builder.gep(apd, [builder.mul(k, ir.Constant(i64, MR))])
+                if tile.pfa:
+                    prefetch(abase, tile.pfa)
                 bvec = []
                 for v in range(nv):
                     ptr = builder.bitcast(builder.gep(bbase, [ir.Constant(i64, v * width)]), vty.as_pointer())
@@ -135,6 +331,20 @@ def _micro_codegen(indexed):
                     av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
                     for v in range(nv):
                         builder.store(builder.call(fma, [av, bvec[v], builder.load(accs[i][v])]), accs[i][v])
+
+            unroll = 1 if indexed else tile.unroll
+            if unroll > 1:  # kc // unroll steps of `unroll` k's, then the rest one by one
+                ku = ir.Constant(i64, unroll)
+                nbody = builder.udiv(kc64, ku)
+                with cgutils.for_range(builder, nbody) as loop:
+                    k0 = builder.mul(loop.index, ku)
+                    for u in range(unroll):
+                        step(builder.add(k0, ir.Constant(i64, u)))
+                with cgutils.for_range_slice(builder, builder.mul(nbody, ku), kc64, ir.Constant(i64, 1)) as (k, _):
+                    step(k)
+            else:
+                with cgutils.for_range(builder, kc64) as loop:
+                    step(loop.index)
             ptrs = [[builder.bitcast(builder.gep(cpd, [builder.add(builder.mul(ldc, ir.Constant(i64, i)), ir.Constant(i64, v * width))]),
                                      vty.as_pointer()) for v in range(nv)] for i in range(MR)]
             with builder.if_else(accumulate) as (then, otherwise):
@@ -172,6 +382,24 @@ def micro_kernel_indexed(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, 
     a direct convolution's B operand straight from the (padded) image, tab holding each k's
     offset (channel, tap) in it (kernels_cpu/conv.py)."""
     return _micro_codegen(True)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate)
+
+
+@intrinsic
+def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
+    """_micro_kernel for the tile TILES[ti] (ti a literal: the worker's compile-time tile),
+    C[0:mr, 0:nr] of that tile."""
+    if not isinstance(ti, types.Literal):
+        return None
+    res = _micro_codegen(False, ti.literal_value)(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate)
+    if res is None:
+        return None
+    sig, gen = res
+
+    def codegen(context, builder, sig_, args):
+        inner = types.none(*sig_.args[1:])
+        return gen(context, builder, inner, args[1:])
+
+    return types.none(ti, *sig.args), codegen
 
 
 @njit(inline="always")
@@ -250,6 +478,7 @@ def gemm_epilogue(c, ldc, rows, n, bias, is64, code):
     ldc (elements), bias at address bias; is64 and code are literals: one small function per
     (dtype, activation), called by address from gemm_worker on each finished task block
     (while it is in L2), so the worker itself is compiled per dtype only."""
+    wide_loops()  # 16 float32 lanes on AVX-512 hosts
     z = like_dtype(is64)
     isz = 8 if is64 else 4
     bs = carray(ptr_as(bias, z), n)
@@ -311,6 +540,31 @@ def _vw_overload(x):
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops stay simple
 
 
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Prefetch the cache line of arr[idx] into L1 (a hint: no bounds check, no fault)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i8p)
+        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        builder.call(pfn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
+
+
+# Rows ahead that _pack_contig prefetches: a panel reads R values per source row at the
+# row stride (4 KiB for a 1024-column B), one page per row, which the hardware prefetcher
+# does not follow.  1024^3 float32, 12x32 tile, one thread (Sapphire Rapids, 2026-11-25):
+# B packing took 1.35 ms of 15.0 without it.
+PACK_PF_ROWS = 16
+
+
 @njit(inline="always")
 def _pack_contig(src, s0, step, nrows, K, dst, d0, R):
     """One packed panel whose R values at one k are contiguous in src (A stored (K, M), B
@@ -319,9 +573,13 @@ def _pack_contig(src, s0, step, nrows, K, dst, d0, R):
     constant after inlining, so the r loops unroll.  Two layouts, two functions: each
     worker compiles only the one its operand needs."""
     if nrows == R:
+        kp = max(K - PACK_PF_ROWS, 0)
         for k in range(K):
             s = s0 + k * step
             d = d0 + k * R
+            if k < kp:
+                for r in range(0, R, 2 * _vw(dst)):  # one per 64-byte line
+                    _prefetch(src, _U(s + PACK_PF_ROWS * step + r))
             for r in range(R):
                 dst[_U(d + r)] = src[_U(s + r)]
     else:
@@ -391,31 +649,33 @@ def _panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
 
 
 @njit(**JIT_BY_ADDRESS)
-def _pack_a_n(i, params, is64):
-    """A panel i of A (M, K): element (i, k) at i*K + k."""
-    src, dst, M, K, base, i0 = _panel(i, params, like_dtype(is64), MR, P_A, P_AP, P_M, P_NA)
-    _pack_strided(src, base + i0 * K, K, min(MR, M - i0), K, dst, i * K * MR, MR)
+def _pack_a_n(i, params, is64, ti):
+    """A panel i of A (M, K): element (i, k) at i*K + k (ti: the tile, a literal)."""
+    mr = _tmr(ti)
+    src, dst, M, K, base, i0 = _panel(i, params, like_dtype(is64), mr, P_A, P_AP, P_M, P_NA)
+    _pack_strided(src, base + i0 * K, K, min(mr, M - i0), K, dst, i * K * mr, mr)
 
 
 @njit(**JIT_BY_ADDRESS)
-def _pack_a_t(i, params, is64):
+def _pack_a_t(i, params, is64, ti):
     """A panel i of A stored (K, M): element (i, k) at k*M + i."""
-    src, dst, M, K, base, i0 = _panel(i, params, like_dtype(is64), MR, P_A, P_AP, P_M, P_NA)
-    _pack_contig(src, base + i0, M, min(MR, M - i0), K, dst, i * K * MR, MR)
+    mr = _tmr(ti)
+    src, dst, M, K, base, i0 = _panel(i, params, like_dtype(is64), mr, P_A, P_AP, P_M, P_NA)
+    _pack_contig(src, base + i0, M, min(mr, M - i0), K, dst, i * K * mr, mr)
 
 
 @njit(**JIT_BY_ADDRESS)
-def _pack_b_n(j, params, is64):
+def _pack_b_n(j, params, is64, ti):
     """B panel j of B (K, N): element (k, j) at k*N + j."""
-    nr = _nr(like_dtype(is64))
+    nr = _tnr(like_dtype(is64), ti)
     src, dst, N, K, base, j0 = _panel(j, params, like_dtype(is64), nr, P_B, P_BP, P_N, P_NB)
     _pack_contig(src, base + j0, N, min(nr, N - j0), K, dst, j * K * nr, nr)
 
 
 @njit(**JIT_BY_ADDRESS)
-def _pack_b_t(j, params, is64):
+def _pack_b_t(j, params, is64, ti):
     """B panel j of B stored (N, K): element (k, j) at j*K + k."""
-    nr = _nr(like_dtype(is64))
+    nr = _tnr(like_dtype(is64), ti)
     src, dst, N, K, base, j0 = _panel(j, params, like_dtype(is64), nr, P_B, P_BP, P_N, P_NB)
     _pack_strided(src, base + j0 * K, K, min(nr, N - j0), K, dst, j * K * nr, nr)
 
@@ -423,15 +683,16 @@ def _pack_b_t(j, params, is64):
 _PACKERS = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack_b_n, ("b", True): _pack_b_t}
 
 
-def _packer(operand, transposed, dtype):
-    """The address of the packer for operand "a" or "b" stored transposed or not."""
-    return worker_address(_PACKERS[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64),))
+def _packer(operand, transposed, dtype, ti):
+    """The address of the packer for operand "a" or "b" stored transposed or not, for the
+    tile TILES[ti]."""
+    return worker_address(_PACKERS[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64), int(ti)))
 
 
 # ---- GEMM ------------------------------------------------------------------------------------
 
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
-                  nc_panels, kc, nworkers):
+                  nc_panels, kc, nworkers, tile=None):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
 
     epilogue: apply bias + activation (False: plain product, bias and code ignored);
@@ -439,7 +700,9 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     fresh pages are faulted in per call);
     b_packed: bp already holds B's panels (a weight packed once by pack_b): only A is packed;
     mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length;
-    nworkers: numba's thread count (numba.get_num_threads()).
+    nworkers: numba's thread count (numba.get_num_threads());
+    tile: the register tile (a TILES index, name or Tile; default active_tile()): ap, bp
+    and mc_panels / nc_panels are in its panels.
 
     Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
     compiled per dtype; the packers for the operands' layouts and the epilogue for the
@@ -448,8 +711,9 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     a variant (transposes, activation) adds only its own small function."""
     nbatch, M, N = out3.shape
     K = a3.shape[1] if transa else a3.shape[2]
-    nr_full = tile_n(out3.dtype)
-    mp = -(-M // MR)
+    ti = _tile_index(tile)
+    nr_full = tile_n(out3.dtype, ti)
+    mp = -(-M // tile_m(ti))
     npn = -(-N // nr_full)
     nmb = -(-mp // mc_panels)
     nnb = -(-npn // nc_panels)
@@ -468,10 +732,14 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = a3.shape[0], b3.shape[0], nbatch, M, N, K
     p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_packed
-    p[P_PACK_A] = _packer("a", transa, out3.dtype)
-    p[P_PACK_B] = 0 if b_packed else _packer("b", transb, out3.dtype)
+    sa, sb = pack_shapes(a3.shape[0], b3.shape[0], M, N, K, out3.dtype, ti)
+    if ap.size < math.prod(sa) or bp.size < math.prod(sb):
+        raise ValueError(f"gemm_parallel: packing buffers of {ap.size} / {bp.size} elements, tile {TILES[ti].name} "
+                         f"needs {math.prod(sa)} / {math.prod(sb)}")
+    p[P_PACK_A] = _packer("a", transa, out3.dtype, ti)
+    p[P_PACK_B] = 0 if b_packed else _packer("b", transb, out3.dtype, ti)
     p[P_EPILOGUE] = _epilogue(out3.dtype, code) if epilogue else 0
-    run_workers(worker_address(gemm_worker, (bool(out3.dtype == np.float64),)), p,
+    run_workers(worker_address(gemm_worker, (bool(out3.dtype == np.float64), ti)), p,
                 min(nworkers, max(ntasks, 1)))
 
 
@@ -495,10 +763,10 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
 
 
 @njit(**JIT_BY_ADDRESS)
-def gemm_worker(w, params, is64):
+def gemm_worker(w, params, is64, ti):
     """Worker w of a gemm_parallel call: its arrays, sizes and the addresses of its packers
-    and epilogue are read from the int64 block at address params (the P_* slots); is64 is
-    a literal (one compiled worker per dtype).
+    and epilogue are read from the int64 block at address params (the P_* slots); is64 and
+    ti (the register tile, TILES[ti]) are literals (one compiled worker per dtype and tile).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
@@ -515,7 +783,9 @@ def gemm_worker(w, params, is64):
     na, nb = p[P_NA], p[P_NB]
     mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
     pack_a, pack_b, epilogue = p[P_PACK_A], p[P_PACK_B], p[P_EPILOGUE]
-    nr_full = _nr(z)
+    nr_full = _tnr(z, ti)
+    MR = _tmr(ti)  # noqa: N806 - the tile's rows
+    a_outer = _taouter(ti)
     mp = (M + MR - 1) // MR
     npn = (N + nr_full - 1) // nr_full
     nmb = (mp + mc_panels - 1) // mc_panels
@@ -563,22 +833,32 @@ def gemm_worker(w, params, is64):
         for k0 in range(0, K, kc):
             kl = min(kc, K - k0)
             accumulate = k0 > 0
-            for q in range(q0, q1):
+            # (B panel, A panel) pairs: B panels outer for the 6x16 tile (its kc x 16 B
+            # panel is reused from L1 by every A panel), A panels outer for the AVX-512
+            # tiles (their MR x kc A panel is the smaller, reused one; see TILES)
+            nq = q1 - q0
+            npa = p1 - p0
+            for pair in range(nq * npa):
+                if a_outer:
+                    pa = p0 + pair // nq
+                    q = q0 + pair % nq
+                else:
+                    q = q0 + pair // npa
+                    pa = p0 + pair % npa
                 boff = ((bb * npn + q) * K + k0) * nr_full
                 j0 = q * nr_full
                 nr = min(nr_full, N - j0)
-                for pa in range(p0, p1):
-                    aoff = ((ba * mp + pa) * K + k0) * MR
-                    i0 = pa * MR
-                    mr = min(MR, M - i0)
-                    # one call site (each inlined copy of the intrinsic costs compile
-                    # time): full tiles go straight to C, edge tiles through t
-                    full = mr == MR and nr == nr_full
-                    _micro_kernel(kl, apf, aoff, bpf, boff, cf if full else t,
-                                  (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
-                                  accumulate and full)
-                    if not full:
-                        store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)
+                aoff = ((ba * mp + pa) * K + k0) * MR
+                i0 = pa * MR
+                mr = min(MR, M - i0)
+                # one call site (each inlined copy of the intrinsic costs compile
+                # time): full tiles go straight to C, edge tiles through t
+                full = mr == MR and nr == nr_full
+                micro_tile(ti, kl, apf, aoff, bpf, boff, cf if full else t,
+                           (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
+                           accumulate and full)
+                if not full:
+                    store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)
         if epilogue != 0:  # bias + activation on the task's block while it is in L2
             j0 = q0 * nr_full
             i0 = p0 * MR
@@ -586,18 +866,22 @@ def gemm_worker(w, params, is64):
                                     min(q1 * nr_full, N) - j0, p[P_BIAS] + j0 * isz))
 
 
-def pack_b(b3, transb, bp):
-    """bp[bb, q] = the q-th NR-column panel of B_bb, as gemm_parallel packs it (bp of shape
-    pack_shapes(...)[1]): a weight packed once and passed with b_packed=True afterwards.
-    The panels are packed in parallel by the GEMM's own packer."""
+def pack_b(b3, transb, bp, tile=None):
+    """bp[bb, q] = the q-th NR-column panel of B_bb, as gemm_parallel packs it for the tile
+    (default: the active one; bp of shape pack_shapes(..., tile)[1]): a weight packed once
+    and passed with b_packed=True (and the same tile) afterwards.  The panels are packed in
+    parallel by the GEMM's own packer."""
     if not (b3.flags.c_contiguous and bp.flags.c_contiguous and b3.dtype == bp.dtype):
         raise ValueError("pack_b: b3 and bp must be C-contiguous, of one dtype")
     nb = b3.shape[0]
     N = b3.shape[1] if transb else b3.shape[2]
     K = b3.shape[2] if transb else b3.shape[1]
     p = np.zeros(P_COUNT, np.int64)
+    ti = _tile_index(tile)
+    if bp.size < nb * -(-N // tile_n(bp.dtype, ti)) * K * tile_n(bp.dtype, ti):
+        raise ValueError(f"pack_b: bp too small for tile {TILES[ti].name}")
     p[P_B], p[P_BP], p[P_NB], p[P_N], p[P_K] = b3.ctypes.data, bp.ctypes.data, nb, N, K
-    run_workers(_packer("b", transb, bp.dtype), p, nb * -(-N // tile_n(bp.dtype)))
+    run_workers(_packer("b", transb, bp.dtype, ti), p, nb * -(-N // tile_n(bp.dtype, ti)))
 
 
 # ---- GEMV ------------------------------------------------------------------------------------

@@ -108,17 +108,23 @@ def describe() -> str:
 
 
 def vectors() -> str:
-    """One line for ``explain`` and the report's machine header: the vector width the CPU
-    kernels' hand-written micro-kernels use, against what the host offers.  They are
-    written for 8 x float32 (256-bit: AVX2 + FMA, which LLVM also lowers for other
-    targets); the 16-wide AVX-512 register tiles are not written yet (issue #8), so on an
-    AVX-512 host this line says so rather than let the report imply full width."""
+    """One line for ``explain`` and the report's machine header: the vector width and the
+    GEMM register tile that run (kernels_cpu.gemm.active_tile(): chosen from the target's
+    features at import, NK_GEMM_TILE overrides), and whether the host has AVX-512.
+    conv2d keeps the 6x16 tile; the elementwise activations' loops are 16-lane on AVX-512
+    targets (approx.wide_loops), LLVM's choice elsewhere."""
     try:
         import llvmlite.binding as ll
-        feats = ll.get_host_cpu_features()
-        avx512 = bool(feats.get("avx512f"))
         cpu = ll.get_host_cpu_name()
     except Exception:  # noqa: BLE001 - a description, never an error
-        avx512, cpu = False, "?"
-    host = "AVX-512 available, not used by the micro-kernels" if avx512 else "no AVX-512"
-    return f"micro-kernels 256-bit (8 x float32, 4 x float64); host {cpu}: {host}"
+        cpu = "?"
+    from . import gemm
+    tile = gemm.active_tile()
+    avx512 = gemm.host_has_avx512()
+    bits = tile.lanes32 * 32
+    host = "AVX-512" if avx512 else "no AVX-512"
+    forced = f" ({gemm.TILE_ENV} or use_tile)" if tile.name != gemm.TILES[gemm.HOST_WIDE if avx512 else
+                                                                         gemm.NARROW].name else ""
+    acts = "16" if avx512 else "8"
+    return (f"{bits}-bit GEMM: {tile.name} tile{forced} ({tile.describe()}, {tile.mr}x{tile.nr64} float64), "
+            f"conv2d 6x16, activations {acts} x float32; host {cpu}: {host}")

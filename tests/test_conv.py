@@ -259,3 +259,29 @@ def test_cuda_refuses_host_panels():
 def test_registry_has_both_kernel_kinds():
     names = set(registry.OPS["conv2d"].implementations)
     assert {"cpu-gemm", "cpu-depthwise", "cpu-depthwise-serial", "cuda-implicit-gemm", "cuda-depthwise"} <= names
+
+
+@host_only
+@pytest.mark.parametrize("tile", ["6x16", "8x48", "12x32"])
+def test_conv_runs_the_6x16_tile_whatever_the_gemm_tile(tile):
+    """conv2d keeps the 6x16 register tile (its weight panels have 6 rows) when the GEMM
+    runs another one (kernels_cpu.gemm.use_tile / NK_GEMM_TILE): identical results, and a
+    conv2d PackedWeight stays valid across the switch."""
+    from kernels_cpu import gemm as K
+    g = rng()
+    cases = [((1, 6, 9, 10), (7, 6, 3, 3), dict(padding=1)), ((2, 20, 7, 7), (9, 20, 1, 1), dict())]
+    prev = K.use_tile("6x16")
+    try:
+        base = []
+        for xs, ws, kw in cases:
+            x, w, b = _inputs(g, xs, ws, np.float32)
+            with dispatch.use(conv2d="cpu-gemm"):
+                base.append((x, w, b, kw, dispatch.prepack(w, op="conv2d"), dispatch.conv2d(x, w, b, **kw)))
+        K.use_tile(tile)
+        for x, w, b, kw, pw, want in base:
+            with dispatch.use(conv2d="cpu-gemm"):
+                np.testing.assert_array_equal(dispatch.conv2d(x, w, b, **kw), want)
+                np.testing.assert_array_equal(dispatch.conv2d(x, pw, b, **kw), want)
+            assert_close(want, ref.conv2d(x, w, b, **kw), _tol(np.float32, np.prod(w.shape[1:])), "conv2d", cancel=True)
+    finally:
+        K.use_tile(prev)

@@ -1,7 +1,11 @@
 """dispatch.matmul and dispatch.linear against float64 references, every implementation
-forced: awkward sizes (not multiples of the 6 x 16 register tile, 1, K beyond one K
-block), broadcast batches, transposed and strided views, bias and every activation,
-NaN-poisoned out=, and bad input."""
+forced: awkward sizes (not multiples of the register tiles, 1, K beyond one K block),
+broadcast batches, transposed and strided views, bias and every activation, NaN-poisoned
+out=, and bad input; the own GEMM under each of its register tiles (6x16 AVX2, 8x48 /
+12x32 AVX-512) whatever the host picks."""
+import contextlib
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -380,3 +384,118 @@ def test_prepack_bad_input(call, err, match):
     w = np.ones((6, 8), np.float32)
     with pytest.raises(err, match=match):
         call(w, dispatch.prepack(w))
+
+
+# ---- register tiles (kernels_cpu.gemm.TILES) ---------------------------------------------
+# The host picks one tile at import (8x48 with AVX-512, 6x16 otherwise; NK_GEMM_TILE
+# overrides); these tests run the own GEMM under every tile, so an AVX-512 host also
+# checks the AVX2 one and an AVX2 host the wide ones (correct there, only slower).
+
+TILE_CASES = [  # (a shape, b shape or linear weight shape, linear?)
+    ((129, 65), (65, 97), False),        # edges in both directions of every tile
+    ((8, 48), (48, 48), False),          # exactly one 8x48 tile
+    ((20, 1100), (1100, 50), False),     # two K blocks (KC_MAX 1024)
+    ((2, 13, 40), (40, 70), False),      # batch
+    ((4, 11, 40), (4, 40, 33), False),   # plain batch
+    ((130, 70), (49, 70), True),         # linear: (N, K) weight read transposed
+    ((3, 5, 33), (100, 33), True),
+]
+
+
+@contextlib.contextmanager
+def gemm_tile(name):
+    from kernels_cpu import gemm as K
+    prev = K.use_tile(name)
+    try:
+        yield K.active_tile()
+    finally:
+        K.use_tile(prev)
+
+
+def _tile_names():
+    from kernels_cpu import gemm as K
+    return list(K.TILE_NAMES)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", _tile_names())
+def test_every_tile_matches_reference(tile, dtype):
+    """cpu-gemm under each register tile: plain and epilogue (bias + gelu), transposed a,
+    prepacked weights, NaN-poisoned out=."""
+    g = rng()
+    with gemm_tile(tile):
+        for sa, sb, lin in TILE_CASES:
+            a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+            n = sb[0] if lin else sb[-1]
+            bias = randn(g, (n,), dtype)
+            fn, op, refn = (dispatch.linear, "linear", ref.linear) if lin else (dispatch.matmul, "matmul", ref.matmul)
+            shape = (sa[:-1] + (n,)) if lin else _out_shape_matmul(sa, sb)
+            tol = _tol(dtype, sa[-1])
+            with dispatch.use(**{op: "cpu-gemm"}):
+                if lin:
+                    got = fn(a, b, bias, activation="gelu", out=poisoned(shape, dtype))
+                    want = refn(a, b, bias, activation="gelu")
+                else:
+                    got = fn(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype))
+                    want = refn(a, b, bias=bias, activation="gelu")
+                assert_close(got, want, tol, f"{tile} {op} {sa} {sb}", cancel=True)
+                plain = fn(a, b)
+                assert_close(plain, refn(a, b), tol, f"{tile} {op} {sa} {sb} plain", cancel=True)
+                if not lin and a.ndim == 2:  # a given as the transpose of a (K, M) array
+                    at = np.ascontiguousarray(a.T).T
+                    assert_close(fn(at, b), refn(a, b), tol, f"{tile} transposed a", cancel=True)
+                if b.ndim == 2:
+                    pw = dispatch.prepack(b, op=op)
+                    assert pw.tile == tile
+                    if lin:
+                        np.testing.assert_array_equal(fn(a, pw, bias, activation="gelu"), got)
+                    else:
+                        np.testing.assert_array_equal(fn(a, pw, bias=bias, activation="gelu"), got)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+def test_tiles_agree_and_prepacked_weight_is_tied_to_its_tile():
+    """The tiles give the same result up to rounding; a PackedWeight packed under one tile
+    is refused under another with a message naming both and the remedy."""
+    from kernels_cpu import gemm as K
+    g = rng()
+    x, w = randn(g, (70, 45), np.float32), randn(g, (37, 45), np.float32)
+    results = {}
+    for tile in K.TILE_NAMES:
+        with gemm_tile(tile), dispatch.use(linear="cpu-gemm"):
+            results[tile] = dispatch.linear(x, w, activation="silu")
+    for tile, got in results.items():
+        assert_close(got, results["6x16"], _tol(np.float32, 45), f"{tile} vs 6x16")
+    with gemm_tile("6x16"):
+        pw = dispatch.prepack(w)
+    assert pw.tile == "6x16" and "tile=6x16" in repr(pw)
+    with gemm_tile("8x48"):
+        with pytest.raises(ValueError, match="packed for the 6x16 GEMM tile.*runs the 8x48 tile.*prepack the weight again"):
+            dispatch.linear(x, pw)
+        pw2 = dispatch.prepack(w)
+        assert pw2.tile == "8x48"
+        with dispatch.use(linear="cpu-gemm"):
+            np.testing.assert_array_equal(dispatch.linear(x, pw2, activation="silu"), results["8x48"])
+
+
+def test_host_tile_and_override():
+    """The default tile follows the target's features; NK_GEMM_TILE forces one and names
+    the variable when it is garbage; use_tile validates its argument."""
+    import subprocess
+    import sys
+
+    from kernels_cpu import gemm as K
+    want = "8x48" if K.host_has_avx512() else "6x16"
+    code = "from kernels_cpu import gemm; print(gemm.active_tile().name)"
+    env = {k: v for k, v in os.environ.items() if k != K.TILE_ENV}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == want
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, NK_GEMM_TILE="6x16"), capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "6x16"
+    bad = subprocess.run([sys.executable, "-c", code], env=dict(env, NK_GEMM_TILE="avx9000"), capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "NK_GEMM_TILE='avx9000'" in bad.stderr and "6x16" in bad.stderr, bad.stderr
+    with pytest.raises(ValueError, match="use_tile"):
+        K.use_tile("7x7")

@@ -84,7 +84,9 @@ def test_explain_and_report_say_which_vector_width_runs():
     from bench import report
     text = str(dispatch.explain("softmax", np.ones((4, 8), np.float32)))
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("vectors:"))
-    assert "256-bit" in line and ll.get_host_cpu_name() in line, line
+    from kernels_cpu import gemm
+    tile = gemm.active_tile()
+    assert f"{tile.lanes32 * 32}-bit GEMM: {tile.name} tile" in line and ll.get_host_cpu_name() in line, line
     has512 = bool(ll.get_host_cpu_features().get("avx512f"))
-    assert ("AVX-512 available" in line) == has512, line
+    assert ("no AVX-512" not in line) == has512, line
     assert report.machine_info()["vectors"] in line

@@ -76,14 +76,15 @@ class PackedWeight:
     source afterwards is not seen by the packed kernel, so pack again after changing a
     weight.  Attributes: op, weight, shape, dtype, panels, groups (conv2d; 1 otherwise)."""
 
-    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr")
+    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile")
 
-    def __init__(self, op, weight, panels, nr, groups=1):
+    def __init__(self, op, weight, panels, nr, groups=1, tile=None):
         self.op, self.weight, self.panels, self._nr, self.groups = op, weight, panels, nr, groups
+        self.tile = tile  # the GEMM register tile the panels are for (kernels_cpu.gemm.TILE_NAMES)
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
 
     def __repr__(self):
-        g = f", groups={self.groups}" if self.op == "conv2d" else ""
+        g = f", groups={self.groups}" if self.op == "conv2d" else f", tile={self.tile}"
         return (f"PackedWeight(op={self.op!r}, shape={self.shape}, dtype={self.dtype}{g}, "
                 f"{self.panels.nbytes} bytes of panels)")
 
@@ -109,11 +110,12 @@ def _prepack_gemm(weight, dt, op, groups):
     else:
         k, n = weight.shape
         b3, transb = np.ascontiguousarray(weight).reshape(1, k, n), False
-    _, sb = K.pack_shapes(1, 1, 1, n, k, dt)
+    tile = K.active_tile()
+    _, sb = K.pack_shapes(1, 1, 1, n, k, dt, tile)
     panels = np.empty(sb, dt)
     if n and k:
-        K.pack_b(kernel_input(b3), transb, panels)
-    return PackedWeight(op, _readonly_source(weight), panels, K.tile_n(dt))
+        K.pack_b(kernel_input(b3), transb, panels, tile)
+    return PackedWeight(op, _readonly_source(weight), panels, tile.nr(dt), tile=tile.name)
 
 
 # op -> packer(weight, dtype, op, groups) -> PackedWeight; another family adds its op with
@@ -163,8 +165,10 @@ def _unpack(name, w, op):
         return w, None
     if w.op != op:
         raise TypeError(f"{name} is a PackedWeight packed for op={w.op!r}; {op} needs prepack(..., op={op!r})")
-    if w._nr != K.tile_n(w.dtype):  # a different kernel build packed it
-        raise ValueError(f"{name}: PackedWeight has {w._nr}-column panels, this kernel build uses {K.tile_n(w.dtype)}")
+    tile = K.active_tile()
+    if w.tile != tile.name or w._nr != tile.nr(w.dtype):  # packed for another register tile
+        raise ValueError(f"{name}: PackedWeight was packed for the {w.tile} GEMM tile ({w._nr}-column panels); "
+                         f"this process runs the {tile.name} tile ({tile.nr(w.dtype)} columns): prepack the weight again")
     return w.weight, w.panels
 
 
@@ -342,15 +346,17 @@ def _degenerate(out3, bias, code):
     K.epilogue_parallel(out3.reshape(-1, out3.shape[-1]), bias, code)
 
 
-def _gemm_blocks(m, n, k, nbatch, nr):
-    """(mc_panels, nc_panels, kc): task blocking for gemm_parallel (see the measurements
-    next to KC_MAX)."""
-    mp = -(-m // K.MR)
+def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
+    """(mc_panels, nc_panels, kc): task blocking for gemm_parallel and the tile (default the
+    active one; see the measurements next to KC_MAX and BLOCKING)."""
+    tile = K.active_tile() if tile is None else tile
+    kc_max, mc_panels, nc_panels = BLOCKING.get(tile.name, (KC_MAX, MC_PANELS, NC_PANELS))
+    mp = -(-m // tile.mr)
     npn = -(-n // nr)
-    nkb = -(-k // KC_MAX)
+    nkb = -(-k // kc_max)
     kc = -(-k // nkb) if k else 1
-    mc = -(-mp // -(-mp // MC_PANELS))   # equal row blocks of at most MC_PANELS panels
-    nc = min(npn, NC_PANELS)
+    mc = -(-mp // -(-mp // mc_panels))   # equal row blocks of at most mc_panels panels
+    nc = min(npn, nc_panels)
     # at least TASKS_MIN tasks so that both threads work and finish together
     while nbatch * -(-mp // mc) * -(-npn // nc) < TASKS_MIN and (mc > 1 or nc > 1):
         if nc > NC_MIN or mc == 1:
@@ -363,15 +369,16 @@ def _gemm_blocks(m, n, k, nbatch, nr):
 def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     nbatch, m, n = out3.shape
     k = a3.shape[1] if ta else a3.shape[2]
-    mc, nc, kc = _gemm_blocks(m, n, k, nbatch, K.tile_n(out3.dtype))
-    sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype)
+    tile = K.active_tile()  # a PackedWeight's tile was checked against it in describe
+    mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(out3.dtype), tile)
+    sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype, tile)
     if packed is None:
         ws = _workspace(math.prod(sa) + math.prod(sb), out3.dtype)
         ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
     else:
         ap, bp = _workspace(math.prod(sa), out3.dtype).reshape(sa), kernel_input(packed)
     K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, has_epilogue, code, out3, ap, bp, packed is not None,
-                    mc, nc, kc, numba.get_num_threads())
+                    mc, nc, kc, numba.get_num_threads(), tile=tile)
 
 
 def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
@@ -453,6 +460,17 @@ MC_PANELS = 22
 NC_PANELS = 8
 TASKS_MIN = 8     # split blocks until there are this many tasks (2 threads, balance)
 NC_MIN = 4        # split columns down to 4 panels before splitting rows
+# (KC_MAX, MC_PANELS, NC_PANELS) of the AVX-512 tiles (kernels_cpu.gemm.TILES; the 6x16
+# tile uses the constants above): about the 6x16 tile's row and column extents (264 rows,
+# 256-288 columns) and no K blocking up to 1024 (L2 is 2 MiB per core).  Measured on
+# Sapphire Rapids, one thread, CPU time, medians of 7-9 rounds on a loaded host
+# (2026-11-25), GFLOP/s for 8x48 with (KC_MAX, rows, columns):
+#   1024^3:       (1024,264,288) 145-164  (512,264,288) 151  (1024,128,288) 148
+#                 (1024,264,576) 154  (1024,264,144) 156;  numpy 160-162
+#   128x768x768:  (1024,264,288) 99  (1024,64,288) 99  (1024,128,144) 97  (384,128,288) 101
+#                 numpy 129
+# All within the noise: the first is kept.
+BLOCKING = {"8x48": (1024, 33, 6), "12x32": (1024, 22, 8)}
 
 
 # Shape rule.  Measured on this machine (2 cores, shared with other jobs: CPU time, one
@@ -510,8 +528,8 @@ def _order(key):
     return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
 
-_NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into 6-row / 16-column (fp64: 8) panels, "
-               "6x16 register tile of FMA vectors, prange over batch x row x column blocks, "
+_NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the register tile the host runs "
+               "(6x16 AVX2, 8x48 AVX-512: the vectors line), tasks over batch x row x column blocks, "
                "bias + activation fused into the tile store; transposed views read without a copy, "
                "other non-contiguous inputs copied")
 _NOTES_GEMV = ("matrix-vector form for few rows: prange over blocks of outputs, dot products "
