@@ -256,7 +256,8 @@ class _Graph:
         ins = [h.make_tensor_value_info(k, h.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
         y = h.make_tensor_value_info(out, h.np_dtype_to_tensor_dtype(self.dtype), None)
         g = h.make_graph(self.nodes, "peer", ins, [y], initializer=self.inits)
-        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        # com.microsoft: onnxruntime's contrib ops (DynamicQuantizeMatMul), used by the int8 peers
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
         m.ir_version = 10
         return m
 
@@ -351,7 +352,8 @@ def _prepare_ort(case, inputs):
     ort = _ort()
     import numba
 
-    dtype = next(v.dtype for v in inputs.values() if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+    # the output dtype: the first float input's (float32 for ops with only quantized inputs)
+    dtype = next((v.dtype for v in inputs.values() if isinstance(v, np.ndarray) and v.dtype.kind == "f"), np.float32)
     g = _Graph(dtype)
     feeds, out = _ort_graph(case, inputs, g)
     so = ort.SessionOptions()

@@ -366,16 +366,30 @@ def _repeat_first_row(v, writeable):
     return np.lib.stride_tricks.as_strided(v[:1], shape=v.shape, strides=(0,) + v.strides[1:], writeable=True)
 
 
+def _values(v):
+    """The array of an input: itself, or a QuantizedArray's values (the int8 ops' operands)."""
+    from dispatch.quantized import QuantizedArray
+    return v.values if isinstance(v, QuantizedArray) else v
+
+
+def _with_values(v, f):
+    """f(v) for an array input; for a QuantizedArray, the same scales around f(values)."""
+    from dispatch.quantized import QuantizedArray
+    if isinstance(v, QuantizedArray):
+        return QuantizedArray(f(v.values), v.scale, v.zero_point, v.axis)
+    return f(v)
+
+
 def _variants(named):
     """(description, read-only inputs, writeable inputs of the same values and layout)."""
-    arrays = S.array_names(named)
-    yield "writeable=False", {k: (_readonly(v) if k in arrays else v) for k, v in named.items()}, named
-    yield "broadcast_to same shape", {k: (np.broadcast_to(v, v.shape) if k in arrays else v)
+    arrays = [k for k, v in named.items() if isinstance(_values(v), np.ndarray)]
+    yield "writeable=False", {k: (_with_values(v, _readonly) if k in arrays else v) for k, v in named.items()}, named
+    yield "broadcast_to same shape", {k: (_with_values(v, lambda a: np.broadcast_to(a, a.shape)) if k in arrays else v)
                                       for k, v in named.items()}, named
-    rows = [k for k in arrays if named[k].ndim >= 2]
+    rows = [k for k in arrays if _values(named[k]).ndim >= 2]
     yield ("broadcast_to first row",
-           {k: (_repeat_first_row(v, False) if k in rows else v) for k, v in named.items()},
-           {k: (_repeat_first_row(v, True) if k in rows else v) for k, v in named.items()})
+           {k: (_with_values(v, lambda a: _repeat_first_row(a, False)) if k in rows else v) for k, v in named.items()},
+           {k: (_with_values(v, lambda a: _repeat_first_row(a, True)) if k in rows else v) for k, v in named.items()})
 
 
 def _readonly_cases(with_default=True):
@@ -398,7 +412,7 @@ def test_readonly_inputs_same_result_no_warning(op_name, impl):
     with ctx:
         for what, ro, rw in _variants(named):
             expected = S.call(op, rw)      # warm-up: compiled here, for writeable inputs
-            assert any(not v.flags.writeable for v in ro.values() if isinstance(v, np.ndarray)), what
+            assert any(not _values(v).flags.writeable for v in ro.values() if isinstance(_values(v), np.ndarray)), what
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 got = S.call(op, ro)
