@@ -45,7 +45,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX = 0, 1, 2, 3
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
@@ -369,6 +369,7 @@ def pack_a_int(a2, shift, za, dst, c, rs):
     M, K = a2.shape
     Mp, Kp = dst.shape
     for m in prange(Mp):
+        wide_loops()
         d = dst[m]
         if m < M:
             row = a2[m]
@@ -471,6 +472,7 @@ def quant_pack_a(x2, dst, sa, c, rs):
     M, K = x2.shape
     Mp, Kp = dst.shape
     for m in prange(Mp):
+        wide_loops()
         d = dst[m]
         if m < M:
             scale, zp = _quant_row(x2[m], K, d)
@@ -517,6 +519,7 @@ def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, m
     npn = (N + NR - 1) // NR
     nnb = (npn + nc - 1) // nc
     for task in prange(ntasks):
+        wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
         mb = task // nnb
         nb = task - mb * nnb
         t = np.empty(MR * NR, np.int32)
@@ -540,6 +543,7 @@ def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, 
     npn = (N + NR - 1) // NR
     nnb = (npn + nc - 1) // nc
     for task in prange(ntasks):
+        wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
         mb = task // nnb
         nb = task - mb * nnb
         t = np.empty(MR * NR, np.int32)
@@ -563,6 +567,7 @@ def gemm_amx(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, n
     npn = (N + NR - 1) // NR
     nnb = (npn + nc - 1) // nc
     for task in prange(ntasks):
+        wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
         mb = task // nnb
         nb = task - mb * nnb
         t = np.empty(MR * NR, np.int32)
