@@ -172,6 +172,20 @@ def _gemv(cfg, call):
     return batch * _up(n, 32) * _up(m, GEMV_MAX_M) * k
 
 
+def _wo_gemv(cfg, call):
+    """Weight-only GEMV (kernels_cuda/weight_only.py): a warp per output row, each lane's
+    word of `per` weights (2 halves, 4 int8; 1 for the unaligned *_odd kernels) times the
+    build's R rows per pass (launch's rows_per_pass; rows past M repeat the last row).
+    Memory-bound: op.bytes counts the weight in its own storage (2 or 1 bytes per weight)."""
+    from kernels_common.cuda_tiles import GEMV_MAX_M
+
+    x, w = call.args.a, call.args.b
+    m, (n, k) = math.prod(x.shape[:-1]), w.shape
+    name = cfg["kernel"]
+    per = 1 if "_odd" in name else (4 if "_i8" in name else 2)
+    return n * _up(m, cfg.get("rows_per_pass", GEMV_MAX_M)) * _up(-(-k // per), 32) * per
+
+
 def _conv_igemm(cfg, call):
     return _tiled(cfg, math.prod(call.args.weight.shape[1:]))  # K = C / groups x KH x KW
 
@@ -239,6 +253,7 @@ WORK = {
     "gemm.gemv_nk": ("fma", _gemv),
     "gemm.gemv_kn": ("fma", _gemv),
     "gemm": ("fma", _gemm_tiled, _tile_step),     # the register-tiled gemm.<tile>: staging per k-step
+    "weight_only": ("fma", _wo_gemv),             # weight_only.gemv_{f16,bf16,i8}[_odd]_r<R>
     "conv.depthwise": ("fma", _conv_depthwise),
     "conv": ("fma", _conv_igemm, _tile_step),     # conv.igemm_<tile>
     "attention.combine": ("stream", lambda cfg, call: _elements(call), 1),

@@ -95,6 +95,9 @@ def _cross_entropy(logits, targets):
 
 
 def _linear(x, weight, bias=None, activation=None):
+    if not (isinstance(weight, np.ndarray) and weight.dtype.kind == "f" and weight.dtype.itemsize >= 4):
+        from .peer_ops.weight_only import numpy_linear  # a low-precision weight: convert, then matmul
+        return numpy_linear(x, weight, bias, activation)
     y = x @ weight.T
     if bias is not None:
         y = y + bias

@@ -31,7 +31,7 @@ SHAPES_FULL = [
     ((5, 3, 33), (17, 33)),         # batched x
     ((65,), (9, 65)),               # 1-D x
 ]
-SHAPES_SMALL = [((1, 24), (5, 24)), ((2, 3, 9), (3, 9)), ((3, 1), (2, 1))]
+SHAPES_SMALL = [((1, 24), (5, 24)), ((2, 3, 9), (3, 9)), ((3, 1), (2, 1)), ((10, 8), (3, 8))]  # 10 rows: 2 groups of 8
 SHAPES = SHAPES_SMALL if SMALL_SHAPES else SHAPES_FULL
 EPI = ((2, 11), (3, 11)) if SMALL_SHAPES else ((7, 45), (37, 45))
 
@@ -282,3 +282,22 @@ def test_accuracy_against_float32_linear():
     wo[np.arange(64), g.integers(0, 512, 64)] *= 50   # one outlier per row
     assert err(int8(wo), wo) > 3 * normal
     assert err(wo.astype(ml_dtypes.bfloat16), wo) < 1e-2  # bfloat16's exponent takes outliers in stride
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="float16 x is a CUDA input")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_float16_x(fmt):
+    """float16 x (and bias, out) with a low-precision weight: float32 accumulation, the result
+    rounded once to float16; a float16 weight with float16 x stays the dense op."""
+    g = rng()
+    x, bias = randn(g, (3, 20), np.float16), randn(g, (4,), np.float16)
+    w = make_weight(g, (4, 20), fmt)
+    if fmt == "float16":
+        text = str(dispatch.explain("linear", to_target(x), to_target(w)))
+        assert "weight_format=0" in text and "cuda-wo-gemv: refused: weight is dense" in text, text
+    else:
+        got = run("cuda-wo-gemv", dispatch.linear, x, on_target(w), bias, activation="relu")
+        assert got.dtype == np.float16
+        assert_close(got, ref.linear(x, w, bias, activation="relu"), 2e-3, f"{fmt} float16 x", cancel=True)
+        text = str(dispatch.explain("linear", to_target(x), on_target(w)))
+        assert "chosen: cuda-wo-gemv" in text and "cuda-gemv: refused" in text, text

@@ -22,6 +22,9 @@ import numpy as np
 from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, gemm_shared_bytes,
                                        gemm_threads, gemm_tile_dtypes)
 
+from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
+
+from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, occupancy_blocks, output,
                       props, register_cuda)
@@ -137,6 +140,9 @@ GEMV_PARAMS = {"waves": 1}  # grid capped at one wave of resident blocks, as the
 
 
 def _order(key):
+    if getattr(key, "weight_format", WEIGHT_DENSE) != WEIGHT_DENSE:
+        return (("cuda-wo-gemv",), f"{WEIGHT_FORMAT_NAMES[key.weight_format]} weight: the weight-only GEMV "
+                "(dispatch/cuda_impls/weight_only.py), widened in registers; the only CUDA kernel for it")
     if key.m <= GEMV_MAX_M:
         return (("cuda-gemv", "cuda-gemm"),
                 f"M bucket {key.m} <= {GEMV_MAX_M}: decode-like rows, dot products without tiles (a 64-row tile "
@@ -155,7 +161,9 @@ NOTES_GEMV = ("for few rows (decode): one warp per output column over the (N, K)
               + DEVICE_COPY_NOTE)
 
 for _op in ("matmul", "linear"):
-    register_cuda(_op, "cuda-gemm", _run, launch, kernels=("gemm", "activation", "mma"), notes=NOTES, params=PARAMS)
+    register_cuda(_op, "cuda-gemm", _run, launch, kernels=("gemm", "activation", "mma"), notes=NOTES, params=PARAMS,
+                  supports=dense_weight)
     register_cuda(_op, "cuda-gemv", _run_gemv, gemv_launch, kernels=("gemm", "activation"), notes=NOTES_GEMV,
-                  params=GEMV_PARAMS)
-    set_rule(_op, "cuda", Rule(("cuda-gemv", "cuda-gemm"), _order))
+                  params=GEMV_PARAMS, supports=dense_weight)
+    wo = ("cuda-wo-gemv",) if _op == "linear" else ()  # low-precision weights (cuda_impls/weight_only.py)
+    set_rule(_op, "cuda", Rule(("cuda-gemv", "cuda-gemm") + wo, _order))

@@ -559,6 +559,9 @@ def _synthesize(shapes, params, rng, dtype):
     out = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
     if "weight" in out:
         out["weight"] *= dtype(1.0 / math.sqrt(out["weight"].shape[-1]))
+        if params.get("weight_format"):  # a low-precision weight case (bench/cases/weight_only.py)
+            from .weight_only import low_precision_weight
+            out["weight"] = low_precision_weight(out["weight"], params["weight_format"])
     return out
 
 

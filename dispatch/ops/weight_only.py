@@ -275,3 +275,22 @@ register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,
                         notes=_NOTES_GEMV, kernel_modules=_KERNELS))
 register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32,), supports=refuse_dense,
                         notes=_NOTES_GEMM, kernel_modules=_KERNELS))
+
+
+def low_precision_weight(w, fmt):
+    """A float32 (N, K) weight stored as fmt: "float16", "bfloat16" (ml_dtypes, imported
+    here on first use), "int8" (symmetric per output row: scale max|row| / 127) or
+    "int8-tensor" (one symmetric scale).  For benchmarks and examples (bench/cases)."""
+    w = np.asarray(w, np.float32)
+    if fmt == "float16":
+        return w.astype(np.float16)
+    if fmt == "bfloat16":
+        import ml_dtypes
+
+        return w.astype(ml_dtypes.bfloat16)
+    if fmt in ("int8", "int8-tensor"):
+        amax = np.abs(w).max(axis=1) if fmt == "int8" else np.abs(w).max()
+        sc = np.where(amax > 0, amax / 127, 1).astype(np.float32)
+        q = np.round(w / (sc[:, None] if fmt == "int8" else sc)).astype(np.int8)
+        return QuantizedArray(q, sc, axis=0 if fmt == "int8" else None)
+    raise ValueError(f"weight format must be 'float16', 'bfloat16', 'int8' or 'int8-tensor', got {fmt!r}")
