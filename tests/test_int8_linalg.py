@@ -26,10 +26,10 @@ MATMUL_FULL = [
     ((2, 3, 7, 19), (19, 33)),   # batched a
     ((64, 768), (768, 96)),
 ]
-MATMUL_SMALL = [((1, 5), (5, 7)), ((3, 9), (9, 10)), ((2, 3, 6), (6, 5))]
+MATMUL_SMALL = [((1, 5), (5, 7)), ((3, 9), (9, 10)), ((2, 5, 6), (6, 5))]   # the last: 10 rows, the tile kernel
 MATMUL_SHAPES = MATMUL_SMALL if SMALL_SHAPES else MATMUL_FULL
 LINEAR_FULL = [((1, 64), (100, 64)), ((33,), (9, 33)), ((5, 3, 31), (17, 31)), ((130, 70), (50, 70))]
-LINEAR_SMALL = [((1, 8), (6, 8)), ((2, 3, 5), (4, 5))]
+LINEAR_SMALL = [((1, 8), (6, 8)), ((2, 5, 5), (4, 5))]
 LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
 
 
@@ -78,8 +78,15 @@ def assert_one_rounding(got, want, what=""):
                              f"exact {w[i]!r} ({abs(g[i] - w[i]) / ulp[i]:.2f} ulp)")
 
 
+def on_target(q):
+    """A QuantizedArray with its values on the test's device (the same scales)."""
+    if isinstance(q, QuantizedArray) and ON_CUDA:
+        return QuantizedArray(to_target(np.asarray(q.values)), q.scale, q.zero_point, q.axis)
+    return q
+
+
 def _call(impl, fn, *args, **kwargs):
-    return run(impl, fn, *args, **kwargs)
+    return run(impl, fn, *(on_target(a) for a in args), **{k: on_target(v) for k, v in kwargs.items()})
 
 
 # ---- matmul_int8 -----------------------------------------------------------------------------------
@@ -123,7 +130,7 @@ def test_full_range_extremes_do_not_saturate(impl, a_dtype):
 @pytest.mark.parametrize("impl", impl_params("matmul_int8"))
 def test_matmul_int8_bias_and_activation(impl, activation):
     g = rng()
-    sa, sb = ((2, 3, 9), (9, 10)) if SMALL_SHAPES else ((3, 21, 70), (70, 53))
+    sa, sb = ((2, 5, 9), (9, 10)) if SMALL_SHAPES else ((3, 21, 70), (70, 53))
     a = make_a(g, sa, np.uint8, "row", unit=1 / 128)   # outputs of order one: the activations' range
     b = make_b(g, sb, "col", zp=True, unit=1 / (128 * np.sqrt(sb[0])))
     bias = g.standard_normal(sb[1]).astype(np.float32)
@@ -156,7 +163,7 @@ def test_matmul_int8_out(impl):
     want = ref.matmul_int8(a, b)
     out = poisoned((2, 7, 9), np.float32)
     with dispatch.use(matmul_int8=impl):
-        got = dispatch.matmul_int8(a, b, out=out)
+        got = dispatch.matmul_int8(on_target(a), on_target(b), out=out)
     assert got is out
     assert_one_rounding(to_host(out), want, impl)
     if not ON_CUDA:  # a non-contiguous out= is filled as well
@@ -245,9 +252,12 @@ def test_dynamic_quant_linear_bad_input():
     for bad in (np.nan, np.inf, -np.inf):
         xb = x.copy()
         xb[1, 2] = bad
-        for impl in impl_params("dynamic_quant_linear"):
+        for impl in impl_params("dynamic_quant_linear", "cpu"):
             with dispatch.use(dynamic_quant_linear=impl.values[0]), pytest.raises(ValueError, match="x must be finite"):
                 dispatch.dynamic_quant_linear(xb, w, out=out)
+        for impl in impl_params("dynamic_quant_linear"):  # the target's (the CUDA quantizer under NK_TEST_DEVICE=cuda)
+            with pytest.raises(ValueError, match="x must be finite"):
+                _call(impl.values[0], dispatch.dynamic_quant_linear, xb, w)
     assert np.isnan(out).all()
 
 
@@ -271,7 +281,7 @@ def test_dynamic_quant_linear_exact(impl, sx, sw, w_kind):
 @pytest.mark.parametrize("impl", impl_params("dynamic_quant_linear"))
 def test_dynamic_quant_linear_bias_and_activation(impl, activation):
     g = rng()
-    sx, sw = ((3, 7), (6, 7)) if SMALL_SHAPES else ((20, 96), (70, 96))
+    sx, sw = ((10, 7), (6, 7)) if SMALL_SHAPES else ((20, 96), (70, 96))
     x = g.standard_normal(sx).astype(np.float32)
     w = make_b(g, sw, "col", axis=0, unit=1 / (128 * np.sqrt(sw[1])))
     bias = g.standard_normal(sw[0]).astype(np.float32)
@@ -287,15 +297,14 @@ def test_quantization_matches_the_reference_quantizer():
     """The kernels' per-row quantization is the reference's, integer for integer: checked
     through a weight that is the identity (the product returns the quantized x)."""
     g = rng()
-    k = 40
+    k = 12 if SMALL_SHAPES else 40
     x = (g.standard_normal((6, k)) * np.array([[1], [10], [1e-3], [1e4], [0.5], [3]])).astype(np.float32)
     x[4] = np.abs(x[4])
     x[5] = -np.abs(x[5])
     w = QuantizedArray(np.eye(k, dtype=np.int8), np.float32(1))
     q, s, z = ref.quantize_rows_dynamic(x)
     for impl in impl_params("dynamic_quant_linear"):
-        with dispatch.use(dynamic_quant_linear=impl.values[0]):
-            got = dispatch.dynamic_quant_linear(x, w)
+        got = _call(impl.values[0], dispatch.dynamic_quant_linear, x, w)
         np.testing.assert_array_equal(got, ((q.astype(np.float64) - z[:, None]) * s[:, None]).astype(np.float32))
 
 
@@ -355,3 +364,48 @@ def test_rule_follows_the_host_features(monkeypatch):
     assert dispatch.explain("matmul_int8", a, b).chosen == "cpu-portable"
     monkeypatch.undo()
     select.clear_cache()
+
+
+# ---- dp4a ---------------------------------------------------------------------------------------------
+
+def test_dp4a_twin_is_the_ptx_semantics():
+    """kernels_cuda.int8_gemm.dp4a_reference (the simulator's dp4a) against the PTX ISA's
+    definition of dp4a.u32.s32 computed with numpy: unsigned bytes of a, signed bytes of b,
+    added to c with 32-bit wrap-around."""
+    pytest.importorskip("numba.cuda")
+    from kernels_cuda.int8_gemm import dp4a_reference
+
+    g = rng()
+    words = g.integers(-2**31, 2**31, size=(400, 3), dtype=np.int64)
+    words[:8, :2] = [[-1, -2**31], [2**31 - 1, -1], [-1, -1], [0x7F7F7F7F, -0x7F7F7F80], [-1, 0x80808080 - 2**32],
+                     [0, 0], [1, -1], [0x01020304, 0x7F80FF01]]
+    words[8:12, 2] = [2**31 - 1, -2**31, 2**31 - 100, -2**31 + 5]
+    for a, b, c in words:
+        ua = np.array([a & 0xFFFFFFFF], np.uint32).view(np.uint8).astype(np.int64)
+        sb = np.array([b & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.int64)
+        want = np.array([(c + int(ua @ sb)) & 0xFFFFFFFF], np.uint32).view(np.int32)[0]
+        assert dp4a_reference(a, b, c) == want, (a, b, c)
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="runs the dp4a device function (the simulator's twin, or the GPU's)")
+def test_dp4a_on_the_device():
+    from numba import cuda
+
+    from kernels_cuda.int8_gemm import dp4a_probe, dp4a_reference
+
+    g = rng()
+    a, b, c = (g.integers(-2**31, 2**31, size=40, dtype=np.int64).astype(np.int32) for _ in range(3))
+    d = cuda.device_array(40, np.int32)
+    dp4a_probe()[1, 64](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), d)
+    assert list(d.copy_to_host()) == [dp4a_reference(x, y, z) for x, y, z in zip(a, b, c)]
+
+
+@pytest.mark.skipif(ON_CUDA, reason="host-side constants")
+def test_cuda_launch_constants_match_the_kernels():
+    pytest.importorskip("numba.cuda")
+    from dispatch.cuda_impls import int8_linalg as C
+    from kernels_cuda import int8_gemm as KC
+
+    want = {"GEMV_MAX_ROWS": KC.GEMV_MAX_ROWS, "GEMV_THREADS": KC.GEMV_THREADS, "BM": KC.BM, "BN": KC.BN,
+            "TX": KC.TX, "TY": KC.TY, "ROW_THREADS": KC.ROW_THREADS}
+    assert C._kernel_consts() == want
