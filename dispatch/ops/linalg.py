@@ -350,7 +350,7 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
     """(mc_panels, nc_panels, kc): task blocking for gemm_parallel and the tile (default the
     active one; see the measurements next to KC_MAX and BLOCKING)."""
     tile = K.active_tile() if tile is None else tile
-    kc_max, mc_panels, nc_panels = BLOCKING.get(tile.name, (KC_MAX, MC_PANELS, NC_PANELS))
+    kc_max, mc_panels, nc_panels, nc_min = BLOCKING.get(tile.name, (KC_MAX, MC_PANELS, NC_PANELS, NC_MIN))
     mp = -(-m // tile.mr)
     npn = -(-n // nr)
     nkb = -(-k // kc_max)
@@ -359,7 +359,7 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
     nc = min(npn, nc_panels)
     # at least TASKS_MIN tasks so that both threads work and finish together
     while nbatch * -(-mp // mc) * -(-npn // nc) < TASKS_MIN and (mc > 1 or nc > 1):
-        if nc > NC_MIN or mc == 1:
+        if nc > nc_min or mc == 1:
             nc = -(-nc // 2)
         else:
             mc = -(-mc // 2)
@@ -469,8 +469,11 @@ NC_MIN = 4        # split columns down to 4 panels before splitting rows
 #                 (1024,264,576) 154  (1024,264,144) 156;  numpy 160-162
 #   128x768x768:  (1024,264,288) 99  (1024,64,288) 99  (1024,128,144) 97  (384,128,288) 101
 #                 numpy 129
-# All within the noise: the first is kept.
-BLOCKING = {"8x48": (1024, 33, 6), "12x32": (1024, 22, 8)}
+# All within the noise: the first is kept.  NC_MIN (4th value): split column blocks down to
+# one panel before splitting rows (each row split re-reads the B panels from L2): 128x768x768
+# prepacked, one thread, CPU time, medians of 15: (mc, nc) panels (16,3) 1.11 ms,
+# (16,1) 1.12, (8,3) 1.20 (what NC_MIN 4 gave for 2 threads), (4,16) 1.31.
+BLOCKING = {"8x48": (1024, 33, 6, 1), "12x32": (1024, 22, 8, 1)}
 
 
 # Shape rule.  Measured on this machine (2 cores, shared with other jobs: CPU time, one
