@@ -186,6 +186,21 @@ def _wo_gemv(cfg, call):
     return n * _up(m, cfg.get("rows_per_pass", GEMV_MAX_M)) * _up(-(-k // per), 32) * per
 
 
+def _int8_tile(cfg, call):
+    """dp4a instructions of kernels_cuda/int8_gemm.dp4a_tile: every block's 64 x 64 outputs
+    over K/4 words rounded up to the 8-word staging step (edges computed on zeros)."""
+    a = call.args.a
+    return _blocks(cfg) * 64 * 64 * _up(-(-int(a.shape[-1]) // 4), 8)
+
+
+def _int8_gemv(cfg, call):
+    """dp4a_gemv: each column's thread runs GEMV_MAX_ROWS (8) row slots (those past M
+    predicated off) over K/4 words."""
+    a = call.args.a
+    threads = cfg["block"] if isinstance(cfg["block"], int) else math.prod(cfg["block"])
+    return _blocks(cfg) * threads * 8 * -(-int(a.shape[-1]) // 4)
+
+
 def _conv_igemm(cfg, call):
     return _tiled(cfg, math.prod(call.args.weight.shape[1:]))  # K = C / groups x KH x KW
 
@@ -254,6 +269,8 @@ WORK = {
     "gemm.gemv_kn": ("fma", _gemv),
     "gemm": ("fma", _gemm_tiled, _tile_step),     # the register-tiled gemm.<tile>: staging per k-step
     "weight_only": ("fma", _wo_gemv),             # weight_only.gemv_{f16,bf16,i8}[_odd]_r<R>
+    "int8_gemm.dp4a_tile": ("fma", _int8_tile),  # units: dp4a (4 multiply-adds each; IDP.4A is not
+    "int8_gemm.dp4a_gemv": ("fma", _int8_gemv),  # counted as an FMA by sass.py: no issue bound yet)
     "conv.depthwise": ("fma", _conv_depthwise),
     "conv": ("fma", _conv_igemm, _tile_step),     # conv.igemm_<tile>
     "attention.combine": ("stream", lambda cfg, call: _elements(call), 1),
