@@ -165,3 +165,33 @@ def test_out_aliasing_input_rejected():
     with pytest.raises(ValueError, match="out overlaps input x"):
         dispatch.relu(x[:4], out=x[2:6])
     assert np.array_equal(x, before)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU kernels' machine code")
+def test_exact_gelu_loop_is_vectorized():
+    """The exact gelu (erfc) loop compiles to vector FMAs: on zmm registers (16 float32
+    lanes) on an AVX-512 target, where approx.wide_loops asks LLVM for 512-bit vectors,
+    and on ymm on other x86 targets.  A fresh uncached function: numba does not show the
+    machine code of cached kernels."""
+    import platform
+    import re
+
+    from numba import njit
+
+    from kernels_cpu import approx
+
+    @njit(fastmath=approx.FASTMATH, error_model="numpy")
+    def loop(x, out):
+        approx.wide_loops()
+        for i in range(x.shape[0]):
+            out[i] = approx.gelu(x[i])
+
+    x = np.linspace(-4, 4, 100).astype(np.float32)
+    out = np.empty_like(x)
+    loop(x, out)
+    assert_close(out, ref.gelu(x.astype(np.float64)), TOL[np.dtype(np.float32)], "gelu")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("register names checked on x86 only")
+    asm = loop.inspect_asm(loop.signatures[0])
+    reg = "zmm" if approx._target_has_avx512() else "ymm"
+    assert re.search(rf"vfmadd\w+\s+[^\n]*%{reg}", asm), f"no {reg} FMA in the gelu loop"
