@@ -35,8 +35,8 @@ VNNI kernel):
 Both packed paths run the same driver body (gemm_vnni512 / gemm_avx2): prange over (row block x column block)
 tasks handed out one at a time (parallel.run_dynamic), each task running the micro-kernel
 over the whole K (no K blocking: a 48-column B panel of K = 4096 is 192 KiB, in L2) into a
-small int32 tile, then the epilogue from that tile straight into the output (fused: the
-output is written once).  Few rows (decode) take the same path: one row panel, the tasks
+small int32 buffer (a row panel across the task's columns), then the epilogue from that
+buffer straight into the output (fused: the output is written once).  Few rows (decode) take the same path: one row panel, the tasks
 split the columns, and each packed weight panel is streamed once.
 """
 import numpy as np
@@ -121,7 +121,7 @@ def _micro_typer(path):
     lanes = 16 if path == PATH_VNNI512 else 8
     nv = nr // lanes
 
-    def typer(typingctx, kq, ap, aoff, lda, bp, boff, t):
+    def typer(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
         for arr in (ap, bp, t):
             if not (isinstance(arr, types.Array) and arr.dtype == types.int32):
                 return None
@@ -139,7 +139,8 @@ def _micro_typer(path):
             apd = builder.gep(data(1), [i64_of(2)])
             lda = i64_of(3)
             bpd = builder.gep(data(4), [i64_of(5)])
-            tpd = data(6)
+            tpd = builder.gep(data(6), [i64_of(7)])
+            ldt = i64_of(8)
             arows = [builder.gep(apd, [builder.mul(lda, ir.Constant(i64, i))]) for i in range(mr)]
             if path == PATH_VNNI512:
                 dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
@@ -171,17 +172,17 @@ def _micro_typer(path):
                         builder.store(new, accs[i][v])
             for i in range(mr):
                 for v in range(nv):
-                    ptr = builder.gep(tpd, [ir.Constant(i64, i * nr + v * lanes)])
+                    ptr = builder.gep(tpd, [builder.add(builder.mul(ldt, ir.Constant(i64, i)), ir.Constant(i64, v * lanes))])
                     builder.store(builder.load(accs[i][v]), builder.bitcast(ptr, vty.as_pointer()), align=4)
             return context.get_dummy_value()
 
-        return types.none(kq, ap, aoff, lda, bp, boff, t), codegen
+        return types.none(kq, ap, aoff, lda, bp, boff, t, toff, ldt), codegen
 
     return typer
 
 
 @intrinsic
-def micro_vnni512(typingctx, kq, ap, aoff, lda, bp, boff, t):
+def micro_vnni512(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     """t[i*NR_V + j] = sum over kq groups of 4 of u8(A) . s8(B) for the MR_V x NR_V tile;
     ap / bp / t int32 arrays (words of 4 bytes), A row i's word k at ap[aoff + i*lda + k]
     (A is not interleaved: its rows, padded to whole words, are read in place), the B panel
@@ -190,14 +191,14 @@ def micro_vnni512(typingctx, kq, ap, aoff, lda, bp, boff, t):
     Emits, per group: NR_V/16 zmm loads of B, MR_V broadcast A words and MR_V * NR_V/16
     `vpdpbusd` (llvm.x86.avx512.vpdpbusd.512) into zmm accumulators (allocas mem2reg keeps
     in registers); then the tile stored to t."""
-    return _micro_typer(PATH_VNNI512)(typingctx, kq, ap, aoff, lda, bp, boff, t)
+    return _micro_typer(PATH_VNNI512)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
 
 
 @intrinsic
-def micro_avx2(typingctx, kq, ap, aoff, lda, bp, boff, t):
+def micro_avx2(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     """micro_vnni512's AVX2 twin: MR_A x NR_A tile, words of 2 int16, `vpmaddwd`
     (llvm.x86.avx2.pmadd.wd: exact int16 x int16 pair sums) plus `vpaddd` per step."""
-    return _micro_typer(PATH_AVX2)(typingctx, kq, ap, aoff, lda, bp, boff, t)
+    return _micro_typer(PATH_AVX2)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
 
 
 def _amx_fns(builder):
@@ -246,7 +247,7 @@ def amx_release(typingctx):
 
 
 @intrinsic
-def micro_amx(typingctx, kq, ap, aoff, lda, bp, boff, t):
+def micro_amx(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     """t[i*NR_X + j] (int32, 32 x 32) = u8(A) . s8(B) for a 32-row A block (its rows in place
     at ap[aoff + i*lda], lda in words, K padded to 64-byte chunks) and a 32-column B panel
     (bp[boff:], [k/4][32][4] bytes, 128 bytes per K group): per 64-byte K chunk, two A
@@ -290,14 +291,15 @@ def micro_amx(typingctx, kq, ap, aoff, lda, bp, boff, t):
             builder.call(f["dp"], [C(1), C(4), C(7)])
             builder.call(f["dp"], [C(2), C(5), C(6)])
             builder.call(f["dp"], [C(3), C(5), C(7)])
-        tdata = builder.bitcast(context.make_array(sig.args[6])(context, builder, args[6]).data, p8)
+        tdata = byte_ptr(6, 7)  # t[toff:] (the gep scales by int32) as bytes
+        ldt_b = builder.mul(i64_of(8), ir.Constant(i64, 4))
         for i in range(2):
             for j in range(2):
-                ptr = builder.gep(tdata, [ir.Constant(i64, (16 * i * NR_X + 16 * j) * 4)])
-                builder.call(f["store"], [C(2 * i + j), ptr, bstride])
+                off = builder.add(builder.mul(ldt_b, ir.Constant(i64, 16 * i)), ir.Constant(i64, 16 * j * 4))
+                builder.call(f["store"], [C(2 * i + j), builder.gep(tdata, [off]), ldt_b])
         return context.get_dummy_value()
 
-    return types.none(kq, ap, aoff, lda, bp, boff, t), codegen
+    return types.none(kq, ap, aoff, lda, bp, boff, t, toff, ldt), codegen
 
 
 # ---- epilogue --------------------------------------------------------------------------------
@@ -506,7 +508,11 @@ def _gemm_doc(fn):
     ap / bp: packed A / B (int32 words, TILES[path]); sa, c, rs: per-row float64 (M,); sb,
     colsum, zb: per-column float64 (N,); bias float32 (N,); code: approx.ACT_*; mc / nc:
     row / column panels per task; ntasks: the (row block x column block) task count,
-    iterated by prange (the caller sets chunk size 1: parallel.run_dynamic).  One driver
+    iterated by prange (the caller sets chunk size 1: parallel.run_dynamic).  A task takes
+    its row panels one at a time: the micro-kernel for each of its column panels into an
+    int32 buffer as wide as the task's columns, then the epilogue over those whole rows (one
+    call per row, not per tile row: at 32-column tiles the per-call setup of the epilogue
+    loop cost more than its arithmetic).  One driver
     per instruction path (the same body): a path's intrinsic is compiled only into its
     own driver, so a host without AVX-512 never compiles the VNNI code."""
     return fn
@@ -522,18 +528,20 @@ def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, m
         wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
         mb = task // nnb
         nb = task - mb * nnb
-        t = np.empty(MR * NR, np.int32)
+        q0 = nb * nc
+        q1 = min(q0 + nc, npn)
+        ldt = (q1 - q0) * NR
+        t = np.empty(MR * ldt, np.int32)  # the row panel's int32 results across the task's columns
         of = out.reshape(M * N)
-        for q in range(nb * nc, min(nb * nc + nc, npn)):
-            j0 = q * NR
-            nr = min(NR, N - j0)
-            boff = q * kq * NR
-            for p in range(mb * mc, min(mb * mc + mc, mp)):
-                i0 = p * MR
-                micro_vnni512(kq, ap, p * MR * kq, kq, bp, boff, t)
-                for i in range(min(MR, M - i0)):
-                    m = i0 + i
-                    _epi_row(t, i * NR, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, nr, code)
+        j0 = q0 * NR
+        width = min(N, q1 * NR) - j0
+        for p in range(mb * mc, min(mb * mc + mc, mp)):
+            i0 = p * MR
+            for q in range(q0, q1):
+                micro_vnni512(kq, ap, p * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
+            for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
+                m = i0 + i
+                _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -546,18 +554,20 @@ def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, 
         wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
         mb = task // nnb
         nb = task - mb * nnb
-        t = np.empty(MR * NR, np.int32)
+        q0 = nb * nc
+        q1 = min(q0 + nc, npn)
+        ldt = (q1 - q0) * NR
+        t = np.empty(MR * ldt, np.int32)  # the row panel's int32 results across the task's columns
         of = out.reshape(M * N)
-        for q in range(nb * nc, min(nb * nc + nc, npn)):
-            j0 = q * NR
-            nr = min(NR, N - j0)
-            boff = q * kq * NR
-            for p in range(mb * mc, min(mb * mc + mc, mp)):
-                i0 = p * MR
-                micro_avx2(kq, ap, p * MR * kq, kq, bp, boff, t)
-                for i in range(min(MR, M - i0)):
-                    m = i0 + i
-                    _epi_row(t, i * NR, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, nr, code)
+        j0 = q0 * NR
+        width = min(N, q1 * NR) - j0
+        for p in range(mb * mc, min(mb * mc + mc, mp)):
+            i0 = p * MR
+            for q in range(q0, q1):
+                micro_avx2(kq, ap, p * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
+            for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
+                m = i0 + i
+                _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -570,19 +580,21 @@ def gemm_amx(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, n
         wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
         mb = task // nnb
         nb = task - mb * nnb
-        t = np.empty(MR * NR, np.int32)
+        q0 = nb * nc
+        q1 = min(q0 + nc, npn)
+        ldt = (q1 - q0) * NR
+        t = np.empty(MR * ldt, np.int32)  # the row panel's int32 results across the task's columns
         of = out.reshape(M * N)
+        j0 = q0 * NR
+        width = min(N, q1 * NR) - j0
         amx_config()
-        for q in range(nb * nc, min(nb * nc + nc, npn)):
-            j0 = q * NR
-            nr = min(NR, N - j0)
-            boff = q * kq * NR
-            for p in range(mb * mc, min(mb * mc + mc, mp)):
-                i0 = p * MR
-                micro_amx(kq, ap, p * MR * kq, kq, bp, boff, t)
-                for i in range(min(MR, M - i0)):
-                    m = i0 + i
-                    _epi_row(t, i * NR, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, nr, code)
+        for p in range(mb * mc, min(mb * mc + mc, mp)):
+            i0 = p * MR
+            for q in range(q0, q1):
+                micro_amx(kq, ap, p * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
+            for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
+                m = i0 + i
+                _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
         amx_release()
 
 

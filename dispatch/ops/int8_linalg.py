@@ -38,6 +38,7 @@ vpdpbusd), cpu-avx2 (exact int16 vpmaddwd), cpu-portable (int32 loops).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -120,6 +121,11 @@ def _common(bias, out, activation, n, out_shape, dev, **inputs):
     return ACTIVATION_CODES[activation]
 
 
+def _device(q):
+    """q.device without the array-protocol probe for numpy values (the common case)."""
+    return "cpu" if isinstance(q.values, np.ndarray) else q.device
+
+
 def _prepacked(w):
     return any(isinstance(k, tuple) and k and k[0] == "int8_gemm" for k in w.cached_keys())
 
@@ -144,18 +150,20 @@ def describe_matmul_int8(a_q, b_q, *, bias=None, activation=None, out_dtype=np.f
     if b_q.axis == 0:
         raise ValueError("b_q has a per-channel scale along K (axis 0): it cannot be factored out of the sum "
                          "over K; quantize b per tensor or per column (axis 1)")
-    if a_q.device != b_q.device:
-        raise ValueError(f"a_q is a {a_q.device} array but b_q is a {b_q.device} array: "
+    dev = _device(a_q)
+    if dev != _device(b_q):
+        raise ValueError(f"a_q is a {dev} array but b_q is a {_device(b_q)} array: "
                          "all inputs must be on the same device")
-    m, k = a_q.shape[-2:]
+    shape = a_q.shape
+    m, k = shape[-2:]
     kb, n = b_q.shape
     if kb != k:
         raise ValueError(f"b_q must have K={k} rows to match a_q (..., {m}, {k}), got shape {b_q.shape}")
     _check_k(k)
-    out_shape = a_q.shape[:-1] + (n,)
-    code = _common(bias, out, activation, n, out_shape, a_q.device, a=a_q.values, b=b_q.values)
-    rows = math.prod(a_q.shape[:-1])
-    key = Int8Key("matmul_int8", a_q.device, F32, bucket(rows), bucket(n), bucket(k), str(a_q.dtype), code,
+    out_shape = shape[:-1] + (n,)
+    code = _common(bias, out, activation, n, out_shape, dev, a=a_q.values, b=b_q.values)
+    rows = math.prod(shape[:-1])
+    key = Int8Key("matmul_int8", dev, F32, bucket(rows), bucket(n), bucket(k), str(a_q.dtype), code,
                   bias is not None, _prepacked(b_q))
     return Call(key, Int8Args(a_q, b_q, bias, out, code, False), _prep_notes(b_q, "b_q"))
 
@@ -175,8 +183,8 @@ def describe_dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=Non
     if w_q.axis == 1:
         raise ValueError("w_q has a per-channel scale along K (axis 1): it cannot be factored out of the sum "
                          "over K; quantize the weight per tensor or per output channel (axis 0)")
-    if w_q.device != dev:
-        raise ValueError(f"x is a {dev} array but w_q is a {w_q.device} array: all inputs must be on the same device")
+    if _device(w_q) != dev:
+        raise ValueError(f"x is a {dev} array but w_q is a {_device(w_q)} array: all inputs must be on the same device")
     k = x.shape[-1]
     n, kw = w_q.shape
     if kw != k:
@@ -234,13 +242,28 @@ def _packed_weight(w, transposed, path):
 
 
 def _row_params(a, rows, m):
-    """(sa, za) float64 per flattened row for a QuantizedArray a (per tensor or per row)."""
-    sa = a.scale.astype(np.float64)
-    za = a.zero_point.astype(np.float64)
-    if a.axis is None:
-        return np.full(rows, float(sa)), np.full(rows, float(za))
-    reps = rows // m
-    return np.tile(sa, reps), np.tile(za, reps)
+    """(sa, za) float64 per flattened row for a QuantizedArray a (per tensor or per row),
+    made once per (QuantizedArray, row count) and read-only."""
+    def make():
+        sa = a.scale.astype(np.float64)
+        za = a.zero_point.astype(np.float64)
+        if a.axis is None:
+            out = np.full(rows, float(sa)), np.full(rows, float(za))
+        else:
+            out = np.tile(sa, rows // m), np.tile(za, rows // m)
+        for arr in out:
+            arr.flags.writeable = False
+        return out
+
+    return tuple(kernel_input(v) for v in a.cached(("int8_rows", rows), make))
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(n):
+    """The bias of a call without one: shared, so read-only (passed as a writeable-typed alias)."""
+    z = np.zeros(n, np.float32)
+    z.flags.writeable = False
+    return kernel_input(z)
 
 
 # Task blocking of the packed GEMM: whole row panels per task (the A panels of a task stay
@@ -292,7 +315,7 @@ def _run_packed(path):
             a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
             sa, za = _row_params(a, rows, a.shape[-2])
             K.pack_a_int(a2, 128 if a.dtype == np.int8 else 0, za, abuf, c, rs)
-        bias_v = np.zeros(n, F32) if bias is None else kernel_input(bias)
+        bias_v = _zeros(n) if bias is None else kernel_input(bias)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
         mc, nc, ntasks = _blocks(mp, npn)
@@ -327,7 +350,7 @@ def _run_portable(params, a, w, bias, out, code, transposed):
         sa, za = _row_params(a, rows, a.shape[-2])
     c = shift + za
     rs = a2.astype(np.int64).sum(axis=1).astype(np.float64) + kdim * (shift - c)
-    bias_v = np.zeros(n, F32) if bias is None else kernel_input(bias)
+    bias_v = _zeros(n) if bias is None else kernel_input(bias)
     ntasks = rows * -(-n // K.PORTABLE_NB)
     K.gemm_portable(a2, shift, pw.bp, rows, n, kdim, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, code,
                     res.reshape(rows, n), ntasks)
