@@ -21,6 +21,13 @@ then the activation (kernels_cpu/approx.py's float32 functions).
 Instruction paths (chosen per call by the dispatcher from the host's features, see
 `host_paths`; each compiled only when used, so a host without AVX-512 never compiles the
 VNNI kernel):
+  PATH_AMX      AMX-INT8 `tdpbusd` (Sapphire Rapids and later; Linux grants the tile state
+                on request, `_amx_permission`): a 32 x 32 block as 2 x 2 tiles of 16 x 16
+                int32, per 64-byte K chunk two A tiles (16 rows x 64 u8, read in place
+                from A's rows) and two B tiles (16 groups x 16 columns x 4 s8) from the
+                same [k/4][NR][4] panel layout as VNNI with NR = 32.  onnxruntime's MLAS
+                runs AMX on these hosts too (its 128x768x768 u8s8 MatMulInteger took
+                ~60-130 us here, beyond any vpdpbusd kernel's reach on 2 cores).
   PATH_VNNI512  AVX-512 VNNI `vpdpbusd` on zmm registers (llvm.x86.avx512.vpdpbusd.512):
                 16 int32 lanes, each += 4 u8 x s8 products.  Register tile MR_V x NR_V =
                 8 x 48 (24 zmm accumulators, 3 B vectors, 1 broadcast A word: 28 of 32).
