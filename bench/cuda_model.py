@@ -281,6 +281,9 @@ WORK = {
     "rms_norm": ("stream", lambda cfg, call: _elements(call), 2),       # sum of squares, write
     "group_norm": ("stream", lambda cfg, call: _elements(call), 3),
     "resample": ("stream", _resample_out, 1),
+    # quant.range then quant.quantize (its "reduce" follow-up) when scales are computed: two
+    # passes, both charged the range loop's instructions per element; dequantize: one
+    "quant": ("stream", lambda cfg, call: _elements(call) * (2 if cfg.get("reduce") else 1), 1),
 }
 
 

@@ -204,6 +204,7 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
     """Time dispatch.<op> and the peers on one case; returns the row (see report JSON)."""
     from dispatch import registry
     from dispatch.explain import explain
+    from dispatch.quantized import QuantizedArray
 
     rng = rng or np.random.default_rng()
     row = {"op": case.op, "case": case.name, "case_id": case.id, "label": case.label, "model": case.model,
@@ -278,6 +279,8 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
             row["first_call_s"] = first
         if isinstance(res, tuple):
             res = res[0]
+        if isinstance(res, QuantizedArray):  # quantize: its integers (scales: tests/test_quant.py)
+            res = res.values
         if ref is None:
             continue
         err = rel_err(convert[name](res), ref)

@@ -31,6 +31,8 @@ import numpy as np
 from numba import njit, prange
 from numpy import uintp
 
+from .approx import like
+
 # Reductions: reassociation only (the integer reductions do not need it; kept off the
 # quantize and dequantize loops, see the module docstring).
 SJIT = dict(cache=True, error_model="numpy")
@@ -199,3 +201,82 @@ def split_dim(shape, tasks):
     if i >= 1024 * tasks or (o == 1 and c == 1):
         return 2
     return 0 if o >= c else 1
+
+
+# ---- fused per-row quantization: the range of a row, its scale, then the row ------------------
+#
+# When each channel is one contiguous row (O == 1: per-row activations, per-output-channel
+# weights), the row's range and its quantization run back to back while the row is in
+# cache: x is read from memory once instead of twice.  The scale and zero point follow the
+# host's formulas operation by operation (dispatch/ops/quant.py scales_from_range; no
+# fastmath, so each float32 / float64 operation rounds as numpy's does), so both paths give
+# the same bits (tests/test_quant.py checks both against the reference).
+ROW_OK, ROW_NONFINITE, ROW_OVERFLOW = 0, 1, 2
+
+
+@njit(**SJIT)
+def fused_rows(x2, xi2, absmask, shift, expo, symmetric, qlo, qhi, zsym, tiny, bits, fbits, q2, scale, zp, status,
+               c0, c1):
+    """Rows c0..c1-1 of x2 (C, I) (xi2: its bits; bits / fbits: a 2-element scratch array
+    and its float view): scale[c] (float32), zp[c] (int32), status[c] (ROW_*), q2[c]."""
+    n = x2.shape[1]
+    flo = like(x2[0, 0], qlo)         # qlo, qhi, zsym: floats, as constants of x's type
+    fhi = like(x2[0, 0], qhi)
+    zs = like(x2[0, 0], zsym)
+    rmin = flo
+    for c in range(c0, c1):
+        xr = xi2[c]
+        if symmetric:
+            m = _row_absmax(xr, 0, n, absmask, absmask & 0)
+            lo = hi = m & 0
+        else:
+            m, lo, hi = _row_minmax(xr, 0, n, absmask, shift, absmask & 0, absmask & 0, absmask & 0)
+        if m >= expo:
+            status[c] = ROW_NONFINITE
+            continue
+        if symmetric:
+            bits[0] = m
+            amax = np.float64(fbits[0])
+            s = np.float32(amax / 127.0)
+            wide = amax > 0
+            z = zs
+        else:
+            bits[0] = lo ^ ((lo >> shift) & absmask)
+            bits[1] = hi ^ ((hi >> shift) & absmask)
+            rmin = fbits[0]
+            d = fbits[1] - rmin                 # in x's type, as the host
+            s = np.float32(np.float64(d) / (qhi - qlo))
+            wide = d > 0
+        if not (abs(s) < np.float32(np.inf)):
+            status[c] = ROW_OVERFLOW
+            continue
+        if wide:
+            s = s if s > tiny else tiny
+        else:
+            s = np.float32(1.0)
+        st = like(flo, s)
+        if not symmetric:
+            z = flo - rmin / st
+            z = z if z > flo else flo
+            z = z if z < fhi else fhi
+            z = np.rint(z)
+        scale[c] = s
+        zp[c] = np.int32(z)
+        status[c] = ROW_OK
+        xr2 = x2[c]
+        qr = q2[c]
+        for i in range(n):
+            t = np.rint(xr2[uintp(i)] / st) + z
+            t = t if t >= flo else flo
+            t = t if t <= fhi else fhi
+            qr[uintp(i)] = np.int32(t)
+
+
+@njit(parallel=True, **SJIT)
+def fused_rows_parallel(x2, xi2, absmask, shift, expo, symmetric, qlo, qhi, zsym, tiny, bits, fbits, q2, scale, zp,
+                        status, tasks):
+    """fused_rows over `tasks` ranges of rows; bits / fbits: (tasks, 2) scratch."""
+    c = x2.shape[0]
+    for t in prange(tasks):
+        fused_rows(x2, xi2, absmask, shift, expo, symmetric, qlo, qhi, zsym, tiny, bits[t], fbits[t], q2, scale, zp,
+                   status, c * t // tasks, c * (t + 1) // tasks)

@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, types
 
-from ._jit import ELEMENTWISE_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
+from ._jit import ELEMENTWISE_THREADS, PtxBuild, acc_np, acc_of, arr, device, kernel
 from .primitives import block_max
 
 RANGE_THREADS = ELEMENTWISE_THREADS
@@ -46,8 +46,14 @@ def range_kernel(acc_np):
         mx = zero
         b = zero
         for k in range(g * cuda.blockDim.x + cuda.threadIdx.x, n, step):
-            o = k // ninn
-            v = acc(x[o, c, k - o * ninn])
+            # the common layouts index without a division (uniform branches)
+            if nout == 1:
+                v = acc(x[0, c, k])
+            elif ninn == 1:
+                v = acc(x[k, c, 0])
+            else:
+                o = k // ninn
+                v = acc(x[o, c, k - o * ninn])
             a = abs(v)
             if not (a < inf):  # NaN or inf
                 b = one
@@ -68,6 +74,24 @@ def range_kernel(acc_np):
     return quant_range
 
 
+@device
+def _channel(j, nchan, inner, n):
+    """The channel of flat element j: none to compute per tensor, one division when the
+    channels are the outermost axis (n == nchan * inner) or the innermost (inner == 1), two
+    otherwise; in 32 bits while the array has fewer than 2^31 elements (a 64-bit division is
+    a long instruction sequence on the GPU)."""
+    if nchan == 1:
+        return np.int64(0)
+    if n < 2147483648:
+        j32 = np.uint32(j)
+        if inner == 1:
+            return np.int64(j32 % np.uint32(nchan))
+        if n == nchan * inner:
+            return np.int64(j32 // np.uint32(inner))
+        return np.int64((j32 // np.uint32(inner)) % np.uint32(nchan))
+    return np.int64((j // inner) % nchan)
+
+
 @lru_cache(maxsize=None)
 def quantize_kernel(acc_np):
     """kernel(x, scale, zp, qlo, qhi, q, nchan, inner): flat x and q (n,), scale (C,) in
@@ -78,7 +102,7 @@ def quantize_kernel(acc_np):
     def quant_quantize(x, scale, zp, qlo, qhi, q, nchan, inner):
         n = x.shape[0]
         for j in range(cuda.grid(1), n, cuda.gridsize(1)):
-            c = (j // inner) % nchan
+            c = _channel(j, nchan, inner, n)
             z = zp[c]
             t = acc(x[j]) / scale[c]
             lo_f = acc(qlo - z - 1)
@@ -103,7 +127,7 @@ def dequantize_kernel(acc_np):
     def quant_dequantize(q, scale, zp, y, nchan, inner):
         n = q.shape[0]
         for j in range(cuda.grid(1), n, cuda.gridsize(1)):
-            c = (j // inner) % nchan
+            c = _channel(j, nchan, inner, n)
             y[j] = (acc(q[j]) - zp[c]) * scale[c]
 
     return quant_dequantize

@@ -71,7 +71,14 @@ def public_names(op: registry.Op, named: dict) -> dict:
 
 
 def same(a, b) -> bool:
-    """Bitwise equality of results (arrays or tuples of arrays), NaN equal to NaN."""
+    """Bitwise equality of results (arrays, tuples of arrays, or QuantizedArrays: values,
+    scale, zero point and axis), NaN equal to NaN."""
+    from dispatch.quantized import QuantizedArray
+
+    if isinstance(a, QuantizedArray) or isinstance(b, QuantizedArray):
+        return (isinstance(a, QuantizedArray) and isinstance(b, QuantizedArray) and a.axis == b.axis
+                and same(np.asarray(a.values), np.asarray(b.values)) and same(a.scale, b.scale)
+                and same(a.zero_point, b.zero_point))
     if isinstance(a, tuple) or isinstance(b, tuple):
         return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
                 and all(same(x, y) for x, y in zip(a, b)))

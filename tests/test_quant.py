@@ -154,6 +154,38 @@ def test_zero_slices_get_scale_one(impl):
     assert s == 1 and z == -128 and (v == -128).all()
 
 
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", QIMPLS)
+def test_per_row_scales_of_odd_rows(impl, dtype, qtype, symmetric):
+    """One scale per contiguous row (the CPU's fused row path from 256 elements): a zero
+    row, rows of subnormal and of huge magnitude, one positive-only and one negative-only
+    row, ties; a NaN / inf row raises naming x and its channel."""
+    g = rng()
+    n = 64 if SMALL_SHAPES else 300
+    x = _draw(g, (7, n), dtype)
+    x[0] = 0
+    x[1] *= np.finfo(dtype).tiny * 4          # scale raised to float32's smallest normal
+    x[2] *= 1e30 if dtype == np.float32 else 1e36
+    x[3] = np.abs(x[3])
+    x[4] = -np.abs(x[4])
+    x[5, :8] = (np.arange(8) + 0.5) * 0.25
+    x[5, 8] = 127 * 0.25
+    want = ref.quantize(x, dtype=qtype, axis=0, symmetric=symmetric)
+    _check_exact(_quantize(impl, x, dtype=qtype, axis=0, symmetric=symmetric), want, "rows")
+    for bad in (np.nan, np.inf):
+        y = x.copy()
+        y[6, n // 2] = bad
+        with dispatch.use(quantize=impl), pytest.raises(ValueError, match=r"\bx\b.*channel 6"):
+            dispatch.quantize(to_target(y), dtype=qtype, axis=0, symmetric=symmetric)
+    if dtype == np.float64:
+        y = x.copy()
+        y[6] *= 1e300
+        with dispatch.use(quantize=impl), pytest.raises(ValueError, match=r"\bx\b"):
+            dispatch.quantize(to_target(y), dtype=qtype, axis=0, symmetric=symmetric)
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("dtype", DTYPES)

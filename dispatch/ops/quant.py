@@ -55,11 +55,18 @@ from ._common import deliver, kernel_input, result_buffer, serial_parallel_rule,
 
 __public__ = ("QuantizedArray",)  # exported by dispatch/__init__ beside the ops
 
-_KERNELS = ("kernels_cpu.quant", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.quant", "kernels_cpu.approx", "kernels_cpu.parallel")
 
-# Serial below 2^18 elements.  Placeholder until measured (see the commit measuring it).
-PARALLEL_THRESHOLD = 1 << 18
-_MEASURED = "placeholder, not yet measured"
+# Serial below 2^22 elements (bucketed size), for both ops.  Measured 2026-11-25 (Sapphire
+# Rapids host, 2 cores, loaded by 3 other jobs; float32; cpu-serial vs cpu-parallel, medians
+# of 7 alternating rounds back to back), serial / parallel in us: quantize per tensor 2^16
+# 72 / 111, 2^18 248 / 1060, 2^20 555 / 675, 2^22 2128 / 2168; per row (768) 2^20 522 /
+# 583; dequantize 2^18 35 / 50, 2^20 247 / 286, 2^22 798 / 808; Llama-7B weight (45M,
+# per row) 28.0 / 28.8 ms.  Threads never won on that loaded host; they tie from 2^22, where
+# a quiet 2-core host gains on memory-bound loops (1.7x on a triad, machine-facts), so they
+# start there.  Remeasure on a quiet machine.
+PARALLEL_THRESHOLD = 1 << 22
+_MEASURED = "parallel tied from 2^22 elements, behind below (measured on a loaded 2-core host)"
 
 EXAMPLE_SHAPES = {
     # quantize: one scale per tensor (the signature's default); the cases cover per-channel
@@ -280,12 +287,48 @@ def result(values, scale, zero_point, axis):
     return QuantizedArray(values, scale, zero_point, axis)
 
 
+# Channels that are single contiguous rows (O == 1) of FUSE_ROW[0]..FUSE_ROW[1] elements are
+# quantized by kernels_cpu.quant.fused_rows: each row's range, scale and values back to back,
+# x read from memory once.  From 256 elements the row's ~40 scalar operations of scale
+# arithmetic are under a tenth of its vector work; up to 2^16 (256 KB of float32) the row
+# is still in L2 for its second read.  Measured 2026-11-25 (Sapphire Rapids host, 2 cores,
+# loaded by other jobs), float32, per-row int8 (4096, 768): see the commit adding it.
+FUSE_ROW = (256, 1 << 16)
+
+
+def _fused(x2, qd, symmetric, axis, parallel):
+    """(values (C, I), scale float32 (C,), zero_point qd (C,)) of x2 (C, I) by fused_rows."""
+    it, absmask, shift, expo = _FINITE_BITS[x2.dtype]
+    lo, hi = QTYPES[qd.name][1:]
+    zsym = 128.0 if (symmetric and qd == np.uint8) else 0.0
+    c = x2.shape[0]
+    q = np.empty(x2.shape, qd)
+    scale = np.empty(c, np.float32)
+    zp = np.empty(c, np.int32)
+    status = np.empty(c, np.int8)
+    tasks = KP.tasks_for(c) if parallel else 1
+    bits = np.zeros((tasks, 2), it)
+    args = (x2, x2.view(it), it(absmask), it(shift), it(expo), symmetric, float(lo), float(hi), zsym,
+            np.float32(np.finfo(np.float32).tiny), bits, bits.view(x2.dtype), q, scale, zp, status)
+    if parallel:
+        KP.run_dynamic(K.fused_rows_parallel, tasks, *args)
+    else:
+        K.fused_rows(*args[:10], bits[0], bits.view(x2.dtype)[0], *args[12:], 0, c)
+    check_finite(status == K.ROW_NONFINITE, axis)
+    if np.any(status == K.ROW_OVERFLOW):
+        raise ValueError("x's range overflows a float32 scale: scale it first")
+    return q, scale, zp.astype(qd)
+
+
 def _quantize_host(parallel):
     def run(params, x, qd, axis, symmetric, scale, zero_point):
         xc = kernel_input(x)
         shape = xc.shape
         o, c, i = _channels(shape, axis)
         x3 = xc.reshape(o, c, i)
+        if scale is None and o == 1 and c > 1 and FUSE_ROW[0] <= i <= FUSE_ROW[1]:
+            q, scale, zero_point = _fused(x3[0], qd, symmetric, axis, parallel)
+            return result(q.reshape(shape), scale, zero_point, axis)
         if scale is None:
             amax, rmin, rmax, bad = host_range(x3, xc.dtype, not symmetric, parallel and x3.size > 0)
             check_finite(bad, axis)
