@@ -15,6 +15,24 @@ from tests.support import ON_CUDA, SMALL_SHAPES, assert_close, impl_params, pois
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
+
+def host_impls(op, device=None):
+    """impl_params(op) with the CPU paths this host lacks (AMX, AVX-512 VNNI on an AVX2-only
+    host) skipped, with the reason: CI may run on either kind of host."""
+    from dispatch.ops import int8_linalg as M
+
+    out = []
+    for p in (impl_params(op) if device is None else impl_params(op, device)):
+        name = p.values[0]
+        why = M._HOST.get(M._IMPL_PATH[name]) if name in M._IMPL_PATH else None
+        out.append(p if why is None else pytest.param(name, id=name, marks=pytest.mark.skip(reason=why)))
+    return out
+
+
+def runnable(params):
+    """The parameters of host_impls that are not skipped (for loops inside a test)."""
+    return [p for p in params if not p.marks]
+
 # (a shape, b shape (K, N))
 MATMUL_FULL = [
     ((1, 1), (1, 1)),
@@ -95,7 +113,7 @@ def _call(impl, fn, *args, **kwargs):
 @pytest.mark.parametrize("a_kind", ["row", "tensor"])
 @pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
 @pytest.mark.parametrize("sa, sb", MATMUL_SHAPES, ids=str)
-@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
 def test_matmul_int8_exact(impl, sa, sb, a_dtype, a_kind, b_kind):
     g = rng()
     a = make_a(g, sa, a_dtype, a_kind)
@@ -105,7 +123,7 @@ def test_matmul_int8_exact(impl, sa, sb, a_dtype, a_kind, b_kind):
 
 
 @pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
-@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
 def test_full_range_extremes_do_not_saturate(impl, a_dtype):
     """a at its extremes (255 for uint8, -128 for int8 (stored 0 after the +128 shift)) against
     weights of -128 / 127: pair sums of 255 * -128 * 2 overflow int16 (vpmaddubsw saturates
@@ -127,7 +145,7 @@ def test_full_range_extremes_do_not_saturate(impl, a_dtype):
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
 def test_matmul_int8_bias_and_activation(impl, activation):
     g = rng()
     sa, sb = ((2, 5, 9), (9, 10)) if SMALL_SHAPES else ((3, 21, 70), (70, 53))
@@ -142,7 +160,7 @@ def test_matmul_int8_bias_and_activation(impl, activation):
         assert_close(got, want, 1e-5, f"{impl} {activation}", cancel=True)
 
 
-@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
 def test_nonfinite_bias_propagates(impl):
     g = rng()
     a = make_a(g, (5, 13), np.int8, "row")
@@ -155,7 +173,7 @@ def test_nonfinite_bias_propagates(impl):
     assert_one_rounding(got, want, impl)
 
 
-@pytest.mark.parametrize("impl", impl_params("matmul_int8"))
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
 def test_matmul_int8_out(impl):
     g = rng()
     a = make_a(g, (2, 7, 11), np.int8, "row")
@@ -252,10 +270,10 @@ def test_dynamic_quant_linear_bad_input():
     for bad in (np.nan, np.inf, -np.inf):
         xb = x.copy()
         xb[1, 2] = bad
-        for impl in impl_params("dynamic_quant_linear", "cpu"):
+        for impl in runnable(host_impls("dynamic_quant_linear", "cpu")):
             with dispatch.use(dynamic_quant_linear=impl.values[0]), pytest.raises(ValueError, match="x must be finite"):
                 dispatch.dynamic_quant_linear(xb, w, out=out)
-        for impl in impl_params("dynamic_quant_linear"):  # the target's (the CUDA quantizer under NK_TEST_DEVICE=cuda)
+        for impl in runnable(host_impls("dynamic_quant_linear")):  # the target's (the CUDA quantizer under NK_TEST_DEVICE=cuda)
             with pytest.raises(ValueError, match="x must be finite"):
                 _call(impl.values[0], dispatch.dynamic_quant_linear, xb, w)
     assert np.isnan(out).all()
@@ -265,7 +283,7 @@ def test_dynamic_quant_linear_bad_input():
 
 @pytest.mark.parametrize("w_kind", ["col", "tensor"])
 @pytest.mark.parametrize("sx, sw", LINEAR_SHAPES, ids=str)
-@pytest.mark.parametrize("impl", impl_params("dynamic_quant_linear"))
+@pytest.mark.parametrize("impl", host_impls("dynamic_quant_linear"))
 def test_dynamic_quant_linear_exact(impl, sx, sw, w_kind):
     g = rng()
     x = g.standard_normal(sx).astype(np.float32)
@@ -278,7 +296,7 @@ def test_dynamic_quant_linear_exact(impl, sx, sw, w_kind):
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("impl", impl_params("dynamic_quant_linear"))
+@pytest.mark.parametrize("impl", host_impls("dynamic_quant_linear"))
 def test_dynamic_quant_linear_bias_and_activation(impl, activation):
     g = rng()
     sx, sw = ((10, 7), (6, 7)) if SMALL_SHAPES else ((20, 96), (70, 96))
@@ -303,7 +321,7 @@ def test_quantization_matches_the_reference_quantizer():
     x[5] = -np.abs(x[5])
     w = QuantizedArray(np.eye(k, dtype=np.int8), np.float32(1))
     q, s, z = ref.quantize_rows_dynamic(x)
-    for impl in impl_params("dynamic_quant_linear"):
+    for impl in runnable(host_impls("dynamic_quant_linear")):
         got = _call(impl.values[0], dispatch.dynamic_quant_linear, x, w)
         np.testing.assert_array_equal(got, ((q.astype(np.float64) - z[:, None]) * s[:, None]).astype(np.float32))
 
