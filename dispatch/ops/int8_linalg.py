@@ -33,8 +33,9 @@ be factored out of the sum: a ValueError naming the argument.
 The weight is packed once per QuantizedArray (q.cached) into the chosen micro-kernel's
 layout with its column sums, and reused by every later call (`explain` shows whether it
 already is: key field ``prepacked`` and a "prepared" line).  Implementations (chosen from
-the host's CPU features, kernels_cpu/int8_gemm.host_paths): cpu-vnni512 (AVX-512 VNNI
-vpdpbusd), cpu-avx2 (exact int16 vpmaddwd), cpu-portable (int32 loops).
+the host's CPU features, kernels_cpu/int8_gemm.host_paths, widest first): cpu-amx (AMX-INT8
+tdpbusd tiles), cpu-vnni512 (AVX-512 VNNI vpdpbusd), cpu-avx2 (exact int16 vpmaddwd),
+cpu-portable (int32 loops); on CUDA cuda-dp4a (dispatch/cuda_impls/int8_linalg.py).
 """
 from __future__ import annotations
 
@@ -268,10 +269,11 @@ def _zeros(n):
 
 # Task blocking of the packed GEMM: whole row panels per task (the A panels of a task stay
 # in L2 while its B panels stream), columns split until there are TASKS_MIN tasks.
-# Measured 2026-11-25 (Sapphire Rapids host, 2 threads, loaded by other jobs; medians of 40):
-# 128x768x768 vnni512 (row panels, column panels per task): (16, 1) 256 us, (16, 2) 255,
-# (8, 2) 255, (4, 4) 258 (quantization of A included): the blocking hardly matters at this
-# size, so the rule only keeps both threads busy.
+# Measured 2026-11-25 (Sapphire Rapids host, 2 threads, loaded by other jobs; medians of 40,
+# VNNI path with its first per-tile epilogue): 128x768x768 (row panels, column panels per
+# task): (16, 1) 256 us, (16, 2) 255, (8, 2) 255, (4, 4) 258 (quantization of A included):
+# the blocking hardly mattered, so the rule only keeps both threads busy.  Wider tasks
+# amortize the per-row epilogue call (see kernels_cpu/int8_gemm's drivers).
 TASKS_MIN = 8
 
 
