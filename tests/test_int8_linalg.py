@@ -427,3 +427,21 @@ def test_cuda_launch_constants_match_the_kernels():
     want = {"GEMV_MAX_ROWS": KC.GEMV_MAX_ROWS, "GEMV_THREADS": KC.GEMV_THREADS, "BM": KC.BM, "BN": KC.BN,
             "TX": KC.TX, "TY": KC.TY, "ROW_THREADS": KC.ROW_THREADS}
     assert C._kernel_consts() == want
+
+
+@pytest.mark.skipif(SMALL_SHAPES, reason="K = 65793 rows of work per simulated thread")
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
+def test_exact_at_the_largest_k(impl):
+    """K = MAX_K with every product at its extreme (255 * -128, and 255 * 127): the int32
+    accumulator reaches -2,147,483,520, 127 short of its limit, and must stay exact."""
+    from dispatch.ops.int8_linalg import MAX_K
+
+    k = MAX_K
+    av = np.full((2, k), 255, np.uint8)
+    bv = np.empty((k, 3), np.int8)
+    bv[:, 0], bv[:, 1], bv[:, 2] = -128, 127, np.where(np.arange(k) % 2, -128, 127)
+    a = QuantizedArray(av, np.float32(1.0))
+    b = QuantizedArray(bv, np.float32(1.0))
+    got = _call(impl, dispatch.matmul_int8, a, b)
+    assert got[0, 0] == np.float32(-255 * 128 * k) and got[1, 1] == np.float32(255 * 127 * k)
+    assert_one_rounding(got, ref.matmul_int8(a, b), impl)
