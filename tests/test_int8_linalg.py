@@ -445,3 +445,14 @@ def test_exact_at_the_largest_k(impl):
     got = _call(impl, dispatch.matmul_int8, a, b)
     assert got[0, 0] == np.float32(-255 * 128 * k) and got[1, 1] == np.float32(255 * 127 * k)
     assert_one_rounding(got, ref.matmul_int8(a, b), impl)
+
+
+@pytest.mark.parametrize("impl", host_impls("matmul_int8"))
+def test_several_row_blocks_and_column_edges(impl):
+    """Rows past one 64-row CUDA tile (and 32-row AMX block), columns off every tile width,
+    K off the 8-word staging step: the edges of every kernel's blocking."""
+    g = rng()
+    a = make_a(g, (70, 37), np.int8, "row")
+    b = make_b(g, (37, 21), "col", zp=True)
+    got = _call(impl, dispatch.matmul_int8, a, b)
+    assert_one_rounding(got, ref.matmul_int8(a, b), impl)
