@@ -159,7 +159,7 @@ def test_zero_slices_get_scale_one(impl):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", QIMPLS)
 def test_per_row_scales_of_odd_rows(impl, dtype, qtype, symmetric):
-    """One scale per contiguous row (the CPU's fused row path from 256 elements): a zero
+    """One scale per contiguous row (the CPU's fused row path from 64 elements): a zero
     row, rows of subnormal and of huge magnitude, one positive-only and one negative-only
     row, ties; a NaN / inf row raises naming x and its channel."""
     g = rng()

@@ -289,11 +289,14 @@ def result(values, scale, zero_point, axis):
 
 # Channels that are single contiguous rows (O == 1) of FUSE_ROW[0]..FUSE_ROW[1] elements are
 # quantized by kernels_cpu.quant.fused_rows: each row's range, scale and values back to back,
-# x read from memory once.  From 256 elements the row's ~40 scalar operations of scale
-# arithmetic are under a tenth of its vector work; up to 2^16 (256 KB of float32) the row
-# is still in L2 for its second read.  Measured 2026-11-25 (Sapphire Rapids host, 2 cores,
-# loaded by other jobs), float32, per-row int8 (4096, 768): see the commit adding it.
-FUSE_ROW = (256, 1 << 16)
+# the row read from memory once.  Measured 2026-11-25 (Sapphire Rapids host, 2 cores, loaded
+# by other jobs; float32 per-row int8 of 2^20 elements, cpu-serial, medians of 7 alternating
+# rounds), fused / two passes in ms: rows of 16 1.195 / 1.068 (the per-row scale arithmetic
+# dominates), 64 0.605 / 0.631, 768 0.473 / 0.551, 4096 0.446 / 0.540, 262144 (1 MB)
+# 0.441 / 0.518; the Llama-7B weight (11008 x 4096, 180 MB, from DRAM; 6 alternating single
+# calls, a heavily loaded host) medians 139 / 276 ms.  The upper bound keeps a row within a
+# 2 MB L2 for its second read.
+FUSE_ROW = (64, 1 << 18)
 
 
 def _fused(x2, qd, symmetric, axis, parallel):
@@ -375,9 +378,10 @@ def _q_signature(i):
 _quantize = register_op(Op("quantize", _describe_quantize, family="quant", bound="memory", signature=_q_signature,
                            flops=_q_flops, bytes=_q_bytes,
                            rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
-_Q_NOTES = ("x seen as (O, C, I) around the axis; the range per channel by integer min/max reductions on x's "
-            "bits (vectorized), scales on the host, then one vectorized x / scale -> rint -> clamp pass; "
-            "non-contiguous x is copied to C order first")
+_Q_NOTES = ("x seen as (O, C, I) around the axis; channels that are contiguous rows of 64..2^18 elements: each "
+            "row's range, scale and values back to back (x read once); else the range per channel by integer "
+            "min/max reductions on x's bits (vectorized), scales on the host, then one vectorized x / scale -> "
+            "rint -> clamp pass; non-contiguous x is copied to C order first")
 register(Implementation("quantize", "cpu-serial", "cpu", _quantize_host(False), kernel_modules=_KERNELS,
                         notes=_Q_NOTES))
 register(Implementation("quantize", "cpu-parallel", "cpu", _quantize_host(True), kernel_modules=_KERNELS,
