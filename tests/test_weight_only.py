@@ -220,7 +220,7 @@ def test_rule_and_refusals():
     one = str(dispatch.explain("linear", np.ones((1, 32), np.float32), w))
     assert "chosen: cpu-wo-gemv" in one and "weight_format=2" in one, one
     assert "cpu-gemm: refused: weight is bfloat16" in one, one
-    many = str(dispatch.explain("linear", np.ones((128, 32), np.float32), make_weight(g, (64, 32), "int8-channel")))
+    many = str(dispatch.explain("linear", np.ones((200, 32), np.float32), make_weight(g, (64, 32), "int8-channel")))
     assert "chosen: cpu-wo-gemm" in many, many
     dense = str(dispatch.explain("linear", np.ones((1, 32), np.float32), np.ones((64, 32), np.float32)))
     assert "cpu-wo-gemv: refused: weight is dense" in dense, dense
@@ -301,3 +301,21 @@ def test_cuda_float16_x(fmt):
         assert_close(got, ref.linear(x, w, bias, activation="relu"), 2e-3, f"{fmt} float16 x", cancel=True)
         text = str(dispatch.explain("linear", to_target(x), on_target(w)))
         assert "chosen: cuda-wo-gemv" in text and "cuda-gemv: refused" in text, text
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8-channel"])
+@pytest.mark.parametrize("impl", WO_IMPLS)
+def test_empty_and_zero_k(impl, fmt):
+    """K = 0: act(bias) (an empty sum); M = 0 or N = 0: an empty result."""
+    g = rng()
+    bias = randn(g, (3,), np.float32)
+    w0 = np.zeros((3, 0), ml_dtypes.bfloat16) if fmt == "bfloat16" else QuantizedArray(
+        np.zeros((3, 0), np.int8), np.full(3, 0.5, np.float32), axis=0)
+    got = run(impl, dispatch.linear, np.zeros((2, 0), np.float32), on_target(w0), bias, activation="relu",
+              out=poisoned((2, 3), np.float32))
+    np.testing.assert_array_equal(got, np.broadcast_to(np.maximum(bias, 0), (2, 3)))
+    w = make_weight(g, (3, 5), fmt)
+    assert run(impl, dispatch.linear, np.zeros((0, 5), np.float32), on_target(w)).shape == (0, 3)
+    wn = np.zeros((0, 5), ml_dtypes.bfloat16) if fmt == "bfloat16" else QuantizedArray(
+        np.zeros((0, 5), np.int8), np.zeros(0, np.float32), axis=0)
+    assert run(impl, dispatch.linear, np.ones((2, 5), np.float32), on_target(wn)).shape == (2, 0)

@@ -17,7 +17,8 @@ weight with `dequantize` below, so the report's linear rows take these weights t
 prints interleaved medians (bench.timing) of dispatch.linear with a float32, bfloat16,
 float16 and int8 per-channel weight, the peers above, and a numpy copy of 256 MiB and of
 1 GiB (bytes read + written over the time: the copy bandwidth), the floor of each weight
-format (its bytes / the copy bandwidth), and the accuracy against the float32 linear on
+format (its bytes / the copy bandwidth), a prange sum over each low-precision weight's
+bytes (the read floor: streaming the same bytes with no arithmetic, for M <= 8), and the accuracy against the float32 linear on
 normal weights and on normal weights with outliers (bench/accuracy.py's distributions).
 Each candidate cycles through enough copies of its weight (--copies-mib in all) that no
 call finds its weight in the last-level cache (480 MiB reported on the Xeon host of
@@ -29,6 +30,7 @@ import argparse
 import time
 
 import numpy as np
+from numba import njit, prange
 
 from ..peers import _ACT
 
@@ -72,6 +74,21 @@ def torch_linear(torch):
             return F.linear(xt.to(dt), wt).float()
 
     return prepare, run
+
+
+@njit(parallel=True, cache=True)
+def read_all(words):
+    """Sum of a weight's bytes as uint64 words on all threads: the time to stream the weight
+    once from memory with almost no arithmetic (the read floor, timed beside the kernels)."""
+    s = np.uint64(0)
+    for i in prange(words.shape[0]):
+        s += words[i]
+    return s
+
+
+def _words(w):
+    v = w.values if hasattr(w, "values") else w
+    return np.ascontiguousarray(v).reshape(-1).view(np.uint8)[: v.nbytes // 8 * 8].view(np.uint64)
 
 
 def _weights(w32, fmt):
@@ -121,6 +138,11 @@ def main(argv=None):
         nbytes[fmt] = _nbytes(one)
         cands[f"ours {fmt}"] = cycler(lambda w: dispatch.linear(x, w), pool[fmt])
         lib[f"ours {fmt}"] = "numba"
+        if fmt != "float32" and m <= 8:
+            words = [_words(w) for w in pool[fmt]]
+            read_all(words[0])
+            cands[f"read {fmt} weight (prange sum)"] = cycler(read_all, words)
+            lib[f"read {fmt} weight (prange sum)"] = "numba"
     if not args.no_peers:
         cands["numpy float32 (OpenBLAS)"] = cycler(lambda w: x @ w.T, pool.get("float32", [w32]))
         lib["numpy float32 (OpenBLAS)"] = "numpy"
@@ -157,6 +179,9 @@ def main(argv=None):
     for name, st in stats.items():
         line = f"  {name:34s} median {st.median * 1e3:8.3f} ms  (min {st.min * 1e3:.3f}, max {st.max * 1e3:.3f})"
         fmt = name.split()[1] if name.startswith("ours ") else None
+        read = stats.get(f"read {fmt} weight (prange sum)")
+        if read is not None:
+            line += f"  / read floor {st.median / read.median:.2f}"
         if fmt in nbytes:
             floor = {mib: nbytes[fmt] / b for mib, b in bw.items()}
             line += (f"  {nbytes[fmt] / st.median / 1e9:5.1f} GB/s of weight; / floor(256 MiB copy) "

@@ -5,7 +5,10 @@
         and the activation; result (..., M, N).
     linear(x, weight, bias=None, *, activation=None, out=None)
         x (..., K) @ weight.T with weight (N, K) as in torch.nn.functional.linear; result
-        (..., N).  The weight is read in its (N, K) layout (no transposed copy).
+        (..., N).  The weight is read in its (N, K) layout (no transposed copy).  A
+        low-precision weight (float16, ml_dtypes.bfloat16, int8 QuantizedArray per output
+        row or per tensor) with float32 x goes to the weight-only kernels
+        (dispatch/ops/weight_only.py: widened in registers, float32 accumulation).
 
     prepack(weight, *, op="linear") -> PackedWeight
         packs a weight once into the own GEMM's panel layout; pass the result in place of
@@ -625,5 +628,8 @@ def matmul(a, b, *, bias=None, activation=None, out=None):
 @_linear.expose
 def linear(x, weight, bias=None, *, activation=None, out=None):
     """act(x @ weight.T + bias) as torch.nn.functional.linear (+ activation): x (..., K),
-    weight (N, K), bias (N,) or None.  Returns (..., N), written into out= when given."""
+    weight (N, K), bias (N,) or None.  Returns (..., N), written into out= when given.
+    weight may be stored in low precision (float16, ml_dtypes.bfloat16, an int8
+    QuantizedArray with axis=0 or None) with float32 x (float32 / float16 on CUDA): it is
+    widened inside the kernel, the sum kept in float32 (float64 x is refused)."""
     return _linear(x, weight, bias, activation=activation, out=out)

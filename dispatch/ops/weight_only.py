@@ -245,11 +245,14 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
 
 # ---- selection -----------------------------------------------------------------------------
 
-# Rows of x below which the GEMV path wins.  Not measured at the boundary yet: the GEMV
-# reads each weight byte once for up to 4 rows (16 lanes; 2 with 8) and again from L2 for
-# each further group of rows, while the GEMM path pays the widening of the whole weight
-# plus the dense GEMM; 8 is the dense rule's GEMV_ROWS.
-WO_GEMV_ROWS = 8
+# Rows of x below which the GEMV path wins: it reads each weight byte from memory once for
+# up to 4 rows (16 lanes; 2 with 8) and again from L1/L2 for each further group of rows; the
+# GEMM path widens every block to float32 and runs the dense GEMM on it.  Measured
+# 2026-11-25 on the Xeon host (AVX-512, 2 threads, loaded by other jobs: load average
+# 17-26), bfloat16 weight 11008 x 4096 cycling through 6 copies, interleaved medians of 5
+# rounds (gemv / gemm): M 4: 10.2 / 74.2 ms; 8: 14.4 / 56.0; 16: 36.1 / 67.3; 32: 44.3 /
+# 75.7; 64: 114.7 / 147.8; 128: 337.1 / 250.0.
+WO_GEMV_ROWS = 128
 
 
 def order(key):
@@ -257,11 +260,11 @@ def order(key):
     name = WEIGHT_FORMAT_NAMES[key.weight_format]
     if key.m < WO_GEMV_ROWS:
         return (("cpu-wo-gemv", "cpu-wo-gemm"),
-                f"{name} weight, M bucket {key.m} < {WO_GEMV_ROWS}: weights widened in registers, each byte read once "
-                "(memory bound: the bytes of the weight)")
+                f"{name} weight, M bucket {key.m} < {WO_GEMV_ROWS}: weights widened in registers, each byte read from "
+                "memory once (from cache again per further 4 rows of x); measured beside WO_GEMV_ROWS")
     return (("cpu-wo-gemm", "cpu-wo-gemv"),
             f"{name} weight, M bucket {key.m} >= {WO_GEMV_ROWS}: blocks of the weight widened to float32, then the "
-            "dense GEMM (compute bound)")
+            "dense GEMM (compute bound; measured beside WO_GEMV_ROWS)")
 
 
 _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
