@@ -187,10 +187,15 @@ def test_empty_and_zero_k(impl):
        b_batch=st.booleans(), activation=st.sampled_from(ACTIVATIONS), use_bias=st.booleans(),
        dtype=st.sampled_from([np.float32, np.float64]), seed=SEEDS)
 def test_property_random_shapes(impl, m, k, n, batch, b_batch, activation, use_bias, dtype, seed):
-    """Random small shapes and batches against the reference, for every implementation."""
+    """Random small shapes and batches against the reference, for every implementation.
+    b is scaled by 1/sqrt(k) (as a layer's weight), so the activations see values of order
+    one: with unscaled normal inputs a pre-activation of -9 (k = 49) reached gelu, whose
+    relative condition there (about x^2 = 87) turns the float32 sum's rounding into a
+    1.7e-5 relative error (hypothesis found it: m=1, k=49, n=1, seed 608371), a property
+    of float32 inputs, not of a kernel."""
     g = rng(seed)
     a = randn(g, batch + (m, k), dtype)
-    b = randn(g, (batch[::-1] if b_batch else ()) + (k, n), dtype)
+    b = (randn(g, (batch[::-1] if b_batch else ()) + (k, n), dtype) / np.sqrt(k)).astype(dtype)
     bias = randn(g, (n,), dtype) if use_bias else None
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation)
     assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random", cancel=True)
