@@ -243,17 +243,19 @@ def _main():
             "matmul_int8": lambda: dispatch.matmul_int8(a_q, b_q),
             "matmul_int8 [avx2 path]": lambda: dispatch.matmul_int8(a_q, b_q),
             "fp32 dispatch.matmul": lambda: dispatch.matmul(af, bf),
+            "fp32 dispatch.matmul [cpu-gemm]": lambda: dispatch.matmul(af, bf),
             "ort MatMulInteger (int32 out)": _ort_int32_only(a_q, b_q),
             "ort MatMulInteger+scale (float out)": _ort_run(_ort_matmul_int8, {"a_q": a_q, "b_q": b_q}),
             "dynamic_quant_linear": lambda: dispatch.dynamic_quant_linear(x, w_q, bias),
             "fp32 dispatch.linear": lambda: dispatch.linear(x, wf, bias),
             "ort DynamicQuantizeMatMul": _ort_run(_ort_dql, {"x": x, "w_q": w_q, "bias": bias}),
         }
-        forced = {"matmul_int8 [avx2 path]": "cpu-avx2"}
+        forced = {"matmul_int8 [avx2 path]": ("matmul_int8", "cpu-avx2"),
+                  "fp32 dispatch.matmul [cpu-gemm]": ("matmul", "cpu-gemm")}
         for name in list(cands):
             if name in forced:
-                fn, impl = cands[name], forced[name]
-                cands[name] = (lambda fn=fn, impl=impl: _forced(dispatch, impl, fn))
+                fn, (op, impl) = cands[name], forced[name]
+                cands[name] = (lambda fn=fn, op=op, impl=impl: _forced(dispatch, op, impl, fn))
         if torch is not None:
             tx = torch.from_numpy(x)
             cands["torch dynamic quantized Linear"] = lambda: _torch_dql({"x": tx, "w_q": w_q, "bias": bias}, torch)
@@ -263,7 +265,8 @@ def _main():
         for nm, st in res.items():
             print(f"  {nm:38s} {st.median * 1e6:9.1f} us   (min {st.min * 1e6:8.1f}, spread {st.spread:.2f})")
         t = {nm: st.median for nm, st in res.items()}
-        print(f"  matmul_int8 vs fp32 dispatch.matmul: {t['fp32 dispatch.matmul'] / t['matmul_int8']:.2f}x; "
+        print(f"  matmul_int8 vs fp32 dispatch.matmul: {t['fp32 dispatch.matmul'] / t['matmul_int8']:.2f}x "
+              f"(its own GEMM forced: {t['fp32 dispatch.matmul [cpu-gemm]'] / t['matmul_int8']:.2f}x); "
               f"vs ort MatMulInteger int32: {t['ort MatMulInteger (int32 out)'] / t['matmul_int8']:.2f}x, "
               f"+scale: {t['ort MatMulInteger+scale (float out)'] / t['matmul_int8']:.2f}x")
         print(f"  dynamic_quant_linear vs fp32 dispatch.linear: {t['fp32 dispatch.linear'] / t['dynamic_quant_linear']:.2f}x; "
@@ -274,8 +277,8 @@ def _main():
         print(f"  {label:18s} {name:30s} max|diff|/max|y| {mx:.4f}   mean|diff|/mean|y| {mean:.4f}")
 
 
-def _forced(dispatch, impl, fn):
-    with dispatch.use(matmul_int8=impl):
+def _forced(dispatch, op, impl, fn):
+    with dispatch.use(**{op: impl}):
         return fn()
 
 
