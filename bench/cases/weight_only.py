@@ -3,7 +3,20 @@ Llama-7B projections at decode (one token: bound by reading the weight) and a 12
 prefill (compute bound: the weight widened block by block, then the dense GEMM).  The
 weight is drawn in float32 and stored as the case's weight_format by linear's synthesizer;
 each case's accuracy probe compares the low-precision call with the float32 linear on the
-same float32 data (bench/accuracy.py: normal and normal with outliers)."""
+same float32 data (bench/accuracy.py: normal and normal with outliers).
+
+Measured 2026-11-25 on the Xeon host (AVX-512, 2 cores shared with other jobs: load average
+2.8 at best, up to 26; every weight cycled through >= 1.2 GB of copies so that none is
+served from the 480 MiB L3), `python -m bench.peer_ops.weight_only --rounds 9`, interleaved
+medians, M = 1, K = 4096, N = 11008 (quietest run):
+  float32 (dense, OpenBLAS sgemv) 20.8 ms; bfloat16 10.8 ms (1.92x); float16 12.5 ms
+  (1.66x); int8 per channel 5.54 ms (3.75x); the same bytes read by a prange sum: 9.59 /
+  6.25 / 3.53 ms (ours 1.13 / 2.00 / 1.57x of that); bytes / copy bandwidth (18.2 GB/s, read
+  + write): 4.95 / 4.95 / 2.47 ms (ours 2.2 / 2.5 / 2.2x); torch bf16 F.linear 10.2 ms.
+  Under heavier load (copy 9.7-12 GB/s) bf16 was 1.23-1.26x and int8 2.4-3.2x fp32.
+M = 128 (cpu-wo-gemm: 256-row blocks widened, then the own GEMM), 5 rounds, loaded: float32
+316 ms, bfloat16 408 ms (0.77x), float16 360 ms (0.88x), int8 269 ms (1.18x); an earlier
+run 308 / 340 (0.91x) / - / 344 ms (0.90x)."""
 import numpy as np
 
 from . import LLAMA
