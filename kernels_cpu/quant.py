@@ -28,7 +28,8 @@ Serial kernels take the whole array; the parallel ones split one of O, C, I (the
 that fits, see `split_dim`) into `tasks` ranges handed to numba's threads one at a time.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 from numpy import uintp
 
 from .approx import like
@@ -38,10 +39,25 @@ from .approx import like
 SJIT = dict(cache=True, error_model="numpy")
 
 
+def as_int(ref, v):
+    """v in ref's integer type: numba widens int32 bit operations to int64, which would
+    halve the vector lanes of the reductions (int32 lanes: 0.83 -> 0.54 ms for the min /
+    max / |x| of 3M float32, 2026-11-25, this host)."""
+    return v
+
+
+@overload(as_int)
+def _as_int_overload(ref, v):
+    if ref == types.int32:
+        return lambda ref, v: np.int32(v)
+    return lambda ref, v: np.int64(v)
+
+
 @njit(**SJIT)
 def _row_absmax(xr, i0, i1, absmask, m):
     for i in range(i0, i1):
-        a = xr[uintp(i)] & absmask
+        b = xr[uintp(i)]
+        a = as_int(b, b & absmask)
         m = a if a > m else m
     return m
 
@@ -50,8 +66,8 @@ def _row_absmax(xr, i0, i1, absmask, m):
 def _row_minmax(xr, i0, i1, absmask, shift, m, lo, hi):
     for i in range(i0, i1):
         b = xr[uintp(i)]
-        a = b & absmask
-        k = b ^ ((b >> shift) & absmask)
+        a = as_int(b, b & absmask)
+        k = as_int(b, b ^ ((b >> shift) & absmask))
         m = a if a > m else m
         lo = k if k < lo else lo
         hi = k if k > hi else hi
@@ -68,14 +84,15 @@ def stats_range(xi, absmask, shift, minmax, amax, lo, hi, o0, o1, c0, c1, i0, i1
             if minmax:
                 for c in range(c0, c1):
                     b = xr[uintp(c)]
-                    a = b & absmask
-                    k = b ^ ((b >> shift) & absmask)
+                    a = as_int(b, b & absmask)
+                    k = as_int(b, b ^ ((b >> shift) & absmask))
                     amax[c] = a if a > amax[c] else amax[c]
                     lo[c] = k if k < lo[c] else lo[c]
                     hi[c] = k if k > hi[c] else hi[c]
             else:
                 for c in range(c0, c1):
-                    a = xr[uintp(c)] & absmask
+                    b = xr[uintp(c)]
+                    a = as_int(b, b & absmask)
                     amax[c] = a if a > amax[c] else amax[c]
         return
     for o in range(o0, o1):
@@ -226,11 +243,12 @@ def fused_rows(x2, xi2, absmask, shift, expo, symmetric, qlo, qhi, zsym, tiny, b
     rmin = flo
     for c in range(c0, c1):
         xr = xi2[c]
+        zero = as_int(absmask, 0)
         if symmetric:
-            m = _row_absmax(xr, 0, n, absmask, absmask & 0)
-            lo = hi = m & 0
+            m = _row_absmax(xr, 0, n, absmask, zero)
+            lo = hi = zero
         else:
-            m, lo, hi = _row_minmax(xr, 0, n, absmask, shift, absmask & 0, absmask & 0, absmask & 0)
+            m, lo, hi = _row_minmax(xr, 0, n, absmask, shift, zero, zero, zero)
         if m >= expo:
             status[c] = ROW_NONFINITE
             continue
