@@ -64,8 +64,8 @@ from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, 
 # OpenBLAS Haswell shape); it runs at 95 GFLOP/s per core at 1024^3 against OpenBLAS's 93-96
 # (measurements beside KC_MAX in dispatch/ops/linalg.py).  The AVX-512 tiles use 16-float32
 # vectors and the 32 zmm registers (BLIS SkylakeX: sgemm 32x12, dgemm 16x14 in its
-# orientation); which one is the host default is chosen from the measurements beside
-# HOST_WIDE.  The IR is target-independent (llvm.fma on <W x float>): on a host without
+# orientation); the AVX-512 default (HOST_WIDE) is chosen from the measurements beside
+# TILES.  The IR is target-independent (llvm.fma on <W x float>): on a host without
 # AVX-512 (or aarch64) LLVM splits a 16-lane vector into narrower ones, correct but slower,
 # so the wide tiles are the default only where the target has avx512f.
 MR = 6            # rows of the 6x16 tile (both dtypes); conv2d's weight panels use it
@@ -111,12 +111,15 @@ class Tile(NamedTuple):
 # 8x48 fits M = 128 and N = 768 / 3072 with no edge tiles; 12x32 (BLIS SkylakeX's sgemm
 # shape) is kept selectable for hosts where it may win (NK_GEMM_TILE=12x32).  Walking A
 # panels in the outer loop (a_outer, BLIS's order) measured within noise of B outer.
+# Tried and dropped (same host, one thread): prefetching B 768-6144 bytes ahead in the
+# micro-kernel (no consistent effect at 128x768x768 or 1024^3), packing a (N, K) B through
+# 16 x 16 instead of 8 x 8 register transposes (3072x768 weight: 1.98 ms against 1.67).
 TILES = (Tile("6x16", 6, 16, 8, 8),
          Tile("8x48", 8, 48, 24, 16, 4, 256, True),     # 24 zmm accumulators + 3 B + 1 broadcast
          Tile("12x32", 12, 32, 16, 16, 4, 384, True))   # 24 + 2 + 1
 TILE_NAMES = tuple(t.name for t in TILES)
 NARROW = 0
-HOST_WIDE = 1     # the AVX-512 default (measurements in the module docstring)
+HOST_WIDE = 1     # the AVX-512 default (measurements beside TILES)
 TILE_ENV = "NK_GEMM_TILE"
 
 
