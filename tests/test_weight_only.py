@@ -319,3 +319,18 @@ def test_empty_and_zero_k(impl, fmt):
     wn = np.zeros((0, 5), ml_dtypes.bfloat16) if fmt == "bfloat16" else QuantizedArray(
         np.zeros((0, 5), np.int8), np.zeros(0, np.float32), axis=0)
     assert run(impl, dispatch.linear, np.ones((2, 5), np.float32), on_target(wn)).shape == (2, 0)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM path's blocks")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpu_gemm_path_several_blocks(fmt, monkeypatch):
+    """cpu-wo-gemm widens WO_GEMM_ELEMS // K rows per block (at least 64): shrink it so that
+    N = 150 takes 64 + 64 + 22 rows, bias and activation per block."""
+    from dispatch.ops import weight_only as WO
+
+    monkeypatch.setattr(WO, "WO_GEMM_ELEMS", 64 * 37)
+    g = rng()
+    x, bias = randn(g, (20, 37), np.float32), randn(g, (150,), np.float32)
+    w = make_weight(g, (150, 37), fmt)
+    got = run("cpu-wo-gemm", dispatch.linear, x, w, bias, activation="gelu", out=poisoned((20, 150), np.float32))
+    assert_close(got, ref.linear(x, w, bias, activation="gelu"), _tol(37), f"{fmt} blocks", cancel=True)

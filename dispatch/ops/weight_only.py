@@ -28,7 +28,7 @@ builds the key: GemmKey.weight_format, a kernels_common.quant.WEIGHT_* code; the
 implementations refuse a low-precision key and these refuse a dense one):
   cpu-wo-gemv   kernels_cpu.weight_only.wo_gemv: dot products over weight rows widened in
                 registers, each weight byte read once for up to 4 rows of x (decode);
-  cpu-wo-gemm   blocks of WO_GEMM_ROWS weight rows widened into a float32 buffer, then the
+  cpu-wo-gemm   blocks of WO_GEMM_ELEMS / K weight rows widened into a float32 buffer, then the
                 dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) on each block;
   cuda-wo-gemv  (dispatch/cuda_impls/weight_only.py) warp-per-row GEMV.
 """
@@ -214,10 +214,15 @@ def _block_buffers(rows, k, m):
     return buf[:rows * k].reshape(rows, k), buf[rows * k:need]
 
 
-# Rows of the weight widened per block on the GEMM path: a 256 x 4096 float32 block is 4 MiB
-# (the GEMM's B operand, packed again by it).  Not tuned: the ratio to the dense GEMM at
-# M = 128 is in bench/cases/weight_only.py's notes.
-WO_GEMM_ROWS = 256
+# Weight elements widened per block on the GEMM path (8 MiB of float32: 512 rows at K =
+# 4096); each block is one GEMM call, which packs x again, so small blocks repack x often.
+# Measured 2026-11-25 (Xeon host, 2 threads, loaded by other jobs: load average 3.8-12,
+# interleaved medians) at M 128, K 4096, N 11008 bfloat16, rows per block (elements):
+#   run 1 (5 rounds): 256 (1M) 177 ms, 1024 (4M) 118, 2752 (11M) 141; dense fp32 cpu-gemm 131, blas 152
+#   run 2 (5 rounds): 256 122 ms, 1024 173; dense cpu-gemm 133, blas 151
+#   run 3 (9 rounds): 256 162 ms, 512 (2M) 105, 1024 116; dense cpu-gemm 176, blas 147
+# The host's noise is as large as the differences; 512 rows was never the slowest.
+WO_GEMM_ELEMS = 1 << 21
 
 
 def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
@@ -228,7 +233,7 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     if k == 0:
         L._degenerate(out2.reshape(1, m, n), bias_v, code)
         return deliver(res, out)
-    rows = min(WO_GEMM_ROWS, n)
+    rows = min(n, max(64, WO_GEMM_ELEMS // k))
     blk, tmp = _block_buffers(rows, k, m)
     a3 = x2.reshape(1, m, k)
     epilogue = bias is not None or code != ACT_NONE
@@ -271,7 +276,7 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
-_NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ROWS} weight rows widened to float32 "
+_NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS >> 18} MiB of weight rows widened to float32 "
                "(per-call buffer), then the own GEMM (cpu-gemm) on each block with bias + activation fused")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,), supports=refuse_dense,
