@@ -103,12 +103,20 @@ def _amx_permission():
 
 
 def host_paths():
-    """{path: None if it can run on this host, else the reason it cannot} from LLVM's view
-    of the host CPU (the same features numba compiles for)."""
+    """{path: None if it can run on this host, else the reason it cannot}: the features numba
+    compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES when the user set them, e.g. for a
+    portable cache, else LLVM's view of the host CPU): an instruction the target lacks would
+    not compile."""
     try:
+        from numba.core import config
+
         import llvmlite.binding as ll
-        feats = ll.get_host_cpu_features()
-        cpu = ll.get_host_cpu_name()
+        if config.CPU_FEATURES:
+            feats = {f[1:]: f[0] == "+" for f in config.CPU_FEATURES.split(",") if f}
+            cpu = config.CPU_NAME or "the configured target"
+        else:
+            feats = ll.get_host_cpu_features()
+            cpu = ll.get_host_cpu_name()
     except Exception:  # noqa: BLE001 - no feature list: only the portable path
         feats, cpu = {}, "?"
     out = {PATH_PORTABLE: None}
