@@ -165,6 +165,13 @@ def _torch():
     return torch
 
 
+def _torch_linear(F, t):
+    """F.linear, with x and bias cast to a low-precision weight's dtype (PyTorch's linear
+    takes one dtype) and the result cast back; a no-op cast for a dense weight."""
+    x, w, b = t["x"], t["weight"], t.get("bias")
+    return F.linear(x.to(w.dtype), w, None if b is None else b.to(w.dtype)).to(x.dtype)
+
+
 def _torch_fn(op, torch):
     F = torch.nn.functional
     act = {None: lambda y: y, "relu": F.relu, "silu": F.silu, "gelu": F.gelu,
@@ -192,7 +199,7 @@ def _torch_fn(op, torch):
         "swiglu": lambda t: F.silu(t["gate"]) * t["up"],
         "geglu": lambda t: F.gelu(t["gate"], approximate=t.get("approximate", "none")) * t["up"],
         "matmul": lambda t: torch.matmul(t["a"], t["b"]),
-        "linear": lambda t: act[t.get("activation")](F.linear(t["x"], t["weight"], t.get("bias"))),
+        "linear": lambda t: act[t.get("activation")](_torch_linear(F, t)),
         "softmax": lambda t: torch.softmax(t["x"], -1),
         "log_softmax": lambda t: torch.log_softmax(t["x"], -1),
         "cross_entropy": lambda t: F.cross_entropy(t["logits"], t["targets"]),
@@ -213,7 +220,9 @@ def _torch_fn(op, torch):
 def _prepare_torch(case, inputs):
     torch = _torch()
     fn = _torch_fn(case.op, torch)
-    t = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+    from .peer_ops.weight_only import to_torch  # low-precision weights (bfloat16, QuantizedArray)
+
+    t = {k: to_torch(v, torch) for k, v in inputs.items()}
 
     def run():
         with torch.inference_mode():

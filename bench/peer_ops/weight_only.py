@@ -9,8 +9,9 @@ Peers (what a user without a weight-only kernel writes):
             cast back; an int8 weight is dequantized to float32 first (no weight-only int8
             linear in eager PyTorch on the CPU).
 They are not entries of this module's NUMPY / TORCH tables: those are keyed by op, and
-linear's peers live in bench/peers.py (whose numpy linear dequantizes a low-precision
-weight with `dequantize` below, so the report's linear rows take these weights too).
+linear's peers live in bench/peers.py, whose numpy linear calls `numpy_linear` below for a
+low-precision weight and whose PyTorch inputs go through `to_torch` (its linear casts x to
+the weight's dtype), so the report's linear rows take these weights too.
 
     python -m bench.peer_ops.weight_only [--rounds N] [--m 1] [--k 4096] [--n 11008] [--copies-mib 1200]
 
@@ -84,6 +85,20 @@ def read_all(words):
     for i in prange(words.shape[0]):
         s += words[i]
     return s
+
+
+def to_torch(v, torch):
+    """A case input as bench/peers.py hands it to PyTorch: numpy arrays through
+    torch.from_numpy, a bfloat16 array as a torch.bfloat16 tensor on the same memory, a
+    QuantizedArray dequantized to float32 (eager PyTorch has no int8 weight-only linear on
+    the CPU); anything else as it is."""
+    if hasattr(v, "scale") and hasattr(v, "values"):
+        return torch.from_numpy(dequantize(v))
+    if isinstance(v, np.ndarray):
+        if v.dtype.name == "bfloat16":
+            return torch.from_numpy(np.ascontiguousarray(v).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(v)
+    return v
 
 
 def _words(w):
