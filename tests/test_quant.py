@@ -478,3 +478,21 @@ def test_quantize_result_is_independent_of_x():
     x[...] = 7
     assert (q.values == 127).all()
     assert not np.shares_memory(q.values, x)
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="float16 arrays are CUDA-only")
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("impl", QIMPLS)
+def test_float16_on_cuda(impl, symmetric):
+    """float16 x quantizes with the quotient in float32 (as the reference); dequantize to
+    float16 rounds the exact product once."""
+    g = rng()
+    x = _draw(g, (6, 37), np.float16)
+    for axis in (None, 0, 1):
+        want = ref.quantize(x, axis=axis, symmetric=symmetric)
+        got = _quantize(impl, x, axis=axis, symmetric=symmetric)
+        _check_exact(got, want, f"float16 axis {axis}")
+        with dispatch.use(dequantize=[p.values[0] for p in DIMPLS][0]):
+            y = to_host(dispatch.dequantize(got[3], dtype=np.float16))
+        host_q = QuantizedArray(got[0], got[1], got[2], got[3].axis)
+        np.testing.assert_array_equal(y, ref.dequantize(host_q).astype(np.float16))
