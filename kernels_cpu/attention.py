@@ -15,8 +15,9 @@ flash (cpu-flash, cpu-serial)
   the kv head it works on into transposed 16-key panels ``(ceil(Skv/16), D, 16)`` (zero
   padded; a thread buffer, repacked only when the head changes), so that
   S = (scale*Q_tile) K^T and acc += P V both run on one register-blocked micro-kernel:
-  a 4-row x 16-column block of C kept in 8 vector registers, updated by broadcast(A) x
-  two 8-wide rows of B per step of the inner dimension (the classic GEMM micro-kernel,
+  an MR-row x 16-column block of C kept in 8 vector registers (8 x 16 in zmm on AVX-512
+  targets, 4 x 16 as two 8-wide vectors a row otherwise: MR below), updated by broadcast(A)
+  x a 16-wide row of B per step of the inner dimension (the classic GEMM micro-kernel,
   written directly in LLVM IR: numba's pipeline has no SLP vectorizer, so scalar code
   would not become vector code).  Keys stream through in tiles of BK with an online
   softmax (running max m, sum l, rescaled accumulator); no Sq x Skv buffer exists.
@@ -43,12 +44,22 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, bits_to_float, fexp, like
+from .approx import JIT, _target_has_avx512, bits_to_float, fexp, like
 from .parallel import fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
-MR, NC = 4, 16   # micro-kernel block: MR rows x NC columns of C
+# The micro-kernel's block, MR rows x NC columns of C: 8 x 16 in 8 zmm accumulators on an
+# AVX-512 target, 4 x 16 in 8 ymm (two 8-lane vectors a row) otherwise.  Chosen from the
+# features numba compiles for (approx._target_has_avx512), which its cache is keyed on, so
+# a cached kernel never carries the other choice; a Haswell target (NUMBA_CPU_NAME=haswell,
+# tests/test_attention.py) runs the 4-row one on any x86 host.  Sapphire Rapids, one thread,
+# CPU time, medians of 9 interleaved (2026-11-25, loaded host), 4 x 16 ymm -> 8 x 16 zmm:
+# 1x12x512x64 11.1 -> 9.7 ms, causal 1x12x2048x64 84.4 -> 74.3 ms, 1x12x128x64 1.02 ->
+# 0.89 ms.  (16-lane auto-vectorized softmax loops, approx.wide_loops, were slower here:
+# 11.3 -> 12.8 ms at 1x12x512x64.)
+WIDE = _target_has_avx512()
+MR, NC = (8, 16) if WIDE else (4, 16)
 BQ = 64          # queries per flash work item (multiple of MR)
 BK = 64          # keys per streamed K/V tile (multiple of NC)
 RC = 8           # query rows per split-KV work item
@@ -124,13 +135,13 @@ def _make_micro(fir, width, rows, nvec):
     return micro
 
 
-_micro_f32 = _make_micro(ir.FloatType(), 8, 4, 2)   # 4 x 16: 8 accumulators
+_micro_f32 = _make_micro(ir.FloatType(), 16, 8, 1) if WIDE else _make_micro(ir.FloatType(), 8, 4, 2)  # 8 accumulators
 _micro_f64 = _make_micro(ir.DoubleType(), 4, 2, 4)  # 2 x 16: 8 accumulators
 
 
 def micro(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-    """4 x 16 block: C[0:4, 0:16] (+)= A(4 x kdim, strides a_rs, a_ks) B(kdim x 16, row stride ldb).
-    x: any scalar of the element type (selects float32 / float64)."""
+    """MR x 16 block: C[0:MR, 0:16] (+)= A(MR x kdim, strides a_rs, a_ks) B(kdim x 16, row stride
+    ldb).  x: any scalar of the element type (selects float32 / float64)."""
 
 
 @overload(micro, inline="always")
@@ -139,6 +150,13 @@ def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumula
         def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
             _micro_f32(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
         return f32
+
+    if MR == 8:  # four 2-row float64 blocks
+        def f64x4(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+            for h in range(4):
+                _micro_f64(a_ptr + h * 2 * 8 * a_rs, a_rs, a_ks, b_ptr, ldb, c_ptr + h * 2 * 8 * ldc, ldc, kdim,
+                           accumulate)
+        return f64x4
 
     def f64(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
         _micro_f64(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
@@ -380,7 +398,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, b, hk, qt, qs,
     for j0 in range(0, kv_end, BK):
         jn = min(BK, kv_end - j0)
         ncb = (jn + NC - 1) // NC
-        # S = (scale Q) K^T, 4 x 16 blocks
+        # S = (scale Q) K^T, MR x 16 blocks
         for cb in range(ncb):
             bptr = kp_p + (j0 // NC + cb) * D * NC * isz
             for rb in range(0, nqr, MR):

@@ -515,3 +515,50 @@ def test_wide_float64_heads_are_refused_on_cuda():
         with dispatch.use(attention=impl), pytest.raises((TypeError, ValueError, RuntimeError), match="shared memory"):
             dispatch.attention(q, q, q, out=out)
     assert np.isnan(out.copy_to_host()).all()
+
+
+_HASWELL_SCRIPT = r"""
+import numpy as np
+import dispatch
+from kernels_cpu import attention as KA, gemm as KG
+from tests.reference import attention as ref
+assert not KA.WIDE and KA.MR == 4, (KA.WIDE, KA.MR)
+assert KG.active_tile().name == "6x16", KG.active_tile()
+g = np.random.default_rng(7)
+for dt, tol in ((np.float32, 2e-5), (np.float64, 1e-11)):
+    for (B, Hq, Hkv, Sq, Skv, D), causal in (((1, 4, 2, 37, 53, 24), False), ((2, 2, 2, 70, 70, 16), True),
+                                              ((1, 3, 1, 1, 90, 40), False)):
+        q = g.standard_normal((B, Hq, Sq, D)).astype(dt)
+        k = g.standard_normal((B, Hkv, Skv, D)).astype(dt)
+        v = g.standard_normal((B, Hkv, Skv, D)).astype(dt)
+        mask = g.random((B, 1, Sq, Skv)) < 0.8
+        want = ref.attention(q, k, v, causal=causal)
+        wantm = ref.attention(q, k, v, mask=mask)
+        for impl in ("cpu-flash", "cpu-splitkv"):
+            with dispatch.use(attention=impl):
+                got = dispatch.attention(q, k, v, causal=causal)
+                gotm = dispatch.attention(q, k, v, mask=mask)
+            for a, b in ((got, want), (gotm, wantm)):
+                err = np.abs(a - b).max() / np.abs(b).max()
+                assert err < tol, (impl, dt, B, Hq, Sq, Skv, D, causal, err)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU kernels' target")
+def test_narrow_vector_path_on_a_haswell_target():
+    """The AVX2 build (4 x 16 ymm attention micro-kernel, 6x16 GEMM tile) compiled for a
+    Haswell target in a subprocess (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES: numba's cache is
+    keyed on them), so an AVX-512 host also checks what an AVX2-only host runs."""
+    import os
+    import platform
+    import subprocess
+    import sys
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("an x86 target")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2")
+    env.pop("NK_GEMM_TILE", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _HASWELL_SCRIPT], env=env, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
