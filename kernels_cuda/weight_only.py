@@ -12,8 +12,9 @@ bytes per warp step), widened in registers:
 Rows of x are taken R at a time (R in ROWS, a compile-time constant of each build: the
 smallest that covers M, at most MM = GEMV_MAX_M; accumulators in registers, no predicated
 rows at decode), so each weight word is read from memory once per call for M <= MM.  When
-K is not a multiple of the word (odd K for 16-bit weights, K % 4 for int8) the row is not word-aligned and the kernel built
-with words=False reads element by element (uint16 / int8 loads).
+K is not a multiple of the word (odd K for 16-bit weights, K % 4 for int8) the rows are not
+word-aligned and the kernel built with words=False reads element by element (uint16 / int8
+loads).
 
 The 16-bit to float32 bit casts are intrinsics (a bitcast in LLVM IR); the CUDA simulator
 cannot run those, so under it they are Python twins with the same results.

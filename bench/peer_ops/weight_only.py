@@ -19,8 +19,9 @@ prints interleaved medians (bench.timing) of dispatch.linear with a float32, bfl
 float16 and int8 per-channel weight, the peers above, and a numpy copy of 256 MiB and of
 1 GiB (bytes read + written over the time: the copy bandwidth), the floor of each weight
 format (its bytes / the copy bandwidth), a prange sum over each low-precision weight's
-bytes (the read floor: streaming the same bytes with no arithmetic, for M <= 8), and the accuracy against the float32 linear on
-normal weights and on normal weights with outliers (bench/accuracy.py's distributions).
+bytes (the read floor: streaming the same bytes with no arithmetic, for M <= 8), and the
+accuracy against the float32 linear on normal weights and on normal weights with outliers
+(bench/accuracy.py's distributions).
 Each candidate cycles through enough copies of its weight (--copies-mib in all) that no
 call finds its weight in the last-level cache (480 MiB reported on the Xeon host of
 2026-11-25): a decode step reads every layer's weights once, from DRAM.

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import GEMV_MAX_M, GEMV_WARPS
+from kernels_common.cuda_tiles import GEMV_WARPS
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 
 from ..ops.weight_only import is_bfloat16, refuse_dense
@@ -68,7 +68,8 @@ def launch(params, x, weight, bias, out, code, b_is_nk, packed=None):
     block = 32 * GEMV_WARPS
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
     rows = rows_for(m)
-    return {"kernel": KERNEL_NAMES[(fmt, words, rows)], "rows_per_pass": rows, "grid": max(1, min(cdiv(n, GEMV_WARPS), cap)), "block": block,
+    return {"kernel": KERNEL_NAMES[(fmt, words, rows)], "rows_per_pass": rows,
+            "grid": max(1, min(cdiv(n, GEMV_WARPS), cap)), "block": block,
             "row_per": "warp", "weight": WEIGHT_FORMAT_NAMES[fmt],
             "weight_reads": max(1, cdiv(m, rows)), "device": p.name}
 
@@ -84,7 +85,8 @@ def _run(params, x, weight, bias, out, code, b_is_nk, packed=None):
         x2 = as_input(x).reshape(m, k)
         bias_d = as_input(bias) if bias is not None else dummy(dt)
         cfg = launch(params, x, weight, bias, out, code, b_is_nk)
-        K.wo_gemv_kernel(fmt, words, cfg["rows_per_pass"])[cfg["grid"], cfg["block"]](x2, w, sc, zp, bias_d, res2, code, bias is not None)
+        K.wo_gemv_kernel(fmt, words, cfg["rows_per_pass"])[cfg["grid"], cfg["block"]](
+            x2, w, sc, zp, bias_d, res2, code, bias is not None)
     return deliver(res, od, out)
 
 

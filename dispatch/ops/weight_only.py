@@ -276,8 +276,8 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
-_NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS >> 18} MiB of weight rows widened to float32 "
-               "(per-call buffer), then the own GEMM (cpu-gemm) on each block with bias + activation fused")
+_NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS >> 18} MiB of weight rows widened to "
+               "float32 (per-call buffer), then the own GEMM (cpu-gemm) on each block with bias + activation fused")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,), supports=refuse_dense,
                         notes=_NOTES_GEMV, kernel_modules=_KERNELS))
