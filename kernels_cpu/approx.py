@@ -40,21 +40,14 @@ JIT_BY_ADDRESS = dict(JIT, no_cpython_wrapper=True)
 from kernels_common.activation import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU,  # noqa: F401,E402
                                        GELU_TANH_C, INV_SQRT2, SQRT_2_OVER_PI)
 
+from . import target  # noqa: E402
+
 
 def _target_has_avx512():
-    """Whether numba compiles for a target with AVX-512 F (NUMBA_CPU_FEATURES when set, else
-    the host's features from llvmlite): decided when a kernel is compiled, so a numba cache
-    (keyed on the CPU name and features) never carries the choice to another host."""
-    try:
-        from numba.core import config
-        if config.CPU_FEATURES:
-            feats = config.CPU_FEATURES
-        else:
-            import llvmlite.binding as ll
-            feats = ll.get_host_cpu_features().flatten()
-        return "+avx512f" in feats.split(",")
-    except Exception:  # noqa: BLE001 - no feature list: leave LLVM's default
-        return False
+    """Whether numba compiles for a target with AVX-512 F (kernels_cpu/target.py): decided
+    when a kernel is compiled, so a numba cache (keyed on the CPU name and features) never
+    carries the choice to another host."""
+    return target.has("avx512f")
 
 
 @intrinsic

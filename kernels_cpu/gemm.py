@@ -57,6 +57,7 @@ from numba.extending import intrinsic, overload
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu, \
     wide_loops
+from . import target
 from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, worker_address
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
@@ -123,23 +124,9 @@ HOST_WIDE = 1     # the AVX-512 default (measurements beside TILES)
 TILE_ENV = "NK_GEMM_TILE"
 
 
-def _target_features():
-    """The CPU features numba compiles for: NUMBA_CPU_FEATURES when set (a portable cache),
-    else the host's (llvmlite)."""
-    from numba.core import config
-    if config.CPU_FEATURES:
-        feats = config.CPU_FEATURES
-    else:
-        import llvmlite.binding as ll
-        feats = ll.get_host_cpu_features().flatten()
-    return {f[1:] for f in feats.split(",") if f.startswith("+")}
-
-
 def host_has_avx512() -> bool:
-    try:
-        return "avx512f" in _target_features()
-    except Exception:  # noqa: BLE001 - no feature list: the portable tile
-        return False
+    """Whether numba compiles for a target with AVX-512 F (kernels_cpu/target.py)."""
+    return target.has("avx512f")
 
 
 def _tile_from_env():

@@ -52,6 +52,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import target
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX = 0, 1, 2, 3
@@ -107,24 +108,13 @@ def host_paths():
     compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES when the user set them, e.g. for a
     portable cache, else LLVM's view of the host CPU): an instruction the target lacks would
     not compile."""
-    try:
-        from numba.core import config
-
-        import llvmlite.binding as ll
-        if config.CPU_FEATURES:
-            feats = {f[1:]: f[0] == "+" for f in config.CPU_FEATURES.split(",") if f}
-            cpu = config.CPU_NAME or "the configured target"
-        else:
-            feats = ll.get_host_cpu_features()
-            cpu = ll.get_host_cpu_name()
-    except Exception:  # noqa: BLE001 - no feature list: only the portable path
-        feats, cpu = {}, "?"
+    feats, cpu = target.features(), target.cpu_name()
     out = {PATH_PORTABLE: None}
     need = ("avx512f", "avx512bw", "avx512vnni")
-    miss = [f for f in need if not feats.get(f)]
+    miss = [f for f in need if f not in feats]
     out[PATH_VNNI512] = None if not miss else f"host {cpu} lacks {', '.join(miss)}"
-    out[PATH_AVX2] = None if feats.get("avx2") else f"host {cpu} lacks avx2"
-    miss = [f for f in ("amx-tile", "amx-int8") if not feats.get(f)]
+    out[PATH_AVX2] = None if "avx2" in feats else f"host {cpu} lacks avx2"
+    miss = [f for f in ("amx-tile", "amx-int8") if f not in feats]
     out[PATH_AMX] = f"host {cpu} lacks {', '.join(miss)}" if miss else _amx_permission()
     return out
 

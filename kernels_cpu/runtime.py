@@ -113,12 +113,8 @@ def vectors() -> str:
     features at import, NK_GEMM_TILE overrides), and whether the host has AVX-512.
     conv2d keeps the 6x16 tile; the elementwise activations' loops are 16-lane on AVX-512
     targets (approx.wide_loops), LLVM's choice elsewhere."""
-    try:
-        import llvmlite.binding as ll
-        cpu = ll.get_host_cpu_name()
-    except Exception:  # noqa: BLE001 - a description, never an error
-        cpu = "?"
-    from . import gemm
+    from . import gemm, target
+    cpu = target.cpu_name()
     tile = gemm.active_tile()
     avx512 = gemm.host_has_avx512()
     bits = tile.lanes32 * 32
