@@ -5,15 +5,17 @@ weight is drawn in float32 and stored as the case's weight_format by linear's sy
 each case's accuracy probe compares the low-precision call with the float32 linear on the
 same float32 data (bench/accuracy.py: normal and normal with outliers).
 
-Measured 2026-11-25 on the Xeon host (AVX-512, 2 cores shared with other jobs: load average
-2.8 at best, up to 26; every weight cycled through >= 1.2 GB of copies so that none is
-served from the 480 MiB L3), `python -m bench.peer_ops.weight_only --rounds 9`, interleaved
-medians, M = 1, K = 4096, N = 11008 (quietest run):
-  float32 (dense, OpenBLAS sgemv) 20.8 ms; bfloat16 10.8 ms (1.92x); float16 12.5 ms
-  (1.66x); int8 per channel 5.54 ms (3.75x); the same bytes read by a prange sum: 9.59 /
-  6.25 / 3.53 ms (ours 1.13 / 2.00 / 1.57x of that); bytes / copy bandwidth (18.2 GB/s, read
-  + write): 4.95 / 4.95 / 2.47 ms (ours 2.2 / 2.5 / 2.2x); torch bf16 F.linear 10.2 ms.
-  Under heavier load (copy 9.7-12 GB/s) bf16 was 1.23-1.26x and int8 2.4-3.2x fp32.
+Measured 2026-11-25 on the Xeon host (AVX-512, 2 cores shared with other jobs; every weight
+cycled through >= 1.2 GB of copies so that none is served from the 480 MiB L3),
+`python -m bench.peer_ops.weight_only --rounds 11`, interleaved medians, M = 1, K = 4096,
+N = 11008, in the quietest run (load average 1.1; copy bandwidth 25.2 GB/s read + write):
+  float32 (dense: OpenBLAS sgemv, 29.6 GB/s of weight) 6.10 ms; bfloat16 3.50 ms (1.74x);
+  float16 3.31 ms (1.84x); int8 per channel 1.89 ms (3.23x); against bytes / copy bandwidth
+  0.98 / 0.92 / 1.06x; against a prange sum over the same bytes 1.34 / 1.27 / 1.44x;
+  PyTorch bf16 F.linear 4.20 ms, numpy convert + matmul 56 / 82 / 701 ms.
+  The run before it (same load, no peers): 7.74 / 3.66 (2.12x) / 3.52 (2.20x) / 2.11 ms
+  (3.66x).  Under load (copy 9.7-18 GB/s) bfloat16 was 0.9-1.9x and int8 2.0-3.8x float32:
+  other jobs' memory traffic moves every figure by up to 2x between runs.
 M = 128 (cpu-wo-gemm: 256-row blocks widened, then the own GEMM), 5 rounds, loaded: float32
 316 ms, bfloat16 408 ms (0.77x), float16 360 ms (0.88x), int8 269 ms (1.18x); an earlier
 run 308 / 340 (0.91x) / - / 344 ms (0.90x)."""
