@@ -16,9 +16,11 @@ N = 11008, in the quietest run (load average 1.1; copy bandwidth 25.2 GB/s read 
   The run before it (same load, no peers): 7.74 / 3.66 (2.12x) / 3.52 (2.20x) / 2.11 ms
   (3.66x).  Under load (copy 9.7-18 GB/s) bfloat16 was 0.9-1.9x and int8 2.0-3.8x float32:
   other jobs' memory traffic moves every figure by up to 2x between runs.
-M = 128 (cpu-wo-gemm: 256-row blocks widened, then the own GEMM), 5 rounds, loaded: float32
-316 ms, bfloat16 408 ms (0.77x), float16 360 ms (0.88x), int8 269 ms (1.18x); an earlier
-run 308 / 340 (0.91x) / - / 344 ms (0.90x)."""
+M = 128 (cpu-wo-gemm: blocks of 2^21 weight elements widened, then the own GEMM), quiet run
+(load 0.8-1.4), 7 rounds: float32 weight (dense rule: OpenBLAS) 49.9 ms; bfloat16 69.8 ms
+(0.72x), float16 67.9 (0.73x), int8 67.9 (0.73x).  Beside it (7 rounds): the bf16 blocks
+through the own GEMM 70.0 ms, through OpenBLAS 66.1; dense float32 OpenBLAS 51.1, own
+cpu-gemm 73.8: the weight-only GEMM runs at the own GEMM's speed, OpenBLAS's is faster."""
 import numpy as np
 
 from . import LLAMA
