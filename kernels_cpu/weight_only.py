@@ -33,6 +33,7 @@ from numba.extending import intrinsic, overload
 
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
+from . import target
 from .approx import JIT
 from .gemm import act_store
 
@@ -44,22 +45,9 @@ TA_NARROW = 2  # with 8 lanes (8 + 4 + 1 of 16 ymm)
 NB = 64
 
 
-def _target_features():
-    """The CPU features numba compiles for: NUMBA_CPU_FEATURES when set, else the host's."""
-    from numba.core import config
-    if config.CPU_FEATURES:
-        feats = config.CPU_FEATURES
-    else:
-        import llvmlite.binding as ll
-        feats = ll.get_host_cpu_features().flatten()
-    return {f[1:] for f in feats.split(",") if f.startswith("+")}
-
-
 def host_has_avx512() -> bool:
-    try:
-        return "avx512f" in _target_features()
-    except Exception:  # noqa: BLE001 - no feature list: the portable width
-        return False
+    """Whether numba compiles for a target with AVX-512 F (kernels_cpu/target.py)."""
+    return target.has("avx512f")
 
 
 def host_lanes() -> int:
