@@ -45,6 +45,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, silu
+from .llvm_ir import hsum
 from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
 TA = 4   # rows (tokens) per dot tile
@@ -125,16 +126,8 @@ def dot_tile(typingctx, kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t):
                 for j in range(TB):
                     builder.store(builder.call(vfma, [av, bv[j], builder.load(accs[i][j])]), accs[i][j])
 
-        def hsum(v):
-            n = width
-            while n > 1:
-                n //= 2
-                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, n), list(range(n))))
-                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, n), list(range(n, 2 * n))))
-                v = builder.fadd(lo, hi)
-            return builder.extract_element(v, ir.Constant(i32, 0))
-
-        sums = [[cgutils.alloca_once_value(builder, hsum(builder.load(accs[i][j]))) for j in range(TB)]
+        sums = [[cgutils.alloca_once_value(builder, hsum(builder, builder.load(accs[i][j]), width))
+                 for j in range(TB)]
                 for i in range(TA)]
         kv = builder.mul(nvec, ir.Constant(i64, width))
         with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:

@@ -36,6 +36,7 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 from . import target
 from .approx import JIT
 from .gemm import act_store
+from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
 TA_WIDE = 4   # x rows per tile with 16 lanes (16 + 4 + 1 of 32 zmm)
@@ -130,16 +131,8 @@ def wo_tile(typingctx, fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3,
                 for j in range(TB):
                     builder.store(builder.call(vfma, [xv, wv[j], builder.load(accs[i][j])]), accs[i][j])
 
-        def hsum(v):
-            n = width
-            while n > 1:
-                n //= 2
-                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, n), list(range(n))))
-                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, n), list(range(n, 2 * n))))
-                v = builder.fadd(lo, hi)
-            return builder.extract_element(v, ir.Constant(i32, 0))
-
-        sums = [[cgutils.alloca_once_value(builder, hsum(builder.load(accs[i][j]))) for j in range(TB)]
+        sums = [[cgutils.alloca_once_value(builder, hsum(builder, builder.load(accs[i][j]), width))
+                 for j in range(TB)]
                 for i in range(nta)]
         kv = builder.mul(nvec, ir.Constant(i64, width))
         with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:
