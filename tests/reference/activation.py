@@ -34,3 +34,14 @@ def swiglu(gate, up):
 
 def geglu(gate, up, approximate="none"):
     return gelu(gate, approximate) * _f64(up)
+
+
+# The `activation=` names of the fused epilogues (matmul, linear, conv2d, the norms, the int8
+# and MoE GEMMs) -> their float64 reference.
+BY_NAME = {
+    None: lambda y: y,
+    "relu": relu,
+    "gelu": gelu,
+    "gelu_tanh": lambda y: gelu(y, approximate="tanh"),
+    "silu": silu,
+}
