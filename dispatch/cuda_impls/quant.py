@@ -31,9 +31,17 @@ PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
 GRID_YZ_MAX = 65535
 
 
+def _fit(block, n):
+    """The block for n work items: params' block, or the power of two >= n (at least one
+    warp) when that is smaller: a 240-element tensor gets one 256-thread block either way,
+    but a channel of 6 elements gets one warp, not 256 threads of which 250 idle (which the
+    simulator runs one Python thread each: the (6, 40) round trip took 60 s)."""
+    return min(block, max(32, 1 << max(0, int(n) - 1).bit_length()))
+
+
 def _elementwise(params, n, kernel):
     p = props()
-    block = params["block"]
+    block = _fit(params["block"], n)
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
     return {"kernel": kernel, "grid": max(1, min(cdiv(n, block), cap)), "block": block, "elements": n,
             "device": p.name}
@@ -42,7 +50,7 @@ def _elementwise(params, n, kernel):
 def _range_launch(params, shape, axis):
     p = props()
     o, c, i = _channels(shape, axis)
-    block = params["block"]
+    block = _fit(params["block"], o * i)
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
     g = max(1, min(cdiv(cap, c), cdiv(o * i, block * 4), GRID_YZ_MAX))
     return {"kernel": "quant.range", "grid": (c, g), "block": block, "channels": c, "partials": g,
