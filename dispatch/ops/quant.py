@@ -36,7 +36,8 @@ scales are computed, so it is ignored when scale= is given.
 
 Dequantization (ONNX DequantizeLinear): y = (q.values - zero_point[c]) * scale[c] in
 `dtype` (float32 or float64; float16 too on CUDA): q - zero_point is an exact integer, so
-the result is the exact product rounded once (float64: exact).
+the result is the exact product rounded once (float64: exact), except float16, computed in
+float32 and then rounded to float16 (within one float16 ulp of the exact product).
 """
 from __future__ import annotations
 
@@ -536,6 +537,7 @@ register(Implementation("dequantize", "cpu-parallel", "cpu", _dequantize_host(Tr
 def dequantize(q, *, dtype=np.float32, out=None):
     """Dequantize a QuantizedArray (ONNX DequantizeLinear): (q.values - zero_point) * scale
     per tensor or per channel along q.axis, in `dtype` (float32 or float64; float16 too on
-    CUDA), of q's shape.  The product is rounded once (float64: exact).  out= (q's shape,
+    CUDA), of q's shape.  The product is rounded once (float64: exact; float16: rounded to
+    float32 first, so within one float16 ulp).  out= (q's shape,
     `dtype`, writeable, not overlapping q.values) receives the result."""
     return _dequantize(q, dtype=dtype, out=out)
