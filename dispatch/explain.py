@@ -6,7 +6,7 @@ import numpy as np
 
 from kernels_cpu import runtime as cpu_runtime
 
-from . import registry
+from . import interop, registry
 from .select import decide
 
 
@@ -67,5 +67,6 @@ def explain(op, *args, **kwargs) -> Explanation:
     name = op if isinstance(op, str) else getattr(op, "__name__", None)
     if name not in registry.OPS:
         raise ValueError(f"explain: unknown op {op!r}; known ops: {sorted(registry.OPS)}")
-    call = registry.OPS[name].describe(*args, **kwargs)
+    conv = interop.from_torch(args, kwargs)
+    call = registry.OPS[name].describe(*conv.args, **conv.kwargs)
     return Explanation(decide(call.key), call)

@@ -24,7 +24,7 @@ import numpy as np
 
 from kernels_common.quant import QTYPES, qrange
 
-from . import validate as V
+from . import interop, validate as V
 from .devices import device_kind
 
 
@@ -51,6 +51,8 @@ class QuantizedArray:
     _lock: object = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        for part in ("values", "scale", "zero_point"):     # PyTorch CPU tensors: their numpy views
+            object.__setattr__(self, part, interop.as_array(part, getattr(self, part)))
         values = self.values
         if not (isinstance(values, np.ndarray) or device_kind(values) == "cuda"):
             raise TypeError(f"values must be a numpy array or a CUDA device array, got {type(values).__name__}")

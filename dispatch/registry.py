@@ -35,6 +35,8 @@ import numpy as np
 
 from kernels_cpu import runtime as cpu_runtime
 
+from . import interop
+
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 DEVICES = ("cpu", "cuda")
 BOUNDS = ("compute", "memory")
@@ -208,13 +210,15 @@ class Op:
             _check_rule_type(self.name, device, rule)
 
     def __call__(self, *args, **kwargs):
-        """Validate, select and run: what every public function does."""
-        call = self.describe(*args, **kwargs)
+        """Validate, select and run: what every public function does.  PyTorch tensors
+        are taken and given back without copies (dispatch.interop)."""
+        conv = interop.from_torch(args, kwargs)
+        call = self.describe(*conv.args, **conv.kwargs)
         impl, params = _select(call.key)
         if impl.device == "cpu":
             with cpu_runtime.guard():  # serializes only under a user-chosen workqueue layer
-                return impl.run(params, *call.args)
-        return impl.run(params, *call.args)
+                return conv.back(impl.run(params, *call.args))
+        return conv.back(impl.run(params, *call.args))
 
     def expose(self, fn):
         """Decorator: `fn` is this op's public function (docstring and signature)."""

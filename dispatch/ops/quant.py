@@ -489,7 +489,9 @@ def _dq_bytes(call):
 
 def _is_array(a):
     from ..devices import device_kind
+    from ..interop import as_array
 
+    a = as_array("values", a)   # a PyTorch CPU tensor counts as its numpy view
     return isinstance(a, np.ndarray) or device_kind(a) == "cuda"
 
 

@@ -1,0 +1,109 @@
+"""PyTorch tensors in and out of the plain ops, with no copies.
+
+Every public op (and `explain`) passes its arguments through `from_torch` first: a PyTorch
+CPU tensor becomes the numpy array over the same memory (``Tensor.numpy()``, zero-copy,
+strides kept), a PyTorch CUDA tensor is left as it is (it already exposes
+``__cuda_array_interface__``, which `devices.as_device` wraps without a copy).  When any
+argument was a tensor, `Converted.back` turns the result into tensors again: numpy arrays
+through ``torch.from_numpy`` and CUDA arrays through ``torch.as_tensor`` (both share the
+memory), and an ``out=`` tensor comes back as the very tensor the caller passed.
+
+torch is never imported here: a tensor can only exist once the caller imported torch, so
+``sys.modules`` tells whether to look at all, and a call with no tensor costs one dict
+lookup.  The plain ops record no gradients (a tensor that requires grad is read through
+``detach()``); `dispatch.autograd` is the differentiable namespace.
+
+bfloat16 tensors (no numpy dtype) are viewed as ``ml_dtypes.bfloat16`` arrays, which the
+weight-only linear accepts, when ml_dtypes is installed; otherwise they are a TypeError
+naming the argument.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class Converted(NamedTuple):
+    args: tuple
+    kwargs: dict
+    originals: dict    # id(converted array) -> the tensor it came from (out= round trips)
+    torch: Any         # the torch module when a tensor was seen, else None
+
+    def back(self, result):
+        """The op's result, as tensors when the call had tensors."""
+        if self.torch is None:
+            return result
+        return _to_torch(self.torch, result, self.originals)
+
+
+def from_torch(args: tuple, kwargs: dict) -> Converted:
+    """args and kwargs with every PyTorch CPU tensor replaced by its numpy view."""
+    torch = sys.modules.get("torch")
+    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+    if tensor_type is None or not (any(isinstance(a, tensor_type) for a in args)
+                                   or any(isinstance(v, tensor_type) for v in kwargs.values())):
+        return Converted(args, kwargs, {}, None)
+    originals = {}
+    new_args = tuple(_to_array(torch, f"argument {i}", a, originals) for i, a in enumerate(args))
+    new_kwargs = {k: _to_array(torch, k, v, originals) for k, v in kwargs.items()}
+    return Converted(new_args, new_kwargs, originals, torch)
+
+
+def as_array(name: str, v):
+    """v itself, or the numpy view of a PyTorch CPU tensor (for containers such as
+    QuantizedArray that take arrays outside an op call)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(v, torch.Tensor):
+        return v
+    return _to_array(torch, name, v, {})
+
+
+def _to_array(torch, name, t, originals):
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device.type == "cuda":
+        originals[id(t)] = t
+        return t
+    if t.device.type != "cpu":
+        raise TypeError(f"{name}: tensors on {t.device.type} are not supported (CPU or CUDA tensors)")
+    given, t = t, t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(f"{name}: a bfloat16 tensor needs ml_dtypes installed (pip install ml_dtypes) "
+                            "to be viewed as a numpy array") from None
+        arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        try:
+            arr = t.numpy()
+        except TypeError as e:
+            raise TypeError(f"{name}: tensor of dtype {t.dtype} has no numpy equivalent ({e})") from None
+    originals[id(arr)] = given
+    return arr
+
+
+def _to_torch(torch, res, originals):
+    if isinstance(res, tuple):
+        vals = [_to_torch(torch, r, originals) for r in res]
+        return type(res)(*vals) if hasattr(res, "_fields") else tuple(vals)
+    if isinstance(res, list):
+        return [_to_torch(torch, r, originals) for r in res]
+    orig = originals.get(id(res))
+    if orig is not None:
+        return orig
+    if isinstance(res, np.ndarray):
+        if res.dtype.name == "bfloat16":
+            return torch.from_numpy(res.view(np.int16)).view(torch.bfloat16)
+        if not res.flags.writeable:
+            res = res.copy()       # torch.from_numpy warns on read-only memory
+        return torch.from_numpy(res)
+    if isinstance(res, np.generic):
+        return torch.from_numpy(np.asarray(res))
+    if hasattr(res, "__cuda_array_interface__") and not isinstance(res, torch.Tensor):
+        return torch.as_tensor(res, device="cuda")
+    return res
