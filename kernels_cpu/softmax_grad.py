@@ -1,0 +1,228 @@
+"""Backward of softmax / log_softmax and the cross-entropy gradient, on C-contiguous rows.
+
+softmax_backward:      dx = y * (g - sum(g * y))      (y the softmax output)
+log_softmax_backward:  dx = g - exp(y) * sum(g)        (y the log_softmax output)
+A row is two short passes that stay in L1/L2 (a 50257-float row is 196 KiB): the sum, then
+the write.  Main memory sees g and y read once and dx written once.  A reduction along
+another axis runs on x viewed as (outer, n, inner) directly (`cols`): a chunk of the inner
+axis keeps its sums in a small buffer and both passes run along the contiguous inner
+axis, so no transposed copy is made.
+
+cross_entropy with its gradient (`ce_grad_rows`): per row, max (the forward's integer max
+over the float bits), then exp(x - max) written to the gradient row with the sum
+accumulated, then the row scaled by scale / sum and scale subtracted at the target:
+grad = (softmax - onehot) * scale, and loss = log(sum) - (x_t - max).  The logits are read
+from main memory once and the gradient written once; the later passes read the row from
+cache.  The forward's measurement (kernels_cpu/softmax.py) of this three-pass form against
+an online (running max) softmax applies here unchanged.  The gradient row may be the logits
+row itself (grad_out=logits): every pass reads element j before writing element j, and
+x_t is read before the row is overwritten.
+
+float32 uses approx.fexp (vectorizable, ~2e-7 relative), float64 approx.exp64; sums are
+in the input dtype with fastmath reassociation (vectorized partial sums), the loss total in
+float64.  NaN in g or y gives a NaN row (the sum is NaN); a logits row holding NaN or +inf,
+or all -inf, gives a NaN loss and a NaN gradient row.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .approx import JIT, fence, fexp, like, wide_loops
+from .parallel import row_of, run_dynamic, tasks_for
+from .softmax import row_max
+
+# Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
+# float64) stay in L1 while the n rows of the chunk stream by.  Not measured on its own.
+COL_CHUNK = 512
+
+
+@njit(**JIT)
+def _exp_nan(v):
+    """exp(v) with NaN for NaN (approx.fexp clamps its argument and gives 0 for NaN; the
+    forwards test for NaN rows apart).  A compare and a blend: the loops still vectorize."""
+    e = fexp(v)
+    return e if v == v else v
+
+
+@njit(**JIT)
+def rows(g, y, dx, log, lo, hi):
+    """Rows lo..hi-1 of g, y (rows, n) -> dx: softmax backward, or log_softmax backward
+    when log is True."""
+    # 16-lane loops on AVX-512 targets (approx.wide_loops; the forward's measurement)
+    wide_loops()
+    n = g.shape[1]
+    if n == 0:
+        return
+    for i in range(lo, hi):
+        gr = row_of(g, i)
+        yr = row_of(y, i)
+        dr = row_of(dx, i)
+        s = like(yr[0], 0.0)
+        if log:
+            for j in range(n):
+                s += gr[j]
+            for j in range(n):
+                dr[j] = gr[j] - _exp_nan(yr[j]) * s
+        else:
+            for j in range(n):
+                s += gr[j] * yr[j]
+            for j in range(n):
+                dr[j] = yr[j] * (gr[j] - s)
+
+
+@njit(**JIT)
+def rows_serial(g, y, dx, log):
+    rows(g, y, dx, log, 0, g.shape[0])
+
+
+@njit(parallel=True, **JIT)
+def _rows_parallel(g, y, dx, log, tasks):
+    n = g.shape[0]
+    for k in prange(tasks):
+        rows(g, y, dx, log, k * n // tasks, (k + 1) * n // tasks)
+
+
+def rows_parallel(g, y, dx, log):
+    """rows_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
+    run_dynamic(_rows_parallel, tasks_for(g.shape[0]), g, y, dx, log)
+
+
+@njit(**JIT)
+def cols(g, y, dx, log, lo, hi):
+    """Column tasks lo..hi-1 of g, y (outer, n, inner) -> dx, reducing along axis 1.  Task
+    k is outer index k // chunks, inner columns [c0, c0 + COL_CHUNK) of chunk k % chunks."""
+    wide_loops()
+    outer, n, inner = g.shape
+    if n == 0 or inner == 0:
+        return
+    chunks = (inner + COL_CHUNK - 1) // COL_CHUNK
+    g2 = g.reshape(outer * n, inner)
+    y2 = y.reshape(outer * n, inner)
+    d2 = dx.reshape(outer * n, inner)
+    s = np.empty(COL_CHUNK, g.dtype)
+    for k in range(lo, hi):
+        o = k // chunks
+        c0 = (k - o * chunks) * COL_CHUNK
+        w = min(COL_CHUNK, inner - c0)
+        for c in range(w):
+            s[c] = 0
+        for j in range(n):
+            gr = row_of(g2, o * n + j)[c0:c0 + w]
+            yr = row_of(y2, o * n + j)[c0:c0 + w]
+            if log:
+                for c in range(w):
+                    s[c] += gr[c]
+            else:
+                for c in range(w):
+                    s[c] += gr[c] * yr[c]
+        for j in range(n):
+            gr = row_of(g2, o * n + j)[c0:c0 + w]
+            yr = row_of(y2, o * n + j)[c0:c0 + w]
+            dr = row_of(d2, o * n + j)[c0:c0 + w]
+            if log:
+                for c in range(w):
+                    dr[c] = gr[c] - _exp_nan(yr[c]) * s[c]
+            else:
+                for c in range(w):
+                    dr[c] = yr[c] * (gr[c] - s[c])
+
+
+def col_tasks(shape):
+    """Number of column tasks of an (outer, n, inner) reduction."""
+    outer, _, inner = shape
+    return outer * ((inner + COL_CHUNK - 1) // COL_CHUNK)
+
+
+@njit(**JIT)
+def cols_serial(g, y, dx, log, ntasks):
+    cols(g, y, dx, log, 0, ntasks)
+
+
+@njit(parallel=True, **JIT)
+def _cols_parallel(g, y, dx, log, ntasks, tasks):
+    for k in prange(tasks):
+        cols(g, y, dx, log, k * ntasks // tasks, (k + 1) * ntasks // tasks)
+
+
+def cols_parallel(g, y, dx, log, ntasks):
+    """cols_serial's result, column tasks split over numba's threads."""
+    run_dynamic(_cols_parallel, tasks_for(ntasks), g, y, dx, log, ntasks)
+
+
+# ---- cross-entropy with its gradient ------------------------------------------------------
+
+@njit(**JIT)
+def ce_check_count(targets, n_classes, ignore_index):
+    """(index of the first target outside [0, n_classes) that is not ignore_index, or -1;
+    number of targets that are not ignore_index)."""
+    count = 0
+    for i in range(targets.shape[0]):
+        t = targets[i]
+        if t != ignore_index:
+            if t < 0 or t >= n_classes:
+                return i, count
+            count += 1
+    return -1, count
+
+
+@njit(**JIT)
+def ce_grad_rows(x, targets, ignore_index, grad, losses, scales, per_row, base, lo, hi):
+    """Rows lo..hi-1: losses[i] = logsumexp(x[i]) - x[i, t_i] and grad[i] = (softmax(x[i])
+    - onehot(t_i)) * scale_i, scale_i = scales[i] (per_row) or scales[0], times base;
+    ignored rows get loss 0 and a zero gradient row.  Returns the losses' sum in float64.
+    grad may be x itself (see the module docstring)."""
+    wide_loops()
+    n = x.shape[1]
+    total = 0.0
+    for i in range(lo, hi):
+        t = targets[i]
+        gr = row_of(grad, i)
+        if t == ignore_index:
+            losses[i] = 0
+            for j in range(n):
+                gr[j] = 0
+            continue
+        xr = row_of(x, i)
+        sc = like(xr[0], (scales[i] if per_row else scales[0]) * base)
+        m, nan = row_max(xr)
+        xt = xr[t]  # before the row is overwritten (grad may be x)
+        if nan or m == like(m, np.inf) or m == like(m, -np.inf):
+            v = like(m, np.nan)
+            for j in range(n):
+                gr[j] = v
+        else:
+            s = like(m, 0.0)
+            for j in range(n):
+                e = fexp(xr[j] - m)
+                gr[j] = e
+                s += e
+            f = sc / s
+            for j in range(n):
+                gr[j] *= f
+            gr[t] -= sc
+            v = like(m, math.log(s)) - fence(xt - m)
+        losses[i] = v
+        total += v
+    return total
+
+
+@njit(**JIT)
+def ce_grad_serial(x, targets, ignore_index, grad, losses, scales, per_row, base):
+    return ce_grad_rows(x, targets, ignore_index, grad, losses, scales, per_row, base, 0, x.shape[0])
+
+
+@njit(parallel=True, **JIT)
+def _ce_grad_parallel(x, targets, ignore_index, grad, losses, scales, per_row, base, tasks):
+    n = x.shape[0]
+    total = 0.0
+    for k in prange(tasks):
+        total += ce_grad_rows(x, targets, ignore_index, grad, losses, scales, per_row, base,
+                              k * n // tasks, (k + 1) * n // tasks)
+    return total
+
+
+def ce_grad_parallel(x, targets, ignore_index, grad, losses, scales, per_row, base):
+    """ce_grad_serial's result, row blocks split over numba's threads."""
+    return run_dynamic(_ce_grad_parallel, tasks_for(x.shape[0]), x, targets, ignore_index, grad, losses, scales,
+                       per_row, base)
