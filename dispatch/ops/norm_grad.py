@@ -1,0 +1,224 @@
+"""Public layer_norm_backward and rms_norm_backward: the gradients of dispatch.layer_norm /
+dispatch.rms_norm (issue #13).
+
+Arguments as the forward's, after the incoming gradient: ``grad_out`` (x's shape), then
+``x`` -- the tensor that was normalized, i.e. h = x + residual when the forward fused a
+residual -- and the forward's weight (and bias), keyword eps with the forward's default.
+The backward needs nothing else the forward computed: the per-row mean / rstd are
+recomputed from x inside the kernel (as the forward computes them), so a training step
+saves x (or h) and the parameters only: O(1) state besides tensors it keeps anyway.
+
+``grad_residual`` (x's shape, optional) is the gradient arriving at h through the
+forward's second output (h feeds the next residual branch); it is added to dx in the same
+pass, so with a fused residual the returned dx is the gradient of both x and residual.
+
+Returns (dx, dweight, dbias) / (dx, dweight): dweight None when weight is None, dbias None
+when bias is None (the bias only contributes dbias = the sum of grad_out over rows).  New
+arrays, x's dtype (float32 / float64; mixed dtypes are a TypeError).
+
+Deterministic: dweight / dbias are summed over fixed blocks of rows (their size depends on
+D only) and the block sums added in block order, so the result is the same bits on every
+run, at every thread count and from either CPU implementation (kernels_cpu/norm_grad.py).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kernels_cpu import norm_grad as K
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ._common import HOST_COPY_NOTE, contiguous, serial_parallel_rule, size_bucket
+from .norm import _const_vector
+
+# Serial vs parallel crossover, measured on this machine kind (2 cores, float32, D = 768,
+# weight and bias, no grad_residual; medians of interleaved rounds of the ops, 2026-11-25,
+# other jobs on the cores): see PARALLEL_THRESHOLD's figures below.
+PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 15, "rms_norm_backward": 1 << 15}
+_MEASURED = {"layer_norm_backward": "layer_norm_backward float32 serial vs parallel crossover measured (see norm_grad.py)",
+             "rms_norm_backward": "rms_norm_backward float32 serial vs parallel crossover measured (see norm_grad.py)"}
+
+_KERNELS = ("kernels_cpu.norm_grad", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+# Example inputs (dispatch/examples.py: warmup and the contract tests): the serial side with
+# an odd D, past the parallel threshold, and one decode row of Llama's width.
+_SHAPES = {"small": (5, 37), "large": (64, 1100), "decode": (1, 4096)}
+EXAMPLE_SHAPES = {
+    "layer_norm_backward": {size: {"grad_out": s, "x": s, "weight": s[-1:], "bias": s[-1:]}
+                            for size, s in _SHAPES.items()},
+    "rms_norm_backward": {size: {"grad_out": s, "x": s, "weight": s[-1:]} for size, s in _SHAPES.items()},
+}
+
+
+class NormGradKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    size: int                 # bucket of x.size
+    row_len: int              # bucket of D
+    has_weight: bool
+    has_bias: bool
+    has_grad_residual: bool
+
+
+class NormGradArgs(NamedTuple):
+    grad_out: object          # x's shape
+    x: object                 # (..., D): the normalized tensor (h with a fused residual)
+    weight: object            # (D,) or None
+    bias: object              # (D,) or None (always None for rms_norm_backward)
+    grad_residual: object     # x's shape or None
+    eps: float                # finite, > 0, finite in x's dtype
+
+
+def _check(name, grad_out, x, weight, bias, eps, grad_residual):
+    V.required(grad_out=grad_out, x=x)
+    dev = V.device_of(grad_out=grad_out, x=x, weight=weight, bias=bias, grad_residual=grad_residual)
+    dt = V.float_dtype("x", x)
+    V.rank("x", x, (1, 64), " (..., D)")
+    V.same_dtype("grad_out", grad_out, "x", dt)
+    V.shape("grad_out", grad_out, tuple(x.shape), " (x's shape)")
+    d = x.shape[-1]
+    for pname, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            V.same_dtype(pname, p, "x", dt)
+            V.shape(pname, p, (d,), " (D,) for x's last dimension")
+    if grad_residual is not None:
+        V.same_dtype("grad_residual", grad_residual, "x", dt)
+        V.shape("grad_residual", grad_residual, tuple(x.shape), " (x's shape)")
+    eps = V.finite("eps", eps, positive=True, dtype=dt)
+    key = NormGradKey(name, dev, dt, size_bucket(*x.shape), bucket(d), weight is not None, bias is not None,
+                      grad_residual is not None)
+    return Call(key, NormGradArgs(grad_out, x, weight, bias, grad_residual, eps))
+
+
+def _describe_ln(grad_out, x, weight=None, bias=None, *, eps=1e-5, grad_residual=None):
+    """Call.args = NormGradArgs, key NormGradKey.  run() returns (dx, dweight, dbias)."""
+    return _check("layer_norm_backward", grad_out, x, weight, bias, eps, grad_residual)
+
+
+def _describe_rms(grad_out, x, weight=None, *, eps=1e-6, grad_residual=None):
+    """Call.args = NormGradArgs with bias None.  run() returns (dx, dweight)."""
+    return _check("rms_norm_backward", grad_out, x, weight, None, eps, grad_residual)
+
+
+def _empty(shape, dtype):
+    """Where the kernels' outputs and scratch come from (the tests poison them with NaN here)."""
+    return np.empty(shape, dtype)
+
+
+def _host(kernel, ln):
+    def run(params, grad_out, x, weight, bias, grad_residual, eps):
+        d = x.shape[-1]
+        dt = x.dtype
+        dx = _empty(x.shape, dt)
+        dw = None if weight is None else _empty(d, dt)
+        db = None if bias is None else _empty(d, dt)
+        if not x.size:  # no rows: dweight / dbias are sums over nothing
+            for t in (dw, db):
+                if t is not None:
+                    t[...] = 0
+        else:
+            xc = contiguous(x).reshape(-1, d)
+            goc = contiguous(grad_out).reshape(-1, d)
+            has_gr = grad_residual is not None
+            gr = contiguous(grad_residual).reshape(-1, d) if has_gr else xc  # not read without it
+            w = _const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
+            rpb = K.rows_per_block(d)
+            nb = K.n_blocks(xc.shape[0], d)
+            pw = _empty((nb, d), dt)   # per-block partial sums: this call's own scratch
+            if ln:
+                pb = _empty((nb, d), dt)
+                kernel(goc, xc, w, gr, dt.type(eps), dx.reshape(-1, d), pw, pb, has_gr, rpb)
+                if db is not None:
+                    K.reduce_blocks(pb, db)
+            else:
+                kernel(goc, xc, w, gr, dt.type(eps), dx.reshape(-1, d), pw, has_gr, rpb)
+            if dw is not None:
+                K.reduce_blocks(pw, dw)
+        return (dx, dw, db) if ln else (dx, dw)
+
+    return run
+
+
+# FLOPs per element, counted on the kernels' three passes (layer_norm: shifted sum 2; centered
+# sums, g = grad_out * w, sum g, sum g * d 9; xhat, dweight and dbias partials, dx 9) and
+# two (rms_norm: sum of squares and of g * x 5; xhat, partial, dx 6); +1 with grad_residual.
+def _flops_ln(call):
+    return (20 + (call.args.grad_residual is not None)) * call.args.x.size
+
+
+def _flops_rms(call):
+    return (11 + (call.args.grad_residual is not None)) * call.args.x.size
+
+
+def _bytes(call):
+    """grad_out and x read, dx written (grad_residual read too); weight read, dweight and
+    dbias written."""
+    a = call.args
+    streams = 3 + (a.grad_residual is not None)
+    params = (2 if a.weight is not None else 0) + (a.bias is not None)
+    return (streams * a.x.size + params * a.x.shape[-1]) * a.x.dtype.itemsize
+
+
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal x, grad_out, bias, grad_residual; weight near 1."""
+    out = {}
+    for name, shape in shapes.items():
+        v = rng.standard_normal(shape)
+        out[name] = (1.0 + 0.1 * v if name == "weight" else v).astype(dtype)
+    return out
+
+
+def _sig_ln(i):
+    return ((i["grad_out"], i["x"], i.get("weight"), i.get("bias")),
+            {"eps": i.get("eps", 1e-5), "grad_residual": i.get("grad_residual")})
+
+
+def _sig_rms(i):
+    return ((i["grad_out"], i["x"], i.get("weight")),
+            {"eps": i.get("eps", 1e-6), "grad_residual": i.get("grad_residual")})
+
+
+def _register(name, describe, signature, flops, serial, parallel, ln):
+    rule = serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])
+    op = register_op(Op(name, describe, family="norm_grad", bound="memory", signature=signature, flops=flops,
+                        bytes=_bytes, rules={"cpu": rule}, synthesize=_synthesize))
+    note = HOST_COPY_NOTE + "; statistics recomputed from x; dweight/dbias summed per fixed row block, blocks in order"
+    register(Implementation(name, "cpu-serial", "cpu", _host(serial, ln), notes=note, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, ln), kernel_modules=_KERNELS,
+                            notes=note + "; row blocks split over threads (same bits as cpu-serial)"))
+    return op
+
+
+_layer_norm_backward = _register("layer_norm_backward", _describe_ln, _sig_ln, _flops_ln, K.layer_norm_grad_serial,
+                                 K.layer_norm_grad_parallel, True)
+_rms_norm_backward = _register("rms_norm_backward", _describe_rms, _sig_rms, _flops_rms, K.rms_norm_grad_serial,
+                               K.rms_norm_grad_parallel, False)
+
+
+@_layer_norm_backward.expose
+def layer_norm_backward(grad_out, x, weight=None, bias=None, *, eps=1e-5, grad_residual=None):
+    """Gradients of dispatch.layer_norm: returns (dx, dweight, dbias).
+
+    grad_out: the gradient of the normalized output (x's shape); x: the tensor the forward
+    normalized (h = x + residual when it fused a residual); weight, bias, eps: the
+    forward's.  grad_residual (x's shape, optional): the gradient reaching h through the
+    forward's second output, added to dx (dx is then the gradient of x and of residual).
+    dweight is None without weight, dbias None without bias.  mean / rstd are recomputed
+    from x (nothing else needs saving); dweight / dbias are deterministic (fixed row
+    blocks summed in order)."""
+    return _layer_norm_backward(grad_out, x, weight, bias, eps=eps, grad_residual=grad_residual)
+
+
+@_rms_norm_backward.expose
+def rms_norm_backward(grad_out, x, weight=None, *, eps=1e-6, grad_residual=None):
+    """Gradients of dispatch.rms_norm: returns (dx, dweight).
+
+    grad_out: the gradient of the normalized output (x's shape); x: the tensor the forward
+    normalized (h = x + residual when it fused a residual); weight, eps: the forward's.
+    grad_residual (x's shape, optional): the gradient reaching h through the forward's
+    second output, added to dx.  dweight is None without weight.  rstd is recomputed from
+    x; dweight is deterministic (fixed row blocks summed in order)."""
+    return _rms_norm_backward(grad_out, x, weight, eps=eps, grad_residual=grad_residual)

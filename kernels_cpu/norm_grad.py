@@ -1,0 +1,203 @@
+"""Backward of layer_norm and rms_norm over the last dim of C-contiguous 2-D arrays (rows x D).
+
+The backward needs only the tensor that was normalized (x, or h = x + residual when the
+forward fused a residual): each row's statistics are recomputed here, exactly as the
+forward computes them (kernels_cpu/norm.py: the shifted, corrected two-pass mean and
+variance for layer_norm, the sum of squares for rms_norm, accumulated in the input's
+dtype), so a training step saves O(1) state per norm instead of mean / rstd vectors.
+The row is 3 KiB at D = 768: the recomputation reads it from L1/L2, not DRAM.
+
+With xhat = (x - mean) * rstd (layer_norm) or x * rstd (rms_norm) and g = grad_out * w:
+    layer_norm  dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    rms_norm    dx = rstd * (g - xhat * mean(g * xhat))
+    dweight = sum over rows of grad_out * xhat,   dbias = sum over rows of grad_out,
+plus grad_residual (the gradient reaching h through the forward's second output) added
+to dx in the same pass.
+
+Determinism.  dweight / dbias are sums over rows.  The rows are cut into blocks of
+rows_per_block(D) rows, a number fixed by D alone (never by the thread count): each block
+sums its rows into its own row of a (n_blocks, D) scratch (in the dtype, rows in order),
+then reduce_blocks adds the block rows in block order (float64 accumulator, rounded once).
+Which thread runs a block changes nothing, so every run, every thread count and the
+serial and parallel kernels (the same block function) give the same bits.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .approx import JIT, like
+from .parallel import row_of, run_dynamic
+
+# Elements per row block.  The block's partial dweight / dbias rows stay in L1 while its
+# rows stream through; smaller blocks mean more scratch rows to reduce, larger ones fewer
+# blocks to share between threads.  Measured on this machine kind (2 cores, float32,
+# medians of interleaved rounds, other jobs running, 2026-11-25) on layer_norm_backward
+# at (4096, 768): see dispatch/ops/norm_grad.py (BLOCK_ELEMENTS figures).
+BLOCK_ELEMENTS = 1 << 14
+
+
+def rows_per_block(d):
+    """Rows per block for rows of d elements: a function of d only (see the module doc)."""
+    return max(1, BLOCK_ELEMENTS // max(d, 1))
+
+
+def n_blocks(n, d):
+    r = rows_per_block(d)
+    return (n + r - 1) // r
+
+
+@njit(**JIT)
+def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi):
+    """Blocks blo..bhi-1 (rows [k * rpb, (k + 1) * rpb)): dx rows and the blocks' partial
+    sums pw[k] = sum grad_out * xhat, pb[k] = sum grad_out.  Per row, the forward's
+    statistics (kernels_cpu/norm.py layer_norm_rows) and then:
+      pass 2 also sums gs = sum(g) and gd = sum(g * (x - m0)), so that with
+      mc = sd / D the needed means are mean(g) = gs / D and
+      mean(g * xhat) = rstd * (gd - mc * gs) / D  (sum g * (x - m0 - mc) = gd - mc * gs);
+      x - m0 goes through dx (as the forward's d goes through out, so that fastmath
+      cannot fold m0 + mc into one rounded mean), and g through a row buffer, so that
+      pass 3 subtracts mean(g) from the very g that was summed (recomputed, fastmath
+      contracts g - mean(g) into fma(grad_out, w, -mean(g)), which is not 0 at D = 1:
+      measured 2.5e-6 where the exact dx is 0);
+      pass 3 forms xhat = (d - mc) * rstd, the dx row and the block's partial rows."""
+    n, d = x.shape
+    inv_d = like(eps, 1.0 / d)
+    zero = like(eps, 0.0)
+    one = like(eps, 1.0)
+    gbuf = np.empty(d, x.dtype)  # g of the current row (see the docstring)
+    for k in range(blo, bhi):
+        pwr = row_of(pw, k)
+        pbr = row_of(pb, k)
+        for j in range(d):
+            pwr[j] = zero
+            pbr[j] = zero
+        for i in range(k * rpb, min(n, (k + 1) * rpb)):
+            xr = row_of(x, i)
+            gor = row_of(go, i)
+            dxr = row_of(dx, i)
+            x0 = xr[0]
+            s = zero
+            for j in range(d):
+                s += xr[j] - x0
+            m0 = x0 + s * inv_d
+            sd = zero
+            q = zero
+            gs = zero
+            gd = zero
+            for j in range(d):
+                c = xr[j] - m0
+                dxr[j] = c
+                g = gor[j] * w[j]
+                gbuf[j] = g
+                sd += c
+                q += c * c
+                gs += g
+                gd += g * c
+            mc = sd * inv_d
+            rstd = one / math.sqrt(max(q * inv_d - mc * mc, zero) + eps)
+            a = gs * inv_d
+            b = rstd * (gd - mc * gs) * inv_d
+            if has_gr:
+                grr = row_of(gr, i)
+                for j in range(d):
+                    xh = (dxr[j] - mc) * rstd
+                    gj = gor[j]
+                    pwr[j] += gj * xh
+                    pbr[j] += gj
+                    dxr[j] = rstd * (gbuf[j] - a - xh * b) + grr[j]
+            else:
+                for j in range(d):
+                    xh = (dxr[j] - mc) * rstd
+                    gj = gor[j]
+                    pwr[j] += gj * xh
+                    pbr[j] += gj
+                    dxr[j] = rstd * (gbuf[j] - a - xh * b)
+
+
+@njit(**JIT)
+def rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, blo, bhi):
+    """As layer_norm_grad_blocks for rms_norm: one pass sums q = sum(x^2) and
+    gx = sum(g * x) (mean(g * xhat) = rstd * gx / D), the second writes dx and pw.
+    dx is formed from xhat, not as rstd * g - x * rstd^3 * gx / D: rstd^3 overflows for a
+    zero row under a tiny eps (rstd = 1e15 at eps = 1e-30), where xhat keeps it finite."""
+    n, d = x.shape
+    inv_d = like(eps, 1.0 / d)
+    zero = like(eps, 0.0)
+    one = like(eps, 1.0)
+    for k in range(blo, bhi):
+        pwr = row_of(pw, k)
+        for j in range(d):
+            pwr[j] = zero
+        for i in range(k * rpb, min(n, (k + 1) * rpb)):
+            xr = row_of(x, i)
+            gor = row_of(go, i)
+            dxr = row_of(dx, i)
+            q = zero
+            gx = zero
+            for j in range(d):
+                v = xr[j]
+                q += v * v
+                gx += gor[j] * w[j] * v
+            rstd = one / math.sqrt(q * inv_d + eps)
+            m = rstd * gx * inv_d
+            if has_gr:
+                grr = row_of(gr, i)
+                for j in range(d):
+                    xh = xr[j] * rstd
+                    gj = gor[j]
+                    pwr[j] += gj * xh
+                    dxr[j] = rstd * (gj * w[j] - xh * m) + grr[j]
+            else:
+                for j in range(d):
+                    xh = xr[j] * rstd
+                    gj = gor[j]
+                    pwr[j] += gj * xh
+                    dxr[j] = rstd * (gj * w[j] - xh * m)
+
+
+@njit(**JIT)
+def reduce_blocks(p, out):
+    """out[j] = sum over k of p[k, j], k in order, in float64, rounded once to out's dtype."""
+    nb, d = p.shape
+    acc = np.zeros(d, np.float64)
+    for k in range(nb):
+        pr = row_of(p, k)
+        for j in range(d):
+            acc[j] += pr[j]
+    for j in range(d):
+        out[j] = acc[j]
+
+
+# ---- serial and parallel drivers: the same block function, blocks in a loop or over threads ----
+
+@njit(**JIT)
+def layer_norm_grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
+    layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, 0, pw.shape[0])
+
+
+@njit(parallel=True, **JIT)
+def _layer_norm_grad_parallel(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, tasks):
+    for k in prange(tasks):
+        layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, k, k + 1)
+
+
+def layer_norm_grad_parallel(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
+    """layer_norm_grad_serial's result (bit for bit): one block per task, handed out dynamically."""
+    run_dynamic(_layer_norm_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pb, has_gr, rpb)
+
+
+@njit(**JIT)
+def rms_norm_grad_serial(go, x, w, gr, eps, dx, pw, has_gr, rpb):
+    rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, 0, pw.shape[0])
+
+
+@njit(parallel=True, **JIT)
+def _rms_norm_grad_parallel(go, x, w, gr, eps, dx, pw, has_gr, rpb, tasks):
+    for k in prange(tasks):
+        rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, k, k + 1)
+
+
+def rms_norm_grad_parallel(go, x, w, gr, eps, dx, pw, has_gr, rpb):
+    """rms_norm_grad_serial's result (bit for bit): one block per task, handed out dynamically."""
+    run_dynamic(_rms_norm_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, has_gr, rpb)
