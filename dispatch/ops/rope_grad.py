@@ -1,0 +1,113 @@
+"""Backward of rope (issue #13): rope_backward(grad_out, cos, sin) -> dx.
+
+rope rotates each pair of x by an orthogonal 2x2 matrix R(t, i), so dx = R^T grad_out: the
+inverse rotation, rope with sin negated (exact; the tables have no gradient here: a model
+builds them from positions).  Shapes and layouts as dispatch.rope: grad_out (..., S, D), D
+even, cos / sin (S, D/2), rotate-half (default) or interleaved pairs.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kernels_cpu import rope_grad as K
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, register, register_op
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from .rope import tables
+
+# Measured on this machine kind (2 cores shared with other jobs), float32, rotate-half, D=128,
+# S=64, the kernels alone, medians of interleaved rounds, 2026-11-25: see _MEASURED.
+PARALLEL_THRESHOLD = 1 << 14
+_MEASURED = "rope_backward float32 serial vs parallel crossover measured at 2^13..2^14 elements"
+
+_KERNELS = ("kernels_cpu.rope_grad", "kernels_cpu.rope", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+# The contract tests' and warmup's example inputs (dispatch/examples.py): rope's shapes.
+EXAMPLE_SHAPES = {"rope_backward": {"small": {"grad_out": (2, 3, 6, 16)}, "large": {"grad_out": (2, 8, 64, 64)},
+                                    "decode": {"grad_out": (1, 4, 1, 8)}}}
+
+
+class RopeGradKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    size: int            # bucket of grad_out.size
+    interleaved: bool
+
+
+class RopeGradArgs(NamedTuple):
+    grad_out: object     # (..., S, D), D even
+    cos: object          # (S, D/2)
+    sin: object          # (S, D/2)
+    interleaved: bool
+    out: object
+
+
+def _describe(grad_out, cos, sin, *, interleaved=False, out=None):
+    """Call.args = RopeGradArgs, key RopeGradKey."""
+    V.required(grad_out=grad_out, cos=cos, sin=sin)
+    dev = V.device_of(grad_out=grad_out, cos=cos, sin=sin, out=out)
+    dt = V.float_dtype("grad_out", grad_out)
+    V.same_dtype("cos", cos, "grad_out", dt)
+    V.same_dtype("sin", sin, "grad_out", dt)
+    V.rank("grad_out", grad_out, (2, 64), " (..., S, D)")
+    s, d = grad_out.shape[-2], grad_out.shape[-1]
+    if d % 2:
+        raise ValueError(f"grad_out must have an even last dimension D (pairs are rotated), got shape "
+                         f"{tuple(grad_out.shape)}")
+    V.shape("cos", cos, (s, d // 2), " (S, D/2) for grad_out of shape (..., S, D)")
+    V.shape("sin", sin, (s, d // 2), " (S, D/2) for grad_out of shape (..., S, D)")
+    interleaved = V.flag("interleaved", interleaved)
+    V.out(out, grad_out.shape, dt, grad_out=grad_out, cos=cos, sin=sin)
+    return Call(RopeGradKey("rope_backward", dev, dt, size_bucket(*grad_out.shape), interleaved),
+                RopeGradArgs(grad_out, cos, sin, interleaved, out))
+
+
+def _host(kernel):
+    def run(params, grad_out, cos, sin, interleaved, out):
+        res = result_buffer(out, grad_out.shape, grad_out.dtype)
+        if grad_out.size:
+            d = grad_out.shape[-1]
+            kernel(contiguous(grad_out).reshape(-1, d), contiguous(cos), contiguous(sin), res.reshape(-1, d),
+                   interleaved)
+        return deliver(res, out)
+
+    return run
+
+
+def _flops(call):
+    # per pair: 4 multiplies, 2 adds
+    return 3 * call.args.grad_out.size
+
+
+def _bytes(call):
+    g, cos, sin = call.args.grad_out, call.args.cos, call.args.sin
+    return (2 * g.size + cos.size + sin.size) * g.dtype.itemsize
+
+
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal grad_out (..., S, D) and the real tables of its S and D."""
+    g = rng.standard_normal(shapes["grad_out"]).astype(dtype)
+    return {"grad_out": g, **tables(g.shape[-2], g.shape[-1], dtype)}
+
+
+_rope_backward = register_op(Op(
+    "rope_backward", _describe, family="rope_grad", bound="memory",
+    signature=lambda i: ((i["grad_out"], i["cos"], i["sin"]), {"interleaved": i.get("interleaved", False)}),
+    flops=_flops, bytes=_bytes, rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
+    synthesize=_synthesize))
+register(Implementation("rope_backward", "cpu-serial", "cpu", _host(K.rope_grad_serial), notes=HOST_COPY_NOTE,
+                        kernel_modules=_KERNELS))
+register(Implementation("rope_backward", "cpu-parallel", "cpu", _host(K.rope_grad_parallel), kernel_modules=_KERNELS,
+                        notes=HOST_COPY_NOTE + "; rows (batch x position) split over threads"))
+
+
+@_rope_backward.expose
+def rope_backward(grad_out, cos, sin, *, interleaved=False, out=None):
+    """Gradient of rope(x, cos, sin, interleaved=...) with respect to x: each pair (a, b) of
+    grad_out becomes (a cos + b sin, b cos - a sin), the inverse rotation.  grad_out
+    (..., S, D), D even, cos / sin (S, D/2).  Returns a new array of grad_out's shape (or out=)."""
+    return _rope_backward(grad_out, cos, sin, interleaved=interleaved, out=out)

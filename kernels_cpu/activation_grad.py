@@ -1,0 +1,254 @@
+"""Backward of the elementwise activations and gated linear units on flat contiguous arrays.
+
+The scalar derivative formulas come first (``*_derivative(x)``, ``*_value_and_derivative(x)``
+and ``derivative(x, code)`` / ``grad_input(g, x, code)`` dispatching on the ACT_* code), so
+that other kernels (a linear-backward GEMM prologue multiplying the incoming gradient by
+act'(pre-activation)) can call the same code; kernels_cuda/activation_grad.py has their
+device-function twins.  They build on kernels_cpu.approx (the vectorizable exp / erfc the
+forwards use; float64 keeps libm's erfc, as the forward does).
+
+Formulas (PyTorch's, rewritten where its form cancels or overflows):
+  relu       threshold_backward: g where x > 0, 0 where x <= 0 (even for a NaN or inf g),
+             NaN where x is NaN (PyTorch passes g there: its test is x <= 0).
+  silu       s (1 + x (1 - s)), s = sigmoid(x).  s and 1 - s both from e = exp(-|x|) in (0, 1]:
+             r = 1 / (1 + e) is the one near 1, e r the other, so 1 - s never cancels
+             (1 - s for s near 1 loses its bits: x = 12 in float32) and nothing overflows.
+  gelu       Phi(x) + x phi(x) = erfc(-x / sqrt2) / 2 + x exp(-x^2 / 2) / sqrt(2 pi).
+  gelu_tanh  0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u' written with s = sigmoid(v), v = 2u
+             (0.5 (1 + tanh u) = s, 1 - tanh^2 u = 4 s (1 - s)): s (1 + x (1 - s) v'),
+             v' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2); s and 1 - s as for silu.
+The multiplicative factors take x clamped to +-X_CLAMP (kernels_common.activation_grad),
+where every derivative has reached its limit, so no finite x gives inf * 0 = NaN (PyTorch's
+float32 tanh-gelu derivative is NaN for |x| > ~1e13); +-inf give the limits 0 and 1.  A NaN
+x gives NaN through an explicit select at the end (approx.fexp maps NaN to 0).
+
+Kernels: every kernel takes 1-D C-contiguous arrays of equal length (dispatch flattens);
+``*_serial`` runs on the calling thread, ``*_parallel`` splits the array into chunks of
+activation.CHUNK elements over numba's threads.  The activation code is branched on outside
+each loop, so every loop body is branch-free (selects) and vectorizes.
+"""
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from kernels_common.activation_grad import X_CLAMP
+
+from .activation import CHUNK
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, GELU_TANH_C, INV_SQRT2, JIT, SQRT_2_OVER_PI,
+                     fexp, ferfc, like, wide_loops)
+
+INV_SQRT_2PI = 0.3989422804014327
+
+
+@intrinsic
+def inline_into_callers(typingctx):
+    """Call first in a scalar helper: marks the function LLVM "alwaysinline".  LLVM's own
+    inliner left the exact gelu derivative (an erfc and an exp) as a call in the kernel's
+    loop, which then did not vectorize: 125 ms for 4M float32 elements against 7.4 for silu's
+    (one thread, 2026-11-25); inlined, the loop vectorizes.  (numba's inline="always" would
+    do it at the IR level, re-typing the body at every call site: slower cold compiles, see
+    kernels_cpu/approx.py.)"""
+    def codegen(context, builder, sig, args):
+        builder.function.attributes.add("alwaysinline")
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+# ---- scalar formulas ---------------------------------------------------------------------------
+
+@njit
+def _clamp(x):
+    inline_into_callers()
+    k = like(x, X_CLAMP)
+    return min(max(x, -k), k)
+
+
+@njit
+def _not_nan(x, d):
+    """d, or x itself when x is NaN (a select: keeps the loop vectorized)."""
+    inline_into_callers()
+    return d if x == x else x
+
+
+@njit
+def sigmoid_pair(v):
+    """(sigmoid(v), 1 - sigmoid(v)), each to full relative accuracy, for any v: from
+    e = exp(-|v|) <= 1, r = 1 / (1 + e) is the larger, e r the smaller."""
+    inline_into_callers()
+    one = like(v, 1.0)
+    e = fexp(-abs(v))
+    r = one / (one + e)
+    er = e * r
+    pos = v >= like(v, 0.0)
+    return (r if pos else er), (er if pos else r)
+
+
+@njit
+def relu_derivative(x):
+    inline_into_callers()
+    return like(x, 1.0) if x > like(x, 0.0) else (like(x, 0.0) if x <= like(x, 0.0) else x)
+
+
+@njit
+def relu_grad(g, x):
+    """threshold_backward(g, x, 0): g where x > 0, else 0 (NaN for a NaN x)."""
+    inline_into_callers()
+    return g if x > like(x, 0.0) else (like(x, 0.0) if x <= like(x, 0.0) else x)
+
+
+@njit
+def silu_value_and_derivative(x):
+    """(silu(x), silu'(x))."""
+    inline_into_callers()
+    s, sc = sigmoid_pair(x)
+    d = s * (like(x, 1.0) + _clamp(x) * sc)
+    return x * s, _not_nan(x, d)
+
+
+@njit
+def silu_derivative(x):
+    inline_into_callers()
+    return silu_value_and_derivative(x)[1]
+
+
+@njit
+def gelu_value_and_derivative(x):
+    """(gelu(x), gelu'(x)), exact (erf) form."""
+    inline_into_callers()
+    cdf = like(x, 0.5) * ferfc(-x * like(x, INV_SQRT2))
+    xc = _clamp(x)
+    pdf = fexp(like(x, -0.5) * xc * xc) * like(x, INV_SQRT_2PI)
+    return x * cdf, _not_nan(x, cdf + xc * pdf)
+
+
+@njit
+def gelu_derivative(x):
+    inline_into_callers()
+    return gelu_value_and_derivative(x)[1]
+
+
+@njit
+def gelu_tanh_value_and_derivative(x):
+    """(gelu_tanh(x), gelu_tanh'(x))."""
+    inline_into_callers()
+    xc = _clamp(x)
+    x2 = xc * xc
+    c2 = like(x, 2.0 * SQRT_2_OVER_PI)
+    v = c2 * (xc + like(x, GELU_TANH_C) * x2 * xc)
+    s, sc = sigmoid_pair(v)
+    dv = c2 * (like(x, 1.0) + like(x, 3.0 * GELU_TANH_C) * x2)
+    d = s * (like(x, 1.0) + xc * sc * dv)
+    return x * s, _not_nan(x, d)
+
+
+@njit
+def gelu_tanh_derivative(x):
+    inline_into_callers()
+    return gelu_tanh_value_and_derivative(x)[1]
+
+
+@njit
+def derivative(x, code):
+    """act'(x) for the activation `code` (ACT_*; identity: 1).  One scalar: callers with a
+    loop branch on code outside it (as the kernels below do)."""
+    inline_into_callers()
+    if code == ACT_RELU:
+        return relu_derivative(x)
+    if code == ACT_GELU:
+        return gelu_derivative(x)
+    if code == ACT_GELU_TANH:
+        return gelu_tanh_derivative(x)
+    if code == ACT_SILU:
+        return silu_derivative(x)
+    return like(x, 1.0)
+
+
+@njit
+def grad_input(g, x, code):
+    """g * act'(x), the gradient through the activation `code` of the incoming gradient g
+    (relu: threshold_backward's select, so an inf g where x <= 0 gives 0)."""
+    inline_into_callers()
+    if code == ACT_RELU:
+        return relu_grad(g, x)
+    return g * derivative(x, code)
+
+
+# ---- kernels ---------------------------------------------------------------------------------------
+
+@njit(**JIT)
+def unary_grad_block(g, x, out, code):
+    """out[:] = g[:] * act'(x[:]) for 1-D arrays."""
+    wide_loops()  # 16 float32 lanes on AVX-512 hosts
+    n = x.shape[0]
+    if code == ACT_RELU:
+        for i in range(n):
+            out[i] = relu_grad(g[i], x[i])
+    elif code == ACT_GELU:
+        for i in range(n):
+            out[i] = g[i] * gelu_derivative(x[i])
+    elif code == ACT_GELU_TANH:
+        for i in range(n):
+            out[i] = g[i] * gelu_tanh_derivative(x[i])
+    elif code == ACT_SILU:
+        for i in range(n):
+            out[i] = g[i] * silu_derivative(x[i])
+    else:
+        for i in range(n):
+            out[i] = g[i]
+
+
+@njit(**JIT)
+def gated_grad_block(g, gate, up, dgate, dup, code):
+    """For out = act(gate) * up: dgate = (g up) act'(gate), dup = g act(gate) (the order of
+    PyTorch's autograd of the composition)."""
+    wide_loops()
+    n = gate.shape[0]
+    if code == ACT_SILU:
+        for i in range(n):
+            a, d = silu_value_and_derivative(gate[i])
+            dgate[i] = g[i] * up[i] * d
+            dup[i] = g[i] * a
+    elif code == ACT_GELU:
+        for i in range(n):
+            a, d = gelu_value_and_derivative(gate[i])
+            dgate[i] = g[i] * up[i] * d
+            dup[i] = g[i] * a
+    elif code == ACT_GELU_TANH:
+        for i in range(n):
+            a, d = gelu_tanh_value_and_derivative(gate[i])
+            dgate[i] = g[i] * up[i] * d
+            dup[i] = g[i] * a
+    else:
+        for i in range(n):
+            dgate[i] = relu_grad(g[i] * up[i], gate[i])
+            dup[i] = g[i] * max(gate[i], like(gate[i], 0.0))
+
+
+@njit(**JIT)
+def unary_grad_serial(g, x, out, code):
+    unary_grad_block(g, x, out, code)
+
+
+@njit(parallel=True, **JIT)
+def unary_grad_parallel(g, x, out, code):
+    n = x.shape[0]
+    chunks = (n + CHUNK - 1) // CHUNK
+    for c in prange(chunks):
+        lo = c * CHUNK
+        hi = min(lo + CHUNK, n)
+        unary_grad_block(g[lo:hi], x[lo:hi], out[lo:hi], code)
+
+
+@njit(**JIT)
+def gated_grad_serial(g, gate, up, dgate, dup, code):
+    gated_grad_block(g, gate, up, dgate, dup, code)
+
+
+@njit(parallel=True, **JIT)
+def gated_grad_parallel(g, gate, up, dgate, dup, code):
+    n = gate.shape[0]
+    chunks = (n + CHUNK - 1) // CHUNK
+    for c in prange(chunks):
+        lo = c * CHUNK
+        hi = min(lo + CHUNK, n)
+        gated_grad_block(g[lo:hi], gate[lo:hi], up[lo:hi], dgate[lo:hi], dup[lo:hi], code)
