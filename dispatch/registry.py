@@ -119,6 +119,9 @@ class Implementation:
     kernel_modules: the modules holding its kernels (and the helpers they inline); their
         source hash is `version`, so a tuning entry made before a kernel edit is stale.
     params: default tunable parameters; tunables: candidate values for the tuner.
+    composes: the ops a composite implementation calls through their public functions
+        (linear_cross_entropy runs linear and cross_entropy_with_grad per chunk): their
+        kernels are its kernels (the contract tests follow them).
     """
 
     op: str
@@ -131,6 +134,7 @@ class Implementation:
     params: dict = field(default_factory=dict)
     tunables: dict = field(default_factory=dict)
     kernel_modules: tuple = ()
+    composes: tuple = ()
 
     @property
     def version(self) -> str:

@@ -328,6 +328,10 @@ def _kernels_of(impl):
     it calls (by name, so approximate, but never another op's kernels)."""
     by_name, glue = _kernel_dispatchers_by_name()
     found, seen, todo = set(), set(), [impl.run]
+    for op_name in impl.composes:   # a composite: the kernels of the ops it calls
+        for other in registry.OPS[op_name].implementations.values():
+            if other.device == impl.device:
+                found |= _kernels_of(other)
     while todo:
         f = todo.pop()
         code = getattr(f, "__code__", None)

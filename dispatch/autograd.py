@@ -1,0 +1,514 @@
+"""Differentiable versions of the ops, for PyTorch tensors: ``dispatch.autograd.<op>``.
+
+    import torch, dispatch.autograd as nka
+    h = nka.linear(x, w1, b1, activation="gelu")          # w1.requires_grad: w1.grad after backward
+    loss = nka.cross_entropy(nka.linear(nka.rms_norm(h, g), w2), targets)
+    loss.backward()                                       # our backward kernels
+
+Same names and signatures as the plain ops.  Each forward and each backward is a
+`torch.library.custom_op` in the ``nk`` namespace (``torch.ops.nk.softmax``,
+``torch.ops.nk.softmax_backward``, ...) with a fake (meta) implementation, so autograd
+runs our kernels and `torch.compile` sees opaque ops instead of breaking the graph.  The
+forward ops call the plain `dispatch` ops on the tensors' memory (dispatch.interop, no
+copies); the backward ops call the registered backward ops (``dispatch.softmax_backward``,
+``dispatch.layer_norm_backward``, ...), which the tests, the report and asv cover like any
+op.
+
+What each op saves for its backward (its memory cost):
+  softmax / log_softmax   the output y
+  cross_entropy           the gradient of the loss w.r.t. the logits, computed in the
+                          forward's own sweep (no probability matrix is stored besides it;
+                          backward scales it by the incoming gradient)
+  layer_norm / rms_norm   the normalized input (h = x + residual when fused); the row
+                          statistics are recomputed in the backward pass
+  activations             the input(s)
+  rope                    nothing but cos and sin (the backward is the inverse rotation)
+  matmul / linear         the inputs, and with an activation the pre-activation product
+                          (the forward then runs the GEMM with its bias epilogue and the
+                          activation as a second pass, as PyTorch does; without autograd the
+                          plain op's fused epilogue is used)
+  linear_cross_entropy    dx, dweight and dbias, computed in the forward in chunks of rows
+                          (the (T, V) logits never exist at once)
+
+This module imports torch (an optional extra: ``pip install .[torch]``); ``import
+dispatch`` does not import it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+import dispatch
+
+_NS = "nk"
+_ACT_BACKWARD = {"relu": ("relu_backward", {}), "silu": ("silu_backward", {}),
+                 "gelu": ("gelu_backward", {"approximate": "none"}),
+                 "gelu_tanh": ("gelu_backward", {"approximate": "tanh"})}
+
+
+def _op(name, fake):
+    """Decorator: the function becomes the custom op nk::name with `fake` as its meta
+    implementation (shapes and dtypes only, for torch.compile and meta tensors)."""
+    def wrap(fn):
+        op = torch.library.custom_op(f"{_NS}::{name}", mutates_args=())(fn)
+        op.register_fake(fake)
+        return op
+    return wrap
+
+
+def _like(x, *_a, **_k):
+    return torch.empty_like(x)
+
+
+def _absent(like):
+    """Placeholder output for a gradient that does not exist (custom ops cannot return
+    None): an empty tensor, turned back into None by `_given`."""
+    return like.new_empty((0,))
+
+
+def _given(t):
+    return t if t is not None and t.numel() else None
+
+
+# ---- softmax, log_softmax ----------------------------------------------------------------
+
+@_op("softmax", _like)
+def _softmax(x: Tensor, axis: int) -> Tensor:
+    return dispatch.softmax(x, axis)
+
+
+@_op("log_softmax", _like)
+def _log_softmax(x: Tensor, axis: int) -> Tensor:
+    return dispatch.log_softmax(x, axis)
+
+
+@_op("softmax_backward", _like)
+def _softmax_backward(grad_out: Tensor, y: Tensor, axis: int) -> Tensor:
+    return dispatch.softmax_backward(grad_out, y, axis)
+
+
+@_op("log_softmax_backward", _like)
+def _log_softmax_backward(grad_out: Tensor, y: Tensor, axis: int) -> Tensor:
+    return dispatch.log_softmax_backward(grad_out, y, axis)
+
+
+def _save_output_axis(ctx, inputs, output):
+    ctx.axis = inputs[1]
+    ctx.save_for_backward(output)
+
+
+_softmax.register_autograd(lambda ctx, g: (_softmax_backward(g, ctx.saved_tensors[0], ctx.axis), None),
+                           setup_context=_save_output_axis)
+_log_softmax.register_autograd(lambda ctx, g: (_log_softmax_backward(g, ctx.saved_tensors[0], ctx.axis), None),
+                               setup_context=_save_output_axis)
+
+
+def softmax(x, axis=-1):
+    """dispatch.softmax, differentiable in x."""
+    return _softmax(x, axis)
+
+
+def log_softmax(x, axis=-1):
+    """dispatch.log_softmax, differentiable in x."""
+    return _log_softmax(x, axis)
+
+
+# ---- cross_entropy: the gradient from the forward's own sweep ---------------------------------
+
+def _ce_fake(logits, targets, reduction, ignore_index):
+    n = logits.shape[0]
+    loss = logits.new_empty((n,) if reduction == "none" else ())
+    return loss, torch.empty_like(logits)
+
+
+@_op("cross_entropy_with_grad", _ce_fake)
+def _cross_entropy_with_grad(logits: Tensor, targets: Tensor, reduction: str,
+                             ignore_index: int) -> tuple[Tensor, Tensor]:
+    loss, grad = dispatch.cross_entropy_with_grad(logits, targets, reduction=reduction,
+                                                  ignore_index=ignore_index)
+    return loss, grad
+
+
+def _ce_setup(ctx, inputs, output):
+    ctx.reduction = inputs[2]
+    ctx.save_for_backward(output[1])
+
+
+def _ce_backward(ctx, g_loss, _g_grad):
+    (grad,) = ctx.saved_tensors
+    # grad is d(loss)/d(logits) for an incoming gradient of 1 (per row for "none")
+    scale = g_loss.unsqueeze(-1) if ctx.reduction == "none" else g_loss
+    return grad * scale, None, None, None
+
+
+_cross_entropy_with_grad.register_autograd(_ce_backward, setup_context=_ce_setup)
+
+
+def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
+    """dispatch.cross_entropy, differentiable in logits.  Under autograd the gradient is
+    computed in the forward's sweep over each row and kept (logits' size) until backward."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return dispatch.cross_entropy(logits, targets, reduction=reduction, ignore_index=ignore_index)
+    loss, _ = _cross_entropy_with_grad(logits, targets, reduction, ignore_index)
+    return loss
+
+
+# ---- layer_norm, rms_norm ---------------------------------------------------------------------
+
+def _norm_fake(x, weight, bias, residual, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@_op("layer_norm", _norm_fake)
+def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], residual: Optional[Tensor],
+                eps: float) -> tuple[Tensor, Tensor]:
+    if residual is None:
+        y = dispatch.layer_norm(x, weight, bias, eps=eps)
+        return y, x.new_empty((0,))
+    return dispatch.layer_norm(x, weight, bias, eps=eps, residual=residual)
+
+
+@_op("rms_norm", lambda x, weight, residual, eps: (torch.empty_like(x), torch.empty_like(x)))
+def _rms_norm(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor],
+              eps: float) -> tuple[Tensor, Tensor]:
+    if residual is None:
+        y = dispatch.rms_norm(x, weight, eps=eps)
+        return y, x.new_empty((0,))
+    return dispatch.rms_norm(x, weight, eps=eps, residual=residual)
+
+
+def _ln_bwd_fake(grad_out, x, weight, bias, grad_residual, eps):
+    return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
+            _absent(x) if bias is None else torch.empty_like(bias))
+
+
+@_op("layer_norm_backward", _ln_bwd_fake)
+def _layer_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                         grad_residual: Optional[Tensor],
+                         eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = dispatch.layer_norm_backward(grad_out, x, weight, bias, eps=eps, grad_residual=grad_residual)
+    return dx, _absent(x) if dw is None else dw, _absent(x) if db is None else db
+
+
+@_op("rms_norm_backward", lambda grad_out, x, weight, grad_residual, eps: (
+    torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight)))
+def _rms_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], grad_residual: Optional[Tensor],
+                       eps: float) -> tuple[Tensor, Tensor]:
+    dx, dw = dispatch.rms_norm_backward(grad_out, x, weight, eps=eps, grad_residual=grad_residual)
+    return dx, _absent(x) if dw is None else dw
+
+
+def _norm_setup(ctx, inputs, output):
+    x, residual, eps = inputs[0], inputs[-2], inputs[-1]
+    ctx.eps = eps
+    ctx.fused = residual is not None
+    ctx.params = inputs[1:-2]               # (weight, bias) or (weight,)
+    ctx.save_for_backward(output[1] if ctx.fused else x, *ctx.params)
+
+
+def _norm_grads(ctx, g_y, g_h, backward):
+    h, *params = ctx.saved_tensors
+    params = [p if p is not None and p.numel() else None for p in params]
+    g_res = g_h if ctx.fused and g_h is not None and g_h.numel() else None
+    grads = backward(g_y, h, *params, g_res, ctx.eps)
+    dx, dparams = grads[0], [_given(d) for d in grads[1:]]
+    return (dx, *dparams, dx if ctx.fused else None, None)
+
+
+_layer_norm.register_autograd(lambda ctx, g_y, g_h: _norm_grads(ctx, g_y, g_h, _layer_norm_backward),
+                              setup_context=_norm_setup)
+_rms_norm.register_autograd(lambda ctx, g_y, g_h: _norm_grads(ctx, g_y, g_h, _rms_norm_backward),
+                            setup_context=_norm_setup)
+
+
+def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None):
+    """dispatch.layer_norm, differentiable in x, weight, bias and residual; returns y, or
+    (y, h) with a residual, as the plain op."""
+    y, h = _layer_norm(x, weight, bias, residual, float(eps))
+    return y if residual is None else (y, h)
+
+
+def rms_norm(x, weight=None, *, eps=1e-6, residual=None):
+    """dispatch.rms_norm, differentiable in x, weight and residual."""
+    y, h = _rms_norm(x, weight, residual, float(eps))
+    return y if residual is None else (y, h)
+
+
+# ---- activations ----------------------------------------------------------------------------
+
+@_op("relu", _like)
+def _relu(x: Tensor) -> Tensor:
+    return dispatch.relu(x)
+
+
+@_op("silu", _like)
+def _silu(x: Tensor) -> Tensor:
+    return dispatch.silu(x)
+
+
+@_op("gelu", _like)
+def _gelu(x: Tensor, approximate: str) -> Tensor:
+    return dispatch.gelu(x, approximate)
+
+
+@_op("relu_backward", _like)
+def _relu_backward(grad_out: Tensor, x: Tensor) -> Tensor:
+    return dispatch.relu_backward(grad_out, x)
+
+
+@_op("silu_backward", _like)
+def _silu_backward(grad_out: Tensor, x: Tensor) -> Tensor:
+    return dispatch.silu_backward(grad_out, x)
+
+
+@_op("gelu_backward", _like)
+def _gelu_backward(grad_out: Tensor, x: Tensor, approximate: str) -> Tensor:
+    return dispatch.gelu_backward(grad_out, x, approximate)
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.opts = [a for a in inputs if not isinstance(a, Tensor)]
+    ctx.save_for_backward(*[a for a in inputs if isinstance(a, Tensor)])
+
+
+_relu.register_autograd(lambda ctx, g: _relu_backward(g, *ctx.saved_tensors), setup_context=_save_inputs)
+_silu.register_autograd(lambda ctx, g: _silu_backward(g, *ctx.saved_tensors), setup_context=_save_inputs)
+_gelu.register_autograd(lambda ctx, g: (_gelu_backward(g, *ctx.saved_tensors, *ctx.opts), None),
+                        setup_context=_save_inputs)
+
+
+def relu(x):
+    """dispatch.relu, differentiable (gradient 0 where x <= 0, as PyTorch)."""
+    return _relu(x)
+
+
+def silu(x):
+    """dispatch.silu, differentiable."""
+    return _silu(x)
+
+
+def gelu(x, approximate="none"):
+    """dispatch.gelu (both forms), differentiable."""
+    return _gelu(x, approximate)
+
+
+def _pair_fake(grad_out, gate, up, *opts):
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+@_op("swiglu", lambda gate, up: torch.empty_like(gate))
+def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return dispatch.swiglu(gate, up)
+
+
+@_op("geglu", lambda gate, up, approximate: torch.empty_like(gate))
+def _geglu(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
+    return dispatch.geglu(gate, up, approximate)
+
+
+@_op("swiglu_backward", _pair_fake)
+def _swiglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    dg, du = dispatch.swiglu_backward(grad_out, gate, up)
+    return dg, du
+
+
+@_op("geglu_backward", _pair_fake)
+def _geglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
+    dg, du = dispatch.geglu_backward(grad_out, gate, up, approximate)
+    return dg, du
+
+
+_swiglu.register_autograd(lambda ctx, g: _swiglu_backward(g, *ctx.saved_tensors), setup_context=_save_inputs)
+_geglu.register_autograd(lambda ctx, g: (*_geglu_backward(g, *ctx.saved_tensors, *ctx.opts), None),
+                         setup_context=_save_inputs)
+
+
+def swiglu(gate, up):
+    """dispatch.swiglu (silu(gate) * up), differentiable in gate and up."""
+    return _swiglu(gate, up)
+
+
+def geglu(gate, up, approximate="none"):
+    """dispatch.geglu (gelu(gate) * up), differentiable in gate and up."""
+    return _geglu(gate, up, approximate)
+
+
+# ---- rope -------------------------------------------------------------------------------------
+
+@_op("rope", lambda x, cos, sin, interleaved: torch.empty_like(x))
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    return dispatch.rope(x, cos, sin, interleaved=interleaved)
+
+
+@_op("rope_backward", lambda grad_out, cos, sin, interleaved: torch.empty_like(grad_out))
+def _rope_backward(grad_out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    return dispatch.rope_backward(grad_out, cos, sin, interleaved=interleaved)
+
+
+def _rope_setup(ctx, inputs, output):
+    ctx.interleaved = inputs[3]
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+_rope.register_autograd(lambda ctx, g: (_rope_backward(g, *ctx.saved_tensors, ctx.interleaved), None, None, None),
+                        setup_context=_rope_setup)
+
+
+def rope(x, cos, sin, *, interleaved=False):
+    """dispatch.rope, differentiable in x (cos and sin are tables, not trained)."""
+    return _rope(x, cos, sin, bool(interleaved))
+
+
+# ---- matmul, linear ---------------------------------------------------------------------------
+
+def _activation_backward(activation, g, pre):
+    name, kw = _ACT_BACKWARD[activation]
+    return getattr(dispatch, name)(g, pre, **kw)
+
+
+def _sum_rows(g2):
+    """Column sums of a (M, N) gradient: dbias.  A ones-vector product on our GEMM (the
+    same kernels as the rest of the backward; M is the long axis)."""
+    ones = g2.new_ones((1, g2.shape[0]))
+    return dispatch.matmul(ones, g2).reshape(-1)
+
+
+def _linear_fake(x, weight, bias, activation):
+    shape = (*x.shape[:-1], weight.shape[0])
+    pre = x.new_empty(shape) if activation is not None else x.new_empty((0,))
+    return x.new_empty(shape), pre
+
+
+@_op("linear", _linear_fake)
+def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+            activation: Optional[str]) -> tuple[Tensor, Tensor]:
+    if activation is None:
+        return dispatch.linear(x, weight, bias), x.new_empty((0,))
+    pre = dispatch.linear(x, weight, bias)
+    return getattr(dispatch, "gelu" if activation.startswith("gelu") else activation)(
+        pre, *(("tanh",) if activation == "gelu_tanh" else ())), pre
+
+
+def _linear_bwd_fake(grad_out, x, weight, pre, activation, has_bias):
+    return (torch.empty_like(x), torch.empty_like(weight),
+            grad_out.new_empty((weight.shape[0],)) if has_bias else _absent(x))
+
+
+@_op("linear_backward", _linear_bwd_fake)
+def _linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, pre: Tensor, activation: Optional[str],
+                     has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    g = grad_out if activation is None else _activation_backward(activation, grad_out, pre)
+    n, k = weight.shape
+    g2, x2 = g.reshape(-1, n), x.reshape(-1, k)
+    dx = dispatch.matmul(g2, weight).reshape(x.shape)
+    dw = dispatch.matmul(g2.t(), x2)
+    db = _sum_rows(g2) if has_bias else _absent(x)
+    return dx, dw, db
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, activation = inputs
+    ctx.activation, ctx.has_bias = activation, bias is not None
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _linear_grads(ctx, g_y, _g_pre):
+    x, weight, pre = ctx.saved_tensors
+    dx, dw, db = _linear_backward(g_y, x, weight, pre, ctx.activation, ctx.has_bias)
+    return dx, dw, _given(db), None
+
+
+_linear.register_autograd(_linear_grads, setup_context=_linear_setup)
+
+
+def linear(x, weight, bias=None, *, activation=None):
+    """dispatch.linear (x @ weight.T + bias, then the activation), differentiable in x,
+    weight and bias.  The backward applies the activation's derivative to the incoming
+    gradient (its backward op), then two GEMMs: dx = g @ W, dW = g.T @ x."""
+    if activation is not None and activation not in _ACT_BACKWARD:
+        raise ValueError(f"activation must be one of {sorted(_ACT_BACKWARD)} or None, got {activation!r}")
+    if not torch.is_grad_enabled() or not any(
+            t is not None and t.requires_grad for t in (x, weight, bias)):
+        return dispatch.linear(x, weight, bias, activation=activation)
+    return _linear(x, weight, bias, activation)[0]
+
+
+def matmul(a, b, *, bias=None, activation=None):
+    """dispatch.matmul for a (..., M, K) @ b (K, N), differentiable in a, b and bias: the
+    linear of b's transpose (a 2-D b; batched b is not differentiable here yet)."""
+    if getattr(b, "ndim", 2) != 2:
+        raise ValueError(f"b must be 2-D (K, N) for dispatch.autograd.matmul, got shape {tuple(b.shape)}")
+    return linear(a, b.t(), bias, activation=activation)
+
+
+# ---- linear_cross_entropy -----------------------------------------------------------------------
+
+def _lce_grad_fake(x, weight, targets, bias, reduction, ignore_index):
+    return (x.new_empty(()), torch.empty_like(x), torch.empty_like(weight),
+            _absent(x) if bias is None else torch.empty_like(bias))
+
+
+@_op("linear_cross_entropy_with_grad", _lce_grad_fake)
+def _lce_with_grad(x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], reduction: str,
+                   ignore_index: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    loss, dx, dw, db = dispatch.linear_cross_entropy_with_grad(x, weight, targets, bias, reduction=reduction,
+                                                               ignore_index=ignore_index)
+    return loss, dx, dw, _absent(x) if db is None else db
+
+
+def _lce_grad_setup(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+
+
+def _lce_grad_backward(ctx, g_loss, *_unused):
+    dx, dw, db = ctx.saved_tensors
+    return dx * g_loss, dw * g_loss, None, _given(db) * g_loss if _given(db) is not None else None, None, None
+
+
+_lce_with_grad.register_autograd(_lce_grad_backward, setup_context=_lce_grad_setup)
+
+
+@_op("linear_cross_entropy", lambda x, weight, targets, bias, ignore_index: x.new_empty((x.shape[0],)))
+def _lce_per_row(x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int) -> Tensor:
+    return dispatch.linear_cross_entropy(x, weight, targets, bias, reduction="none", ignore_index=ignore_index)
+
+
+@_op("linear_cross_entropy_backward", lambda g, x, weight, targets, bias, ignore_index: (
+    torch.empty_like(x), torch.empty_like(weight), _absent(x) if bias is None else torch.empty_like(bias)))
+def _lce_per_row_backward(g: Tensor, x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor],
+                          ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
+    from .ops.linear_cross_entropy import backward_per_row
+    dx, dw, db = backward_per_row(g.numpy(), x.numpy(), weight.numpy(), targets.numpy(),
+                                  None if bias is None else bias.numpy(), ignore_index=ignore_index)
+    return (torch.from_numpy(dx), torch.from_numpy(dw),
+            _absent(x) if db is None else torch.from_numpy(db))
+
+
+def _lce_row_setup(ctx, inputs, output):
+    x, weight, targets, bias, ignore_index = inputs
+    ctx.ignore_index = ignore_index
+    ctx.save_for_backward(x, weight, targets, bias)
+
+
+def _lce_row_backward(ctx, g):
+    x, weight, targets, bias = ctx.saved_tensors
+    dx, dw, db = _lce_per_row_backward(g, x, weight, targets, bias, ctx.ignore_index)
+    return dx, dw, None, _given(db), None
+
+
+_lce_per_row.register_autograd(_lce_row_backward, setup_context=_lce_row_setup)
+
+
+def linear_cross_entropy(x, weight, targets, bias=None, *, reduction="mean", ignore_index=-100):
+    """dispatch.linear_cross_entropy, differentiable in x, weight and bias.  "mean" and
+    "sum": the gradients are computed in the forward's chunked sweep and kept (x's, the
+    weight's and the bias's sizes) until backward scales them; "none": the backward pass
+    recomputes each chunk's logits."""
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return dispatch.linear_cross_entropy(x, weight, targets, bias, reduction=reduction,
+                                             ignore_index=ignore_index)
+    if reduction == "none":
+        return _lce_per_row(x, weight, targets, bias, int(ignore_index))
+    return _lce_with_grad(x, weight, targets, bias, reduction, int(ignore_index))[0]

@@ -1,0 +1,284 @@
+"""linear_cross_entropy: cross_entropy(linear(x, weight, bias), targets) without the logits.
+
+x (T, H), weight (V, H), bias (V,) or None, targets (T,) integers; float32 or float64.
+The loss is PyTorch's ``F.cross_entropy(F.linear(x, weight, bias), targets, reduction=,
+ignore_index=)``.  The (T, V) logits are never held at once: rows are taken in chunks of
+``chunk_rows`` (chosen so that a chunk's logits take at most ``chunk_bytes``), and each
+chunk's logits are made by the linear GEMM, reduced by cross_entropy, and dropped.
+
+`linear_cross_entropy_with_grad` also returns the gradients of the loss (for an incoming
+gradient of 1) w.r.t. x, weight and bias, computed in the same sweep, as Liger-Kernel's
+fused linear cross-entropy does: per chunk, cross_entropy_with_grad writes the chunk's
+d(loss)/d(logits) over its own logits buffer, then dx[chunk] = g @ W (written in place),
+dW += g.T @ x[chunk] (through a (block_v, H) scratch, so no second weight-sized array
+exists) and dbias += column sums of g.  Extra memory: one chunk of logits plus the scratch,
+besides the gradients themselves (which PyTorch's composition also has, with the full
+logits and their gradient on top).  reduction="none" has per-row weights that are only
+known in the backward pass: the autograd layer recomputes the chunks there
+(`linear_cross_entropy_backward`).
+
+These ops compose registered kernels (the GEMMs of linear / matmul, cross_entropy_with_grad)
+rather than adding one: their implementations run on whichever device the arrays are on.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import validate as V
+from ..registry import Call, Implementation, Op, bucket, fixed_rule, register, register_op
+from .softmax import REDUCTIONS
+
+# A chunk's logits at most 32 MiB: at V = 50257 float32 that is 167 rows, enough for the
+# GEMM to run at its large-M speed (the 128-row prepacked GEMM already reaches ~0.75x of
+# onnxruntime, 2026-11-25 notes) while staying far under the logits' size at model shapes
+# (T = 4096, V = 32768 float32: 512 MiB of logits).
+CHUNK_BYTES = 32 << 20
+# dW is accumulated through a (BLOCK_V, H) scratch: 4096 x 768 float32 = 12 MiB.
+BLOCK_V = 4096
+
+
+class LceKey(NamedTuple):
+    op: str
+    device: str
+    dtype: np.dtype
+    rows: int          # bucket of T
+    hidden: int        # bucket of H
+    vocab: int         # bucket of V
+    has_bias: bool
+    reduction: str
+
+
+class LceArgs(NamedTuple):
+    x: object          # (T, H)
+    weight: object     # (V, H)
+    targets: object    # (T,) integers
+    bias: object       # (V,) or None
+    reduction: str
+    ignore_index: int
+    with_grad: bool
+
+
+def _describe(name, with_grad):
+    def describe(x, weight, targets, bias=None, *, reduction="mean", ignore_index=-100):
+        V.required(x=x, weight=weight, targets=targets)
+        dev = V.device_of(x=x, weight=weight, targets=targets, bias=bias)
+        dt = V.float_dtype("x", x)
+        V.rank("x", x, 2, " (T, H)")
+        V.same_dtype("weight", weight, "x", dt)
+        V.rank("weight", weight, 2, " (V, H)")
+        t, h = x.shape
+        if weight.shape[1] != h:
+            raise ValueError(f"weight must have shape (V, {h}) for x of shape {tuple(x.shape)}, "
+                             f"got {tuple(weight.shape)}")
+        v = weight.shape[0]
+        if bias is not None:
+            V.same_dtype("bias", bias, "x", dt)
+            V.shape("bias", bias, (v,), " (V,) for weight (V, H)")
+        tdt = V.dtype_of(targets)
+        if tdt.kind not in "iu":
+            raise TypeError(f"targets must have an integer dtype, got {tdt}")
+        V.shape("targets", targets, (t,), " (T,) to match x (T, H)")
+        V.choice("reduction", reduction, REDUCTIONS)
+        if with_grad and reduction == "none":
+            raise ValueError("reduction='none' has no gradient in the forward sweep (its rows' weights come "
+                             "with the backward pass): use linear_cross_entropy_backward")
+        ignore_index = V.integer("ignore_index", ignore_index, np.int64)
+        key = LceKey(name, dev, dt, bucket(t), bucket(h), bucket(v), bias is not None, reduction)
+        return Call(key, LceArgs(x, weight, targets, bias, reduction, ignore_index, with_grad))
+    return describe
+
+
+def chunk_rows(v: int, itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk: the chunk's (rows, V) logits take at most chunk_bytes (>= 1 row)."""
+    return max(1, chunk_bytes // max(1, v * itemsize))
+
+
+def _ops():
+    import dispatch  # the public ops this composition runs (imported late: dispatch imports this module)
+    return dispatch
+
+
+def _count(targets, ignore_index):
+    return int(np.count_nonzero(np.asarray(_host(targets)) != ignore_index))
+
+
+def _host(a):
+    from ..devices import device_kind
+    return a.copy_to_host() if device_kind(a) == "cuda" and hasattr(a, "copy_to_host") else a
+
+
+def _check_targets(targets, v, ignore_index):
+    """Every target in [0, V) or ignore_index, checked before any chunk runs (so that the
+    error names the index in targets, not in a chunk)."""
+    t = np.asarray(_host(targets))
+    bad = np.flatnonzero((t != ignore_index) & ((t < 0) | (t >= v)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"targets[{i}] = {t[i]} is out of range: class indices must be in [0, {v}) "
+                         f"or equal ignore_index={ignore_index}")
+
+
+class _Grads:
+    """dx, dweight, dbias being accumulated chunk by chunk (see the module docstring)."""
+
+    def __init__(self, x, weight, bias):
+        t, h = x.shape
+        v = weight.shape[0]
+        dt = x.dtype
+        self.dx = np.empty((t, h), dt)
+        self.dw = np.zeros((v, h), dt)
+        self.db = np.zeros(v, dt) if bias is not None else None
+        self.scratch = np.empty((min(BLOCK_V, v), h), dt)
+
+    def add_chunk(self, d, g, x, weight, r0, r1):
+        """g = d(loss)/d(logits) of rows r0:r1."""
+        d.matmul(g, weight, out=self.dx[r0:r1])
+        xc = x[r0:r1]
+        v = weight.shape[0]
+        for v0 in range(0, v, BLOCK_V):
+            v1 = min(v, v0 + BLOCK_V)
+            part = self.scratch[: v1 - v0]
+            d.matmul(g[:, v0:v1].T, xc, out=part)
+            self.dw[v0:v1] += part
+        if self.db is not None:
+            self.db += d.matmul(np.ones((1, r1 - r0), g.dtype), g).reshape(-1)
+
+    def scaled(self, scale):
+        if scale != 1.0:
+            s = self.dx.dtype.type(scale)
+            for a in (self.dx, self.dw, self.db):
+                if a is not None:
+                    a *= s
+        return self.dx, self.dw, self.db
+
+
+def _rows(params, weight, dtype):
+    return chunk_rows(weight.shape[0], np.dtype(dtype).itemsize, params.get("chunk_bytes", CHUNK_BYTES))
+
+
+def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_grad):
+    """The chunked sweep (see the module docstring); returns the loss, or (loss, dx,
+    dweight, dbias) with_grad."""
+    d = _ops()
+    t = x.shape[0]
+    dt = x.dtype
+    _check_targets(targets, weight.shape[0], ignore_index)
+    rows = _rows(params, weight, dt)
+    per_row = reduction == "none"
+    losses = np.empty(t, dt) if per_row else None
+    grads = _Grads(x, weight, bias) if with_grad else None
+    total = 0.0
+    for r0 in range(0, t, rows):
+        r1 = min(t, r0 + rows)
+        logits = d.linear(x[r0:r1], weight, bias)
+        tc = targets[r0:r1]
+        if with_grad:
+            loss, g = d.cross_entropy_with_grad(logits, tc, reduction="sum", ignore_index=ignore_index,
+                                                grad_out=logits)
+            grads.add_chunk(d, g, x, weight, r0, r1)
+            total += float(loss)
+            del g
+        elif per_row:
+            losses[r0:r1] = d.cross_entropy(logits, tc, reduction="none", ignore_index=ignore_index)
+        else:
+            total += float(d.cross_entropy(logits, tc, reduction="sum", ignore_index=ignore_index))
+        del logits   # before the next chunk's are made: one chunk alive at a time
+    if per_row:
+        return losses
+    scale = 1.0
+    if reduction == "mean":
+        n = _count(targets, ignore_index)
+        scale = 1.0 / n if n else float("nan")
+    loss = np.asarray(total * scale, dtype=dt)
+    return (loss, *grads.scaled(scale)) if with_grad else loss
+
+
+def backward_per_row(grad_loss, x, weight, targets, bias=None, *, ignore_index=-100, chunk_bytes=CHUNK_BYTES):
+    """(dx, dweight, dbias) of linear_cross_entropy(reduction="none") for the per-row
+    incoming gradient grad_loss (T,): the chunks' logits are recomputed (one more GEMM per
+    chunk), their gradient formed by cross_entropy_backward, and accumulated as in the
+    forward sweep.  The autograd layer's backward for reduction="none"."""
+    d = _ops()
+    x = np.asarray(x)
+    gl = np.asarray(grad_loss, dtype=x.dtype)
+    if gl.shape != (x.shape[0],):
+        raise ValueError(f"grad_loss must have shape ({x.shape[0]},) (one per row of x), got {gl.shape}")
+    grads = _Grads(x, weight, bias)
+    rows = _rows({"chunk_bytes": chunk_bytes}, weight, x.dtype)
+    for r0 in range(0, x.shape[0], rows):
+        r1 = min(x.shape[0], r0 + rows)
+        logits = d.linear(x[r0:r1], weight, bias)
+        g = d.cross_entropy_backward(gl[r0:r1], logits, targets[r0:r1], reduction="none",
+                                     ignore_index=ignore_index)
+        grads.add_chunk(d, g, x, weight, r0, r1)
+        del logits, g
+    return grads.scaled(1.0)
+
+
+def _flops(call):
+    a = call.args
+    t, h = a.x.shape
+    v = a.weight.shape[0]
+    # forward GEMM + softmax sweep; with the gradients, the two backward GEMMs
+    return 2.0 * t * h * v * (3 if a.with_grad else 1) + 5.0 * t * v
+
+
+def _bytes(call):
+    a = call.args
+    it = np.dtype(a.x.dtype).itemsize
+    t, h = a.x.shape
+    v = a.weight.shape[0]
+    base = (t * h + v * h + (v if a.bias is not None else 0)) * it + t * 8
+    return base + ((t * h + v * h) * it if a.with_grad else 0)
+
+
+def _synthesize(shapes, params, rng, dtype):
+    t, h = shapes["x"]
+    v = shapes["weight"][0]
+    return {"x": rng.standard_normal((t, h)).astype(dtype),
+            "weight": (rng.standard_normal((v, h)) / np.sqrt(h)).astype(dtype),
+            "targets": rng.integers(0, v, size=t, dtype=np.int64)}
+
+
+def _signature(i):
+    return (i["x"], i["weight"], i["targets"]), {"bias": i.get("bias"), "reduction": i.get("reduction", "mean")}
+
+
+_SHAPES = {"small": {"x": (37, 16), "weight": (300, 16)},
+           "large": {"x": (256, 64), "weight": (5000, 64)},
+           "decode": {"x": (1, 64), "weight": (5000, 64)}}
+EXAMPLE_SHAPES = {"linear_cross_entropy": _SHAPES, "linear_cross_entropy_with_grad": _SHAPES}
+
+_WHY = ("chunks of rows through the registered linear GEMM and cross_entropy kernels: the (T, V) logits "
+        "are never held at once")
+_lce = register_op(Op("linear_cross_entropy", _describe("linear_cross_entropy", False), family="linear_cross_entropy",
+                      bound="compute", signature=_signature, flops=_flops, bytes=_bytes,
+                      rules={"cpu": fixed_rule(("cpu-chunked",), _WHY)}, synthesize=_synthesize))
+_lce_grad = register_op(Op("linear_cross_entropy_with_grad", _describe("linear_cross_entropy_with_grad", True),
+                           family="linear_cross_entropy", bound="compute", signature=_signature, flops=_flops,
+                           bytes=_bytes, rules={"cpu": fixed_rule(("cpu-chunked",), _WHY)}, synthesize=_synthesize))
+for _name in ("linear_cross_entropy", "linear_cross_entropy_with_grad"):
+    register(Implementation(_name, "cpu-chunked", "cpu", run_chunks, params={"chunk_bytes": CHUNK_BYTES},
+                            tunables={"chunk_bytes": (8 << 20, 32 << 20, 128 << 20)},
+                            notes="composes the linear GEMM and cross_entropy kernels over chunks of rows",
+                            kernel_modules=("kernels_cpu.gemm", "kernels_cpu.softmax_grad"),
+                            composes=("linear", "matmul", "cross_entropy", "cross_entropy_with_grad",
+                                      "cross_entropy_backward")))
+
+
+@_lce.expose
+def linear_cross_entropy(x, weight, targets, bias=None, *, reduction="mean", ignore_index=-100):
+    """cross_entropy(linear(x, weight, bias), targets) for x (T, H), weight (V, H), targets
+    (T,), computed in chunks of rows so that the (T, V) logits never exist at once.  Returns
+    a 0-d array ("mean", "sum") or (T,) ("none"), as dispatch.cross_entropy.
+    `dispatch.autograd.linear_cross_entropy` is the differentiable form."""
+    return _lce(x, weight, targets, bias, reduction=reduction, ignore_index=ignore_index)
+
+
+@_lce_grad.expose
+def linear_cross_entropy_with_grad(x, weight, targets, bias=None, *, reduction="mean", ignore_index=-100):
+    """(loss, dx, dweight, dbias) of linear_cross_entropy for an incoming gradient of 1,
+    from one chunked sweep (dbias None without a bias).  reduction "mean" or "sum"."""
+    return _lce_grad(x, weight, targets, bias, reduction=reduction, ignore_index=ignore_index)

@@ -1,0 +1,185 @@
+"""linear_cross_entropy(_with_grad): the chunked sweep against the float64 composition,
+its gradients, its autograd form against PyTorch's, its extra memory at T = 4096,
+V = 32768, and bad inputs."""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import dispatch
+from dispatch.ops import linear_cross_entropy as L
+from tests import support
+
+
+def _ref(x, w, t, b, reduction, ignore_index):
+    """float64 loss and d(loss)/d(x, w, b) of cross_entropy(x @ w.T + b, t)."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    z = x @ w.T + (0 if b is None else b.astype(np.float64))
+    m = z.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
+    keep = t != ignore_index
+    tt = np.where(keep, t, 0)
+    losses = np.where(keep, lse - z[np.arange(len(t)), tt], 0.0)
+    g = np.exp(z - lse[:, None])
+    g[np.arange(len(t)), tt] -= 1
+    g[~keep] = 0
+    if reduction == "none":
+        return losses, None
+    n = keep.sum()
+    scale = 1.0 / n if reduction == "mean" else 1.0
+    loss = losses.sum() * scale
+    g *= scale
+    return loss, (g @ w, g.T @ x, None if b is None else g.sum(axis=0))
+
+
+def _inputs(rng, t, h, v, dtype, bias, ignore):
+    x = rng.standard_normal((t, h)).astype(dtype)
+    w = (rng.standard_normal((v, h)) / np.sqrt(h)).astype(dtype)
+    b = rng.standard_normal(v).astype(dtype) if bias else None
+    tg = rng.integers(0, v, size=t)
+    if ignore:
+        tg[::4] = -100
+    return x, w, tg, b
+
+
+def _run(chunk_bytes, *args, **kw):
+    call = dispatch.registry.OPS[kw.pop("op")].describe(*args, **kw)
+    return L.run_chunks({"chunk_bytes": chunk_bytes}, *call.args)
+
+
+TOL = {np.float32: 2e-4, np.float64: 1e-9}
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.abs(a - b).max() / max(np.abs(b).max(), 1e-300)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("ignore", [False, True])
+def test_loss_and_grads_match_reference(dtype, reduction, bias, ignore):
+    rng = support.rng()
+    x, w, t, b = _inputs(rng, 37, 16, 300, dtype, bias, ignore)
+    want, want_grads = _ref(x, w, t, b, reduction, -100)
+    # 7 rows of 300 logits per chunk (the last chunk has 2): the chunk edges are exercised
+    chunk = 7 * 300 * np.dtype(dtype).itemsize
+    got = _run(chunk, x, w, t, b, reduction=reduction, op="linear_cross_entropy")
+    assert got.dtype == dtype and _rel(got, want) <= TOL[dtype]
+    assert _rel(dispatch.linear_cross_entropy(x, w, t, b, reduction=reduction), want) <= TOL[dtype]
+    if reduction == "none":
+        return
+    loss, dx, dw, db = _run(chunk, x, w, t, b, reduction=reduction, op="linear_cross_entropy_with_grad")
+    assert _rel(loss, want) <= TOL[dtype]
+    for name, g, r in (("dx", dx, want_grads[0]), ("dweight", dw, want_grads[1])):
+        assert g.dtype == dtype and _rel(g, r) <= TOL[dtype], name
+    assert (db is None) == (b is None)
+    if b is not None:
+        assert _rel(db, want_grads[2]) <= TOL[dtype]
+
+
+def test_per_row_backward_matches_reference():
+    rng = support.rng()
+    x, w, t, b = _inputs(rng, 21, 8, 50, np.float64, True, True)
+    gl = rng.standard_normal(21)
+    dx, dw, db = L.backward_per_row(gl, x, w, t, b, chunk_bytes=5 * 50 * 8)
+    z = x @ w.T + b
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    keep = t != -100
+    p[np.arange(21)[keep], t[keep]] -= 1
+    p[~keep] = 0
+    g = p * gl[:, None]
+    assert _rel(dx, g @ w) <= 1e-9 and _rel(dw, g.T @ x) <= 1e-9 and _rel(db, g.sum(0)) <= 1e-9
+
+
+def test_all_ignored_mean_is_nan_as_pytorch():
+    rng = support.rng()
+    x, w, t, b = _inputs(rng, 5, 4, 9, np.float64, False, False)
+    t[:] = -100
+    assert np.isnan(dispatch.linear_cross_entropy(x, w, t))
+
+
+def test_nan_in_gives_nan_out():
+    rng = support.rng()
+    x, w, t, _ = _inputs(rng, 6, 4, 9, np.float32, False, False)
+    x[2, 1] = np.nan
+    assert np.isnan(dispatch.linear_cross_entropy(x, w, t))
+    assert np.isnan(dispatch.linear_cross_entropy(x, w, t, reduction="none")[2])
+
+
+@pytest.mark.parametrize("change, exc, name", [
+    (lambda a: {**a, "targets": np.array([0, 1, 9, 2, 3, 4])}, ValueError, "targets"),
+    (lambda a: {**a, "weight": a["weight"][:, :3]}, ValueError, "weight"),
+    (lambda a: {**a, "weight": a["weight"].astype(np.float64)}, TypeError, "weight"),
+    (lambda a: {**a, "bias": np.zeros(8, np.float32)}, ValueError, "bias"),
+    (lambda a: {**a, "targets": np.zeros(6, np.float32)}, TypeError, "targets"),
+    (lambda a: {**a, "reduction": "avg"}, ValueError, "reduction"),
+])
+def test_bad_input_names_argument(change, exc, name):
+    rng = support.rng()
+    x, w, t, _ = _inputs(rng, 6, 4, 9, np.float32, False, False)
+    a = change({"x": x, "weight": w, "targets": t, "bias": None, "reduction": "mean"})
+    with pytest.raises(exc, match=name):
+        dispatch.linear_cross_entropy(a["x"], a["weight"], a["targets"], a["bias"], reduction=a["reduction"])
+
+
+def test_with_grad_refuses_none_reduction():
+    rng = support.rng()
+    x, w, t, _ = _inputs(rng, 6, 4, 9, np.float32, False, False)
+    with pytest.raises(ValueError, match="none"):
+        dispatch.linear_cross_entropy_with_grad(x, w, t, reduction="none")
+
+
+def test_extra_memory_well_under_a_quarter_of_the_logits():
+    """T = 4096, V = 32768 float32 (512 MiB of logits): the sweep with gradients allocates
+    at most 1/8 of that beyond its results (numpy allocations, traced by tracemalloc)."""
+    rng = support.rng()
+    t, h, v = 4096, 32, 32768
+    x = rng.standard_normal((t, h), dtype=np.float32)
+    w = (rng.standard_normal((v, h), dtype=np.float32) / np.sqrt(h)).astype(np.float32)
+    tg = rng.integers(0, v, size=t)
+    logits_bytes = t * v * 4
+    dispatch.linear_cross_entropy_with_grad(x[:8], w[:64], tg[:8] % 64)      # compile first
+    tracemalloc.start()
+    try:
+        loss, dx, dw, db = dispatch.linear_cross_entropy_with_grad(x, w, tg)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    results = dx.nbytes + dw.nbytes
+    extra = peak - results
+    assert extra < logits_bytes / 8, f"extra {extra / 2**20:.0f} MiB vs logits {logits_bytes / 2**20:.0f} MiB"
+    assert np.isfinite(loss)
+
+
+def test_autograd_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    import dispatch.autograd as nka
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(int(support.rng().integers(2 ** 62)))
+    for reduction in ("mean", "sum", "none"):
+        for bias in (False, True):
+            x = torch.randn(13, 6, generator=g, dtype=torch.float64)
+            w = torch.randn(40, 6, generator=g, dtype=torch.float64)
+            b = torch.randn(40, generator=g, dtype=torch.float64) if bias else None
+            t = torch.randint(0, 40, (13,), generator=g)
+            t[3] = -100
+            leaves = [a for a in (x, w, b) if a is not None]
+
+            def grads(fn):
+                ins = [a.clone().requires_grad_() for a in leaves]
+                xs, ws, bs = ins[0], ins[1], (ins[2] if bias else None)
+                loss = fn(xs, ws, t, bs)
+                up = torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype).reshape(loss.shape)
+                (loss * up).sum().backward()
+                return loss.detach(), [a.grad for a in ins]
+
+            ours = grads(lambda x, w, t, b: nka.linear_cross_entropy(x, w, t, b, reduction=reduction))
+            ref = grads(lambda x, w, t, b: F.cross_entropy(F.linear(x, w, b), t, reduction=reduction))
+            assert _rel(ours[0].numpy(), ref[0].numpy()) <= 1e-9
+            for a, r in zip(ours[1], ref[1]):
+                assert _rel(a.numpy(), r.numpy()) <= 1e-9, (reduction, bias)
