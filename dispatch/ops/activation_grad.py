@@ -21,12 +21,17 @@ from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .activation import _approximate
 
-# Measured on this machine kind (2 cores, shared with other jobs: load average 3-5 on 2 cores
-# during the run), float32, the kernels alone, medians of 15 interleaved rounds, 2026-11-25:
-# see _MEASURED; the parallel kernel wins from 2^15 elements on.
-PARALLEL_THRESHOLD = 1 << 15
-_MEASURED = ("gelu_backward float32 kernels alone, serial vs parallel: 2^14 29 / 37 us, 2^15 52 / 49 us, "
-             "2^16 99 / 71 us; crossover 2^15 (loaded host)")
+# The forwards' threshold (dispatch/ops/activation.py: relu float32, serial vs parallel crossover
+# at 2^15..2^16 elements on a quiet host).  Measured for these kernels (float32, the kernels alone,
+# medians of 15 interleaved rounds of 20 calls, 2026-11-25) only on a loaded host (load average 9
+# on the 2 cores: the second core was busy, so threads could not pay): serial / parallel
+# gelu_backward 2^15 33.1 / 34.6 us, 2^16 70.4 / 71.5 us, 2^17 150 / 154 us; swiglu_backward 2^16
+# 31.2 / 33.6 us.  The parallel path costs ~1.5 us more when it cannot help (so on a quiet host it
+# wins once the serial time is a few us: the derivatives cost 2-3x the forwards per element, the
+# crossover lies at or below the forwards'); kept at the forwards' value until a quiet re-measure.
+PARALLEL_THRESHOLD = 1 << 16
+_MEASURED = ("forwards' relu crossover 2^15..2^16 elements (quiet host); here, loaded host, gelu_backward "
+             "float32 serial / parallel 70.4 / 71.5 us at 2^16")
 
 _KERNELS = ("kernels_cpu.activation_grad", "kernels_cpu.activation", "kernels_cpu.approx")
 

@@ -18,10 +18,15 @@ from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .rope import tables
 
-# Measured on this machine kind (2 cores shared with other jobs), float32, rotate-half, D=128,
-# S=64, the kernels alone, medians of interleaved rounds, 2026-11-25: see _MEASURED.
+# rope's threshold (dispatch/ops/rope.py: crossover 2^13..2^14 elements, float32, D=128, S=64, the
+# same loop with the signs of sin flipped).  Measured for this kernel (float32 rotate-half, D=128,
+# S=64, kernels alone, medians of 15 interleaved rounds of 20 calls, 2026-11-25) only on a loaded
+# host (load average 9 on the 2 cores: no free core for the second thread): serial / parallel
+# 2^14 2.6 / 7.9 us, 2^16 14.8 / 20.9 us: the dynamic hand-out costs ~5 us when threads cannot help.
+# Kept at rope's value until a quiet re-measure.
 PARALLEL_THRESHOLD = 1 << 14
-_MEASURED = "rope_backward float32 serial vs parallel crossover measured at 2^13..2^14 elements"
+_MEASURED = ("rope's crossover 2^13..2^14 elements (the same loop); here, loaded host, serial / parallel "
+             "14.8 / 20.9 us at 2^16")
 
 _KERNELS = ("kernels_cpu.rope_grad", "kernels_cpu.rope", "kernels_cpu.approx", "kernels_cpu.parallel")
 
