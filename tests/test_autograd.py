@@ -278,3 +278,14 @@ def test_custom_ops_visible_to_torch():
     assert hasattr(torch.ops.nk, "softmax") and hasattr(torch.ops.nk, "layer_norm_backward")
     x = torch.randn(2, 3, device="meta")
     assert torch.ops.nk.softmax(x, -1).shape == (2, 3)    # the fake implementation
+
+
+def test_readme_training_step_runs():
+    """README's training example, run as written (so the README stays true)."""
+    import pathlib
+    text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = text.split("### Training: `dispatch.autograd`", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    scope = {}
+    exec(compile(block, "README.md (training example)", "exec"), scope)
+    assert torch.isfinite(scope["loss"]).item()
+    assert all(p.grad is None for p in (scope["gain"], scope["w1"], scope["head"]))
