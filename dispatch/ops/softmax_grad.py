@@ -24,13 +24,19 @@ from ..registry import Call, Implementation, Op, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .softmax import REDUCTIONS, _host_targets
 
-# Measured on this machine kind (2 cores, float32, kernels alone, medians of 15 interleaved
-# rounds, 2026-11-25, Intel Xeon host shared with other jobs): softmax_backward rows of
-# 1024: serial 4.9 / 9.6 us, parallel 6.6 / 7.8 us at 2^13 / 2^14 elements; rows of 64:
-# serial 5.2 / 10.5, parallel 6.9 / 8.6.  cross_entropy_with_grad rows of 1024: serial
-# 4.6 / 9.0 us, parallel 6.3 / 7.7 us.  Crossover 2^14, as the forwards'.
+# The serial / parallel crossover is the forward kernels' (dispatch/ops/softmax.py: 2^14
+# elements, measured on a quieter host): these kernels have the forward's shape (rows of
+# two or three in-cache passes) and cross where they do.  Measured side by side with the
+# forward's softmax kernels in one run (float32 kernels alone, medians of 15 interleaved
+# rounds, 2026-11-25, Intel Xeon, 2 cores under load average ~5.7 from other jobs):
+#   elements (rows x 1024)     2^14          2^16          2^20            2^22
+#   softmax_backward  s / p    7.2 / 32.8    22.1 / 58.3   905 / 1287      4816 / 4742 us
+#   ce_with_grad      s / p    17.3 / 42.7   55.0 / 103    1089 / 1387     7017 / 7831 us
+#   softmax forward   s / p    17.0 / 48.8   63.1 / 124    1108 / 1222     6446 / 5175 us
+# Under that load a second thread pays off for none of them below 2^22; on a quiet host the
+# forward's 2^14 holds.  One threshold for the family keeps forward and backward alike.
 PARALLEL_THRESHOLD = 1 << 14
-_MEASURED = "float32 serial vs parallel crossover measured between 2^13 and 2^14 elements"
+_MEASURED = "the forward softmax kernels' crossover (2^13..2^14 elements, quiet host); the backward kernels cross with them"
 _RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
 _KERNELS = ("kernels_cpu.softmax_grad", "kernels_cpu.softmax", "kernels_cpu.approx", "kernels_cpu.parallel")
 
@@ -224,16 +230,19 @@ def _describe_with_grad(logits, targets, *, reduction="mean", ignore_index=-100,
 
 
 def _describe_backward(grad_loss, logits, targets, *, reduction="mean", ignore_index=-100):
-    """Call.args = CrossEntropyGradArgs (with_loss False); grad_loss a real number or a 0-d
-    array for "mean" / "sum", an (N,) array for "none" (logits' dtype)."""
+    """Call.args = CrossEntropyGradArgs (with_loss False); grad_loss a real number or an
+    array of shape () or (1,) for "mean" / "sum", an (N,) array for "none" (logits' dtype)."""
     V.required(grad_loss=grad_loss)
     arr = not isinstance(grad_loss, (int, float, np.integer, np.floating)) or isinstance(grad_loss, bool)
     dev, dt, ignore_index = _ce_common(logits, targets, reduction, ignore_index,
                                        **({"grad_loss": grad_loss} if arr else {}))
     if arr:
         V.same_dtype("grad_loss", grad_loss, "logits", dt)
-        want = (logits.shape[0],) if reduction == "none" else ()
-        V.shape("grad_loss", grad_loss, want, " ((N,) for reduction 'none', () otherwise)")
+        if reduction == "none":
+            V.shape("grad_loss", grad_loss, (logits.shape[0],), " for reduction 'none' (one per row)")
+        elif tuple(grad_loss.shape) not in ((), (1,)):
+            raise ValueError(f"grad_loss must have shape () or (1,) for reduction {reduction!r} (the loss is a "
+                             f"scalar), got {tuple(grad_loss.shape)}")
     else:
         if reduction == "none":
             raise ValueError(f"grad_loss must be an array of shape ({logits.shape[0]},) for reduction 'none', "
@@ -373,7 +382,8 @@ def cross_entropy_with_grad(logits, targets, *, reduction="mean", ignore_index=-
 def cross_entropy_backward(grad_loss, logits, targets, *, reduction="mean", ignore_index=-100):
     """Gradient of dispatch.cross_entropy with respect to logits, the softmax recomputed
     from logits: grad[i] = (softmax(logits[i]) - onehot(t_i)) * g_i with g_i = grad_loss /
-    (rows not ignored) for "mean", grad_loss for "sum" (grad_loss a number or a 0-d array),
+    (rows not ignored) for "mean", grad_loss for "sum" (grad_loss a number or an array of
+    shape () or (1,)),
     grad_loss[i] for "none" (an (N,) array).  Ignored rows get a zero gradient.  Returns a
     new (N, C) array of logits' dtype."""
     return _ce_backward(grad_loss, logits, targets, reduction=reduction, ignore_index=ignore_index)

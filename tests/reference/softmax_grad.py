@@ -28,7 +28,7 @@ def _scales(targets, reduction, ignore_index, grad_loss):
     if reduction == "none":
         g = np.ones(t.shape[0]) if grad_loss is None else _f64(grad_loss).reshape(-1)
     else:
-        g = np.full(t.shape[0], 1.0 if grad_loss is None else float(_f64(grad_loss)))
+        g = np.full(t.shape[0], 1.0 if grad_loss is None else _f64(grad_loss).reshape(-1)[0])
         if reduction == "mean" and n_keep:
             g = g / n_keep
     return np.where(keep, g, 0.0), t, keep
