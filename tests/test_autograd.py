@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.skipif(__import__("tests.support", fromlist=["ON_CUDA"]).ON_CUDA, reason="dispatch.autograd on CPU tensors (the CPU test step runs it)")
 F = torch.nn.functional
 
 import dispatch  # noqa: E402

@@ -44,9 +44,11 @@ def _inputs(rng, t, h, v, dtype, bias, ignore):
     return x, w, tg, b
 
 
-def _run(chunk_bytes, *args, **kw):
-    call = dispatch.registry.OPS[kw.pop("op")].describe(*args, **kw)
-    return L.run_chunks({"chunk_bytes": chunk_bytes}, *call.args)
+def _run(impl, chunk_bytes, *args, **kw):
+    """The implementation run directly with a chunk size (params), on the test's target."""
+    op = dispatch.registry.OPS[kw.pop("op")]
+    call = op.describe(*(support.to_target(a) for a in args), **kw)
+    return support.to_host(op.implementations[impl].run({"chunk_bytes": chunk_bytes}, *call.args))
 
 
 TOL = {np.float32: 2e-4, np.float64: 1e-9}
@@ -57,22 +59,30 @@ def _rel(a, b):
     return np.abs(a - b).max() / max(np.abs(b).max(), 1e-300)
 
 
+# (T, H, V, rows per chunk): the simulator runs every GPU thread in Python, so tiny there
+SHAPE = (9, 4, 20, 4) if support.SMALL_SHAPES else (37, 16, 300, 7)
+
+
+@pytest.mark.parametrize("impl", support.impl_params("linear_cross_entropy"))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("ignore", [False, True])
-def test_loss_and_grads_match_reference(dtype, reduction, bias, ignore):
+def test_loss_and_grads_match_reference(impl, dtype, reduction, bias, ignore):
     rng = support.rng()
-    x, w, t, b = _inputs(rng, 37, 16, 300, dtype, bias, ignore)
-    want, want_grads = _ref(x, w, t, b, reduction, -100)
-    # 7 rows of 300 logits per chunk (the last chunk has 2): the chunk edges are exercised
-    chunk = 7 * 300 * np.dtype(dtype).itemsize
-    got = _run(chunk, x, w, t, b, reduction=reduction, op="linear_cross_entropy")
-    assert got.dtype == dtype and _rel(got, want) <= TOL[dtype]
-    assert _rel(dispatch.linear_cross_entropy(x, w, t, b, reduction=reduction), want) <= TOL[dtype]
+    t, h, v, rows = SHAPE
+    x, w, tg, b = _inputs(rng, t, h, v, dtype, bias, ignore)
+    want, want_grads = _ref(x, w, tg, b, reduction, -100)
+    # a few rows of logits per chunk, the last chunk shorter: the chunk edges are exercised
+    chunk = rows * v * np.dtype(dtype).itemsize
+    got = _run(impl, chunk, x, w, tg, b, reduction=reduction, op="linear_cross_entropy")
+    assert np.asarray(got).dtype == dtype and _rel(got, want) <= TOL[dtype]
+    with dispatch.use(linear_cross_entropy=impl):
+        whole = dispatch.linear_cross_entropy(*(support.to_target(a) for a in (x, w, tg, b)), reduction=reduction)
+    assert _rel(support.to_host(whole), want) <= TOL[dtype]
     if reduction == "none":
         return
-    loss, dx, dw, db = _run(chunk, x, w, t, b, reduction=reduction, op="linear_cross_entropy_with_grad")
+    loss, dx, dw, db = _run(impl, chunk, x, w, tg, b, reduction=reduction, op="linear_cross_entropy_with_grad")
     assert _rel(loss, want) <= TOL[dtype]
     for name, g, r in (("dx", dx, want_grads[0]), ("dweight", dw, want_grads[1])):
         assert g.dtype == dtype and _rel(g, r) <= TOL[dtype], name
@@ -81,6 +91,10 @@ def test_loss_and_grads_match_reference(dtype, reduction, bias, ignore):
         assert _rel(db, want_grads[2]) <= TOL[dtype]
 
 
+HOST_ONLY = pytest.mark.skipif(support.ON_CUDA, reason="host path (the CPU test step runs it)")
+
+
+@HOST_ONLY
 def test_per_row_backward_matches_reference():
     rng = support.rng()
     x, w, t, b = _inputs(rng, 21, 8, 50, np.float64, True, True)
@@ -96,6 +110,7 @@ def test_per_row_backward_matches_reference():
     assert _rel(dx, g @ w) <= 1e-9 and _rel(dw, g.T @ x) <= 1e-9 and _rel(db, g.sum(0)) <= 1e-9
 
 
+@HOST_ONLY
 def test_all_ignored_mean_is_nan_as_pytorch():
     rng = support.rng()
     x, w, t, b = _inputs(rng, 5, 4, 9, np.float64, False, False)
@@ -103,6 +118,7 @@ def test_all_ignored_mean_is_nan_as_pytorch():
     assert np.isnan(dispatch.linear_cross_entropy(x, w, t))
 
 
+@HOST_ONLY
 def test_nan_in_gives_nan_out():
     rng = support.rng()
     x, w, t, _ = _inputs(rng, 6, 4, 9, np.float32, False, False)
@@ -111,6 +127,7 @@ def test_nan_in_gives_nan_out():
     assert np.isnan(dispatch.linear_cross_entropy(x, w, t, reduction="none")[2])
 
 
+@HOST_ONLY
 @pytest.mark.parametrize("change, exc, name", [
     (lambda a: {**a, "targets": np.array([0, 1, 9, 2, 3, 4])}, ValueError, "targets"),
     (lambda a: {**a, "weight": a["weight"][:, :3]}, ValueError, "weight"),
@@ -127,6 +144,7 @@ def test_bad_input_names_argument(change, exc, name):
         dispatch.linear_cross_entropy(a["x"], a["weight"], a["targets"], a["bias"], reduction=a["reduction"])
 
 
+@HOST_ONLY
 def test_with_grad_refuses_none_reduction():
     rng = support.rng()
     x, w, t, _ = _inputs(rng, 6, 4, 9, np.float32, False, False)
@@ -134,6 +152,7 @@ def test_with_grad_refuses_none_reduction():
         dispatch.linear_cross_entropy_with_grad(x, w, t, reduction="none")
 
 
+@HOST_ONLY
 def test_extra_memory_well_under_a_quarter_of_the_logits():
     """T = 4096, V = 32768 float32 (512 MiB of logits): the sweep with gradients allocates
     at most 1/8 of that beyond its results (numpy allocations, traced by tracemalloc)."""
@@ -156,6 +175,7 @@ def test_extra_memory_well_under_a_quarter_of_the_logits():
     assert np.isfinite(loss)
 
 
+@HOST_ONLY
 def test_autograd_matches_pytorch():
     torch = pytest.importorskip("torch")
     import dispatch.autograd as nka

@@ -17,6 +17,8 @@ from tests import small_inputs as S
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.skipif(__import__("tests.support", fromlist=["ON_CUDA"]).ON_CUDA, reason="PyTorch CPU tensors (the CPU test step runs it)")
+
 OPS = list(registry.OPS.values())
 
 

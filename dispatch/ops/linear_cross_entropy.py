@@ -101,18 +101,13 @@ def _ops():
 
 
 def _count(targets, ignore_index):
-    return int(np.count_nonzero(np.asarray(_host(targets)) != ignore_index))
-
-
-def _host(a):
-    from ..devices import device_kind
-    return a.copy_to_host() if device_kind(a) == "cuda" and hasattr(a, "copy_to_host") else a
+    return int(np.count_nonzero(np.asarray(targets) != ignore_index))
 
 
 def _check_targets(targets, v, ignore_index):
     """Every target in [0, V) or ignore_index, checked before any chunk runs (so that the
     error names the index in targets, not in a chunk)."""
-    t = np.asarray(_host(targets))
+    t = np.asarray(targets)
     bad = np.flatnonzero((t != ignore_index) & ((t < 0) | (t >= v)))
     if bad.size:
         i = int(bad[0])
@@ -120,17 +115,51 @@ def _check_targets(targets, v, ignore_index):
                          f"or equal ignore_index={ignore_index}")
 
 
+class HostArrays:
+    """Where the sweep's buffers live and how they are updated: numpy on the CPU (the CUDA
+    implementation passes its device twin, dispatch/cuda_impls/linear_cross_entropy.py)."""
+
+    empty = staticmethod(np.empty)
+    zeros = staticmethod(np.zeros)
+
+    @staticmethod
+    def ones(shape, dtype):
+        return np.ones(shape, dtype)
+
+    @staticmethod
+    def add(dst, src):
+        dst += src
+
+    @staticmethod
+    def scale(dst, s):
+        dst *= dst.dtype.type(s)
+
+    @staticmethod
+    def copy(dst, src):
+        dst[...] = src
+
+    @staticmethod
+    def scalar(a) -> float:
+        return float(a)
+
+    @staticmethod
+    def to_host(a):
+        return a
+
+
 class _Grads:
     """dx, dweight, dbias being accumulated chunk by chunk (see the module docstring)."""
 
-    def __init__(self, x, weight, bias):
+    def __init__(self, mem, x, weight, bias):
         t, h = x.shape
         v = weight.shape[0]
-        dt = x.dtype
-        self.dx = np.empty((t, h), dt)
-        self.dw = np.zeros((v, h), dt)
-        self.db = np.zeros(v, dt) if bias is not None else None
-        self.scratch = np.empty((min(BLOCK_V, v), h), dt)
+        dt = np.dtype(x.dtype)
+        self.mem = mem
+        self.dx = mem.empty((t, h), dt)
+        self.dw = mem.zeros((v, h), dt)
+        self.db = mem.zeros(v, dt) if bias is not None else None
+        self.scratch = mem.empty((min(BLOCK_V, v), h), dt)
+        self.ones = {}
 
     def add_chunk(self, d, g, x, weight, r0, r1):
         """g = d(loss)/d(logits) of rows r0:r1."""
@@ -141,16 +170,18 @@ class _Grads:
             v1 = min(v, v0 + BLOCK_V)
             part = self.scratch[: v1 - v0]
             d.matmul(g[:, v0:v1].T, xc, out=part)
-            self.dw[v0:v1] += part
+            self.mem.add(self.dw[v0:v1], part)
         if self.db is not None:
-            self.db += d.matmul(np.ones((1, r1 - r0), g.dtype), g).reshape(-1)
+            n = r1 - r0
+            if n not in self.ones:
+                self.ones[n] = self.mem.ones((1, n), np.dtype(g.dtype))
+            self.mem.add(self.db, d.matmul(self.ones[n], g).reshape(v))
 
     def scaled(self, scale):
         if scale != 1.0:
-            s = self.dx.dtype.type(scale)
             for a in (self.dx, self.dw, self.db):
                 if a is not None:
-                    a *= s
+                    self.mem.scale(a, scale)
         return self.dx, self.dw, self.db
 
 
@@ -158,17 +189,17 @@ def _rows(params, weight, dtype):
     return chunk_rows(weight.shape[0], np.dtype(dtype).itemsize, params.get("chunk_bytes", CHUNK_BYTES))
 
 
-def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_grad):
+def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_grad, mem=HostArrays):
     """The chunked sweep (see the module docstring); returns the loss, or (loss, dx,
-    dweight, dbias) with_grad."""
+    dweight, dbias) with_grad.  mem: where the buffers live (HostArrays, or the device's)."""
     d = _ops()
     t = x.shape[0]
-    dt = x.dtype
-    _check_targets(targets, weight.shape[0], ignore_index)
+    dt = np.dtype(x.dtype)
+    _check_targets(mem.to_host(targets), weight.shape[0], ignore_index)
     rows = _rows(params, weight, dt)
     per_row = reduction == "none"
-    losses = np.empty(t, dt) if per_row else None
-    grads = _Grads(x, weight, bias) if with_grad else None
+    losses = mem.empty(t, dt) if per_row else None
+    grads = _Grads(mem, x, weight, bias) if with_grad else None
     total = 0.0
     for r0 in range(0, t, rows):
         r1 = min(t, r0 + rows)
@@ -178,18 +209,18 @@ def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_g
             loss, g = d.cross_entropy_with_grad(logits, tc, reduction="sum", ignore_index=ignore_index,
                                                 grad_out=logits)
             grads.add_chunk(d, g, x, weight, r0, r1)
-            total += float(loss)
+            total += mem.scalar(loss)
             del g
         elif per_row:
-            losses[r0:r1] = d.cross_entropy(logits, tc, reduction="none", ignore_index=ignore_index)
+            mem.copy(losses[r0:r1], d.cross_entropy(logits, tc, reduction="none", ignore_index=ignore_index))
         else:
-            total += float(d.cross_entropy(logits, tc, reduction="sum", ignore_index=ignore_index))
+            total += mem.scalar(d.cross_entropy(logits, tc, reduction="sum", ignore_index=ignore_index))
         del logits   # before the next chunk's are made: one chunk alive at a time
     if per_row:
         return losses
     scale = 1.0
     if reduction == "mean":
-        n = _count(targets, ignore_index)
+        n = _count(mem.to_host(targets), ignore_index)
         scale = 1.0 / n if n else float("nan")
     loss = np.asarray(total * scale, dtype=dt)
     return (loss, *grads.scaled(scale)) if with_grad else loss
@@ -199,13 +230,13 @@ def backward_per_row(grad_loss, x, weight, targets, bias=None, *, ignore_index=-
     """(dx, dweight, dbias) of linear_cross_entropy(reduction="none") for the per-row
     incoming gradient grad_loss (T,): the chunks' logits are recomputed (one more GEMM per
     chunk), their gradient formed by cross_entropy_backward, and accumulated as in the
-    forward sweep.  The autograd layer's backward for reduction="none"."""
+    forward sweep.  The autograd layer's backward for reduction="none" (host arrays)."""
     d = _ops()
     x = np.asarray(x)
     gl = np.asarray(grad_loss, dtype=x.dtype)
     if gl.shape != (x.shape[0],):
         raise ValueError(f"grad_loss must have shape ({x.shape[0]},) (one per row of x), got {gl.shape}")
-    grads = _Grads(x, weight, bias)
+    grads = _Grads(HostArrays, x, weight, bias)
     rows = _rows({"chunk_bytes": chunk_bytes}, weight, x.dtype)
     for r0 in range(0, x.shape[0], rows):
         r1 = min(x.shape[0], r0 + rows)
@@ -251,14 +282,14 @@ _SHAPES = {"small": {"x": (37, 16), "weight": (300, 16)},
            "decode": {"x": (1, 64), "weight": (5000, 64)}}
 EXAMPLE_SHAPES = {"linear_cross_entropy": _SHAPES, "linear_cross_entropy_with_grad": _SHAPES}
 
-_WHY = ("chunks of rows through the registered linear GEMM and cross_entropy kernels: the (T, V) logits "
+WHY = ("chunks of rows through the registered linear GEMM and cross_entropy kernels: the (T, V) logits "
         "are never held at once")
 _lce = register_op(Op("linear_cross_entropy", _describe("linear_cross_entropy", False), family="linear_cross_entropy",
                       bound="compute", signature=_signature, flops=_flops, bytes=_bytes,
-                      rules={"cpu": fixed_rule(("cpu-chunked",), _WHY)}, synthesize=_synthesize))
+                      rules={"cpu": fixed_rule(("cpu-chunked",), WHY)}, synthesize=_synthesize))
 _lce_grad = register_op(Op("linear_cross_entropy_with_grad", _describe("linear_cross_entropy_with_grad", True),
                            family="linear_cross_entropy", bound="compute", signature=_signature, flops=_flops,
-                           bytes=_bytes, rules={"cpu": fixed_rule(("cpu-chunked",), _WHY)}, synthesize=_synthesize))
+                           bytes=_bytes, rules={"cpu": fixed_rule(("cpu-chunked",), WHY)}, synthesize=_synthesize))
 for _name in ("linear_cross_entropy", "linear_cross_entropy_with_grad"):
     register(Implementation(_name, "cpu-chunked", "cpu", run_chunks, params={"chunk_bytes": CHUNK_BYTES},
                             tunables={"chunk_bytes": (8 << 20, 32 << 20, 128 << 20)},
