@@ -291,3 +291,23 @@ def test_readme_training_step_runs():
     exec(compile(block, "README.md (training example)", "exec"), scope)
     assert torch.isfinite(scope["loss"]).item()
     assert all(p.grad is None for p in (scope["gain"], scope["w1"], scope["head"]))
+
+
+def test_torch_compile_sees_the_ops_without_graph_breaks():
+    """fullgraph=True fails on a graph break: the custom ops (forward, fake and backward)
+    are traced as opaque nodes, and the compiled gradient equals eager's."""
+    def step(x, w, g):
+        return nka.cross_entropy(nka.linear(nka.rms_norm(x, g), w, activation="silu"), t).sum()
+
+    t = torch.tensor([0, 2, 1, 3])
+    x = torch.randn(4, 8, dtype=torch.float64)
+    w = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    loss_c = compiled(x, w, g)
+    grads_c = torch.autograd.grad(loss_c, (w, g))
+    loss_e = step(x, w, g)
+    grads_e = torch.autograd.grad(loss_e, (w, g))
+    assert torch.allclose(loss_c, loss_e, rtol=1e-12, atol=0)
+    for a, b in zip(grads_c, grads_e):
+        assert torch.allclose(a, b, rtol=1e-12, atol=0)
