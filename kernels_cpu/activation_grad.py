@@ -4,8 +4,8 @@ The scalar derivative formulas come first (``*_derivative(x)``, ``*_value_and_de
 and ``derivative(x, code)`` / ``grad_input(g, x, code)`` dispatching on the ACT_* code), so
 that other kernels (a linear-backward GEMM prologue multiplying the incoming gradient by
 act'(pre-activation)) can call the same code; kernels_cuda/activation_grad.py has their
-device-function twins.  They build on kernels_cpu.approx (the vectorizable exp / erfc the
-forwards use; float64 keeps libm's erfc, as the forward does).
+device-function twins.  They build on kernels_cpu.approx (the vectorizable exp the forwards
+use; float64 keeps libm's erfc, as the forward does).
 
 Formulas (PyTorch's, rewritten where its form cancels or overflows):
   relu       threshold_backward: g where x > 0, 0 where x <= 0 (even for a NaN or inf g),
@@ -13,7 +13,8 @@ Formulas (PyTorch's, rewritten where its form cancels or overflows):
   silu       s (1 + x (1 - s)), s = sigmoid(x).  s and 1 - s both from e = exp(-|x|) in (0, 1]:
              r = 1 / (1 + e) is the one near 1, e r the other, so 1 - s never cancels
              (1 - s for s near 1 loses its bits: x = 12 in float32) and nothing overflows.
-  gelu       Phi(x) + x phi(x) = erfc(-x / sqrt2) / 2 + x exp(-x^2 / 2) / sqrt(2 pi).
+  gelu       Phi(x) + x phi(x) = erfc(-x / sqrt2) / 2 + x exp(-x^2 / 2) / sqrt(2 pi); float32
+             with one exp for both (cdf_and_gauss below).
   gelu_tanh  0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u' written with s = sigmoid(v), v = 2u
              (0.5 (1 + tanh u) = s, 1 - tanh^2 u = 4 s (1 - s)): s (1 + x (1 - s) v'),
              v' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2); s and 1 - s as for silu.

@@ -182,6 +182,24 @@ def test_gated_nan_in_gives_nan_out(name, fn, reference, kw, impl):
     _check(dup, want[1], np.float64, name)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU kernels' float32 erfc fit")
+def test_exact_gelu_float32_sweep():
+    """The float32 exact-gelu derivative and value (kernels_cpu.activation_grad.cdf_and_gauss:
+    one exp, a fitted erfcx polynomial) on a dense sweep of [-40, 40]: every element within
+    the float32 tolerance (the derivative with the absolute part near its zero crossing)."""
+    from kernels_common.activation import ACT_GELU
+    from kernels_cpu import activation_grad as K
+
+    x = np.linspace(-40, 40, 400_001).astype(np.float32)
+    ones = np.ones_like(x)
+    d, dgate, dup = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    K.unary_grad_serial(ones, x, d, ACT_GELU)
+    K.gated_grad_serial(ones, x, ones, dgate, dup, ACT_GELU)
+    assert_close(d, ref.gelu_backward(ones, x), TOL[np.dtype(np.float32)], "gelu'", cancel=True)
+    assert_close(dgate, d, 1e-7, "dgate = gelu'")
+    assert_close(dup, fwd.gelu(x), TOL[np.dtype(np.float32)], "gelu value")
+
+
 # ---- read-only and broadcast inputs (host arrays) ----------------------------------------
 
 @host_only
