@@ -682,7 +682,7 @@ def _packer(operand, transposed, dtype, ti):
 # ---- GEMM ------------------------------------------------------------------------------------
 
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
-                  nc_panels, kc, nworkers, tile=None):
+                  nc_panels, kc, nworkers, tile=None, pack_a=None, pack_b=None, extra=()):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
 
     epilogue: apply bias + activation (False: plain product, bias and code ignored);
@@ -692,7 +692,11 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length;
     nworkers: numba's thread count (numba.get_num_threads());
     tile: the register tile (a TILES index, name or Tile; default active_tile()): ap, bp
-    and mc_panels / nc_panels are in its panels.
+    and mc_panels / nc_panels are in its panels;
+    pack_a / pack_b: addresses of other packers (same (panel, params) calling convention and
+    panel layout) in place of the plain copies, and extra: int64 values appended to the
+    argument block after its P_COUNT slots for them (the backward's prologue packers,
+    kernels_cpu/linalg_grad.py, which form the activation's gradient while packing).
 
     Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
     compiled per dtype; the packers for the operands' layouts and the epilogue for the
@@ -718,7 +722,8 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
                              f"got {arr.dtype} {arr.flags.c_contiguous}")
     if not out3.flags.c_contiguous:
         raise ValueError("gemm_parallel: out3 must be C-contiguous")
-    p = np.empty(P_COUNT, np.int64)
+    p = np.empty(P_COUNT + len(extra), np.int64)
+    p[P_COUNT:] = extra
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = a3.shape[0], b3.shape[0], nbatch, M, N, K
     p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_packed
@@ -726,8 +731,8 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     if ap.size < math.prod(sa) or bp.size < math.prod(sb):
         raise ValueError(f"gemm_parallel: packing buffers of {ap.size} / {bp.size} elements, tile {TILES[ti].name} "
                          f"needs {math.prod(sa)} / {math.prod(sb)}")
-    p[P_PACK_A] = _packer("a", transa, out3.dtype, ti)
-    p[P_PACK_B] = 0 if b_packed else _packer("b", transb, out3.dtype, ti)
+    p[P_PACK_A] = _packer("a", transa, out3.dtype, ti) if pack_a is None else pack_a
+    p[P_PACK_B] = 0 if b_packed else (_packer("b", transb, out3.dtype, ti) if pack_b is None else pack_b)
     p[P_EPILOGUE] = _epilogue(out3.dtype, code) if epilogue else 0
     run_workers(worker_address(gemm_worker, (bool(out3.dtype == np.float64), ti)), p,
                 min(nworkers, max(ntasks, 1)))

@@ -1,0 +1,216 @@
+"""dispatch.linear_backward / dispatch.matmul_backward against float64 references (checked
+themselves against PyTorch autograd of the forward references), for every implementation the
+dispatcher can pick: every activation and none, bias / no bias, M / N / K of 1, 7, 33, 100
+(not multiples of any register or CUDA tile), leading dims, batched and broadcast matmul,
+non-contiguous and read-only inputs, NaN propagation, bad input."""
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import linalg as fwd
+from tests.reference import linalg_grad as ref
+from tests.support import ON_CUDA, SMALL_SHAPES, assert_close, impl_params, randn, read_only, rng, run, strided
+
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+DTYPES = [np.float32, np.float64]
+TOL = {np.dtype(np.float32): 2e-4, np.dtype(np.float64): 1e-9}
+host_only = pytest.mark.skipif(ON_CUDA, reason="host-array checks run on the CPU target")
+
+# linear: (x shape, N); M, N, K in {1, 7, 33, 100}
+LINEAR_FULL = [((7, 33), 100), ((100, 7), 1), ((1, 100), 33), ((3, 11, 33), 7), ((33, 1), 7)]
+LINEAR_SMALL = [((7, 5), 9), ((2, 3, 4), 1), ((1, 3), 7)]
+LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
+# matmul: (a shape, b shape)
+MATMUL_FULL = [((7, 33), (33, 100)), ((2, 3, 7, 19), (19, 33)), ((3, 7, 19), (2, 1, 19, 33)),
+               ((4, 13, 40), (4, 40, 18)), ((7, 19), (3, 19, 33)), ((100, 1), (1, 7))]
+MATMUL_SMALL = [((3, 5), (5, 7)), ((2, 3, 4), (4, 5)), ((3, 2, 4), (2, 1, 4, 5))]
+MATMUL_SHAPES = MATMUL_SMALL if SMALL_SHAPES else MATMUL_FULL
+
+
+def _check(got, want, dtype, what):
+    assert len(got) == 3, what
+    for name, g, w in zip(("d0", "d1", "dbias"), got, want):
+        if w is None:
+            assert g is None, f"{what} {name}: expected None"
+            continue
+        assert g.dtype == dtype, f"{what} {name}: dtype {g.dtype}"
+        assert_close(g, w, TOL[np.dtype(dtype)], f"{what} {name}", cancel=True)
+
+
+def _linear_inputs(g, sx, n, dtype):
+    k = sx[-1]
+    x, w = randn(g, sx, dtype), randn(g, (n, k), dtype)
+    bias = randn(g, (n,), dtype)
+    pre = fwd.linear(x, w, bias).astype(dtype)
+    grad = randn(g, sx[:-1] + (n,), dtype)
+    return grad, x, w, pre
+
+
+def _matmul_inputs(g, sa, sb, dtype):
+    a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+    pre = fwd.matmul(a, b, bias=randn(g, sb[-1:], dtype)).astype(dtype)
+    grad = randn(g, pre.shape, dtype)
+    return grad, a, b, pre
+
+
+# ---- the references against PyTorch autograd -------------------------------------------------
+
+@host_only
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
+def test_reference_matches_torch_autograd(activation):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    acts = {None: lambda t: t, "relu": F.relu, "silu": F.silu, "gelu": F.gelu,
+            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+    g = rng()
+    # linear with leading dims and a bias
+    x, w, bias = randn(g, (3, 5, 13), np.float64), randn(g, (9, 13), np.float64), randn(g, (9,), np.float64)
+    grad = randn(g, (3, 5, 9), np.float64)
+    ts = [torch.from_numpy(v).requires_grad_(True) for v in (x, w, bias)]
+    y = acts[activation](F.linear(*ts))
+    np.testing.assert_allclose(y.detach().numpy(), fwd.linear(x, w, bias, activation=activation), rtol=1e-12, atol=1e-12)
+    want = [d.numpy() for d in torch.autograd.grad(y, ts, torch.from_numpy(grad))]
+    got = ref.linear_backward(grad, x, w, fwd.linear(x, w, bias), activation=activation, has_bias=True)
+    for a, b_, nm in zip(got, want, ("dx", "dweight", "dbias")):
+        assert_close(a, b_, 1e-9, f"linear {nm}", cancel=True)
+    # broadcast matmul (both sides broadcast), no bias
+    a, b = randn(g, (3, 1, 6, 7), np.float64), randn(g, (2, 7, 5), np.float64)
+    ta, tb = (torch.from_numpy(v).requires_grad_(True) for v in (a, b))
+    y = acts[activation](ta @ tb)
+    grad = randn(g, tuple(y.shape), np.float64)
+    want = [d.numpy() for d in torch.autograd.grad(y, [ta, tb], torch.from_numpy(grad))]
+    got = ref.matmul_backward(grad, a, b, fwd.matmul(a, b), activation=activation)
+    assert got[2] is None
+    for a_, b_, nm in zip(got, want, ("da", "db")):
+        assert a_.shape == b_.shape, nm
+        assert_close(a_, b_, 1e-9, f"matmul {nm}", cancel=True)
+
+
+# ---- every implementation against the reference ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
+@pytest.mark.parametrize("impl", impl_params("linear_backward"))
+def test_linear_backward_matches_reference(impl, activation, dtype):
+    g = rng()
+    for i, (sx, n) in enumerate(LINEAR_SHAPES):
+        has_bias = i % 2 == 0
+        grad, x, w, pre = _linear_inputs(g, sx, n, dtype)
+        want = ref.linear_backward(grad, x, w, pre, activation=activation, has_bias=has_bias)
+        got = run(impl, dispatch.linear_backward, grad, x, w, pre, activation=activation, has_bias=has_bias,
+                  _op="linear_backward")
+        _check(got, want, dtype, f"linear_backward {activation} {sx} N={n} bias={has_bias}")
+        assert got[0].shape == x.shape and got[1].shape == w.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "relu"], ids=str)
+@pytest.mark.parametrize("impl", impl_params("matmul_backward"))
+def test_matmul_backward_matches_reference(impl, activation, dtype):
+    """Batched and broadcast: da / db summed over the dims their operand was broadcast along."""
+    g = rng()
+    for i, (sa, sb) in enumerate(MATMUL_SHAPES):
+        has_bias = i % 2 == 1
+        grad, a, b, pre = _matmul_inputs(g, sa, sb, dtype)
+        want = ref.matmul_backward(grad, a, b, pre, activation=activation, has_bias=has_bias)
+        got = run(impl, dispatch.matmul_backward, grad, a, b, pre, activation=activation, has_bias=has_bias,
+                  _op="matmul_backward")
+        assert got[0].shape == a.shape and got[1].shape == b.shape, (sa, sb)
+        _check(got, want, dtype, f"matmul_backward {activation} {sa} @ {sb} bias={has_bias}")
+
+
+@pytest.mark.parametrize("impl", impl_params("linear_backward"))
+def test_linear_backward_views(impl):
+    """Non-contiguous (strided) grad_out, x, weight and pre."""
+    g = rng()
+    sx, n = ((5, 6), 7) if SMALL_SHAPES else ((33, 100), 7)
+    grad, x, w, pre = _linear_inputs(g, sx, n, np.float32)
+    want = ref.linear_backward(grad, x, w, pre, activation="silu", has_bias=True)
+    got = run(impl, dispatch.linear_backward, strided(grad), strided(x), strided(w), strided(pre), activation="silu",
+              has_bias=True, _op="linear_backward")
+    _check(got, want, np.float32, "strided")
+    # a transposed weight view
+    got = run(impl, dispatch.linear_backward, grad, x, np.ascontiguousarray(w.T).T, pre, activation="silu",
+              has_bias=True, _op="linear_backward")
+    _check(got, want, np.float32, "weight.T view")
+
+
+@host_only
+@pytest.mark.parametrize("impl", impl_params("matmul_backward"))
+def test_read_only_inputs(impl):
+    g = rng()
+    grad, a, b, pre = _matmul_inputs(g, (2, 7, 33), (33, 9), np.float64)
+    want = ref.matmul_backward(grad, a, b, pre, activation="gelu", has_bias=True)
+    got = run(impl, dispatch.matmul_backward, read_only(grad), read_only(a), read_only(b), read_only(pre),
+              activation="gelu", has_bias=True, _op="matmul_backward")
+    _check(got, want, np.float64, "read-only")
+    # a broadcast (zero-stride) b
+    bb = np.broadcast_to(b, (2, 33, 9))
+    got = run(impl, dispatch.matmul_backward, grad, a, bb, pre, activation="gelu", has_bias=True,
+              _op="matmul_backward")
+    want = ref.matmul_backward(grad, a, np.array(bb), pre, activation="gelu", has_bias=True)
+    _check(got, want, np.float64, "broadcast b")
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu", None], ids=str)
+@pytest.mark.parametrize("impl", impl_params("linear_backward"))
+def test_nan_in_gives_nan_out(impl, activation):
+    """A NaN in pre (or grad_out) at (i, j) makes dx's row i, dweight's row j and dbias[j]
+    NaN (relu too: its derivative at NaN is NaN); everything else stays finite."""
+    g = rng()
+    sx, n = ((6, 5), 7) if SMALL_SHAPES else ((33, 40), 17)
+    grad, x, w, pre = _linear_inputs(g, sx, n, np.float32)
+    i, j = 3, 4
+    if activation is None:
+        grad[i, j] = np.nan
+    else:
+        pre[i, j] = np.nan
+    dx, dw, db = run(impl, dispatch.linear_backward, grad, x, w, pre, activation=activation, has_bias=True,
+                     _op="linear_backward")
+    assert np.isnan(dx[i]).all() and np.isnan(dw[j]).all() and np.isnan(db[j])
+    assert np.isfinite(np.delete(dx, i, 0)).all() and np.isfinite(np.delete(dw, j, 0)).all()
+    assert np.isfinite(np.delete(db, j)).all()
+
+
+@host_only
+def test_linear_backward_through_torch_tensors():
+    """Tensors in, tensors out (dispatch.interop), the same values."""
+    torch = pytest.importorskip("torch")
+    g = rng()
+    grad, x, w, pre = _linear_inputs(g, (9, 20), 11, np.float32)
+    got = dispatch.linear_backward(*(torch.from_numpy(v) for v in (grad, x, w, pre)), activation="gelu", has_bias=True)
+    assert all(isinstance(t, torch.Tensor) for t in got)
+    _check([t.numpy() for t in got], ref.linear_backward(grad, x, w, pre, activation="gelu", has_bias=True),
+           np.float32, "tensors")
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+@host_only
+@pytest.mark.parametrize("call, err, msg", [
+    (lambda: dispatch.linear_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((3, 4)), activation="gelu"),
+     ValueError, "pre .* is required with activation='gelu'"),
+    (lambda: dispatch.linear_backward(np.ones((2, 5)), np.ones((2, 4)), np.ones((3, 4))), ValueError,
+     r"grad_out must have the forward's output shape \(2, 3\)"),
+    (lambda: dispatch.linear_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((3, 5))), ValueError,
+     "weight must have K=4 columns"),
+    (lambda: dispatch.linear_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((3, 4)), np.ones((3, 2)),
+                                      activation="relu"), ValueError, "pre must have the forward's output shape"),
+    (lambda: dispatch.linear_backward(np.ones((2, 3), np.float32), np.ones((2, 4)), np.ones((3, 4))), TypeError,
+     "x must have the same dtype as grad_out"),
+    (lambda: dispatch.linear_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((3, 4)), np.ones((2, 3)),
+                                      activation="tanh"), ValueError, "activation must be one of"),
+    (lambda: dispatch.matmul_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((5, 3))), ValueError,
+     "b must have K=4 rows"),
+    (lambda: dispatch.matmul_backward(np.ones((2, 3)), np.ones((2, 2, 4)), np.ones((4, 3))), ValueError,
+     r"grad_out must have the forward's output shape \(2, 2, 3\)"),
+    (lambda: dispatch.matmul_backward(np.ones((2, 2, 3)), np.ones((2, 2, 4)), np.ones((3, 4, 3))), ValueError,
+     "do not broadcast"),
+    (lambda: dispatch.matmul_backward(np.arange(6).reshape(2, 3), np.ones((2, 4)), np.ones((4, 3))), TypeError,
+     "grad_out must have dtype float32 or float64"),
+    (lambda: dispatch.matmul_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((4, 3)), has_bias="yes"), TypeError,
+     "has_bias"),
+])
+def test_bad_inputs_raise_naming_the_argument(call, err, msg):
+    with pytest.raises(err, match=msg):
+        call()
