@@ -15,7 +15,7 @@ plus grad_residual (the gradient reaching h through the forward's second output)
 to dx in the same pass.
 
 Determinism.  dweight / dbias are sums over rows.  The rows are cut into blocks of
-rows_per_block(D) rows, a number fixed by D alone (never by the thread count): each block
+rows_per_block(n, D) rows, a number fixed by the shape alone (never the thread count): each block
 sums its rows into its own row of a (n_blocks, D) scratch (in the dtype, rows in order),
 then reduce_blocks adds the block rows in block order (float64 accumulator, rounded once).
 Which thread runs a block changes nothing, so every run, every thread count and the
@@ -29,21 +29,27 @@ from numba import njit, prange
 from .approx import JIT, like
 from .parallel import row_of, run_dynamic
 
-# Elements per row block.  The block's partial dweight / dbias rows stay in L1 while its
-# rows stream through; smaller blocks mean more scratch rows to reduce, larger ones fewer
-# blocks to share between threads.  Measured on this machine kind (2 cores, float32,
-# medians of interleaved rounds, other jobs running, 2026-11-25) on layer_norm_backward
-# at (4096, 768): see dispatch/ops/norm_grad.py (BLOCK_ELEMENTS figures).
-BLOCK_ELEMENTS = 1 << 14
+# Row blocks: at most BLOCK_ELEMENTS elements, and at least MIN_BLOCKS blocks when there are
+# that many rows.  Both depend on the shape only, never on the thread count (see the module
+# doc).  Large blocks mean fewer partial rows to zero, accumulate and reduce; measured on
+# layer_norm_backward (4096, 768) float32, 2 threads, medians of 15 interleaved rounds
+# (2026-11-25, the 2 cores shared with other jobs, load average ~8): 2^12 / 2^13 / 2^14 /
+# 2^15 / 2^16 elements per block 11.7 / 10.9 / 10.2 / 9.5 / 9.5 ms; rms_norm_backward
+# (512, 4096): 7.5 / 5.4 / 4.6 / 4.4 / 4.0 ms.  MIN_BLOCKS keeps smaller calls splittable
+# between threads (as parallel.TASKS_PER_THREAD does for the forwards): at 2^16 alone,
+# BERT-base's (128, 768) would be 2 blocks of 85 and 43 rows.
+BLOCK_ELEMENTS = 1 << 16
+MIN_BLOCKS = 8
 
 
-def rows_per_block(d):
-    """Rows per block for rows of d elements: a function of d only (see the module doc)."""
-    return max(1, BLOCK_ELEMENTS // max(d, 1))
+def rows_per_block(n, d):
+    """Rows per block for n rows of d elements: a function of the shape only."""
+    by_size = max(1, BLOCK_ELEMENTS // max(d, 1))
+    return max(1, min(by_size, -(-n // MIN_BLOCKS)))
 
 
 def n_blocks(n, d):
-    r = rows_per_block(d)
+    r = rows_per_block(n, d)
     return (n + r - 1) // r
 
 
@@ -56,16 +62,12 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
       mc = sd / D the needed means are mean(g) = gs / D and
       mean(g * xhat) = rstd * (gd - mc * gs) / D  (sum g * (x - m0 - mc) = gd - mc * gs);
       x - m0 goes through dx (as the forward's d goes through out, so that fastmath
-      cannot fold m0 + mc into one rounded mean), and g through a row buffer, so that
-      pass 3 subtracts mean(g) from the very g that was summed (recomputed, fastmath
-      contracts g - mean(g) into fma(grad_out, w, -mean(g)), which is not 0 at D = 1:
-      measured 2.5e-6 where the exact dx is 0);
+      cannot fold m0 + mc into one rounded mean);
       pass 3 forms xhat = (d - mc) * rstd, the dx row and the block's partial rows."""
     n, d = x.shape
     inv_d = like(eps, 1.0 / d)
     zero = like(eps, 0.0)
     one = like(eps, 1.0)
-    gbuf = np.empty(d, x.dtype)  # g of the current row (see the docstring)
     for k in range(blo, bhi):
         pwr = row_of(pw, k)
         pbr = row_of(pb, k)
@@ -89,7 +91,6 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
                 c = xr[j] - m0
                 dxr[j] = c
                 g = gor[j] * w[j]
-                gbuf[j] = g
                 sd += c
                 q += c * c
                 gs += g
@@ -98,6 +99,14 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
             rstd = one / math.sqrt(max(q * inv_d - mc * mc, zero) + eps)
             a = gs * inv_d
             b = rstd * (gd - mc * gs) * inv_d
+            if d == 1:
+                # one element: the output is the bias whatever x, so dx is exactly 0 (+
+                # grad_residual); rstd = 0 gives that (xhat is 0 either way, NaN stays NaN).
+                # The formula would give rstd * fma(grad_out, w, -mean(g)): fastmath
+                # contracts g - mean(g), measured 2.5e-6 * rstd instead of 0.
+                a = zero
+                b = zero
+                rstd = zero
             if has_gr:
                 grr = row_of(gr, i)
                 for j in range(d):
@@ -105,14 +114,14 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
                     gj = gor[j]
                     pwr[j] += gj * xh
                     pbr[j] += gj
-                    dxr[j] = rstd * (gbuf[j] - a - xh * b) + grr[j]
+                    dxr[j] = rstd * (gj * w[j] - a - xh * b) + grr[j]
             else:
                 for j in range(d):
                     xh = (dxr[j] - mc) * rstd
                     gj = gor[j]
                     pwr[j] += gj * xh
                     pbr[j] += gj
-                    dxr[j] = rstd * (gbuf[j] - a - xh * b)
+                    dxr[j] = rstd * (gj * w[j] - a - xh * b)
 
 
 @njit(**JIT)

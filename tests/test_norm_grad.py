@@ -8,11 +8,11 @@ import pytest
 import dispatch
 from tests.reference import norm as fwd_ref
 from tests.reference import norm_grad as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, impl_params, randn, read_only, rng, run, strided,
-                           to_target)
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, assert_no_new_specialization, broadcast_rows,
+                           impl_params, randn, read_only, rng, run, strided, to_target)
 
-# D = 1, 7, 768 (BERT); batched (2, 3, D); (50, 768) spans 3 CPU row blocks (21 rows each)
-# with a ragged tail; (11, 37) spans 2 CUDA blocks (8 rows each).
+# D = 1, 7, 768 (BERT); batched (2, 3, D); (50, 768) spans 8 CPU row blocks (7 rows each)
+# with a ragged tail of 1; (11, 37) spans 2 CUDA blocks (8 rows each).
 FULL = [(1,), (7,), (5, 768), (2, 3, 768), (50, 768), (11, 37)]
 SMALL = [(1,), (7,), (2, 3, 37), (11, 37)]
 SHAPES = SMALL if SMALL_SHAPES else FULL
@@ -194,6 +194,27 @@ def test_read_only_inputs(name, fn, reference, params, impl):
     _check(got, reference(*args, grad_residual=gr), np.float32, name + " read-only")
 
 
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("impl", impl_params("layer_norm_backward"))
+def test_read_only_inputs_reuse_the_compiled_kernels(impl):
+    """Read-only and broadcast inputs run the machine code compiled for writeable arrays."""
+    from kernels_cpu import norm_grad as K
+
+    g = rng()
+    x, go, gr = (randn(g, (5, 40), np.float32) for _ in range(3))
+    w = randn(g, (40,), np.float32)
+    ops = (("layer_norm_backward", dispatch.layer_norm_backward), ("rms_norm_backward", dispatch.rms_norm_backward))
+    for name, fn in ops:
+        run(impl, fn, go, x, w, grad_residual=gr, _op=name)
+
+    def variants():
+        for name, fn in ops:
+            run(impl, fn, read_only(go), read_only(x), read_only(w), grad_residual=broadcast_rows(gr), _op=name)
+            run(impl, fn, broadcast_rows(go), x, broadcast_rows(w), _op=name)
+
+    assert_no_new_specialization([K], variants, impl)
+
+
 @pytest.mark.parametrize("name, fn, reference, params, impl", _cases(("wb", "w")))
 def test_nan_in_gives_nan_out(name, fn, reference, params, impl):
     """A NaN in x poisons its row of dx and every dweight column (its xhat row is NaN); a NaN
@@ -244,11 +265,11 @@ def test_empty(shape):
 @pytest.mark.parametrize("name, fn, reference, params, impl", _cases(("wb", "w")))
 def test_same_bits_across_runs_and_thread_counts(name, fn, reference, params, impl):
     """dweight / dbias (and dx) are bitwise the same on repeated runs, with 1 or 2 numba
-    threads, and from cpu-serial and cpu-parallel: the row blocks are fixed by D alone."""
+    threads, and from cpu-serial and cpu-parallel: the row blocks are fixed by the shape alone."""
     import numba
 
     g = rng()
-    shape = (300, 768)  # 15 blocks of 21 rows (the last one ragged)
+    shape = (700, 768)  # 9 blocks of 85 rows (the last one ragged)
     args = _inputs(g, name, params, shape, np.float32)
     gr = randn(g, shape, np.float32)
     old = numba.get_num_threads()

@@ -21,8 +21,9 @@ def _launch(family):
         d = x.shape[-1]
         rows = size(x.shape) // d if d else 0
         return {"kernel": f"{family}.grad_rows", "grid": max(1, cdiv(rows, ROWS_PER_BLOCK)), "block": params["block"],
-                "rows_per_block": ROWS_PER_BLOCK, "reduce": "norm_backward.reduce_blocks",
-                "reduce_grid": max(1, cdiv(d, ELEMENTWISE_THREADS)), "device": props().name}
+                "rows_per_block": ROWS_PER_BLOCK, "device": props().name,
+                "reduce": {"kernel": "norm_backward.reduce_blocks", "grid": max(1, cdiv(d, ELEMENTWISE_THREADS)),
+                           "block": ELEMENTWISE_THREADS}}
 
     return launch
 
@@ -67,9 +68,9 @@ def _make_run(rms):
                                                 weight is not None, grad_residual is not None)
             red = K.reduce_kernel()
             if dw is not None:
-                red[cfg["reduce_grid"], ELEMENTWISE_THREADS](pw, dw)
+                red[cfg["reduce"]["grid"], ELEMENTWISE_THREADS](pw, dw)
             if db is not None:
-                red[cfg["reduce_grid"], ELEMENTWISE_THREADS](pb, db)
+                red[cfg["reduce"]["grid"], ELEMENTWISE_THREADS](pb, db)
         return (dx, dw) if rms else (dx, dw, db)
 
     return run

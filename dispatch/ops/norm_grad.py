@@ -17,7 +17,7 @@ when bias is None (the bias only contributes dbias = the sum of grad_out over ro
 arrays, x's dtype (float32 / float64; mixed dtypes are a TypeError).
 
 Deterministic: dweight / dbias are summed over fixed blocks of rows (their size depends on
-D only) and the block sums added in block order, so the result is the same bits on every
+the shape only) and the block sums added in block order, so the result is the same bits on every
 run, at every thread count and from either CPU implementation (kernels_cpu/norm_grad.py).
 """
 from __future__ import annotations
@@ -33,12 +33,18 @@ from ..registry import Call, Implementation, Op, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, serial_parallel_rule, size_bucket
 from .norm import _const_vector
 
-# Serial vs parallel crossover, measured on this machine kind (2 cores, float32, D = 768,
-# weight and bias, no grad_residual; medians of interleaved rounds of the ops, 2026-11-25,
-# other jobs on the cores): see PARALLEL_THRESHOLD's figures below.
-PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 15, "rms_norm_backward": 1 << 15}
-_MEASURED = {"layer_norm_backward": "layer_norm_backward float32 serial vs parallel crossover measured (see norm_grad.py)",
-             "rms_norm_backward": "rms_norm_backward float32 serial vs parallel crossover measured (see norm_grad.py)"}
+# Serial vs parallel: measured on this machine kind (2 cores, float32, D = 768, weight and
+# bias; medians of 15 interleaved rounds of the ops, 2026-11-25) while other jobs kept the
+# load average at ~8 on the 2 cores: serial stayed ahead at every size from 2^13.6 to
+# 2^20.6 elements (layer_norm_backward 16 rows 107 vs 130 us, 512 rows 325 vs 645 us, 2048
+# rows 1.88 vs 1.98 ms; rms_norm_backward alike): the second core was never free.  The
+# forwards' crossovers on a less loaded machine were 2^15 (layer_norm) and 2^16 (rms_norm)
+# (dispatch/ops/norm.py); the backward does about twice the forward's work per element, so
+# its crossover is no higher: 2^16 for both, to be re-measured on a quiet machine (the
+# tuner, python -m bench tune, overrides the rule per shape where it measures otherwise).
+PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 16, "rms_norm_backward": 1 << 16}
+_MEASURED = {op: f"{op} float32 serial vs parallel: serial ahead to 2^20.6 under load ~8, forward crossovers "
+                 "2^15 / 2^16 (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
 
 _KERNELS = ("kernels_cpu.norm_grad", "kernels_cpu.approx", "kernels_cpu.parallel")
 
@@ -125,7 +131,7 @@ def _host(kernel, ln):
             has_gr = grad_residual is not None
             gr = contiguous(grad_residual).reshape(-1, d) if has_gr else xc  # not read without it
             w = _const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
-            rpb = K.rows_per_block(d)
+            rpb = K.rows_per_block(xc.shape[0], d)
             nb = K.n_blocks(xc.shape[0], d)
             pw = _empty((nb, d), dt)   # per-block partial sums: this call's own scratch
             if ln:
