@@ -227,7 +227,8 @@ def _upstream(g, reduction, n, dtype):
 def test_cross_entropy_with_grad_matches_reference(impl, shape, dtype):
     g = rng()
     n, c = shape
-    for ignored in ("none", "some"):
+    # under the simulator rows without ignored targets are left to the non-finite test
+    for ignored in ("some",) if SMALL_SHAPES else ("none", "some"):
         logits, t = _ce_inputs(g, shape, dtype, ignored)
         for reduction in REDUCTIONS:
             grad_out = poisoned(shape, dtype)

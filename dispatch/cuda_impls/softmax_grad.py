@@ -65,6 +65,20 @@ for _op in ("softmax_backward", "log_softmax_backward"):
 
 # ---- cross_entropy_with_grad / cross_entropy_backward --------------------------------------
 
+_ones: dict = {}
+
+
+def _one(dt):
+    """A 1-element device array holding 1 (the upstream gradient of cross_entropy_with_grad),
+    made once per dtype (read-only to the kernels)."""
+    d = _ones.get(dt)
+    if d is None:
+        from numba import cuda
+
+        d = _ones.setdefault(dt, cuda.to_device(np.ones(1, dt)))  # a racing thread keeps the first
+    return d
+
+
 def ce_launch(params, logits, targets, reduction, ignore_index, grad_out, grad_loss, with_loss):
     n, c = logits.shape
     cfg = row_launch(params, n, c, "cross_entropy_grad")
@@ -95,7 +109,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_los
     ld = as_input(logits)
     res, od = output(grad_out, logits.shape, dt)
     if grad_loss is None:
-        scales = cuda.to_device(np.ones(1, dt))
+        scales = _one(dt)
     elif isinstance(grad_loss, float):
         scales = cuda.to_device(np.full(1, grad_loss, dt))
     else:
