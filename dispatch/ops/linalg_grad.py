@@ -316,12 +316,23 @@ def _bytes(call):
 
 # ---- selection ----------------------------------------------------------------------------------
 
-# Measured on this host (Sapphire Rapids, 2 shared cores, loaded): see bench/cases/linalg_grad.py
-# for the figures.  With an activation the fused GEMMs save the elementwise pass (writing and
-# re-reading an (M, N) g') and the hand-over between OpenBLAS's and numba's threads; without one
-# the two plain products go to OpenBLAS as linalg's rule does for plain forward products (it was
-# as fast or faster there), dbias one numpy sum over grad_out.  Tiny or decode-like products
-# (linalg's thresholds): packing and a parallel region cost more than they save.
+# Measured on this host (Sapphire Rapids, 2 cores shared with other jobs, load average 8-10,
+# 2026-11-25; float32; the report's interleaved method, /tmp scripts, numbers per call):
+#   two threads (numba's default here), wall clock, medians of 9-11 rounds:
+#     linear 128x768x3072 + gelu backward: cpu-gemm 55-69 ms, blas (gelu_backward pass +
+#     OpenBLAS x 2) 150-304 ms, PyTorch's aten backward 94-156 ms (OpenBLAS's and torch's
+#     spinning threads lose most on the loaded cores; numba's GEMM takes its tasks from a
+#     counter, so a thread that loses its core does not hold the other up)
+#   one thread, CPU time (process_time, OPENBLAS_NUM_THREADS=1), medians of 9:
+#     128x768x3072 + gelu: cpu-gemm 12.1-15.2 ms, blas 12.2;  128x384x1536 + gelu: 4.66 / 3.76;
+#     no activation, + dbias: 128x768x768 4.07 / 3.16, 128x3072x768 13.3 / 11.6.
+#   The prologue itself costs < 1 ms of a 12 ms backward (the GEMMs alone with and without it:
+#   dx 6.4 / 6.6 ms, dweight + dbias 5.7 / 4.9), where the unfused pass costs 1.26 ms; the
+#   one-thread gap is OpenBLAS's GEMM being faster than ours at M = 128 (dx 5.7 vs 6.6 ms).
+# So: with an activation, the fused GEMMs (they win clearly at the machine's thread count,
+# lose ~20% of CPU time on one thread); without one, the plain products go to OpenBLAS as
+# linalg's rule sends plain forward products there (faster in CPU time), dbias a numpy sum.
+# Tiny or decode-like products (linalg's thresholds): packing and a parallel region cost more.
 def _order(key):
     m, n, k = key.m, key.n, key.k
     if m < GEMV_ROWS:
