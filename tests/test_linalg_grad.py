@@ -214,3 +214,35 @@ def test_linear_backward_through_torch_tensors():
 def test_bad_inputs_raise_naming_the_argument(call, err, msg):
     with pytest.raises(err, match=msg):
         call()
+
+
+# ---- the CPU GEMM's register tiles -------------------------------------------------------------
+
+def _tile_names():
+    from kernels_cpu import gemm as K
+    return list(K.TILE_NAMES)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tile", _tile_names())
+def test_every_tile_matches_reference(tile, dtype):
+    """cpu-gemm's prologue packers under each register tile (6x16: MR = 6 rows, not a multiple
+    of the vector width, packed without the register transpose; 8x48 / 12x32 AVX-512 panels),
+    rows and columns beyond one panel and one GRAD_CHUNK."""
+    from kernels_cpu import gemm as K
+    g = rng()
+    prev = K.use_tile(tile)
+    try:
+        grad, x, w, pre = _linear_inputs(g, (300, 40), 270, dtype)  # M, N > GRAD_CHUNK
+        want = ref.linear_backward(grad, x, w, pre, activation="gelu_tanh", has_bias=True)
+        got = run("cpu-gemm", dispatch.linear_backward, grad, x, w, pre, activation="gelu_tanh", has_bias=True,
+                  _op="linear_backward")
+        _check(got, want, dtype, f"linear_backward tile {tile}")
+        grad, a, b, pre = _matmul_inputs(g, (2, 3, 9, 20), (3, 20, 50), dtype)
+        want = ref.matmul_backward(grad, a, b, pre, activation="silu", has_bias=True)
+        got = run("cpu-gemm", dispatch.matmul_backward, grad, a, b, pre, activation="silu", has_bias=True,
+                  _op="matmul_backward")
+        _check(got, want, dtype, f"matmul_backward tile {tile}")
+    finally:
+        K.use_tile(prev)
