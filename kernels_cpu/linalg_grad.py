@@ -23,7 +23,7 @@ Two layouts of g' (an (M, N) row-major array, M the rows of the forward's output
     loop straight into the panel (the panel's k-major layout is the buffers' layout).  The
     panel's R column sums over all M rows are dbias for those columns (deterministic: each
     panel is summed by one worker, in row order; a panel packed twice by two workers, see
-    gemm_worker, writes the same sums twice).
+    gemm_worker, writes the same sums twice), accumulated in float64.
 The activation code is a literal of each packer (one compiled packer per dtype, tile,
 activation and operand), so the derivative's branches fold away and the loops are
 branch-free; wide_loops() gives them 16 float32 lanes on AVX-512 targets.
@@ -91,7 +91,7 @@ def _cols_body(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot, code)
     nrows = min(R, rows - r0)
     gt = np.empty(R * GRAD_CHUNK, dst.dtype)
     pt = np.empty(R * GRAD_CHUNK, dst.dtype)
-    acc = np.zeros(R, dst.dtype)
+    acc = np.zeros(R, np.float64)  # dbias: float64 sums of M float32 terms (M may be 10^4-10^5 tokens)
     zero = dst.dtype.type(0)
     d0 = i * K * R
     kp = max(K - PF_ROWS, 0)
@@ -112,7 +112,7 @@ def _cols_body(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot, code)
         _grad_into(gt, pt, 0, dst, d, cl * R, code)
         for k in range(cl):
             for r in range(R):
-                acc[r] += dst[_U(d + k * R + r)]
+                acc[r] += np.float64(dst[_U(d + k * R + r)])
     if p[X_DBIAS] != 0:
         db = carray(ptr_as(p[X_DBIAS], z), count * rows)
         bi = base // (rows * K) if rows * K else 0
