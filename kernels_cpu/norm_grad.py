@@ -1,7 +1,7 @@
 """Backward of layer_norm and rms_norm over the last dim of C-contiguous 2-D arrays (rows x D).
 
 The backward needs only the tensor that was normalized (x, or h = x + residual when the
-forward fused a residual): each row's statistics are recomputed here, exactly as the
+forward fused a residual): each row's statistics are recomputed here, as the
 forward computes them (kernels_cpu/norm.py: the shifted, corrected two-pass mean and
 variance for layer_norm, the sum of squares for rms_norm, accumulated in the input's
 dtype), so a training step saves O(1) state per norm instead of mean / rstd vectors.
