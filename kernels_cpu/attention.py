@@ -350,13 +350,16 @@ def _copy_rows(src, dst):
 # ---- flash ---------------------------------------------------------------------------
 
 @njit(**JIT)
-def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
+def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
     the query heads sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv
     head's K^T panels (pack_k_head); vh (Skv, D): its V, unit-stride rows.  qs (BQ, D),
     st (BQ, BK), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers; ri, rh (BQ,)
-    int64 hold each row's query index and head (divisions done once, not per K tile)."""
+    int64 hold each row's query index and head (divisions done once, not per K tile).
+    lse (B, Hq, Sq), or an empty array: when not empty, each row's log-sum-exp of its
+    scores, m + log(l) from the online softmax's running max and sum (-inf for a row that
+    sees no key, NaN where the output is NaN): what attention_backward recomputes P from."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Skv = vh.shape[0]
     G = Hq // Hkv
@@ -440,6 +443,9 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, b, hk, qt, qs,
                     vrow = unit_row(vh[j0 + j])
                     for d in range(d16, D):
                         arow[d] += p * vrow[d]
+    if lse.size:
+        for r in range(nq):
+            lse[b, rh[r], ri[r]] = mv[r] + np.log(lv[r])  # l = 0: -inf (log 0), whatever m is
     for r in range(nq):
         orow = unit_row(out[b, rh[r], ri[r]])
         arow = acc[r]
@@ -467,15 +473,16 @@ def _item_coords(t, BH, nqt):
 # strides (numpy's), the flat extents the views span, the item counter, and for split-KV
 # its partials and phase.
 (F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_QN, F_KN, F_VN, F_MN, F_ON, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
- F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE) = range(25)
-F_STRIDES = 25            # then 4 byte strides each of q, k, v, mask, out
+ F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE) = range(26)
+F_STRIDES = 26            # then 4 byte strides each of q, k, v, mask, out
 F_COUNT = F_STRIDES + 20
 
 
-def _params(q, k, v, mask, out, scale):
+def _params(q, k, v, mask, out, scale, lse=None):
     """The int64 block a worker reads q, k, v, mask (the 4-D broadcast view, or a dummy
     for MASK_NONE) and out from; q/k/v/out rows must have unit stride, all strides be
-    non-negative (the worker rebuilds each view from its first element)."""
+    non-negative (the worker rebuilds each view from its first element).  lse: None, or a
+    C-contiguous (B, Hq, Sq) array of q's dtype for the rows' log-sum-exp."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = v.shape[1], v.shape[2]
     p = np.zeros(F_COUNT, np.int64)
@@ -490,6 +497,10 @@ def _params(q, k, v, mask, out, scale):
     p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
     p[F_SCALE] = np.float64(scale).view(np.int64)
     p[F_VROWS] = v.strides[2] != D * v.itemsize  # V rows not adjacent: each head is copied
+    if lse is not None:
+        if not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == (B, Hq, Sq)):
+            raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
+        p[F_LSE] = lse.ctypes.data
     return p
 
 
@@ -498,10 +509,11 @@ def _variant(q, mkind, causal):
     return bool(q.dtype == np.float64), int(mkind), bool(causal)
 
 
-def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
+def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     """out = attention(q, k, v) (see the module docstring) on nworkers workers (1: on the
     calling thread).  q, k, v, out: views with unit-stride rows; mask: the 4-D broadcast
-    mask view (a dummy for MASK_NONE).
+    mask view (a dummy for MASK_NONE); lse: None or a C-contiguous (B, Hq, Sq) array that
+    receives each row's log-sum-exp (see _flash_item).
 
     flash_worker runs by address (parallel.run_workers), compiled per (dtype, mask kind,
     causal) for every input layout at once (it rebuilds the views from addresses and
@@ -510,7 +522,7 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers):
     counter one at a time (dynamic: a thread the OS pauses does not hold back the call)."""
     B, Hq, Sq, D = q.shape
     Hkv = v.shape[1]
-    p = _params(q, k, v, mask, out, scale)
+    p = _params(q, k, v, mask, out, scale, lse)
     fn = worker_address(flash_worker, _variant(q, mkind, causal))
     nitems = B * Hkv * (((Hq // Hkv) * Sq + BQ - 1) // BQ)
     if nworkers <= 1:
@@ -548,6 +560,15 @@ def _views(p, z, mkind):
     return q, k, v, mask, out, like(z, bits_to_float(p[F_SCALE]))
 
 
+@njit(inline="always")
+def _lse_view(p, z):
+    """The (B, Hq, Sq) log-sum-exp array at p[F_LSE], or an empty one when it is 0 (not
+    asked for)."""
+    if p[F_LSE] != 0:
+        return carray(ptr_as(p[F_LSE], z), (p[F_B], p[F_HQ], p[F_SQ]))
+    return carray(ptr_as(p[F_Q], z), (0, 0, 0))
+
+
 @njit(**JIT)
 def flash_worker(w, params, is64, mkind, causal):
     """Worker w of a flash() call: rebuilds q, k, v, mask and out as strided views of the
@@ -560,6 +581,7 @@ def flash_worker(w, params, is64, mkind, causal):
     views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape 16x12x198x32)."""
     p = carray(ptr_as(params, np.int64(0)), F_COUNT)
     q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
+    lse = _lse_view(p, like_dtype(is64))
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     vrows = p[F_VROWS] != 0
@@ -588,7 +610,7 @@ def flash_worker(w, params, is64, mkind, causal):
             held = bh
         if vrows:
             vh = vb
-        _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, bh // Hkv, bh % Hkv, qt,
+        _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, bh // Hkv, bh % Hkv, qt,
                     qs, st, acc, mv, lv, ri, rh)
 
 
@@ -676,15 +698,16 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
             drow[d] = arow[d]
 
 
-def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl, pacc, nworkers):
+def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl, pacc, nworkers, lse=None):
     """out = attention(q, k, v) by split-KV (see the module docstring) on nworkers workers.
     pm, pl (B, Hkv, nsplit, G*Sq), pacc (B, Hkv, nsplit, G*Sq, D): C-contiguous partials.
     Two passes of splitkv_worker, by address like flash(): the split items, then (after
-    all of them: the first run_workers returns when every worker is done) the combine."""
+    all of them: the first run_workers returns when every worker is done) the combine,
+    which also writes each row's log-sum-exp into lse when given (as flash())."""
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     R = (Hq // Hkv) * Sq
-    p = _params(q, k, v, mask, out, scale)
+    p = _params(q, k, v, mask, out, scale, lse)
     for slot, arr in ((F_PM, pm), (F_PL, pl), (F_PACC, pacc)):
         if not (arr.flags.c_contiguous and arr.dtype == q.dtype):
             raise ValueError("splitkv: the partials must be C-contiguous arrays of q's dtype")
@@ -703,6 +726,7 @@ def splitkv_worker(w, params, is64, mkind, causal):
     Items are taken from the block's counter one at a time."""
     p = carray(ptr_as(params, np.int64(0)), F_COUNT)
     q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
+    lse = _lse_view(p, like_dtype(is64))
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -735,7 +759,9 @@ def splitkv_worker(w, params, is64, mkind, causal):
             rr = t % R
             bh = t // R
             b, hk = bh // Hkv, bh % Hkv
-            _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, unit_row(out[b, hk * G + rr // Sq, rr % Sq]))
+            t_lse = _combine_row(pm[b, hk], pl[b, hk], pacc[b, hk], rr, unit_row(out[b, hk * G + rr // Sq, rr % Sq]))
+            if lse.size:
+                lse[b, hk * G + rr // Sq, rr % Sq] = t_lse
 
 
 @njit(**JIT)
@@ -743,7 +769,8 @@ def _combine_row(pm, pl, pacc, rr, orow):
     """orow = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits that saw a
     key (l_s != 0; 0 if none did).  NaN carries: a split with l_s NaN (a NaN or +inf
     score) or a NaN in acc_s (NaN in V) makes the row NaN; M may skip a NaN m_s, which
-    does not matter as that split's l_s is NaN."""
+    does not matter as that split's l_s is NaN.  Returns the row's log-sum-exp, M + log L
+    (-inf when no split saw a key, NaN when L is)."""
     nsplit = pm.shape[0]
     D = orow.shape[0]
     dt = orow.dtype.type
@@ -768,3 +795,4 @@ def _combine_row(pm, pl, pacc, rr, orow):
         inv = dt(1) / L
         for d in range(D):
             orow[d] *= inv
+    return mu + np.log(L)

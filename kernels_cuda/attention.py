@@ -18,6 +18,9 @@ grid = (row blocks x B x Hkv, 1, splits).  With splits == 1 the block writes out
 query that sees no key).  With splits > 1 (split-KV, for decode: few rows, long KV) split
 s takes a contiguous range of KV tiles and writes its normalized partial output and
 (m, l); `combine` (the second pass) merges the splits with the usual rescaling.
+With want_lse, each row's log-sum-exp m + log l (-inf when it saw no key) goes to lse
+(B, Hq, Sq), by the one pass or by the combine (attention(return_lse=True), what
+attention_backward recomputes the probabilities from).
 NaN in, NaN out (as PyTorch; same rules as kernels_cpu/attention.py): a NaN or +inf
 score makes p, then l and o, NaN, and the output NaN; a bool mask adds -inf (a NaN score
 at a masked key still counts), keys past the causal limit never get a score.
@@ -48,7 +51,7 @@ def flash_kernel(acc_np, dmax):
     neg_inf, zero, one = acc_np(-np.inf), acc_np(0.0), acc_np(1.0)
 
     @kernel(launch_bounds=(NT, 2))
-    def attention_flash(q, k, v, mask, mkind, causal, scale, out, part_o, part_ml):
+    def attention_flash(q, k, v, mask, mkind, causal, scale, out, part_o, part_ml, lse, want_lse):
         nb, hq, sq, d = q.shape
         hkv = k.shape[1]
         skv = k.shape[2]
@@ -198,6 +201,8 @@ def flash_kernel(acc_np, dmax):
                 if nsplit > 1 and lane == 0:
                     part_ml[split, b, h, qp, 0] = m[i]
                     part_ml[split, b, h, qp, 1] = l[i]
+                if nsplit == 1 and want_lse and lane == 0:
+                    lse[b, h, qp] = m[i] + math.log(li) if seen else neg_inf
 
     return attention_flash
 
@@ -209,7 +214,7 @@ def combine_kernel(acc_np):
     neg_inf, zero = acc_np(-np.inf), acc_np(0.0)
 
     @kernel(launch_bounds=(256,))
-    def attention_combine(part_o, part_ml, out):
+    def attention_combine(part_o, part_ml, out, lse, want_lse):
         nsplit, nb, hq, sq, d = part_o.shape
         total = nb * hq * sq * d
         g = cuda.grid(1)
@@ -235,6 +240,8 @@ def combine_kernel(acc_np):
                     num += w * part_o[s, b, h, i, dd]
                     den += w
             out[b, h, i, dd] = zero if den == zero else num / den
+            if want_lse and dd == 0:
+                lse[b, h, i] = neg_inf if den == zero else mx + math.log(den)
             g += step
 
     return attention_combine
@@ -244,7 +251,7 @@ def combine_kernel(acc_np):
 def _flash_args(dt):
     acc = acc_type(dt)
     return (arr(dt, 4), arr(dt, 4), arr(dt, 4), arr(types.boolean, 4), types.int64, types.boolean, types.float64,
-            arr(dt, 4), arr(acc, 5), arr(acc, 5))
+            arr(dt, 4), arr(acc, 5), arr(acc, 5), arr(dt, 3), types.boolean)
 
 
 def _fitting_dtypes(dmax):
@@ -261,5 +268,6 @@ PTX = [
     for dmax in sorted(TILES)
 ] + [
     PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),
-             lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4)), threads=256),
+             lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4), arr(dt, 3), types.boolean),
+             threads=256),
 ]

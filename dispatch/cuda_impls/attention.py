@@ -41,7 +41,7 @@ def _supports(key):
     return []
 
 
-def launch(params, q, k, v, mask, causal, scale, out):
+def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     nb, hq, sq, d = (int(s) for s in q.shape)
     hkv, skv = int(k.shape[1]), int(k.shape[2])
     dmax, bq = attn_tile_for(d)
@@ -61,15 +61,16 @@ def launch(params, q, k, v, mask, causal, scale, out):
     return cfg
 
 
-def _run(params, q, k, v, mask, causal, scale, out):
+def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
     from numba import cuda
 
     K = kernels("attention")
     dt = np.dtype(q.dtype)
     nb, hq, sq, d = (int(s) for s in q.shape)
     res, od = output(out, q.shape, dt)
+    lse = cuda.device_array((nb, hq, sq), dt) if return_lse else _dummy_lse(dt)
     if nb * hq * sq * d == 0:
-        return deliver(res, od, out)
+        return _result(deliver(res, od, out), lse, return_lse)
     acc = acc_dtype(dt)
     qd, kd, vd = as_input(q), as_input(k), as_input(v)
     if mask is None:
@@ -89,11 +90,26 @@ def _run(params, q, k, v, mask, causal, scale, out):
         po = cuda.device_array((splits, nb, hq, sq, d), acc)
         pml = cuda.device_array((splits, nb, hq, sq, 2), acc)
     grid = (cfg["grid"][0], cfg["grid"][1], splits)
-    K.flash_kernel(acc, dmax)[grid, cfg["block"]](qd, kd, vd, md, mkind, bool(causal), float(scale), res, po, pml)
+    want = bool(return_lse)
+    K.flash_kernel(acc, dmax)[grid, cfg["block"]](qd, kd, vd, md, mkind, bool(causal), float(scale), res, po, pml,
+                                                  lse, want)
     if splits > 1:
         total = nb * hq * sq * d
-        K.combine_kernel(acc)[max(1, min(cdiv(total, 256), 1024)), 256](po, pml, res)
-    return deliver(res, od, out)
+        K.combine_kernel(acc)[max(1, min(cdiv(total, 256), 1024)), 256](po, pml, res, lse, want)
+    return _result(deliver(res, od, out), lse, return_lse)
+
+
+def _result(res, lse, return_lse):
+    return (res, lse) if return_lse else res
+
+
+def _dummy_lse(dt):
+    key = ("lse", np.dtype(dt))
+    if key not in _dummies:
+        from numba import cuda
+
+        _dummies[key] = cuda.to_device(np.zeros((1, 1, 1), dt))
+    return _dummies[key]
 
 
 _dummies: dict = {}

@@ -1,12 +1,18 @@
 """Public scaled dot-product attention: dispatch.attention.
 
-attention(q, k, v, *, causal=False, mask=None, scale=None, out=None)
+attention(q, k, v, *, causal=False, mask=None, scale=None, out=None, return_lse=False)
   q (B, Hq, Sq, D); k, v (B, Hkv, Skv, D) with Hq % Hkv == 0 (MHA, GQA, MQA: query head h
   uses kv head h // (Hq // Hkv)); result (B, Hq, Sq, D) = softmax(q k^T * scale + mask) v.
   scale defaults to 1/sqrt(D).  mask: bool (True = attend) or additive (q's dtype),
   broadcastable to (B, Hq, Sq, Skv).  causal: query i sees keys j <= i + Skv - Sq (the
   diagonal aligned to the bottom right, so decode with a KV cache, Sq = 1, is the same
   call); causal and mask combine.  A query that sees no key gets zeros, not NaN.
+  return_lse=True: returns (out, lse), lse (B, Hq, Sq) in q's dtype the natural log of each
+  row's sum of exp(scores) (scores = q k^T * scale + mask over the keys the row sees,
+  the max included): -inf for a query that sees no key, NaN where the row is NaN.  What
+  attention_backward (dispatch/ops/attention_grad.py) recomputes the probabilities from;
+  the flash and split-KV kernels have the running max and sum at the end of each row, so
+  it costs one store per row.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ class AttentionKey(NamedTuple):
     group: int          # bucket of Hq // Hkv (query heads per kv head)
     causal: bool
     mask_kind: int      # kernels_common.attention.MASK_*
+    lse: bool           # return_lse: the rows' log-sum-exp asked for too
 
 
 class AttentionArgs(NamedTuple):
@@ -53,9 +60,10 @@ class AttentionArgs(NamedTuple):
     causal: bool
     scale: float        # 1/sqrt(D) when scale=None; finite in q's dtype
     out: object
+    return_lse: bool    # also return the rows' log-sum-exp (B, Hq, Sq)
 
 
-def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
+def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None, return_lse=False):
     """Validate an attention call: Call.args = AttentionArgs, key AttentionKey."""
     V.required(q=q, k=k, v=v)
     dev = V.device_of(q=q, k=k, v=v, mask=mask, out=out)
@@ -78,6 +86,7 @@ def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"k has {Hkv} heads, which must divide q's {Hq} heads (Hq % Hkv == 0)")
     causal = V.flag("causal", causal)
+    return_lse = V.flag("return_lse", return_lse)
     mkind = MASK_NONE
     if mask is not None:
         mdt = V.dtype_of(mask)
@@ -94,8 +103,8 @@ def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None):
         scale = V.finite("scale", scale, dtype=dt)
     V.out(out, (B, Hq, Sq, D), dt, q=q, k=k, v=v, mask=mask)
     key = AttentionKey("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket_up(D),
-                       bucket(Hq // Hkv), causal, mkind)
-    return Call(key, AttentionArgs(q, k, v, mask, causal, scale, out))
+                       bucket(Hq // Hkv), causal, mkind, return_lse)
+    return Call(key, AttentionArgs(q, k, v, mask, causal, scale, out, return_lse))
 
 
 # ---- work model --------------------------------------------------------------------------
@@ -190,18 +199,29 @@ def _prepare(q, k, v, mask, out):
     return qc, kc, vc, m4, mkind, res
 
 
+def _lse_buffer(q, return_lse):
+    return np.empty(q.shape[:3], q.dtype) if return_lse else None
+
+
+def _result(res, out, lse):
+    res = deliver(res, out)
+    return res if lse is None else (res, lse)
+
+
 def _run_flash(parallel):
-    def run(params, q, k, v, mask, causal, scale, out):
+    def run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
+        lse = _lse_buffer(q, return_lse)
         if res.size:
-            K.flash(qc, kc, vc, m4, mkind, causal, scale, res, numba.get_num_threads() if parallel else 1)
-        return deliver(res, out)
+            K.flash(qc, kc, vc, m4, mkind, causal, scale, res, numba.get_num_threads() if parallel else 1, lse)
+        return _result(res, out, lse)
 
     return run
 
 
-def _run_splitkv(params, q, k, v, mask, causal, scale, out):
+def _run_splitkv(params, q, k, v, mask, causal, scale, out, return_lse=False):
     qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
+    lse = _lse_buffer(q, return_lse)
     if res.size:
         B, Hq, Sq, D = q.shape
         Hkv, Skv = k.shape[1], k.shape[2]
@@ -215,8 +235,9 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out):
         pm = np.empty((B, Hkv, nsplit, R), q.dtype)
         pl = np.empty((B, Hkv, nsplit, R), q.dtype)
         pacc = np.empty((B, Hkv, nsplit, R, D), q.dtype)
-        K.splitkv(qc, kc, vc, m4, mkind, causal, scale, res, nsplit, split_len, pm, pl, pacc, numba.get_num_threads())
-    return deliver(res, out)
+        K.splitkv(qc, kc, vc, m4, mkind, causal, scale, res, nsplit, split_len, pm, pl, pacc, numba.get_num_threads(),
+                  lse)
+    return _result(res, out, lse)
 
 
 def _strided_views(x):
@@ -263,6 +284,7 @@ register(Implementation(
 
 
 @_op.expose
-def attention(q, k, v, *, causal=False, mask=None, scale=None, out=None):
-    """softmax(q k^T * scale + mask) v per (batch, head); see the module docstring."""
-    return _op(q, k, v, causal=causal, mask=mask, scale=scale, out=out)
+def attention(q, k, v, *, causal=False, mask=None, scale=None, out=None, return_lse=False):
+    """softmax(q k^T * scale + mask) v per (batch, head); with return_lse=True the pair
+    (out, lse), lse (B, Hq, Sq) the rows' log-sum-exp.  See the module docstring."""
+    return _op(q, k, v, causal=causal, mask=mask, scale=scale, out=out, return_lse=return_lse)
