@@ -68,7 +68,8 @@ def test_reference_matches_torch_autograd(activation):
     grad = randn(g, (3, 5, 9), np.float64)
     ts = [torch.from_numpy(v).requires_grad_(True) for v in (x, w, bias)]
     y = acts[activation](F.linear(*ts))
-    np.testing.assert_allclose(y.detach().numpy(), fwd.linear(x, w, bias, activation=activation), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y.detach().numpy(), fwd.linear(x, w, bias, activation=activation), rtol=1e-12,
+                               atol=1e-12)
     want = [d.numpy() for d in torch.autograd.grad(y, ts, torch.from_numpy(grad))]
     got = ref.linear_backward(grad, x, w, fwd.linear(x, w, bias), activation=activation, has_bias=True)
     for a, b_, nm in zip(got, want, ("dx", "dweight", "dbias")):

@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, kernels, occupancy_blocks, output, props, register_cuda
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, kernels, occupancy_blocks, output, props,
+                      register_cuda)
 from .linalg import PARAMS, choose_tile
 
 def _dev(a):

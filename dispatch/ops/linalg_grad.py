@@ -338,7 +338,8 @@ def _order(key):
     if m < GEMV_ROWS:
         return ("blas", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}: packing panels for a few rows does not pay"
     if m * n * k < SMALL_PRODUCT:
-        return ("blas", "cpu-gemm"), f"M*N*K bucket {m * n * k} < 2^22: BLAS calls cost less than packing + a parallel region"
+        return ("blas", "cpu-gemm"), (f"M*N*K bucket {m * n * k} < 2^22: BLAS calls cost less than packing + a "
+                                      "parallel region")
     if key.act != ACT_NONE:
         return ("cpu-gemm", "blas"), ("activation: act'(pre) * grad_out formed in the backward GEMMs' packing "
                                       "(no elementwise pass, no (M, N) g' array), dbias from the same panels")
