@@ -26,7 +26,9 @@ What each op saves for its backward (its memory cost):
   matmul / linear         the inputs, and with an activation the pre-activation product
                           (the forward then runs the GEMM with its bias epilogue and the
                           activation as a second pass, as PyTorch does; without autograd the
-                          plain op's fused epilogue is used)
+                          plain op's fused epilogue is used); the backward GEMMs apply the
+                          activation's derivative while packing the incoming gradient
+  attention               the output and the rows' log-sum-exp (O(S) beyond the output)
   linear_cross_entropy    dx, dweight and dbias, computed in the forward in chunks of rows
                           (the (T, V) logits never exist at once)
 
@@ -363,84 +365,154 @@ def rope(x, cos, sin, *, interleaved=False):
 
 # ---- matmul, linear ---------------------------------------------------------------------------
 
-def _activation_backward(activation, g, pre):
-    name, kw = _ACT_BACKWARD[activation]
-    return getattr(dispatch, name)(g, pre, **kw)
+def _act(activation, pre):
+    """The activation applied to the kept pre-activation (its own elementwise op)."""
+    if activation == "gelu_tanh":
+        return dispatch.gelu(pre, "tanh")
+    return getattr(dispatch, activation)(pre)
 
 
-def _sum_rows(g2):
-    """Column sums of a (M, N) gradient: dbias.  A ones-vector product on our GEMM (the
-    same kernels as the rest of the backward; M is the long axis)."""
-    ones = g2.new_ones((1, g2.shape[0]))
-    return dispatch.matmul(ones, g2).reshape(-1)
+def _product_fake(a, b, bias, activation, shape):
+    pre = a.new_empty(shape) if activation is not None else _absent(a)
+    return a.new_empty(shape), pre
 
 
-def _linear_fake(x, weight, bias, activation):
-    shape = (*x.shape[:-1], weight.shape[0])
-    pre = x.new_empty(shape) if activation is not None else x.new_empty((0,))
-    return x.new_empty(shape), pre
-
-
-@_op("linear", _linear_fake)
+@_op("linear", lambda x, weight, bias, activation: _product_fake(
+    x, weight, bias, activation, (*x.shape[:-1], weight.shape[0])))
 def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor],
             activation: Optional[str]) -> tuple[Tensor, Tensor]:
     if activation is None:
-        return dispatch.linear(x, weight, bias), x.new_empty((0,))
+        return dispatch.linear(x, weight, bias), _absent(x)
     pre = dispatch.linear(x, weight, bias)
-    return getattr(dispatch, "gelu" if activation.startswith("gelu") else activation)(
-        pre, *(("tanh",) if activation == "gelu_tanh" else ())), pre
+    return _act(activation, pre), pre
 
 
-def _linear_bwd_fake(grad_out, x, weight, pre, activation, has_bias):
-    return (torch.empty_like(x), torch.empty_like(weight),
-            grad_out.new_empty((weight.shape[0],)) if has_bias else _absent(x))
+def _matmul_shape(a, b):
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return (*batch, a.shape[-2], b.shape[-1])
 
 
-@_op("linear_backward", _linear_bwd_fake)
+@_op("matmul", lambda a, b, bias, activation: _product_fake(a, b, bias, activation, _matmul_shape(a, b)))
+def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str]) -> tuple[Tensor, Tensor]:
+    if activation is None:
+        return dispatch.matmul(a, b, bias=bias), _absent(a)
+    pre = dispatch.matmul(a, b, bias=bias)
+    return _act(activation, pre), pre
+
+
+def _product_bwd_fake(grad_out, a, b, pre, activation, has_bias):
+    n = b.shape[0] if b.dim() == 2 and grad_out.shape[-1] == b.shape[0] else b.shape[-1]
+    return torch.empty_like(a), torch.empty_like(b), grad_out.new_empty((n,)) if has_bias else _absent(a)
+
+
+@_op("linear_backward", _product_bwd_fake)
 def _linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, pre: Tensor, activation: Optional[str],
                      has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    g = grad_out if activation is None else _activation_backward(activation, grad_out, pre)
-    n, k = weight.shape
-    g2, x2 = g.reshape(-1, n), x.reshape(-1, k)
-    dx = dispatch.matmul(g2, weight).reshape(x.shape)
-    dw = dispatch.matmul(g2.t(), x2)
-    db = _sum_rows(g2) if has_bias else _absent(x)
-    return dx, dw, db
+    dx, dw, db = dispatch.linear_backward(grad_out, x, weight, pre if activation is not None else None,
+                                          activation=activation, has_bias=has_bias)
+    return dx, dw, _absent(x) if db is None else db
 
 
-def _linear_setup(ctx, inputs, output):
-    x, weight, bias, activation = inputs
+@_op("matmul_backward", _product_bwd_fake)
+def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, pre: Tensor, activation: Optional[str],
+                     has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    da, db_, dbias = dispatch.matmul_backward(grad_out, a, b, pre if activation is not None else None,
+                                              activation=activation, has_bias=has_bias)
+    return da, db_, _absent(a) if dbias is None else dbias
+
+
+def _product_setup(ctx, inputs, output):
+    a, b, bias, activation = inputs
     ctx.activation, ctx.has_bias = activation, bias is not None
-    ctx.save_for_backward(x, weight, output[1])
+    ctx.save_for_backward(a, b, output[1])
 
 
-def _linear_grads(ctx, g_y, _g_pre):
-    x, weight, pre = ctx.saved_tensors
-    dx, dw, db = _linear_backward(g_y, x, weight, pre, ctx.activation, ctx.has_bias)
-    return dx, dw, _given(db), None
+def _product_grads(backward):
+    def grads(ctx, g_y, _g_pre):
+        a, b, pre = ctx.saved_tensors
+        da, db, dbias = backward(g_y, a, b, pre, ctx.activation, ctx.has_bias)
+        return da, db, _given(dbias), None
+    return grads
 
 
-_linear.register_autograd(_linear_grads, setup_context=_linear_setup)
+_linear.register_autograd(_product_grads(_linear_backward), setup_context=_product_setup)
+_matmul.register_autograd(_product_grads(_matmul_backward), setup_context=_product_setup)
+
+
+def _check_activation(activation):
+    if activation is not None and activation not in _ACT_BACKWARD:
+        raise ValueError(f"activation must be one of {sorted(_ACT_BACKWARD)} or None, got {activation!r}")
+
+
+def _tracking(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def linear(x, weight, bias=None, *, activation=None):
     """dispatch.linear (x @ weight.T + bias, then the activation), differentiable in x,
-    weight and bias.  The backward applies the activation's derivative to the incoming
-    gradient (its backward op), then two GEMMs: dx = g @ W, dW = g.T @ x."""
-    if activation is not None and activation not in _ACT_BACKWARD:
-        raise ValueError(f"activation must be one of {sorted(_ACT_BACKWARD)} or None, got {activation!r}")
-    if not torch.is_grad_enabled() or not any(
-            t is not None and t.requires_grad for t in (x, weight, bias)):
+    weight and bias.  The backward is dispatch.linear_backward: the activation's derivative
+    is applied to the incoming gradient inside the backward GEMMs' packing (no separate
+    elementwise pass), dbias from the same packed panels."""
+    _check_activation(activation)
+    if not _tracking(x, weight, bias):
         return dispatch.linear(x, weight, bias, activation=activation)
     return _linear(x, weight, bias, activation)[0]
 
 
 def matmul(a, b, *, bias=None, activation=None):
-    """dispatch.matmul for a (..., M, K) @ b (K, N), differentiable in a, b and bias: the
-    linear of b's transpose (a 2-D b; batched b is not differentiable here yet)."""
-    if getattr(b, "ndim", 2) != 2:
-        raise ValueError(f"b must be 2-D (K, N) for dispatch.autograd.matmul, got shape {tuple(b.shape)}")
-    return linear(a, b.t(), bias, activation=activation)
+    """dispatch.matmul (a @ b with broadcast batch dims, + bias, then the activation),
+    differentiable in a, b and bias (dispatch.matmul_backward; a broadcast operand's
+    gradient is summed over the batch dims it was broadcast along, as PyTorch)."""
+    _check_activation(activation)
+    if not _tracking(a, b, bias):
+        return dispatch.matmul(a, b, bias=bias, activation=activation)
+    return _matmul(a, b, bias, activation)[0]
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+def _attn_fake(q, k, v, mask, causal, scale):
+    return torch.empty_like(q), q.new_empty(q.shape[:-1])
+
+
+@_op("attention", _attn_fake)
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
+               scale: Optional[float]) -> tuple[Tensor, Tensor]:
+    out, lse = dispatch.attention(q, k, v, causal=causal, mask=mask, scale=scale, return_lse=True)
+    return out, lse
+
+
+@_op("attention_backward", lambda grad_out, q, k, v, out, lse, mask, causal, scale: (
+    torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+def _attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        mask: Optional[Tensor], causal: bool, scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = dispatch.attention_backward(grad_out, q, k, v, out, lse, causal=causal, mask=mask, scale=scale)
+    return dq, dk, dv
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, mask, causal, scale = inputs
+    ctx.causal, ctx.scale = causal, scale
+    ctx.save_for_backward(q, k, v, mask, *output)
+
+
+def _attn_grads(ctx, g_out, _g_lse):
+    q, k, v, mask, out, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward(g_out.contiguous(), q, k, v, out, lse, mask, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+_attention.register_autograd(_attn_grads, setup_context=_attn_setup)
+
+
+def attention(q, k, v, *, causal=False, mask=None, scale=None):
+    """dispatch.attention, differentiable in q, k and v (not the mask).  The forward keeps
+    its output and the rows' log-sum-exp (B, Hq, Sq); the backward
+    (dispatch.attention_backward) recomputes each tile's probabilities from them, never
+    the (Sq, Skv) matrix, and sums dK, dV over the query heads of a GQA group."""
+    if not _tracking(q, k, v):
+        return dispatch.attention(q, k, v, causal=causal, mask=mask, scale=scale)
+    return _attention(q, k, v, mask, bool(causal), None if scale is None else float(scale))[0]
 
 
 # ---- linear_cross_entropy -----------------------------------------------------------------------

@@ -204,6 +204,45 @@ def test_matmul(gen, dtype):
              lambda a, b, c: F.silu(a @ b + c), [a, b, bias], dtype, gen)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_batched_broadcast(gen, dtype):
+    a, b = _randn(gen, 3, 6, 10, dtype=dtype), _randn(gen, 10, 4, dtype=dtype)
+    _compare(lambda a, b: nka.matmul(a, b, activation="gelu"), lambda a, b: F.gelu(a @ b), [a, b], dtype, gen)
+
+
+def _attn_ref(q, k, v, causal, mask, scale=None):
+    hq, hkv = q.shape[1], k.shape[1]
+    k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    sq, skv = q.shape[2], k.shape[2]
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    if causal:
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(skv)[None, :]
+        s = s.masked_fill(j > i + skv - sq, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "bool", "add"])
+@pytest.mark.parametrize("heads, sq, skv", [((2, 2), 5, 5), ((4, 2), 3, 7), ((4, 1), 1, 9)])
+def test_attention(gen, dtype, causal, mask, heads, sq, skv):
+    hq, hkv = heads
+    d = 12
+    q = _randn(gen, 2, hq, sq, d, dtype=dtype)
+    k, v = _randn(gen, 2, hkv, skv, d, dtype=dtype), _randn(gen, 2, hkv, skv, d, dtype=dtype)
+    m = None
+    if mask == "bool":
+        m = torch.rand(1, 1, sq, skv, generator=gen) > 0.3
+        m[..., 0] = True        # every query sees a key (a row that sees none has zero output)
+    elif mask == "add":
+        m = torch.randn(1, hq, sq, skv, generator=gen, dtype=dtype)
+    _compare(lambda q, k, v: nka.attention(q, k, v, causal=causal, mask=m),
+             lambda q, k, v: _attn_ref(q, k, v, causal, m), [q, k, v], dtype, gen)
+
+
 GRADCHECK = {
     "softmax": (lambda x: nka.softmax(x), [(3, 5)]),
     "log_softmax": (lambda x: nka.log_softmax(x, 0), [(3, 5)]),
@@ -213,6 +252,8 @@ GRADCHECK = {
     "silu": (lambda x: nka.silu(x), [(9,)]),
     "swiglu": (nka.swiglu, [(2, 4), (2, 4)]),
     "linear": (lambda x, w, b: nka.linear(x, w, b, activation="gelu_tanh"), [(3, 4), (5, 4), (5,)]),
+    "matmul": (lambda a, b: nka.matmul(a, b, activation="silu"), [(2, 3, 4), (4, 5)]),
+    "attention": (lambda q, k, v: nka.attention(q, k, v, causal=True), [(1, 2, 3, 4), (1, 1, 5, 4), (1, 1, 5, 4)]),
 }
 
 
