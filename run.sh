@@ -5,6 +5,9 @@
 #                            and the asv smoke run with its HTML render check
 #   ./run.sh history [N]     the asv suite (quick set) on the last N commits of main, each in
 #                            asv's own virtualenv; publishes the site and compares oldest/newest
+#   ./run.sh edge [--workers N] [OP ...]
+#                            every CPU implementation on aarch64 under qemu-user emulation, in a
+#                            cached arm64 Debian root (root needed; .ci/edge.sh, README "Edge CPUs")
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -39,8 +42,12 @@ case "$cmd" in
         setup
         .venv/bin/python -m bench.history "$@"
         ;;
+    edge)
+        setup
+        bash .ci/edge.sh "$@"
+        ;;
     *)
-        echo "usage: ./run.sh report [--full ...] | ./run.sh test | ./run.sh history [N]" >&2
+        echo "usage: ./run.sh report [--full ...] | ./run.sh test | ./run.sh history [N] | ./run.sh edge [--workers N] [OP ...]" >&2
         exit 2
         ;;
 esac

@@ -116,7 +116,15 @@ def host_paths():
     out[PATH_AVX2] = None if "avx2" in feats else f"host {cpu} lacks avx2"
     miss = [f for f in ("amx-tile", "amx-int8") if f not in feats]
     out[PATH_AMX] = f"host {cpu} lacks {', '.join(miss)}" if miss else _amx_permission()
+    for path, name in _KERNEL_NAMES.items():  # declared x86-only in target.X86_ONLY
+        off_x86 = target.x86_only_refusal(__name__, name)
+        if off_x86 is not None:
+            out[path] = off_x86
     return out
+
+
+# the driver of each packed path (GEMM below), by name: target.X86_ONLY declares them
+_KERNEL_NAMES = {PATH_AMX: "gemm_amx", PATH_VNNI512: "gemm_vnni512", PATH_AVX2: "gemm_avx2"}
 
 
 # ---- the micro-kernel -------------------------------------------------------------------------

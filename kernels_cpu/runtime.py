@@ -122,5 +122,9 @@ def vectors() -> str:
     forced = f" ({gemm.TILE_ENV} or use_tile)" if tile.name != gemm.TILES[gemm.HOST_WIDE if avx512 else
                                                                          gemm.NARROW].name else ""
     acts = "16" if avx512 else "8"
+    if not target.is_x86():
+        # aarch64: LLVM legalizes the IR's 8-lane float32 vectors as pairs of 4-lane NEON
+        # registers (the 6x16 tile: 24 of NEON's 32 as accumulators); the loops are its choice
+        acts, host = "4 (LLVM's choice)", f"{target.vector_bits()}-bit NEON vectors, LLVM splits wider IR vectors"
     return (f"{bits}-bit GEMM: {tile.name} tile{forced} ({tile.describe()}, {tile.mr}x{tile.nr64} float64), "
             f"conv2d 6x16, activations {acts} x float32; host {cpu}: {host}")

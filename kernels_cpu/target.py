@@ -58,6 +58,31 @@ def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
+# The kernels that are x86-only by design, declared here and nowhere else: {module: {njit
+# dispatcher name: the x86 instructions it is built on}}.  Their implementations refuse any
+# other target in supports() (x86_only_refusal, through int8_gemm.host_paths), and
+# tests/test_portability.py compiles every CPU kernel *not* listed here for AArch64 with
+# llvmlite, so an x86 intrinsic anywhere else fails CI.  Every other kernel is portable LLVM
+# IR (llvm.fma, llvm.prefetch, vector types that LLVM legalizes for NEON).
+X86_ONLY = {
+    "kernels_cpu.int8_gemm": {
+        "gemm_amx": "AMX-INT8 tile intrinsics (llvm.x86.tdpbusd, ldtilecfg, tileloadd64)",
+        "gemm_vnni512": "AVX-512 VNNI vpdpbusd (llvm.x86.avx512.vpdpbusd.512)",
+        "gemm_avx2": "AVX2 vpmaddwd (llvm.x86.avx2.pmadd.wd)",
+    },
+}
+
+
+def x86_only_refusal(module: str, kernel: str) -> str | None:
+    """Why X86_ONLY's `kernel` of `module` cannot run here (None on x86 or for a portable
+    kernel): the refusal reason its implementation's supports() gives on aarch64."""
+    why = X86_ONLY.get(module, {}).get(kernel)
+    if why is None or is_x86():
+        return None
+    import platform
+    return f"x86-only kernel ({why}); this target is {platform.machine()}"
+
+
 def vector_bits() -> int:
     """The widest float vector the kernels use here: 512 with AVX-512 F, 256 with AVX2,
     128 otherwise (SSE, NEON: LLVM's portable vectors)."""
