@@ -289,6 +289,12 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
             row["notes"].append(f"{name}: output DISAGREES with the float64 numpy reference (rel err {err:.2e} > {tol:g})")
     if "ours" not in candidates:
         return row
+    if case.memory:  # peak memory above the inputs, each candidate in turn (bench/memory.py)
+        from . import memory
+        peaks = {name: memory.peak_extra_bytes(fn) for name, fn in candidates.items()}
+        row["peak_extra_bytes"] = peaks
+        row["notes"].append("peak memory above the inputs, results included: " + ", ".join(
+            f"{name} {p / 2**20:.0f} MiB" if p is not None else f"{name} not measured" for name, p in peaks.items()))
     if case.accuracy is not None:  # a low-precision case: its accuracy cost beside its times
         try:
             row["accuracy_vs_fp32"] = accuracy.measure(case, rng)

@@ -63,6 +63,9 @@ class Case:
     # low-precision cases: probe(case, float32 inputs) -> (low-precision result, float32
     # result), the accuracy cost the report and asv show beside the times (bench/accuracy.py)
     accuracy: object = field(default=None, compare=False)
+    # the report also measures each candidate's peak memory above its inputs (bench/memory.py):
+    # for ops whose point is memory (linear_cross_entropy never holds the logits)
+    memory: bool = False
 
     @property
     def id(self) -> str:
@@ -94,9 +97,9 @@ class Case:
         return _op(self.op).signature(inputs)
 
 
-def case(op, name, model, shapes, quick=False, accuracy=None, **params) -> Case:
-    """One row of a family module's CASES (accuracy: see Case.accuracy)."""
-    return Case(op, name, model, shapes, params, quick, accuracy)
+def case(op, name, model, shapes, quick=False, accuracy=None, memory=False, **params) -> Case:
+    """One row of a family module's CASES (accuracy, memory: see Case)."""
+    return Case(op, name, model, shapes, params, quick, accuracy, memory)
 
 
 def _discover() -> list[Case]:

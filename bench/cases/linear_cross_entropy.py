@@ -7,10 +7,10 @@ _H = BERT["h"]  # GPT-2 small's hidden size is BERT-base's, 768
 
 CASES = [
     _c("linear_cross_entropy", "gpt-2 lm head 512", "GPT-2",
-       {"x": (512, _H), "weight": (GPT2_VOCAB, _H)}, quick=True),
-    _c("linear_cross_entropy", "gpt-2 lm head 4096", "GPT-2", {"x": (4096, _H), "weight": (GPT2_VOCAB, _H)}),
+       {"x": (512, _H), "weight": (GPT2_VOCAB, _H)}, quick=True, memory=True),
+    _c("linear_cross_entropy", "gpt-2 lm head 4096", "GPT-2", {"x": (4096, _H), "weight": (GPT2_VOCAB, _H)}, memory=True),
     _c("linear_cross_entropy_with_grad", "gpt-2 lm head 512", "GPT-2",
-       {"x": (512, _H), "weight": (GPT2_VOCAB, _H)}, quick=True),
+       {"x": (512, _H), "weight": (GPT2_VOCAB, _H)}, quick=True, memory=True),
     _c("linear_cross_entropy_with_grad", "gpt-2 lm head 4096", "GPT-2",
-       {"x": (4096, _H), "weight": (GPT2_VOCAB, _H)}),
+       {"x": (4096, _H), "weight": (GPT2_VOCAB, _H)}, memory=True),
 ]
