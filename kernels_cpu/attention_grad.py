@@ -237,7 +237,8 @@ def _item(q, k, v, mask, mkind, causal, scale, go, o, lse, dk, dv, parts, b, hk,
             a[d] = zero
             e[d] = zero
     qs_p, gs_p, st_p, dp_p, dqa_p = qs.ctypes.data, gs.ctypes.data, st.ctypes.data, dp.ctypes.data, dqa.ctypes.data
-    kph_p, vph_p, kpad_p, dka_p, dva_p = kph.ctypes.data, vph.ctypes.data, kpad.ctypes.data, dka.ctypes.data, dva.ctypes.data
+    kph_p, vph_p, kpad_p = kph.ctypes.data, vph.ctypes.data, kpad.ctypes.data
+    dka_p, dva_p = dka.ctypes.data, dva.ctypes.data
     for qt in range((R + BQ - 1) // BQ):
         r0 = qt * BQ
         nq = min(BQ, R - r0)

@@ -96,7 +96,8 @@ def test_reference_matches_torch_autograd(causal, mask_kind):
 # ---- the forward's log-sum-exp -------------------------------------------------------------
 
 LSE_SHAPES = [(1, 4, 2, 3, 7, 8, True), (1, 2, 1, 1, 40, 4, False)] if SMALL_SHAPES else \
-    [(2, 4, 2, 9, 70, 24, True), (1, 4, 1, 1, 600, 64, True), (1, 2, 2, 130, 130, 16, False), (1, 2, 1, 40, 20, 8, True)]
+    [(2, 4, 2, 9, 70, 24, True), (1, 4, 1, 1, 600, 64, True), (1, 2, 2, 130, 130, 16, False),
+     (1, 2, 1, 40, 20, 8, True)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -27,7 +27,7 @@ from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_cpu import attention_grad as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, Rule, bucket, bucket_up, register, register_op
+from ..registry import Call, Implementation, Op, Rule, register, register_op
 from ._common import kernel_input, rows_input
 from .attention import SERIAL_MAX_FLOPS, _ZERO, describe as _describe_forward, visible_pairs
 
@@ -170,8 +170,8 @@ _op = register_op(Op(
     signature=lambda i: ((i["grad_out"], i["q"], i["k"], i["v"], i["output"], i["lse"]),
                          {"causal": i.get("causal", False), "mask": i.get("mask")}),
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-serial", "cpu-flash"), _order)}, synthesize=_synthesize))
-_NOTE = ("q/k/v/grad_out/output views with unit-stride rows are read in place (others copied); per item K, V of its key "
-         "chunk packed into 16-key panels; S, dP, dV, dK, dQ on the forward's register-blocked micro-kernel; "
+_NOTE = ("q/k/v/grad_out/output views with unit-stride rows are read in place (others copied); per item K, V of "
+         "its key chunk packed into 16-key panels; S, dP, dV, dK, dQ on the forward's register-blocked micro-kernel; "
          "P recomputed from lse, never stored whole; deterministic (no atomics)")
 register(Implementation(
     "attention_backward", "cpu-flash", "cpu", _host(True), kernel_modules=_KERNELS,
