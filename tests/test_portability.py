@@ -29,6 +29,11 @@ import time
 import numpy as np
 import pytest
 
+from tests.support import ON_CUDA
+
+# the CPU kernels only: the simulator step of CI runs the same files with NK_TEST_DEVICE=cuda
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU kernels' portability (the CPU step runs it)")
+
 AARCH64 = "aarch64-unknown-linux-gnu"
 # function attributes naming the compiling host's CPU, its features and x86 tuning
 _HOST_ATTRS = re.compile(r'\s*"(target-cpu|target-features|tune-cpu|prefer-vector-width|min-legal-vector-width)"="[^"]*"')
