@@ -618,7 +618,7 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_B_PACKED, P_PACK_A, P_PACK_B, P_EPILOGUE, P_COUNT) = range(23)
+ P_MC, P_NC, P_KC, P_B_PACKED, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_COUNT) = range(24)
 
 
 # The packers run by address (gemm_worker calls the one its operand's layout needs, and
@@ -682,7 +682,7 @@ def _packer(operand, transposed, dtype, ti):
 # ---- GEMM ------------------------------------------------------------------------------------
 
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
-                  nc_panels, kc, nworkers, tile=None, pack_a=None, pack_b=None, extra=()):
+                  nc_panels, kc, nworkers, tile=None, pack_a=None, pack_b=None, extra=(), accumulate=False):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
 
     epilogue: apply bias + activation (False: plain product, bias and code ignored);
@@ -696,7 +696,9 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     pack_a / pack_b: addresses of other packers (same (panel, params) calling convention and
     panel layout) in place of the plain copies, and extra: int64 values appended to the
     argument block after its P_COUNT slots for them (the backward's prologue packers,
-    kernels_cpu/linalg_grad.py, which form the activation's gradient while packing).
+    kernels_cpu/linalg_grad.py, which form the activation's gradient while packing);
+    accumulate: out3 += the product (no epilogue): a gradient summed over chunks of rows
+    (linear_cross_entropy's dweight) without a product-sized scratch.
 
     Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
     compiled per dtype; the packers for the operands' layouts and the epilogue for the
@@ -727,6 +729,9 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = a3.shape[0], b3.shape[0], nbatch, M, N, K
     p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_packed
+    if accumulate and epilogue:
+        raise ValueError("gemm_parallel: accumulate=True takes no epilogue")
+    p[P_ACCUMULATE] = accumulate
     sa, sb = pack_shapes(a3.shape[0], b3.shape[0], M, N, K, out3.dtype, ti)
     if ap.size < math.prod(sa) or bp.size < math.prod(sb):
         raise ValueError(f"gemm_parallel: packing buffers of {ap.size} / {bp.size} elements, tile {TILES[ti].name} "
@@ -778,6 +783,7 @@ def gemm_worker(w, params, is64, ti):
     na, nb = p[P_NA], p[P_NB]
     mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
     pack_a, pack_b, epilogue = p[P_PACK_A], p[P_PACK_B], p[P_EPILOGUE]
+    accumulate_c = p[P_ACCUMULATE] != 0
     nr_full = _tnr(z, ti)
     MR = _tmr(ti)  # noqa: N806 - the tile's rows
     a_outer = _taouter(ti)
@@ -827,7 +833,7 @@ def gemm_worker(w, params, is64, ti):
         q1 = min(q0 + nc_panels, npn)
         for k0 in range(0, K, kc):
             kl = min(kc, K - k0)
-            accumulate = k0 > 0
+            accumulate = k0 > 0 or accumulate_c
             # (B panel, A panel) pairs: B panels outer for the 6x16 tile (its kc x 16 B
             # panel is reused from L1 by every A panel), A panels outer for the AVX-512
             # tiles (their MR x kc A panel is the smaller, reused one; see TILES)

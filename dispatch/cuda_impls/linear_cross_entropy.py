@@ -31,6 +31,20 @@ class DeviceArrays:
         return cls._cuda().to_device(np.zeros(shape, dtype))
 
     @classmethod
+    def scratch(cls, shape, dtype):
+        return cls.empty(shape, dtype)
+
+    @classmethod
+    def add_gt_x(cls, d, dw, g, xc, scratch):
+        """dw += g.T @ xc through the scratch, a block of the vocabulary at a time."""
+        v = dw.shape[0]
+        for v0 in range(0, v, L.BLOCK_V):
+            v1 = min(v, v0 + L.BLOCK_V)
+            part = scratch[: v1 - v0]
+            d.matmul(g[:, v0:v1].T, xc, out=part)
+            cls.add(dw[v0:v1], part)
+
+    @classmethod
     def ones(cls, shape, dtype):
         return cls._cuda().to_device(np.ones(shape, dtype))
 

@@ -166,10 +166,10 @@ def _identity_index(n):
     return np.arange(n, dtype=np.int64)
 
 
-def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, dbias):
+def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, dbias, accumulate=False):
     """out3 = op(a3) @ op(b3) on the own GEMM, the operand g_side ("a" / "b") packed by the
     linalg_grad prologue packer `kind` (None: plain packers), reading pre3 and writing dbias
-    (or nothing: None)."""
+    (or nothing: None); accumulate: out3 += the product instead."""
     nbatch, m, n = out3.shape
     k = a3.shape[1] if transa else a3.shape[2]
     tile = K.active_tile()
@@ -186,7 +186,7 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
         extra = (pre3.ctypes.data, 0 if dbias is None else dbias.ctypes.data)
     K.gemm_parallel(a3, b3, ai, bi, transa, transb, _zeros(n, dt), False, ACT_NONE, out3, ap, bp, False, mc, nc, kc,
                     numba.get_num_threads(), tile=tile, pack_a=packer if g_side == "a" else None,
-                    pack_b=packer if g_side == "b" else None, extra=extra)
+                    pack_b=packer if g_side == "b" else None, extra=extra, accumulate=accumulate)
 
 
 def _fused_needed(code, has_bias):

@@ -10,8 +10,9 @@ chunk's logits are made by the linear GEMM, reduced by cross_entropy, and droppe
 gradient of 1) w.r.t. x, weight and bias, computed in the same sweep, as Liger-Kernel's
 fused linear cross-entropy does: per chunk, cross_entropy_with_grad writes the chunk's
 d(loss)/d(logits) over its own logits buffer, then dx[chunk] = g @ W (written in place),
-dW += g.T @ x[chunk] (through a (block_v, H) scratch, so no second weight-sized array
-exists) and dbias += column sums of g.  Extra memory: one chunk of logits plus the scratch,
+dW += g.T @ x[chunk] (the own GEMM accumulating into dW on the CPU; on the GPU through a
+(block_v, H) scratch and an add: no second weight-sized array either way) and dbias +=
+column sums of g.  Extra memory: one chunk of logits plus the scratch,
 besides the gradients themselves (which PyTorch's composition also has, with the full
 logits and their gradient on top).  reduction="none" has per-row weights that are only
 known in the backward pass: the autograd layer recomputes the chunks there
@@ -35,7 +36,7 @@ from .softmax import REDUCTIONS
 # onnxruntime, 2026-11-25 notes) while staying far under the logits' size at model shapes
 # (T = 4096, V = 32768 float32: 512 MiB of logits).
 CHUNK_BYTES = 32 << 20
-# dW is accumulated through a (BLOCK_V, H) scratch: 4096 x 768 float32 = 12 MiB.
+# On the GPU dW is accumulated through a (BLOCK_V, H) scratch: 4096 x 768 float32 = 12 MiB.
 BLOCK_V = 4096
 
 
@@ -123,6 +124,10 @@ class HostArrays:
     zeros = staticmethod(np.zeros)
 
     @staticmethod
+    def scratch(shape, dtype):
+        return None   # add_gt_x accumulates in place
+
+    @staticmethod
     def ones(shape, dtype):
         return np.ones(shape, dtype)
 
@@ -137,6 +142,16 @@ class HostArrays:
     @staticmethod
     def copy(dst, src):
         dst[...] = src
+
+    @staticmethod
+    def add_gt_x(d, dw, g, xc, scratch):
+        """dw += g.T @ xc: the own GEMM accumulating into dw (K = the chunk's rows), so no
+        weight-sized scratch and no second pass over dw."""
+        from .linalg_grad import _pro_gemm
+        from ._common import kernel_input
+        ones = np.zeros(1, np.int64)
+        g3, x3 = kernel_input(g)[None], kernel_input(xc)[None]
+        _pro_gemm(g3, True, x3, False, ones, ones, dw[None], "a", None, None, 0, None, accumulate=True)
 
     @staticmethod
     def scalar(a) -> float:
@@ -158,24 +173,18 @@ class _Grads:
         self.dx = mem.empty((t, h), dt)
         self.dw = mem.zeros((v, h), dt)
         self.db = mem.zeros(v, dt) if bias is not None else None
-        self.scratch = mem.empty((min(BLOCK_V, v), h), dt)
+        self.scratch = mem.scratch((min(BLOCK_V, v), h), dt)
         self.ones = {}
 
     def add_chunk(self, d, g, x, weight, r0, r1):
         """g = d(loss)/d(logits) of rows r0:r1."""
         d.matmul(g, weight, out=self.dx[r0:r1])
-        xc = x[r0:r1]
-        v = weight.shape[0]
-        for v0 in range(0, v, BLOCK_V):
-            v1 = min(v, v0 + BLOCK_V)
-            part = self.scratch[: v1 - v0]
-            d.matmul(g[:, v0:v1].T, xc, out=part)
-            self.mem.add(self.dw[v0:v1], part)
+        self.mem.add_gt_x(d, self.dw, g, x[r0:r1], self.scratch)
         if self.db is not None:
             n = r1 - r0
             if n not in self.ones:
                 self.ones[n] = self.mem.ones((1, n), np.dtype(g.dtype))
-            self.mem.add(self.db, d.matmul(self.ones[n], g).reshape(v))
+            self.mem.add(self.db, d.matmul(self.ones[n], g).reshape(weight.shape[0]))
 
     def scaled(self, scale):
         if scale != 1.0:
