@@ -2,7 +2,8 @@
 
 rope rotates each pair of x by an orthogonal 2x2 matrix R(t, i), so dx = R^T grad_out: the
 inverse rotation, rope with sin negated (exact; the tables have no gradient here: a model
-builds them from positions).  Shapes and layouts as dispatch.rope: grad_out (..., S, D), D
+builds them from positions).  The CPU implementations run rope's own kernels on a negated
+copy of sin, (S, D/2): a 1/(2 x batch x heads) fraction of grad_out's bytes.  Shapes and layouts as dispatch.rope: grad_out (..., S, D), D
 even, cos / sin (S, D/2), rotate-half (default) or interleaved pairs.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kernels_cpu import rope_grad as K
+from kernels_cpu import rope as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, register, register_op
@@ -28,7 +29,7 @@ PARALLEL_THRESHOLD = 1 << 14
 _MEASURED = ("rope's crossover 2^13..2^14 elements (the same loop); here, loaded host, serial / parallel "
              "14.8 / 20.9 us at 2^16")
 
-_KERNELS = ("kernels_cpu.rope_grad", "kernels_cpu.rope", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.rope", "kernels_cpu.approx", "kernels_cpu.parallel")
 
 # The contract tests' and warmup's example inputs (dispatch/examples.py): rope's shapes.
 EXAMPLE_SHAPES = {"rope_backward": {"small": {"grad_out": (2, 3, 6, 16)}, "large": {"grad_out": (2, 8, 64, 64)},
@@ -76,7 +77,7 @@ def _host(kernel):
         res = result_buffer(out, grad_out.shape, grad_out.dtype)
         if grad_out.size:
             d = grad_out.shape[-1]
-            kernel(contiguous(grad_out).reshape(-1, d), contiguous(cos), contiguous(sin), res.reshape(-1, d),
+            kernel(contiguous(grad_out).reshape(-1, d), contiguous(cos), np.negative(sin), res.reshape(-1, d),
                    interleaved)
         return deliver(res, out)
 
@@ -104,9 +105,9 @@ _rope_backward = register_op(Op(
     signature=lambda i: ((i["grad_out"], i["cos"], i["sin"]), {"interleaved": i.get("interleaved", False)}),
     flops=_flops, bytes=_bytes, rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
     synthesize=_synthesize))
-register(Implementation("rope_backward", "cpu-serial", "cpu", _host(K.rope_grad_serial), notes=HOST_COPY_NOTE,
+register(Implementation("rope_backward", "cpu-serial", "cpu", _host(K.rope_serial), notes=HOST_COPY_NOTE,
                         kernel_modules=_KERNELS))
-register(Implementation("rope_backward", "cpu-parallel", "cpu", _host(K.rope_grad_parallel), kernel_modules=_KERNELS,
+register(Implementation("rope_backward", "cpu-parallel", "cpu", _host(K.rope_parallel), kernel_modules=_KERNELS,
                         notes=HOST_COPY_NOTE + "; rows (batch x position) split over threads"))
 
 
