@@ -97,7 +97,7 @@ def _to_torch(torch, res, originals):
     if orig is not None:
         return orig
     if isinstance(res, np.ndarray):
-        if res.dtype.name == "bfloat16":
+        if res.dtype.kind == "V" and res.dtype.name == "bfloat16":   # (dtype.name is slow Python)
             return torch.from_numpy(res.view(np.int16)).view(torch.bfloat16)
         if not res.flags.writeable:
             res = res.copy()       # torch.from_numpy warns on read-only memory
