@@ -11,36 +11,43 @@ The ratio is PyTorch's time over ours (above 1: ours faster).
 import sys, numpy as np, torch, numba
 import dispatch, dispatch.autograd as nka
 from bench import timing
-F = torch.nn.functional
-threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-which = sys.argv[2:] or None
-torch.set_num_threads(threads); numba.set_num_threads(threads)
-g = torch.Generator().manual_seed(0)
-def R(*s): return torch.randn(*s, generator=g)
-cases = {}
-x = R(512, 768); w = R(768); b = R(768); gy = R(512, 768)
-cases["layer_norm 512x768"] = (lambda lib: (nka.layer_norm if lib == "ours" else (lambda x, w, b: F.layer_norm(x, (768,), w, b)))), [x, w, b], gy
-cases["rms_norm 512x768"] = (lambda lib: (nka.rms_norm if lib == "ours" else (lambda x, w: F.rms_norm(x, (768,), w, 1e-6)))), [x, w], gy
-xs = R(128, 50257); gs = R(128, 50257)
-cases["softmax 128x50257"] = (lambda lib: (nka.softmax if lib == "ours" else (lambda x: torch.softmax(x, -1)))), [xs], gs
-t = torch.randint(0, 50257, (512,), generator=g); lg = R(512, 50257)
-cases["cross_entropy 512x50257"] = (lambda lib: ((lambda z: nka.cross_entropy(z, t)) if lib == "ours" else (lambda z: F.cross_entropy(z, t)))), [lg], None
-q, k, v = R(1, 12, 512, 64), R(1, 12, 512, 64), R(1, 12, 512, 64); go = R(1, 12, 512, 64)
-cases["attention 1x12x512x64 causal"] = (lambda lib: ((lambda q, k, v: nka.attention(q, k, v, causal=True)) if lib == "ours" else (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)))), [q, k, v], go
-xl = R(128, 768); wl = R(3072, 768) / 28; bl = R(3072); gl = R(128, 3072)
-cases["linear+gelu 128x768x3072"] = (lambda lib: ((lambda x, w, b: nka.linear(x, w, b, activation="gelu")) if lib == "ours" else (lambda x, w, b: F.gelu(F.linear(x, w, b))))), [xl, wl, bl], gl
-def mk(fn, ins, up):
-    def run():
-        xs = [a.detach().requires_grad_() for a in ins]
-        out = fn(*xs)
-        if up is None: out.backward()
-        else: out.backward(up)
-        return xs[0].grad
-    return run
-for name, (get, ins, up) in cases.items():
-    if which and not any(w_ in name for w_ in which): continue
-    c = {"ours": mk(get("ours"), ins, up), "torch": mk(get("torch"), ins, up)}
-    for f in c.values(): f()
-    st = timing.interleaved(c, rounds=15, warmup=2)
-    o, p = st["ours"].median, st["torch"].median
-    print(f"{threads}T {name:32s} ours {o*1e3:8.3f} ms  torch {p*1e3:8.3f} ms  ratio {p/o:5.2f}x", flush=True)
+
+
+def main():
+    F = torch.nn.functional
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    which = sys.argv[2:] or None
+    torch.set_num_threads(threads); numba.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    def R(*s): return torch.randn(*s, generator=g)
+    cases = {}
+    x = R(512, 768); w = R(768); b = R(768); gy = R(512, 768)
+    cases["layer_norm 512x768"] = (lambda lib: (nka.layer_norm if lib == "ours" else (lambda x, w, b: F.layer_norm(x, (768,), w, b)))), [x, w, b], gy
+    cases["rms_norm 512x768"] = (lambda lib: (nka.rms_norm if lib == "ours" else (lambda x, w: F.rms_norm(x, (768,), w, 1e-6)))), [x, w], gy
+    xs = R(128, 50257); gs = R(128, 50257)
+    cases["softmax 128x50257"] = (lambda lib: (nka.softmax if lib == "ours" else (lambda x: torch.softmax(x, -1)))), [xs], gs
+    t = torch.randint(0, 50257, (512,), generator=g); lg = R(512, 50257)
+    cases["cross_entropy 512x50257"] = (lambda lib: ((lambda z: nka.cross_entropy(z, t)) if lib == "ours" else (lambda z: F.cross_entropy(z, t)))), [lg], None
+    q, k, v = R(1, 12, 512, 64), R(1, 12, 512, 64), R(1, 12, 512, 64); go = R(1, 12, 512, 64)
+    cases["attention 1x12x512x64 causal"] = (lambda lib: ((lambda q, k, v: nka.attention(q, k, v, causal=True)) if lib == "ours" else (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)))), [q, k, v], go
+    xl = R(128, 768); wl = R(3072, 768) / 28; bl = R(3072); gl = R(128, 3072)
+    cases["linear+gelu 128x768x3072"] = (lambda lib: ((lambda x, w, b: nka.linear(x, w, b, activation="gelu")) if lib == "ours" else (lambda x, w, b: F.gelu(F.linear(x, w, b))))), [xl, wl, bl], gl
+    def mk(fn, ins, up):
+        def run():
+            xs = [a.detach().requires_grad_() for a in ins]
+            out = fn(*xs)
+            if up is None: out.backward()
+            else: out.backward(up)
+            return xs[0].grad
+        return run
+    for name, (get, ins, up) in cases.items():
+        if which and not any(w_ in name for w_ in which): continue
+        c = {"ours": mk(get("ours"), ins, up), "torch": mk(get("torch"), ins, up)}
+        for f in c.values(): f()
+        st = timing.interleaved(c, rounds=15, warmup=2)
+        o, p = st["ours"].median, st["torch"].median
+        print(f"{threads}T {name:32s} ours {o*1e3:8.3f} ms  torch {p*1e3:8.3f} ms  ratio {p/o:5.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
