@@ -224,8 +224,7 @@ def test_every_cuda_launch_names_a_declared_ptx_kernel():
     from bench import ptx
 
     table = ptx.kernels()
-    for chip in ptx.ARCHS:
-        launched = ptx.launch_threads(chip)
+    for chip, launched in ptx.launches_by_chip(ptx.ARCHS).items():
         assert launched, chip
         assert not ptx.undeclared(table, launched), chip
 
