@@ -71,6 +71,57 @@ def test_emulation_rejects_lanes_outside_mask():
         k[1, 32](np.zeros(32, np.int64))
 
 
+def test_syncthreads_with_early_exits_and_repeated_barriers():
+    """Barrier semantics the simulator's event-driven block manager (tests/cuda/simwarp.py)
+    must keep: every phase sees all writes of the one before; threads that return early
+    do not hold the others at later barriers; syncthreads_count counts the live threads."""
+    from numba import int32
+
+    @cuda.jit
+    def k(out, counts):
+        s = cuda.shared.array(64, int32)
+        t = cuda.threadIdx.x
+        s[t] = t
+        cuda.syncthreads()
+        for phase in range(5):  # rotate the shared values one place per phase
+            v = s[(t + 1) % 64]
+            cuda.syncthreads()
+            s[t] = v
+            cuda.syncthreads()
+        out[t] = s[t]
+        if t >= 40:
+            return
+        counts[t] = cuda.syncthreads_count(t < 10)
+        cuda.syncthreads()
+        out[t] += 1000
+
+    out = np.zeros(64, np.int64)
+    counts = np.zeros(40, np.int64)
+    k[1, 64](out, counts)
+    t = np.arange(64)
+    assert np.array_equal(out, (t + 5) % 64 + np.where(t < 40, 1000, 0))
+    assert np.all(counts == 10)
+
+
+@pytest.mark.skipif(not SIM, reason="the simulator re-raises a thread's exception")
+def test_simulator_reraises_a_failing_thread_and_releases_the_block():
+    @cuda.jit
+    def k(out):
+        t = cuda.threadIdx.x
+        cuda.syncthreads()
+        if t == 7:
+            out[1000] = 1.0  # out of bounds: the simulator raises IndexError in this thread
+        cuda.syncthreads()
+        out[t] = t
+
+    with pytest.raises(IndexError, match=r"tid=\[7, 0, 0\]"):
+        k[2, 32](np.zeros(64))
+    out = np.zeros(64)
+    k2 = cuda.jit(lambda o: o.__setitem__(cuda.threadIdx.x, 1.0))  # the simulator is usable after it
+    k2[1, 64](out)
+    assert np.all(out == 1.0)
+
+
 @pytest.mark.skipif(not SIM, reason="checks the simulator fix (tests/cuda/simwarp.py)")
 def test_simulator_shared_array_is_one_array_per_block():
     """Every thread of a block that reaches a cuda.shared.array line at the same moment
