@@ -18,7 +18,7 @@ mkdir -p bench_out
 echo "== CUDA simulator tests (NK_TEST_DEVICE=cuda NUMBA_ENABLE_CUDASIM=1) =="
 start=$(date +%s)
 NK_TEST_DEVICE=cuda NUMBA_ENABLE_CUDASIM=1 "$PY" -m pytest tests -q -p no:cacheprovider \
-  -n "${NK_TEST_WORKERS:-2}" --dist loadfile -W ignore::RuntimeWarning --durations=25
+  -n "${NK_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder -W ignore::RuntimeWarning --durations=25
 echo "simulator tests: $(( $(date +%s) - start )) s"
 
 echo "== PTX for sm_80 / sm_87 / sm_90 (compile_ptx + ptxas -v) and the performance model =="

@@ -7,7 +7,7 @@ start=$(date +%s)
 
 echo "== CPU tests"
 t0=$(date +%s)
-python -m pytest -q -n "${NK_TEST_WORKERS:-2}" --dist loadfile --durations=15 tests
+python -m pytest -q -n "${NK_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=15 tests
 echo "CPU tests: $(( $(date +%s) - t0 )) s"
 
 if [ -f .ci/cuda_checks.sh ]; then

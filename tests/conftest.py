@@ -95,8 +95,33 @@ def _check_impl_params_keep_marks(items):
                                 + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
 
 
+# Seconds of test time per file in CI's two pytest steps (fresh clone, 2 xdist workers,
+# --durations=0 summed per file; 2026-11-25, Sapphire Rapids host, before the simulator's
+# block manager was made event-driven): the files over 15 s.  CI runs xdist with
+# --dist loadfile --no-loadscope-reorder, which hands out whole files in collection order;
+# the longest go first (longest-processing-time-first), so no long file starts last while
+# the other worker idles.  xdist's own reorder (most tests first) started the 148 s
+# portability file (2 tests) last: the CPU step took 467 s for 740 s of test time.
+FILE_SECONDS = {
+    "cpu": {"test_portability.py": 148, "test_attention.py": 104, "test_contract.py": 83,
+            "test_bench.py": 69, "test_threads.py": 69, "test_linalg_grad.py": 33,
+            "test_autograd.py": 30, "test_attention_grad.py": 27, "test_quant.py": 26,
+            "test_linalg.py": 20, "test_weight_only.py": 20, "test_warmup.py": 16},
+    "cuda": {"test_norm.py": 142, "test_attention.py": 115, "test_linear_cross_entropy.py": 114,
+             "test_quant.py": 75, "test_softmax.py": 70, "test_softmax_grad.py": 67,
+             "test_linalg.py": 49, "test_moe.py": 32, "test_cuda_backend.py": 27,
+             "test_attention_grad.py": 21, "test_norm_grad.py": 20, "test_channel_norm.py": 16,
+             "test_threads.py": 16},
+}
+
+
+def _longest_files_first(items):
+    weight = FILE_SECONDS.get(TARGET, {})
+    items.sort(key=lambda item: -weight.get(pathlib.Path(str(item.fspath)).name, 0))  # stable
+
+
 def pytest_collection_modifyitems(config, items):
-    """tests/cuda/ holds CUDA-only tests: skipped on the CPU target.  Under the simulator,
+    """Longest test files first (FILE_SECONDS).  tests/cuda/ holds CUDA-only tests: skipped on the CPU target.  Under the simulator,
     float64 runs the first case of each test function per implementation, every float32
     and float16 case runs: each simulated block is Python threads (a barrier costs
     milliseconds), the kernels are dtype-generic code (the dtype picks the accumulation
@@ -106,6 +131,7 @@ def pytest_collection_modifyitems(config, items):
     everything runs.  (Measured 2026-11-23: float64 was about 40% of the simulator step's
     530 s.)"""
     _check_impl_params_keep_marks(items)
+    _longest_files_first(items)
     if TARGET == "cuda":
         if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
             block_skip = pytest.mark.skip(reason="simulator: block-per-row float64 covered by its float32 cases")
