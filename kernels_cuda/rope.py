@@ -7,7 +7,8 @@ consecutive pairs i of a row, so for rotate-half (pairs (i, i + D/2)) both halve
 read and written coalesced, and for interleaved (pairs (2i, 2i + 1)) a warp covers 64
 consecutive elements; the cos / sin rows are shared by all batch rows through L2.  A
 thread divides once to find its first pair's (row, pair, position) and then advances them
-by the grid stride with adds and compares (no division per pair).
+by the grid stride with adds and compares (no division per pair).  inverse=True builds
+the backward (kernels_cuda/rope_grad.py): R^T, the signs of sin flipped.
 """
 from functools import lru_cache
 
@@ -19,8 +20,9 @@ from ._jit import ELEMENTWISE_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
 
 
 @lru_cache(maxsize=None)
-def rope_kernel(acc_np):
+def rope_kernel(acc_np, inverse=False):
     acc, _ = acc_of(acc_np)
+    inverse = bool(inverse)  # a compile-time constant: the untaken branch is dropped
 
     @kernel(launch_bounds=(ELEMENTWISE_THREADS, 4))
     def rope_pairs(x, cos, sin, out, interleaved):
@@ -49,8 +51,12 @@ def rope_kernel(acc_np):
                 ib = i + h
             a = acc(x[r, ia])
             b = acc(x[r, ib])
-            out[r, ia] = a * c - b * s
-            out[r, ib] = b * c + a * s
+            if inverse:
+                out[r, ia] = a * c + b * s
+                out[r, ib] = b * c - a * s
+            else:
+                out[r, ia] = a * c - b * s
+                out[r, ib] = b * c + a * s
             g += step
             i += step_i
             r += step_r
