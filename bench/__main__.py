@@ -23,7 +23,7 @@ def _report_parser():
     p.add_argument("--json", default="bench_out/report.json", metavar="PATH", help="results file (default %(default)s)")
     p.add_argument("--plot", default="bench_out/roofline.png", metavar="PATH", help="roofline PNG (default %(default)s)")
     p.add_argument("--no-peers", action="store_true", help="numpy as the only peer (skip PyTorch and onnxruntime)")
-    p.add_argument("--no-runtime", action="store_true", help="skip the settings (a)-(d) of bench/runtime.py")
+    p.add_argument("--no-runtime", action="store_true", help="skip the settings (a)-(e) of bench/runtime.py")
     p.add_argument("--no-model", action="store_true", help="skip the model-level row (bench/model.py)")
     p.add_argument("--no-compile-time", action="store_true", help="skip the fresh-process compile-time measurement")
     return p

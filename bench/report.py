@@ -484,7 +484,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
         from . import runtime as RT
         want = {c.op for c in selected}
         rt_cases = [c for c in RT.CASES if c.op in want]
-        progress(f"runtime settings (a)-(d) on {len(rt_cases)} real-time cases")
+        progress(f"runtime settings (a)-(e) on {len(rt_cases)} real-time cases")
         rt_rows = RT.measure(rt_cases, rounds=5 if quick else 9, progress=progress)
     model_row = None
     if model:
@@ -528,7 +528,8 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
     if rt_rows:
         out("")
         out("== where users run it (bench/runtime.py): (a) back to back, (b) one call after 0.2 s idle,")
-        out("   (c) right after a PyTorch/BLAS call, (d) 4 Python threads at once (results checked); medians")
+        out("   (c) right after a PyTorch/BLAS call, (d) 4 Python threads at once (results checked),")
+        out(f"   (e) batches of {RT.PACED_CALLS} calls after {RT.PACED_PAUSE_S * 1e3:.0f} ms pauses; medians")
         out(RT.format_rows(rt_rows))
     if model_row is not None:
         out("")

@@ -15,7 +15,12 @@ The settings (per case, medians of per-call seconds):
   (d) threads: 4 Python threads calling at once, each its own inputs; the median latency
               of one call (4 threads share 2 cores, so twice the loop time is par); every
               result is checked bit for bit against the same call made alone (a wrong or
-              crashed call fails the run).
+              crashed call fails the run);
+  (e) paced:  batches of PACED_CALLS calls back to back, each batch after a PACED_PAUSE_S
+              sleep, the median per-call time of a batch (a training or serving loop: work
+              between steps).  Added for numba's tbb layer: once its pool has lived ~0.2 s,
+              a parallel layer_norm 512x768 in this pattern runs at serial speed (154-178 us
+              against 69-73 back to back; omp 76-98 us), 2026-11-25 notes.
 Each case is timed as dispatched and, where the op has one, with its serial kernel forced
 (the serial/parallel thresholds must hold in (b) and (c), not only in (a)).
 The report (python -m bench) runs the same settings on its runtime cases; see report.py.
@@ -36,6 +41,8 @@ import numpy as np
 from . import ROOT, timing, tool_parser, write_json
 
 IDLE_S = timing.PAUSE_S
+PACED_CALLS = 10
+PACED_PAUSE_S = 0.01
 LAYERS = ("tbb", "omp", "workqueue")
 
 
@@ -114,6 +121,18 @@ def _median_of(fn, n, before=None):
     return statistics.median(out)
 
 
+def _paced(fn, n):
+    """Median per-call seconds of n batches of PACED_CALLS calls, each after a pause."""
+    out = []
+    for _ in range(n):
+        time.sleep(PACED_PAUSE_S)
+        t0 = timing.clock()
+        for _ in range(PACED_CALLS):
+            fn()
+        out.append((timing.clock() - t0) / PACED_CALLS)
+    return statistics.median(out)
+
+
 def _threads(fn_for, nthreads=4, calls=12):
     """Run fn_for(i)() `calls` times in each of nthreads threads at once. Returns (median
     latency of one call while the others run, mismatches): each result is compared with
@@ -153,7 +172,7 @@ def _variants(case):
 
 
 def measure(cases=None, *, rounds=9, progress=None) -> list[dict]:
-    """Settings (a)-(d) for each case in this process. Returns one row per case and variant."""
+    """Settings (a)-(e) for each case in this process. Returns one row per case and variant."""
     import dispatch
     from kernels_cpu import runtime as rt
 
@@ -179,6 +198,7 @@ def measure(cases=None, *, rounds=9, progress=None) -> list[dict]:
             peer()
             c_mixed = _median_of(call, rounds, before=peer)
             c_peer = _median_of(peer, rounds, before=call)
+            e_paced = _paced(call, rounds)
 
             def fn_for(i, c=case):
                 a, k = c.build(np.random.default_rng(100 + i))
@@ -193,7 +213,8 @@ def measure(cases=None, *, rounds=9, progress=None) -> list[dict]:
             d_threads, bad = _threads(fn_for)
             rows.append({"case": case.name, "op": case.op, "variant": label, "layer": rt.layer(),
                          "loop_s": a_loop, "idle_s": b_idle, "mixed_s": c_mixed, "threads_s": d_threads,
-                         "thread_mismatches": bad, "peer": peer_name, "peer_mixed_s": c_peer})
+                         "thread_mismatches": bad, "peer": peer_name, "peer_mixed_s": c_peer,
+                         "paced_s": e_paced})
             if progress is not None:
                 progress(f"{case.name} [{label}]")
             if bad:
@@ -229,11 +250,13 @@ def _torch_sdpa(rounds):
 
 
 def format_rows(rows) -> str:
-    head = f"{'case':36} {'variant':10} {'layer':9} {'(a) loop':>10} {'(b) idle':>10} {'(c) mixed':>10} {'(d) 4 thr':>10} {'peer in (c)':>12}"
+    head = (f"{'case':36} {'variant':10} {'layer':9} {'(a) loop':>10} {'(b) idle':>10} {'(c) mixed':>10} "
+            f"{'(d) 4 thr':>10} {'(e) paced':>10} {'peer in (c)':>12}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['case']:36} {r['variant']:10} {r['layer']:9} {_ms(r['loop_s'])} {_ms(r['idle_s'])} "
-                     f"{_ms(r['mixed_s'])} {_ms(r['threads_s'])} {_ms(r['peer_mixed_s'], 12)}")
+                     f"{_ms(r['mixed_s'])} {_ms(r['threads_s'])} {_ms(r['paced_s'])} "
+                     f"{_ms(r['peer_mixed_s'], 12)}")
     return "\n".join(lines)
 
 

@@ -398,7 +398,7 @@ def test_runtime_settings_measure_every_setting_and_check_threads():
     rows = RT.measure([RT.RuntimeCase("softmax tiny", "softmax", build)], rounds=1)
     assert {r["variant"] for r in rows} == {"dispatched", "serial"}
     for r in rows:
-        for k in ("loop_s", "idle_s", "mixed_s", "threads_s", "peer_mixed_s"):
+        for k in ("loop_s", "idle_s", "mixed_s", "threads_s", "peer_mixed_s", "paced_s"):
             assert r[k] > 0, (k, r)
         assert r["thread_mismatches"] == 0 and r["layer"] in RT.LAYERS
     assert "softmax tiny" in RT.format_rows(rows)
