@@ -371,7 +371,7 @@ def pack_b(b, transposed, path):
     return packed.reshape(-1).view(np.int32), colsum
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 def pack_a_int(a2, shift, za, dst, c, rs):
     """A for the packed paths from integer activations: a2 (M, K) int8 or uint8, au = a +
     shift (shift 128 for int8, 0 for uint8); dst (Mp, Kp) uint8 (PATH_VNNI512) or int16
@@ -475,7 +475,7 @@ def _quant_row(row, K, qrow):
     return scale, np.int32(zp)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 def quant_pack_a(x2, dst, sa, c, rs):
     """dynamic_quant_linear's A: each row of x2 (M, K) float32 quantized to uint8
     (_quant_row) straight into dst (Mp, Kp) (as pack_a_int lays it out: no other copy of
@@ -501,7 +501,7 @@ def quant_pack_a(x2, dst, sa, c, rs):
                 d[k] = 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)
 def quant_rows(x2, q, sa, zp):
     """The portable path's dynamic quantization: q (M, K) int32 rows, sa, zp per row."""
     for m in range(x2.shape[0]):
@@ -528,7 +528,7 @@ def _gemm_doc(fn):
     return fn
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
     MR, NR = MR_V, NR_V
     mp = (M + MR - 1) // MR
@@ -554,7 +554,7 @@ def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, m
                 _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
     MR, NR = MR_A, NR_A
     mp = (M + MR - 1) // MR
@@ -580,7 +580,7 @@ def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, 
                 _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 def gemm_amx(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
     MR, NR = MR_X, NR_X
     mp = (M + MR - 1) // MR
@@ -617,7 +617,7 @@ GEMM = {PATH_VNNI512: gemm_vnni512, PATH_AVX2: gemm_avx2, PATH_AMX: gemm_amx}
 PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row in L1)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code, out, ntasks):
     """The portable path: a2 (M, K) integer activations (int8 / uint8 / int32 quantized
     rows), used as a + shift; b2 (K, N) int8.  Same epilogue; prange over (row x column

@@ -73,7 +73,7 @@ def call_address(typingctx, fn, args):
     return sig, codegen
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)  # the GIL released as in approx.JIT
 def _run_workers(fn, params, n):
     for w in prange(n):
         call_address(fn, (w, params))
@@ -87,7 +87,7 @@ def run_workers(fn, params, n):
     _run_workers(fn, params.ctypes.data, n)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _run_serial(fn, params):
     call_address(fn, (0, params))
 

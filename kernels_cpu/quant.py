@@ -36,7 +36,7 @@ from .approx import like
 
 # Reductions: reassociation only (the integer reductions do not need it; kept off the
 # quantize and dequantize loops, see the module docstring).
-SJIT = dict(cache=True, error_model="numpy")
+SJIT = dict(cache=True, error_model="numpy", nogil=True)  # the GIL released (see approx.JIT)
 
 
 def as_int(ref, v):
