@@ -30,9 +30,9 @@ FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 # Options for every CPU kernel: cached compilation, the fastmath flags above, numpy's
 # error model (a float division by zero gives inf instead of a Python exception check in
 # the loop, which would stop vectorization), and the GIL released while the kernel runs
-# (users call ops from several Python threads; holding it, 4 threads calling softmax
-# 4096x1024 at once waited 41 ms (serial kernel) / 86 ms (parallel) per 1-2 ms call,
-# bench.runtime setting (d), 2026-11-25).  Use as @njit(**JIT) or @njit(parallel=True, **JIT).
+# (users call ops from several Python threads: holding it, a Python loop beside a thread
+# calling the serial softmax 4096x1024 ran at 0.35-0.38 of its speed; released, at full
+# speed, 2026-11-25).  Use as @njit(**JIT) or @njit(parallel=True, **JIT).
 JIT = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True)
 # Functions only ever called by address (parallel.worker_address: workers, packers, the
 # GEMM epilogue): no CPython wrapper (boxing code that would be compiled and never run).
