@@ -12,6 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
 PY="${2:-}"
+case "$WHAT" in
+  sim|ptx|all) ;;
+  *) echo "usage: .ci/cuda_checks.sh [sim|ptx|all] [python] (got '$WHAT')" >&2; exit 2 ;;
+esac
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python; fi
 fi

@@ -79,17 +79,12 @@ def _launched_kernels(cfg):
     return out
 
 
-def launches(chip: str, dtypes=DTYPES) -> dict:
-    """kernel name -> {"threads": the largest block the dispatcher launches it with on this
-    chip, "dtypes": the input dtypes it is launched for}, over every CUDA implementation of
-    every op on every benchmark case in every dtype (the launch rules evaluated with that
-    chip's properties; no GPU needed)."""
-    return launches_by_chip((chip,), dtypes)[chip]
-
-
 def launches_by_chip(chips, dtypes=DTYPES) -> dict:
-    """{chip: launches(chip)}: each case described once for all chips (describing draws
-    the inputs: the larger part of this function's time)."""
+    """{chip: {kernel name: {"threads": the largest block the dispatcher launches it with on
+    that chip, "dtypes": the input dtypes it is launched for}}}, over every CUDA
+    implementation of every op on every benchmark case in every dtype (the launch rules
+    evaluated with each chip's properties; no GPU needed).  Each case is described once for
+    all chips (describing draws the inputs: the larger part of this function's time)."""
     from bench import cases as bc
     from bench.cuda_model import describe
     from dispatch import devices, registry
@@ -121,7 +116,7 @@ def undeclared(table, launched) -> list:
 
 
 def unbuilt_dtypes(table, launched: dict, dtypes=DTYPES) -> list:
-    """(kernel, dtype) pairs the dispatcher launches (launched: launches()) that the kernel's
+    """(kernel, dtype) pairs the dispatcher launches (launched: launches_by_chip()[chip]) that the kernel's
     declaration does not build: that compile would escape the gates (float64 shared tiles
     over 48 KB)."""
     return sorted((name, dt) for name, k in launched.items() if name in table
@@ -169,7 +164,8 @@ def _cc(arch: str) -> tuple:
 
 
 def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=()):
-    """compile_one for several chips: {arch: info, or the exception its build raised}."""
+    """ptxas -v results of one kernel in one dtype for several chips: {arch: info (registers,
+    shared memory, spills, the object's path), or the exception its build raised}."""
     from numba.cuda import compiler
     from numba import types as T
 
@@ -192,14 +188,6 @@ def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=()):
         except Exception as exc:  # noqa: BLE001 - reported per chip by the caller
             out[arch] = exc
     return out
-
-
-def compile_one(name, get, argtypes, dtype, arch, ptxas, tmpdir, requires=()):
-    """ptxas -v results of one kernel for one chip (raises on a failed build)."""
-    info = compile_many(name, get, argtypes, dtype, (arch,), ptxas, tmpdir, requires)[arch]
-    if isinstance(info, Exception):
-        raise info
-    return info
 
 
 def _assemble(ptx, stem, arch, ptxas, tmpdir, requires):
@@ -255,18 +243,20 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
             import concurrent.futures as cf
             import multiprocessing as mp
 
-            with cf.ProcessPoolExecutor(nproc, mp_context=mp.get_context("fork")) as pool:
-                done = pool.map(_build_row, range(len(jobs)), [tmp] * len(jobs), [ptxas] * len(jobs),
-                                [nvdisasm] * len(jobs))
-                for chip_rows in done:
-                    rows.extend(chip_rows)
-                    if verbose:
-                        print("\n".join(_fmt(r) for r in chip_rows), flush=True)
+            pool = cf.ProcessPoolExecutor(nproc, mp_context=mp.get_context("fork"))
+            done = pool.map(_build_row, range(len(jobs)), [tmp] * len(jobs), [ptxas] * len(jobs),
+                            [nvdisasm] * len(jobs))
         else:
-            for k in range(len(jobs)):
-                rows.extend(_build_row(k, tmp, ptxas, nvdisasm))
+            pool = None
+            done = (_build_row(k, tmp, ptxas, nvdisasm) for k in range(len(jobs)))
+        try:
+            for chip_rows in done:
+                rows.extend(chip_rows)
                 if verbose:
-                    print("\n".join(_fmt(r) for r in rows[-len(archs):]), flush=True)
+                    print("\n".join(_fmt(r) for r in chip_rows), flush=True)
+        finally:
+            if pool is not None:
+                pool.shutdown()
     # rows in (arch, kernel, dtype) order, as before the chips shared a job
     order = {a: i for i, a in enumerate(archs)}
     rows.sort(key=lambda r: order.get(r["arch"], -1))

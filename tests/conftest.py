@@ -101,7 +101,8 @@ def _check_impl_params_keep_marks(items):
 # --dist loadfile --no-loadscope-reorder, which hands out whole files in collection order;
 # the longest go first (longest-processing-time-first), so no long file starts last while
 # the other worker idles.  xdist's own reorder (most tests first) started the 148 s
-# portability file (2 tests) last: the CPU step took 467 s for 740 s of test time.
+# portability file (2 tests) last: the CPU step took 467 s for 740 s of test time.  (CI now
+# runs test_portability.py as a step of its own, first: its entry orders `pytest tests`.)
 FILE_SECONDS = {
     "cpu": {"test_portability.py": 148, "test_attention.py": 104, "test_contract.py": 83,
             "test_bench.py": 69, "test_threads.py": 69, "test_linalg_grad.py": 33,
