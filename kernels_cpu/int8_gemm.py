@@ -39,21 +39,30 @@ VNNI kernel):
                 Register tile MR_A x NR_A = 6 x 16 (12 ymm accumulators, 2 B, 1 A).  A
                 rows as int16 (words of 2), B as [panel][k/2][NR][2] int16.
   PATH_PORTABLE plain numba int32 loops on the unpacked operands (any host).
-Both packed paths run the same driver body (gemm_vnni512 / gemm_avx2): prange over (row block x column block)
-tasks handed out one at a time (parallel.run_dynamic), each task running the micro-kernel
-over the whole K (no K blocking: a 48-column B panel of K = 4096 is 192 KiB, in L2) into a
-small int32 buffer (a row panel across the task's columns), then the epilogue from that
-buffer straight into the output (fused: the output is written once).  Few rows (decode) take the same path: one row panel, the tasks
-split the columns, and each packed weight panel is streamed once.
+The packed paths run one worker, gemm_packed (path and activation literal arguments: a
+variant holds one path's instructions and one activation), on numba's threads through
+parallel.run_workers: the workers take (row block x column block) tasks from a counter,
+each task running the micro-kernel over the whole K (no K blocking: a 48-column B panel of
+K = 4096 is 192 KiB, in L2) into a small int32 buffer (a row panel across the task's
+columns), then the epilogue from that buffer straight into the output (fused: the output
+is written once).  Few rows (decode) take the same path: one row panel, the tasks split
+the columns, and each packed weight panel is streamed once.  A is packed (or quantized)
+by workers of its own (pack_a_int, quant_pack_a) in blocks of PACK_ROWS rows.
+
+Workers called by address instead of prange loops: each is compiled once, alone (a prange
+kernel compiles its body again into a parfor gufunc).  Cold first call of matmul_int8
+128x768x768 (empty cache, this Sapphire Rapids host, 2026-11-26): 4.06 s with prange
+drivers that compiled every activation, 1.73 s now.
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, literally, njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from . import target
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
+from .parallel import addresses, fetch_add, ptr_as, run_serial, run_workers, worker_address
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX = 0, 1, 2, 3
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
@@ -123,8 +132,10 @@ def host_paths():
     return out
 
 
-# the driver of each packed path (GEMM below), by name: target.X86_ONLY declares them
-_KERNEL_NAMES = {PATH_AMX: "gemm_amx", PATH_VNNI512: "gemm_vnni512", PATH_AVX2: "gemm_avx2"}
+# the worker of each packed path (GEMM below), by name: target.X86_ONLY declares it.  One
+# worker serves the three paths: the path is a literal argument, so each compiled variant
+# holds only its own path's instructions (a host without AVX-512 never compiles VNNI code).
+_KERNEL_NAMES = {PATH_AMX: "gemm_packed", PATH_VNNI512: "gemm_packed", PATH_AVX2: "gemm_packed"}
 
 
 # ---- the micro-kernel -------------------------------------------------------------------------
@@ -194,24 +205,20 @@ def _micro_typer(path):
     return typer
 
 
-@intrinsic
-def micro_vnni512(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
-    """t[i*NR_V + j] = sum over kq groups of 4 of u8(A) . s8(B) for the MR_V x NR_V tile;
-    ap / bp / t int32 arrays (words of 4 bytes), A row i's word k at ap[aoff + i*lda + k]
-    (A is not interleaved: its rows, padded to whole words, are read in place), the B panel
-    at bp[boff:] (kq x NR_V words).
-
-    Emits, per group: NR_V/16 zmm loads of B, MR_V broadcast A words and MR_V * NR_V/16
-    `vpdpbusd` (llvm.x86.avx512.vpdpbusd.512) into zmm accumulators (allocas mem2reg keeps
-    in registers); then the tile stored to t."""
-    return _micro_typer(PATH_VNNI512)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
-
-
-@intrinsic
-def micro_avx2(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
-    """micro_vnni512's AVX2 twin: MR_A x NR_A tile, words of 2 int16, `vpmaddwd`
-    (llvm.x86.avx2.pmadd.wd: exact int16 x int16 pair sums) plus `vpaddd` per step."""
-    return _micro_typer(PATH_AVX2)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
+def _amx_config(context, builder):
+    """ldtilecfg: palette 1, tiles 0-7 all 16 rows x 64 bytes (C: 16 x 16 int32; A: 16 rows x
+    64 u8 of K; B: 16 groups of 4 K values x 16 columns).  Tile state is per thread: each
+    worker loads it before its first tile instruction (tilerelease after its last)."""
+    i8 = ir.IntType(8)
+    cfg = [0] * 64
+    cfg[0] = 1
+    for tile in range(8):
+        cfg[16 + 2 * tile] = 64
+        cfg[48 + tile] = 16
+    arrty = ir.ArrayType(i8, 64)
+    slot = cgutils.alloca_once(builder, arrty)
+    builder.store(ir.Constant(arrty, [ir.Constant(i8, v) for v in cfg]), slot)
+    builder.call(_amx_fns(builder)["cfg"], [builder.bitcast(slot, i8.as_pointer())])
 
 
 def _amx_fns(builder):
@@ -228,45 +235,14 @@ def _amx_fns(builder):
             "release": cgutils.get_or_insert_function(mod, ir.FunctionType(void, []), "llvm.x86.tilerelease")}
 
 
-@intrinsic
-def amx_config(typingctx):
-    """ldtilecfg: palette 1, tiles 0-7 all 16 rows x 64 bytes (C: 16 x 16 int32; A: 16 rows x
-    64 u8 of K; B: 16 groups of 4 K values x 16 columns).  Tile state is per thread: each
-    task loads it before its first tile instruction (amx_release after its last)."""
-    def codegen(context, builder, sig, args):
-        i8 = ir.IntType(8)
-        cfg = [0] * 64
-        cfg[0] = 1
-        for tile in range(8):
-            cfg[16 + 2 * tile] = 64
-            cfg[48 + tile] = 16
-        arrty = ir.ArrayType(i8, 64)
-        slot = cgutils.alloca_once(builder, arrty)
-        builder.store(ir.Constant(arrty, [ir.Constant(i8, v) for v in cfg]), slot)
-        builder.call(_amx_fns(builder)["cfg"], [builder.bitcast(slot, i8.as_pointer())])
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
-@intrinsic
-def amx_release(typingctx):
-    """tilerelease: the thread's tile state back to its initial (unused) state."""
-    def codegen(context, builder, sig, args):
-        builder.call(_amx_fns(builder)["release"], [])
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
-@intrinsic
-def micro_amx(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
-    """t[i*NR_X + j] (int32, 32 x 32) = u8(A) . s8(B) for a 32-row A block (its rows in place
-    at ap[aoff + i*lda], lda in words, K padded to 64-byte chunks) and a 32-column B panel
-    (bp[boff:], [k/4][32][4] bytes, 128 bytes per K group): per 64-byte K chunk, two A
-    tiles (tmm4, tmm5: 16 rows each) and two B tiles (tmm6, tmm7: 16 columns each, row
-    stride 128 bytes) loaded, four `tdpbusd` into the C tiles tmm0-3 (16 x 16 x 64 products
-    each); then the C tiles stored into t.  amx_config must have run on this thread."""
+def _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt):
+    """PATH_AMX's micro-kernel: t[i*NR_X + j] (int32, 32 x 32) = u8(A) . s8(B) for a 32-row A
+    block (its rows in place at ap[aoff + i*lda], lda in words, K padded to 64-byte chunks)
+    and a 32-column B panel (bp[boff:], [k/4][32][4] bytes, 128 bytes per K group): per
+    64-byte K chunk, two A tiles (tmm4, tmm5: 16 rows each) and two B tiles (tmm6, tmm7: 16
+    columns each, row stride 128 bytes) loaded, four `tdpbusd` into the C tiles tmm0-3 (16 x
+    16 x 64 products each); then the C tiles stored into t.  The tile configuration
+    (_amx_config, tiles_begin) must have been loaded on this thread."""
     for arr in (ap, bp, t):
         if not (isinstance(arr, types.Array) and arr.dtype == types.int32):
             return None
@@ -315,34 +291,101 @@ def micro_amx(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     return types.none(kq, ap, aoff, lda, bp, boff, t, toff, ldt), codegen
 
 
+@intrinsic
+def micro(typingctx, path, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
+    """The micro-kernel of the literal `path`; only that path's instructions are emitted.
+
+    ap / bp / t int32 arrays (words of KG bytes or int16 values); A row i's word k at
+    ap[aoff + i*lda + k] (A is not interleaved: its rows, padded to whole words, are read in
+    place), the B panel at bp[boff:] (kq x NR words), the MR x NR int32 tile stored at
+    t[toff + i*ldt + j].
+      PATH_VNNI512: per group, NR_V/16 zmm loads of B, MR_V broadcast A words and
+        MR_V * NR_V/16 `vpdpbusd` (llvm.x86.avx512.vpdpbusd.512) into zmm accumulators
+        (allocas that mem2reg keeps in registers).
+      PATH_AVX2: the same on ymm with words of 2 int16: `vpmaddwd` (llvm.x86.avx2.pmadd.wd,
+        exact int16 x int16 pair sums) plus `vpaddd` per step.
+      PATH_AMX: _amx_typer's tiles."""
+    if not isinstance(path, types.IntegerLiteral):
+        return None
+    pv = path.literal_value
+    if pv == PATH_AMX:
+        res = _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt)
+    elif pv in (PATH_VNNI512, PATH_AVX2):
+        res = _micro_typer(pv)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
+    else:
+        return None
+    if res is None:
+        return None
+    inner_sig, inner = res
+
+    def codegen(context, builder, sig, args):
+        return inner(context, builder, inner_sig, args[1:])
+
+    return types.none(path, *inner_sig.args), codegen
+
+
+def _tiles_intrinsic(begin):
+    def typer(typingctx, path):
+        if not isinstance(path, types.IntegerLiteral):
+            return None
+        amx = path.literal_value == PATH_AMX
+
+        def codegen(context, builder, sig, args):
+            if amx and begin:
+                _amx_config(context, builder)
+            elif amx:
+                builder.call(_amx_fns(builder)["release"], [])
+            return context.get_dummy_value()
+
+        return types.none(path), codegen
+
+    return typer
+
+
+tiles_begin = intrinsic(_tiles_intrinsic(True))
+tiles_begin.__doc__ = "On the AMX path (a literal) the tile configuration (ldtilecfg); nothing on the others."
+tiles_end = intrinsic(_tiles_intrinsic(False))
+tiles_end.__doc__ = "On the AMX path (a literal) tilerelease (the thread's tile state back to unused); nothing on the others."
+
+
 # ---- epilogue --------------------------------------------------------------------------------
 
 @njit(inline="always")
-def _epi_row(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
-    """dst[do + j] = act(f32(sa * sb[j0+j] * (acc[ao+j] - c * colsum[j0+j] - zb[j0+j] * rs)
-    + bias[j0+j])) for j < n: float64 arithmetic on exact integers (see the module
-    docstring), one rounding to float32, then the activation in a second loop over the
-    float32 row (all float32: 16 lanes on AVX-512, where inside the float64 loop it ran 8
-    wide: the gelu_tanh part of the AMX GEMM at 128x768x768 on one thread, 100 -> 50 us,
-    2026-11-25, loaded host, min of 200).  Offsets into
-    whole arrays (unsigned: no negative-index fix-up), not slices: a slice per row and
-    operand cost a reference count each, more than the row's arithmetic."""
+def _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n):
+    """dst[do + j] = f32(sa * sb[j0+j] * (acc[ao+j] - c * colsum[j0+j] - zb[j0+j] * rs) +
+    bias[j0+j]) for j < n: float64 arithmetic on exact integers (see the module docstring),
+    one rounding to float32.  Offsets into whole arrays (unsigned: no negative-index
+    fix-up), not slices: a slice per row and operand cost a reference count each, more than
+    the row's arithmetic."""
     ao, j0, do = _U(ao), _U(j0), _U(do)
     for j in range(_U(n)):
         x = np.float64(acc[ao + j]) - c * colsum[j0 + j] - zb[j0 + j] * rs
         dst[do + j] = np.float32(sa * sb[j0 + j] * x + bias[j0 + j])
-    if code == ACT_RELU:
+
+
+def epi_row(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+    """_epi_scale, then the activation `code` (a literal: only its loop is compiled) in a
+    second loop over the float32 row (all float32: 16 lanes on AVX-512, where inside the
+    float64 loop it ran 8 wide: the gelu_tanh part of the AMX GEMM at 128x768x768 on one
+    thread, 100 -> 50 us, 2026-11-25, loaded host, min of 200)."""
+
+
+@overload(epi_row, inline="always")
+def _epi_row_overload(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+    if not isinstance(code, types.IntegerLiteral):
+        return None
+    act = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}.get(code.literal_value)
+    if act is None:
+        def scaled(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+            _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n)
+        return scaled
+
+    def activated(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+        _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n)
+        du = _U(do)
         for j in range(_U(n)):
-            dst[do + j] = relu(dst[do + j])
-    elif code == ACT_GELU:
-        for j in range(_U(n)):
-            dst[do + j] = gelu(dst[do + j])
-    elif code == ACT_GELU_TANH:
-        for j in range(_U(n)):
-            dst[do + j] = gelu_tanh(dst[do + j])
-    elif code == ACT_SILU:
-        for j in range(_U(n)):
-            dst[do + j] = silu(dst[do + j])
+            dst[du + j] = act(dst[du + j])
+    return activated
 
 
 _U = np.uint64
@@ -371,32 +414,64 @@ def pack_b(b, transposed, path):
     return packed.reshape(-1).view(np.int32), colsum
 
 
-@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
-def pack_a_int(a2, shift, za, dst, c, rs):
-    """A for the packed paths from integer activations: a2 (M, K) int8 or uint8, au = a +
-    shift (shift 128 for int8, 0 for uint8); dst (Mp, Kp) uint8 (PATH_VNNI512) or int16
-    (PATH_AVX2), Mp / Kp whole register tiles / words, zero padded (the micro-kernel reads
-    A's rows in place, a word of KG values at a time).  za (M,) float64 zero points;
-    c[m] = shift + za[m], rs[m] = sum_k (a - za) (float64, exact)."""
-    M, K = a2.shape
-    Mp, Kp = dst.shape
-    for m in prange(Mp):
-        wide_loops()
-        d = dst[m]
-        if m < M:
-            row = a2[m]
-            s = 0
-            for k in range(K):
-                v = np.int32(row[k]) + shift
-                s += v
-                d[k] = v
-            for k in range(K, Kp):
-                d[k] = 0
-            c[m] = shift + za[m]
-            rs[m] = np.float64(s) - K * c[m]
-        else:
-            for k in range(Kp):
-                d[k] = 0
+# The A packers' argument block: int64 slots (addresses, then sizes); A_NEXT is the task
+# counter the workers take row blocks from.
+(A_SRC, A_DST, A_ZA, A_SA, A_C, A_RS, A_M, A_K, A_MP, A_KP, A_FLIP, A_NEXT, A_COUNT) = range(13)
+# Rows per packing task: small blocks so that both threads share even a 128-row A.
+PACK_ROWS = 16
+
+
+def packed_zero(wide):
+    return np.uint8(0)
+
+
+@overload(packed_zero)
+def _packed_zero_overload(wide):
+    """The element type of packed A (a literal wide: int16 words for PATH_AVX2, else uint8)."""
+    if not isinstance(wide, types.BooleanLiteral):
+        return None
+    if wide.literal_value:
+        return lambda wide: np.int16(0)
+    return lambda wide: np.uint8(0)
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def pack_a_int(w, params, wide):
+    """A worker (parallel.run_workers) packing A for the packed paths from integer
+    activations: src (M, K) uint8 bytes (int8 activations viewed as uint8), au = byte ^ flip
+    (flip 0x80 for int8: x + 128 as a byte; 0 for uint8); dst (Mp, Kp) uint8, or int16 when
+    the literal wide (PATH_AVX2), Mp / Kp whole register tiles / words, zero padded (the
+    micro-kernel reads A's rows in place, a word of KG values at a time).  za (M,) float64
+    zero points; c[m] = shift + za[m], rs[m] = sum_k (a - za) (float64, exact); the
+    argument block's A_* slots give the addresses and sizes."""
+    wide_loops()
+    p = carray(ptr_as(params, np.int64(0)), A_COUNT)
+    M, K, Mp, Kp, flip = p[A_M], p[A_K], p[A_MP], p[A_KP], np.int32(p[A_FLIP])
+    src = carray(ptr_as(p[A_SRC], np.uint8(0)), (max(M, 1), K))
+    dst = carray(ptr_as(p[A_DST], packed_zero(wide)), (Mp, Kp))
+    za = carray(ptr_as(p[A_ZA], np.float64(0)), M)
+    c = carray(ptr_as(p[A_C], np.float64(0)), M)
+    rs = carray(ptr_as(p[A_RS], np.float64(0)), M)
+    shift = np.float64(flip)  # 128 or 0: the value the flip adds
+    task = fetch_add(p, A_NEXT, 1)
+    while task * PACK_ROWS < Mp:
+        for m in range(task * PACK_ROWS, min(Mp, task * PACK_ROWS + PACK_ROWS)):
+            d = dst[m]
+            if m < M:
+                row = src[m]
+                s = 0
+                for k in range(K):
+                    v = np.int32(row[k]) ^ flip
+                    s += v
+                    d[k] = v
+                for k in range(K, Kp):
+                    d[k] = 0
+                c[m] = shift + za[m]
+                rs[m] = np.float64(s) - K * c[m]
+            else:
+                for k in range(Kp):
+                    d[k] = 0
+        task = fetch_add(p, A_NEXT, 1)
 
 
 _RINT_MAGIC = np.float32(12582912.0)  # 1.5 * 2^23
@@ -475,30 +550,38 @@ def _quant_row(row, K, qrow):
     return scale, np.int32(zp)
 
 
-@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
-def quant_pack_a(x2, dst, sa, c, rs):
-    """dynamic_quant_linear's A: each row of x2 (M, K) float32 quantized to uint8
-    (_quant_row) straight into dst (Mp, Kp) (as pack_a_int lays it out: no other copy of
-    x), with its scale sa[m], c[m] = zp[m] and rs[m] = sum_k (q - zp).  A row holding NaN
-    or inf gets scale NaN (the caller checks sa before running the GEMM)."""
-    M, K = x2.shape
-    Mp, Kp = dst.shape
-    for m in prange(Mp):
-        wide_loops()
-        d = dst[m]
-        if m < M:
-            scale, zp = _quant_row(x2[m], K, d)
-            s = 0
-            for k in range(K):
-                s += np.int32(d[k])
-            for k in range(K, Kp):
-                d[k] = 0
-            sa[m] = scale
-            c[m] = zp
-            rs[m] = np.float64(s) - K * np.float64(zp)
-        else:
-            for k in range(Kp):
-                d[k] = 0
+@njit(cache=True, error_model="numpy", nogil=True)
+def quant_pack_a(w, params, wide):
+    """pack_a_int's twin for dynamic_quant_linear: each row of src (M, K) float32 quantized
+    to uint8 (_quant_row) straight into dst (Mp, Kp) (pack_a_int's layout: no other copy
+    of x), with its scale sa[m], c[m] = zp[m] and rs[m] = sum_k (q - zp).  A row holding
+    NaN or inf gets scale NaN (the caller checks sa before running the GEMM)."""
+    wide_loops()
+    p = carray(ptr_as(params, np.int64(0)), A_COUNT)
+    M, K, Mp, Kp = p[A_M], p[A_K], p[A_MP], p[A_KP]
+    src = carray(ptr_as(p[A_SRC], np.float32(0)), (max(M, 1), K))
+    dst = carray(ptr_as(p[A_DST], packed_zero(wide)), (Mp, Kp))
+    sa = carray(ptr_as(p[A_SA], np.float64(0)), M)
+    c = carray(ptr_as(p[A_C], np.float64(0)), M)
+    rs = carray(ptr_as(p[A_RS], np.float64(0)), M)
+    task = fetch_add(p, A_NEXT, 1)
+    while task * PACK_ROWS < Mp:
+        for m in range(task * PACK_ROWS, min(Mp, task * PACK_ROWS + PACK_ROWS)):
+            d = dst[m]
+            if m < M:
+                scale, zp = _quant_row(src[m], K, d)
+                s = 0
+                for k in range(K):
+                    s += np.int32(d[k])
+                for k in range(K, Kp):
+                    d[k] = 0
+                sa[m] = scale
+                c[m] = zp
+                rs[m] = np.float64(s) - K * np.float64(zp)
+            else:
+                for k in range(Kp):
+                    d[k] = 0
+        task = fetch_add(p, A_NEXT, 1)
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
@@ -510,108 +593,115 @@ def quant_rows(x2, q, sa, zp):
         zp[m] = z
 
 
-# ---- the GEMM drivers --------------------------------------------------------------------------
+# ---- the GEMM worker ----------------------------------------------------------------------------
 
-def _gemm_doc(fn):
-    fn.__doc__ = """out (M, N) float32 = the module docstring's epilogue of the packed product.
-
-    ap / bp: packed A / B (int32 words, TILES[path]); sa, c, rs: per-row float64 (M,); sb,
-    colsum, zb: per-column float64 (N,); bias float32 (N,); code: approx.ACT_*; mc / nc:
-    row / column panels per task; ntasks: the (row block x column block) task count,
-    iterated by prange (the caller sets chunk size 1: parallel.run_dynamic).  A task takes
-    its row panels one at a time: the micro-kernel for each of its column panels into an
-    int32 buffer as wide as the task's columns, then the epilogue over those whole rows (one
-    call per row, not per tile row: at 32-column tiles the per-call setup of the epilogue
-    loop cost more than its arithmetic).  One driver
-    per instruction path (the same body): a path's intrinsic is compiled only into its
-    own driver, so a host without AVX-512 never compiles the VNNI code."""
-    return fn
+# gemm_packed's argument block: int64 slots (addresses, then sizes); G_NEXT is the task
+# counter the workers take tasks from.
+(G_AP, G_BP, G_SA, G_C, G_RS, G_SB, G_COLSUM, G_ZB, G_BIAS, G_OUT, G_NAP, G_NBP,
+ G_M, G_N, G_KQ, G_MC, G_NC, G_NTASKS, G_NEXT, G_COUNT) = range(20)
 
 
-@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
-def gemm_vnni512(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
-    MR, NR = MR_V, NR_V
+def packed_tile(path):
+    return 0, 0
+
+
+@overload(packed_tile)
+def _packed_tile_overload(path):
+    """(MR, NR) of the literal path."""
+    if not isinstance(path, types.IntegerLiteral) or path.literal_value not in TILES:
+        return None
+    mr, nr, _ = TILES[path.literal_value]
+    return lambda path: (mr, nr)
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def gemm_packed(w, params, path, code):
+    """A worker (parallel.run_workers) of the packed paths: out (M, N) float32 = the module
+    docstring's epilogue of the packed product.  path and code (approx.ACT_*) are literals:
+    each variant holds one path's micro-kernel and one activation.
+
+    The argument block's G_* slots: ap / bp packed A / B (int32 words, TILES[path], G_NAP /
+    G_NBP words); sa, c, rs per-row float64 (M,); sb, colsum, zb per-column float64 (N,);
+    bias float32 (N,); out float32 (M, N) C-contiguous; mc / nc row / column panels per
+    task; ntasks the (row block x column block) task count, taken one at a time from the
+    G_NEXT counter.  A task takes its row panels one at a time: the micro-kernel for each
+    of its column panels into an int32 buffer as wide as the task's columns, then the
+    epilogue over those whole rows (one call per row, not per tile row: at 32-column tiles
+    the per-call setup of the epilogue loop cost more than its arithmetic)."""
+    wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512
+    p = carray(ptr_as(params, np.int64(0)), G_COUNT)
+    M, N, kq, mc, nc, ntasks = p[G_M], p[G_N], p[G_KQ], p[G_MC], p[G_NC], p[G_NTASKS]
+    MR, NR = packed_tile(path)
+    ap = carray(ptr_as(p[G_AP], np.int32(0)), p[G_NAP])
+    bp = carray(ptr_as(p[G_BP], np.int32(0)), p[G_NBP])
+    sa = carray(ptr_as(p[G_SA], np.float64(0)), M)
+    c = carray(ptr_as(p[G_C], np.float64(0)), M)
+    rs = carray(ptr_as(p[G_RS], np.float64(0)), M)
+    sb = carray(ptr_as(p[G_SB], np.float64(0)), N)
+    colsum = carray(ptr_as(p[G_COLSUM], np.float64(0)), N)
+    zb = carray(ptr_as(p[G_ZB], np.float64(0)), N)
+    bias = carray(ptr_as(p[G_BIAS], np.float32(0)), N)
+    of = carray(ptr_as(p[G_OUT], np.float32(0)), M * N)
     mp = (M + MR - 1) // MR
     npn = (N + NR - 1) // NR
     nnb = (npn + nc - 1) // nc
-    for task in prange(ntasks):
-        wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
+    t = np.empty(MR * nc * NR, np.int32)  # a row panel's int32 results across a task's columns
+    tiles_begin(path)
+    task = fetch_add(p, G_NEXT, 1)
+    while task < ntasks:
         mb = task // nnb
         nb = task - mb * nnb
         q0 = nb * nc
         q1 = min(q0 + nc, npn)
         ldt = (q1 - q0) * NR
-        t = np.empty(MR * ldt, np.int32)  # the row panel's int32 results across the task's columns
-        of = out.reshape(M * N)
         j0 = q0 * NR
         width = min(N, q1 * NR) - j0
-        for p in range(mb * mc, min(mb * mc + mc, mp)):
-            i0 = p * MR
+        for pn in range(mb * mc, min(mb * mc + mc, mp)):
+            i0 = pn * MR
             for q in range(q0, q1):
-                micro_vnni512(kq, ap, p * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
+                micro(path, kq, ap, pn * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
             for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
                 m = i0 + i
-                _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
+                epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
+        task = fetch_add(p, G_NEXT, 1)
+    tiles_end(path)
 
 
-@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
-def gemm_avx2(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
-    MR, NR = MR_A, NR_A
-    mp = (M + MR - 1) // MR
-    npn = (N + NR - 1) // NR
-    nnb = (npn + nc - 1) // nc
-    for task in prange(ntasks):
-        wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
-        mb = task // nnb
-        nb = task - mb * nnb
-        q0 = nb * nc
-        q1 = min(q0 + nc, npn)
-        ldt = (q1 - q0) * NR
-        t = np.empty(MR * ldt, np.int32)  # the row panel's int32 results across the task's columns
-        of = out.reshape(M * N)
-        j0 = q0 * NR
-        width = min(N, q1 * NR) - j0
-        for p in range(mb * mc, min(mb * mc + mc, mp)):
-            i0 = p * MR
-            for q in range(q0, q1):
-                micro_avx2(kq, ap, p * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
-            for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
-                m = i0 + i
-                _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
+def _run(worker, variant, p, ntasks, nworkers):
+    """worker(w, p) on min(nworkers, ntasks) threads (the calling thread alone for one)."""
+    fn = worker_address(worker, variant)
+    n = min(nworkers, ntasks)
+    if n > 1:
+        run_workers(fn, p, n)
+    else:
+        run_serial(fn, p)
 
 
-@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
-def gemm_amx(ap, bp, M, N, kq, sa, c, rs, sb, colsum, zb, bias, code, out, mc, nc, ntasks):
-    MR, NR = MR_X, NR_X
-    mp = (M + MR - 1) // MR
-    npn = (N + NR - 1) // NR
-    nnb = (npn + nc - 1) // nc
-    for task in prange(ntasks):
-        wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512 (marks the parfor body)
-        mb = task // nnb
-        nb = task - mb * nnb
-        q0 = nb * nc
-        q1 = min(q0 + nc, npn)
-        ldt = (q1 - q0) * NR
-        t = np.empty(MR * ldt, np.int32)  # the row panel's int32 results across the task's columns
-        of = out.reshape(M * N)
-        j0 = q0 * NR
-        width = min(N, q1 * NR) - j0
-        amx_config()
-        for p in range(mb * mc, min(mb * mc + mc, mp)):
-            i0 = p * MR
-            for q in range(q0, q1):
-                micro_amx(kq, ap, p * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
-            for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
-                m = i0 + i
-                _epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
-        amx_release()
+def pack_a(src, dst, c, rs, *, za=None, sa=None, nworkers=1):
+    """Pack A into dst (Mp, Kp) for the packed paths (uint8, or int16 for PATH_AVX2).
+
+    src (M, K) C-contiguous: int8 / uint8 activations with their zero points za (M,)
+    float64 (pack_a_int: c, rs filled), or float32 rows quantized on the way (sa given:
+    quant_pack_a fills sa, c, rs; a row holding NaN or inf gets sa NaN)."""
+    M, K = src.shape
+    p = np.zeros(A_COUNT, np.int64)
+    quant = sa is not None
+    addresses(p, (src, dst, sa if quant else za, sa if quant else za, c, rs))
+    p[A_M], p[A_K], p[A_MP], p[A_KP] = M, K, dst.shape[0], dst.shape[1]
+    p[A_FLIP] = 0x80 if src.dtype == np.int8 else 0
+    wide = bool(dst.dtype == np.int16)
+    _run(quant_pack_a if quant else pack_a_int, (wide,), p, -(-dst.shape[0] // PACK_ROWS), nworkers)
 
 
-_gemm_doc(gemm_vnni512.py_func)
-_gemm_doc(gemm_avx2.py_func)
-_gemm_doc(gemm_amx.py_func)
-GEMM = {PATH_VNNI512: gemm_vnni512, PATH_AVX2: gemm_avx2, PATH_AMX: gemm_amx}
+def gemm(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntasks, kq, *, nworkers=1):
+    """out (M, N) float32 C-contiguous = gemm_packed's product on path (see there), on up
+    to nworkers threads; ap / bp int32 words, the other vectors float64 (bias float32)."""
+    M, N = out.shape
+    p = np.zeros(G_COUNT, np.int64)
+    addresses(p, (ap, bp, sa, c, rs, sb, colsum, zb, bias, out))
+    p[G_NAP], p[G_NBP], p[G_M], p[G_N], p[G_KQ] = ap.size, bp.size, M, N, kq
+    p[G_MC], p[G_NC], p[G_NTASKS] = mc, nc, ntasks
+    _run(gemm_packed, (int(path), int(code)), p, ntasks, nworkers)
 
 
 PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row in L1)
@@ -621,7 +711,8 @@ PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row 
 def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code, out, ntasks):
     """The portable path: a2 (M, K) integer activations (int8 / uint8 / int32 quantized
     rows), used as a + shift; b2 (K, N) int8.  Same epilogue; prange over (row x column
-    block) tasks."""
+    block) tasks; the activation compiled for the call's code only (numba.literally)."""
+    lit_code = literally(code)
     nnb = (N + PORTABLE_NB - 1) // PORTABLE_NB
     for task in prange(ntasks):
         m = task // nnb
@@ -634,4 +725,4 @@ def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code,
             brow = b2[k]
             for j in range(nl):
                 acc[j] += av * np.int32(brow[j0 + j])
-        _epi_row(acc, 0, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, out.reshape(M * N), m * N + j0, nl, code)
+        epi_row(acc, 0, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, out.reshape(M * N), m * N + j0, nl, lit_code)

@@ -223,7 +223,7 @@ def test_aarch64_target_choices(monkeypatch):
     for path, name in int8_gemm._KERNEL_NAMES.items():
         assert paths[path] and "x86-only" in paths[path] and "aarch64" in paths[path], paths[path]
         assert name in target.X86_ONLY["kernels_cpu.int8_gemm"]
-        assert int8_gemm.GEMM[path].py_func.__name__ == name
+        assert getattr(int8_gemm, name).py_func.__name__ == name
     assert target.vector_bits() == 128
     assert not approx._target_has_avx512() and not gemm.host_has_avx512()
     monkeypatch.delenv(gemm.TILE_ENV, raising=False)

@@ -43,11 +43,11 @@ import functools
 import math
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import int8_gemm as K
-from kernels_cpu.parallel import run_dynamic
 
 from .. import validate as V
 from ..quantized import QuantizedArray
@@ -307,22 +307,23 @@ def _run_packed(path):
         abuf = np.empty((mp * mr, kq * kg), et)
         c = np.empty(rows)
         rs = np.empty(rows)
+        threads = numba.get_num_threads()
         if transposed:
-            x2 = kernel_input(x.reshape(rows, kdim) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(rows, kdim))
+            x2 = np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim)
             sa = np.empty(rows)
-            K.quant_pack_a(x2, abuf, sa, c, rs)
+            K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=threads)
             if not np.all(np.isfinite(sa)):
                 raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
         else:
-            a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
+            a2 = np.ascontiguousarray(np.asarray(a.values).reshape(rows, kdim))
             sa, za = _row_params(a, rows, a.shape[-2])
-            K.pack_a_int(a2, 128 if a.dtype == np.int8 else 0, za, abuf, c, rs)
-        bias_v = _zeros(n) if bias is None else kernel_input(bias)
+            K.pack_a(a2, abuf, c, rs, za=np.ascontiguousarray(za, dtype=np.float64), nworkers=threads)
+        bias_v = _zeros(n) if bias is None else np.ascontiguousarray(bias, dtype=F32)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
         mc, nc, ntasks = _blocks(mp, npn)
-        run_dynamic(K.GEMM[path], ntasks, abuf.reshape(-1).view(np.int32), pw.bp, rows, n, kq, sa, c, rs, pw.sb,
-                    pw.colsum, pw.zb, bias_v, code, out2, mc, nc)
+        K.gemm(path, code, abuf.reshape(-1).view(np.int32), pw.bp, np.ascontiguousarray(sa, dtype=np.float64), c, rs,
+               pw.sb, pw.colsum, pw.zb, bias_v, out2, mc, nc, ntasks, kq, nworkers=threads)
         return deliver(res, out)
 
     return run
