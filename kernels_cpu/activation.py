@@ -7,14 +7,14 @@ CHUNK elements over numba's threads.  The activation is chosen by an integer cod
 """
 from numba import njit, prange
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, relu, silu, wide_loops
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, relu, silu, wide_loops
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).
 CHUNK = 16384
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def activation_block(x, out, code):
     """out[:] = act(x[:]) for 1-D arrays."""
     wide_loops()  # 16 float32 lanes on AVX-512 hosts
@@ -36,7 +36,7 @@ def activation_block(x, out, code):
             out[i] = x[i]
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def gated_block(gate, up, out, code):
     """out[:] = act(gate[:]) * up[:] (SwiGLU with ACT_SILU, GeGLU with ACT_GELU[_TANH])."""
     wide_loops()

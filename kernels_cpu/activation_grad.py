@@ -37,8 +37,8 @@ from numba.extending import intrinsic, overload
 from kernels_common.activation_grad import X_CLAMP
 
 from .activation import CHUNK
-from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, GELU_TANH_C, INV_SQRT2, JIT, SQRT_2_OVER_PI,
-                     exp64, fexp, like, wide_loops)
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, INV_SQRT2, JIT, JIT_INNER,
+                     SQRT_2_OVER_PI, exp64, fexp, like, wide_loops)
 
 INV_SQRT_2PI = 0.3989422804014327
 
@@ -60,21 +60,21 @@ def inline_into_callers(typingctx):
 
 # ---- scalar formulas ---------------------------------------------------------------------------
 
-@njit
+@njit(**HELPER)
 def _clamp(x):
     inline_into_callers()
     k = like(x, X_CLAMP)
     return min(max(x, -k), k)
 
 
-@njit
+@njit(**HELPER)
 def _not_nan(x, d):
     """d, or x itself when x is NaN (a select: keeps the loop vectorized)."""
     inline_into_callers()
     return d if x == x else x
 
 
-@njit
+@njit(**HELPER)
 def sigmoid_pair(v):
     """(sigmoid(v), 1 - sigmoid(v)), each to full relative accuracy, for any v: from
     e = exp(-|v|) <= 1, r = 1 / (1 + e) is the larger, e r the smaller."""
@@ -87,20 +87,20 @@ def sigmoid_pair(v):
     return (r if pos else er), (er if pos else r)
 
 
-@njit
+@njit(**HELPER)
 def relu_derivative(x):
     inline_into_callers()
     return like(x, 1.0) if x > like(x, 0.0) else (like(x, 0.0) if x <= like(x, 0.0) else x)
 
 
-@njit
+@njit(**HELPER)
 def relu_grad(g, x):
     """threshold_backward(g, x, 0): g where x > 0, else 0 (NaN for a NaN x)."""
     inline_into_callers()
     return g if x > like(x, 0.0) else (like(x, 0.0) if x <= like(x, 0.0) else x)
 
 
-@njit
+@njit(**HELPER)
 def silu_value_and_derivative(x):
     """(silu(x), silu'(x))."""
     inline_into_callers()
@@ -109,7 +109,7 @@ def silu_value_and_derivative(x):
     return x * s, _not_nan(x, d)
 
 
-@njit
+@njit(**HELPER)
 def silu_derivative(x):
     inline_into_callers()
     return silu_value_and_derivative(x)[1]
@@ -131,7 +131,7 @@ _P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8, _P9, _P10 = _P
 _F_HALF, _F_ONE, _F_INV_SQRT2 = np.float32(0.5), np.float32(1.0), np.float32(INV_SQRT2)
 
 
-@njit
+@njit(**HELPER)
 def _cdf_gauss_f32(x):
     inline_into_callers()
     e = fexp(-_F_HALF * x * x)
@@ -154,7 +154,7 @@ def _cdf_and_gauss_overload(x):
     return lambda x: (0.5 * math.erfc(-x * INV_SQRT2), exp64(-0.5 * x * x))
 
 
-@njit
+@njit(**HELPER)
 def gelu_value_and_derivative(x):
     """(gelu(x), gelu'(x)), exact (erf) form."""
     inline_into_callers()
@@ -163,13 +163,13 @@ def gelu_value_and_derivative(x):
     return x * cdf, _not_nan(x, cdf + xc * (e * like(x, INV_SQRT_2PI)))
 
 
-@njit
+@njit(**HELPER)
 def gelu_derivative(x):
     inline_into_callers()
     return gelu_value_and_derivative(x)[1]
 
 
-@njit
+@njit(**HELPER)
 def gelu_tanh_value_and_derivative(x):
     """(gelu_tanh(x), gelu_tanh'(x))."""
     inline_into_callers()
@@ -183,13 +183,13 @@ def gelu_tanh_value_and_derivative(x):
     return x * s, _not_nan(x, d)
 
 
-@njit
+@njit(**HELPER)
 def gelu_tanh_derivative(x):
     inline_into_callers()
     return gelu_tanh_value_and_derivative(x)[1]
 
 
-@njit
+@njit(**HELPER)
 def derivative(x, code):
     """act'(x) for the activation `code` (ACT_*; identity: 1).  One scalar: callers with a
     loop branch on code outside it (as the kernels below do)."""
@@ -205,7 +205,7 @@ def derivative(x, code):
     return like(x, 1.0)
 
 
-@njit
+@njit(**HELPER)
 def grad_input(g, x, code):
     """g * act'(x), the gradient through the activation `code` of the incoming gradient g
     (relu: threshold_backward's select, so an inf g where x <= 0 gives 0)."""
@@ -217,7 +217,7 @@ def grad_input(g, x, code):
 
 # ---- kernels ---------------------------------------------------------------------------------------
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def unary_grad_block(g, x, out, code):
     """out[:] = g[:] * act'(x[:]) for 1-D arrays."""
     wide_loops()  # 16 float32 lanes on AVX-512 hosts
@@ -239,7 +239,7 @@ def unary_grad_block(g, x, out, code):
             out[i] = g[i]
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def gated_grad_block(g, gate, up, dgate, dup, code):
     """For out = act(gate) * up: dgate = (g up) act'(gate), dup = g act(gate) (the order of
     PyTorch's autograd of the composition)."""

@@ -32,11 +32,26 @@ FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 # the loop, which would stop vectorization), and the GIL released while the kernel runs
 # (users call ops from several Python threads: holding it, a Python loop beside a thread
 # calling the serial softmax 4096x1024 ran at 0.35-0.38 of its speed; released, at full
-# speed, 2026-11-25).  Use as @njit(**JIT) or @njit(parallel=True, **JIT).
-JIT = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True)
+# speed, 2026-11-25), and no C entry point (the cfunc wrapper, which only a call by
+# address uses).  Use as @njit(**JIT) or @njit(parallel=True, **JIT).
+#
+# Wrappers are compile time: numba builds both a CPython wrapper (argument boxing) and a
+# C wrapper for every function it compiles, each optimized and turned into machine code.
+# Cold compile of the exact gelu derivative chain (grad_input -> derivative -> ... ->
+# _cdf_gauss_f32, empty cache, this Sapphire Rapids host, 2026-11-26): 1.05-1.07 s with
+# both wrappers, 0.92 s without the C one, 0.71 s without either.
+JIT = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True, no_cfunc_wrapper=True)
 # Functions only ever called by address (parallel.worker_address: workers, packers, the
-# GEMM epilogue): no CPython wrapper (boxing code that would be compiled and never run).
-JIT_BY_ADDRESS = dict(JIT, no_cpython_wrapper=True)
+# GEMM epilogue): the C entry point and no CPython wrapper (boxing code that would be
+# compiled and never run).
+JIT_BY_ADDRESS = dict(JIT, no_cpython_wrapper=True, no_cfunc_wrapper=False)
+# A kernel's parts only ever called from other kernels (row loops, tile items): cached, no
+# CPython wrapper.
+JIT_INNER = dict(JIT, no_cpython_wrapper=True)
+# Scalar helpers and other functions only ever called from compiled code: neither wrapper.
+# Use as @njit(**HELPER) (uncached: their code is compiled into their callers' cached
+# libraries).
+HELPER = dict(no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
 # Activation codes passed to the kernels (the fused GEMM epilogue and the elementwise
 # kernels) and the formulas' constants: one table for both sides (kernels_common).
@@ -158,7 +173,7 @@ _E64_C = tuple(1.0 / math.factorial(k) for k in range(14))
 _K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9, _K10, _K11, _K12, _K13 = _E64_C[2:]
 
 
-@njit
+@njit(**HELPER)
 def exp64(x):
     xc = min(max(x, _E64_LO), _E64_HI)
     n = np.floor(xc * _E64_LOG2E + 0.5)
@@ -191,7 +206,7 @@ _P0, _P1, _P2 = _F(1.9875691500e-4), _F(1.3981999507e-3), _F(8.3334519073e-3)
 _P3, _P4, _P5 = _F(4.1665795894e-2), _F(1.6666665459e-1), _F(5.0000001201e-1)
 
 
-@njit
+@njit(**HELPER)
 def _exp_f32(x):
     xc = min(max(x, _EXP_LO), _EXP_HI)
     n = np.floor(xc * _LOG2E + _HALF)
@@ -223,7 +238,7 @@ _E0, _E1, _E2, _E3, _E4 = _F(-1.26551223), _F(1.00002368), _F(0.37409196), _F(0.
 _E5, _E6, _E7, _E8, _E9 = _F(0.27886807), _F(-1.13520398), _F(1.48851587), _F(-0.82215223), _F(0.17087277)
 
 
-@njit
+@njit(**HELPER)
 def _erfc_f32(x):
     z = abs(x)
     t = _ONE / (_ONE + _HALF * z)
@@ -244,7 +259,7 @@ def _ferfc_overload(x):
     return lambda x: math.erfc(x)
 
 
-@njit
+@njit(**HELPER)
 def relu(x):
     return max(x, like(x, 0.0))
 
@@ -260,30 +275,30 @@ def _one_overload(x):
     return lambda x: 1.0
 
 
-@njit
+@njit(**HELPER)
 def sigmoid(x):
     return _one(x) / (_one(x) + fexp(-x))
 
 
-@njit
+@njit(**HELPER)
 def silu(x):
     return x / (_one(x) + fexp(-x))
 
 
-@njit
+@njit(**HELPER)
 def gelu(x):
     """0.5 x erfc(-x / sqrt 2): exact GELU, no cancellation for negative x."""
     return like(x, 0.5) * x * ferfc(-x * like(x, INV_SQRT2))
 
 
-@njit
+@njit(**HELPER)
 def gelu_tanh(x):
     """0.5 x (1 + tanh u) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)."""
     u = like(x, 2.0 * SQRT_2_OVER_PI) * (x + like(x, GELU_TANH_C) * x * x * x)
     return x / (_one(x) + fexp(-u))
 
 
-@njit
+@njit(**HELPER)
 def activate(x, code):
     """The activation `code` (ACT_*) applied to one scalar."""
     if code == ACT_RELU:

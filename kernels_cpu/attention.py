@@ -44,7 +44,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, _target_has_avx512, bits_to_float, fexp, like
+from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like
 from .parallel import fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
@@ -319,7 +319,7 @@ def _row_softmax_update(srow, jn, lim, mb, mkind, m_old, l_old):
     return m_new, l_old * alpha + s, alpha
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def pack_k_head(kh, kph):
     """kph[c, d, t] = kh[16c + t, d] (zeros past the last key): K^T in 16-key panels."""
     S, D = kh.shape
@@ -337,7 +337,7 @@ def pack_k_head(kh, kph):
                     panel[d, t] = z
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _copy_rows(src, dst):
     """dst[:, :] = src for a (S, D) view with unit-stride rows."""
     for j in range(src.shape[0]):
@@ -349,7 +349,7 @@ def _copy_rows(src, dst):
 
 # ---- flash ---------------------------------------------------------------------------
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
@@ -459,7 +459,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
                 orow[d] = arow[d] * inv
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _item_coords(t, BH, nqt):
     """Work item t -> (bh, qt): head-major (neighbouring items share K/V in cache), the
     last row tile first (under causal masking it has the most keys: the longest items are
@@ -569,7 +569,7 @@ def _lse_view(p, z):
     return carray(ptr_as(p[F_Q], z), (0, 0, 0))
 
 
-@njit(**JIT)
+@njit(**JIT_BY_ADDRESS)
 def flash_worker(w, params, is64, mkind, causal):
     """Worker w of a flash() call: rebuilds q, k, v, mask and out as strided views of the
     addresses in the int64 block at params (so every layout compiles the same worker),
@@ -616,7 +616,7 @@ def flash_worker(w, params, is64, mkind, causal):
 
 # ---- split-KV --------------------------------------------------------------------------
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, pm, pl, pacc,
                 qs, st, acc):
     """Keys [sp*split_len, ...) for query rows rc*RC .. of kv group hk; rows enumerate
@@ -719,7 +719,7 @@ def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl,
         run_workers(fn, p, max(1, min(nworkers, nitems)))
 
 
-@njit(**JIT)
+@njit(**JIT_BY_ADDRESS)
 def splitkv_worker(w, params, is64, mkind, causal):
     """Worker w of one splitkv() pass (the block's F_PHASE): 0, split items (batch, kv
     head, split, chunk of RC query rows) writing the partials; 1, rows combining them.
@@ -764,7 +764,7 @@ def splitkv_worker(w, params, is64, mkind, causal):
                 lse[b, hk * G + rr // Sq, rr % Sq] = t_lse
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _combine_row(pm, pl, pacc, rr, orow):
     """orow = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits that saw a
     key (l_s != 0; 0 if none did).  NaN carries: a split with l_s NaN (a NaN or +inf

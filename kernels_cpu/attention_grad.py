@@ -40,7 +40,7 @@ import numpy as np
 from numba import carray, njit
 from numpy.lib.stride_tricks import as_strided
 
-from .approx import JIT, bits_to_float, like
+from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, bits_to_float, like
 from .attention import BK, BQ, MR, NC, _exp_nan, _mask_like, _mask_row, micro, unit_row
 from .parallel import fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
@@ -120,7 +120,7 @@ def _as4(p, slot, nslot, z, shape, s):
                       (p[s], p[s + 1], p[s + 2], p[s + 3]))
 
 
-@njit(**JIT)
+@njit(**JIT_BY_ADDRESS)
 def backward_worker(w, params, is64, mkind, causal):
     """Worker w of one backward() pass: phase 0 takes (batch x kv head, chunk) items from the
     block's counter (_item); phase 1 sums the dq parts of blocks of BQ query rows."""
@@ -209,7 +209,7 @@ def _pack(src, c0, c1, ph, pad):
             panel[d, col] = zero
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _item(q, k, v, mask, mkind, causal, scale, go, o, lse, dk, dv, parts, b, hk, c, nchunk, chunk,
           kph, vph, kpad, dka, dva, qs, gs, st, dp, dqa, lr, di, ri, rh, mb):
     """Keys c*chunk .. of kv head hk in batch b against every query row of its group (rows

@@ -42,11 +42,11 @@ import numpy as np
 from numpy import uintp
 from numba import carray, njit
 
-from .approx import ACT_SILU, JIT, JIT_BY_ADDRESS, silu
+from .approx import ACT_SILU, JIT, JIT_INNER, JIT_BY_ADDRESS, silu
 from .parallel import TASKS_PER_THREAD, addresses, fetch_add, like_dtype, ptr_as, row_of, run_serial, run_workers, worker_address
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def window_dot(s, base, xr, wr, b, t, width):
     """bias + the W-tap dot product of output t over the window s[base:] ++ xr, where
     s[base:] holds the W - 1 inputs before xr[0]."""

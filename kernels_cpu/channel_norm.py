@@ -32,7 +32,7 @@ import numpy as np
 from numpy import uintp
 from numba import njit, prange
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, gelu, gelu_tanh, like, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, like, relu, silu
 from .norm import centered_stats
 from .parallel import row_of, run_dynamic, tasks_for
 
@@ -46,7 +46,7 @@ ALIGN = 64
 VEC_CHUNK = 1024
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def affine_act(src, dst, a, b, code, lo, hi):
     """dst[uintp(j)] = act(src[uintp(j)] * a + b) for j in [lo, hi) (src may be dst)."""
     if code == ACT_RELU:
@@ -66,7 +66,7 @@ def affine_act(src, dst, a, b, code, lo, hi):
             dst[uintp(j)] = src[uintp(j)] * a + b
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def affine_act_inplace(buf, a, b, code, lo, hi):
     """buf[uintp(j)] = act(buf[uintp(j)] * a + b) for j in [lo, hi).  affine_act(buf, buf, ...) computes
     the same, but its loops read src and write dst: LLVM vectorizes them behind a runtime
@@ -89,7 +89,7 @@ def affine_act_inplace(buf, a, b, code, lo, hi):
             buf[uintp(j)] = buf[uintp(j)] * a + b
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def batch_norm_range(x, scale, shift, out, s, code, lo, hi):
     """out = act(x * scale[c] + shift[c]) on the flat elements [lo, hi) of x (N*C*S
     elements, planes of s); scale, shift: (C,)."""
@@ -148,7 +148,7 @@ def batch_norm_parallel(x, scale, shift, out, s, code):
     run_dynamic(_batch_norm_parallel, tasks_for(-(-x.shape[0] // MIN_TASK)), x, scale, shift, out, s, code)
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi):
     """Rows [lo, hi) of x, out: (N*G, cg*s), row i = group i % G of sample i // G; w, b: (C,)."""
     d = x.shape[1]

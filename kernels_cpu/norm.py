@@ -21,7 +21,7 @@ import math
 
 from numba import njit, prange
 
-from .approx import JIT, like
+from .approx import JIT, JIT_INNER, like
 from .parallel import row_of, run_dynamic, tasks_for
 
 
@@ -47,7 +47,7 @@ def centered_stats(src, x0, s, dst, eps):
     return mc, like(eps, 1.0) / math.sqrt(var + eps)
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
     """Three vectorized passes over the cached row (h = x + r with a residual):
       1. s = sum(h - h[0]): the sum shifted by the row's first element;  m0 = h[0] + s / D;
@@ -91,7 +91,7 @@ def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
             orow[j] = (orow[j] - mc) * rstd * w[j] + b[j]
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi):
     d = x.shape[1]
     inv_d = like(eps, 1.0 / d)

@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .approx import JIT, like
+from .approx import JIT, JIT_INNER, like
 from .parallel import row_of, run_dynamic
 
 # Row blocks: at most BLOCK_ELEMENTS elements, and at least MIN_BLOCKS blocks when there are
@@ -53,7 +53,7 @@ def n_blocks(n, d):
     return (n + r - 1) // r
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi):
     """Blocks blo..bhi-1 (rows [k * rpb, (k + 1) * rpb)): dx rows and the blocks' partial
     sums pw[k] = sum grad_out * xhat, pb[k] = sum grad_out.  Per row, the forward's
@@ -124,7 +124,7 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
                     dxr[j] = rstd * (gj * w[j] - a - xh * b)
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, blo, bhi):
     """As layer_norm_grad_blocks for rms_norm: one pass sums q = sum(x^2) and
     gx = sum(g * x) (mean(g * xhat) = rstd * gx / D), the second writes dx and pw.

@@ -155,6 +155,9 @@ def worker_address(dispatcher, variant, nargs=2):
         with _ADDRESSES_LOCK:
             addr = _ADDRESSES.get(key)
             if addr is None:
+                if dispatcher.targetoptions.get("no_cfunc_wrapper"):
+                    raise ValueError(f"worker_address: {dispatcher.py_func.__qualname__} has no C entry point "
+                                     "(compile it with approx.JIT_BY_ADDRESS)")
                 sig = (types.int64,) * nargs + tuple(types.literal(v) for v in variant)
                 dispatcher.compile(sig)
                 cres = dispatcher.overloads[sig]

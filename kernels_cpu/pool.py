@@ -30,12 +30,12 @@ import numba
 from numba import carray, njit, prange
 from numpy import uintp
 
-from .approx import JIT, JIT_BY_ADDRESS, like
+from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, row_of, run_dynamic, run_serial,
                        run_workers, tasks_for, worker_address)
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi):
     zero = like(x[0, 0], 0.0)
     for r in range(lo, hi):

@@ -19,11 +19,11 @@ Parallel variants split the output rows of all planes into blocks handed out dyn
 import numpy as np
 from numba import njit, prange
 
-from .approx import JIT
+from .approx import JIT, JIT_INNER
 from .parallel import row_of, run_dynamic, tasks_for
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi):
     w = x.shape[1]
     wo = out.shape[1]
@@ -47,7 +47,7 @@ def nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi):
                 orow[j] = src[iw[j]]
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, lo, hi):
     w = x.shape[1]
     wo = out.shape[1]

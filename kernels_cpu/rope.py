@@ -14,13 +14,13 @@ form (a plain copy: 0.10), the call and its alias checks dominating such short r
 """
 from numba import njit, prange
 
-from .approx import JIT
+from .approx import JIT, JIT_INNER
 from .parallel import row_of, run_dynamic, tasks_for
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def rope_rows(x, cos, sin, out, lo, hi, interleaved):
     """Rows lo..hi-1 of x (rows, D) -> out; row r uses position r % S."""
     seq = cos.shape[0]

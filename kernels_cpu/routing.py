@@ -24,7 +24,7 @@ import numpy as np
 from numba import carray, njit
 from numpy import uintp
 
-from .approx import JIT, JIT_BY_ADDRESS, fexp, like
+from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like
 from .parallel import TASKS_PER_THREAD, addresses, fetch_add, like_dtype, ptr_as, row_of, run_workers, worker_address
 
 # Rows of at least PREFILTER_MIN logits first find a lower bound of their k-th largest: the
@@ -38,7 +38,7 @@ GROUPS = 16
 PREFILTER_MIN = 64
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _insert(vals, idx, p, v, j):
     """Put (v, j) into the sorted list at or above slot p (the slots below p shift down)."""
     while p > 0 and v > vals[p - 1]:
@@ -49,7 +49,7 @@ def _insert(vals, idx, p, v, j):
     idx[p] = j
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def topk_rows(x, k, renormalize, weights, indices, lo, hi):
     """Rows lo..hi-1 of x (T, E) -> weights, indices (T, k); 1 <= k <= E."""
     n = x.shape[1]

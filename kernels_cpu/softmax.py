@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .approx import JIT, bits_to_float, fence, fexp, like, wide_loops
+from .approx import HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
 from .parallel import row_of, run_dynamic, tasks_for
 
 
@@ -34,7 +34,7 @@ from .parallel import row_of, run_dynamic, tasks_for
 # inverse.  The max of |bits| tells whether a NaN (|bits| > inf's) is present.
 # Measured in-cache on 1024-float rows: 0.07 ns/element vs 0.18 for eight scalar max lanes
 # and 0.54 for the plain loop.
-@njit
+@njit(**HELPER)
 def _row_max32(xr):
     iv = xr.view(np.int32)
     k = np.int32(-2147483648)
@@ -51,7 +51,7 @@ _MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF64 = np.int64(0x7FF0000000000000)
 
 
-@njit
+@njit(**HELPER)
 def _row_max64(xr):
     iv = xr.view(np.int64)
     k = np.int64(-9223372036854775808)
@@ -76,7 +76,7 @@ def _row_max_overload(xr):
     return lambda xr: _row_max64(xr)
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def softmax_rows(x, out, log, lo, hi):
     """Rows lo..hi-1 of x (rows, n) -> out: softmax, or log_softmax when log is True."""
     # 16-lane exp on AVX-512 (approx.wide_loops): one thread, CPU time, Sapphire Rapids,

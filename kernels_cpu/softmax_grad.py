@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .approx import JIT, fence, fexp, like, wide_loops
+from .approx import JIT, JIT_INNER, fence, fexp, like, wide_loops
 from .parallel import row_of, run_dynamic, tasks_for
 from .softmax import row_max
 
@@ -37,7 +37,7 @@ from .softmax import row_max
 COL_CHUNK = 512
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _exp_nan(v):
     """exp(v) with NaN for NaN (approx.fexp clamps its argument and gives 0 for NaN; the
     forwards test for NaN rows apart).  A compare and a blend: the loops still vectorize."""
@@ -166,7 +166,7 @@ def ce_check_count(targets, n_classes, ignore_index):
     return -1, count
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def ce_grad_rows(x, targets, ignore_index, grad, losses, scales, per_row, base, lo, hi):
     """Rows lo..hi-1: losses[i] = logsumexp(x[i]) - x[i, t_i] and grad[i] = (softmax(x[i])
     - onehot(t_i)) * scale_i, scale_i = scales[i] (per_row) or scales[0], times base;

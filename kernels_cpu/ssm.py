@@ -49,7 +49,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, JIT_BY_ADDRESS, fexp, like, silu
+from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like, silu
 from .gemm import _transpose_block, _vw
 from .parallel import TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, row_of, run_serial, run_workers, worker_address
 
@@ -329,7 +329,7 @@ def scan_worker(w, params, is64):
                         hl[r0 + j, n] = h[n * W + j]
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _dt_row(drow, urow, bias, soft, rows_dt, rows_du, o, l0, lc):
     """rows_dt[o + l] = dt, rows_du[o + l] = dt * u for the steps l0..l0+lc of one channel."""
     if soft:
@@ -344,7 +344,7 @@ def _dt_row(drow, urow, bias, soft, rows_dt, rows_du, o, l0, lc):
             rows_du[_U(o + l)] = v * urow[_U(l0 + l)]
 
 
-@njit(**JIT)
+@njit(**JIT_INNER)
 def _y_row(rows_y, o, urow, zrow, dd, has_d, has_z, yrow, l0, lc):
     """yrow[l0 + l] = (rows_y[o + l] + D u) * silu(z) for l < lc, each term when given
     (two passes: one loop with silu to compile, not one per option)."""

@@ -309,21 +309,24 @@ def _run_packed(path):
         rs = np.empty(rows)
         threads = numba.get_num_threads()
         if transposed:
-            x2 = np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim)
+            x2 = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
             sa = np.empty(rows)
             K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=threads)
             if not np.all(np.isfinite(sa)):
                 raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
         else:
-            a2 = np.ascontiguousarray(np.asarray(a.values).reshape(rows, kdim))
+            a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
             sa, za = _row_params(a, rows, a.shape[-2])
-            K.pack_a(a2, abuf, c, rs, za=np.ascontiguousarray(za, dtype=np.float64), nworkers=threads)
-        bias_v = _zeros(n) if bias is None else np.ascontiguousarray(bias, dtype=F32)
+            K.pack_a(a2, abuf, c, rs, za=kernel_input(za), nworkers=threads)
+        bias_v = _zeros(n) if bias is None else kernel_input(bias)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
         mc, nc, ntasks = _blocks(mp, npn)
-        K.gemm(path, code, abuf.reshape(-1).view(np.int32), pw.bp, np.ascontiguousarray(sa, dtype=np.float64), c, rs,
-               pw.sb, pw.colsum, pw.zb, bias_v, out2, mc, nc, ntasks, kq, nworkers=threads)
+        # kernel_input: read-only arrays (the cached weight, the caller's) as writeable-typed
+        # aliases, so the argument-block helper compiles one specialization
+        K.gemm(path, code, abuf.reshape(-1).view(np.int32), kernel_input(pw.bp), kernel_input(sa), c, rs,
+               kernel_input(pw.sb), kernel_input(pw.colsum), kernel_input(pw.zb), bias_v, out2, mc, nc, ntasks, kq,
+               nworkers=threads)
         return deliver(res, out)
 
     return run
