@@ -18,14 +18,23 @@ from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
-# Measured on this machine kind (2 cores, float32, no residual; medians of 11 interleaved
-# rounds of the kernels alone, 2026-11-22, other jobs running): layer_norm D=768: serial
-# 4.7 / 9.8 us, parallel 4.9 / 9.5 us at 2^14 / 2^15 elements (D=64: parallel ahead from
-# 2^13); rms_norm D=768 (less work per element): serial still ahead at 2^15 (7.4 vs 8.3 us),
-# even at 2^16-2^17 within noise.  Crossovers: layer_norm 2^15, rms_norm 2^16.
-PARALLEL_THRESHOLD = {"layer_norm": 1 << 15, "rms_norm": 1 << 16}
-_MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel crossover measured at 2^14..2^15 elements",
-             "rms_norm": "rms_norm float32 serial vs parallel crossover measured at 2^15..2^17 elements"}
+# Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
+# tbb layer, float32, D = 768, no residual; medians, 2026-11-26, quiet host; /tmp/xover.py
+# of the session note), per call in (a) a loop and (e) batches of 10 calls after 10 ms
+# pauses, serial / parallel microseconds:
+#   layer_norm 128 rows (2^16.6) (a) 26.5 / 35.0 (e) 29.1 / 47.8;  256 rows (a) 50-52 / 62-64
+#   (e) 55-57 / 74;  512 rows (2^18.6) (a) 113-128 / 110-144 (e) 126-133 / 96-162 (a tie,
+#   run to run);  1024 rows (a) 257-261 / 145-155 (e) 258-268 / 206-221.
+#   rms_norm 256 rows (a) 36-40 / 49-55 (e) 41-46 / 60-68;  512 rows (a) 102-109 / 52-55
+#   (e) 109-125 / 141-153;  1024 rows (a) 245 / 137 (e) 256 / 287.
+# Under tbb a parallel call costs ~10 us more than a serial one at these sizes (16 rows:
+# 18.3 vs 10.4 us); the earlier thresholds (2^15 / 2^16, from 2026-11-22 under another
+# threading layer, 3-4 us per hand-out) sent 64-256 rows to the slower kernel.
+PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
+_MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
+                           "tie at 2^18.6 elements",
+             "rms_norm": "rms_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
+                         "parallel ahead in a loop at 2^18.6 elements"}
 
 
 _KERNELS = ("kernels_cpu.norm", "kernels_cpu.approx", "kernels_cpu.parallel")

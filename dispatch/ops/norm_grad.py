@@ -40,11 +40,19 @@ from .norm import _const_vector
 # rows 1.88 vs 1.98 ms; rms_norm_backward alike): the second core was never free.  The
 # forwards' crossovers on a less loaded machine were 2^15 (layer_norm) and 2^16 (rms_norm)
 # (dispatch/ops/norm.py); the backward does about twice the forward's work per element, so
-# its crossover is no higher: 2^16 for both, to be re-measured on a quiet machine (the
-# tuner, python -m bench tune, overrides the rule per shape where it measures otherwise).
-PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 16, "rms_norm_backward": 1 << 16}
-_MEASURED = {op: f"{op} float32 serial vs parallel: serial ahead to 2^20.6 under load ~8, forward crossovers "
-                 "2^15 / 2^16 (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
+# its crossover is no higher.  Re-measured on a quiet host (2026-11-26, Sapphire Rapids, tbb
+# layer, weight and bias, through dispatch with each kernel forced; serial / parallel us
+# per call in (a) a loop and (e) batches of 10 calls after 10 ms pauses, as for the
+# forwards in dispatch/ops/norm.py):
+#   layer_norm_backward 128 rows (a) 53 / 59 (e) 57 / 73;  256 rows (a) 105 / 75 (e) 114 /
+#   134;  512 rows (a) 209 / 211 (e) 225 / 210;  1024 rows (a) 470 / 266 (e) 479 / 298.
+#   rms_norm_backward 128 rows (a) 39 / 48 (e) 42 / 65;  256 rows (a) 99 / 111 (e) 105 / 113;
+#   512 rows (a) 198 / 115 (e) 208 / 216;  1024 rows (a) 417 / 245 (e) 428 / 268.
+# Crossovers between 2^17.6 and 2^18.6 elements: 2^18 for both (the tuner, python -m
+# bench tune, overrides the rule per shape where it measures otherwise).
+PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 18, "rms_norm_backward": 1 << 18}
+_MEASURED = {op: f"{op} float32 serial vs parallel (tbb, loop and paced): crossover between 2^17.6 and 2^18.6 "
+                 "elements (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
 
 _KERNELS = ("kernels_cpu.norm_grad", "kernels_cpu.approx", "kernels_cpu.parallel")
 

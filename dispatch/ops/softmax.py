@@ -21,13 +21,19 @@ from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, kernel_input, result_buffer, serial_parallel_rule, size_bucket
 
-# Measured on this machine kind (2 cores, float32; medians of 11 interleaved rounds of the
-# kernels alone, 2026-11-22, other jobs running): softmax rows of 1024: serial 3.2 / 6.3 us,
-# parallel 3.2 / 4.7 us at 2^13 / 2^14 elements; rows of 64: parallel already ahead at 2^13
-# (7.4 vs 4.8 us); cross_entropy rows of 1024: serial ahead at 2^13 (3.0 vs 3.2 us),
-# parallel at 2^14 (5.6 vs 4.7 us).  The thread start costs ~3-4 us; crossover 2^14.
-PARALLEL_THRESHOLD = 1 << 14
-_MEASURED = "float32 serial vs parallel crossover measured at 2^13..2^14 elements"
+# Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
+# tbb layer, float32; medians, 2026-11-26, quiet host), serial / parallel us per call in
+# (a) a loop and (e) batches of 10 calls after 10 ms pauses:
+#   rows of 1024: 16 rows (2^14) (a) 11.7 / 21.5 (e) 12.3 / 30.0;  64 rows (a) 28-29 / 35-37
+#   (e) 30-31 / 43-45;  128 rows (2^17) (a) 50-51 / 43-60 (e) 54-55 / 69-71;  256 rows (a)
+#   106-110 / 116-117 (e) 112-119 / 104-134;  512 rows (a) 230 / 132 (e) 244 / 157.
+#   rows of 128: 384 rows (2^15.6) (a) 27 / 36 (e) 31 / 61;  1536 rows (2^17.6, the
+#   1x12x128x128 scores) (a) 101 / 66 (e) 105 / 122;  3072 rows (a) 308 / 159 (e) 322 / 250.
+# A parallel call costs ~10 us more than a serial one under tbb (the 2026-11-22 threshold,
+# 2^14, assumed 3-4 us under another threading layer): serial is ahead through 2^16 in both
+# settings, the two trade places around 2^17-2^18.  Threshold 2^17.
+PARALLEL_THRESHOLD = 1 << 17
+_MEASURED = "float32 serial vs parallel (tbb, loop and paced): serial ahead through 2^16, crossover 2^17..2^18 elements"
 
 REDUCTIONS = ("mean", "sum", "none")
 _KERNELS = ("kernels_cpu.softmax", "kernels_cpu.approx", "kernels_cpu.parallel")
