@@ -22,6 +22,7 @@ from .. import devices
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from .softmax import PARALLEL_THRESHOLD as FORWARD_PARALLEL_THRESHOLD
 from .softmax import REDUCTIONS, _host_targets
 
 # The serial / parallel crossover is the forward kernels' (dispatch/ops/softmax.py: 2^14
@@ -33,10 +34,18 @@ from .softmax import REDUCTIONS, _host_targets
 #   softmax_backward  s / p    7.2 / 32.8    22.1 / 58.3   905 / 1287      4816 / 4742 us
 #   ce_with_grad      s / p    17.3 / 42.7   55.0 / 103    1089 / 1387     7017 / 7831 us
 #   softmax forward   s / p    17.0 / 48.8   63.1 / 124    1108 / 1222     6446 / 5175 us
-# Under that load a second thread pays off for none of them below 2^22; on a quiet host the
-# forward's 2^14 holds.  One threshold for the family keeps forward and backward alike.
-PARALLEL_THRESHOLD = 1 << 14
-_MEASURED = "the forward softmax kernels' crossover (2^13..2^14 elements, quiet host); the backward kernels cross with them"
+# Under that load a second thread pays off for none of them below 2^22.  On a quiet host
+# (2026-11-26, Sapphire Rapids, tbb layer, through dispatch with each kernel forced; serial /
+# parallel us per call in (a) a loop and (e) batches of 10 calls after 10 ms pauses):
+#   rows x 1024             2^14               2^16               2^17                2^18
+#   softmax_backward  (a)   10 / 26            17 / 38            45 / 45             101 / 48
+#                     (e)   26 / 45            38 / 50            63 / 108            107 / 138
+#   ce_with_grad      (a)   16 / 31            32 / 48            57 / 77             119 / 121
+#                     (e)   18 / 40            35 / 54            63 / 93             125 / 171
+# the same crossover as the forward's: serial ahead through 2^16, the two trade places from
+# 2^17.  One threshold for the family keeps forward and backward alike: the forward's.
+PARALLEL_THRESHOLD = FORWARD_PARALLEL_THRESHOLD
+_MEASURED = "the forward softmax kernels' crossover (dispatch/ops/softmax.py); the backward kernels cross with them"
 _RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
 _KERNELS = ("kernels_cpu.softmax_grad", "kernels_cpu.softmax", "kernels_cpu.approx", "kernels_cpu.parallel")
 
