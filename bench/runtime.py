@@ -27,6 +27,7 @@ The report (python -m bench) runs the same settings on its runtime cases; see re
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -133,8 +134,9 @@ def _paced(fn, n):
     return statistics.median(out)
 
 
-def _threads(fn_for, nthreads=4, calls=12):
-    """Run fn_for(i)() `calls` times in each of nthreads threads at once. Returns (median
+def _threads(fn_for, nthreads=4, calls=12, context=contextlib.nullcontext):
+    """Run fn_for(i)() `calls` times in each of nthreads threads at once, each thread inside
+    context() (dispatch.use overrides are per thread). Returns (median
     latency of one call while the others run, mismatches): each result is compared with
     thread i's result computed alone right after its timed call, then dropped.  (Keeping
     all 4 x 12 results for a comparison at the end made every call fault in fresh pages:
@@ -146,14 +148,15 @@ def _threads(fn_for, nthreads=4, calls=12):
     barrier = threading.Barrier(nthreads)
 
     def work(i):
-        f = fn_for(i)
-        barrier.wait()
-        for _ in range(calls):
-            t0 = timing.clock()
-            r = f()
-            lat[i].append(timing.clock() - t0)
-            bad[i] += not np.array_equal(np.asarray(r), alone[i], equal_nan=True)
-            del r
+        with context():
+            f = fn_for(i)
+            barrier.wait()
+            for _ in range(calls):
+                t0 = timing.clock()
+                r = f()
+                lat[i].append(timing.clock() - t0)
+                bad[i] += not np.array_equal(np.asarray(r), alone[i], equal_nan=True)
+                del r
 
     ts = [threading.Thread(target=work, args=(i,)) for i in range(nthreads)]
     for t in ts:
@@ -185,34 +188,28 @@ def measure(cases=None, *, rounds=9, progress=None) -> list[dict]:
         fn_pub = getattr(dispatch, case.op)
         args, kwargs = case.build(np.random.default_rng(0))
         for label, force in _variants(case).items():
-            ctx = (lambda: dispatch.use(**{case.op: force})) if force else None
+            # the override is entered once around the measurement (and once in each thread
+            # of (d)), not per call: dispatch.use costs ~20 us a call, which made the forced
+            # serial kernel look slower than the same kernel chosen by the rules
+            ctx = (lambda f=force, op=case.op: dispatch.use(**{op: f})) if force else contextlib.nullcontext
 
             def call(a=args, k=kwargs):
-                if ctx is None:
-                    return fn_pub(*a, **k)
-                with ctx():
-                    return fn_pub(*a, **k)
-
-            call()
-            call()
-            a_loop = timing.time_one(call, rounds=rounds).median
-            b_idle = _median_of(call, rounds, before=lambda: time.sleep(IDLE_S))
-            peer()
-            c_mixed = _median_of(call, rounds, before=peer)
-            c_peer = _median_of(peer, rounds, before=call)
-            e_paced = _paced(call, rounds)
+                return fn_pub(*a, **k)
 
             def fn_for(i, c=case):
                 a, k = c.build(np.random.default_rng(100 + i))
-                if ctx is None:
-                    return lambda: fn_pub(*a, **k)
+                return lambda: fn_pub(*a, **k)
 
-                def forced():
-                    with ctx():
-                        return fn_pub(*a, **k)
-                return forced
-
-            d_threads, bad = _threads(fn_for)
+            with ctx():
+                call()
+                call()
+                a_loop = timing.time_one(call, rounds=rounds).median
+                b_idle = _median_of(call, rounds, before=lambda: time.sleep(IDLE_S))
+                peer()
+                c_mixed = _median_of(call, rounds, before=peer)
+                c_peer = _median_of(peer, rounds, before=call)
+                e_paced = _paced(call, rounds)
+                d_threads, bad = _threads(fn_for, context=ctx)
             rows.append({"case": case.name, "op": case.op, "variant": label, "layer": rt.layer(),
                          "loop_s": a_loop, "idle_s": b_idle, "mixed_s": c_mixed, "threads_s": d_threads,
                          "thread_mismatches": bad, "peer": peer_name, "peer_mixed_s": c_peer,
