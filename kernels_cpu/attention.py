@@ -19,7 +19,8 @@ flash (cpu-flash, cpu-serial)
   targets, 4 x 16 as two 8-wide vectors a row otherwise: MR below), updated by broadcast(A)
   x a 16-wide row of B per step of the inner dimension (the classic GEMM micro-kernel,
   written directly in LLVM IR: numba's pipeline has no SLP vectorizer, so scalar code
-  would not become vector code).  Keys stream through in tiles of BK with an online
+  would not become vector code).  Keys stream through in tiles of BK (up to ONE_TILE keys
+  as one tile) with an online
   softmax (running max m, sum l, rescaled accumulator); no Sq x Skv buffer exists.
   Causal: K tiles wholly above the diagonal are not visited, the diagonal tile is masked
   per row.  A row that sees no key (mask all False / -inf, or causal with Sq > Skv) is 0.
@@ -62,6 +63,15 @@ WIDE = _target_has_avx512()
 MR, NC = (8, 16) if WIDE else (4, 16)
 BQ = 64          # queries per flash work item (multiple of MR)
 BK = 64          # keys per streamed K/V tile (multiple of NC)
+# flash: up to ONE_TILE keys stream as one tile (no online-softmax rescale between tiles),
+# its width rounded up to a multiple of BK; longer key ranges in tiles of BK.  Measured on
+# MiniLM's attention, 16x12x198x32 with a padding mask, float32, 2 threads, interleaved with
+# PyTorch's SDPA, alternating processes (2026-11-26, Sapphire Rapids, a noisy host): 64-key
+# tiles 10.5-11.8 ms (0.64-0.67x PyTorch), one 208-key tile 10.0-10.3 ms (0.69-0.72x), one
+# 256-key tile 9.5-10.9 ms (0.71-0.76x); 1x12x128x64 and 1x12x512x64 unchanged within noise.
+# With 256-key tiles at every length, 1x12x512x64 was 4-7% slower than with 64 (4.86-4.99
+# vs 4.57-4.76 ms): longer ranges keep BK.
+ONE_TILE = 256
 RC = 8           # query rows per split-KV work item
 SPLIT_MIN = 256  # fewest keys per split-KV split
 
@@ -349,19 +359,28 @@ def _copy_rows(src, dst):
 
 # ---- flash ---------------------------------------------------------------------------
 
+@njit(inline="always")
+def flash_tile(skv):
+    """Keys per flash tile for a key range of skv: all of them (rounded up to a multiple of
+    BK) up to ONE_TILE, else BK."""
+    return max(NC, (skv + BK - 1) // BK * BK) if skv <= ONE_TILE else BK
+
+
 @njit(**JIT_INNER)
 def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
     the query heads sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv
     head's K^T panels (pack_k_head); vh (Skv, D): its V, unit-stride rows.  qs (BQ, D),
-    st (BQ, BK), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers; ri, rh (BQ,)
+    st (BQ, bk), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers (bk, the keys per
+    tile, is st's width: flash_tile); ri, rh (BQ,)
     int64 hold each row's query index and head (divisions done once, not per K tile).
     lse (B, Hq, Sq), or an empty array: when not empty, each row's log-sum-exp of its
     scores, m + log(l) from the online softmax's running max and sum (-inf for a row that
     sees no key, NaN where the output is NaN): what attention_backward recomputes P from."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Skv = vh.shape[0]
+    bk = st.shape[1]
     G = Hq // Hkv
     dt = q.dtype.type
     zero, ninf = dt(0), dt(-np.inf)
@@ -379,7 +398,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
         last = max(last, ri[r])
     if causal:
         kv_end = min(Skv, last + off + 1)
-    mb = np.empty(BK, q.dtype)  # the additive mask row of the current K tile
+    mb = np.empty(bk, q.dtype)  # the additive mask row of the current K tile
     for r in range(nqr):
         qrow = qs[r]
         if r < nq:
@@ -398,15 +417,15 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
     qs_p, st_p, acc_p = qs.ctypes.data, st.ctypes.data, acc.ctypes.data
     kp_p, v_p = kph.ctypes.data, vh.ctypes.data
     d16 = D // NC * NC
-    for j0 in range(0, kv_end, BK):
-        jn = min(BK, kv_end - j0)
+    for j0 in range(0, kv_end, bk):
+        jn = min(bk, kv_end - j0)
         ncb = (jn + NC - 1) // NC
         # S = (scale Q) K^T, MR x 16 blocks
         for cb in range(ncb):
             bptr = kp_p + (j0 // NC + cb) * D * NC * isz
             for rb in range(0, nqr, MR):
                 micro(zero, qs_p + rb * D * isz, D, 1, bptr, NC,
-                      st_p + (rb * BK + cb * NC) * isz, BK, D, 0)
+                      st_p + (rb * bk + cb * NC) * isz, bk, D, 0)
         # masks and online softmax, row by row
         mprev = -1
         for r in range(nq):
@@ -432,7 +451,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
         for d0 in range(0, d16, NC):
             bptr = v_p + (j0 * ldv + d0) * isz
             for rb in range(0, nqr, MR):
-                micro(zero, st_p + rb * BK * isz, BK, 1, bptr, ldv,
+                micro(zero, st_p + rb * bk * isz, bk, 1, bptr, ldv,
                       acc_p + (rb * D + d0) * isz, D, jn, 1)
         if d16 < D:
             for r in range(nq):
@@ -590,7 +609,7 @@ def flash_worker(w, params, is64, mkind, causal):
     kph = np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype)
     vb = np.empty((Skv if vrows else 0, D), q.dtype)
     qs = np.empty((BQ, D), q.dtype)
-    st = np.empty((BQ, BK), q.dtype)
+    st = np.empty((BQ, flash_tile(Skv)), q.dtype)
     acc = np.empty((BQ, D), q.dtype)
     mv = np.empty(BQ, q.dtype)
     lv = np.empty(BQ, q.dtype)

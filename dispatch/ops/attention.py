@@ -173,8 +173,8 @@ def _order(key):
         return (("cpu-serial", "cpu-flash", "cpu-splitkv"),
                 f"~{work} FLOPs < {SERIAL_MAX_FLOPS}: less work than a thread launch costs")
     return (("cpu-flash", "cpu-serial", "cpu-splitkv"),
-            f"{rows} query rows per kv head > {SPLITKV_MAX_ROWS}: flash tiles of {K.BQ} rows x {K.BK} keys "
-            "over threads")
+            f"{rows} query rows per kv head > {SPLITKV_MAX_ROWS}: flash tiles of {K.BQ} rows x "
+            f"{K.BK} keys (all keys as one tile up to {K.ONE_TILE}) over threads")
 
 
 # ---- host implementations ----------------------------------------------------------------
@@ -271,7 +271,8 @@ register(Implementation(
     notes=ROWS_NOTE + f"; each thread packs the K of its current kv head into 16-key K^T panels (and copies a "
           "V whose rows are not adjacent) when the head changes; work items (batch, kv head, "
           f"tile of {K.BQ} (query head, query) rows of its GQA group), handed out dynamically over threads; "
-          f"{K.BK}-key tiles streamed with an online softmax, causal tiles above the diagonal skipped; "
+          f"up to {K.ONE_TILE} keys as one tile, longer key ranges in {K.BK}-key tiles streamed with an online "
+          "softmax, causal tiles above the diagonal skipped; "
           "mask read through broadcast strides, converted to an additive row once per K tile for rows sharing it"))
 register(Implementation(
     "attention", "cpu-serial", "cpu", _run_flash(False), kernel_modules=_KERNELS,
