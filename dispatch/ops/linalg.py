@@ -476,7 +476,14 @@ NC_MIN = 4        # split columns down to 4 panels before splitting rows
 # one panel before splitting rows (each row split re-reads the B panels from L2): 128x768x768
 # prepacked, one thread, CPU time, medians of 15: (mc, nc) panels (16,3) 1.11 ms,
 # (16,1) 1.12, (8,3) 1.20 (what NC_MIN 4 gave for 2 threads), (4,16) 1.31.
-BLOCKING = {"8x48": (1024, 33, 6, 1), "12x32": (1024, 22, 8, 1)}
+# Column blocks of the 8x48 tile widened from 6 to 24 panels (1152 columns): a task's row
+# block of A stays in L2 across more B panels.  MiniLM's linears (M = 16 x 198 = 3168),
+# 2 threads, interleaved medians (2026-11-26, Sapphire Rapids), GFLOP/s for 6 / 24 panels
+# (PyTorch in the same runs): 3168x384x1152 310-312 / 318-319 (336-344), 3168x384x384
+# 282-287 / 303-307 (322-336), 3168x384x1536 302-306 / 333-337 (340-357), 3168x1536x384
+# 286-300 / 318-334 (328-370); 1024^3, 128x768x768, 128x768x3072 and 512x768x2304 the
+# same within 1-2% (TASKS_MIN splits their columns again).
+BLOCKING = {"8x48": (1024, 33, 24, 1), "12x32": (1024, 22, 8, 1)}
 
 
 # Shape rule.  Measured on this machine (2 cores, shared with other jobs: CPU time, one
