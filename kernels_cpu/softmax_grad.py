@@ -247,12 +247,17 @@ def ce_grad_worker(w, params, is64):
 
 def ce_grad_parallel(x, targets, ignore_index, grad, losses, scales, per_row, base):
     """ce_grad_serial's result, row blocks split over numba's threads (ce_grad_worker)."""
+    for name, a, dt in (("x", x, x.dtype), ("targets", targets, np.int64), ("grad", grad, x.dtype),
+                        ("losses", losses, x.dtype), ("scales", scales, x.dtype)):
+        if a.dtype != dt or not a.flags.c_contiguous:  # the worker reads raw memory
+            raise ValueError(f"ce_grad_parallel: {name} must be C-contiguous {np.dtype(dt)}, got {a.dtype} "
+                             f"(C-contiguous: {a.flags.c_contiguous})")
     n = x.shape[0]
     tasks = tasks_for(n)
     part = np.zeros(tasks)
     p = np.zeros(E_COUNT, np.int64)
     for slot, a in ((E_X, x), (E_T, targets), (E_G, grad), (E_L, losses), (E_S, scales), (E_PART, part)):
-        p[slot] = a.ctypes.data  # the arrays are C-contiguous (the caller's contract)
+        p[slot] = a.ctypes.data
     p[E_ROWS], p[E_COLS], p[E_NSCALES], p[E_IGNORE] = n, x.shape[1], scales.shape[0], ignore_index
     p[E_PER_ROW], p[E_BASE], p[E_TASKS] = bool(per_row), np.float64(base).view(np.int64), tasks
     run_workers(worker_address(ce_grad_worker, (bool(x.dtype == np.float64),)), p,
