@@ -473,12 +473,14 @@ def _variants(bias_at):
 _NOTES = {
     "cpu-amx": ("AMX-INT8: tdpbusd on 2 x 2 tiles of 16 x 16 int32 (a 32 x 32 block per 64-byte K chunk); A rows read "
                 "in place as tiles (int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed "
-                "once per QuantizedArray into 32-column panels of 4-byte groups with its column sums; prange over "
-                "row x column blocks; zero-point corrections, scales, bias and activation fused per tile"),
+                "once per QuantizedArray into 32-column panels of 4-byte groups with its column sums; workers take "
+                "row x column blocks from a counter; zero-point corrections, scales, bias and activation "
+                "fused per tile"),
     "cpu-vnni512": ("AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32) 8x48 register tile on zmm; A rows read in place "
                     "(int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed once per "
-                    "QuantizedArray into 48-column panels of 4-byte groups with its column sums; prange over "
-                    "row x column blocks; zero-point corrections, scales, bias and activation fused per tile"),
+                    "QuantizedArray into 48-column panels of 4-byte groups with its column sums; workers take "
+                    "row x column blocks from a counter; zero-point corrections, scales, bias and "
+                    "activation fused per tile"),
     "cpu-avx2": ("AVX2: vpmaddwd on int16 operands (exact; vpmaddubsw's int16 saturation avoided), 6x16 tile on "
                  "ymm; weight packed once per QuantizedArray as int16 pairs; same fused epilogue"),
     "cpu-portable": "plain int32 numba loops over the unpacked weight (any host); same fused epilogue",
