@@ -85,6 +85,9 @@ SPECS = {
     # (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024): an
     # optimistic pipe rate here.
     "H100 SXM": Chip("sm_90", 1.98e9, 3.35e12, 67e12, 989.4e12, 34e12),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): the H100's SM array and clocks (FP32 67, FP64
+    # 34, FP16 Tensor Core 1,979 TFLOPS with sparsity) with 141 GB of HBM3e at 4.8 TB/s.
+    "H200 SXM": Chip("sm_90", 1.98e9, 4.8e12, 67e12, 989.4e12, 34e12),
     # NVIDIA A100 datasheet (80GB SXM): FP32 19.5, FP64 9.7, FP16 Tensor Core 312 TFLOPS (dense),
     # 2,039 GB/s; 108 SMs at 1.41 GHz boost (A100 whitepaper).
     "A100 80GB SXM": Chip("sm_80", 1.41e9, 2.039e12, 19.5e12, 312e12, 9.7e12),

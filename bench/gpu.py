@@ -1,6 +1,6 @@
 """GPU harness: every CUDA op on a real GPU, timed with CUDA events, checked against PyTorch.
 
-    python -m bench.gpu [--full] [--ops OP ...] [--dtypes float32 float16] [--json PATH]
+    python -m bench.gpu [--full | --bars] [--ops OP ...] [--dtypes float32 float16] [--json PATH]
                         [--tests] [--sanitize memcheck racecheck synccheck] [-k EXPR]
 
 For each benchmark case of the report (bench/cases; the quick set unless --full) and each
@@ -85,9 +85,10 @@ def chip():
     return p, (name, bw, peak), f"no entry for {p.name} ({arch}): peaks assumed from {name}"
 
 
-def workloads(ops, full, dtypes):
+def workloads(ops, full, dtypes, bars=False):
     """(op name, label, numpy inputs, dtype, bench case or None) to measure.  Real GPU: the
-    report's cases; simulator: each op's small example shapes."""
+    report's cases (bars: issue #9's bar shapes, bench.cuda_model.bar_cases, instead);
+    simulator: each op's small example shapes."""
     from dispatch import examples, registry
 
     from bench import cases as bc
@@ -100,17 +101,42 @@ def workloads(ops, full, dtypes):
                 yield n, "example (simulator)", examples.inputs(registry.OPS[n], "small", dt, seed=0), dt, None
         else:
             rng = np.random.default_rng(0)
-            for c in bc.cases([n for n in cuda_ops], quick=not full):
-                yield c.op, c.label, c.inputs(rng, dt), dt, c
+            if bars:
+                from bench.cuda_model import bar_cases
+
+                chosen = [c for c in bar_cases() if c.op in cuda_ops]
+            else:
+                chosen = bc.cases([n for n in cuda_ops], quick=not full)
+            for c in chosen:
+                try:
+                    inputs = c.inputs(rng, dt)
+                except Exception as exc:  # noqa: BLE001 - reported as the case's row; the others go on
+                    inputs = exc
+                yield c.op, c.label, inputs, dt, c
+
+
+def _quantized(v):
+    return hasattr(v, "values") and hasattr(v, "scale") and hasattr(v, "axis")
 
 
 def _to_device(cuda, inputs):
-    return {k: (cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+    """numpy arrays to the device; a QuantizedArray's values too (its scale and zero point stay
+    host arrays, as dispatch.quantized takes them)."""
+    def move(v):
+        if isinstance(v, np.ndarray):
+            return cuda.to_device(np.ascontiguousarray(v))
+        if _quantized(v):
+            return type(v)(move(v.values), v.scale, v.zero_point, v.axis)
+        return v
+
+    return {k: move(v) for k, v in inputs.items()}
 
 
 def _to_host(x):
     if isinstance(x, tuple):
         return tuple(_to_host(v) for v in x)
+    if _quantized(x):  # quantize's result: its integer values
+        return _to_host(x.values)
     if hasattr(x, "copy_to_host"):
         return x.copy_to_host()
     if hasattr(x, "detach"):  # a torch tensor
@@ -184,21 +210,41 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
     try:
         call = op.describe(*args, **kw)
         chosen = dispatch.explain(op_name, *args, **kw).chosen
+        t0 = time.perf_counter()
         ours = fn(*args, **kw)
+        cuda.synchronize()
+        # the first call of this op, dtype and shape class in the process: compilation
+        # (numba-cuda's NVVM + ptxas) and module load, which a user's first call waits for too
+        row["first_call_s"] = time.perf_counter() - t0
     except (TypeError, ValueError, RuntimeError) as exc:
         raise Refused(f"{exc.__class__.__name__}: {exc}") from None
     row["impl"] = chosen
     got = _to_host(ours)
+    ref = tfn = None
     if torch is not None:
-        tfn = peers._torch_fn(op_name, torch)
-        tin = {k: (torch.as_tensor(v, device="cuda") if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
-        with torch.inference_mode():
-            ref_t = tfn(tin)
-        ref, row["checked_against"] = _to_host(ref_t), "torch cuda"
-    else:
+        from bench.peer_ops.weight_only import to_torch  # bfloat16 arrays, QuantizedArray, as the report
+
+        try:
+            tfn = peers._torch_fn(op_name, torch)
+            tin = {k: (t.to("cuda") if hasattr(t, "to") else t) for k, t in
+                   ((k, to_torch(v, torch)) for k, v in inputs.items())}
+            with torch.inference_mode():
+                ref_t = tfn(tin)
+            ref, row["checked_against"] = _to_host(ref_t), "torch cuda"
+        except Exception as exc:  # noqa: BLE001 - a CPU-only PyTorch peer (aten's *_for_cpu ops, qint8)
+            tfn, row["torch_error"] = None, f"{exc.__class__.__name__}: {str(exc)[:200]}"
+    if ref is None:
         ref, row["checked_against"] = peers.reference(SimpleNamespace(op=op_name), inputs), "float64 reference"
-    row["rel_err"] = rel_err(got, ref)
-    row["ok"] = row["rel_err"] <= TOL.get(dtype, 1e-4)
+    # the report's convention: multi-output ops are compared on their first output
+    if isinstance(got, tuple):
+        got = got[0]
+    if isinstance(ref, tuple):
+        ref = ref[0]
+    if ref is None:  # the float64 copies would be too large (peers.REFERENCE_MAX_BYTES)
+        row["rel_err"], row["ok"], row["checked_against"] = float("nan"), None, "unchecked (too large)"
+    else:
+        row["rel_err"] = rel_err(got, ref)
+        row["ok"] = row["rel_err"] <= TOL.get(dtype, 1e-4)
 
     # (the simulator's cuda.event takes no timing argument and keeps no time)
     row["seconds"], row["calls_per_batch"] = timed(lambda: fn(*args, **kw), cuda.synchronize,
@@ -208,7 +254,7 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
     _, bw, peak = peaks
     row.update(flops=flops, bytes=nbytes, tflops=flops / row["seconds"] / 1e12, tbps=nbytes / row["seconds"] / 1e12,
                peak_fraction=max(flops / peak, nbytes / bw) / row["seconds"], bound=op.bound)
-    if torch is not None:
+    if tfn is not None:
         def run_torch():
             with torch.inference_mode():
                 return tfn(tin)
@@ -245,7 +291,7 @@ def print_row(r):
     mp = f"{r['measured_over_predicted']:.2f}" if "measured_over_predicted" in r else "-"
     print(f"{r['op']:14s} {r['case'][:44]:44s} {r['dtype']:8s} {r['impl'] or '?':14s} {r['seconds'] * 1e6:10.1f}us "
           f"{r['tflops']:7.2f} {r['tbps']:6.2f} {r['peak_fraction']:5.0%} {vs:>7s} {mp:>6s} "
-          f"{r['rel_err']:8.1e} {'ok' if r['ok'] else 'WRONG'}")
+          f"{r['rel_err']:8.1e} {r['first_call_s']:6.2f}s {({True: 'ok', False: 'WRONG'}).get(r['ok'], 'unchecked')}")
 
 
 def run_tests(sanitize, k, extra=()):
@@ -262,7 +308,8 @@ def run_tests(sanitize, k, extra=()):
         print(f"\n$ {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         try:
-            rc = subprocess.run(cmd, env=env).returncode
+            # under a sanitizer every access is checked: the small test shapes (tests/support.py)
+            rc = subprocess.run(cmd, env=dict(env, NK_TEST_SMALL_SHAPES="1") if tool != "plain" else env).returncode
         except FileNotFoundError as exc:  # no compute-sanitizer on this machine
             print(f"bench.gpu: {exc}")
             rc = None
@@ -274,6 +321,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="all cases of bench/cases (default: the quick set)")
     ap.add_argument("--ops", nargs="+", metavar="OP", help="only these ops")
+    ap.add_argument("--bars", action="store_true",
+                    help="issue #9's bar shapes (GEMM 4096^3, causal attention 1x32x4096x128, (4096, 4096) rows)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16", "float64"])
     ap.add_argument("--json", metavar="PATH", help="write the rows (and the test runs) as JSON")
     ap.add_argument("--tests", action="store_true", help="run the test suite on the GPU afterwards")
@@ -296,15 +345,29 @@ def main(argv=None):
     print(f"peaks: {peaks[0]}: {peaks[1] / 1e12:.2f} TB/s, {peaks[2] / 1e12:.1f} TFLOP/s fp32 (bench.cuda_model.GPUS)"
           f"{'; ' + note if note else ''}")
     print(f"reference: {'PyTorch ' + torch.__version__ + ' on CUDA' if torch else 'the float64 reference (no CUDA PyTorch)'}")
-    work = list(workloads(args.ops, args.full, args.dtypes))
+    work = list(workloads(args.ops, args.full, args.dtypes, bars=args.bars))
     preds = _predictions(list({c.id: c for *_, c in work if c is not None}.values()), peaks[0],
                          sorted({dtype for _, _, _, dtype, _ in work}))
     print(f"\n{'op':14s} {'case':44s} {'dtype':8s} {'impl':14s} {'time':>12s} {'TFLOP/s':>7s} {'TB/s':>6s} "
-          f"{'peak':>5s} {'vsTorch':>7s} {'m/pred':>6s} {'rel err':>8s}")
+          f"{'peak':>5s} {'vsTorch':>7s} {'m/pred':>6s} {'rel err':>8s} {'first':>7s}")
     rows = []
+
+    def save(tests=()):
+        """The rows so far as JSON (after every row: a run cut off by a time limit keeps them)."""
+        if not args.json:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"device": props.name, "cc": list(props.cc), "sm_count": props.sm_count, "simulated": SIM,
+                       "peaks": {"name": peaks[0], "bytes_per_s": peaks[1], "fp32_flops": peaks[2], "note": note},
+                       "reference": "torch cuda" if torch else "float64", "rows": rows, "tests": list(tests)},
+                      f, indent=1)
+
     for op_name, label, inputs, dtype, case in work:
         pred = preds.get((case.id, dtype)) if case is not None else None
         try:
+            if isinstance(inputs, Exception):
+                raise RuntimeError(f"making the inputs: {inputs.__class__.__name__}: {inputs}")
             r = measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, pred)
         except Refused as exc:
             r = {"op": op_name, "case": label, "dtype": dtype, "error": f"refused: {exc}"}
@@ -312,16 +375,12 @@ def main(argv=None):
             r = {"op": op_name, "case": label, "dtype": dtype, "error": f"FAILED {exc.__class__.__name__}: {exc}"}
         rows.append(r)
         print_row(r)
+        save()
     tests = run_tests(args.sanitize, args.k) if (args.tests or args.sanitize) else []
     bad = [r for r in rows if r.get("ok") is False or str(r.get("error", "")).startswith("FAILED")]
     print(f"\n{len(rows)} rows: {sum(1 for r in rows if r.get('ok'))} checked ok, {len(bad)} wrong or failed, "
           f"{sum(1 for r in rows if str(r.get('error', '')).startswith('refused'))} refused")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"device": props.name, "cc": list(props.cc), "sm_count": props.sm_count, "simulated": SIM,
-                       "peaks": {"name": peaks[0], "bytes_per_s": peaks[1], "fp32_flops": peaks[2], "note": note},
-                       "reference": "torch cuda" if torch else "float64", "rows": rows, "tests": tests}, f, indent=1)
+    save(tests)
     failed_tests = [t for t in tests if t["returncode"] not in (0, None)]
     return 1 if bad or failed_tests else 0
 

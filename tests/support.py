@@ -36,8 +36,9 @@ ON_CUDA = TARGET == "cuda"
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 # The CUDA simulator runs every GPU thread as a Python thread: under it the tests use small
 # shapes; on the CPU and on a real GPU the full ones (model head dims 64/80/128, long rows,
-# many tiles).
-SMALL_SHAPES = ON_CUDA and SIMULATOR
+# many tiles).  NK_TEST_SMALL_SHAPES=1 asks for the small ones on a real GPU too: the
+# compute-sanitizer runs (bench.gpu --sanitize), whose tools slow every access down.
+SMALL_SHAPES = ON_CUDA and (SIMULATOR or os.environ.get("NK_TEST_SMALL_SHAPES", "0") not in ("", "0"))
 
 
 def impl_params(op: str, device: str = TARGET):

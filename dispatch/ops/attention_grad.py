@@ -144,15 +144,18 @@ def _bytes(call):
 
 
 def _synthesize(shapes, params, rng, dtype):
-    """q, k, v drawn, grad_out too, output and lse from the forward (dispatch.attention)."""
+    """q, k, v drawn, grad_out too, output and lse from the forward (dispatch.attention; for
+    float16, which only the CUDA side takes, the CPU forward on the float32 values, rounded)."""
     from .attention import attention
 
     qs, ks = shapes["q"], shapes["k"]
     q = rng.standard_normal(qs).astype(dtype)
     k = rng.standard_normal(ks).astype(dtype)
     v = rng.standard_normal(ks).astype(dtype)
-    out, lse = attention(q, k, v, causal=params.get("causal", False), return_lse=True)
-    return {"grad_out": rng.standard_normal(qs).astype(dtype), "q": q, "k": k, "v": v, "output": out, "lse": lse}
+    up = (lambda a: a.astype(np.float32)) if np.dtype(dtype) == np.float16 else (lambda a: a)
+    out, lse = attention(up(q), up(k), up(v), causal=params.get("causal", False), return_lse=True)
+    return {"grad_out": rng.standard_normal(qs).astype(dtype), "q": q, "k": k, "v": v,
+            "output": out.astype(dtype, copy=False), "lse": lse.astype(dtype, copy=False)}
 
 
 def _order(key):

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# One lease of a GPU machine (the `device` tool), all of it in one call within a time budget:
+# a lease is 15 minutes of device time and a machine's start costs one or two of them, so the
+# steps run back to back, each cut off by its share of the budget, and everything lands in
+# files as it goes (a step cut off keeps what it wrote).  From the repository root there:
+#
+#     bash bench/gpu_lease.sh [BUDGET_SECONDS]       (default 540)
+#
+# with `bench_out/ptx.json` (python -m bench.ptx --json bench_out/ptx.json, made here: the
+# model's register and SASS counts) and `.whl` (a numba-cuda wheel, used only when the
+# machine's own numba-cuda cannot run the kernels) named in the call's carry.
+# Writes to $OUT (the device tool's folder) or bench_out/gpu/:
+#   env.txt      nvidia-smi, python3's numba / numba-cuda / torch, the import check
+#   bench.log    the tables of the three bench.gpu runs below
+#   bars.json    bench.gpu --bars: issue #9's bar shapes, float16 and float32
+#   key.json     bench.gpu on the ops of issue #9's bars at the report's quick shapes
+#   tests.log, junit.xml   the test suite on the GPU (NK_TEST_DEVICE=cuda, full shapes),
+#                          xdist over the machine's cores
+#   sanitize.log     compute-sanitizer memcheck / racecheck / synccheck over a subset of
+#                    the tests (small shapes: NK_TEST_SMALL_SHAPES=1)
+#   rest.json    bench.gpu on the remaining CUDA ops, while time is left
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUDGET="${1:-540}"
+O="${OUT:-bench_out/gpu}"
+mkdir -p "$O"
+T0=$(date +%s)
+PY="${PY:-python3}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+# seconds for a step: its cap, or what is left of the budget less a reserve for later steps
+# (at least 1: `timeout 0` would mean no limit at all)
+share() { local cap=$1 reserve=$2 l; l=$(( $(left) - reserve )); (( l < cap )) && cap=$l; (( cap < 1 )) && cap=1; echo $cap; }
+step() { echo; echo "== $* ($(( $(date +%s) - T0 )) s in, $(left) s left)"; }
+
+{
+  step "machine"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+  nproc; uname -r
+  $PY - <<'EOF' 2>&1
+import importlib, sys
+print("python", sys.version.split()[0], sys.executable)
+for m in ("numpy", "numba", "numba_cuda", "llvmlite", "torch", "pytest", "xdist", "pytest_timeout", "hypothesis", "ml_dtypes"):
+    try:
+        print(m, getattr(importlib.import_module(m), "__version__", "?"))
+    except Exception as e:  # noqa: BLE001
+        print(m, "MISSING", e)
+EOF
+  which compute-sanitizer nvdisasm ptxas 2>&1
+} > "$O/env.txt" 2>&1
+cat "$O/env.txt"
+
+# (under the simulator, for a dry run of this script, with the tests' warp-primitive emulation)
+check='import os
+from numba import cuda
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    from tests.cuda import simwarp
+    simwarp.install()
+assert cuda.is_available(), "no GPU"
+import numpy as np, dispatch
+y = dispatch.softmax(cuda.to_device(np.ones((4, 8), np.float32)))
+print("softmax on the GPU:", y.copy_to_host()[0, :2])'
+if ! $PY -c "$check" >> "$O/env.txt" 2>&1; then
+  step "the machine's numba-cuda failed the check: installing the carried wheel" | tee -a "$O/env.txt"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >> "$O/env.txt" 2>&1
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  $PY -c "$check" >> "$O/env.txt" 2>&1 || { tail -30 "$O/env.txt"; echo "no working numba-cuda: stopping"; exit 1; }
+fi
+tail -3 "$O/env.txt"
+
+KEY="matmul linear attention softmax log_softmax cross_entropy layer_norm rms_norm relu silu gelu swiglu geglu rope"
+
+step "bench.gpu --bars (issue #9's bar shapes)"
+timeout -k 5 "$(share 90 420)" $PY -m bench.gpu --bars --dtypes float16 float32 --json "$O/bars.json" >> "$O/bench.log" 2>&1
+echo "rc=$?"; grep -v "^$" "$O/bench.log" | tail -12
+
+step "bench.gpu on the bars' ops at the report's quick shapes"
+timeout -k 5 "$(share 150 330)" $PY -m bench.gpu --ops $KEY --dtypes float16 float32 --json "$O/key.json" >> "$O/bench.log" 2>&1
+echo "rc=$?"
+
+step "the test suite on the GPU"
+TO=""; $PY -c "import pytest_timeout" 2>/dev/null && TO="--timeout 120"
+NW=$(( $(nproc) - 2 )); (( NW < 1 )) && NW=1
+NK_TEST_DEVICE=cuda timeout -k 10 "$(share 220 110)" $PY -m pytest tests -q -p no:cacheprovider -n "$NW" --dist loadfile \
+  -W ignore::RuntimeWarning $TO -rfE --junitxml "$O/junit.xml" > "$O/tests.log" 2>&1
+echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$O/tests.log" | cut -c1-160 | head -30; tail -2 "$O/tests.log"
+
+step "compute-sanitizer (small shapes)"
+for tool in memcheck racecheck synccheck; do
+  echo "-- $tool" >> "$O/sanitize.log"
+  NK_TEST_DEVICE=cuda NK_TEST_SMALL_SHAPES=1 timeout -k 10 "$(share 40 20)" compute-sanitizer --tool "$tool" \
+    --error-exitcode 97 --print-limit 20 $PY -m pytest tests/test_linalg.py tests/test_attention.py tests/test_softmax.py \
+    tests/test_norm.py tests/cuda -q -p no:cacheprovider -x -k "float16 and not thread" -W ignore::RuntimeWarning \
+    >> "$O/sanitize.log" 2>&1
+  echo "$tool rc=$?" | tee -a "$O/sanitize.log"
+done
+grep -E "ERROR SUMMARY|Invalid|Race|Barrier|passed|failed" "$O/sanitize.log" | head -20
+
+if (( $(left) > 30 )); then
+  step "bench.gpu on the other CUDA ops"
+  others=$($PY -c "
+from dispatch import registry
+key = set('$KEY'.split())
+print(' '.join(n for n, op in registry.OPS.items() if n not in key and any(i.device == 'cuda' for i in op.implementations.values())))")
+  timeout -k 5 "$(share 600 5)" $PY -m bench.gpu --ops $others --dtypes float16 float32 --json "$O/rest.json" >> "$O/bench.log" 2>&1
+  echo "rc=$?"
+fi
+
+step "tables"
+grep -v "^$" "$O/bench.log" | grep -v "^reference\|^peaks\|^op  \|^device" | cut -c1-170
+echo "done in $(( $(date +%s) - T0 )) s"
