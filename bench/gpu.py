@@ -123,6 +123,8 @@ def _to_device(cuda, inputs):
     """numpy arrays to the device; a QuantizedArray's values too (its scale and zero point stay
     host arrays, as dispatch.quantized takes them)."""
     def move(v):
+        if isinstance(v, np.ndarray) and v.dtype.name == "bfloat16":  # no buffer export: the bits
+            return cuda.to_device(np.ascontiguousarray(v).view(np.uint16)).view(v.dtype)
         if isinstance(v, np.ndarray):
             return cuda.to_device(np.ascontiguousarray(v))
         if _quantized(v):

@@ -4,8 +4,9 @@
 # steps run back to back, each cut off by its share of the budget, and everything lands in
 # files as it goes (a step cut off keeps what it wrote).  From the repository root there:
 #
-#     bash bench/gpu_lease.sh [BUDGET_SECONDS]       (default 540)
+#     bash bench/gpu_lease.sh [BUDGET_SECONDS [STEP ...]]   (default 540; all steps but overhead)
 #
+# STEPs, run in this order: bars key overhead tests sanitize rest.
 # with `bench_out/ptx.json` (python -m bench.ptx --json bench_out/ptx.json, made here: the
 # model's register and SASS counts) and `.whl` (a numba-cuda wheel, used only when the
 # machine's own numba-cuda cannot run the kernels) named in the call's carry.
@@ -19,9 +20,13 @@
 #   sanitize.log     compute-sanitizer memcheck / racecheck / synccheck over a subset of
 #                    the tests (small shapes: NK_TEST_SMALL_SHAPES=1)
 #   rest.json    bench.gpu on the remaining CUDA ops, while time is left
+#   overhead.log bench.gpu_overhead --profile: the host time per call of each layer
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${1:-540}"
+shift || true
+STEPS=" ${*:-bars key tests sanitize rest} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 O="${OUT:-bench_out/gpu}"
 mkdir -p "$O"
 T0=$(date +%s)
@@ -50,6 +55,9 @@ EOF
 } > "$O/env.txt" 2>&1
 cat "$O/env.txt"
 
+# numpy 2.5 without np.row_stack against numba-cuda 0.30: bench/gpu_shim/sitecustomize.py, in
+# every python3 the steps start
+export PYTHONPATH="$PWD/bench/gpu_shim:$PYTHONPATH"
 # (under the simulator, for a dry run of this script, with the tests' warp-primitive emulation)
 check='import os
 from numba import cuda
@@ -70,33 +78,47 @@ tail -3 "$O/env.txt"
 
 KEY="matmul linear attention softmax log_softmax cross_entropy layer_norm rms_norm relu silu gelu swiglu geglu rope"
 
+if want bars; then
 step "bench.gpu --bars (issue #9's bar shapes)"
 timeout -k 5 "$(share 90 420)" $PY -m bench.gpu --bars --dtypes float16 float32 --json "$O/bars.json" >> "$O/bench.log" 2>&1
 echo "rc=$?"; grep -v "^$" "$O/bench.log" | tail -12
+fi
 
+if want key; then
 step "bench.gpu on the bars' ops at the report's quick shapes"
 timeout -k 5 "$(share 150 330)" $PY -m bench.gpu --ops $KEY --dtypes float16 float32 --json "$O/key.json" >> "$O/bench.log" 2>&1
 echo "rc=$?"
+fi
 
+if want overhead; then
+step "host time per call (bench.gpu_overhead)"
+timeout -k 5 "$(share 60 250)" $PY -m bench.gpu_overhead --profile > "$O/overhead.log" 2>&1
+echo "rc=$?"; grep "us/call" "$O/overhead.log"
+fi
+
+if want tests; then
 step "the test suite on the GPU"
 TO=""; $PY -c "import pytest_timeout" 2>/dev/null && TO="--timeout 120"
 NW=$(( $(nproc) - 2 )); (( NW < 1 )) && NW=1
 NK_TEST_DEVICE=cuda timeout -k 10 "$(share 220 110)" $PY -m pytest tests -q -p no:cacheprovider -n "$NW" --dist loadfile \
   -W ignore::RuntimeWarning $TO -rfE --junitxml "$O/junit.xml" > "$O/tests.log" 2>&1
 echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$O/tests.log" | cut -c1-160 | head -30; tail -2 "$O/tests.log"
+fi
 
-step "compute-sanitizer (small shapes)"
+if want sanitize; then
+step "compute-sanitizer (small shapes; xdist workers are child processes, which it follows)"
 for tool in memcheck racecheck synccheck; do
   echo "-- $tool" >> "$O/sanitize.log"
-  NK_TEST_DEVICE=cuda NK_TEST_SMALL_SHAPES=1 timeout -k 10 "$(share 40 20)" compute-sanitizer --tool "$tool" \
+  NK_TEST_DEVICE=cuda NK_TEST_SMALL_SHAPES=1 timeout -k 10 "$(share 60 20)" compute-sanitizer --tool "$tool" \
     --error-exitcode 97 --print-limit 20 $PY -m pytest tests/test_linalg.py tests/test_attention.py tests/test_softmax.py \
-    tests/test_norm.py tests/cuda -q -p no:cacheprovider -x -k "float16 and not thread" -W ignore::RuntimeWarning \
-    >> "$O/sanitize.log" 2>&1
+    tests/test_norm.py tests/test_activation.py tests/test_rope.py tests/cuda -q -p no:cacheprovider --maxfail 5 \
+    -n 8 -k "not thread" -W ignore::RuntimeWarning >> "$O/sanitize.log" 2>&1
   echo "$tool rc=$?" | tee -a "$O/sanitize.log"
 done
-grep -E "ERROR SUMMARY|Invalid|Race|Barrier|passed|failed" "$O/sanitize.log" | head -20
+grep -E "ERROR SUMMARY|HAZARD|Invalid|Race|Barrier|passed|failed" "$O/sanitize.log" | head -20
+fi
 
-if (( $(left) > 30 )); then
+if want rest && (( $(left) > 30 )); then
   step "bench.gpu on the other CUDA ops"
   others=$($PY -c "
 from dispatch import registry

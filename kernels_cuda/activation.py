@@ -38,7 +38,9 @@ def act_fn(acc_np):
     @device
     def act(x, code):
         if code == ACT_RELU:
-            return max(x, zero)
+            # a select, not max(): on a GPU numba's float max is fmax, which returns 0 for a
+            # NaN (seen on an H200, 2026-11-26; the simulator's Python max kept the NaN)
+            return zero if x < zero else x
         if code == ACT_SILU:
             return x / (one + math.exp(min(-x, big)))
         if code == ACT_GELU:

@@ -51,7 +51,7 @@ def value_derivative_fn(acc_np):
         xc = min(max(x, -k), k)
         if code == ACT_RELU:
             d = one if x > zero else zero
-            a = max(x, zero)
+            a = zero if x < zero else x  # NaN stays NaN (max() is fmax on a GPU)
         elif code == ACT_SILU:
             s, sc = sigmoid_pair(x)
             d = s * (one + xc * sc)

@@ -167,6 +167,10 @@ def to_target(a):
         return a
     from numba import cuda
 
+    if a.dtype.name == "bfloat16":
+        # the buffer protocol cannot export ml_dtypes' bfloat16 ("cannot include dtype 'E' in a
+        # buffer" on a real GPU; the simulator took it): copy the bits, view them as bfloat16
+        return cuda.to_device(np.ascontiguousarray(a).view(np.uint16)).view(a.dtype)
     return cuda.to_device(np.ascontiguousarray(a)) if a.flags.c_contiguous or a.ndim == 0 else cuda.to_device(a.copy())
 
 

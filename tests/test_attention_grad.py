@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dispatch
+from dispatch.select import NoImplementationError
 from tests.reference import attention as fwd
 from tests.reference import attention_grad as ref
 from tests.support import ON_CUDA, SMALL_SHAPES, assert_close, impl_params, poisoned, randn, read_only, rng, run
@@ -136,6 +137,12 @@ def test_matches_reference(impl, shape, dtype):
     B, Hq, Hkv, Sq, Skv, D, causal = shape
     g = rng()
     args = _inputs(g, B, Hq, Hkv, Sq, Skv, D, dtype, causal=causal)
+    if ON_CUDA and dtype == np.float64 and D > 64:
+        # the float64 kernel's 128-wide tiles would need more shared memory than a kernel may
+        # declare statically: refused with the reason, as the forward (test_attention.py)
+        with pytest.raises(NoImplementationError, match="shared memory"):
+            run(impl, dispatch.attention_backward, *args, causal=causal)
+        return
     want = ref.attention_backward(*args, causal=causal)
     got = run(impl, dispatch.attention_backward, *args, causal=causal)
     _check(got, want, dtype, f"{impl} {shape}")

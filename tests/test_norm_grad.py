@@ -91,9 +91,12 @@ def _check(got, want, dtype, what, terms=None):
             continue
         assert a.dtype == dtype and a.shape == b.shape, f"{label}: {a.dtype} {a.shape}"
         peak = float(np.max(np.abs(b[np.isfinite(b)]), initial=0.0))
-        if k == 0 and terms and peak and terms > peak:
-            # normwise |got - ref| <= tol * terms; elementwise atol 0.5 * tol * terms
-            assert_close(a, b, tol * terms / peak, label, rtol=tol, atol=0.5 * tol * terms)
+        if k == 0 and terms and terms > peak:
+            # normwise |got - ref| <= tol * terms; elementwise atol 0.5 * tol * terms.  peak = 0:
+            # layer_norm_backward at D = 1, whose exact dx is 0 (x - mean = 0) while a GPU's
+            # fused multiply-add leaves the rounding of g * w, times rstd (seen on an H200,
+            # 2026-11-26: -1.3e-5 in float32); assert_close then compares absolute errors
+            assert_close(a, b, tol * terms / (peak or 1.0), label, rtol=tol, atol=0.5 * tol * terms)
         else:
             assert_close(a, b, tol, label, cancel=True)
 

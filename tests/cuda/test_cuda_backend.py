@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 
@@ -91,7 +92,9 @@ def test_syncthreads_with_early_exits_and_repeated_barriers():
         out[t] = s[t]
         if t >= 40:
             return
-        counts[t] = cuda.syncthreads_count(t < 10)
+        # an int32 predicate: numba-cuda types syncthreads_count(i4) only (a bool was refused
+        # at compile time on an H200, 2026-11-26; the simulator took it)
+        counts[t] = cuda.syncthreads_count(numba.int32(1) if t < 10 else numba.int32(0))
         cuda.syncthreads()
         out[t] += 1000
 

@@ -1,0 +1,126 @@
+"""Where a small CUDA op's time goes on the host: the per-call cost of each layer, measured.
+
+    python -m bench.gpu_overhead [--calls N] [--profile]
+
+bench.gpu found every op at 160-250 us per call on an H200 (2026-11-26), relu of 128x3072
+included, where PyTorch takes 5-10 us: a host-side floor.  This times, per call (host wall
+clock over N back-to-back calls, then one synchronize; median of 5 rounds), for relu
+(128x3072 float32), softmax (12x128x128) and matmul (128x768 @ 768x768):
+
+    torch          the PyTorch CUDA op (reference floor)
+    launch         the numba kernel launched directly, output preallocated
+    device_array   numba-cuda's cuda.device_array of the output's size (and its release)
+    describe       the op's validation alone (Op.describe, no kernel)
+    dispatch_out   dispatch.<op>(..., out=preallocated)
+    dispatch       dispatch.<op>(...) as a user calls it
+
+each with numba-cuda's low-occupancy warning check on (its default) and off.  --profile
+adds cProfile's top functions for dispatch.<op> calls.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import numpy as np
+
+
+def per_call(fn, sync, calls, rounds=5):
+    """Median over rounds of host seconds per call for `calls` back-to-back calls + one sync."""
+    fn()
+    sync()
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        out.append((time.perf_counter() - t0) / calls)
+    return float(np.median(out))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_overhead", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ops", nargs="+", default=["relu", "softmax", "matmul"], choices=["relu", "softmax", "matmul"])
+    args = ap.parse_args(argv)
+
+    from numba import cuda
+    from numba.cuda.core import config as ccfg
+
+    import dispatch
+    from dispatch import registry
+
+    try:
+        import torch
+        torch = torch if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        torch = None
+
+    # under the simulator (a dry run of this script) tiny shapes: every GPU thread is a Python thread
+    sim = cuda.is_available() and not hasattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT")
+    r, m, n, s = (4, 8, 6, 5) if sim else (128, 768, 3072, 128)
+    rng = np.random.default_rng(0)
+    cases = {
+        "relu": ({"x": rng.standard_normal((r, n)).astype(np.float32)}, (r, n)),
+        "softmax": ({"x": rng.standard_normal((12, s, s)).astype(np.float32)}, (12, s, s)),
+        "matmul": ({"a": rng.standard_normal((r, m)).astype(np.float32),
+                    "b": rng.standard_normal((m, m)).astype(np.float32)}, (r, m)),
+    }
+    grid = (1, 32) if sim else (1056, 256)
+    sync = cuda.synchronize
+    rows = []
+    for op_name, (inputs, out_shape) in ((k, v) for k, v in cases.items() if k in args.ops):
+        op = registry.OPS[op_name]
+        dev = {k: cuda.to_device(v) for k, v in inputs.items()}
+        a, kw = op.signature(dev)
+        fn = getattr(dispatch, op_name)
+        o = cuda.device_array(out_shape, np.float32)
+        fn(*a, **kw)
+        sync()
+        res = {}
+        if torch is not None:
+            t = {k: torch.as_tensor(v, device="cuda") for k, v in inputs.items()}
+            tf = {"relu": lambda: torch.relu(t["x"]), "softmax": lambda: torch.softmax(t["x"], -1),
+                  "matmul": lambda: t["a"] @ t["b"]}[op_name]
+            res["torch"] = per_call(tf, torch.cuda.synchronize, args.calls)
+        if op_name == "relu":
+            from kernels_common.activation import ACT_RELU
+
+            from kernels_cuda import activation as KA
+
+            k = KA.kernel_for("unary", np.dtype(np.float32))
+            n = inputs["x"].size
+            xf, of = dev["x"].reshape(n), o.reshape(n)
+            res["launch"] = per_call(lambda: k[grid](xf, of, ACT_RELU), sync, args.calls)
+        res["device_array"] = per_call(lambda: cuda.device_array(out_shape, np.float32), sync, args.calls)
+        res["describe"] = per_call(lambda: op.describe(*a, **kw), sync, args.calls)
+        for warn in (1, 0):
+            ccfg.CUDA_LOW_OCCUPANCY_WARNINGS = warn
+            sfx = "" if warn else " (no occupancy warning)"
+            res["dispatch_out" + sfx] = per_call(lambda: fn(*a, out=o, **kw), sync, args.calls)
+            res["dispatch" + sfx] = per_call(lambda: fn(*a, **kw), sync, args.calls)
+        ccfg.CUDA_LOW_OCCUPANCY_WARNINGS = 1
+        for what, s in res.items():
+            rows.append((op_name, what, s))
+            print(f"{op_name:8s} {what:40s} {s * 1e6:9.1f} us/call", flush=True)
+        if args.profile:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(args.calls):
+                fn(*a, **kw)
+            sync()
+            pr.disable()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+            text = buf.getvalue()
+            print("\n".join(line[:160] for line in text.splitlines()[:45] if line.strip()), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
