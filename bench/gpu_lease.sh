@@ -110,7 +110,7 @@ step "compute-sanitizer (small shapes; xdist workers are child processes, which 
 for tool in memcheck racecheck synccheck; do
   echo "-- $tool" >> "$O/sanitize.log"
   NK_TEST_DEVICE=cuda NK_TEST_SMALL_SHAPES=1 timeout -k 10 "$(share 60 20)" compute-sanitizer --tool "$tool" \
-    --error-exitcode 97 --print-limit 20 $PY -m pytest tests/test_linalg.py tests/test_attention.py tests/test_softmax.py \
+    --target-processes all --error-exitcode 97 --print-limit 20 $PY -m pytest tests/test_linalg.py tests/test_attention.py tests/test_softmax.py \
     tests/test_norm.py tests/test_activation.py tests/test_rope.py tests/cuda -q -p no:cacheprovider --maxfail 5 \
     -n 8 -k "not thread" -W ignore::RuntimeWarning >> "$O/sanitize.log" 2>&1
   echo "$tool rc=$?" | tee -a "$O/sanitize.log"

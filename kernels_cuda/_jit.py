@@ -13,6 +13,22 @@ except Exception:  # noqa: BLE001
 
 FULL_MASK = 0xFFFFFFFF
 
+# numba-cuda warns (NumbaPerformanceWarning, "Grid size N will likely result in GPU
+# under-utilization") at every launch of fewer than 128 blocks.  The dispatcher's small grids
+# are chosen (one block per row group of a small input; the launch rules say why), and on
+# the H200 the warning filled the logs of every small op (2026-11-26) while switching its
+# check off changed no timing (bench.gpu_overhead).  Off unless the user's environment sets
+# NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS: their setting wins.
+import os  # noqa: E402
+
+if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
+    try:
+        from numba.cuda.core import config as _cuda_config
+
+        _cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    except Exception:  # noqa: BLE001 - an older numba-cuda without the setting
+        pass
+
 # Largest blocks the dispatcher launches per kernel kind: one table with dispatch.cuda_impls.
 from kernels_common.cuda_tiles import BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, WARP_ROWS_THREADS  # noqa: E402,F401
 from kernels_common import acc_dtype  # noqa: E402

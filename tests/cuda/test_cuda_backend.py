@@ -535,3 +535,23 @@ def test_float64_attention_with_a_wide_head_is_refused_not_run():
     from tests.reference import attention as ref
 
     assert_close(got, ref.attention(q, k, v), 1e-12, cancel=True)
+
+
+@pytest.mark.parametrize("env", [None, "1"], ids=["unset", "user-set-1"])
+def test_low_occupancy_warning_is_off_unless_the_user_sets_it(env):
+    """kernels_cuda switches off numba-cuda's per-launch low-occupancy warning (our small
+    grids are chosen) but leaves a user's NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS alone."""
+    code = """
+import kernels_cuda._jit
+from numba.cuda.core import config
+print("FLAG", config.CUDA_LOW_OCCUPANCY_WARNINGS)
+"""
+    extra = {"NUMBA_ENABLE_CUDASIM": "1"}
+    if env is not None:
+        extra["NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS"] = env
+    e = dict(os.environ, **extra)
+    if env is None:
+        e.pop("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert f"FLAG {0 if env is None else int(env)}" in r.stdout, r.stdout + r.stderr
