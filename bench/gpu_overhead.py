@@ -15,7 +15,9 @@ clock over N back-to-back calls, then one synchronize; median of 5 rounds), for 
     dispatch       dispatch.<op>(...) as a user calls it
 
 each with numba-cuda's low-occupancy warning check on (its default) and off.  --profile
-adds cProfile's top functions for dispatch.<op> calls.
+adds cProfile's top functions for dispatch.<op> calls, with and without out=, and the CUDA
+driver calls each makes: every driver function numba-cuda has looked up (its
+``driver.cu*`` wrappers) and cuda.core's launch, wrapped to count calls and their time.
 """
 from __future__ import annotations
 
@@ -40,6 +42,72 @@ def per_call(fn, sync, calls, rounds=5):
         sync()
         out.append((time.perf_counter() - t0) / calls)
     return float(np.median(out))
+
+
+class DriverCalls:
+    """Count and time numba-cuda's driver calls: wraps every cu* function numba-cuda's driver
+    object has looked up so far (run the code once first) and the cuda.core launch its
+    dispatcher calls.  Use as a context manager; .table(calls) -> lines per call."""
+
+    def __init__(self):
+        self.stats = {}
+        self._undo = []
+
+    def _wrap(self, owner, name, fn):
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                st = self.stats.setdefault(name, [0, 0.0])
+                st[0] += 1
+                st[1] += time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, fn))
+
+    def __enter__(self):
+        from numba.cuda import dispatcher as D
+        from numba.cuda.cudadrv import driver as drv
+
+        for name, fn in list(vars(drv.driver).items()):
+            if name.startswith("cu") and callable(fn):
+                self._wrap(drv.driver, name, fn)
+        if hasattr(D, "launch"):
+            self._wrap(D, "launch", D.launch)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, fn in reversed(self._undo):
+            setattr(owner, name, fn)
+        self._undo.clear()
+
+    def table(self, calls):
+        return [f"    {name:28s} {n / calls:5.2f} calls/call {t / calls * 1e6:8.1f} us/call"
+                for name, (n, t) in sorted(self.stats.items(), key=lambda kv: -kv[1][1])]
+
+
+def _profile(fn, calls, sync, label):
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    sync()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+    print(f"  cProfile, {label}:")
+    print("\n".join(line[:160] for line in buf.getvalue().splitlines()[:45] if line.strip()), flush=True)
+    try:
+        dc = DriverCalls()
+    except Exception:  # noqa: BLE001
+        return
+    with dc:
+        for _ in range(calls):
+            fn()
+        sync()
+    print(f"  driver calls, {label}:")
+    print("\n".join(dc.table(calls)) or "    (none seen: the simulator has no driver)", flush=True)
 
 
 def main(argv=None):
@@ -109,16 +177,8 @@ def main(argv=None):
             rows.append((op_name, what, s))
             print(f"{op_name:8s} {what:40s} {s * 1e6:9.1f} us/call", flush=True)
         if args.profile:
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(args.calls):
-                fn(*a, **kw)
-            sync()
-            pr.disable()
-            buf = io.StringIO()
-            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
-            text = buf.getvalue()
-            print("\n".join(line[:160] for line in text.splitlines()[:45] if line.strip()), flush=True)
+            _profile(lambda: fn(*a, **kw), args.calls, sync, f"dispatch.{op_name}")
+            _profile(lambda: fn(*a, out=o, **kw), args.calls, sync, f"dispatch.{op_name}(out=)")
     return rows
 
 
