@@ -15,20 +15,32 @@ import os
 from dataclasses import dataclass
 
 
+def _numba_array(arr) -> bool:
+    return bool(getattr(type(arr), "__cuda_ndarray__", False))
+
+
 def device_kind(arr):
     """'cuda' for a CUDA array (numba device array, simulator array, or any object with
-    __cuda_array_interface__), else None (not an array we know)."""
-    if hasattr(arr, "__cuda_array_interface__") or getattr(type(arr), "__cuda_ndarray__", False):
+    __cuda_array_interface__), else None (not an array we know).  A numba device array is
+    recognised by its class first: hasattr(arr, "__cuda_array_interface__") evaluates the
+    property, which builds the whole interface dict (2-3 us, several times per CUDA call;
+    bench.gpu_overhead's host floor)."""
+    if _numba_array(arr) or hasattr(arr, "__cuda_array_interface__"):
         return "cuda"
     return None
 
 
 def _span(arr):
-    iface = arr.__cuda_array_interface__
-    ptr = iface["data"][0]
-    shape = iface["shape"]
-    itemsize = _itemsize(iface["typestr"])
-    strides = iface.get("strides")
+    if _numba_array(arr) and hasattr(arr, "device_ctypes_pointer"):
+        # a real numba device array: its pointer and layout without building the interface dict
+        ptr = arr.device_ctypes_pointer.value or 0
+        shape, strides, itemsize = arr.shape, arr.strides, arr.dtype.itemsize
+    else:
+        iface = arr.__cuda_array_interface__
+        ptr = iface["data"][0]
+        shape = iface["shape"]
+        itemsize = _itemsize(iface["typestr"])
+        strides = iface.get("strides")
     if not shape or 0 in shape:
         return ptr, ptr
     if strides is None:
