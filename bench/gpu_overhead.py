@@ -1,6 +1,7 @@
 """Where a small CUDA op's time goes on the host: the per-call cost of each layer, measured.
 
     python -m bench.gpu_overhead [--calls N] [--profile]
+    python -m bench.gpu_overhead --stub [--calls N]     (no GPU: our own layers only)
 
 bench.gpu found every op at 160-250 us per call on an H200 (2026-11-26), relu of 128x3072
 included, where PyTorch takes 5-10 us: a host-side floor.  This times, per call (host wall
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
+import importlib
 import io
 import pstats
 import time
@@ -110,12 +113,100 @@ def _profile(fn, calls, sync, label):
     print("\n".join(dc.table(calls)) or "    (none seen: the simulator has no driver)", flush=True)
 
 
+class _Launcher:
+    """Stands for any kernels_cuda kernel (or kernel factory): indexing gives a no-op launch."""
+
+    def __getitem__(self, config):
+        return lambda *args: None
+
+    def __call__(self, *args, **kw):
+        return self
+
+
+class _StubKernels:
+    """A kernels_cuda module whose every kernel launch does nothing (--stub)."""
+
+    def __getattr__(self, name):
+        return _Launcher()
+
+
+class _FakeMemory:
+    """Host bytes posing as a numba device allocation: DeviceNDArray views and the
+    dispatcher's checks read its pointer; nothing on a GPU is touched."""
+
+    def __init__(self, nbytes, at=None):
+        """nbytes of new host memory, or (at) the host address of memory someone else owns."""
+        self._buf = np.empty(max(1, nbytes), np.uint8) if at is None else None
+        self._ptr = self._buf.ctypes.data if at is None else int(at)
+
+    @property
+    def device_ctypes_pointer(self):  # as numba-cuda's MemoryPointer: c_size_t(int(pointer))
+        return ctypes.c_size_t(self._ptr)
+
+    @property
+    def device_pointer(self):
+        return self._ptr
+
+    def view(self, start, stop=None):
+        return self
+
+
+def stubbed(calls, chip="sm_90"):
+    """Host microseconds per call of the dispatcher's own layers for CUDA arrays, without a GPU:
+    numba DeviceNDArrays over host memory, the kernels_cuda launches replaced by no-ops, the
+    device properties of `chip` assumed.  Only the out= path (allocating would need the
+    driver).  The part of the host floor that is ours to cut, measurable on any machine."""
+    from numba.cuda.cudadrv import devicearray as DA
+
+    import dispatch
+    from dispatch import devices
+    from dispatch.cuda_impls import _common as C
+
+    def fake(shape):
+        a = np.empty(shape, np.float32)
+        return DA.DeviceNDArray(a.shape, a.strides, a.dtype, gpu_data=_FakeMemory(a.nbytes))
+
+    real_kernels, real_module = C.kernels, devices.cuda_module
+    layout = importlib.import_module("kernels_cuda.layout")
+    impl_modules = [importlib.import_module(f"dispatch.cuda_impls.{m}") for m in ("activation", "softmax", "norm")]
+    stub = _StubKernels()
+
+    def kernels(name):
+        return layout if name == "layout" else stub
+
+    saved = [(m, m.kernels) for m in impl_modules]
+    rows = []
+    try:
+        C.kernels = kernels
+        for m in impl_modules:
+            m.kernels = kernels
+        devices.cuda_module = lambda: None
+        x, o, w, b = fake((128, 3072)), fake((128, 3072)), fake((3072,)), fake((3072,))
+        s, so = fake((12, 128, 128)), fake((12, 128, 128))
+        cases = {"relu": lambda: dispatch.relu(x, out=o), "softmax": lambda: dispatch.softmax(s, out=so),
+                 "layer_norm": lambda: dispatch.layer_norm(x, w, b, out=o)}
+        with devices.assume(devices.CHIPS[chip]):
+            for name, fn in cases.items():
+                t = per_call(fn, lambda: None, calls)
+                rows.append((name, "dispatch_out (launches stubbed)", t))
+                print(f"{name:10s} {'dispatch(out=), launches stubbed, no GPU':40s} {t * 1e6:9.1f} us/call", flush=True)
+    finally:
+        C.kernels, devices.cuda_module = real_kernels, real_module
+        for m, k in saved:
+            m.kernels = k
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--ops", nargs="+", default=["relu", "softmax", "matmul"], choices=["relu", "softmax", "matmul"])
+    ap.add_argument("--stub", action="store_true",
+                    help="no GPU needed: the dispatcher's own host layers, kernel launches replaced by no-ops")
     args = ap.parse_args(argv)
+    if args.stub:
+        return stubbed(args.calls)
 
     from numba import cuda
     from numba.cuda.core import config as ccfg

@@ -34,6 +34,8 @@ def _span(arr):
     if _numba_array(arr) and hasattr(arr, "device_ctypes_pointer"):
         # a real numba device array: its pointer and layout without building the interface dict
         ptr = arr.device_ctypes_pointer.value or 0
+        if arr.size and arr.is_c_contiguous():  # the common case, without the stride sums
+            return ptr, ptr + arr.size * arr.dtype.itemsize
         shape, strides, itemsize = arr.shape, arr.strides, arr.dtype.itemsize
     else:
         iface = arr.__cuda_array_interface__

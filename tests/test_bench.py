@@ -426,6 +426,21 @@ def test_gpu_harness_says_when_there_is_no_gpu():
         gpu.main(["--ops", "relu"])
 
 
+def test_gpu_overhead_stub_times_our_layers_without_a_gpu():
+    """bench.gpu_overhead --stub: the dispatcher's host layers for CUDA arrays over fake device
+    memory, launches stubbed; it puts back what it replaced."""
+    pytest.importorskip("numba.cuda")
+    from bench import gpu_overhead
+    from dispatch import devices
+    from dispatch.cuda_impls import _common as C
+
+    before = (C.kernels, devices.cuda_module)
+    rows = gpu_overhead.stubbed(3)
+    assert [r[0] for r in rows] == ["relu", "softmax", "layer_norm"]
+    assert all(0 < r[2] < 0.05 for r in rows), rows
+    assert (C.kernels, devices.cuda_module) == before
+
+
 # ---- accuracy of the low-precision cases -------------------------------------------------
 
 def test_accuracy_probe_draws_and_errors():
@@ -456,3 +471,28 @@ def test_accuracy_probe_draws_and_errors():
         assert 0 < v["max_rel"] <= 2.0**-11 and 0 < v["mean_rel"] <= 2.0**-11
     assert A.measure(Case("relu", "plain", "test", {"x": (4,)})) is None
     assert "outliers max" in A.fmt(acc)
+
+
+def test_device_overlap_checks_on_numba_arrays_match_numpy():
+    """dispatch.devices.overlaps on real numba DeviceNDArrays (over host memory posing as
+    device memory, no GPU needed; the simulator's arrays take another path): contiguous
+    arrays take the fast span, strided views the general one, and both agree with
+    numpy.may_share_memory on the same layouts."""
+    pytest.importorskip("numba.cuda")
+    from numba.cuda.cudadrv import devicearray as DA
+
+    from bench.gpu_overhead import _FakeMemory
+    from dispatch import devices
+
+    host = np.zeros((6, 8), np.float32)
+    other = np.zeros(5, np.float32)
+
+    def dev(v):  # a device array with v's layout at v's address
+        return DA.DeviceNDArray(v.shape, v.strides, v.dtype, gpu_data=_FakeMemory(v.nbytes, at=v.ctypes.data))
+
+    views = {"whole": host, "rows 0-2": host[0:3], "rows 3-5": host[3:6], "col 1": host[:, 1],
+             "col 2": host[:, 2], "transposed": host.T, "reversed rows": host[::-1], "row 4 tail": host[4, 5:],
+             "other": other}
+    for na, ha in views.items():
+        for nb, hb in views.items():
+            assert devices.overlaps(dev(ha), dev(hb)) == bool(np.may_share_memory(ha, hb)), (na, nb)
