@@ -113,11 +113,21 @@ def _profile(fn, calls, sync, label):
     print("\n".join(dc.table(calls)) or "    (none seen: the simulator has no driver)", flush=True)
 
 
+def _type_args(*args):
+    """What a launch does with its arguments before anything reaches the GPU: numba types
+    each one (a new device array object is typed from scratch)."""
+    from numba.core.typing.typeof import Purpose, typeof
+
+    for a in args:
+        typeof(a, Purpose.argument)
+
+
 class _Launcher:
-    """Stands for any kernels_cuda kernel (or kernel factory): indexing gives a no-op launch."""
+    """Stands for any kernels_cuda kernel (or kernel factory): indexing gives a launch that
+    only types its arguments, as numba does first."""
 
     def __getitem__(self, config):
-        return lambda *args: None
+        return _type_args
 
     def __call__(self, *args, **kw):
         return self
@@ -153,7 +163,8 @@ class _FakeMemory:
 
 def stubbed(calls, chip="sm_90"):
     """Host microseconds per call of the dispatcher's own layers for CUDA arrays, without a GPU:
-    numba DeviceNDArrays over host memory, the kernels_cuda launches replaced by no-ops, the
+    numba DeviceNDArrays over host memory, each kernels_cuda launch replaced by the typing of
+    its arguments (numba's first step; the rest of a launch is numba-cuda's), the
     device properties of `chip` assumed.  Only the out= path (allocating would need the
     driver).  The part of the host floor that is ours to cut, measurable on any machine."""
     from numba.cuda.cudadrv import devicearray as DA

@@ -496,3 +496,32 @@ def test_device_overlap_checks_on_numba_arrays_match_numpy():
     for na, ha in views.items():
         for nb, hb in views.items():
             assert devices.overlaps(dev(ha), dev(hb)) == bool(np.may_share_memory(ha, hb)), (na, nb)
+
+
+def test_c_view_matches_numbas_reshape_and_type():
+    """dispatch.cuda_impls._common.c_view builds a real numba device array's kernel view
+    directly and sets its numba type: the same shape, strides, memory and type as numba-cuda's
+    own reshape and typing give (over host memory posing as device memory, no GPU needed)."""
+    pytest.importorskip("numba.cuda")
+    from numba.core.typing.typeof import Purpose, typeof
+    from numba.cuda.cudadrv import devicearray as DA
+
+    from bench.gpu_overhead import _FakeMemory
+    from dispatch.cuda_impls._common import c_view
+
+    for dt in (np.float32, np.float16, np.float64):
+        host = np.zeros((4, 6, 10), dt)
+        d = DA.DeviceNDArray(host.shape, host.strides, host.dtype, gpu_data=_FakeMemory(host.nbytes, at=host.ctypes.data))
+        for shape in [(240,), (24, 10), (4, 60), (1, 240), (4, 6, 10), (240, 1)]:
+            for _ in range(2):  # the first view of a (dtype, ndim) computes the type, later ones reuse it
+                v, r = c_view(d, *shape), d.reshape(shape)
+                assert (v.shape, v.strides, v.dtype) == (r.shape, r.strides, r.dtype), shape
+                assert v.device_ctypes_pointer.value == r.device_ctypes_pointer.value
+                assert typeof(v, Purpose.argument) == typeof(r, Purpose.argument), (dt, shape)
+        with pytest.raises(ValueError):
+            c_view(d, 7, 7)
+        # a non-contiguous array is left to numba's reshape (which refuses to copy)
+        t = DA.DeviceNDArray((5, 24), (48 * np.dtype(dt).itemsize, np.dtype(dt).itemsize), host.dtype,
+                             gpu_data=_FakeMemory(host.nbytes, at=host.ctypes.data))  # every other row of 24
+        with pytest.raises(NotImplementedError):
+            c_view(t, 120)

@@ -72,6 +72,38 @@ def as_input(a):
     return kernels("layout").contiguous(d)
 
 
+_ARRAY_TYPES: dict = {}  # (dtype, ndim) -> numba's type of a C-contiguous device array
+
+
+def c_view(d, *shape):
+    """d, a C-contiguous device array (as as_input / output give them), viewed with `shape`
+    (the same size) as a kernel argument.  A real numba device array's view is built directly
+    and given its numba type, the one numba itself computes for a C-contiguous array (taken
+    from the first such view): numba-cuda's reshape goes through its dummy-array layout code
+    (4 us a view) and numba types every new array object again at launch (7 us against 1.7
+    us for a typed one), on every call (bench.gpu_overhead --stub, this project's Xeon
+    host, 2026-11-26).  Anything else (the simulator's arrays, an empty or non-contiguous
+    array) is reshaped by its own method."""
+    cls = type(d)
+    if cls.__name__ != "DeviceNDArray" or not hasattr(d, "gpu_data") or not d.size or not d.is_c_contiguous():
+        return d.reshape(shape)
+    itemsize = d.dtype.itemsize
+    strides, n = [], 1
+    for s in reversed(shape):
+        strides.append(n * itemsize)
+        n *= int(s)
+    if n != d.size:
+        raise ValueError(f"cannot view {d.size} elements as {shape}")
+    v = cls(shape, tuple(reversed(strides)), d.dtype, gpu_data=d.gpu_data)
+    key = (d.dtype, len(shape))
+    t = _ARRAY_TYPES.get(key)
+    if t is None:
+        _ARRAY_TYPES.setdefault(key, v._numba_type_)  # numba's own answer, once per (dtype, ndim)
+    else:
+        v.__dict__["_numba_type_"] = t  # where functools.cached_property keeps it
+    return v
+
+
 def output(out, shape, dtype):
     """(buffer the kernel writes, out as a numba device array or None)."""
     lay = kernels("layout")

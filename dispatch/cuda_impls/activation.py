@@ -11,7 +11,8 @@ from __future__ import annotations
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props, register_cuda, size
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks, output, props,
+                      register_cuda, size)
 
 VEC = 4
 # Not measured on a GPU (none lent yet): the launch rule above is the usual grid-stride choice.
@@ -36,7 +37,7 @@ def _run_unary(params, x, out, code):
     n = size(x.shape)
     if n:
         cfg = launch(params, x)
-        K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](xd.reshape(n), res.reshape(n), code)
+        K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](c_view(xd, n), c_view(res, n), code)
     return deliver(res, od, out)
 
 
@@ -47,7 +48,8 @@ def _run_gated(params, gate, up, out, code):
     n = size(gate.shape)
     if n:
         cfg = launch(params, gate)
-        K.kernel_for("gated", gate.dtype)[cfg["grid"], cfg["block"]](gd.reshape(n), ud.reshape(n), res.reshape(n), code)
+        K.kernel_for("gated", gate.dtype)[cfg["grid"], cfg["block"]](c_view(gd, n), c_view(ud, n), c_view(res, n),
+                                                                    code)
     return deliver(res, od, out)
 
 

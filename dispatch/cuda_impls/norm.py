@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, deliver, dummy, kernels, output, register_cuda, row_launch, size
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, deliver, dummy, kernels, output, register_cuda,
+                      row_launch, size)
 from .softmax import BLOCK_PARAMS, ROW_RULE, WARP_PARAMS
 
 
@@ -32,15 +33,15 @@ def _make_run(rms):
         h = cuda.device_array(tuple(x.shape), dt) if residual is not None else None
         if size(x.shape):
             rows = size(x.shape) // d
-            xd = as_input(x).reshape(rows, d)
-            rd = as_input(residual).reshape(rows, d) if residual is not None else xd
-            hd = h.reshape(rows, d) if h is not None else xd
+            xd = c_view(as_input(x), rows, d)
+            rd = c_view(as_input(residual), rows, d) if residual is not None else xd
+            hd = c_view(h, rows, d) if h is not None else xd
             w = as_input(weight) if weight is not None else dummy(dt)
             b = as_input(bias) if bias is not None else dummy(dt)
             cfg = _launch("rms_norm" if rms else "layer_norm")(params, x, weight, bias, residual, eps, out)
             acc = acc_dtype(dt)
             k = K.make(params["mode"], rms, acc)
-            k[cfg["grid"], cfg["block"]](xd, rd, hd, w, b, float(eps), res.reshape(rows, d),
+            k[cfg["grid"], cfg["block"]](xd, rd, hd, w, b, float(eps), c_view(res, rows, d),
                                          weight is not None, bias is not None, residual is not None)
         y = deliver(res, od, out)
         return y if residual is None else (y, h)

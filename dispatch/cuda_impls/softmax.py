@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda,
-                      row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, output, props,
+                      register_cuda, row_launch, size)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 # Launch parameters, none measured on a GPU yet (no GPU has been lent to this project):
@@ -52,10 +52,10 @@ def _run_softmax(params, x, axis, out, log):
         acc = acc_dtype(x.dtype)
         if inner != 1:
             k = K.columns(acc)
-            k[cfg["grid"], cfg["block"]](xd.reshape(outer, n, inner), res.reshape(outer, n, inner), log)
+            k[cfg["grid"], cfg["block"]](c_view(xd, outer, n, inner), c_view(res, outer, n, inner), log)
         else:
             k = K.warp_rows(acc) if params["mode"] == "warp" else K.block_rows(acc)
-            k[cfg["grid"], cfg["block"]](xd.reshape(outer, n), res.reshape(outer, n), log)
+            k[cfg["grid"], cfg["block"]](c_view(xd, outer, n), c_view(res, outer, n), log)
     return deliver(res, od, out)
 
 
