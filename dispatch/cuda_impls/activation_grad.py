@@ -9,7 +9,7 @@ from __future__ import annotations
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props,
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks, output, props,
                       register_cuda, size)
 
 VEC = 4
@@ -40,7 +40,7 @@ def _run_unary(params, grad_out, x, out, code):
     n = size(x.shape)
     if n:
         cfg = launch_unary(params, grad_out, x, out, code)
-        K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](gd.reshape(n), xd.reshape(n), res.reshape(n), code)
+        K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](c_view(gd, n), c_view(xd, n), c_view(res, n), code)
     return deliver(res, od, out)
 
 
@@ -53,7 +53,7 @@ def _run_gated(params, grad_out, gate, up, code):
     if n:
         cfg = launch_gated(params, grad_out, gate, up, code)
         K.kernel_for("gated", gate.dtype)[cfg["grid"], cfg["block"]](
-            gd.reshape(n), ga.reshape(n), ud.reshape(n), dgate.reshape(n), dup.reshape(n), code)
+            c_view(gd, n), c_view(ga, n), c_view(ud, n), c_view(dgate, n), c_view(dup, n), code)
     return dgate, dup
 
 

@@ -26,8 +26,8 @@ from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
 from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, occupancy_blocks, output,
-                      props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels,
+                      occupancy_blocks, output, props, register_cuda)
 
 # (name, BM, BN, threads, shared bytes float32), largest tile first
 TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
@@ -102,22 +102,22 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
     res, od = output(out, out_shape, dt)
     if batch and m and n:
         ad, bd = as_input(a), as_input(b)
-        a3 = ad.reshape(max(1, math.prod(a_batch)), m, k)
-        b3 = bd.reshape(1, n, k) if b_is_nk else bd.reshape(max(1, math.prod(b_batch)), k, n)
+        a3 = c_view(ad, max(1, math.prod(a_batch)), m, k)
+        b3 = c_view(bd, 1, n, k) if b_is_nk else c_view(bd, max(1, math.prod(b_batch)), k, n)
         ai, bi = _batch_index(a_batch, b_batch)
         bias_d = as_input(bias) if bias is not None else dummy(dt)
         cfg = (gemv_launch if gemv else launch)(params, a, b, bias, out, code, b_is_nk)
         acc = acc_dtype(dt)
         if gemv:
             K.gemv_kernel(acc, b_is_nk)[cfg["grid"], cfg["block"]](
-                a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
+                a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
         elif cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
-                a3.view(np.uint16), b3.view(np.uint16), ai, bi, bias_d, res.reshape(batch, m, n), code,
+                a3.view(np.uint16), b3.view(np.uint16), ai, bi, bias_d, c_view(res, batch, m, n), code,
                 bias is not None, b_is_nk)
         else:
             K.gemm_kernel(acc, cfg["tile"])[cfg["grid"], cfg["block"]](
-                a3, b3, ai, bi, bias_d, res.reshape(batch, m, n), code, bias is not None, b_is_nk)
+                a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
     return deliver(res, od, out)
 
 

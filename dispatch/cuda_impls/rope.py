@@ -7,8 +7,8 @@ import numpy as np
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props,
-                      register_cuda, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks,
+                      output, props, register_cuda, size)
 
 PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}  # as the activations; not measured on a GPU
 
@@ -35,7 +35,7 @@ def register_rotation(op: str, family: str, inverse: bool, what: str):
             K = kernels(family)
             build = K.rope_grad_kernel if inverse else K.rope_kernel
             build(acc_dtype(dt))[cfg["grid"], cfg["block"]](
-                as_input(x).reshape(rows, d), as_input(cos), as_input(sin), res.reshape(rows, d), bool(interleaved))
+                c_view(as_input(x), rows, d), as_input(cos), as_input(sin), c_view(res, rows, d), bool(interleaved))
         return deliver(res, od, out)
 
     register_cuda(op, "cuda-elementwise", run, launch, kernels=(family,), params=PARAMS,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda, \
-    row_launch, size
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, output, props,
+                      register_cuda, row_launch, size)
 from .softmax import BLOCK_PARAMS, COLUMN_BLOCK, ROW_RULE, WARP_PARAMS
 
 CHECK_THREADS = 256  # kernels_cuda.softmax_grad.CHECK_THREADS (read here without importing numba.cuda)
@@ -46,10 +46,10 @@ def _run_sm(params, grad_out, y, axis, out, log):
         acc = acc_dtype(y.dtype)
         if inner != 1:
             s3 = (outer, n, inner)
-            K.columns(acc)[cfg["grid"], cfg["block"]](gd.reshape(s3), yd.reshape(s3), res.reshape(s3), log)
+            K.columns(acc)[cfg["grid"], cfg["block"]](c_view(gd, *s3), c_view(yd, *s3), c_view(res, *s3), log)
         else:
             k = K.warp_rows(acc) if params["mode"] == "warp" else K.block_rows(acc)
-            k[cfg["grid"], cfg["block"]](gd.reshape(outer, n), yd.reshape(outer, n), res.reshape(outer, n), log)
+            k[cfg["grid"], cfg["block"]](c_view(gd, outer, n), c_view(yd, outer, n), c_view(res, outer, n), log)
     return deliver(res, od, out)
 
 
