@@ -15,8 +15,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GRID_YZ_MAX
 
 from .. import devices
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, pow2_at_least, \
-    props, register_cuda
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
+                      pow2_at_least, props, register_cuda)
 
 PARAMS = {"block": ELEMENTWISE_THREADS}
 # A decode step has few rows (1536 to 4096 at batch 1) and a thread does a few loads per
@@ -49,10 +49,10 @@ def _run(params, x, weight, bias, initial_state, code, final, out):
     fin = cuda.device_array((b, d, h), dt)
     if rows and max(n, h):
         cfg = launch(params, x, weight, bias, initial_state, code, final, out)
-        init = dummy(dt).reshape(1, 1) if initial_state is None else as_input(initial_state).reshape(rows, h)
+        init = dummy(dt).reshape(1, 1) if initial_state is None else c_view(as_input(initial_state), rows, h)
         bvec = dummy(dt) if bias is None else as_input(bias)
         K.conv_kernel(acc_dtype(dt))[cfg["grid"], cfg["block"]](
-            as_input(x).reshape(rows, n), as_input(weight), bvec, init, res.reshape(rows, n), fin.reshape(rows, h),
+            c_view(as_input(x), rows, n), as_input(weight), bvec, init, c_view(res, rows, n), c_view(fin, rows, h),
             bias is not None, initial_state is not None, code)
     y = deliver(res, od, out)
     return (y, fin) if final else y
@@ -79,7 +79,7 @@ def _run_update(params, conv_state, x, weight, bias, code, out):
         state = sd if sd.is_c_contiguous() else lay.contiguous(sd)  # a strided view: updated through a copy
         bvec = dummy(dt) if bias is None else as_input(bias)
         K.update_kernel(acc_dtype(dt))[cfg["grid"], cfg["block"]](
-            state.reshape(rows, slen), as_input(x).reshape(rows, n), as_input(weight), bvec, res.reshape(rows, n),
+            c_view(state, rows, slen), c_view(as_input(x), rows, n), as_input(weight), bvec, c_view(res, rows, n),
             bias is not None, code)
         if state is not sd:
             lay.copy(state, sd)

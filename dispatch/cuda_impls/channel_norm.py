@@ -17,8 +17,8 @@ import numpy as np
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GRID_YZ_MAX
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, occupancy_blocks, output,
-                      pow2_at_least, props, register_cuda, row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, occupancy_blocks,
+                      output, pow2_at_least, props, register_cuda, row_launch, size)
 from .softmax import BLOCK_PARAMS
 
 BN_PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
@@ -53,8 +53,8 @@ def _run_bn(params, x, running_mean, running_var, weight, bias, eps, code, out):
         w = as_input(weight) if weight is not None else dummy(dt)
         b = as_input(bias) if bias is not None else dummy(dt)
         K.batch_norm_kernel(acc_dtype(dt))[cfg["grid"], cfg["block"]](
-            as_input(x).reshape(n * c, s), as_input(running_mean), as_input(running_var), w, b, float(eps),
-            res.reshape(n * c, s), weight is not None, bias is not None, code)
+            c_view(as_input(x), n * c, s), as_input(running_mean), as_input(running_var), w, b, float(eps),
+            c_view(res, n * c, s), weight is not None, bias is not None, code)
     return deliver(res, od, out)
 
 
@@ -78,7 +78,7 @@ def _run_gn(params, x, num_groups, weight, bias, eps, code, out):
         w = as_input(weight) if weight is not None else dummy(dt)
         b = as_input(bias) if bias is not None else dummy(dt)
         K.group_norm_kernel(acc_dtype(dt))[cfg["grid"], cfg["block"]](
-            as_input(x).reshape(rows, row_len), w, b, float(eps), res.reshape(rows, row_len), num_groups, cg, s,
+            c_view(as_input(x), rows, row_len), w, b, float(eps), c_view(res, rows, row_len), num_groups, cg, s,
             weight is not None, bias is not None, code)
     return deliver(res, od, out)
 

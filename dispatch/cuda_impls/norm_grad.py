@@ -10,7 +10,7 @@ import numpy as np
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, WARP_ROWS_THREADS
 
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, dummy, kernels, props, register_cuda, size
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, dummy, kernels, props, register_cuda, size
 
 ROWS_PER_BLOCK = 8  # kernels_cuda.norm_grad.ROWS_PER_BLOCK (that module loads numba.cuda: not imported here)
 PARAMS = {"block": WARP_ROWS_THREADS}  # 4 warps, 2 rows each; not measured on a GPU
@@ -58,13 +58,13 @@ def _make_run(rms):
             acc = acc_dtype(dt)
             cfg = _launch(family)(params, grad_out, x, weight, bias, grad_residual, eps)
             nb = cfg["grid"]
-            xd = as_input(x).reshape(rows, d)
-            god = as_input(grad_out).reshape(rows, d)
-            grd = as_input(grad_residual).reshape(rows, d) if grad_residual is not None else xd
+            xd = c_view(as_input(x), rows, d)
+            god = c_view(as_input(grad_out), rows, d)
+            grd = c_view(as_input(grad_residual), rows, d) if grad_residual is not None else xd
             w = as_input(weight) if weight is not None else dummy(dt)
             pw = _device_empty((nb, d), acc)
             pb = _device_empty((nb, d), acc) if not rms else pw  # not written by rms_norm
-            K.make(rms, acc)[nb, cfg["block"]](god, xd, w, grd, float(eps), dx.reshape(rows, d), pw, pb,
+            K.make(rms, acc)[nb, cfg["block"]](god, xd, w, grd, float(eps), c_view(dx, rows, d), pw, pb,
                                                 weight is not None, grad_residual is not None)
             red = K.reduce_kernel()
             if dw is not None:

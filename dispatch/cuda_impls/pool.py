@@ -20,8 +20,8 @@ import math
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GRID_YZ_MAX
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, kernels, occupancy_blocks, output, pow2_at_least,
-                      props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks, output,
+                      pow2_at_least, props, register_cuda)
 
 PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 4}
 _KIND = {"max_pool2d": "max", "avg_pool2d": "avg", "adaptive_avg_pool2d": "adaptive_avg"}
@@ -65,8 +65,8 @@ def _run(op):
         planes = math.prod(lead)
         if planes:
             cfg = launch(params, x, k, s, p, d, output_hw, count_include_pad, divisor, out)
-            xd = xd.reshape(planes, h, w)
-            rd = res.reshape(planes, oh, ow)
+            xd = c_view(xd, planes, h, w)
+            rd = c_view(res, planes, oh, ow)
             fn = K.kernel_for(kind, xd.dtype)[cfg["grid"], cfg["block"]]
             if kind == "max":
                 fn(xd, rd, k[0], k[1], s[0], s[1], p[0], p[1], d[0], d[1])

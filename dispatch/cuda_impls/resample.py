@@ -22,8 +22,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GRID_YZ_MAX
 
 from ..ops.resample import tables
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, pow2_at_least,
-                      props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
+                      pow2_at_least, props, register_cuda)
 
 PARAMS = {"block": ELEMENTWISE_THREADS}
 
@@ -55,7 +55,7 @@ def _run(params, x, size, mode, align_corners, scale, out):
         tl = cuda.to_device(np.concatenate([th.l0, th.l1, tw.l0, tw.l1])) if mode == "bilinear" else dummy(acc)
         cfg = launch(params, x, size, mode, align_corners, scale, out)
         kind = "bilinear" if mode == "bilinear" else "nearest"
-        K.make(kind, acc)[cfg["grid"], cfg["block"]](as_input(x).reshape(n * c, h, w), res.reshape(n * c, oh, ow),
+        K.make(kind, acc)[cfg["grid"], cfg["block"]](c_view(as_input(x), n * c, h, w), c_view(res, n * c, oh, ow),
                                                        ti, tl)
     return deliver(res, od, out)
 
