@@ -116,17 +116,20 @@ def workloads(ops, full, dtypes, bars=False):
 
 
 def _quantized(v):
-    return hasattr(v, "values") and hasattr(v, "scale") and hasattr(v, "axis")
+    from dispatch.quantized import QuantizedArray
+
+    return isinstance(v, QuantizedArray)
 
 
-def _to_device(cuda, inputs):
-    """numpy arrays to the device; a QuantizedArray's values too (its scale and zero point stay
-    host arrays, as dispatch.quantized takes them)."""
+def _to_device(inputs):
+    """numpy arrays to the device (bfloat16 too: dispatch.devices.to_device); a
+    QuantizedArray's values too (its scale and zero point stay host arrays, as
+    dispatch.quantized takes them)."""
+    from dispatch import devices
+
     def move(v):
-        if isinstance(v, np.ndarray) and v.dtype.name == "bfloat16":  # no buffer export: the bits
-            return cuda.to_device(np.ascontiguousarray(v).view(np.uint16)).view(v.dtype)
         if isinstance(v, np.ndarray):
-            return cuda.to_device(np.ascontiguousarray(v))
+            return devices.to_device(v)
         if _quantized(v):
             return type(v)(move(v.values), v.scale, v.zero_point, v.axis)
         return v
@@ -213,7 +216,7 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
 
     op = registry.OPS[op_name]
     row = {"op": op_name, "case": label, "dtype": dtype}
-    dev = _to_device(cuda, inputs)
+    dev = _to_device(inputs)
     args, kw = op.signature(dev)
     fn = getattr(dispatch, op_name)
     try:

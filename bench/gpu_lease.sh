@@ -8,8 +8,7 @@
 #
 # STEPs, run in this order: bars key overhead tests sanitize rest.
 # with `bench_out/ptx.json` (python -m bench.ptx --json bench_out/ptx.json, made here: the
-# model's register and SASS counts) and `.whl` (a numba-cuda wheel, used only when the
-# machine's own numba-cuda cannot run the kernels) named in the call's carry.
+# model's register and SASS counts) named in the call's carry.
 # Writes to $OUT (the device tool's folder) or bench_out/gpu/:
 #   env.txt      nvidia-smi, python3's numba / numba-cuda / torch, the import check
 #   bench.log    the tables of the three bench.gpu runs below
@@ -68,12 +67,7 @@ assert cuda.is_available(), "no GPU"
 import numpy as np, dispatch
 y = dispatch.softmax(cuda.to_device(np.ones((4, 8), np.float32)))
 print("softmax on the GPU:", y.copy_to_host()[0, :2])'
-if ! $PY -c "$check" >> "$O/env.txt" 2>&1; then
-  step "the machine's numba-cuda failed the check: installing the carried wheel" | tee -a "$O/env.txt"
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >> "$O/env.txt" 2>&1
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  $PY -c "$check" >> "$O/env.txt" 2>&1 || { tail -30 "$O/env.txt"; echo "no working numba-cuda: stopping"; exit 1; }
-fi
+$PY -c "$check" >> "$O/env.txt" 2>&1 || { tail -30 "$O/env.txt"; echo "no working numba-cuda: stopping"; exit 1; }
 tail -3 "$O/env.txt"
 
 KEY="matmul linear attention softmax log_softmax cross_entropy layer_norm rms_norm relu silu gelu swiglu geglu rope"

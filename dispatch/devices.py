@@ -111,6 +111,20 @@ def cuda_module():
     return cuda
 
 
+def to_device(arr):
+    """A host array copied to the current GPU as a C-ordered numba device array.  A bfloat16
+    array (ml_dtypes) goes through its bits and is viewed back as bfloat16 on the device:
+    the buffer protocol numba-cuda copies through cannot export that dtype ("cannot include
+    dtype 'E' in a buffer" on an H200, 2026-11-26; the simulator took it)."""
+    import numpy as np
+
+    cuda = cuda_module()
+    a = np.ascontiguousarray(arr)
+    if a.dtype.name == "bfloat16":
+        return cuda.to_device(a.view(np.uint16)).view(a.dtype)
+    return cuda.to_device(a)
+
+
 def as_device(arr):
     """A numba device array viewing the same memory (no copy)."""
     if arr is None:

@@ -165,13 +165,9 @@ def to_target(a):
     """Host array -> an array on the target device (identity on the CPU)."""
     if not ON_CUDA or not isinstance(a, np.ndarray):
         return a
-    from numba import cuda
+    from dispatch import devices
 
-    if a.dtype.name == "bfloat16":
-        # the buffer protocol cannot export ml_dtypes' bfloat16 ("cannot include dtype 'E' in a
-        # buffer" on a real GPU; the simulator took it): copy the bits, view them as bfloat16
-        return cuda.to_device(np.ascontiguousarray(a).view(np.uint16)).view(a.dtype)
-    return cuda.to_device(np.ascontiguousarray(a)) if a.flags.c_contiguous or a.ndim == 0 else cuda.to_device(a.copy())
+    return devices.to_device(a)  # bfloat16 too
 
 
 def to_host(a):

@@ -3,8 +3,8 @@
 per GEMV_MAX_M rows of x in 32-bit words and widened in registers.
 
 Inputs: x float32 or float16 on the device; the weight a device array of float16 or
-bfloat16 (its dtype named "bfloat16": cuda.to_device(w.view(np.uint16)).view(w.dtype) for an
-ml_dtypes.bfloat16 array w, whose dtype the buffer protocol cannot export) or
+bfloat16 (its dtype named "bfloat16": dispatch.devices.to_device(w) copies an ml_dtypes
+bfloat16 array w, whose dtype numba-cuda's own to_device cannot export) or
 a QuantizedArray whose values are an int8 device array (its scales stay on the host; their
 float32 device copy is made once per object, cached on it with the contiguous values).
 The only CUDA implementation for such weights: many rows of x re-read the weight from L2
