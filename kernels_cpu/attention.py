@@ -45,8 +45,8 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like
-from .parallel import fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
+from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
+from .parallel import borrow, fetch_add, keep_alive, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
@@ -72,6 +72,12 @@ BK = 64          # keys per streamed K/V tile (multiple of NC)
 # With 256-key tiles at every length, 1x12x512x64 was 4-7% slower than with 64 (4.86-4.99
 # vs 4.57-4.76 ms): longer ranges keep BK.
 ONE_TILE = 256
+# flash: with at least HEADS_PER_WORKER (batch, kv head) pairs per worker, a worker takes
+# all row tiles of a head at once (F_CHUNK), so it packs that head's K (and copies its V)
+# alone; handed out a tile at a time, both threads packed every head.  MiniLM's attention,
+# 16x12x198x32 (4 row tiles a head), padding mask, 2 threads (2026-11-26, Sapphire Rapids):
+# K packing and V copies were 9% of the samples.
+HEADS_PER_WORKER = 8
 RC = 8           # query rows per split-KV work item
 SPLIT_MIN = 256  # fewest keys per split-KV split
 
@@ -321,12 +327,25 @@ def _row_softmax_update(srow, jn, lim, mb, mkind, m_old, l_old):
     m_new = rowmax(srow.ctypes.data, jn, m_old)
     mu = m_new if m_new > ninf else srow.dtype.type(0)
     alpha = _exp_nan(m_old - mu) if m_new != m_old else srow.dtype.type(1)
+    s = _exp_shift_sum(srow, jn, mu)
+    return m_new, l_old * alpha + s, alpha
+
+
+@njit(**JIT_INNER)
+def _exp_shift_sum(srow, n, mu):
+    """srow[:n] = exp(srow[:n] - mu) (NaN stays NaN); returns their sum.  A function of
+    its own so that only this loop runs 16 lanes wide on AVX-512 (approx.wide_loops: the
+    short D-long loops of a flash item lose to their scalar remainders at 16 lanes).
+    64 rows of 208 keys, one thread, Sapphire Rapids (2026-11-26): 5.1 us at 8 lanes,
+    3.8 us at 16; at 198 keys the 16-lane loop's 6-element scalar tail took 6.6 us, so
+    the flash item pads its rows to a multiple of 16 keys (_flash_item)."""
+    wide_loops()
     s = srow.dtype.type(0)
-    for j in range(jn):
+    for j in range(n):
         p = _exp_nan(srow[j] - mu)
         srow[j] = p
         s += p
-    return m_new, l_old * alpha + s, alpha
+    return s
 
 
 @njit(**JIT_INNER)
@@ -367,14 +386,14 @@ def flash_tile(skv):
 
 
 @njit(**JIT_INNER)
-def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh):
+def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh, mb):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
     the query heads sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv
     head's K^T panels (pack_k_head); vh (Skv, D): its V, unit-stride rows.  qs (BQ, D),
-    st (BQ, bk), acc (BQ, D), mv, lv (BQ,) are this item's scratch buffers (bk, the keys per
-    tile, is st's width: flash_tile); ri, rh (BQ,)
-    int64 hold each row's query index and head (divisions done once, not per K tile).
+    st (BQ, bk), acc (BQ, D), mv, lv (BQ,) and mb (>= bk: the additive mask row of the
+    current K tile) are this item's scratch buffers (bk, the keys per tile, is st's width:
+    flash_tile); ri, rh (BQ,) int64 hold each row's query index and head (divisions done once, not per K tile).
     lse (B, Hq, Sq), or an empty array: when not empty, each row's log-sum-exp of its
     scores, m + log(l) from the online softmax's running max and sum (-inf for a row that
     sees no key, NaN where the output is NaN): what attention_backward recomputes P from."""
@@ -398,7 +417,6 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
         last = max(last, ri[r])
     if causal:
         kv_end = min(Skv, last + off + 1)
-    mb = np.empty(bk, q.dtype)  # the additive mask row of the current K tile
     for r in range(nqr):
         qrow = qs[r]
         if r < nq:
@@ -426,7 +444,11 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
             for rb in range(0, nqr, MR):
                 micro(zero, qs_p + rb * D * isz, D, 1, bptr, NC,
                       st_p + (rb * bk + cb * NC) * isz, bk, D, 0)
-        # masks and online softmax, row by row
+        # masks and online softmax, row by row, over the scores of whole 16-key blocks
+        # (jp): the keys past jn are masked like causal ones (-inf, exp 0), so the
+        # vectorized loops have no scalar remainder; the mask row's entries past jn are
+        # never written and are overwritten by -inf after the add
+        jp = ncb * NC
         mprev = -1
         for r in range(nq):
             i = ri[r]
@@ -440,10 +462,10 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
                     _mask_row(mrow, j0, jn, mkind, mb)
                     mprev = mp
             mo = mv[r]
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mb, mkind, mo, lv[r])
+            mn, ln, alpha = _row_softmax_update(st[r], jp, lim, mb, mkind, mo, lv[r])
             mv[r] = mn
             lv[r] = ln
-            if alpha != dt(1):
+            if alpha != dt(1) and j0 > 0:  # on the first tile acc is still all zeros
                 arow = acc[r]
                 for d in range(D):
                     arow[d] *= alpha
@@ -486,14 +508,12 @@ def _item_coords(t, BH, nqt):
     return t // nqt, nqt - 1 - t % nqt
 
 
-# The flash worker's arguments, read from an int64 block (see flash()): addresses, sizes,
-# byte strides (numpy's), the flat extents the views span, and the item counter.
 # The workers' arguments, read from an int64 block (_params): addresses, sizes, byte
-# strides (numpy's), the flat extents the views span, the item counter, and for split-KV
-# its partials and phase.
+# strides (numpy's), the flat extents the views span, the item counter and how many items
+# a worker takes at once (F_CHUNK), and for split-KV its partials and phase.
 (F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_QN, F_KN, F_VN, F_MN, F_ON, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
- F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE) = range(26)
-F_STRIDES = 26            # then 4 byte strides each of q, k, v, mask, out
+ F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK) = range(27)
+F_STRIDES = 27            # then 4 byte strides each of q, k, v, mask, out
 F_COUNT = F_STRIDES + 20
 
 
@@ -516,6 +536,7 @@ def _params(q, k, v, mask, out, scale, lse=None):
     p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
     p[F_SCALE] = np.float64(scale).view(np.int64)
     p[F_VROWS] = v.strides[2] != D * v.itemsize  # V rows not adjacent: each head is copied
+    p[F_CHUNK] = 1
     if lse is not None:
         if not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == (B, Hq, Sq)):
             raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
@@ -543,7 +564,10 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     Hkv = v.shape[1]
     p = _params(q, k, v, mask, out, scale, lse)
     fn = worker_address(flash_worker, _variant(q, mkind, causal))
-    nitems = B * Hkv * (((Hq // Hkv) * Sq + BQ - 1) // BQ)
+    nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
+    nitems = B * Hkv * nqt
+    if B * Hkv >= HEADS_PER_WORKER * nworkers:
+        p[F_CHUNK] = nqt
     if nworkers <= 1:
         run_serial(fn, p)
     else:
@@ -606,31 +630,34 @@ def flash_worker(w, params, is64, mkind, causal):
     vrows = p[F_VROWS] != 0
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     BH = B * Hkv
-    kph = np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype)
-    vb = np.empty((Skv if vrows else 0, D), q.dtype)
-    qs = np.empty((BQ, D), q.dtype)
-    st = np.empty((BQ, flash_tile(Skv)), q.dtype)
-    acc = np.empty((BQ, D), q.dtype)
-    mv = np.empty(BQ, q.dtype)
-    lv = np.empty(BQ, q.dtype)
-    ri = np.empty(BQ, np.int64)
-    rh = np.empty(BQ, np.int64)
+    # scratch as borrowed views (parallel.borrow): the items take a view of a row of
+    # these many times per key tile, and each would otherwise lock-increment and
+    # -decrement its owner's count (17% of the MiniLM shape's time in NRT_incref/decref)
+    owned = (np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype), np.empty((Skv if vrows else 0, D), q.dtype),
+             np.empty((BQ, D), q.dtype), np.empty((BQ, flash_tile(Skv)), q.dtype), np.empty((BQ, D), q.dtype),
+             np.empty((3, max(BQ, flash_tile(Skv))), q.dtype), np.empty((2, BQ), np.int64))
+    kph, vb, qs, st, acc = borrow(owned[0]), borrow(owned[1]), borrow(owned[2]), borrow(owned[3]), borrow(owned[4])
+    mv, lv, mb = borrow(owned[5])[0, :BQ], borrow(owned[5])[1, :BQ], borrow(owned[5])[2]
+    ri, rh = borrow(owned[6])[0], borrow(owned[6])[1]
     held = -1  # the (batch * Hkv + kv head) whose panels kph holds
+    chunk = p[F_CHUNK]
     while True:
-        t = fetch_add(p, F_NEXT, 1)
-        if t >= BH * nqt:
+        t0 = fetch_add(p, F_NEXT, chunk)
+        if t0 >= BH * nqt:
             break
-        bh, qt = _item_coords(t, BH, nqt)
-        vh = v[bh // Hkv, bh % Hkv]
-        if held != bh:
-            pack_k_head(k[bh // Hkv, bh % Hkv], kph)
+        for t in range(t0, min(t0 + chunk, BH * nqt)):
+            bh, qt = _item_coords(t, BH, nqt)
+            vh = v[bh // Hkv, bh % Hkv]
+            if held != bh:
+                pack_k_head(k[bh // Hkv, bh % Hkv], kph)
+                if vrows:
+                    _copy_rows(vh, vb)
+                held = bh
             if vrows:
-                _copy_rows(vh, vb)
-            held = bh
-        if vrows:
-            vh = vb
-        _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, bh // Hkv, bh % Hkv, qt,
-                    qs, st, acc, mv, lv, ri, rh)
+                vh = vb
+            _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, bh // Hkv, bh % Hkv, qt,
+                        qs, st, acc, mv, lv, ri, rh, mb)
+    keep_alive(owned)
 
 
 # ---- split-KV --------------------------------------------------------------------------
