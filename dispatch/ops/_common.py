@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Rule, bucket
+from . import _arena
 
 HOST_COPY_NOTE = "non-contiguous host inputs are copied to C order first; a non-contiguous out= is filled by one copy"
 
@@ -66,13 +67,14 @@ def result_buffer(out, shape, dtype, *, rows=False):
     kernel that writes row by row through numba indexing, as rows_input reads) when its
     rows have unit stride and no two elements share memory (the (B, Hq, Sq, D) transposed
     view of a (B, Sq, Hq, D) buffer, which a transformer layer reshapes to (B*Sq, Hq*D)
-    for free); else a fresh array that deliver() copies into out."""
+    for free); else a fresh array (from the result arena, _arena.py) that deliver() copies
+    into out."""
     if out is not None and out.flags.c_contiguous:
         return out
     if (rows and out is not None and type(out) is np.ndarray and _unit_stride_rows(out)
             and _no_self_overlap(out)):
         return out
-    return np.empty(shape, dtype)
+    return _arena.empty(shape, dtype)
 
 
 def _no_self_overlap(x):

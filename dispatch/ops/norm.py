@@ -16,6 +16,7 @@ from kernels_cpu import norm as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
+from . import _arena
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
@@ -101,7 +102,7 @@ def _host(kernel, with_bias):
         d = x.shape[-1]
         dt = x.dtype
         res = result_buffer(out, x.shape, dt)
-        h = None if residual is None else np.empty(x.shape, dt)
+        h = None if residual is None else _arena.empty(x.shape, dt)
         if x.size:
             xc = contiguous(x)
             if xc.ndim != 2:
