@@ -38,13 +38,20 @@ class Converted(NamedTuple):
         return _to_torch(self.torch, result, self.originals)
 
 
-def from_torch(args: tuple, kwargs: dict) -> Converted:
-    """args and kwargs with every PyTorch CPU tensor replaced by its numpy view."""
+def has_tensor(args: tuple, kwargs: dict) -> bool:
+    """Whether any argument is a PyTorch tensor (False at once when torch is not imported):
+    the check every op call makes before converting anything."""
     torch = sys.modules.get("torch")
     tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
-    if tensor_type is None or not (any(isinstance(a, tensor_type) for a in args)
-                                   or any(isinstance(v, tensor_type) for v in kwargs.values())):
+    return tensor_type is not None and (any(isinstance(a, tensor_type) for a in args)
+                                        or any(isinstance(v, tensor_type) for v in kwargs.values()))
+
+
+def from_torch(args: tuple, kwargs: dict) -> Converted:
+    """args and kwargs with every PyTorch CPU tensor replaced by its numpy view."""
+    if not has_tensor(args, kwargs):
         return Converted(args, kwargs, {}, None)
+    torch = sys.modules["torch"]
     originals = {}
     new_args = tuple(_to_array(torch, f"argument {i}", a, originals) for i, a in enumerate(args))
     new_kwargs = {k: _to_array(torch, k, v, originals) for k, v in kwargs.items()}

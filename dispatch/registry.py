@@ -216,13 +216,18 @@ class Op:
     def __call__(self, *args, **kwargs):
         """Validate, select and run: what every public function does.  PyTorch tensors
         are taken and given back without copies (dispatch.interop)."""
-        conv = interop.from_torch(args, kwargs)
-        call = self.describe(*conv.args, **conv.kwargs)
+        if interop.has_tensor(args, kwargs):
+            conv = interop.from_torch(args, kwargs)
+            return conv.back(self._run(conv.args, conv.kwargs))
+        return self._run(args, kwargs)
+
+    def _run(self, args, kwargs):
+        call = self.describe(*args, **kwargs)
         impl, params = _select(call.key)
-        if impl.device == "cpu":
-            with cpu_runtime.guard():  # serializes only under a user-chosen workqueue layer
-                return conv.back(impl.run(params, *call.args))
-        return conv.back(impl.run(params, *call.args))
+        if impl.device == "cpu" and cpu_runtime.needs_guard():  # a user-chosen workqueue layer
+            with cpu_runtime.guard():
+                return impl.run(params, *call.args)
+        return impl.run(params, *call.args)
 
     def expose(self, fn):
         """Decorator: `fn` is this op's public function (docstring and signature)."""

@@ -92,10 +92,17 @@ def requested() -> str:
     return str(config.THREADING_LAYER)
 
 
+def needs_guard() -> bool:
+    """Whether our kernel calls must be serialized (the user chose numba's workqueue layer,
+    which aborts on concurrent use): callers skip guard() when not, saving the context's
+    cost on every op call."""
+    return (_LAYER if _LAYER is not None else layer()) == "workqueue"
+
+
 def guard():
     """A context for running a parallel kernel: a process-wide lock when the layer is
     workqueue (which aborts on concurrent use), otherwise nothing."""
-    if layer() == "workqueue":
+    if needs_guard():
         return _WORKQUEUE_LOCK
     return contextlib.nullcontext()
 

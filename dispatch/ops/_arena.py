@@ -23,6 +23,7 @@ False, as for any view; its memory stays with the arena after the result is gone
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -95,12 +96,10 @@ def _drop_idle(need: int) -> int:
 def empty(shape, dtype) -> np.ndarray:
     """A new C-contiguous array of shape and dtype (contents undefined), from the arena
     when it is large enough to be worth it."""
-    dtype = np.dtype(dtype)
-    n = dtype.itemsize
-    for s in shape:
-        n *= s
+    n = np.dtype(dtype).itemsize * math.prod(shape)
     if n < MIN_BYTES or KEEP_BYTES == 0:
         return np.empty(shape, dtype)
+    dtype = np.dtype(dtype)
     cls = -(-n // ALIGN) * ALIGN
     with _LOCK:
         bufs = _BUFS.get(cls)
