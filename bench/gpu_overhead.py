@@ -165,7 +165,8 @@ def stubbed(calls, chip="sm_90"):
     """Host microseconds per call of the dispatcher's own layers for CUDA arrays, without a GPU:
     numba DeviceNDArrays over host memory, each kernels_cuda launch replaced by the typing of
     its arguments (numba's first step; the rest of a launch is numba-cuda's), the
-    device properties of `chip` assumed.  Only the out= path (allocating would need the
+    device properties of `chip` assumed, the impls' small cuda.to_device copies (dummies,
+    index tables) made over host memory too.  Only the out= path (allocating would need the
     driver).  The part of the host floor that is ours to cut, measurable on any machine."""
     from numba.cuda.cudadrv import devicearray as DA
 
@@ -173,13 +174,21 @@ def stubbed(calls, chip="sm_90"):
     from dispatch import devices
     from dispatch.cuda_impls import _common as C
 
-    def fake(shape):
-        a = np.empty(shape, np.float32)
+    from numba import cuda
+
+    def fake(shape, dtype=np.float32):
+        a = np.empty(shape, dtype)
         return DA.DeviceNDArray(a.shape, a.strides, a.dtype, gpu_data=_FakeMemory(a.nbytes))
 
+    def fake_copy(a, *args, **kwargs):  # cuda.to_device of the impls' small constant tables and dummies
+        a = np.asarray(a)
+        return fake(a.shape, a.dtype)
+
     real_kernels, real_module = C.kernels, devices.cuda_module
+    real_to_device = cuda.to_device
     layout = importlib.import_module("kernels_cuda.layout")
-    impl_modules = [importlib.import_module(f"dispatch.cuda_impls.{m}") for m in ("activation", "softmax", "norm")]
+    impl_modules = [importlib.import_module(f"dispatch.cuda_impls.{m}")
+                    for m in ("activation", "softmax", "norm", "attention")]
     stub = _StubKernels()
 
     def kernels(name):
@@ -192,17 +201,20 @@ def stubbed(calls, chip="sm_90"):
         for m in impl_modules:
             m.kernels = kernels
         devices.cuda_module = lambda: None
+        cuda.to_device = fake_copy
         x, o, w, b = fake((128, 3072)), fake((128, 3072)), fake((3072,)), fake((3072,))
         s, so = fake((12, 128, 128)), fake((12, 128, 128))
+        q, ao, pad = fake((1, 12, 128, 64)), fake((1, 12, 128, 64)), fake((1, 1, 1, 128), np.bool_)
         cases = {"relu": lambda: dispatch.relu(x, out=o), "softmax": lambda: dispatch.softmax(s, out=so),
-                 "layer_norm": lambda: dispatch.layer_norm(x, w, b, out=o)}
+                 "layer_norm": lambda: dispatch.layer_norm(x, w, b, out=o),
+                 "attention": lambda: dispatch.attention(q, q, q, mask=pad, out=ao)}
         with devices.assume(devices.CHIPS[chip]):
             for name, fn in cases.items():
                 t = per_call(fn, lambda: None, calls)
                 rows.append((name, "dispatch_out (launches stubbed)", t))
                 print(f"{name:10s} {'dispatch(out=), launches stubbed, no GPU':40s} {t * 1e6:9.1f} us/call", flush=True)
     finally:
-        C.kernels, devices.cuda_module = real_kernels, real_module
+        C.kernels, devices.cuda_module, cuda.to_device = real_kernels, real_module, real_to_device
         for m, k in saved:
             m.kernels = k
     return rows

@@ -436,7 +436,7 @@ def test_gpu_overhead_stub_times_our_layers_without_a_gpu():
 
     before = (C.kernels, devices.cuda_module)
     rows = gpu_overhead.stubbed(3)
-    assert [r[0] for r in rows] == ["relu", "softmax", "layer_norm"]
+    assert [r[0] for r in rows] == ["relu", "softmax", "layer_norm", "attention"]
     assert all(0 < r[2] < 0.05 for r in rows), rows
     assert (C.kernels, devices.cuda_module) == before
 

@@ -18,7 +18,7 @@ from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as 
                                        attn_tile_for)
 
 from ..registry import Rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, output, props, register_cuda
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, output, props, register_cuda
 
 SPLITKV_MAX_SQ = 16
 # blocks_per_sm: split-KV aims at two resident blocks per SM (not measured on a GPU yet).
@@ -77,7 +77,7 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         md, mkind = _dummy_mask(), MASK_NONE
     else:
         md = as_input(mask)
-        md = md.reshape((1,) * (4 - len(md.shape)) + tuple(md.shape))
+        md = c_view(md, *((1,) * (4 - len(md.shape)) + tuple(md.shape)))
         mkind = MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else MASK_ADD
     cfg = launch(params, q, k, v, mask, causal, scale, out)
     dmax = attn_tile_for(d)[0]

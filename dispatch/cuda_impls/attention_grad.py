@@ -10,7 +10,7 @@ from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_common.cuda_tiles import ATTN_BK as BK, STATIC_SMEM
 
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, kernels, props, register_cuda
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, kernels, props, register_cuda
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _ROWS, _TILES = 8, (64, 128)  # kernels_cuda.attention_grad.BQ, TILES (that module loads numba.cuda)
@@ -67,7 +67,7 @@ def _run(params, grad_out, q, k, v, output, lse, mask, causal, scale):
         md, mkind = _dummy_mask(), MASK_NONE
     else:
         md = as_input(mask)
-        md = md.reshape((1,) * (4 - len(md.shape)) + tuple(md.shape))
+        md = c_view(md, *((1,) * (4 - len(md.shape)) + tuple(md.shape)))
         mkind = MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else MASK_ADD
     ins = tuple(as_input(a) for a in (q, k, v, grad_out, output, lse))
     cfg = launch(params, grad_out, q, k, v, output, lse, mask, causal, scale)

@@ -49,7 +49,7 @@ def _run(params, x, weight, bias, initial_state, code, final, out):
     fin = cuda.device_array((b, d, h), dt)
     if rows and max(n, h):
         cfg = launch(params, x, weight, bias, initial_state, code, final, out)
-        init = dummy(dt).reshape(1, 1) if initial_state is None else c_view(as_input(initial_state), rows, h)
+        init = c_view(dummy(dt), 1, 1) if initial_state is None else c_view(as_input(initial_state), rows, h)
         bvec = dummy(dt) if bias is None else as_input(bias)
         K.conv_kernel(acc_dtype(dt))[cfg["grid"], cfg["block"]](
             c_view(as_input(x), rows, n), as_input(weight), bvec, init, c_view(res, rows, n), c_view(fin, rows, h),

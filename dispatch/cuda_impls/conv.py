@@ -17,8 +17,8 @@ import numpy as np
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, pow2_at_least,
-                      props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
+                      pow2_at_least, props, register_cuda)
 from .linalg import choose_tile
 
 PARAMS = {"min_blocks_per_sm": 1}
@@ -74,8 +74,8 @@ def _prepare(x, weight, bias, out, out_hw):
     out_shape = tuple(x.shape[:-3]) + (cout,) + tuple(out_hw)
     res, od = output(out, out_shape, dt)
     xd = as_input(x)
-    x4 = xd.reshape((1,) + tuple(x.shape)) if len(x.shape) == 3 else xd
-    res4 = res.reshape((x4.shape[0], cout) + tuple(out_hw))
+    x4 = c_view(xd, 1, *x.shape) if len(x.shape) == 3 else xd
+    res4 = c_view(res, x4.shape[0], cout, *out_hw)
     bias_d = as_input(bias) if bias is not None else dummy(dt)
     return dt, res, od, x4, res4, bias_d
 
@@ -88,7 +88,7 @@ def _run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, ou
         offs, dys, dxs = _tables(cin_g, kh, kw, dilation[0], dilation[1], h, w)
         cfg = launch(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed)
         k = kernels("conv").conv_kernel(acc_dtype(dt), cfg["tile"])
-        k[cfg["grid"], cfg["block"]](x4.reshape(x4.size), c, h, w, as_input(weight).reshape(cout, cin_g * kh * kw),
+        k[cfg["grid"], cfg["block"]](c_view(x4, x4.size), c, h, w, c_view(as_input(weight), cout, cin_g * kh * kw),
                                      offs, dys, dxs, bias_d, res4, groups, stride[0], stride[1], pad[0], pad[1], act,
                                      bias is not None)
     return deliver(res, od, out)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ops.int8_linalg import F32
 from ..registry import fixed_rule, set_rule
-from ._common import as_input, cdiv, kernels, output, register_cuda
+from ._common import as_input, c_view, cdiv, kernels, output, register_cuda
 from ._common import deliver as _deliver
 
 
@@ -101,19 +101,19 @@ def _run(params, a, w, bias, out, code, transposed):
     rs = cuda.device_array(rows, np.float64)
     rgrid = cdiv(rows, K.ROW_THREADS)
     if transposed:
-        x2 = as_input(a).reshape(rows, k)
+        x2 = c_view(as_input(a), rows, k)
         sa = cuda.device_array(rows, np.float64)
         quant_rows[rgrid, K.ROW_THREADS](x2, a4, sa, c, rs)
         if not np.all(np.isfinite(sa.copy_to_host())):
             raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
     else:
-        vals = as_input(a.values).reshape(rows, k)
+        vals = c_view(as_input(a.values), rows, k)
         sa, za = _row_params(a, rows)
         pack_rows[rgrid, K.ROW_THREADS](vals, 128 if a.dtype == np.int8 else 0, za, a4, c, rs)
     bias_d = cuda.to_device(np.zeros(n, np.float32)) if bias is None else as_input(bias)
     cfg = launch(params, a, w, bias, out, code, transposed)
     kern = gemv if cfg["kernel"].endswith("gemv") else tile
-    kern[cfg["grid"], cfg["block"]](a4, b4, sa, c, rs, sb, colsum, zb, bias_d, code, res.reshape(rows, n))
+    kern[cfg["grid"], cfg["block"]](a4, b4, sa, c, rs, sb, colsum, zb, bias_d, code, c_view(res, rows, n))
     return _deliver(res, out_dev, out)
 
 

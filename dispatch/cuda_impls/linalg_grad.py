@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, kernels, occupancy_blocks, output, props,
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, kernels, occupancy_blocks, output, props,
                       register_cuda)
 from .linalg import PARAMS, choose_tile
 
@@ -101,42 +101,42 @@ def _run(params, grad_out, a, b, pre, code, has_bias, b_is_nk):
     if not (batch and m and n and k):
         _zero_fill(grad_out, pre, code, da, db, dbias, n)
         return da, db, dbias
-    gd = as_input(grad_out).reshape(batch, m, n)
-    pd = as_input(pre).reshape(batch, m, n) if pre is not None else gd
+    gd = c_view(as_input(grad_out), batch, m, n)
+    pd = c_view(as_input(pre), batch, m, n) if pre is not None else gd
     ai_h, bi_h, ident_h = _index_host(a_batch, b_batch)
     ai, bi = _on_device(("ai", a_batch, b_batch), ai_h), _on_device(("bi", a_batch, b_batch), bi_h)
     ident = _on_device(("id", a_batch, b_batch), ident_h)
     none2 = cuda.device_array((0, 0), dt)  # no dbias output
     side_g = "a" if code != 0 else "none"
     if b_is_nk:
-        xd = as_input(a).reshape(1, m, k)
-        wd = as_input(b).reshape(1, n, k)
+        xd = c_view(as_input(a), 1, m, k)
+        wd = c_view(as_input(b), 1, n, k)
         # dx = g' @ W: g' is A (M, N); W (N, K) is B stored (K_gemm, N_gemm)
-        _gemm(K, acc, None, side_g, gd, wd, pd, ai, bi, da.reshape(1, m, k), none2, code, False, False)
+        _gemm(K, acc, None, side_g, gd, wd, pd, ai, bi, c_view(da, 1, m, k), none2, code, False, False)
         # dW = g'^T @ x: g' is A stored (K_gemm = M, M_gemm = N): trans_a; dbias from its tiles
         db_part = cuda.device_array((1, n), dt) if has_bias else none2
-        _gemm(K, acc, None, "a" if (code != 0 or has_bias) else "none", gd, xd, pd, ai, bi, db.reshape(1, n, k),
+        _gemm(K, acc, None, "a" if (code != 0 or has_bias) else "none", gd, xd, pd, ai, bi, c_view(db, 1, n, k),
               db_part, code, True, False)
         if has_bias:
-            _reduce(K, acc, db_part, np.zeros(1, np.int64), 1, dbias.reshape(1, n))
+            _reduce(K, acc, db_part, np.zeros(1, np.int64), 1, c_view(dbias, 1, n))
         return da, db, dbias
-    a3 = as_input(a).reshape(max(1, math.prod(a_batch)), m, k)
-    b3 = as_input(b).reshape(max(1, math.prod(b_batch)), k, n)
+    a3 = c_view(as_input(a), max(1, math.prod(a_batch)), m, k)
+    b3 = c_view(as_input(b), max(1, math.prod(b_batch)), k, n)
     na, nb = a3.shape[0], b3.shape[0]
     # da = g' @ b^T (b read transposed), per output batch, then summed to a's batch
-    da_full = da.reshape(batch, m, k) if na == batch else cuda.device_array((batch, m, k), dt)
+    da_full = c_view(da, batch, m, k) if na == batch else cuda.device_array((batch, m, k), dt)
     _gemm(K, acc, None, side_g, gd, b3, pd, ident, bi, da_full, none2, code, False, True)
     if na != batch:
-        _reduce(K, acc, da_full.reshape(batch, m * k), ai_h, na, da.reshape(na, m * k))
+        _reduce(K, acc, c_view(da_full, batch, m * k), ai_h, na, c_view(da, na, m * k))
     # db = a^T @ g': g' is B; dbias partials per output batch from its staged tiles
-    db_full = db.reshape(batch, k, n) if nb == batch else cuda.device_array((batch, k, n), dt)
+    db_full = c_view(db, batch, k, n) if nb == batch else cuda.device_array((batch, k, n), dt)
     part = cuda.device_array((batch, n), dt) if has_bias else none2
     _gemm(K, acc, None, "b" if (code != 0 or has_bias) else "none", a3, gd, pd, ai, ident, db_full, part, code, True,
           False)
     if nb != batch:
-        _reduce(K, acc, db_full.reshape(batch, k * n), bi_h, nb, db.reshape(nb, k * n))
+        _reduce(K, acc, c_view(db_full, batch, k * n), bi_h, nb, c_view(db, nb, k * n))
     if has_bias:
-        _reduce(K, acc, part, np.zeros(batch, np.int64), 1, dbias.reshape(1, n))
+        _reduce(K, acc, part, np.zeros(batch, np.int64), 1, c_view(dbias, 1, n))
     return da, db, dbias
 
 

@@ -12,7 +12,7 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 from .. import devices
 from ..ops import linear_cross_entropy as L
 from ..registry import fixed_rule, set_rule
-from ._common import as_input, cdiv, kernels, occupancy_blocks, props, register_cuda, size
+from ._common import as_input, c_view, cdiv, kernels, occupancy_blocks, props, register_cuda, size
 
 
 class DeviceArrays:
@@ -58,14 +58,14 @@ class DeviceArrays:
         n = size(dst.shape)
         if n:
             kernels("linear_cross_entropy").add_kernel()[cls._grid(n), ELEMENTWISE_THREADS](
-                dst.reshape(n), as_input(src).reshape(n))
+                c_view(dst, n), c_view(as_input(src), n))
 
     @classmethod
     def scale(cls, dst, s):
         n = size(dst.shape)
         if n:
             kernels("linear_cross_entropy").scale_kernel()[cls._grid(n), ELEMENTWISE_THREADS](
-                dst.reshape(n), np.dtype(dst.dtype).type(s))
+                c_view(dst, n), np.dtype(dst.dtype).type(s))
 
     @staticmethod
     def copy(dst, src):

@@ -25,8 +25,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GEMM_TILES, GEMV_MAX_
 from .. import validate as V
 from ..ops.moe import check_index_range, route
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, kernels, occupancy_blocks, output,
-                      pow2_at_least, props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks,
+                      output, pow2_at_least, props, register_cuda)
 from .linalg import TILES
 
 GEMV_PARAMS = {"waves": 1}  # grid capped at one wave of resident blocks, as linalg's GEMV
@@ -132,7 +132,7 @@ def _run(tiled):
         if rows and f:
             down = cfg["reduce"]
             if tiled:
-                tiles_d = dev[cut[4]:cut[5]].reshape(-1, 3)
+                tiles_d = c_view(dev[cut[4]:cut[5]], (cut[5] - cut[4]) // 3, 3)
                 kern = K.grouped_kernel(acc, cfg["tile"])
                 kern[cfg["grid"], cfg["block"]](xd, hid, wg, wu, tiles_d, tok_d, hid, act, True)
                 kern[down["grid"], down["block"]](xd, hid, wd, wd, tiles_d, tok_d, ybuf, act, False)

@@ -24,7 +24,7 @@ from kernels_common.quant import QTYPES
 from .. import validate as V
 from ..ops.quant import _channels, check_finite, compute_dtype, result, scales_from_range
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, kernels, occupancy_blocks, output, props,
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks, output, props,
                       register_cuda, size)
 
 PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
@@ -94,7 +94,7 @@ def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
             cfg = _range_launch(params, shape, axis)
             g = cfg["partials"]
             parts = [cuda.device_array((g, c), acc) for _ in range(4)]
-            K.range_kernel(acc.type)[cfg["grid"], cfg["block"]](xd.reshape(o, c, i), *parts)
+            K.range_kernel(acc.type)[cfg["grid"], cfg["block"]](c_view(xd, o, c, i), *parts)
             amax, lo, hi, bad = (p.copy_to_host() for p in parts)
             amax, lo, hi, bad = amax.max(axis=0), lo.min(axis=0), hi.max(axis=0), bad.max(axis=0) > 0
         else:
@@ -107,8 +107,8 @@ def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
         lo_q, hi_q = QTYPES[qd.name][1:]
         cfg = _elementwise(params, n, "quant.quantize")
         K.quantize_kernel(acc.type)[cfg["grid"], cfg["block"]](
-            xd.reshape(n), cuda.to_device(scale.astype(acc)), cuda.to_device(zero_point.astype(np.int32)),
-            np.int32(lo_q), np.int32(hi_q), q.reshape(n), c, i)
+            c_view(xd, n), cuda.to_device(scale.astype(acc)), cuda.to_device(zero_point.astype(np.int32)),
+            np.int32(lo_q), np.int32(hi_q), c_view(q, n), c, i)
     return result(q, scale, zero_point, axis)
 
 
@@ -124,8 +124,8 @@ def _run_dequantize(params, values, q, dt, out):
         o, c, i = _channels(shape, q.axis)
         sd, zd, _ = _device_params(q, acc, cuda)
         cfg = launch_dequantize(params, values, q, dt, out)
-        K.dequantize_kernel(acc.type)[cfg["grid"], cfg["block"]](as_input(values).reshape(n), sd, zd,
-                                                                 res.reshape(n), c, i)
+        K.dequantize_kernel(acc.type)[cfg["grid"], cfg["block"]](c_view(as_input(values), n), sd, zd,
+                                                                 c_view(res, n), c, i)
     return deliver(res, od, out)
 
 

@@ -18,8 +18,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, WARP_ROWS_THREADS
 
 from .. import devices
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, cdiv, deliver, dummy, kernels, output, pow2_at_least,
-                      props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
+                      pow2_at_least, props, register_cuda)
 
 # a warp per 256 steps: 32 threads of the kernel's ITEMS = 8 steps each (float32: one pass)
 SCAN_PARAMS = {"block": WARP_ROWS_THREADS, "steps_per_warp": 256}
@@ -64,13 +64,13 @@ def _run_scan(params, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initi
                               return_last_state, out)
             d1 = dummy(dt)
             K.scan_kernel(acc)[cfg["grid"], cfg["block"]](
-                ud.reshape(rows, L), as_input(delta).reshape(rows, L), as_input(A),
-                as_input(B).reshape(batch * G, N, L), as_input(C).reshape(batch * G, N, L),
+                c_view(ud, rows, L), c_view(as_input(delta), rows, L), as_input(A),
+                c_view(as_input(B), batch * G, N, L), c_view(as_input(C), batch * G, N, L),
                 as_input(D) if D is not None else d1,
-                as_input(z).reshape(rows, L) if z is not None else d1.reshape(1, 1),
+                c_view(as_input(z), rows, L) if z is not None else c_view(d1, 1, 1),
                 as_input(delta_bias) if delta_bias is not None else d1,
-                as_input(initial_state).reshape(rows, N) if initial_state is not None else dummy(acc).reshape(1, 1),
-                hs.reshape(rows, N), res.reshape(rows, L), dim, G,
+                c_view(as_input(initial_state), rows, N) if initial_state is not None else c_view(dummy(acc), 1, 1),
+                c_view(hs, rows, N), c_view(res, rows, L), dim, G,
                 _flags(K, delta_softplus, D=D, z=z, bias=delta_bias, init=initial_state))
     y = deliver(res, od, out)
     return (y, hs) if return_last_state else y
@@ -100,10 +100,10 @@ def _run_update(params, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out):
         cfg = update_launch(params, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out)
         d1 = dummy(dty)
         K.update_kernel(acc_dtype(dty))[cfg["grid"], cfg["block"]](
-            sd.reshape(rows, N), xd.reshape(rows), as_input(dt).reshape(rows), as_input(A),
-            as_input(B).reshape(batch * G, N), as_input(C).reshape(batch * G, N),
-            as_input(D) if D is not None else d1, as_input(z).reshape(rows) if z is not None else d1,
-            as_input(dt_bias) if dt_bias is not None else d1, res.reshape(rows), dim, G, cfg["lanes_per_row"],
+            c_view(sd, rows, N), c_view(xd, rows), c_view(as_input(dt), rows), as_input(A),
+            c_view(as_input(B), batch * G, N), c_view(as_input(C), batch * G, N),
+            as_input(D) if D is not None else d1, c_view(as_input(z), rows) if z is not None else d1,
+            as_input(dt_bias) if dt_bias is not None else d1, c_view(res, rows), dim, G, cfg["lanes_per_row"],
             _flags(K, dt_softplus, D=D, z=z, bias=dt_bias))
         if sd is not sdev:
             kernels("layout").copy(sd, sdev)

@@ -21,8 +21,8 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_FORMAT_NAMES, W
 
 from ..ops.weight_only import is_bfloat16, refuse_dense
 from ..quantized import QuantizedArray
-from ._common import (DEVICE_COPY_NOTE, as_input, cdiv, deliver, dummy, kernels, occupancy_blocks, output, props,
-                      register_cuda)
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, dummy, kernels, occupancy_blocks, output,
+                      props, register_cuda)
 
 PARAMS = {"waves": 2}  # grid capped at two waves of resident blocks (grid-stride over rows beyond)
 
@@ -81,9 +81,9 @@ def _run(params, x, weight, bias, out, code, b_is_nk, packed=None):
     dt = np.dtype(x.dtype)
     res, od = output(out, tuple(x.shape[:-1]) + (n,), dt)
     if m and n:
-        res2 = res.reshape(m, n)
+        res2 = c_view(res, m, n)
         fmt, words, w, sc, zp = _weight(weight)
-        x2 = as_input(x).reshape(m, k)
+        x2 = c_view(as_input(x), m, k)
         bias_d = as_input(bias) if bias is not None else dummy(dt)
         cfg = launch(params, x, weight, bias, out, code, b_is_nk)
         K.wo_gemv_kernel(fmt, words, cfg["rows_per_pass"])[cfg["grid"], cfg["block"]](
