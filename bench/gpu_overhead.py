@@ -13,7 +13,8 @@ clock over N back-to-back calls, then one synchronize; median of 5 rounds), for 
     device_array   numba-cuda's cuda.device_array of the output's size (and its release)
     describe       the op's validation alone (Op.describe, no kernel)
     dispatch_out   dispatch.<op>(..., out=preallocated)
-    dispatch       dispatch.<op>(...) as a user calls it
+    dispatch       dispatch.<op>(...) as a user calls it (its result from the CUDA result
+                   pool, dispatch/cuda_impls/_pool.py), and with the pool off
 
 each with numba-cuda's low-occupancy warning check on (its default) and off.  --profile
 adds cProfile's top functions for dispatch.<op> calls, with and without out=, and the CUDA
@@ -23,6 +24,7 @@ driver calls each makes: every driver function numba-cuda has looked up (its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import ctypes
 import importlib
@@ -33,15 +35,21 @@ import time
 import numpy as np
 
 
-def per_call(fn, sync, calls, rounds=5):
-    """Median over rounds of host seconds per call for `calls` back-to-back calls + one sync."""
+def per_call(fn, sync, calls, rounds=5, around=None):
+    """Median over rounds of host seconds per call for `calls` back-to-back calls + one sync;
+    around: a context-manager factory entered once around each round's calls."""
     fn()
     sync()
     out = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
+        if around is None:
+            for _ in range(calls):
+                fn()
+        else:
+            with around():
+                for _ in range(calls):
+                    fn()
         sync()
         out.append((time.perf_counter() - t0) / calls)
     return float(np.median(out))
@@ -232,10 +240,12 @@ def main(argv=None):
         return stubbed(args.calls)
 
     from numba import cuda
-    from numba.cuda.core import config as ccfg
+    from numba.cuda.cudadrv import devicearray as DA
+    from numba.cuda.cudadrv import devices as cdev
 
     import dispatch
     from dispatch import registry
+    from dispatch.cuda_impls import _pool as pool
 
     try:
         import torch
@@ -255,6 +265,9 @@ def main(argv=None):
     }
     grid = (1, 32) if sim else (1056, 256)
     sync = cuda.synchronize
+    # (the simulator has neither numba-cuda's context runtime nor raw allocations)
+    one_ctx = getattr(getattr(cdev, "_runtime", None), "ensure_context", contextlib.nullcontext)
+    ctx = cuda.current_context()
     rows = []
     for op_name, (inputs, out_shape) in ((k, v) for k, v in cases.items() if k in args.ops):
         op = registry.OPS[op_name]
@@ -279,14 +292,31 @@ def main(argv=None):
             n = inputs["x"].size
             xf, of = dev["x"].reshape(n), o.reshape(n)
             res["launch"] = per_call(lambda: k[grid](xf, of, ACT_RELU), sync, args.calls)
+            res["launch (one context)"] = per_call(lambda: k[grid](xf, of, ACT_RELU), sync, args.calls, around=one_ctx)
+        nbytes = int(np.prod(out_shape)) * 4
         res["device_array"] = per_call(lambda: cuda.device_array(out_shape, np.float32), sync, args.calls)
+        res["device_array (one context)"] = per_call(lambda: cuda.device_array(out_shape, np.float32), sync,
+                                                     args.calls, around=one_ctx)
+        if hasattr(ctx, "memalloc") and hasattr(cdev, "_runtime"):
+            res["memalloc (one context)"] = per_call(lambda: ctx.memalloc(nbytes), sync, args.calls,
+                                                          around=one_ctx)
+        if hasattr(DA, "DeviceNDArray"):
+            res["DeviceNDArray over o's memory"] = per_call(
+                lambda: DA.DeviceNDArray(out_shape, o.strides, o.dtype, gpu_data=o.gpu_data), sync, args.calls)
+        res["current_context()"] = per_call(cuda.current_context, sync, args.calls)
         res["describe"] = per_call(lambda: op.describe(*a, **kw), sync, args.calls)
-        for warn in (1, 0):
-            ccfg.CUDA_LOW_OCCUPANCY_WARNINGS = warn
-            sfx = "" if warn else " (no occupancy warning)"
-            res["dispatch_out" + sfx] = per_call(lambda: fn(*a, out=o, **kw), sync, args.calls)
-            res["dispatch" + sfx] = per_call(lambda: fn(*a, **kw), sync, args.calls)
-        ccfg.CUDA_LOW_OCCUPANCY_WARNINGS = 1
+        res["dispatch_out"] = per_call(lambda: fn(*a, out=o, **kw), sync, args.calls)
+        res["dispatch"] = per_call(lambda: fn(*a, **kw), sync, args.calls)
+        if pool._on():  # the same with every result from cuda.device_array, as before the pool
+            pool._STATE["on"] = False
+            try:
+                res["dispatch (result pool off)"] = per_call(lambda: fn(*a, **kw), sync, args.calls)
+            finally:
+                pool._STATE["on"] = True
+        # the same calls inside one entered context (numba-cuda then skips its per-API
+        # cuCtxGetCurrent/cuCtxGetDevice look-ups): what resolving it once per dispatch saves
+        res["dispatch_out (one context)"] = per_call(lambda: fn(*a, out=o, **kw), sync, args.calls, around=one_ctx)
+        res["dispatch (one context)"] = per_call(lambda: fn(*a, **kw), sync, args.calls, around=one_ctx)
         for what, s in res.items():
             rows.append((op_name, what, s))
             print(f"{op_name:8s} {what:40s} {s * 1e6:9.1f} us/call", flush=True)

@@ -48,10 +48,6 @@ _COPY = {1: _copy1, 2: _copy2, 3: _copy3, 4: _copy4}
 BLOCK = 256  # threads per block of the copy kernels (not measured: no GPU yet)
 
 
-def _is_contig(a):
-    return a.is_c_contiguous()
-
-
 def copy(src, dst):
     """dst[...] = src (same shape, any strides, up to 4 dimensions)."""
     n = 1
@@ -68,32 +64,6 @@ def copy(src, dst):
             "pass a contiguous array (at most 4 dimensions may be strided)")
     _COPY[nd][(n + BLOCK - 1) // BLOCK, BLOCK](src, dst)
     return dst
-
-
-def contiguous(a):
-    """a itself when C-contiguous, else a C-contiguous device copy."""
-    if a is None or _is_contig(a):
-        return a
-    out = cuda.device_array(tuple(a.shape), dtype=a.dtype)
-    return copy(a, out)
-
-
-def empty(shape, dtype):
-    return cuda.device_array(tuple(shape), dtype=np.dtype(dtype))
-
-
-def result_buffer(out, shape, dtype):
-    """Where a kernel writes: out itself when C-contiguous, else a fresh device array."""
-    if out is not None and _is_contig(out):
-        return out
-    return empty(shape, dtype)
-
-
-def deliver(res, out):
-    if out is None or res is out:
-        return res
-    copy(res, out)
-    return out
 
 
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------

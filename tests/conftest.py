@@ -9,7 +9,8 @@ keep impl_params' skip marks: a test that would run with impl=None is a collecti
 With NK_TEST_DEVICE=cuda under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set in the
 environment before numba is imported), the simulator gets the test-only warp-primitive
 emulation (tests/cuda/simwarp.py) so kernels using warp shuffles run unchanged.  Without
-numba-cuda, or on the CPU target, nothing happens here.
+numba-cuda, or on the CPU target, nothing happens here.  On a real GPU the CUDA result
+pool fills every buffer it hands out with NaN (dispatch/cuda_impls/_pool.py, POISON).
 """
 import hashlib
 import os
@@ -49,6 +50,13 @@ if TARGET == "cuda":
         simwarp.install()
 
 from tests import support  # noqa: E402  (imports dispatch: after the cache check and the simulator set-up)
+
+if support.ON_CUDA and not support.SIMULATOR:
+    # on a real GPU every result and scratch buffer the CUDA result pool hands out is filled
+    # with NaN first (0xFF bytes), so an element a kernel leaves unwritten fails its test
+    from dispatch.cuda_impls import _pool
+
+    _pool.POISON = True
 
 
 def pytest_report_header(config):

@@ -15,6 +15,7 @@ import numpy as np
 from kernels_common import acc_dtype  # noqa: F401  (re-exported: the accumulation rule for launches)
 
 from .. import devices
+from . import _pool
 from ..registry import Implementation, register
 
 CUDA_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
@@ -69,7 +70,7 @@ def as_input(a):
     d = devices.as_device(a)
     if d.is_c_contiguous():
         return d
-    return kernels("layout").contiguous(d)
+    return kernels("layout").copy(d, device_empty(tuple(d.shape), d.dtype))
 
 
 _ARRAY_TYPES: dict = {}  # (dtype, ndim) -> numba's type of a C-contiguous device array
@@ -78,24 +79,35 @@ _ARRAY_TYPES: dict = {}  # (dtype, ndim) -> numba's type of a C-contiguous devic
 def c_view(d, *shape):
     """d, a C-contiguous device array (as as_input / output give them), viewed with `shape`
     (the same size) as a kernel argument.  A real numba device array's view is built directly
-    and given its numba type, the one numba itself computes for a C-contiguous array (taken
-    from the first such view): numba-cuda's reshape goes through its dummy-array layout code
-    (4 us a view) and numba types every new array object again at launch (7 us against 1.7
-    us for a typed one), on every call (bench.gpu_overhead --stub, this project's Xeon
-    host, 2026-11-26).  Anything else (the simulator's arrays, an empty or non-contiguous
-    array) is reshaped by its own method."""
+    and given its numba type (typed_array).  Anything else (the simulator's arrays, an empty
+    or non-contiguous array) is reshaped by its own method."""
     cls = type(d)
     if cls.__name__ != "DeviceNDArray" or not hasattr(d, "gpu_data") or not d.size or not d.is_c_contiguous():
         return d.reshape(shape)
-    itemsize = d.dtype.itemsize
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n != d.size:
+        raise ValueError(f"cannot view {d.size} elements as {shape}")
+    return typed_array(shape, d.dtype, d.gpu_data, cls)
+
+
+def typed_array(shape, dtype, gpu_data, cls=None):
+    """A C-contiguous numba DeviceNDArray of shape and dtype over gpu_data, built directly and
+    given its numba type, the one numba itself computes for a C-contiguous array (taken from
+    the first such array): numba-cuda's reshape goes through its dummy-array layout code
+    (4 us a view) and numba types every new array object again at launch (7 us against 1.7
+    us for a typed one), on every call (bench.gpu_overhead --stub, this project's Xeon
+    host, 2026-11-26)."""
+    if cls is None:
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray as cls
+    itemsize = dtype.itemsize
     strides, n = [], 1
     for s in reversed(shape):
         strides.append(n * itemsize)
         n *= int(s)
-    if n != d.size:
-        raise ValueError(f"cannot view {d.size} elements as {shape}")
-    v = cls(shape, tuple(reversed(strides)), d.dtype, gpu_data=d.gpu_data)
-    key = (d.dtype, len(shape))
+    v = cls(shape, tuple(reversed(strides)), dtype, gpu_data=gpu_data)
+    key = (dtype, len(shape))
     t = _ARRAY_TYPES.get(key)
     if t is None:
         _ARRAY_TYPES.setdefault(key, v._numba_type_)  # numba's own answer, once per (dtype, ndim)
@@ -104,11 +116,18 @@ def c_view(d, *shape):
     return v
 
 
+def device_empty(shape, dtype):
+    """A new C-contiguous device array for a kernel's result or scratch (contents
+    undefined), from the CUDA result pool (_pool.py)."""
+    return _pool.empty(shape, dtype)
+
+
 def output(out, shape, dtype):
     """(buffer the kernel writes, out as a numba device array or None)."""
-    lay = kernels("layout")
     o = devices.as_device(out) if out is not None else None
-    return lay.result_buffer(o, shape, dtype), o
+    if o is not None and o.is_c_contiguous():
+        return o, o
+    return _pool.empty(shape, dtype), o
 
 
 def deliver(res, out_dev, out):

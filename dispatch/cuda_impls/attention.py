@@ -18,7 +18,8 @@ from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as 
                                        attn_tile_for)
 
 from ..registry import Rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, output, props, register_cuda
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
+                      props, register_cuda)
 
 SPLITKV_MAX_SQ = 16
 # blocks_per_sm: split-KV aims at two resident blocks per SM (not measured on a GPU yet).
@@ -62,13 +63,11 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
 
 
 def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
-    from numba import cuda
-
     K = kernels("attention")
     dt = np.dtype(q.dtype)
     nb, hq, sq, d = (int(s) for s in q.shape)
     res, od = output(out, q.shape, dt)
-    lse = cuda.device_array((nb, hq, sq), dt) if return_lse else _dummy_lse(dt)
+    lse = device_empty((nb, hq, sq), dt) if return_lse else _dummy_lse(dt)
     if nb * hq * sq * d == 0:
         return _result(deliver(res, od, out), lse, return_lse)
     acc = acc_dtype(dt)
@@ -87,8 +86,8 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
     if splits == 1:
         po, pml = _dummy_parts(acc)
     else:
-        po = cuda.device_array((splits, nb, hq, sq, d), acc)
-        pml = cuda.device_array((splits, nb, hq, sq, 2), acc)
+        po = device_empty((splits, nb, hq, sq, d), acc)
+        pml = device_empty((splits, nb, hq, sq, 2), acc)
     grid = (cfg["grid"][0], cfg["grid"][1], splits)
     want = bool(return_lse)
     K.flash_kernel(acc, dmax)[grid, cfg["block"]](qd, kd, vd, md, mkind, bool(causal), float(scale), res, po, pml,

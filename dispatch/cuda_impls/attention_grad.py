@@ -10,7 +10,7 @@ from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_common.cuda_tiles import ATTN_BK as BK, STATIC_SMEM
 
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, kernels, props, register_cuda
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, device_empty, kernels, props, register_cuda
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _ROWS, _TILES = 8, (64, 128)  # kernels_cuda.attention_grad.BQ, TILES (that module loads numba.cuda)
@@ -49,15 +49,13 @@ def launch(params, grad_out, q, k, v, output, lse, mask, causal, scale):
 
 
 def _run(params, grad_out, q, k, v, output, lse, mask, causal, scale):
-    from numba import cuda
-
     K = kernels("attention_grad")
     dt = np.dtype(q.dtype)
     nb, hq, sq, d = (int(s) for s in q.shape)
     hkv, skv = int(k.shape[1]), int(k.shape[2])
-    dq = cuda.device_array(q.shape, dt)
-    dk = cuda.device_array(k.shape, dt)
-    dv = cuda.device_array(k.shape, dt)
+    dq = device_empty(q.shape, dt)
+    dk = device_empty(k.shape, dt)
+    dv = device_empty(k.shape, dt)
     if nb * hq * sq * d == 0 or skv == 0:
         for a in (dq, dk, dv):
             if a.size:

@@ -15,8 +15,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GRID_YZ_MAX
 
 from .. import devices
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
-                      pow2_at_least, props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, dummy, kernels,
+                      output, pow2_at_least, props, register_cuda)
 
 PARAMS = {"block": ELEMENTWISE_THREADS}
 # A decode step has few rows (1536 to 4096 at batch 1) and a thread does a few loads per
@@ -38,15 +38,13 @@ def launch(params, x, weight, bias, initial_state, code, final, out):
 
 
 def _run(params, x, weight, bias, initial_state, code, final, out):
-    from numba import cuda
-
     K = kernels("causal_conv")
     b, d, n = (int(s) for s in x.shape)
     h = int(weight.shape[1]) - 1
     rows = b * d
     dt = np.dtype(x.dtype)
     res, od = output(out, (b, d, n), dt)
-    fin = cuda.device_array((b, d, h), dt)
+    fin = device_empty((b, d, h), dt)
     if rows and max(n, h):
         cfg = launch(params, x, weight, bias, initial_state, code, final, out)
         init = c_view(dummy(dt), 1, 1) if initial_state is None else c_view(as_input(initial_state), rows, h)

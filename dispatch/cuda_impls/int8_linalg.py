@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ops.int8_linalg import F32
 from ..registry import fixed_rule, set_rule
-from ._common import as_input, c_view, cdiv, kernels, output, register_cuda
+from ._common import as_input, c_view, cdiv, device_empty, kernels, output, register_cuda
 from ._common import deliver as _deliver
 
 
@@ -96,13 +96,13 @@ def _run(params, a, w, bias, out, code, transposed):
         return _deliver(res, out_dev, out)
     b4, sb, colsum, zb = _device_weight(w, transposed)
     kw = -(-k // 4)
-    a4 = cuda.device_array((rows, kw), np.int32)
-    c = cuda.device_array(rows, np.float64)
-    rs = cuda.device_array(rows, np.float64)
+    a4 = device_empty((rows, kw), np.int32)
+    c = device_empty(rows, np.float64)
+    rs = device_empty(rows, np.float64)
     rgrid = cdiv(rows, K.ROW_THREADS)
     if transposed:
         x2 = c_view(as_input(a), rows, k)
-        sa = cuda.device_array(rows, np.float64)
+        sa = device_empty(rows, np.float64)
         quant_rows[rgrid, K.ROW_THREADS](x2, a4, sa, c, rs)
         if not np.all(np.isfinite(sa.copy_to_host())):
             raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")

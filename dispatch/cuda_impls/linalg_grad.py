@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, kernels, occupancy_blocks, output, props,
-                      register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, device_empty, kernels, occupancy_blocks,
+                      output, props, register_cuda)
 from .linalg import PARAMS, choose_tile
 
 def _dev(a):
@@ -83,8 +83,6 @@ def _reduce(K, acc, full2, idx, ngroups, out2):
 
 
 def _run(params, grad_out, a, b, pre, code, has_bias, b_is_nk):
-    from numba import cuda
-
     K = kernels("linalg_grad")
     dt = np.dtype(grad_out.dtype)
     acc = acc_dtype(dt)
@@ -106,7 +104,7 @@ def _run(params, grad_out, a, b, pre, code, has_bias, b_is_nk):
     ai_h, bi_h, ident_h = _index_host(a_batch, b_batch)
     ai, bi = _on_device(("ai", a_batch, b_batch), ai_h), _on_device(("bi", a_batch, b_batch), bi_h)
     ident = _on_device(("id", a_batch, b_batch), ident_h)
-    none2 = cuda.device_array((0, 0), dt)  # no dbias output
+    none2 = device_empty((0, 0), dt)  # no dbias output
     side_g = "a" if code != 0 else "none"
     if b_is_nk:
         xd = c_view(as_input(a), 1, m, k)
@@ -114,7 +112,7 @@ def _run(params, grad_out, a, b, pre, code, has_bias, b_is_nk):
         # dx = g' @ W: g' is A (M, N); W (N, K) is B stored (K_gemm, N_gemm)
         _gemm(K, acc, None, side_g, gd, wd, pd, ai, bi, c_view(da, 1, m, k), none2, code, False, False)
         # dW = g'^T @ x: g' is A stored (K_gemm = M, M_gemm = N): trans_a; dbias from its tiles
-        db_part = cuda.device_array((1, n), dt) if has_bias else none2
+        db_part = device_empty((1, n), dt) if has_bias else none2
         _gemm(K, acc, None, "a" if (code != 0 or has_bias) else "none", gd, xd, pd, ai, bi, c_view(db, 1, n, k),
               db_part, code, True, False)
         if has_bias:
@@ -124,13 +122,13 @@ def _run(params, grad_out, a, b, pre, code, has_bias, b_is_nk):
     b3 = c_view(as_input(b), max(1, math.prod(b_batch)), k, n)
     na, nb = a3.shape[0], b3.shape[0]
     # da = g' @ b^T (b read transposed), per output batch, then summed to a's batch
-    da_full = c_view(da, batch, m, k) if na == batch else cuda.device_array((batch, m, k), dt)
+    da_full = c_view(da, batch, m, k) if na == batch else device_empty((batch, m, k), dt)
     _gemm(K, acc, None, side_g, gd, b3, pd, ident, bi, da_full, none2, code, False, True)
     if na != batch:
         _reduce(K, acc, c_view(da_full, batch, m * k), ai_h, na, c_view(da, na, m * k))
     # db = a^T @ g': g' is B; dbias partials per output batch from its staged tiles
-    db_full = c_view(db, batch, k, n) if nb == batch else cuda.device_array((batch, k, n), dt)
-    part = cuda.device_array((batch, n), dt) if has_bias else none2
+    db_full = c_view(db, batch, k, n) if nb == batch else device_empty((batch, k, n), dt)
+    part = device_empty((batch, n), dt) if has_bias else none2
     _gemm(K, acc, None, "b" if (code != 0 or has_bias) else "none", a3, gd, pd, ai, ident, db_full, part, code, True,
           False)
     if nb != batch:

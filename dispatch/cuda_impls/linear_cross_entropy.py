@@ -12,7 +12,7 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 from .. import devices
 from ..ops import linear_cross_entropy as L
 from ..registry import fixed_rule, set_rule
-from ._common import as_input, c_view, cdiv, kernels, occupancy_blocks, props, register_cuda, size
+from ._common import as_input, c_view, cdiv, device_empty, kernels, occupancy_blocks, props, register_cuda, size
 
 
 class DeviceArrays:
@@ -24,7 +24,7 @@ class DeviceArrays:
 
     @classmethod
     def empty(cls, shape, dtype):
-        return cls._cuda().device_array(shape, dtype)
+        return device_empty(shape, dtype)
 
     @classmethod
     def zeros(cls, shape, dtype):

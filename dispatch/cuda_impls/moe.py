@@ -25,8 +25,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GEMM_TILES, GEMV_MAX_
 from .. import validate as V
 from ..ops.moe import check_index_range, route
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks,
-                      output, pow2_at_least, props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels,
+                      occupancy_blocks, output, pow2_at_least, props, register_cuda)
 from .linalg import TILES
 
 GEMV_PARAMS = {"waves": 1}  # grid capped at one wave of resident blocks, as linalg's GEMV
@@ -125,8 +125,8 @@ def _run(tiled):
         cut = np.cumsum([0] + [a.size for a in tables])
         offs_d, active_d, tok_d, inv_d = (dev[cut[i]:cut[i + 1]] for i in range(4))
         rows = order.size
-        hid = cuda.device_array((rows, f), acc)
-        ybuf = cuda.device_array((rows, h), acc) if f else cuda.to_device(np.zeros((rows, h), acc))
+        hid = device_empty((rows, f), acc)
+        ybuf = device_empty((rows, h), acc) if f else cuda.to_device(np.zeros((rows, h), acc))
         xd, wg, wu, wd = (as_input(a) for a in (x, w_gate, w_up, w_down))
         K = kernels("moe")
         if rows and f:

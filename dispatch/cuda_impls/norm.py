@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, deliver, dummy, kernels, output, register_cuda,
-                      row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, deliver, device_empty, dummy, kernels, output,
+                      register_cuda, row_launch, size)
 from .softmax import BLOCK_PARAMS, ROW_RULE, WARP_PARAMS
 
 
@@ -25,12 +25,11 @@ def _launch(family):
 def _make_run(rms):
     def run(params, x, weight, bias, residual, eps, out):
         K = kernels("norm")
-        from numba import cuda
 
         dt = np.dtype(x.dtype)
         d = x.shape[-1]
         res, od = output(out, x.shape, dt)
-        h = cuda.device_array(tuple(x.shape), dt) if residual is not None else None
+        h = device_empty(tuple(x.shape), dt) if residual is not None else None
         if size(x.shape):
             rows = size(x.shape) // d
             xd = c_view(as_input(x), rows, d)

@@ -10,7 +10,8 @@ import numpy as np
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, WARP_ROWS_THREADS
 
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, dummy, kernels, props, register_cuda, size
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, device_empty, dummy, kernels, props,
+                      register_cuda, size)
 
 ROWS_PER_BLOCK = 8  # kernels_cuda.norm_grad.ROWS_PER_BLOCK (that module loads numba.cuda: not imported here)
 PARAMS = {"block": WARP_ROWS_THREADS}  # 4 warps, 2 rows each; not measured on a GPU
@@ -30,9 +31,7 @@ def _launch(family):
 
 def _device_empty(shape, dtype):
     """Where the kernels' outputs and scratch come from (the tests poison them with NaN here)."""
-    from numba import cuda
-
-    return cuda.device_array(shape, dtype)
+    return device_empty(shape, dtype)
 
 
 def _make_run(rms):
@@ -40,7 +39,6 @@ def _make_run(rms):
 
     def run(params, grad_out, x, weight, bias, grad_residual, eps):
         K = kernels("norm_grad")
-        from numba import cuda
 
         assert K.ROWS_PER_BLOCK == ROWS_PER_BLOCK
         dt = np.dtype(x.dtype)

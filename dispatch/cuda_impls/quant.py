@@ -24,8 +24,8 @@ from kernels_common.quant import QTYPES
 from .. import validate as V
 from ..ops.quant import _channels, check_finite, compute_dtype, result, scales_from_range
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks, output, props,
-                      register_cuda, size)
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, device_empty, kernels, occupancy_blocks,
+                      output, props, register_cuda, size)
 
 PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
 GRID_YZ_MAX = 65535
@@ -93,7 +93,7 @@ def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
         if n:
             cfg = _range_launch(params, shape, axis)
             g = cfg["partials"]
-            parts = [cuda.device_array((g, c), acc) for _ in range(4)]
+            parts = [device_empty((g, c), acc) for _ in range(4)]
             K.range_kernel(acc.type)[cfg["grid"], cfg["block"]](c_view(xd, o, c, i), *parts)
             amax, lo, hi, bad = (p.copy_to_host() for p in parts)
             amax, lo, hi, bad = amax.max(axis=0), lo.min(axis=0), hi.max(axis=0), bad.max(axis=0) > 0
@@ -102,7 +102,7 @@ def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
             bad = np.zeros(c, bool)
         check_finite(bad, axis)
         scale, zero_point = scales_from_range(dt, qd, symmetric, amax, lo, hi)
-    q = cuda.device_array(shape, qd)
+    q = device_empty(shape, qd)
     if n:
         lo_q, hi_q = QTYPES[qd.name][1:]
         cfg = _elementwise(params, n, "quant.quantize")

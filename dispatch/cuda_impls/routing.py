@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ops.routing import weights_dtype
 from ..registry import fixed_rule, set_rule
-from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, kernels, register_cuda, row_launch
+from ._common import DEVICE_COPY_NOTE, acc_dtype, as_input, device_empty, kernels, register_cuda, row_launch
 from .softmax import WARP_PARAMS
 
 
@@ -21,12 +21,10 @@ def launch(params, logits, k, renormalize):
 
 
 def _run(params, logits, k, renormalize):
-    from numba import cuda
-
     t = int(logits.shape[0])
     dt = np.dtype(logits.dtype)
-    weights = cuda.device_array((t, k), weights_dtype(dt))
-    indices = cuda.device_array((t, k), np.int64)
+    weights = device_empty((t, k), weights_dtype(dt))
+    indices = device_empty((t, k), np.int64)
     if t:
         cfg = launch(params, logits, k, renormalize)
         kernels("routing").warp_rows(acc_dtype(dt))[cfg["grid"], cfg["block"]](as_input(logits), k, renormalize,

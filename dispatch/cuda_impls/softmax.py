@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, output, props,
-                      register_cuda, row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
+                      props, register_cuda, row_launch, size)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 # Launch parameters, none measured on a GPU yet (no GPU has been lent to this project):
@@ -96,8 +96,8 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
     dt = np.dtype(logits.dtype)
     acc = acc_dtype(dt)
     ld, td = as_input(logits), as_input(targets)
-    losses = cuda.device_array(n, dt if reduction == "none" else acc)
-    valid = cuda.device_array(max(n, 1), acc)
+    losses = device_empty(n, dt if reduction == "none" else acc)
+    valid = device_empty(max(n, 1), acc)
     bad = cuda.to_device(np.array([n], np.int64))
     if n:
         cfg = ce_launch(params, logits, targets, reduction, ignore_index)
@@ -110,7 +110,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
                              f"[0, {c}) or equal ignore_index={ignore_index}")
     if reduction == "none":
         return losses
-    result = cuda.device_array(1, dt)
+    result = device_empty(1, dt)
     K.sum_losses(acc)[1, 256](losses, valid[:n], reduction == "mean", result)
     return result.reshape(())
 

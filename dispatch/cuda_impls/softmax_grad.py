@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, kernels, output, props,
-                      register_cuda, row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
+                      props, register_cuda, row_launch, size)
 from .softmax import BLOCK_PARAMS, COLUMN_BLOCK, ROW_RULE, WARP_PARAMS
 
 CHECK_THREADS = 256  # kernels_cuda.softmax_grad.CHECK_THREADS (read here without importing numba.cuda)
@@ -97,7 +97,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_los
     acc = acc_dtype(dt)
     td = as_input(targets)
     cfg = ce_launch(params, logits, targets, reduction, ignore_index, grad_out, grad_loss, with_loss)
-    count = cuda.device_array(1, np.float64)
+    count = device_empty(1, np.float64)
     bad = cuda.to_device(np.array([n], np.int64))
     if n:
         Kg.ce_check()[1, CHECK_THREADS](td, ignore_index, c, count, bad)
@@ -115,8 +115,8 @@ def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_los
     else:
         scales = as_input(grad_loss).reshape(-1) if len(grad_loss.shape) else as_input(grad_loss).reshape(1)
     per_row = reduction == "none" and grad_loss is not None
-    losses = cuda.device_array(max(n, 1), dt if reduction == "none" else acc)
-    valid = cuda.device_array(max(n, 1), acc)
+    losses = device_empty(max(n, 1), dt if reduction == "none" else acc)
+    valid = device_empty(max(n, 1), acc)
     if n:
         k = Kg.ce_grad_warp_rows(acc) if params["mode"] == "warp" else Kg.ce_grad_block_rows(acc)
         k[cfg["grid"], cfg["block"]](ld, td, ignore_index, res, losses, valid, scales, per_row, count,
@@ -126,7 +126,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_los
         return grad
     if reduction == "none":
         return losses[:n], grad
-    result = cuda.device_array(1, dt)
+    result = device_empty(1, dt)
     Kf.sum_losses(acc)[1, 256](losses[:n], valid[:n], reduction == "mean", result)
     return result.reshape(()), grad
 

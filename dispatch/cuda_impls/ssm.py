@@ -18,8 +18,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, WARP_ROWS_THREADS
 
 from .. import devices
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
-                      pow2_at_least, props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, dummy, kernels,
+                      output, pow2_at_least, props, register_cuda)
 
 # a warp per 256 steps: 32 threads of the kernel's ITEMS = 8 steps each (float32: one pass)
 SCAN_PARAMS = {"block": WARP_ROWS_THREADS, "steps_per_warp": 256}
@@ -56,9 +56,9 @@ def _run_scan(params, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initi
     rows = batch * dim
     if L == 0:  # no step: the state is the initial one
         hs = cuda.to_device(np.zeros((batch, dim, N), acc)) if initial_state is None else \
-            kernels("layout").copy(as_input(initial_state), cuda.device_array((batch, dim, N), acc))
+            kernels("layout").copy(as_input(initial_state), device_empty((batch, dim, N), acc))
     else:
-        hs = cuda.device_array((batch, dim, N), acc)
+        hs = device_empty((batch, dim, N), acc)
         if rows:
             cfg = scan_launch(params, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state,
                               return_last_state, out)

@@ -68,7 +68,9 @@ def _idle_refs() -> int:
 _IDLE = _idle_refs()
 
 
-def _idle(bufs, i) -> bool:
+def idle(bufs, i) -> bool:
+    """Whether nothing but the list `bufs` refers to bufs[i] (read by index: a local name
+    would be one more reference)."""
     return sys.getrefcount(bufs[i]) == _IDLE
 
 
@@ -82,7 +84,7 @@ def _drop_idle(need: int) -> int:
         while i < len(bufs):
             if need >= 0 and _KEPT[0] + need <= KEEP_BYTES:
                 return freed
-            if _idle(bufs, i):
+            if idle(bufs, i):
                 del bufs[i]
                 _KEPT[0] -= cls
                 freed += cls
@@ -106,7 +108,7 @@ def empty(shape, dtype) -> np.ndarray:
         if bufs is None:
             bufs = _BUFS[cls] = []
         for i in range(len(bufs)):
-            if _idle(bufs, i):
+            if idle(bufs, i):
                 return bufs[i][:n].view(dtype).reshape(shape)
         if len(bufs) >= PER_CLASS:
             return np.empty(shape, dtype)
@@ -121,11 +123,22 @@ def empty(shape, dtype) -> np.ndarray:
         return raw[:n].view(dtype).reshape(shape)
 
 
+_OTHER_CACHES: list = []  # the CUDA result pool's empty_cache, once it is loaded
+
+
+def add_cache(fn) -> None:
+    """Have empty_cache() call fn() too (-> bytes freed): the CUDA result pool registers
+    itself here when it loads, so the CPU side never imports numba.cuda."""
+    _OTHER_CACHES.append(fn)
+
+
 def empty_cache() -> int:
-    """Free the CPU result arena's idle buffers (results still referenced keep theirs);
-    returns the bytes freed.  See dispatch/ops/_arena.py."""
+    """Free the idle buffers of the result memory: the CPU arena's and, once CUDA ops have
+    run, the CUDA pool's (results still referenced keep theirs); returns the bytes freed.
+    See dispatch/ops/_arena.py and dispatch/cuda_impls/_pool.py."""
     with _LOCK:
-        return _drop_idle(-1)
+        freed = _drop_idle(-1)
+    return freed + sum(fn() for fn in _OTHER_CACHES)
 
 
 def kept_bytes() -> int:
