@@ -169,6 +169,17 @@ class _FakeMemory:
         return self
 
 
+class _NoContext:
+    """numba.cuda as far as the stubbed dispatch needs it: require_context does nothing."""
+
+    @staticmethod
+    def require_context(fn):
+        return fn
+
+
+_NO_CONTEXT = _NoContext()
+
+
 def stubbed(calls, chip="sm_90"):
     """Host microseconds per call of the dispatcher's own layers for CUDA arrays, without a GPU:
     numba DeviceNDArrays over host memory, each kernels_cuda launch replaced by the typing of
@@ -208,7 +219,7 @@ def stubbed(calls, chip="sm_90"):
         C.kernels = kernels
         for m in impl_modules:
             m.kernels = kernels
-        devices.cuda_module = lambda: None
+        devices.cuda_module = lambda: _NO_CONTEXT  # no GPU check, no context to enter
         cuda.to_device = fake_copy
         x, o, w, b = fake((128, 3072)), fake((128, 3072)), fake((3072,)), fake((3072,))
         s, so = fake((12, 128, 128)), fake((12, 128, 128))

@@ -6,6 +6,7 @@ module on first use (inside run), and device properties are read on first launch
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,9 +42,27 @@ def register_cuda(op: str, name: str, run, launch, *, kernels: tuple, notes="", 
     (their sources version the implementation for the tuning cache).  An unknown op or a
     second registration of the same name raises (registry.RegistryError)."""
     mods = tuple(f"kernels_cuda.{k}" for k in kernels) + ("kernels_cuda._jit", "kernels_cuda.primitives")
-    return register(CudaImplementation(op, name, "cuda", run, dtypes=dtypes, supports=supports,
+    return register(CudaImplementation(op, name, "cuda", _in_one_context(run), dtypes=dtypes, supports=supports,
                                        notes=notes, params=dict(params or {}),
                                        tunables=dict(tunables or {}), kernel_modules=mods, launch=launch))
+
+
+def _in_one_context(run):
+    """run, called inside numba-cuda's context entered once (numba.cuda.require_context).
+    Otherwise every numba-cuda call inside it (an allocation, a copy, each launch) looks the
+    current context up again through the driver (cuCtxGetCurrent, cuCtxGetDevice) and its
+    Python context managers: on the lent H200, dispatch.relu of 128x3072 float32 took 81 us a
+    call, and 68 us with one context entered around the calls (bench.gpu_overhead,
+    2026-11-26).  The decorator is looked up on the first call: numba.cuda loads only then."""
+    wrapped = []
+
+    @functools.wraps(run)  # the tuning cache versions an implementation by run.__module__
+    def in_context(*args):
+        if not wrapped:
+            wrapped.append(devices.cuda_module().require_context(run))
+        return wrapped[0](*args)
+
+    return in_context
 
 
 _mods: dict = {}
