@@ -141,6 +141,29 @@ def device_empty(shape, dtype):
     return _pool.empty(shape, dtype)
 
 
+def device_zeros(shape, dtype):
+    """device_empty filled with zeros on the device (a memset; no host array copied over)."""
+    a = device_empty(shape, dtype)
+    mem = getattr(a, "gpu_data", None)
+    if a.size and hasattr(mem, "memset"):
+        mem.memset(0, a.size * a.dtype.itemsize)
+    elif a.size:  # the simulator's arrays
+        a.copy_to_device(np.zeros(a.shape, a.dtype))
+    return a
+
+
+def t_view(d):
+    """The transpose of a 2-D device array as a zero-copy strided view.  numba-cuda's own
+    DeviceNDArray.T copies through a transpose kernel that it compiles again on every call:
+    about 100 ms a call on the lent H200 (2026-11-26), which made
+    linear_cross_entropy_with_grad take 5.3 s for a GPT-2 LM head."""
+    if type(d).__name__ != "DeviceNDArray" or not hasattr(d, "gpu_data"):
+        return d.T  # the simulator's arrays: a numpy view
+    n0, n1 = d.shape
+    s0, s1 = d.strides
+    return type(d)((n1, n0), (s1, s0), d.dtype, gpu_data=d.gpu_data)
+
+
 def output(out, shape, dtype):
     """(buffer the kernel writes, out as a numba device array or None)."""
     o = devices.as_device(out) if out is not None else None

@@ -54,12 +54,12 @@ def _device_weight(w, transposed):
         from numba import cuda
 
         vals = w.values.copy_to_host() if hasattr(w.values, "copy_to_host") else np.asarray(w.values)
-        bk = np.ascontiguousarray(vals.T if transposed else vals)   # (K, N) int8
+        bk = np.ascontiguousarray(vals.T if transposed else vals)   # (K, N) int8, on the host
         k, n = bk.shape
         kw = -(-k // 4)
         pad = np.zeros((kw * 4, n), np.int8)
         pad[:k] = bk
-        words = np.ascontiguousarray(pad.reshape(kw, 4, n).transpose(0, 2, 1)).view(np.int32).reshape(kw, n)
+        words = np.ascontiguousarray(pad.reshape(kw, 4, n).transpose(0, 2, 1)).view(np.int32).reshape(kw, n)  # host
         colsum = bk.astype(np.int64).sum(axis=0).astype(np.float64)
         sb = np.broadcast_to(w.scale.astype(np.float64), (n,)).copy()
         zb = np.broadcast_to(w.zero_point.astype(np.float64), (n,)).copy()

@@ -12,7 +12,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 from .. import devices
 from ..ops import linear_cross_entropy as L
 from ..registry import fixed_rule, set_rule
-from ._common import as_input, c_view, cdiv, device_empty, kernels, occupancy_blocks, props, register_cuda, size
+from ._common import (as_input, c_view, cdiv, device_empty, device_zeros, kernels, occupancy_blocks, props,
+                      register_cuda, size, t_view)
 
 
 class DeviceArrays:
@@ -28,7 +29,7 @@ class DeviceArrays:
 
     @classmethod
     def zeros(cls, shape, dtype):
-        return cls._cuda().to_device(np.zeros(shape, dtype))
+        return device_zeros(shape, dtype)
 
     @classmethod
     def scratch(cls, shape, dtype):
@@ -41,7 +42,7 @@ class DeviceArrays:
         for v0 in range(0, v, L.BLOCK_V):
             v1 = min(v, v0 + L.BLOCK_V)
             part = scratch[: v1 - v0]
-            d.matmul(g[:, v0:v1].T, xc, out=part)
+            d.matmul(t_view(g[:, v0:v1]), xc, out=part)
             cls.add(dw[v0:v1], part)
 
     @classmethod

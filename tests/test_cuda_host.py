@@ -1,12 +1,17 @@
-"""The CUDA result pool (dispatch/cuda_impls/_pool.py): a buffer is handed out again only
-once nothing refers to it (no result, no kernel view, no numba view), from any thread; its
-size classes, limit and switch.
+"""The host side of the CUDA implementations, checked without a GPU where possible.
+
+The result pool (dispatch/cuda_impls/_pool.py): a buffer is handed out again only once
+nothing refers to it (no result, no kernel view, no numba view), from any thread; its size
+classes, limit and switch.  Zero-copy transposed views, and no numba-cuda ``.T`` (which
+compiles a transpose kernel on every call) anywhere in the CUDA implementations.
 
 Without a GPU the pool runs over numba-cuda's own pointer classes (AutoFreePointer /
 OwnedPointer, whose reference counting the pool reads) backed by host memory; on a real GPU
 the same checks run on dispatch's results."""
+import ast
 import ctypes
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -192,3 +197,35 @@ def test_results_on_a_gpu_reuse_memory_only_when_free():
     y4 = dispatch.softmax(x)
     assert _ptr(y4) in seen
     assert_close(to_host(y4), ref, TOL[np.dtype(np.float32)], "softmax in a reused buffer")
+
+
+@needs_driver_classes
+def test_t_view_is_the_zero_copy_transpose(host_pool):
+    from dispatch.cuda_impls._common import t_view
+
+    a = _pool.empty((6, 10), np.float32)
+    s = a.gpu_data.view(8)  # columns 2.. of every row, as numba's slice a[:, 2:] would be
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    part = DeviceNDArray((6, 8), (40, 4), np.float32, gpu_data=s)
+    t = t_view(part)
+    host = np.lib.stride_tricks.as_strided(np.empty(1, np.float32), (6, 8), (40, 4)).T
+    assert t.shape == (8, 6) and t.strides == host.strides
+    assert _ptr(t) == _ptr(part) and not t.is_c_contiguous()
+
+
+def test_no_numba_transpose_in_the_cuda_implementations():
+    """numba-cuda's DeviceNDArray.T / .transpose() compiles a transpose kernel on every call
+    (about 100 ms on the lent H200, 2026-11-26): the CUDA implementations use t_view.  A
+    line that transposes a host (numpy) or simulator array says so in its comment."""
+    root = pathlib.Path(ROOT) / "dispatch" / "cuda_impls"
+    found = []
+    for path in sorted(root.glob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Attribute) and node.attr in ("T", "transpose", "swapaxes"):
+                line = lines[node.lineno - 1]
+                comment = line.split("#", 1)[1] if "#" in line else ""
+                if "host" not in comment and "simulator" not in comment:
+                    found.append(f"{path.name}:{node.lineno}: {line.strip()}")
+    assert not found, found
