@@ -141,6 +141,17 @@ def device_empty(shape, dtype):
     return _pool.empty(shape, dtype)
 
 
+def device_copy(host):
+    """A host array's values in a new C-contiguous device array from the result pool: the
+    per-call tables and scalars the kernels read (cuda.to_device would allocate, and later
+    free, device memory on every call: 45-75 us on the lent H200)."""
+    host = np.ascontiguousarray(host)
+    a = device_empty(host.shape, host.dtype)
+    if host.size:
+        a.copy_to_device(host)
+    return a
+
+
 def device_zeros(shape, dtype):
     """device_empty filled with zeros on the device (a memset; no host array copied over)."""
     a = device_empty(shape, dtype)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ops.int8_linalg import F32
 from ..registry import fixed_rule, set_rule
-from ._common import as_input, c_view, cdiv, device_empty, kernels, output, register_cuda
+from ._common import as_input, c_view, cdiv, device_empty, device_zeros, kernels, output, register_cuda
 from ._common import deliver as _deliver
 
 
@@ -85,8 +85,6 @@ def _row_params(a, rows):
 
 
 def _run(params, a, w, bias, out, code, transposed):
-    from numba import cuda
-
     K = _tiles()
     pack_rows, quant_rows, tile, gemv = K.kernels()
     rows, n, k = _dims(a, w, transposed)
@@ -110,7 +108,7 @@ def _run(params, a, w, bias, out, code, transposed):
         vals = c_view(as_input(a.values), rows, k)
         sa, za = _row_params(a, rows)
         pack_rows[rgrid, K.ROW_THREADS](vals, 128 if a.dtype == np.int8 else 0, za, a4, c, rs)
-    bias_d = cuda.to_device(np.zeros(n, np.float32)) if bias is None else as_input(bias)
+    bias_d = device_zeros(n, np.float32) if bias is None else as_input(bias)
     cfg = launch(params, a, w, bias, out, code, transposed)
     kern = gemv if cfg["kernel"].endswith("gemv") else tile
     kern[cfg["grid"], cfg["block"]](a4, b4, sa, c, rs, sb, colsum, zb, bias_d, code, c_view(res, rows, n))

@@ -25,8 +25,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GEMM_TILES, GEMV_MAX_
 from .. import validate as V
 from ..ops.moe import check_index_range, route
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels,
-                      occupancy_blocks, output, pow2_at_least, props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_copy, device_empty,
+                      kernels, occupancy_blocks, output, pow2_at_least, props, register_cuda)
 from .linalg import TILES
 
 GEMV_PARAMS = {"waves": 1}  # grid capped at one wave of resident blocks, as linalg's GEMV
@@ -121,7 +121,7 @@ def _run(tiled):
         tables = [offs, active, order // max(k, 1), inv]
         if tiled:
             tables.append(_row_tiles(offs, active, GEMM_TILES[cfg["tile"]][0]).reshape(-1))
-        dev = cuda.to_device(np.concatenate(tables).astype(np.int32))  # one upload
+        dev = device_copy(np.concatenate(tables).astype(np.int32))  # one upload
         cut = np.cumsum([0] + [a.size for a in tables])
         offs_d, active_d, tok_d, inv_d = (dev[cut[i]:cut[i + 1]] for i in range(4))
         rows = order.size

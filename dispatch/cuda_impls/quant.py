@@ -24,8 +24,8 @@ from kernels_common.quant import QTYPES
 from .. import validate as V
 from ..ops.quant import _channels, check_finite, compute_dtype, result, scales_from_range
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, device_empty, kernels, occupancy_blocks,
-                      output, props, register_cuda, size)
+from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, device_copy, device_empty, kernels,
+                      occupancy_blocks, output, props, register_cuda, size)
 
 PARAMS = {"block": ELEMENTWISE_THREADS, "waves": 1}
 GRID_YZ_MAX = 65535
@@ -80,8 +80,6 @@ def _device_params(q, acc, cuda):
 
 
 def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
-    from numba import cuda
-
     K = kernels("quant")
     shape = tuple(int(s) for s in x.shape)
     dt = V.dtype_of(x)
@@ -107,7 +105,7 @@ def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
         lo_q, hi_q = QTYPES[qd.name][1:]
         cfg = _elementwise(params, n, "quant.quantize")
         K.quantize_kernel(acc.type)[cfg["grid"], cfg["block"]](
-            c_view(xd, n), cuda.to_device(scale.astype(acc)), cuda.to_device(zero_point.astype(np.int32)),
+            c_view(xd, n), device_copy(scale.astype(acc)), device_copy(zero_point.astype(np.int32)),
             np.int32(lo_q), np.int32(hi_q), c_view(q, n), c, i)
     return result(q, scale, zero_point, axis)
 

@@ -22,8 +22,8 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, GRID_YZ_MAX
 
 from ..ops.resample import tables
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels, output,
-                      pow2_at_least, props, register_cuda)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_copy, dummy, kernels,
+                      output, pow2_at_least, props, register_cuda)
 
 PARAMS = {"block": ELEMENTWISE_THREADS}
 
@@ -41,8 +41,6 @@ def launch(params, x, size, mode, align_corners, scale, out):
 
 
 def _run(params, x, size, mode, align_corners, scale, out):
-    from numba import cuda
-
     K = kernels("resample")
     n, c, h, w = (int(s) for s in x.shape)
     oh, ow = size
@@ -51,8 +49,8 @@ def _run(params, x, size, mode, align_corners, scale, out):
     if n * c:
         acc = acc_dtype(dt)
         th, tw = tables(x.shape, size, mode, align_corners, scale, acc)
-        ti = cuda.to_device(np.concatenate([th.i0, th.i1, tw.i0, tw.i1]))
-        tl = cuda.to_device(np.concatenate([th.l0, th.l1, tw.l0, tw.l1])) if mode == "bilinear" else dummy(acc)
+        ti = device_copy(np.concatenate([th.i0, th.i1, tw.i0, tw.i1]))
+        tl = device_copy(np.concatenate([th.l0, th.l1, tw.l0, tw.l1])) if mode == "bilinear" else dummy(acc)
         cfg = launch(params, x, size, mode, align_corners, scale, out)
         kind = "bilinear" if mode == "bilinear" else "nearest"
         K.make(kind, acc)[cfg["grid"], cfg["block"]](c_view(as_input(x), n * c, h, w), c_view(res, n * c, oh, ow),

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
-                      props, register_cuda, row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_copy, device_empty,
+                      kernels, output, props, register_cuda, row_launch, size)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 # Launch parameters, none measured on a GPU yet (no GPU has been lent to this project):
@@ -89,8 +89,6 @@ def ce_launch(params, logits, targets, reduction, ignore_index):
 
 
 def _run_ce(params, logits, targets, reduction, ignore_index):
-    from numba import cuda
-
     K = kernels("softmax")
     n, c = logits.shape
     dt = np.dtype(logits.dtype)
@@ -98,7 +96,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index):
     ld, td = as_input(logits), as_input(targets)
     losses = device_empty(n, dt if reduction == "none" else acc)
     valid = device_empty(max(n, 1), acc)
-    bad = cuda.to_device(np.array([n], np.int64))
+    bad = device_copy(np.array([n], np.int64))
     if n:
         cfg = ce_launch(params, logits, targets, reduction, ignore_index)
         k = K.cross_entropy_rows(acc) if params["mode"] == "warp" else K.cross_entropy_block_rows(acc)

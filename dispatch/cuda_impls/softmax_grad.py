@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
-                      props, register_cuda, row_launch, size)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_copy, device_empty,
+                      kernels, output, props, register_cuda, row_launch, size)
 from .softmax import BLOCK_PARAMS, COLUMN_BLOCK, ROW_RULE, WARP_PARAMS
 
 CHECK_THREADS = 256  # kernels_cuda.softmax_grad.CHECK_THREADS (read here without importing numba.cuda)
@@ -89,8 +89,6 @@ def ce_launch(params, logits, targets, reduction, ignore_index, grad_out, grad_l
 
 
 def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_loss, with_loss):
-    from numba import cuda
-
     Kg, Kf = kernels("softmax_grad"), kernels("softmax")
     n, c = logits.shape
     dt = np.dtype(logits.dtype)
@@ -98,7 +96,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_los
     td = as_input(targets)
     cfg = ce_launch(params, logits, targets, reduction, ignore_index, grad_out, grad_loss, with_loss)
     count = device_empty(1, np.float64)
-    bad = cuda.to_device(np.array([n], np.int64))
+    bad = device_copy(np.array([n], np.int64))
     if n:
         Kg.ce_check()[1, CHECK_THREADS](td, ignore_index, c, count, bad)
         b = int(bad.copy_to_host()[0])
@@ -111,7 +109,7 @@ def _run_ce(params, logits, targets, reduction, ignore_index, grad_out, grad_los
     if grad_loss is None:
         scales = _one(dt)
     elif isinstance(grad_loss, float):
-        scales = cuda.to_device(np.full(1, grad_loss, dt))
+        scales = device_copy(np.full(1, grad_loss, dt))
     else:
         scales = as_input(grad_loss).reshape(-1) if len(grad_loss.shape) else as_input(grad_loss).reshape(1)
     per_row = reduction == "none" and grad_loss is not None
