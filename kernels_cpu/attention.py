@@ -661,7 +661,8 @@ def flash_worker(w, params, is64, mkind, causal):
              np.empty((BQ, D), q.dtype), np.empty((BQ, flash_tile(Skv)), q.dtype), np.empty((BQ, D), q.dtype),
              np.empty((3, max(BQ, flash_tile(Skv))), q.dtype), np.empty((2, BQ), np.int64))
     kph, vb, qs, st, acc = borrow(owned[0]), borrow(owned[1]), borrow(owned[2]), borrow(owned[3]), borrow(owned[4])
-    mv, lv, mb = borrow(owned[5])[0, :BQ], borrow(owned[5])[1, :BQ], borrow(owned[5])[2]
+    rows3 = borrow(owned[5])
+    mv, lv, mb = rows3[0, :BQ], rows3[1, :BQ], rows3[2]
     ri, rh = borrow(owned[6])[0], borrow(owned[6])[1]
     held = -1  # the (batch * Hkv + kv head) whose panels kph holds
     chunk = p[F_CHUNK]
