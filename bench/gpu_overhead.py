@@ -220,6 +220,7 @@ def stubbed(calls, chip="sm_90"):
         for m in impl_modules:
             m.kernels = kernels
         devices.cuda_module = lambda: _NO_CONTEXT  # no GPU check, no context to enter
+        C._type_device_arrays_directly()  # as the first real kernels() call does
         cuda.to_device = fake_copy
         x, o, w, b = fake((128, 3072)), fake((128, 3072)), fake((3072,)), fake((3072,))
         s, so = fake((12, 128, 128)), fake((12, 128, 128))

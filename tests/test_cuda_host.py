@@ -229,3 +229,27 @@ def test_no_numba_transpose_in_the_cuda_implementations():
                 if "host" not in comment and "simulator" not in comment:
                     found.append(f"{path.name}:{node.lineno}: {line.strip()}")
     assert not found, found
+
+
+@needs_driver_classes
+def test_device_arrays_typed_as_numba_types_them(host_pool):
+    """_type_device_arrays_directly registers DeviceNDArray with numba's typeof; the types it
+    gives are the ones numba's generic path gives (C, F and strided layouts, 1-4 dims)."""
+    from numba.core.typing.typeof import Purpose, _TypeofContext, typeof, typeof_impl
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    from dispatch.cuda_impls import _common as C
+
+    base = _pool.empty((4, 6, 8, 2), np.float32)
+    arrays = [base, C.c_view(base, 384), C.c_view(base, 48, 8), C.t_view(C.c_view(base, 48, 8)),
+              DeviceNDArray((4, 3), (192, 8), np.float32, gpu_data=base.gpu_data)]
+    generic = typeof_impl.dispatch(object)  # numba's own path for a class it has no entry for
+    want = []
+    for a in arrays:
+        a.__dict__.pop("_numba_type_", None)  # typed afresh, not from a cached attribute
+        want.append(generic(a, _TypeofContext(Purpose.argument)))
+        a.__dict__.pop("_numba_type_", None)
+    C._type_device_arrays_directly()
+    assert typeof_impl.dispatch(DeviceNDArray) is not generic
+    assert [typeof(a, Purpose.argument) for a in arrays] == want
+    assert [str(t.layout) for t in want] == ["C", "C", "C", "F", "A"]

@@ -66,6 +66,7 @@ def _in_one_context(run):
 
 
 _mods: dict = {}
+_TYPED_DIRECTLY: list = []  # non-empty once DeviceNDArray is registered with numba's typeof
 
 
 def kernels(name: str):
@@ -73,8 +74,26 @@ def kernels(name: str):
     mod = _mods.get(name)
     if mod is None:
         devices.cuda_module()  # clear error when no GPU and no simulator
+        _type_device_arrays_directly()
         mod = _mods[name] = importlib.import_module(f"kernels_cuda.{name}")
     return mod
+
+
+def _type_device_arrays_directly():
+    """numba types a device-array launch argument through its generic path, which first tries
+    the buffer protocol (an import and a raised TypeError) before it reads the array's
+    ``_numba_type_``: 1.34 us an argument, 0.59 us with DeviceNDArray registered to read
+    ``_numba_type_`` at once (numba.core.typing.typeof, this project's Xeon, 2026-11-26).  The
+    type is the one the generic path returns; registered once, and not under the simulator
+    (whose arrays are another class)."""
+    if _TYPED_DIRECTLY or devices.simulator_enabled():
+        return
+    from numba.core.typing.typeof import typeof_impl
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    if DeviceNDArray not in typeof_impl.registry:
+        typeof_impl.register(DeviceNDArray)(lambda val, c: val._numba_type_)
+    _TYPED_DIRECTLY.append(True)
 
 
 def props():
