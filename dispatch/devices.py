@@ -31,18 +31,34 @@ def device_kind(arr):
 
 
 def _span(arr):
+    """[lo, hi) of the bytes arr's elements occupy on the device.  A real numba device array's
+    span is kept in its __dict__ (its pointer, shape and strides never change): validation
+    asks for the spans of the same arrays, weights and outputs, several times a call
+    (stubbed layer_norm: 3 overlap checks, 6 spans)."""
     if _numba_array(arr) and hasattr(arr, "device_ctypes_pointer"):
-        # a real numba device array: its pointer and layout without building the interface dict
-        ptr = arr.device_ctypes_pointer.value or 0
-        if arr.size and arr.is_c_contiguous():  # the common case, without the stride sums
-            return ptr, ptr + arr.size * arr.dtype.itemsize
-        shape, strides, itemsize = arr.shape, arr.strides, arr.dtype.itemsize
-    else:
-        iface = arr.__cuda_array_interface__
-        ptr = iface["data"][0]
-        shape = iface["shape"]
-        itemsize = _itemsize(iface["typestr"])
-        strides = iface.get("strides")
+        d = arr.__dict__
+        span = d.get("_nk_span")
+        if span is None:
+            span = d["_nk_span"] = _numba_span(arr)
+        return span
+    iface = arr.__cuda_array_interface__
+    ptr = iface["data"][0]
+    shape = iface["shape"]
+    itemsize = _itemsize(iface["typestr"])
+    strides = iface.get("strides")
+    return _extent(ptr, shape, strides, itemsize)
+
+
+def _numba_span(arr):
+    """A real numba device array's span, from its pointer and layout (without building the
+    interface dict)."""
+    ptr = arr.device_ctypes_pointer.value or 0
+    if arr.size and arr.is_c_contiguous():  # the common case, without the stride sums
+        return ptr, ptr + arr.size * arr.dtype.itemsize
+    return _extent(ptr, arr.shape, arr.strides, arr.dtype.itemsize)
+
+
+def _extent(ptr, shape, strides, itemsize):
     if not shape or 0 in shape:
         return ptr, ptr
     if strides is None:
