@@ -29,7 +29,6 @@ CUDA simulator the pool is off (its arrays are host arrays).
 from __future__ import annotations
 
 import math
-import os
 import threading
 
 import numpy as np
@@ -42,20 +41,7 @@ PER_CLASS = 64   # buffers kept per size class (a training step holds many same-
 MIN_CLASS = 512  # bytes; cuMemAlloc's own granularity is coarser still
 
 
-def _keep_bytes() -> int:
-    raw = os.environ.get(ENV)
-    if raw is None or raw.strip() == "":
-        return 4096 << 20
-    try:
-        mb = int(raw)
-    except ValueError:
-        mb = -1
-    if mb < 0:
-        raise ValueError(f"{ENV}={raw!r}: expected a whole number of MiB >= 0 (0 turns the CUDA result pool off)")
-    return mb << 20
-
-
-KEEP_BYTES = _keep_bytes()
+KEEP_BYTES = _arena.env_mib(ENV, 4096, "the CUDA result pool")
 POISON = False  # tests: fill every buffer handed out with 0xFF bytes (NaN in every float dtype)
 
 _LOCK = threading.Lock()
@@ -87,24 +73,8 @@ def _idle(bufs, i) -> bool:
 
 def _drop_idle(need: int) -> int:
     """Drop idle buffers until `need` more bytes fit under KEEP_BYTES (need < 0: all of
-    them); returns the bytes dropped.  numba-cuda frees them (deferred cuMemFree).  Called
-    with _LOCK held."""
-    freed = 0
-    for key in list(_BUFS):
-        bufs = _BUFS[key]
-        i = 0
-        while i < len(bufs):
-            if need >= 0 and _KEPT[0] + need <= KEEP_BYTES:
-                return freed
-            if _idle(bufs, i):
-                del bufs[i]
-                _KEPT[0] -= key[1]
-                freed += key[1]
-            else:
-                i += 1
-        if not bufs:
-            del _BUFS[key]
-    return freed
+    them); numba-cuda frees them (deferred cuMemFree).  Called with _LOCK held."""
+    return _arena.drop_idle(_BUFS, _KEPT, need, KEEP_BYTES, _idle, lambda key: key[1])
 
 
 def _array(keep, shape, dtype):
@@ -128,31 +98,21 @@ def empty(shape, dtype):
     cls = size_class(n)
     ctx = cuda.current_context()
     key = (ctx.device.id, cls, threading.get_ident() if _STATE["ptds"] else None)
-    with _LOCK:
-        bufs = _BUFS.get(key)
-        if bufs is None:
-            bufs = _BUFS[key] = []
-        for i in range(len(bufs)):
-            if _idle(bufs, i):
-                return _array(bufs[i], shape, dtype)
-        if len(bufs) >= PER_CLASS:
-            return cuda.device_array(shape, dtype)
-        if _KEPT[0] + cls > KEEP_BYTES:
-            _drop_idle(cls)
-            if _KEPT[0] + cls > KEEP_BYTES:
-                return cuda.device_array(shape, dtype)
-            bufs = _BUFS.setdefault(key, [])  # _drop_idle removes emptied keys
+
+    def allocate():
         try:
-            keep = ctx.memalloc(cls)
+            return ctx.memalloc(cls)
         except Exception:  # noqa: BLE001 - out of memory: give the idle buffers back, once
             if not _drop_idle(-1):
                 raise
             ctx.deallocations.clear()
-            keep = ctx.memalloc(cls)
-            bufs = _BUFS.setdefault(key, [])
-        bufs.append(keep)
-        _KEPT[0] += cls
-        return _array(keep, shape, dtype)
+            return ctx.memalloc(cls)
+
+    with _LOCK:
+        keep = _arena.take(_BUFS, _KEPT, key, cls, KEEP_BYTES, PER_CLASS, _idle, allocate, _drop_idle)
+        if keep is not None:
+            return _array(keep, shape, dtype)
+    return cuda.device_array(shape, dtype)
 
 
 def empty_cache() -> int:

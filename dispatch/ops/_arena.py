@@ -38,20 +38,23 @@ PER_CLASS = 16        # buffers kept per size class (more live results: plain np
 ENV = "NK_ARENA_MB"
 
 
-def _keep_bytes() -> int:
-    raw = os.environ.get(ENV)
+def env_mib(env: str, default_mib: int, what: str) -> int:
+    """Bytes from the environment variable `env`, a whole number of MiB >= 0 (unset or empty:
+    default_mib); anything else raises ValueError naming the variable.  `what`: what 0 turns
+    off, for the message."""
+    raw = os.environ.get(env)
     if raw is None or raw.strip() == "":
-        return 256 << 20
+        return default_mib << 20
     try:
         mb = int(raw)
     except ValueError:
         mb = -1
     if mb < 0:
-        raise ValueError(f"{ENV}={raw!r}: expected a whole number of MiB >= 0 (0 turns the result arena off)")
+        raise ValueError(f"{env}={raw!r}: expected a whole number of MiB >= 0 (0 turns {what} off)")
     return mb << 20
 
 
-KEEP_BYTES = _keep_bytes()
+KEEP_BYTES = env_mib(ENV, 256, "the result arena")
 
 _LOCK = threading.Lock()
 _BUFS: dict = {}      # size class (bytes) -> list of raw uint8 buffers
@@ -74,25 +77,31 @@ def idle(bufs, i) -> bool:
     return sys.getrefcount(bufs[i]) == _IDLE
 
 
-def _drop_idle(need: int) -> int:
-    """Drop idle buffers (any class) until `need` more bytes fit under KEEP_BYTES (need < 0:
-    all of them).  Returns the bytes dropped.  Called with _LOCK held."""
+def drop_idle(store: dict, kept: list, need: int, limit: int, is_idle, size_of) -> int:
+    """Drop idle buffers from store (key -> list of buffers; size_of(key) -> bytes of each)
+    until `need` more bytes fit under `limit` (need < 0: all of them), keeping kept[0] (the
+    bytes held) up to date and removing emptied keys; returns the bytes dropped.  is_idle(bufs,
+    i) says whether bufs[i] may go.  Called with the owner's lock held."""
     freed = 0
-    for cls in list(_BUFS):
-        bufs = _BUFS[cls]
+    for key in list(store):
+        bufs, size = store[key], size_of(key)
         i = 0
         while i < len(bufs):
-            if need >= 0 and _KEPT[0] + need <= KEEP_BYTES:
+            if need >= 0 and kept[0] + need <= limit:
                 return freed
-            if idle(bufs, i):
+            if is_idle(bufs, i):
                 del bufs[i]
-                _KEPT[0] -= cls
-                freed += cls
+                kept[0] -= size
+                freed += size
             else:
                 i += 1
         if not bufs:
-            del _BUFS[cls]
+            del store[key]
     return freed
+
+
+def _drop_idle(need: int) -> int:
+    return drop_idle(_BUFS, _KEPT, need, KEEP_BYTES, idle, int)
 
 
 def empty(shape, dtype) -> np.ndarray:
@@ -104,23 +113,34 @@ def empty(shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     cls = -(-n // ALIGN) * ALIGN
     with _LOCK:
-        bufs = _BUFS.get(cls)
-        if bufs is None:
-            bufs = _BUFS[cls] = []
-        for i in range(len(bufs)):
-            if idle(bufs, i):
-                return bufs[i][:n].view(dtype).reshape(shape)
-        if len(bufs) >= PER_CLASS:
-            return np.empty(shape, dtype)
-        if _KEPT[0] + cls > KEEP_BYTES:
-            _drop_idle(cls)
-            if _KEPT[0] + cls > KEEP_BYTES:
-                return np.empty(shape, dtype)
-            bufs = _BUFS.setdefault(cls, [])  # _drop_idle removes emptied classes
-        raw = np.empty(cls, np.uint8)
-        bufs.append(raw)
-        _KEPT[0] += cls
-        return raw[:n].view(dtype).reshape(shape)
+        raw = take(_BUFS, _KEPT, cls, cls, KEEP_BYTES, PER_CLASS, idle, lambda: np.empty(cls, np.uint8), _drop_idle)
+    if raw is None:
+        return np.empty(shape, dtype)
+    return raw[:n].view(dtype).reshape(shape)
+
+
+def take(store: dict, kept: list, key, size: int, limit: int, per_key: int, is_idle, allocate, drop):
+    """An idle buffer of store[key], else a new one from allocate() (size bytes) when at most
+    per_key are kept under the key and the bytes kept stay under `limit` (after drop(size)
+    has dropped idle ones of other keys); None when neither (the caller then makes a plain
+    one).  Called with the owner's lock held: the caller takes its reference to the buffer
+    before the lock is released."""
+    bufs = store.get(key)
+    if bufs is None:
+        bufs = store[key] = []
+    for i in range(len(bufs)):
+        if is_idle(bufs, i):
+            return bufs[i]
+    if len(bufs) >= per_key:
+        return None
+    if kept[0] + size > limit:
+        drop(size)
+        if kept[0] + size > limit:
+            return None
+    buf = allocate()
+    store.setdefault(key, []).append(buf)  # drop (or allocate) may have removed an emptied key
+    kept[0] += size
+    return buf
 
 
 _OTHER_CACHES: list = []  # the CUDA result pool's empty_cache, once it is loaded
