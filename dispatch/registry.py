@@ -217,7 +217,7 @@ class Op:
         """Validate, select and run: what every public function does.  PyTorch tensors
         are taken and given back without copies (dispatch.interop)."""
         if interop.has_tensor(args, kwargs):
-            conv = interop.from_torch(args, kwargs)
+            conv = interop.convert(args, kwargs)
             return conv.back(self._run(conv.args, conv.kwargs))
         return self._run(args, kwargs)
 
