@@ -48,7 +48,7 @@ class _HostContext:
         ptr = buf.ctypes.data
 
         def free():
-            self.allocations.pop(ptr)
+            self.allocations.pop(ptr, None)  # (cleared already when the context was torn down)
             self.frees += 1
 
         mem = drv.AutoFreePointer(None, ctypes.c_void_p(ptr), n, finalizer=free)
@@ -253,3 +253,16 @@ def test_device_arrays_typed_as_numba_types_them(host_pool):
     assert typeof_impl.dispatch(DeviceNDArray) is not generic
     assert [typeof(a, Purpose.argument) for a in arrays] == want
     assert [str(t.layout) for t in want] == ["C", "C", "C", "F", "A"]
+
+
+@needs_driver_classes
+def test_buffers_of_a_torn_down_context_are_never_handed_out(host_pool):
+    a = _pool.empty((256,), np.float32)
+    del a
+    host_pool.allocations.clear()   # what cuda.close() does to numba's context: the pointers die
+    b = _pool.empty((256,), np.float32)
+    (bufs,) = _pool._BUFS.values()
+    assert len(bufs) == 2 and bufs[1] is b.gpu_data  # a new buffer, not the dead one
+    del b
+    assert dispatch.empty_cache() == 2 * 1024  # the dead one is forgotten, b's freed
+    assert not _pool._BUFS and _pool.kept_bytes() == 0

@@ -39,8 +39,6 @@ from ..ops import _arena
 ENV = "NK_CUDA_POOL_MB"
 PER_CLASS = 64   # buffers kept per size class (a training step holds many same-sized activations)
 MIN_CLASS = 512  # bytes; cuMemAlloc's own granularity is coarser still
-
-
 KEEP_BYTES = _arena.env_mib(ENV, 4096, "the CUDA result pool")
 POISON = False  # tests: fill every buffer handed out with 0xFF bytes (NaN in every float dtype)
 
@@ -68,13 +66,30 @@ def _on() -> bool:
 
 
 def _idle(bufs, i) -> bool:
-    return _arena.idle(bufs, i) and bufs[i]._mem.refct == 1
+    """Whether bufs[i] may be handed out: only the pool refers to it, and no numba view.
+    A buffer whose context was torn down (cuda.close()) is never handed out again."""
+    if not _arena.idle(bufs, i):
+        return False
+    try:
+        return bufs[i]._mem.refct == 1
+    except ReferenceError:
+        return False
+
+
+def _droppable(bufs, i) -> bool:
+    """Idle, or dead with its context (then dropping it only forgets it)."""
+    if not _arena.idle(bufs, i):
+        return False
+    try:
+        return bufs[i]._mem.refct == 1
+    except ReferenceError:
+        return True
 
 
 def _drop_idle(need: int) -> int:
     """Drop idle buffers until `need` more bytes fit under KEEP_BYTES (need < 0: all of
     them); numba-cuda frees them (deferred cuMemFree).  Called with _LOCK held."""
-    return _arena.drop_idle(_BUFS, _KEPT, need, KEEP_BYTES, _idle, lambda key: key[1])
+    return _arena.drop_idle(_BUFS, _KEPT, need, KEEP_BYTES, _droppable, lambda key: key[1])
 
 
 def _array(keep, shape, dtype):
