@@ -200,7 +200,7 @@ def output(out, shape, dtype):
     o = devices.as_device(out) if out is not None else None
     if o is not None and o.is_c_contiguous():
         return o, o
-    return _pool.empty(shape, dtype), o
+    return device_empty(shape, dtype), o
 
 
 def deliver(res, out_dev, out):

@@ -65,25 +65,20 @@ def _on() -> bool:
     return on
 
 
-def _idle(bufs, i) -> bool:
-    """Whether bufs[i] may be handed out: only the pool refers to it, and no numba view.
-    A buffer whose context was torn down (cuda.close()) is never handed out again."""
+def _idle(bufs, i, dead=False) -> bool:
+    """Whether bufs[i] may be handed out: only the pool refers to it, and no numba view.  A
+    buffer whose context was torn down (cuda.close()) is never handed out again; `dead` is
+    what to answer for it (True when dropping: forgetting it is all there is to do)."""
     if not _arena.idle(bufs, i):
         return False
     try:
         return bufs[i]._mem.refct == 1
     except ReferenceError:
-        return False
+        return dead
 
 
 def _droppable(bufs, i) -> bool:
-    """Idle, or dead with its context (then dropping it only forgets it)."""
-    if not _arena.idle(bufs, i):
-        return False
-    try:
-        return bufs[i]._mem.refct == 1
-    except ReferenceError:
-        return True
+    return _idle(bufs, i, dead=True)
 
 
 def _drop_idle(need: int) -> int:
