@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import dispatch
 from tests.reference import linalg as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows,
-                           impl_params, poisoned, randn, read_only, reduction_tol, rng, run, strided)
+                           impl_params, poisoned, product_scale, randn, read_only, reduction_tol, rng, run, strided)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -68,7 +68,8 @@ def test_matmul_matches_reference(impl, sa, sb, dtype):
     a, b, bias = randn(g, sa, dtype), randn(g, sb, dtype), randn(g, sb[-1:], dtype)
     shape = _out_shape_matmul(sa, sb)
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=poisoned(shape, dtype))
-    assert_close(got, ref.matmul(a, b, bias=bias, activation="gelu_tanh"), _tol(dtype, sa[-1]), "matmul", cancel=True)
+    assert_close(got, ref.matmul(a, b, bias=bias, activation="gelu_tanh"), _tol(dtype, sa[-1]), "matmul", cancel=True,
+                 scale=product_scale(a, b, bias))
     got = run(impl, dispatch.matmul, a, b)
     assert_close(got, ref.matmul(a, b), _tol(dtype, sa[-1]), "matmul no epilogue", cancel=True)
 
@@ -81,7 +82,8 @@ def test_linear_matches_reference(impl, sx, sw, dtype):
     x, w, bias = randn(g, sx, dtype), randn(g, sw, dtype), randn(g, sw[:1], dtype)
     shape = sx[:-1] + sw[:1]
     got = run(impl, dispatch.linear, x, w, bias, activation="silu", out=poisoned(shape, dtype))
-    assert_close(got, ref.linear(x, w, bias, activation="silu"), _tol(dtype, sx[-1]), "linear", cancel=True)
+    assert_close(got, ref.linear(x, w, bias, activation="silu"), _tol(dtype, sx[-1]), "linear", cancel=True,
+                 scale=product_scale(x, w, bias, transpose_b=True))
     got = run(impl, dispatch.linear, x, w)
     assert_close(got, ref.linear(x, w), _tol(dtype, sx[-1]), "linear no epilogue", cancel=True)
 
@@ -98,7 +100,7 @@ def test_matmul_epilogues(impl, dtype, activation, with_bias):
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation,
               out=poisoned(_out_shape_matmul(sa, sb), dtype))
     assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, sa[-1]), f"matmul {activation}",
-                 cancel=True)
+                 cancel=True, scale=product_scale(a, b, bias))
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
@@ -112,7 +114,7 @@ def test_linear_epilogues(impl, dtype, activation, with_bias):
     bias = randn(g, sw[:1], dtype) if with_bias else None
     got = run(impl, dispatch.linear, x, w, bias, activation=activation, out=poisoned(sx[:-1] + sw[:1], dtype))
     assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(dtype, sx[-1]), f"linear {activation}",
-                 cancel=True)
+                 cancel=True, scale=product_scale(x, w, bias, transpose_b=True))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -198,7 +200,8 @@ def test_property_random_shapes(impl, m, k, n, batch, b_batch, activation, use_b
     b = (randn(g, (batch[::-1] if b_batch else ()) + (k, n), dtype) / np.sqrt(k)).astype(dtype)
     bias = randn(g, (n,), dtype) if use_bias else None
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation)
-    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random", cancel=True)
+    assert_close(got, ref.matmul(a, b, bias=bias, activation=activation), _tol(dtype, k), "random", cancel=True,
+                 scale=product_scale(a, b, bias))
 
 
 # ---- read-only and broadcast inputs (host arrays) ---------------------------------------
