@@ -11,7 +11,9 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
   1. pack A into MR-row panels ``ap[ba, panel, k, 0:MR]`` and B into NR-column panels
      ``bp[bb, panel, k, 0:NR]`` (zero padded at the edges; transposed sources go through
      a register-transpose intrinsic); workers take panels from an atomic counter, and a
-     worker that finds a panel unfinished packs it again rather than wait (no barrier);
+     worker that finds a panel unfinished packs it again rather than wait (no barrier).
+     When all M rows are one row block (and no B batch is shared), B's panels are packed
+     by the task that reads them instead, right before its micro-kernels;
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
      scheduling: a thread that loses its core to another process does not hold up the
      other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
@@ -615,6 +617,12 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
             dst[_U(d + r)] = zero
 
 
+# A GEMM task packs its own B panels (gemm_worker) only if they take at most this many
+# bytes: they must still be in L2 (2 MiB a core on the AVX-512 hosts, 512 KiB on Zen 3)
+# when its micro-kernels read them.
+B_IN_TASK_BYTES = 1 << 20
+
+
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
@@ -792,7 +800,17 @@ def gemm_worker(w, params, is64, ti):
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
     n_pack_a = na * mp
-    n_pack = n_pack_a if p[P_B_PACKED] != 0 else n_pack_a + nb * npn
+    # one row block (M <= mc_panels * MR) and no B batch shared by output batches: each B
+    # panel is read by one task only, which packs it itself right before its micro-kernels
+    # read it from L2, instead of all B panels being packed up front (written out to L3 or
+    # memory, then read back).  128x768x3072 linear / its dx GEMM (2 threads, Sapphire
+    # Rapids, interleaved medians, 3 alternating processes each, 2026-11-26): 2.48 -> 2.40
+    # ms / 2.73 -> 2.61 ms.
+    # Only while a task's panels fit in L2 (B_IN_TASK_BYTES): 64x4096x4096 (12 panels of
+    # K = 4096, 9.4 MB a task) ran 23-24 -> 26-31 ms packed in the task.
+    b_in_task = (p[P_B_PACKED] == 0 and nmb == 1 and nb == nbatch
+                 and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
+    n_pack = n_pack_a if p[P_B_PACKED] != 0 or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     sync = carray(ptr_as(p[P_SYNC], np.int64(0)), 2 + n_pack)
     apf = carray(ptr_as(p[P_AP], z), na * mp * K * MR)
@@ -831,6 +849,9 @@ def gemm_worker(w, params, is64, ti):
         p1 = min(p0 + mc_panels, mp)
         q0 = nb_ * nc_panels
         q1 = min(q0 + nc_panels, npn)
+        if b_in_task:
+            for q in range(q0, q1):
+                call_address(pack_b, (bb * npn + q, params))
         for k0 in range(0, K, kc):
             kl = min(kc, K - k0)
             accumulate = k0 > 0 or accumulate_c
