@@ -402,7 +402,8 @@ def test_prepack_bad_input(call, err, match):
 TILE_CASES = [  # (a shape, b shape or linear weight shape, linear?)
     ((129, 65), (65, 97), False),        # edges in both directions of every tile
     ((8, 48), (48, 48), False),          # exactly one 8x48 tile
-    ((20, 1100), (1100, 50), False),     # two K blocks (KC_MAX 1024)
+    ((20, 1100), (1100, 50), False),     # two K blocks (KC_MAX 1024); one row block: B packed in its task
+    ((20, 6000), (6000, 100), False),    # one row block, a task's B panels over B_IN_TASK_BYTES (wide tiles)
     ((2, 13, 40), (40, 70), False),      # batch
     ((4, 11, 40), (4, 40, 33), False),   # plain batch
     ((130, 70), (49, 70), True),         # linear: (N, K) weight read transposed
