@@ -8,6 +8,13 @@ Why TBB (the A/B behind it is in README's "Threading" section and the issue note
   runtime. After one parallel numba kernel, PyTorch's attention on (16, 12, 198, 32) took
   440-616 ms instead of 14-28 ms, and its workers wake slowly after an idle pause
   (layer_norm 128x768 forced parallel after 0.2 s idle: 7.8 ms omp, 0.13 ms tbb).
+  Re-measured 2026-11-26 on an Intel host (PyTorch 2.13, ``python -m bench.runtime --ab``),
+  neither held: PyTorch's attention after our omp kernels 1.02x its time alone (tbb 1.00x),
+  and omp ran small kernels faster than tbb right after a PyTorch call and in paced
+  bursts (softmax 1x12x128x128 paced 0.101 vs 0.226 ms, layer_norm 512x768 bursts after
+  idle 93 vs 250 us, attention 1x12x128x64 mixed 0.53 vs 0.94 ms), tbb faster from 4
+  Python threads (geglu 0.61 vs 1.29 ms).  tbb stays until the A/B holds on more hosts and
+  omp's fork hazard is handled (GNU OpenMP terminates a forked child that uses it).
 - ``workqueue`` aborts the process ("Concurrent access has been detected", exit 134) when
   two Python threads call parallel kernels at once.
 - ``tbb`` has neither problem. numba already ranks it first (its default priority is tbb,
