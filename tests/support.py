@@ -376,6 +376,7 @@ def product_scale(a, b, bias=None, *, transpose_b=False):
     terms = aa @ bb if aa.size and bb.size else np.zeros(1)
     if bias is not None:
         terms = terms + np.abs(np.asarray(bias, np.float64))
+    terms = terms[np.isfinite(terms)]   # rows with inf / NaN inputs are compared by pattern
     return 1.2 * float(np.max(terms)) if terms.size else 0.0
 
 
