@@ -42,6 +42,9 @@ intrinsics: on aarch64 or any other target LLVM lowers the same code (the 6x16 t
 the default there).  The workers, packers and micro-kernel are compiled per (dtype, tile),
 the tile a literal argument.  conv2d (kernels_cpu/conv.py) runs the 6x16 tile.
 
+gemm_rows: for few rows and a large (N, K) weight (linear): out^T = w @ x^T with the weight
+read in place as the micro-kernel's A operand (MR of its rows per tile) and only x packed.
+
 gemv_parallel: for M == 1 (decode).  prange over (batch x blocks of GEMV_NB outputs);
 with ``transb`` each output is a dot product with a contiguous weight row, else the block
 accumulates ``x[k] * B[k, n0:n1]`` rows.
@@ -248,16 +251,19 @@ def _tmr_overload(ti):
     return lambda ti: mr
 
 
-def _micro_codegen(indexed, ti=NARROW):
+def _micro_codegen(indexed, ti=NARROW, rows_a=False):
     """The micro-kernel's code generator for tile TILES[ti]; indexed: B row k at
     bp[boff + tab[toff + k]] (the convolution's direct form) instead of bp[boff + k*NR] (a
-    packed panel)."""
+    packed panel); rows_a: A read in place from MR rows of a row-major matrix, element
+    (i, k) at ap[aoff + i*ar + k] (an argument ar after aoff), instead of from a packed
+    panel (ap[aoff + k*MR + i])."""
     tile = TILES[ti]
     MR = tile.mr  # noqa: N806 - the tile's rows, shadowing the 6x16 constant
+    sh = 1 if rows_a else 0  # argument positions after aoff move by one
 
     def typer(typingctx, *argtys):
-        ap, bp = argtys[1], argtys[3]
-        c = argtys[7] if indexed else argtys[5]
+        ap, bp = argtys[1], argtys[3 + sh]
+        c = argtys[7 + sh] if indexed else argtys[5 + sh]
         if not (isinstance(ap, types.Array) and ap.dtype in (types.float32, types.float64)):
             return None
         if bp.dtype != ap.dtype or c.dtype != ap.dtype:
@@ -266,7 +272,7 @@ def _micro_codegen(indexed, ti=NARROW):
         nr = tile.nr32 if is32 else tile.nr64
         width = tile.lanes32 if is32 else tile.lanes32 // 2
         nv = nr // width
-        ci = 7 if indexed else 5  # position of c (then coff, ldc, accumulate)
+        ci = (7 if indexed else 5) + sh  # position of c (then coff, ldc, accumulate)
 
         def codegen(context, builder, sig, args):
             fty = context.get_value_type(sig.args[1].dtype)
@@ -277,10 +283,13 @@ def _micro_codegen(indexed, ti=NARROW):
                 return context.cast(builder, args[pos], sig.args[pos], types.int64)
 
             apd = builder.gep(context.make_array(sig.args[1])(context, builder, args[1]).data, [i64_of(2)])
-            bpd = builder.gep(context.make_array(sig.args[3])(context, builder, args[3]).data, [i64_of(4)])
+            bpd = builder.gep(context.make_array(sig.args[3 + sh])(context, builder, args[3 + sh]).data,
+                              [i64_of(4 + sh)])
             cpd = builder.gep(context.make_array(sig.args[ci])(context, builder, args[ci]).data, [i64_of(ci + 1)])
             if indexed:
                 tabd = builder.gep(context.make_array(sig.args[5])(context, builder, args[5]).data, [i64_of(6)])
+            if rows_a:  # the MR row starts, once: then row i's k-th value is one gep away
+                arows = [builder.gep(apd, [builder.mul(i64_of(3), ir.Constant(i64, i))]) for i in range(MR)]
             ldc = i64_of(ci + 2)
             kc64 = i64_of(0)
             accumulate = context.cast(builder, args[ci + 3], sig.args[ci + 3], types.boolean)
@@ -312,14 +321,14 @@ def _micro_codegen(indexed, ti=NARROW):
                 else:
                     bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
                 abase = builder.gep(apd, [builder.mul(k, ir.Constant(i64, MR))])
-                if tile.pfa:
+                if tile.pfa and not rows_a:
                     prefetch(abase, tile.pfa)
                 bvec = []
                 for v in range(nv):
                     ptr = builder.bitcast(builder.gep(bbase, [ir.Constant(i64, v * width)]), vty.as_pointer())
                     bvec.append(builder.load(ptr, align=4))
                 for i in range(MR):
-                    a = builder.load(builder.gep(abase, [ir.Constant(i64, i)]))
+                    a = builder.load(builder.gep(arows[i], [k]) if rows_a else builder.gep(abase, [ir.Constant(i64, i)]))
                     av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
                     for v in range(nv):
                         builder.store(builder.call(fma, [av, bvec[v], builder.load(accs[i][v])]), accs[i][v])
@@ -392,6 +401,14 @@ def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
         return gen(context, builder, inner, args[1:])
 
     return types.none(ti, *sig.args), codegen
+
+
+@intrinsic
+def micro_rows(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc, accumulate):
+    """_micro_kernel of the ROWS_TILE tile with A read in place from MR rows of a row-major
+    matrix: element (i, k) at ap[aoff + i*ar + k] (gemm_rows: the weight's rows)."""
+    return _micro_codegen(False, ROWS_TILE, rows_a=True)(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc,
+                                                         accumulate)
 
 
 @njit(inline="always")
@@ -904,6 +921,79 @@ def pack_b(b3, transb, bp, tile=None):
         raise ValueError(f"pack_b: bp too small for tile {TILES[ti].name}")
     p[P_B], p[P_BP], p[P_NB], p[P_N], p[P_K] = b3.ctypes.data, bp.ctypes.data, nb, N, K
     run_workers(_packer("b", transb, bp.dtype, ti), p, nb * -(-N // tile_n(bp.dtype, ti)))
+
+
+# ---- weight read in place: few rows, a large (N, K) weight -----------------------------------
+#
+# gemm_rows: out = act(x @ w.T + bias) computed as out^T = w @ x^T, with the weight as the
+# micro-kernel's A operand read in place (MR of its rows per tile, each broadcast value the
+# next one of a row) and only x packed, as B panels of NR of its rows.  gemm_parallel packs
+# the whole weight instead, which for few rows costs as much as the product: 64x4096x4096
+# linear, 2 threads, Sapphire Rapids (2026-11-26, interleaved medians): 21.6 ms packing it,
+# 10.0 ms with it prepacked, 11.3 ms read in place (a first version of this kernel).  Each
+# tile of out^T is stored transposed into out; bias + activation then run over the task's
+# columns (gemm_epilogue).  The tile is ROWS_TILE (8x48: 16-lane vectors; correct but slow
+# on narrower targets, where dispatch does not choose it).
+ROWS_TILE = HOST_WIDE
+ROWS_MR = TILES[ROWS_TILE].mr
+ROWS_PANELS = 8   # MR-row weight panels per task (64 output columns: whole cache lines of out)
+
+
+@njit(parallel=True, **JIT)
+def _gemm_rows_parallel(w, xp, nr, out, bias_addr, epilogue, ntasks):
+    N, K = w.shape
+    M = out.shape[0]
+    mr = ROWS_MR
+    npan = (N + mr - 1) // mr
+    nxp = (M + nr - 1) // nr
+    wf = w.reshape(-1)
+    of = out.reshape(-1)
+    isz = of.itemsize
+    for task in prange(ntasks):
+        t = np.empty(mr * nr, out.dtype)
+        tail = np.zeros(mr * K, out.dtype)   # the last, partial panel's rows, zero padded
+        p0 = task * npan // ntasks
+        p1 = (task + 1) * npan // ntasks
+        for pan in range(p0, p1):
+            n0 = pan * mr
+            rows = min(mr, N - n0)
+            if rows < mr:
+                for i in range(rows):
+                    for k in range(K):
+                        tail[i * K + k] = wf[(n0 + i) * K + k]
+            for j in range(nxp):
+                if rows == mr:
+                    micro_rows(K, wf, n0 * K, K, xp, j * K * nr, t, 0, nr, False)
+                else:
+                    micro_rows(K, tail, 0, K, xp, j * K * nr, t, 0, nr, False)
+                m0 = j * nr
+                for r in range(min(nr, M - m0)):
+                    o = (m0 + r) * N + n0
+                    for i in range(rows):
+                        of[o + i] = t[i * nr + r]
+        if epilogue != 0 and p1 > p0:
+            c0 = p0 * mr
+            call_address(epilogue, (out.ctypes.data + c0 * isz, N, M, min(p1 * mr, N) - c0, bias_addr + c0 * isz))
+
+
+def gemm_rows(x2, w2, bias, epilogue, code, out2, xp, nworkers):
+    """out2 (M, N) = act(x2 @ w2.T + bias) (bias + activation only with epilogue), w2 (N, K)
+    read in place; x2 (M, K), w2, bias, out2 C-contiguous of one dtype; xp: a workspace of
+    at least rows_workspace(M, K, dtype) elements for x's panels."""
+    M, K = x2.shape
+    N = w2.shape[0]
+    nr = tile_n(out2.dtype, ROWS_TILE)
+    pack_b(x2.reshape(1, M, K), True, xp, tile=ROWS_TILE)
+    npan = -(-N // ROWS_MR)
+    ntasks = max(min(-(-npan // ROWS_PANELS), npan), nworkers)
+    _gemm_rows_parallel(w2, xp, nr, out2, bias.ctypes.data, _epilogue(out2.dtype, code) if epilogue else 0,
+                        min(ntasks, npan))
+
+
+def rows_workspace(M, K, dtype) -> int:
+    """Elements of gemm_rows's workspace for x (M, K)."""
+    nr = tile_n(dtype, ROWS_TILE)
+    return -(-M // nr) * nr * K
 
 
 # ---- GEMV ------------------------------------------------------------------------------------

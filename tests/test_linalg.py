@@ -464,6 +464,41 @@ def test_every_tile_matches_reference(tile, dtype):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
+def test_linear_weight_read_in_place(activation, monkeypatch):
+    """cpu-gemm's in-place-weight path (kernels_cpu.gemm.gemm_rows: few rows, a large (N, K)
+    weight, float32, the 8x48 tile, forced here on any host): leading dims, rows not a
+    multiple of the x panels (48), a last weight panel of 2 rows, with and without bias,
+    NaN-poisoned out=; float64 and a prepacked weight take the packing path."""
+    from dispatch.ops import linalg as L
+    from kernels_cpu import gemm as K
+    used = []
+    real = K.gemm_rows
+    monkeypatch.setattr(K, "gemm_rows", lambda *a: used.append(1) or real(*a))
+    g = rng()
+    n, k = 2050, 1100   # 9.0 MB of float32 weight: over ROWS_MIN_BYTES, N >= K
+    assert n * k * 4 >= L.ROWS_MIN_BYTES
+    with gemm_tile("8x48"):
+        for sx, with_bias in (((3, 11, k), True), ((1, k), False), ((L.ROWS_M_MAX, k), True)):
+            x = randn(g, sx, np.float32)
+            w = (randn(g, (n, k), np.float32) / np.sqrt(k)).astype(np.float32)
+            bias = randn(g, (n,), np.float32) if with_bias else None
+            used.clear()
+            with dispatch.use(linear="cpu-gemm"):
+                got = dispatch.linear(x, w, bias, activation=activation, out=poisoned(sx[:-1] + (n,), np.float32))
+            assert used, f"{sx}: the in-place path was not taken"
+            assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(np.float32, k), f"in place {sx}",
+                         cancel=True, scale=product_scale(x, w, bias, transpose_b=True))
+        x = randn(g, (5, k), np.float32)
+        used.clear()
+        with dispatch.use(linear="cpu-gemm"):
+            dispatch.linear(x, dispatch.prepack(w), activation=activation)
+            dispatch.linear(x.astype(np.float64), w.astype(np.float64), activation=activation)
+            dispatch.linear(randn(g, (L.ROWS_M_MAX + 1, k), np.float32), w, activation=activation)
+        assert not used, "prepacked, float64 or too many rows: the packing path"
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
 def test_tiles_agree_and_prepacked_weight_is_tied_to_its_tile():
     """The tiles give the same result up to rounding; a PackedWeight packed under one tile
     is refused under another with a message naming both and the remedy."""

@@ -369,10 +369,29 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
     return mc, nc, kc
 
 
+# The weight read in place (kernels_cpu.gemm.gemm_rows) instead of packed, for a linear
+# (an (N, K) weight, contiguous) with few rows and a large weight, on the 8x48 tile's hosts,
+# float32.  2 threads, Sapphire Rapids, interleaved medians (2026-11-26), ms, packed ->
+# in place: 64x4096x4096 21.6 -> 11.3, 32x768x3072 1.14 -> 0.86, 128x768x3072 2.40 ->
+# 2.20; where it lost (not taken): 128x3072x768 (N < K) 2.48 -> 2.72, 256x1024x1024 2.11 ->
+# 2.61 (first version of the kernel, before the rule).
+ROWS_M_MAX = 128           # rows of x
+ROWS_MIN_BYTES = 8 << 20   # the weight's bytes
+
+
+def _rows_in_place(m, n, k, nbatch, ta, tb, dtype, tile, packed) -> bool:
+    return (packed is None and nbatch == 1 and not ta and tb and dtype == np.float32 and tile.name == "8x48"
+            and m <= ROWS_M_MAX and n >= k and n * k * dtype.itemsize >= ROWS_MIN_BYTES)
+
+
 def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     nbatch, m, n = out3.shape
     k = a3.shape[1] if ta else a3.shape[2]
     tile = K.active_tile()  # a PackedWeight's tile was checked against it in describe
+    if _rows_in_place(m, n, k, nbatch, ta, tb, out3.dtype, tile, packed):
+        xp = _workspace(K.rows_workspace(m, k, out3.dtype), out3.dtype)
+        K.gemm_rows(a3[0], b3[0], bias_v, has_epilogue, code, out3[0], xp, numba.get_num_threads())
+        return
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(out3.dtype), tile)
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype, tile)
     if packed is None:
@@ -544,7 +563,9 @@ def _order(key):
 _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the register tile the host runs "
                "(6x16 AVX2, 8x48 AVX-512: the vectors line), tasks over batch x row x column blocks, "
                "bias + activation fused into the tile store; transposed views read without a copy, "
-               "other non-contiguous inputs copied")
+               "other non-contiguous inputs copied; a float32 linear with at most "
+               f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
+               "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows)")
 _NOTES_GEMV = ("matrix-vector form for few rows: prange over blocks of outputs, dot products "
                "with contiguous weight rows (linear's (N, K) layout) or row updates for a (K, N) b; "
                "bias + activation fused")
@@ -604,6 +625,13 @@ def _epilogue_variants(bias_at):
 
     out = {"no epilogue": variant(None, False), "bias": variant(None, True)}
     out.update({act: variant(act, True) for act in ACTIVATION_CODES if act is not None})
+    if bias_at[0] == "args":   # linear: a weight large enough to be read in place (gemm_rows)
+        def in_place(args, kwargs):
+            dt = args[0].dtype
+            k = 1024
+            n = -(-ROWS_MIN_BYTES // (k * dt.itemsize))
+            return (np.zeros((8, k), dt), np.zeros((n, k), dt), np.zeros(n, dt)), dict(kwargs, activation=None)
+        out["weight read in place"] = in_place
     return out
 
 
