@@ -951,21 +951,19 @@ def _gemm_rows_parallel(w, xp, nr, out, bias_addr, epilogue, ntasks):
     isz = of.itemsize
     for task in prange(ntasks):
         t = np.empty(mr * nr, out.dtype)
-        tail = np.zeros(mr * K, out.dtype)   # the last, partial panel's rows, zero padded
         p0 = task * npan // ntasks
         p1 = (task + 1) * npan // ntasks
         for pan in range(p0, p1):
             n0 = pan * mr
             rows = min(mr, N - n0)
-            if rows < mr:
+            src, s0 = wf, n0 * K
+            if rows < mr:  # the last, partial panel: its rows copied, zero padded to mr
+                src, s0 = np.zeros(mr * K, out.dtype), 0
                 for i in range(rows):
                     for k in range(K):
-                        tail[i * K + k] = wf[(n0 + i) * K + k]
+                        src[i * K + k] = wf[(n0 + i) * K + k]
             for j in range(nxp):
-                if rows == mr:
-                    micro_rows(K, wf, n0 * K, K, xp, j * K * nr, t, 0, nr, False)
-                else:
-                    micro_rows(K, tail, 0, K, xp, j * K * nr, t, 0, nr, False)
+                micro_rows(K, src, s0, K, xp, j * K * nr, t, 0, nr, False)
                 m0 = j * nr
                 for r in range(min(nr, M - m0)):
                     o = (m0 + r) * N + n0

@@ -5,6 +5,7 @@ out=, and bad input; the own GEMM under each of its register tiles (6x16 AVX2, 8
 12x32 AVX-512) whatever the host picks."""
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -496,6 +497,18 @@ def test_linear_weight_read_in_place(activation, monkeypatch):
             dispatch.linear(x.astype(np.float64), w.astype(np.float64), activation=activation)
             dispatch.linear(randn(g, (L.ROWS_M_MAX + 1, k), np.float32), w, activation=activation)
         assert not used, "prepacked, float64 or too many rows: the packing path"
+        # 4 Python threads at once, each its own x: the same bits as alone
+        xs = [randn(g, (40, k), np.float32) for _ in range(4)]
+
+        def call(x):
+            with dispatch.use(linear="cpu-gemm"):   # overrides are per thread
+                return dispatch.linear(x, w, bias, activation=activation)
+        alone = [call(x) for x in xs]
+        with ThreadPoolExecutor(4) as ex:
+            together = list(ex.map(call, xs * 3))
+        for i, got in enumerate(together):
+            np.testing.assert_array_equal(got, alone[i % 4])
+        assert len(used) >= 16
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
