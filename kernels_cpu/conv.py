@@ -6,17 +6,25 @@ bottom / right padding is implied by OH, OW, which the caller computes: padding=
 may pad one more on the far side).  Output (oy, ox) of channel co reads input rows
 oy*sh - ph + ky*dh and columns ox*sw - pw + kx*dw, zero outside the image.
 
-Both GEMM forms run on the GEMM's register-tiled micro-kernel (gemm.py): per image n
-and group g, out[n, g] (Cout_g, P = OH*OW) = W_g (Cout_g, Kc) @ col (Kc, P), Kc =
-Cin_g*KH*KW, the weight packed into MR-row panels (pack_weight, numpy; once for good with
-dispatch.prepack).  The im2col matrix col is never formed:
+Both GEMM forms run on the GEMM's register-tiled micro-kernel (gemm.py), on the GEMM's
+active tile (gemm.active_tile: 8x48 of 16-lane vectors on AVX-512 hosts, 6x16 of 8-lane
+ones elsewhere): per image n and group g, out[n, g] (Cout_g, P = OH*OW) = W_g (Cout_g, Kc)
+@ col (Kc, P), Kc = Cin_g*KH*KW, the weight packed into the tile's MR-row panels
+(pack_weight, numpy; once for good with dispatch.prepack, which records the tile).  The
+im2col matrix col is never formed:
 
 conv_direct (every convolution but an unpadded stride-1 1x1): x is copied once into a
-zero-padded, phase-split buffer in which row k of col for NR consecutive output pixels is
-NR consecutive values at a per-k offset (tab); the micro-kernel reads B straight from
-there (micro_kernel_indexed), no packing.  Extra memory: about x's size.  Before it, a
-packed im2col block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3 64ch
-56x56: 5.85 ms packed, 3.28 ms direct; 7x7/2 stem: 4.24 -> 3.28 ms).
+zero-padded, phase-split buffer in which row k of col for NR consecutive output pixels
+(numbered in the buffer's row pitch, so a tile runs on across rows) is NR consecutive values
+at a per-k offset (tab); the micro-kernel reads B straight from there
+(micro_tile_indexed), no packing.  Extra memory: about x's size.  Before it, a packed im2col
+block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3 64ch 56x56: 5.85 ms
+packed, 3.28 ms direct; 7x7/2 stem: 4.24 -> 3.28 ms).  Moving from the 6x16 tile (8-lane
+vectors, 12 accumulators) with tiles inside one row to the AVX-512 8x48 tile with pitched
+tiles (2 threads, prepacked + bias + ReLU, interleaved medians, Sapphire Rapids,
+2026-11-26): 3x3 64ch 56x56 1.75-1.81 -> 1.25-1.34 ms, 7x7/2 stem 1.73-1.79 -> 1.30-1.37,
+SD U-Net 3x3 320ch 64x64 42.5-46.9 -> 28.8-30.2; 1x1 256->64 (conv_gemm) 1.15-1.21 ->
+0.71-0.76 ms.
 
 conv_gemm (the unpadded stride-1 1x1): col is x's channel planes themselves; a task
 (image, group, block of Cout rows, block of NC output pixels) copies KC x NC blocks of
@@ -36,15 +44,20 @@ import numpy as np
 from numba import carray, njit
 
 from .approx import JIT_BY_ADDRESS
-from .gemm import MR, NARROW, _micro_kernel, _nr, act_store_lit, micro_kernel_indexed, store_edge_tile, tile_n
+from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile, micro_tile_indexed, \
+    store_edge_tile, tile_m, tile_n
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
-# K block (rows of col packed per step) and output pixels per task, in NR-column panels.
-# A KC x NC float32 block is 128 KiB: it stays in L2 (512 KiB per core on Zen 3, 1-2 MiB
-# on Ice Lake / Zen 4) while every weight panel (MR x KC, 6 KiB, L1) sweeps it; the GEMM's
-# own KC_MAX (dispatch/ops/linalg.py) was measured at 256.  Provisional for NC: chosen so
-# that a 56x56 image (3136 pixels) gives 25 tasks per (image, group) for 2 threads.
+# K block (rows of col per step; conv_direct splits Kc into even blocks of at most KC) and
+# output pixels per task of conv_gemm, in NR-column panels.  With the 8x48 tile a KC x NC
+# float32 block is 384 KiB: it stays in L2 (512 KiB per core on Zen 3, 1-2 MiB on Ice Lake /
+# Sapphire Rapids) while every weight panel (MR x KC, 8 KiB, L1) sweeps it; the GEMM's own
+# KC_MAX (dispatch/ops/linalg.py) was measured at 256.  Sapphire Rapids, 2 threads,
+# 2026-11-26, 8x48: KC 640 (one block for the 3x3 64ch's Kc = 576) measured within noise of
+# 256 split evenly (288 + 288; 1.62-1.67 ms against 1.67-1.72, SD U-Net 25.5-26.2 against
+# 25.8-26.5), uneven 256 + 256 + 64 1.76 ms; NC 8 / 4 / 2 panels on the 1x1 256->64:
+# 0.67-0.72 / 0.69-0.72 / 0.78-0.83 ms.
 KC = 256
 NC_PANELS = 8
 
@@ -56,16 +69,18 @@ _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
  C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_COUNT) = range(27)
 
 
-def pack_weight(weight, groups):
-    """The weight (Cout, Cin_g, KH, KW) as the micro-kernel's A panels: (groups, mp, Kc, MR)
-    with mp = ceil(Cout_g / MR), rows past Cout_g zero."""
+def pack_weight(weight, groups, tile=None):
+    """The weight (Cout, Cin_g, KH, KW) as the micro-kernel's A panels for a register tile
+    (default: the active one, gemm.active_tile): (groups, mp, Kc, mr) with
+    mp = ceil(Cout_g / mr), rows past Cout_g zero."""
+    mr = tile_m(tile)
     cout, cin_g, kh, kw = weight.shape
     cout_g = cout // groups
     kc = cin_g * kh * kw
-    mp = -(-cout_g // MR)
-    w = np.zeros((groups, mp * MR, kc), weight.dtype)
+    mp = -(-cout_g // mr)
+    w = np.zeros((groups, mp * mr, kc), weight.dtype)
     w[:, :cout_g] = weight.reshape(groups, cout_g, kc)
-    return np.ascontiguousarray(w.reshape(groups, mp, MR, kc).transpose(0, 1, 3, 2))
+    return np.ascontiguousarray(w.reshape(groups, mp, mr, kc).transpose(0, 1, 3, 2))
 
 
 @njit(inline="always")
@@ -92,14 +107,15 @@ def _pack_planes(xf, xbase, HW, k0, kl, c0, npan, ws, nr):
 
 
 @njit(**JIT_BY_ADDRESS)
-def conv_worker(w, params, is64):
+def conv_worker(w, params, is64, ti):
     """Worker w of a conv_gemm call (the C_* slots of the int64 block at params: an
-    unpadded stride-1 1x1 convolution); is64 a literal: one compiled worker per dtype,
-    whatever the activation."""
+    unpadded stride-1 1x1 convolution); is64 and ti (the register tile, gemm.TILES[ti])
+    literals: one compiled worker per dtype and tile, whatever the activation."""
     p = carray(ptr_as(params, np.int64(0)), C_COUNT)
     z = like_dtype(is64)
     isz = 8 if is64 else 4
-    nr = _nr(z)
+    nr = _tnr(z, ti)
+    MR = _tmr(ti)  # noqa: N806 - the tile's rows
     nimg, cin, H, W, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
     OH, OW, kc, nc, mc = p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_MC]
     epilogue = p[C_EPILOGUE]
@@ -148,7 +164,7 @@ def conv_worker(w, params, is64):
                     ncol = min(nr, P - j0)
                     full = mr == MR and ncol == nr
                     # one call site (each inlined copy of the intrinsic costs compile time)
-                    _micro_kernel(kl, apf, aoff, ws, (q - q0) * kl * nr, of if full else t,
+                    micro_tile(ti, kl, apf, aoff, ws, (q - q0) * kl * nr, of if full else t,
                                   obase + i0 * P + j0 if full else 0, P if full else nr, accumulate and full)
                     if not full:
                         store_edge_tile(t, nr, of, obase + i0 * P + j0, P, mr, ncol, accumulate)
@@ -159,19 +175,25 @@ def conv_worker(w, params, is64):
 
 
 @njit(**JIT_BY_ADDRESS)
-def conv_direct_worker(w, params, is64):
+def conv_direct_worker(w, params, is64, ti):
     """Worker w of a conv_direct call: the convolution read straight from a zero-padded,
-    phase-split copy of the image (C_X; a channel is C_H * C_W values, output rows C_W
-    apart; C_WS: the k -> offset table; C_NC: output rows per task).  No packing of the image at all: the
-    micro-kernel's B row k of the NR-pixel tile at (oy, ox0) is the NR contiguous values at
-    tab[k] + oy*Wp + ox0 (micro_kernel_indexed).  Tasks: (image, group, block of output
-    rows), all output channels; per K block of kc, each weight panel (L1) sweeps the
-    task's tiles, whose image rows stay in L2 across the panels."""
+    phase-split copy of the image (C_X; a channel is C_H * C_W values, rows C_W = Wq apart;
+    C_WS: the k -> offset table; C_NC: output rows per task); is64 and ti (the register tile)
+    literals.  No packing of the image at all.  Output pixels are numbered in the copy's
+    pitch, o = oy*Wq + ox, and a register tile covers NR consecutive o whatever the rows:
+    B row k of the tile at o0 is the NR contiguous values at tab[k] + o0
+    (micro_tile_indexed).  The Wq - OW columns past each row's end are computed and dropped
+    (2 of 58 for a 3x3 at 56 wide), where tiles inside one row would round every row up to
+    whole tiles (a 48-wide tile at 56 wide: 96 columns).  Each tile goes through the tile
+    buffer t and its rows' valid runs are copied (or added, after the first K block) into
+    out.  Tasks: (image, group, block of output rows), all output channels; per K block of
+    kc, each weight panel (L1) sweeps the task's tiles, whose image rows stay in L2."""
     p = carray(ptr_as(params, np.int64(0)), C_COUNT)
     z = like_dtype(is64)
     isz = 8 if is64 else 4
-    nr = _nr(z)
-    nimg, cin, Hp, Wp, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
+    nr = _tnr(z, ti)
+    MR = _tmr(ti)  # noqa: N806 - the tile's rows
+    nimg, cin, Hp, Wq, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
     KH, KW = p[C_KH], p[C_KW]
     OH, OW, kc, rows_per = p[C_OH], p[C_OW], p[C_KC], p[C_NC]
     epilogue = p[C_EPILOGUE]
@@ -182,13 +204,14 @@ def conv_direct_worker(w, params, is64):
     mp = (cout_g + MR - 1) // MR
     nbr = (OH + rows_per - 1) // rows_per
     ntasks = nimg * G * nbr
-    ntile = (OW + nr - 1) // nr
+    nkb = (Kc + kc - 1) // kc
+    kce = (Kc + nkb - 1) // nkb  # K blocks of even length
     sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[C_X], z), nimg * cin * Hp * Wp)
+    xf = carray(ptr_as(p[C_X], z), nimg * cin * Hp * Wq + nr)  # + the slack the last tiles read
     tab = carray(ptr_as(p[C_WS], np.int64(0)), Kc)
     apf = carray(ptr_as(p[C_AP], z), G * mp * Kc * MR)
     of = carray(ptr_as(p[C_OUT], z), nimg * cout * P)
-    t = np.empty(MR * nr, of.dtype)  # an edge tile (fewer than MR rows or nr pixels)
+    t = np.empty(MR * nr, of.dtype)
     while True:
         task = fetch_add(sync, 0, 1)
         if task >= ntasks:
@@ -199,25 +222,39 @@ def conv_direct_worker(w, params, is64):
         g = img_g - img * G
         oy0 = rb * rows_per
         oy1 = min(oy0 + rows_per, OH)
-        xbase = (img * cin + g * cin_g) * Hp * Wp
+        lo = oy0 * Wq
+        hi = (oy1 - 1) * Wq + OW  # one past the task's last valid pixel
+        ntl = (hi - lo + nr - 1) // nr
+        xbase = (img * cin + g * cin_g) * Hp * Wq
         obase = (img * cout + g * cout_g) * P
-        for k0 in range(0, Kc, kc):
-            kl = min(kc, Kc - k0)
-            accumulate = k0 > 0
+        for k0 in range(0, Kc, kce):
+            kl = min(kce, Kc - k0)
             for pa in range(mp):
                 aoff = ((g * mp + pa) * Kc + k0) * MR
                 i0 = pa * MR
                 mr = min(MR, cout_g - i0)
-                for oy in range(oy0, oy1):
-                    for tl in range(ntile):
-                        ox0 = tl * nr
-                        ncol = min(nr, OW - ox0)
-                        full = mr == MR and ncol == nr
-                        o0 = obase + i0 * P + oy * OW + ox0
-                        micro_kernel_indexed(kl, apf, aoff, xf, xbase + oy * Wp + ox0, tab, k0, of if full else t,
-                                             o0 if full else 0, P if full else nr, accumulate and full)
-                        if not full:
-                            store_edge_tile(t, nr, of, o0, P, mr, ncol, accumulate)
+                for tl in range(ntl):
+                    o0 = lo + tl * nr
+                    micro_tile_indexed(ti, kl, apf, aoff, xf, xbase + o0, tab, k0, t, 0, nr, False)
+                    # the tile's valid runs: row by row of the output
+                    o = o0
+                    oe = min(o0 + nr, hi)
+                    while o < oe:
+                        oy = o // Wq
+                        ox = o - oy * Wq
+                        run = min(Wq - ox, oe - o)
+                        if ox < OW:
+                            n = min(run, OW - ox)
+                            d = obase + i0 * P + oy * OW + ox
+                            s0 = o - o0
+                            for i in range(mr):
+                                if k0 > 0:
+                                    for j in range(n):
+                                        of[_U(d + i * P + j)] += t[_U(i * nr + s0 + j)]
+                                else:
+                                    for j in range(n):
+                                        of[_U(d + i * P + j)] = t[_U(i * nr + s0 + j)]
+                        o += run
         if epilogue != 0:  # bias + activation on the task's rows (all channels of the group)
             call_address(epilogue, (p[C_OUT] + (obase + oy0 * OW) * isz, P, cout_g, (oy1 - oy0) * OW,
                                     p[C_BIAS] + g * cout_g * isz))
@@ -258,8 +295,11 @@ def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
     if (OH, OW) != (H, W) or ap.shape[2] != cin // groups:
         raise ValueError("conv_gemm: an unpadded stride-1 1x1 convolution only (conv_direct takes the rest)")
     dt = out.dtype
-    nr = tile_n(dt, NARROW)  # conv2d runs the 6x16 tile (its weight panels are MR = 6 rows)
+    ti = _tile_index(None)  # the active register tile; ap was packed for it (pack_weight)
+    nr = tile_n(dt, ti)
     mp = ap.shape[1]
+    if ap.shape[3] != tile_m(ti):
+        raise ValueError(f"conv_gemm: weight panels of {ap.shape[3]} rows, the {TILES[ti].name} tile needs {tile_m(ti)}")
     npn = -(-(OH * OW) // nr)
     nnb = -(-npn // NC_PANELS)
     # split the Cout rows over tasks only when (image, group, pixel block) tasks are too
@@ -280,7 +320,7 @@ def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
     p[C_KC], p[C_NC], p[C_MC] = KC, NC_PANELS, mc
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
-    run_workers(worker_address(conv_worker, (is64,)), p, nw)
+    run_workers(worker_address(conv_worker, (is64, ti)), p, nw)
 
 
 def direct_applies(kh, kw, stride, pad):
@@ -294,29 +334,35 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     phase-split buffer and conv_direct_worker reads the micro-kernel's B rows from it
     through a k -> offset table.  Phase split (stride s): padded row y = r*s + py goes to
     phase py, row r, so that output row oy's tap ky reads phase (ky*dh) % s at row
-    oy + (ky*dh) // s, and NR consecutive output columns read NR consecutive values (for
-    stride 1 there is one phase: the padded image).  Buffer: (N, C, sh, sw, Hq, Wq), Wq the
-    output width rounded up to whole NR-pixel tiles plus the taps' reach: extra memory
-    about x's size (s^2 / stride^2 of it)."""
+    oy + (ky*dh) // s, and consecutive output pixels read consecutive values (for stride 1
+    there is one phase: the padded image).  Buffer: (N, C, sh, sw, Hq, Wq), Wq = OW plus the
+    taps' reach, then NR values of slack that the last tiles read past the end: extra
+    memory about x's size.  ap: the weight packed by pack_weight for the active tile."""
     nimg, cin, H, W = x.shape
     _, cout, OH, OW = out.shape
     dt = out.dtype
-    nr = tile_n(dt, NARROW)  # conv2d runs the 6x16 tile (its weight panels are MR = 6 rows)
+    ti = _tile_index(None)
+    nr = tile_n(dt, ti)
     mp = ap.shape[1]
+    if ap.shape[3] != tile_m(ti):
+        raise ValueError(f"conv_direct: weight panels of {ap.shape[3]} rows, the {TILES[ti].name} tile needs "
+                         f"{tile_m(ti)}")
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return
     (sh, sw), (dh, dw), (ph, pw) = stride, dilation, pad
-    ntile = -(-OW // nr)
     Hq = OH + (kh - 1) * dh // sh
-    Wq = ntile * nr + (kw - 1) * dw // sw
-    xpad = np.zeros((nimg, cin, Hq * sh, Wq * sw), dt)
+    Wq = OW + (kw - 1) * dw // sw
+    size = nimg * cin * sh * sw * Hq * Wq
+    buf = np.zeros(size + nr, dt)
     rows = max(0, min(H, Hq * sh - ph))
     cols = max(0, min(W, Wq * sw - pw))
-    xpad[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
     if sh * sw == 1:
-        xq = xpad
+        buf[:size].reshape(nimg, cin, Hq, Wq)[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
     else:
-        xq = np.ascontiguousarray(xpad.reshape(nimg, cin, Hq, sh, Wq, sw).transpose(0, 1, 3, 5, 2, 4))
+        xpad = np.zeros((nimg, cin, Hq * sh, Wq * sw), dt)
+        xpad[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
+        buf[:size].reshape(nimg, cin, sh, sw, Hq, Wq)[...] = \
+            xpad.reshape(nimg, cin, Hq, sh, Wq, sw).transpose(0, 1, 3, 5, 2, 4)
     cin_g = cin // groups
     k = np.arange(cin_g * kh * kw, dtype=np.int64)
     ci, r = np.divmod(k, kh * kw)
@@ -330,12 +376,13 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     per_image = max(1, -(-4 * nworkers // (nimg * groups)))
     rows_per = -(-OH // min(OH, per_image))
     ntasks = nimg * groups * -(-OH // rows_per)
-    p, sync = _params(xq.reshape(nimg, cin, sh * sw * Hq, Wq), ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
+    p, sync = _params(buf[:size].reshape(nimg, cin, sh * sw * Hq, Wq), ap, bias, out, tab, groups, kh, kw, stride,
+                      pad, dilation)
     p[C_H], p[C_W] = sh * sw * Hq, Wq  # a channel's size is C_H * C_W; rows are C_W apart
     p[C_KC], p[C_NC] = KC, rows_per
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
-    run_workers(worker_address(conv_direct_worker, (is64,)), p, min(nworkers, ntasks))
+    run_workers(worker_address(conv_direct_worker, (is64, ti)), p, min(nworkers, ntasks))
 
 
 def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):

@@ -333,7 +333,7 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
                     for v in range(nv):
                         builder.store(builder.call(fma, [av, bvec[v], builder.load(accs[i][v])]), accs[i][v])
 
-            unroll = 1 if indexed else tile.unroll
+            unroll = tile.unroll
             if unroll > 1:  # kc // unroll steps of `unroll` k's, then the rest one by one
                 ku = ir.Constant(i64, unroll)
                 nbody = builder.udiv(kc64, ku)
@@ -399,6 +399,24 @@ def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
     def codegen(context, builder, sig_, args):
         inner = types.none(*sig_.args[1:])
         return gen(context, builder, inner, args[1:])
+
+    return types.none(ti, *sig.args), codegen
+
+
+@intrinsic
+def micro_tile_indexed(typingctx, ti, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate):
+    """micro_kernel_indexed for the tile TILES[ti] (ti a literal): the direct convolution
+    on the host's register tile (kernels_cpu/conv.py)."""
+    if not isinstance(ti, types.Literal):
+        return None
+    res = _micro_codegen(True, ti.literal_value)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc,
+                                                 accumulate)
+    if res is None:
+        return None
+    sig, gen = res
+
+    def codegen(context, builder, sig_, args):
+        return gen(context, builder, types.none(*sig_.args[1:]), args[1:])
 
     return types.none(ti, *sig.args), codegen
 

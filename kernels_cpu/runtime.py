@@ -125,7 +125,7 @@ def vectors() -> str:
     """One line for ``explain`` and the report's machine header: the vector width and the
     GEMM register tile that run (kernels_cpu.gemm.active_tile(): chosen from the target's
     features at import, NK_GEMM_TILE overrides), and whether the host has AVX-512.
-    conv2d keeps the 6x16 tile; the elementwise activations' loops are 16-lane on AVX-512
+    conv2d's implicit GEMM runs the same tile; the elementwise activations' loops are 16-lane on AVX-512
     targets (approx.wide_loops), LLVM's choice elsewhere."""
     from . import gemm, target
     cpu = target.cpu_name()
@@ -140,5 +140,5 @@ def vectors() -> str:
         # aarch64: LLVM legalizes the IR's 8-lane float32 vectors as pairs of 4-lane NEON
         # registers (the 6x16 tile: 24 of NEON's 32 as accumulators); the loops are its choice
         acts, host = "4 (LLVM's choice)", f"{target.vector_bits()}-bit NEON vectors, LLVM splits wider IR vectors"
-    return (f"{bits}-bit GEMM: {tile.name} tile{forced} ({tile.describe()}, {tile.mr}x{tile.nr64} float64), "
-            f"conv2d 6x16, activations {acts} x float32; host {cpu}: {host}")
+    return (f"{bits}-bit GEMM: {tile.name} tile{forced} ({tile.describe()}, {tile.mr}x{tile.nr64} float64; "
+            f"conv2d too), activations {acts} x float32; host {cpu}: {host}")

@@ -263,25 +263,32 @@ def test_registry_has_both_kernel_kinds():
 
 @host_only
 @pytest.mark.parametrize("tile", ["6x16", "8x48", "12x32"])
-def test_conv_runs_the_6x16_tile_whatever_the_gemm_tile(tile):
-    """conv2d keeps the 6x16 register tile (its weight panels have 6 rows) when the GEMM
-    runs another one (kernels_cpu.gemm.use_tile / NK_GEMM_TILE): identical results, and a
-    conv2d PackedWeight stays valid across the switch."""
+def test_conv_runs_the_active_gemm_tile(tile):
+    """conv2d's implicit GEMM runs the GEMM's active register tile (kernels_cpu.gemm.use_tile /
+    NK_GEMM_TILE), its weight panels packed for that tile's rows: each tile matches the
+    reference on the direct form (pitched tiles across rows, strides, an edge of output
+    channels) and the 1x1 form, prepacked equal to unpacked, and a PackedWeight packed
+    under another tile is refused by name, writing nothing."""
     from kernels_cpu import gemm as K
     g = rng()
-    cases = [((1, 6, 9, 10), (7, 6, 3, 3), dict(padding=1)), ((2, 20, 7, 7), (9, 20, 1, 1), dict())]
+    cases = [((1, 6, 9, 10), (7, 6, 3, 3), dict(padding=1)), ((2, 20, 7, 7), (9, 20, 1, 1), dict()),
+             ((1, 5, 23, 61), (13, 5, 3, 3), dict(stride=2, padding=1)),
+             ((2, 3, 40, 53), (17, 3, 7, 7), dict(stride=2, padding=3))]
     prev = K.use_tile("6x16")
     try:
-        base = []
+        other = dispatch.prepack(np.ones((4, 2, 3, 3), np.float32), op="conv2d")
+        K.use_tile(tile)
         for xs, ws, kw in cases:
             x, w, b = _inputs(g, xs, ws, np.float32)
             with dispatch.use(conv2d="cpu-gemm"):
-                base.append((x, w, b, kw, dispatch.prepack(w, op="conv2d"), dispatch.conv2d(x, w, b, **kw)))
-        K.use_tile(tile)
-        for x, w, b, kw, pw, want in base:
-            with dispatch.use(conv2d="cpu-gemm"):
-                np.testing.assert_array_equal(dispatch.conv2d(x, w, b, **kw), want)
-                np.testing.assert_array_equal(dispatch.conv2d(x, pw, b, **kw), want)
-            assert_close(want, ref.conv2d(x, w, b, **kw), _tol(np.float32, np.prod(w.shape[1:])), "conv2d", cancel=True)
+                got = dispatch.conv2d(x, w, b, **kw)
+                np.testing.assert_array_equal(dispatch.conv2d(x, dispatch.prepack(w, op="conv2d"), b, **kw), got)
+            assert_close(got, ref.conv2d(x, w, b, **kw), _tol(np.float32, np.prod(ws[1:])), f"conv2d {tile}",
+                         cancel=True)
+        if tile != "6x16":
+            out = np.full((1, 4, 3, 3), 7.0, np.float32)
+            with pytest.raises(ValueError, match="packed for the 6x16 GEMM tile"):
+                dispatch.conv2d(np.ones((1, 2, 5, 5), np.float32), other, out=out)
+            assert (out == 7.0).all()
     finally:
         K.use_tile(prev)

@@ -91,8 +91,10 @@ def _unpack(weight, groups):
                         "prepack(..., op='conv2d')")
     if weight.groups != groups:
         raise ValueError(f"weight was packed with groups={weight.groups}, the call has groups={groups}")
-    if weight._nr != K.MR:
-        raise ValueError(f"weight: PackedWeight has {weight._nr}-row panels, this kernel build uses {K.MR}")
+    tile = K.active_tile()
+    if weight.tile != tile.name or weight._nr != tile.mr:  # packed for another register tile
+        raise ValueError(f"weight: PackedWeight was packed for the {weight.tile} GEMM tile ({weight._nr}-row "
+                         f"panels); the active tile is {tile.name}: prepack it again")
     return weight.weight, weight.panels
 
 
@@ -247,7 +249,9 @@ def _prepack_conv(weight, dt, op, groups):
     if weight.shape[0] % groups:
         raise ValueError(f"groups={groups} must divide weight's output channels Cout={weight.shape[0]}")
     src = _readonly_source(weight)
-    return PackedWeight(op, src, K.pack_weight(np.ascontiguousarray(weight), groups), K.MR, groups)
+    tile = K.active_tile()
+    return PackedWeight(op, src, K.pack_weight(np.ascontiguousarray(weight), groups, tile), tile.mr, groups,
+                        tile=tile.name)
 
 
 register_prepacker("conv2d", _prepack_conv, options=("groups",))
