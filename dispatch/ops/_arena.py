@@ -32,7 +32,13 @@ import numpy as np
 
 __public__ = ("empty_cache",)
 
-MIN_BYTES = 1 << 20   # smaller results come from malloc's bins, which it does not trim
+# Results from 128 KiB (glibc's initial mmap threshold) up: below that malloc's bins serve
+# them without faults.  A 1 MiB floor left conv2d's 784 KiB result to malloc, where with the
+# op's 841 KiB padded copy freed beside it the heap top was trimmed and faulted in again on
+# every call: ResNet-50 3x3 64ch 56x56, 2 threads, 2026-11-26, 394 -> 0 page faults and
+# 1.53 -> 1.09 ms a call; layer_norm 128x768, softmax 1x12x128x128, attention 1x12x128x64 and
+# geglu 128x3072 had no faults either way and did not change beyond noise.
+MIN_BYTES = 1 << 17
 ALIGN = 1 << 16       # size classes: byte counts rounded up to 64 KiB
 PER_CLASS = 16        # buffers kept per size class (more live results: plain np.empty)
 ENV = "NK_ARENA_MB"
