@@ -58,7 +58,8 @@ AVG_VARIANTS = [pytest.param(dt, cip, div, id=f"{np.dtype(dt).name}-{cip}-{div}"
 # (x shape, output_size)
 ADAPTIVE_CASES = [
     ((1, 9, 7, 7), 1),                 # global pooling (ResNet's head)
-    ((2, 3, 14, 14), (7, 7)),          # VGG's head: 2x2 windows
+    ((2, 3, 14, 14), (7, 7)),          # VGG's head: 2x2 windows (tiling: run as an avg_pool)
+    ((2, 3, 12, 15), (4, 5)),          # tiling 3x3 windows, oblong plane
     ((1, 5, 10, 9), (3, 4)),           # uneven, overlapping windows
     ((3, 2, 5, 7), (None, 3)),         # None keeps H
     ((6, 4, 6), 4),                    # 3-D input

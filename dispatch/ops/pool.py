@@ -20,7 +20,7 @@ import numpy as np
 from kernels_cpu import pool as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule
 from ._spatial import out_size, pair
 
@@ -32,6 +32,13 @@ from ._spatial import out_size, pair
 # The key counts input + output elements (about 5x the output for these strides): the
 # threshold stays at 2^15 of that, where max pooling's crossover is.
 PARALLEL_THRESHOLD = 1 << 15
+# adaptive pooling with one output per row (global pooling: each window one contiguous run,
+# 13-14 us on one thread for 1x2048x7x7): serial until 2^20 input + output elements.
+# 2026-11-26, Sapphire Rapids, 2 threads, dispatch calls, interleaved medians, back to back /
+# after 0.2 s idle: 1x2048x7x7 serial 51 / 54 us, parallel 68 / 83; 4x2048x7x7 156 / 195
+# against 106 / 224; 16x2048x7x7 460 / 634 against 347 / 622.  Tiling windows (VGG's
+# 14 -> 7, run as an avg_pool) keep 2^15: 1x512x14x14 152 / 206 serial, 115 / 189 parallel.
+WHOLE_ROWS_THRESHOLD = 1 << 20
 _MEASURED = ("max_pool2d 3x3/2 parallel ahead back to back from about 2^17 input + output elements, "
              "mixed after idle (measured, 2 cores)")
 
@@ -51,6 +58,7 @@ class PoolKey(NamedTuple):
     size: int           # bucket of input + output elements (the serial/parallel rule)
     planes: int         # bucket of N * C
     window: int         # bucket of the window's element count (adaptive: of a bound on the largest)
+    whole_rows: bool    # adaptive with one output per row: each window one contiguous run
 
 
 class PoolArgs(NamedTuple):
@@ -97,9 +105,10 @@ def _window_args(x, kernel_size, stride, padding, dilation, ceil_mode, out):
     return dev, dt, lead, h, w, k, s, p, d, o
 
 
-def _key(name, dev, dt, lead, h, w, o, window):
+def _key(name, dev, dt, lead, h, w, o, window, whole_rows=False):
     planes = math.prod(lead)
-    return PoolKey(name, dev, dt, bucket(planes * (h * w + o[0] * o[1])), bucket(planes), bucket(window))
+    return PoolKey(name, dev, dt, bucket(planes * (h * w + o[0] * o[1])), bucket(planes), bucket(window),
+                   whole_rows)
 
 
 def _describe_max(x, kernel_size, stride=None, padding=0, dilation=1, *, ceil_mode=False, out=None):
@@ -137,7 +146,7 @@ def _describe_adaptive(x, output_size, *, out=None):
     o = pair("output_size", output_size, minimum=1)
     V.out(out, lead + o, dt, x=x)
     window = _span(h, o[0]) * _span(w, o[1])
-    return Call(_key("adaptive_avg_pool2d", dev, dt, lead, h, w, o, window),
+    return Call(_key("adaptive_avg_pool2d", dev, dt, lead, h, w, o, window, o[1] == 1),
                 PoolArgs(x, None, None, None, None, o, True, 0, out))
 
 
@@ -205,8 +214,17 @@ def _sig_adaptive(i):
     return (i["x"], i.get("output_size", (7, 7))), {}
 
 
+_RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
+_WHOLE_ROWS_RULE = serial_parallel_rule("size", WHOLE_ROWS_THRESHOLD, "adaptive pooling to one output per row: "
+                                        "serial ahead up to 2^20 after idle (measured, 2 cores)")
+
+
+def _choose_adaptive(key):
+    return (_WHOLE_ROWS_RULE if key.whole_rows else _RULE).choose(key)
+
+
 def _register(name, kind, describe, signature, flops, serial, parallel):
-    rule = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
+    rule = Rule(_RULE.names, _choose_adaptive) if kind == "adaptive" else _RULE
     op = register_op(Op(name, describe, family="pool", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}))
     register(Implementation(name, "cpu-serial", "cpu", _host(kind, serial), kernel_modules=_KERNELS,
