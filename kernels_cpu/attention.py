@@ -85,23 +85,24 @@ SPLIT_MIN = 256  # fewest keys per split-KV split
 
 # ---- the register-blocked micro-kernel -------------------------------------------------
 
-def _make_micro(fir, width, rows, nvec):
+def _make_micro(fir, width, rows, nvec, vstride=False):
     """C[r, 0:width*nvec] (+)= sum_k A[r*a_rs + k*a_ks] * B[k*ldb + 0:width*nvec] for r < rows.
 
     All arguments are int64: element pointers (from ``arr.ctypes.data``) and strides in
     elements.  accumulate != 0 adds to C, else C is overwritten.  The rows x nvec vector
-    accumulators live in registers for the whole k loop (allocas promoted by LLVM)."""
+    accumulators live in registers for the whole k loop (allocas promoted by LLVM).
+    vstride: B's vector v is at B[k*ldb + v*b_vs] (a last argument b_vs) instead of
+    B[k*ldb + v*width]: blocks of two K^T panels (pack_k_head) in one call."""
     vty = ir.VectorType(fir, width)
     suffix = "v%d%s" % (width, "f32" if isinstance(fir, ir.FloatType) else "f64")
     isz = 4 if isinstance(fir, ir.FloatType) else 8
 
-    @intrinsic
-    def micro(typingctx, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-        sig = types.none(types.intp, types.intp, types.intp, types.intp, types.intp,
-                         types.intp, types.intp, types.intp, types.intp)
+    def micro_typer(typingctx, *argtys):
+        sig = types.none(*([types.intp] * (10 if vstride else 9)))
 
         def codegen(context, builder, sig, args):
-            a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf = args
+            a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf = args[:9]
+            b_vs = args[9] if vstride else ir.Constant(ir.IntType(64), width)
             i64, i32 = ir.IntType(64), ir.IntType(32)
             pty, vpty = fir.as_pointer(), vty.as_pointer()
             A = builder.inttoptr(a_ptr, pty)
@@ -133,8 +134,8 @@ def _make_micro(fir, width, rows, nvec):
             with cgutils.for_range(builder, kdim) as loop:
                 k = loop.index
                 bp = builder.gep(B, [builder.mul(k, ldb)])
-                bvs = [builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, v * width)]), vpty), align=isz)
-                       for v in range(nvec)]
+                bvs = [builder.load(builder.bitcast(builder.gep(bp, [builder.mul(b_vs, ir.Constant(i64, v))]), vpty),
+                                    align=isz) for v in range(nvec)]
                 kofs = builder.mul(k, a_ks)
                 for r in range(rows):
                     ap = builder.gep(A, [builder.add(kofs, builder.mul(ir.Constant(i64, r), a_rs))])
@@ -149,10 +150,30 @@ def _make_micro(fir, width, rows, nvec):
 
         return sig, codegen
 
+    if vstride:
+        @intrinsic
+        def micro_vs(typingctx, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate, b_vs):
+            return micro_typer(typingctx)
+        return micro_vs
+
+    @intrinsic
+    def micro(typingctx, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+        return micro_typer(typingctx)
+
     return micro
 
 
 _micro_f32 = _make_micro(ir.FloatType(), 16, 8, 1) if WIDE else _make_micro(ir.FloatType(), 8, 4, 2)  # 8 accumulators
+# Two 16-column blocks at once on AVX-512 (16 zmm accumulators: 8 broadcasts and 2 B loads
+# feed 16 FMAs, where the one-block kernel issues 9 loads for 8): the flash item's S = Q K^T
+# over pairs of K^T panels and acc += P V over 32 of V's columns.  Sapphire Rapids, float32,
+# interleaved medians, two alternating process pairs (2026-11-26), one block -> pairs, ms:
+# cpu-serial 1x12x128x64 0.76-0.77 -> 0.65-0.72, 1x12x512x64 9.05-9.31 -> 7.43-7.77,
+# MiniLM 16x12x198x32 + padding-free 15.3 -> 13.5-14.5; cpu-flash (2 threads) 0.50 ->
+# 0.45-0.47, 4.87-4.95 -> 4.11-4.34, 7.97-8.04 -> 7.32-7.74.  Cold first call of bert-base
+# attention: 4.13-4.40 s -> 4.41-4.52 s (noisy; on a Haswell target, where pairs are two
+# one-block calls, 3.88-3.95 -> 3.85-4.11).
+_micro2_f32 = _make_micro(ir.FloatType(), 16, 8, 2, vstride=True) if WIDE else None
 _micro_f64 = _make_micro(ir.DoubleType(), 4, 2, 4)  # 2 x 16: 8 accumulators
 # One row of C, ROW_NC float32 columns (8 vector accumulators): split-KV's acc += p V for a
 # query row, which the 8-row block above would compute 8 times over; the plain loop sent
@@ -190,6 +211,26 @@ def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumula
         _micro_f64(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
         _micro_f64(a_ptr + 2 * 8 * a_rs, a_rs, a_ks, b_ptr, ldb, c_ptr + 2 * 8 * ldc, ldc, kdim, accumulate)
     return f64
+
+
+def micro_pair(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
+    """Two MR x 16 blocks, C[0:MR, 0:32] (+)= A B0 | A B1, B1 b_vs elements after B0: one
+    register block on AVX-512 float32 (_micro2_f32), two micro calls elsewhere."""
+
+
+@overload(micro_pair, inline="always")
+def _micro_pair_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
+    if x == types.float32 and WIDE:
+        def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
+            _micro2_f32(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate, b_vs)
+        return f32
+
+    isz = 4 if x == types.float32 else 8
+
+    def two(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
+        micro(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
+        micro(x, a_ptr, a_rs, a_ks, b_ptr + b_vs * isz, ldb, c_ptr + NC * isz, ldc, kdim, accumulate)
+    return two
 
 
 def row_micro(x, a_ptr, b_ptr, ldb, c_ptr, kdim):
@@ -405,8 +446,8 @@ def _copy_rows(src, dst):
 @njit(inline="always")
 def flash_tile(skv):
     """Keys per flash tile for a key range of skv: all of them (rounded up to a multiple of
-    BK) up to ONE_TILE, else BK."""
-    return max(NC, (skv + BK - 1) // BK * BK) if skv <= ONE_TILE else BK
+    BK) up to ONE_TILE, else BK; at least two K^T panels (the score blocks come in pairs)."""
+    return max(2 * NC, (skv + BK - 1) // BK * BK) if skv <= ONE_TILE else BK
 
 
 @njit(**JIT_INNER)
@@ -462,12 +503,16 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
     for j0 in range(0, kv_end, bk):
         jn = min(bk, kv_end - j0)
         ncb = (jn + NC - 1) // NC
-        # S = (scale Q) K^T, MR x 16 blocks
-        for cb in range(ncb):
+        # S = (scale Q) K^T in pairs of MR x 16 blocks (K^T panels D * NC elements apart);
+        # an odd count runs one zero panel more (kph has an even number of panels, st's
+        # width is a multiple of 2 * NC), whose keys the softmax below masks with the
+        # others past jn: one call site
+        ncb += ncb % 2
+        for cb in range(0, ncb, 2):
             bptr = kp_p + (j0 // NC + cb) * D * NC * isz
             for rb in range(0, nqr, MR):
-                micro(zero, qs_p + rb * D * isz, D, 1, bptr, NC,
-                      st_p + (rb * bk + cb * NC) * isz, bk, D, 0)
+                micro_pair(zero, qs_p + rb * D * isz, D, 1, bptr, NC, D * NC,
+                           st_p + (rb * bk + cb * NC) * isz, bk, D, 0)
         # masks and online softmax, row by row, over the scores of whole 16-key blocks
         # (jp): the keys past jn are masked like causal ones (-inf, exp 0), so the
         # vectorized loops have no scalar remainder; the mask row's entries past jn are
@@ -493,8 +538,14 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
                 arow = acc[r]
                 for d in range(D):
                     arow[d] *= alpha
-        # acc += P V
-        for d0 in range(0, d16, NC):
+        # acc += P V, 32 of V's columns at once, then 16
+        d32 = D // (2 * NC) * 2 * NC
+        for d0 in range(0, d32, 2 * NC):
+            bptr = v_p + (j0 * ldv + d0) * isz
+            for rb in range(0, nqr, MR):
+                micro_pair(zero, st_p + rb * bk * isz, bk, 1, bptr, ldv, NC,
+                           acc_p + (rb * D + d0) * isz, D, jn, 1)
+        for d0 in range(d32, d16, NC):
             bptr = v_p + (j0 * ldv + d0) * isz
             for rb in range(0, nqr, MR):
                 micro(zero, st_p + rb * bk * isz, bk, 1, bptr, ldv,
@@ -657,7 +708,7 @@ def flash_worker(w, params, is64, mkind, causal):
     # scratch as borrowed views (parallel.borrow): the items take a view of a row of
     # these many times per key tile, and each would otherwise lock-increment and
     # -decrement its owner's count (17% of the MiniLM shape's time in NRT_incref/decref)
-    owned = (np.empty(((Skv + NC - 1) // NC, D, NC), q.dtype), np.empty((Skv if vrows else 0, D), q.dtype),
+    owned = (np.empty(((Skv + 2 * NC - 1) // (2 * NC) * 2, D, NC), q.dtype), np.empty((Skv if vrows else 0, D), q.dtype),
              np.empty((BQ, D), q.dtype), np.empty((BQ, flash_tile(Skv)), q.dtype), np.empty((BQ, D), q.dtype),
              np.empty((3, max(BQ, flash_tile(Skv))), q.dtype), np.empty((2, BQ), np.int64))
     kph, vb, qs, st, acc = borrow(owned[0]), borrow(owned[1]), borrow(owned[2]), borrow(owned[3]), borrow(owned[4])
