@@ -169,7 +169,7 @@ _micro_f32 = _make_micro(ir.FloatType(), 16, 8, 1) if WIDE else _make_micro(ir.F
 # over pairs of K^T panels and acc += P V over 32 of V's columns.  Sapphire Rapids, float32,
 # interleaved medians, two alternating process pairs (2026-11-26), one block -> pairs, ms:
 # cpu-serial 1x12x128x64 0.76-0.77 -> 0.65-0.72, 1x12x512x64 9.05-9.31 -> 7.43-7.77,
-# MiniLM 16x12x198x32 + padding-free 15.3 -> 13.5-14.5; cpu-flash (2 threads) 0.50 ->
+# MiniLM-shaped 16x12x198x32 (no mask) 15.3 -> 13.5-14.5; cpu-flash (2 threads) 0.50 ->
 # 0.45-0.47, 4.87-4.95 -> 4.11-4.34, 7.97-8.04 -> 7.32-7.74.  Cold first call of bert-base
 # attention: 4.13-4.40 s -> 4.41-4.52 s (noisy; on a Haswell target, where pairs are two
 # one-block calls, 3.88-3.95 -> 3.85-4.11).
