@@ -25,7 +25,7 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
 The worker (gemm_worker, per dtype) calls the packers for the operands' layouts and the
 epilogue for the activation by address: each is compiled once, alone (parallel.py).
 
-The micro-kernel is an LLVM-IR intrinsic (see `_micro_kernel` / `micro_tile`): numba
+The micro-kernel is an LLVM-IR intrinsic (see `micro_tile`): numba
 leaves LLVM's SLP vectorizer off, so an unrolled scalar version stays scalar, and a loop
 version gets its k loop vectorized (the wrong loop).  The intrinsic emits the vector loop
 directly, for a register tile from TILES chosen once at import from the target's features
@@ -74,7 +74,7 @@ from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, 
 # TILES.  The IR is target-independent (llvm.fma on <W x float>): on a host without
 # AVX-512 (or aarch64) LLVM splits a 16-lane vector into narrower ones, correct but slower,
 # so the wide tiles are the default only where the target has avx512f.
-MR = 6            # rows of the 6x16 tile (both dtypes); conv2d's weight panels use it
+MR = 6            # rows of the 6x16 tile (both dtypes)
 NR_F32 = 16       # columns of the 6x16 tile: 2 vectors of 8 float32
 NR_F64 = 8        # 2 vectors of 4 float64
 GEMV_NB = 64      # outputs per gemv task (not measured on its own: 64 rows of K floats stay in L2)
@@ -196,19 +196,6 @@ def pack_shapes(n_a, n_b, M, N, K, dtype, tile=None):
     t = TILES[_tile_index(tile)]
     nr, mr = t.nr(dtype), t.mr
     return (n_a, -(-M // mr), K, mr), (n_b, -(-N // nr), K, nr)
-
-
-def _nr(z):
-    return NR_F64
-
-
-@overload(_nr, inline="always")
-def _nr_overload(z):
-    """NR of the 6x16 tile for the element type of the scalar z (a compile-time constant in
-    the packers)."""
-    if z == types.float32:
-        return lambda z: NR_F32
-    return lambda z: NR_F64
 
 
 def _tnr(z, ti):
@@ -366,29 +353,15 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
 
 
 @intrinsic
-def _micro_kernel(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
-    """C[0:MR, 0:NR] (=|+=) (Ap[aoff:] as kc x MR)^T @ (Bp[boff:] as kc x NR), where C
-    starts at c[coff] with row stride ldc (c is a flat array: the output or a tile buffer).
-
-    Emits: MR x (NR/W) vector accumulators (allocas that mem2reg turns into registers),
-    a loop over kc doing NR/W unaligned vector loads of B, MR scalar loads of A broadcast
-    to a vector, and MR * NR/W llvm.fma calls; then per row NR/W vector stores to C, after
-    adding C's old value when ``accumulate``."""
-    return _micro_codegen(False)(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate)
-
-
-@intrinsic
-def micro_kernel_indexed(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate):
-    """_micro_kernel with B row k read at bp[boff + tab[toff + k]] (NR contiguous values):
-    a direct convolution's B operand straight from the (padded) image, tab holding each k's
-    offset (channel, tap) in it (kernels_cpu/conv.py)."""
-    return _micro_codegen(True)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate)
-
-
-@intrinsic
 def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
-    """_micro_kernel for the tile TILES[ti] (ti a literal: the worker's compile-time tile),
-    C[0:mr, 0:nr] of that tile."""
+    """C[0:mr, 0:nr] (=|+=) (Ap[aoff:] as kc x mr)^T @ (Bp[boff:] as kc x nr) for the tile
+    TILES[ti] (ti a literal: the worker's compile-time tile), where C starts at c[coff]
+    with row stride ldc (c is a flat array: the output or a tile buffer).
+
+    Emits: mr x (nr/W) vector accumulators (allocas that mem2reg turns into registers),
+    a loop over kc doing nr/W unaligned vector loads of B, mr scalar loads of A broadcast
+    to a vector, and mr * nr/W llvm.fma calls; then per row nr/W vector stores to C, after
+    adding C's old value when ``accumulate``."""
     if not isinstance(ti, types.Literal):
         return None
     res = _micro_codegen(False, ti.literal_value)(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate)
@@ -405,8 +378,9 @@ def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
 
 @intrinsic
 def micro_tile_indexed(typingctx, ti, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc, accumulate):
-    """micro_kernel_indexed for the tile TILES[ti] (ti a literal): the direct convolution
-    on the host's register tile (kernels_cpu/conv.py)."""
+    """micro_tile with B row k read at bp[boff + tab[toff + k]] (nr contiguous values): a
+    direct convolution's B operand straight from the (padded) image, tab holding each k's
+    offset (channel, tap) in it (kernels_cpu/conv.py)."""
     if not isinstance(ti, types.Literal):
         return None
     res = _micro_codegen(True, ti.literal_value)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc,
@@ -423,7 +397,7 @@ def micro_tile_indexed(typingctx, ti, kc, ap, aoff, bp, boff, tab, toff, c, coff
 
 @intrinsic
 def micro_rows(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc, accumulate):
-    """_micro_kernel of the ROWS_TILE tile with A read in place from MR rows of a row-major
+    """micro_tile of the ROWS_TILE tile with A read in place from MR rows of a row-major
     matrix: element (i, k) at ap[aoff + i*ar + k] (gemm_rows: the weight's rows)."""
     return _micro_codegen(False, ROWS_TILE, rows_a=True)(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc,
                                                          accumulate)
