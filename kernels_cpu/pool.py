@@ -3,7 +3,8 @@ a flat row-major H x W image), writing (P, OH*OW).
 
 Window sizes, strides, paddings and dilations are runtime integers: one compiled kernel per
 dtype.  adaptive pooling splits its work into output rows: row r of the P*OH rows is output
-row r % OH of plane r // OH (one integer division per output row, none per element).
+row r % OH of plane r // OH (plane and row counters stepped, window bounds from per-axis
+tables: no division per output).
 
 - max_pool / avg_pool (window_worker, called by address: one compiled worker per dtype
   for both ops, serial and parallel): per plane, the padded plane split into stride
@@ -14,6 +15,8 @@ row r % OH of plane r // OH (one integer division per output row, none per eleme
 - adaptive_avg_pool: per output element, the window [floor(i*n/o), ceil((i+1)*n/o)) on
   each axis; a window spanning whole rows (every output of width 1: global pooling,
   ResNet's 7x7 head) is one contiguous run of the flat plane, summed by one vectorized loop.
+  Windows that tile the plane (n divisible by o on both axes, more than one output per
+  row: VGG's 14 -> 7) run as an avg_pool with window = stride = n / o (window_worker).
 
 Inner-loop indexes are cast to uintp (they are >= 0 by construction): numba wraps negative
 signed indexes around (idx < 0 -> idx + n), a select per element that LLVM cannot drop
@@ -31,8 +34,8 @@ from numba import carray, njit, prange
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
-from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, row_of, run_dynamic, run_serial,
-                       run_workers, tasks_for, worker_address)
+from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, run_dynamic, run_serial, run_workers,
+                       tasks_for, worker_address)
 
 
 @njit(**JIT_INNER)

@@ -87,7 +87,7 @@ class PackedWeight:
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
 
     def __repr__(self):
-        g = f", groups={self.groups}" if self.op == "conv2d" else f", tile={self.tile}"
+        g = (f", groups={self.groups}" if self.op == "conv2d" else "") + f", tile={self.tile}"
         return (f"PackedWeight(op={self.op!r}, shape={self.shape}, dtype={self.dtype}{g}, "
                 f"{self.panels.nbytes} bytes of panels)")
 
