@@ -283,6 +283,12 @@ def _addresses(p, sync, x, ap, out, bias, ws):
     p[C_WS] = ws.ctypes.data
 
 
+def _check_panels(ap, ti, who):
+    """ap (pack_weight's panels) must have the rows of the tile TILES[ti] the call runs."""
+    if ap.shape[3] != tile_m(ti):
+        raise ValueError(f"{who}: weight panels of {ap.shape[3]} rows, the {TILES[ti].name} tile needs {tile_m(ti)}")
+
+
 def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
     """out = act(conv2d(x, weight) + bias) for an unpadded stride-1 1x1 convolution
     (weight (Cout, Cin_g, 1, 1)) through the GEMM on x's channel planes (module docstring).
@@ -298,8 +304,7 @@ def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
     ti = _tile_index(None)  # the active register tile; ap was packed for it (pack_weight)
     nr = tile_n(dt, ti)
     mp = ap.shape[1]
-    if ap.shape[3] != tile_m(ti):
-        raise ValueError(f"conv_gemm: weight panels of {ap.shape[3]} rows, the {TILES[ti].name} tile needs {tile_m(ti)}")
+    _check_panels(ap, ti, "conv_gemm")
     npn = -(-(OH * OW) // nr)
     nnb = -(-npn // NC_PANELS)
     # split the Cout rows over tasks only when (image, group, pixel block) tasks are too
@@ -344,9 +349,7 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     ti = _tile_index(None)
     nr = tile_n(dt, ti)
     mp = ap.shape[1]
-    if ap.shape[3] != tile_m(ti):
-        raise ValueError(f"conv_direct: weight panels of {ap.shape[3]} rows, the {TILES[ti].name} tile needs "
-                         f"{tile_m(ti)}")
+    _check_panels(ap, ti, "conv_direct")
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return
     (sh, sw), (dh, dw), (ph, pw) = stride, dilation, pad

@@ -270,27 +270,30 @@ def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, tasks):
 def _tiles(h, w, oh_n, ow_n):
     """Whether adaptive pooling from (h, w) to (oh_n, ow_n) is an avg_pool of window =
     stride = (h / oh_n, w / ow_n) (the windows tile the plane), with more than one output
-    per row: then window_worker's vector loop per tap runs it (VGG's 14 -> 7 head: 512
-    planes: 200 us by rows on one thread, 107 us as an avg_pool, Sapphire Rapids 2026-11-26).  Global pooling (one output per
-    row) keeps the contiguous runs of adaptive_avg_pool_rows."""
+    per row: then window_worker's vector loop per tap runs it (VGG's 14 -> 7 head, 512
+    planes: 200 us by rows on one thread, 107 us as an avg_pool, Sapphire Rapids
+    2026-11-26).  Global pooling (one output per row) keeps the contiguous runs of
+    adaptive_avg_pool_rows."""
     return h % oh_n == 0 and w % ow_n == 0 and ow_n > 1
+
+
+def _adaptive(x, out, h, w, oh_n, ow_n, nworkers):
+    if _tiles(h, w, oh_n, ow_n):
+        kh, kw = h // oh_n, w // ow_n
+        _window(x, out, h, w, oh_n, ow_n, kh, kw, kh, kw, 0, 0, 1, 1, 1, 1, 0, nworkers)
+    elif nworkers <= 1:
+        _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n)
+    else:
+        run_dynamic(_adaptive_avg_pool_parallel, tasks_for(x.shape[0] * oh_n), x, out, h, w, oh_n, ow_n)
 
 
 def adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):
     """x: (P, h*w) planes, out: (P, oh_n*ow_n): PyTorch's adaptive windows
     [floor(i*n/o), ceil((i+1)*n/o)) per axis; on the calling thread."""
-    if _tiles(h, w, oh_n, ow_n):
-        kh, kw = h // oh_n, w // ow_n
-        _window(x, out, h, w, oh_n, ow_n, kh, kw, kh, kw, 0, 0, 1, 1, 1, 1, 0, 1)
-    else:
-        _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n)
+    _adaptive(x, out, h, w, oh_n, ow_n, 1)
 
 
 def adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n):
     """adaptive_avg_pool_serial's result, over numba's threads: blocks of planes (tiling
     windows) or of output rows."""
-    if _tiles(h, w, oh_n, ow_n):
-        kh, kw = h // oh_n, w // ow_n
-        _window(x, out, h, w, oh_n, ow_n, kh, kw, kh, kw, 0, 0, 1, 1, 1, 1, 0, numba.get_num_threads())
-    else:
-        run_dynamic(_adaptive_avg_pool_parallel, tasks_for(x.shape[0] * oh_n), x, out, h, w, oh_n, ow_n)
+    _adaptive(x, out, h, w, oh_n, ow_n, numba.get_num_threads())
