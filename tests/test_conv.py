@@ -292,3 +292,44 @@ def test_conv_runs_the_active_gemm_tile(tile):
             assert (out == 7.0).all()
     finally:
         K.use_tile(prev)
+
+
+@host_only
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("impl", ["cpu-depthwise", "cpu-depthwise-serial"])
+def test_depthwise_forms(impl, dtype):
+    """Each form of the CPU depthwise kernel against the reference: the direct form (tiles of
+    kernels_cpu.conv.DW_ROWS rows x one vector of columns read with masked loads) unrolled
+    for 3x3 and 5x5 and looping for other kernels, dilations and row strides; planes
+    narrower and wider than a vector (a partial last vector), taller than a tile (a
+    partial last tile), 1x1; padding 0 to past the kernel's reach; channel multipliers;
+    the phase form for column strides 2 and 3; bias + relu in the tile, silu after it."""
+    g = rng()
+    cases = [((1, 6, 14, 14), (6, 1, 3, 3), dict(padding=1)),                       # MobileNet's 14x14
+             ((2, 3, 23, 37), (3, 1, 3, 3), dict(padding=0)),                       # partial tiles, 3 vectors
+             ((1, 4, 9, 17), (4, 1, 3, 3), dict(padding=2)),                        # padding past the taps
+             ((1, 5, 16, 33), (5, 1, 5, 5), dict(padding=2)),                       # 5x5 unrolled
+             ((1, 3, 1, 1), (3, 1, 3, 3), dict(padding=1)),                         # a 1x1 image
+             ((1, 2, 13, 19), (6, 1, 3, 3), dict(padding=1)),                       # multiplier 3
+             ((1, 3, 15, 21), (3, 1, 7, 7), dict(padding=3)),                       # 7x7: the loop
+             ((1, 3, 12, 20), (3, 1, 3, 2), dict(padding=(1, 0), dilation=(2, 3))),  # dilations, 3x2
+             ((2, 3, 17, 18), (3, 1, 3, 3), dict(padding=1, stride=(2, 1))),        # row stride 2
+             ((1, 3, 17, 18), (3, 1, 3, 3), dict(padding=1, stride=2)),             # phase form
+             ((1, 2, 20, 23), (4, 1, 5, 5), dict(padding=2, stride=(1, 3))),        # phase form, stride 3
+             ]
+    for xs, ws, kw in cases:
+        x, w, b = _inputs(g, xs, ws, dtype)
+        for activation in (None, "relu", "silu"):
+            want = ref.conv2d(x, w, b, groups=xs[1], activation=activation, **kw)
+            out = poisoned(want.shape, dtype)
+            got = run(impl, dispatch.conv2d, x, w, b, groups=xs[1], activation=activation, out=out, **kw)
+            assert_close(got, want, _tol(dtype, np.prod(ws[1:])), f"depthwise {xs} {ws} {kw} {activation}",
+                         cancel=True)
+        got = run(impl, dispatch.conv2d, x, w, groups=xs[1], **kw)  # no bias
+        assert_close(got, ref.conv2d(x, w, groups=xs[1], **kw), _tol(dtype, np.prod(ws[1:])),
+                     f"depthwise {xs} {ws} {kw} no bias", cancel=True)
+        xn = x.copy()
+        xn[0, 0, 0, -1] = np.nan  # at the plane's corner: the masked edge of a vector
+        got = run(impl, dispatch.conv2d, xn, w, b, groups=xs[1], activation="relu", **kw)
+        want = ref.conv2d(xn, w, b, groups=xs[1], activation="relu", **kw)
+        assert np.array_equal(np.isnan(got), np.isnan(want)), f"depthwise NaN {xs} {ws} {kw}"

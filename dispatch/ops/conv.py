@@ -30,12 +30,14 @@ from .linalg import PackedWeight, _readonly_source, _zeros, register_prepacker
 
 _KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
 
-# Depthwise planes: serial below this many output elements.  Measured 2026-11-23 (AMD
-# znver3, 2 cores; serial vs parallel, medians of 7 alternating rounds, 3x3 + relu on
-# 1xCx28x28, float32): even at 2^13..2^15 back to back (102 / 111 us at 2^13, 241 / 161 us
-# at 2^15), parallel ahead at 2^16..2^17 (239 / 247, 343 / 371 us), behind after 0.2 s idle
-# throughout; at MobileNetV2's 1x144x56x56 (2^18.8) parallel 680 vs serial 821 us.
-DEPTHWISE_PARALLEL_THRESHOLD = 1 << 15
+# Depthwise planes: serial below this many output elements (compared as the bucket, a power
+# of two <= the size).  Measured 2026-11-26 (Sapphire Rapids, 2 cores, the register-tiled
+# direct kernel; describe + run, serial / parallel, 3x3 + bias + relu, float32, medians of 7
+# interleaved rounds, back to back | after 0.2 s idle): 1x96x14x14 (2^14.2) 25 / 37 | 26 / 34
+# us, 1x384x14x14 (2^16.2) 43 / 47 | 51 / 53, 1x960x7x7 51 / 48 | 54 / 54, 1x144x28x28
+# (2^16.8) 55 / 54 | 62 / 59, 1x144x56x56 (2^18.8) 325 / 167 | 304 / 178, 1x32x112x112
+# 271 / 175 | 277 / 182.  Below 2^17 the second thread's start-up eats its share.
+DEPTHWISE_PARALLEL_THRESHOLD = 1 << 17
 
 
 class ConvKey(NamedTuple):
@@ -187,7 +189,7 @@ def _choose(key):
     if key.size < DEPTHWISE_PARALLEL_THRESHOLD:
         return (("cpu-depthwise-serial", "cpu-depthwise", "cpu-gemm"),
                 f"depthwise, output size bucket {key.size} < {DEPTHWISE_PARALLEL_THRESHOLD}: one thread "
-                "(measured crossover 2^15..2^16 back to back)")
+                "(measured crossover 2^17)")
     return (("cpu-depthwise", "cpu-depthwise-serial", "cpu-gemm"),
             f"depthwise, output size bucket {key.size} >= {DEPTHWISE_PARALLEL_THRESHOLD}: planes over threads")
 
@@ -268,10 +270,12 @@ register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_
                         "once when given as a PackedWeight"))
 register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
                         supports=_depthwise_only,
-                        notes=HOST_COPY_NOTE + "; one plane per task over threads, vector multiply-adds along rows"))
+                        notes=HOST_COPY_NOTE + "; blocks of planes over threads; per plane register tiles of 7 rows x one "
+                              "vector read with masked loads (column stride 1), else the stride phases"))
 register(Implementation("conv2d", "cpu-depthwise-serial", "cpu", _depthwise(False),
                         kernel_modules=_KERNELS, supports=_depthwise_only,
-                        notes=HOST_COPY_NOTE + "; one thread, vector multiply-adds along rows"))
+                        notes=HOST_COPY_NOTE + "; one thread; per plane register tiles of 7 rows x one vector read with "
+                              "masked loads (column stride 1), else the stride phases"))
 
 
 @_conv2d.expose
