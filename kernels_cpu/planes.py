@@ -68,8 +68,8 @@ def lane_mask(builder, lo, hi, width):
 
 def masked_ops(builder, vty):
     """(load, store): llvm.masked.load / llvm.masked.store for vector type vty:
-    load(ptr, mask) -> vty with zeros in the masked-off lanes (which are not read: no
-    fault); store(value, ptr, mask)."""
+    load(ptr, mask, passthru=zeros) -> vty with passthru's values in the masked-off lanes
+    (which are not read: no fault); store(value, ptr, mask)."""
     i32 = ir.IntType(32)
     width = vty.count
     is32 = vty.element == ir.FloatType()
@@ -83,8 +83,8 @@ def masked_ops(builder, vty):
     align = ir.Constant(i32, 4 if is32 else 8)
     zero = ir.Constant(vty, [ir.Constant(vty.element, 0.0)] * width)
 
-    def load(ptr, mask):
-        return builder.call(ld, [builder.bitcast(ptr, pty), align, mask, zero])
+    def load(ptr, mask, passthru=zero):
+        return builder.call(ld, [builder.bitcast(ptr, pty), align, mask, passthru])
 
     def store(value, ptr, mask):
         builder.call(st, [value, builder.bitcast(ptr, pty), align, mask])

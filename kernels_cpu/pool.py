@@ -6,17 +6,26 @@ dtype.  adaptive pooling splits its work into output rows: row r of the P*OH row
 row r % OH of plane r // OH (plane and row counters stepped, window bounds from per-axis
 tables: no division per output).
 
-- max_pool / avg_pool (window_worker, called by address: one compiled worker per dtype
-  for both ops, serial and parallel): per plane, the padded plane split into stride
-  phases, then each window tap one long vector loop over the whole output plane (see
-  window_worker); work is handed out in blocks of planes.
-- max keeps NaN: m = v if (v > m or v != v) else m (PyTorch's rule; the fastmath flags
-  exclude nnan, so the v != v test stays), a select the loop vectorizes.
+- max_pool / avg_pool with column stride 1 or 2 (pool_direct_worker, called by address:
+  one compiled worker per (dtype, max / avg, stride 1 / 2), serial and parallel): per
+  plane, blocks of POOL_ROWS output rows x one vector of columns pooled in registers
+  straight from the input plane (_pool_tile: masked vector loads whose masked-off lanes
+  are the padding; stride 2 loads two vectors and keeps their even lanes).  ResNet-50's
+  stem pool (1x64x112x112, 3x3/2) and DenseNet's 2x2/2 avg pool (1x256x56x56), kernel
+  alone, Sapphire Rapids, 2026-11-26, phase split -> registers: max 455-466 -> 359-387 us
+  on one thread, 262-274 -> 217-238 on two (18 GB/s: the memory, not the arithmetic);
+  avg 360-365 -> 241-272 on one, 209-216 -> 92-159 on two.
+- Column strides above 2 (window_worker): the padded plane split into stride phases
+  (planes.split_plane), then each window tap one long vector loop over the whole output
+  plane (see window_worker).  Work is handed out in blocks of planes.
+- max keeps NaN (PyTorch's rule; the fastmath flags exclude nnan, so NaN tests stay): in
+  registers m = v if v > m else m (one vmaxps) with the NaN lanes or-ed apart; in
+  window_worker's loops m = v if (v > m or v != v) else m, a select the loop vectorizes.
 - adaptive_avg_pool: per output element, the window [floor(i*n/o), ceil((i+1)*n/o)) on
   each axis; a window spanning whole rows (every output of width 1: global pooling,
   ResNet's 7x7 head) is one contiguous run of the flat plane, summed by one vectorized loop.
   Windows that tile the plane (n divisible by o on both axes, more than one output per
-  row: VGG's 14 -> 7) run as an avg_pool with window = stride = n / o (window_worker).
+  row: VGG's 14 -> 7) run as an avg_pool with window = stride = n / o.
 
 Inner-loop indexes are cast to uintp (they are >= 0 by construction): numba wraps negative
 signed indexes around (idx < 0 -> idx + n), a select per element that LLVM cannot drop
@@ -30,10 +39,14 @@ import math
 import numpy as np
 
 import numba
-from numba import carray, njit, prange
+from llvmlite import ir
+from numba import carray, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
+from .planes import lane_mask, lanes, masked_ops, phase_shape, rows_out, split_plane, tap_offset, vector_lanes
 from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, run_dynamic, run_serial, run_workers,
                        tasks_for, worker_address)
 
@@ -87,21 +100,45 @@ def adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi):
 
 # ---- serial and parallel entry points (rows = P * OH output rows) ---------------------------
 
-# The int64 argument block of window_worker.
+# The int64 argument block of pool_direct_worker and window_worker.
 (S_SYNC, S_X, S_OUT, S_PLANES, S_H, S_W, S_OH, S_OW, S_KH, S_KW, S_SH, S_SW, S_PH, S_PW, S_DH, S_DW, S_AVG,
  S_CIP, S_DIV, S_PER, S_COUNT) = range(21)
 
 
+@njit(inline="always")
+def _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor):
+    """avg pooling's divisor of output (oy, ox) as rf[oy] * cf[ox]: PyTorch's window size
+    clipped to the padded input (count_include_pad) or to the image, or divisor_override
+    (divisor > 0) in rf with cf 1.  Entries past oh / ow are set to 1."""
+    for i in range(rf.size):
+        rf[i] = 1.0
+    for i in range(cf.size):
+        cf[i] = 1.0
+    for oy in range(oh):
+        if divisor > 0:
+            rf[oy] = divisor
+            continue
+        y0 = oy * sh - ph
+        y1 = min(y0 + kh, h + ph)
+        rf[oy] = (y1 - y0) if cip else (min(y1, h) - max(y0, 0))
+    if divisor > 0:
+        return
+    for ox in range(ow):
+        x0 = ox * sw - pw
+        x1 = min(x0 + kw, w + pw)
+        cf[ox] = (x1 - x0) if cip else (min(x1, w) - max(x0, 0))
+
+
 @njit(**JIT_BY_ADDRESS)
 def window_worker(wk, params, is64):
-    """Worker wk of a max / avg pooling call (the S_* slots): takes blocks of planes from the
-    counter.  Per plane:
-      1. the plane is split into sh x sw phases with its padding (-inf for max, 0 for
-         avg; also past the bottom / right for ceil_mode): padded row r*sh + py goes to
-         phase py, row r (likewise columns), so every window tap (ky, kx) reads one phase
-         at a fixed offset and consecutive outputs read consecutive values;
+    """Worker wk of a max / avg pooling call with column stride > 2 (the S_* slots; strides
+    1 and 2 run pool_direct_worker): takes blocks of planes from the counter.  Per plane:
+      1. the plane is split into sh x sw phases (planes.split_plane) with its padding (-inf
+         for max, 0 for avg; also past the bottom / right for ceil_mode), so every window
+         tap (ky, kx) reads one phase at a fixed offset and consecutive outputs read
+         consecutive values;
       2. each tap is then one long vector loop over the whole output plane (row pitch
-         Wq): max into the other of two buffers (in place, LLVM turns the NaN-keeping
+         wq): max into the other of two buffers (in place, LLVM turns the NaN-keeping
          select into a vmaskmovps masked store), sums in place;
       3. the rows are copied out (avg: divided by PyTorch's divisor, the product of a row
          and a column factor, or divisor_override).
@@ -115,73 +152,30 @@ def window_worker(wk, params, is64):
     sync = carray(ptr_as(p[S_SYNC], np.int64(0)), 1)
     xf = carray(ptr_as(p[S_X], z), P * h * w)
     of = carray(ptr_as(p[S_OUT], z), P * oh * ow)
-    hq = oh + (kh - 1) * dh // sh
-    wq = ow + (kw - 1) * dw // sw
-    pq = hq * wq
+    hq, wq = phase_shape(oh, ow, kh, kw, sh, sw, dh, dw)
     fill = like(z, 0.0) if avg else like(z, -math.inf)
-    xq = np.empty(sh * sw * pq, of.dtype)
+    # the padding written once: split_plane writes only the image positions
+    xq = np.full(sh * sw * hq * wq, fill)
+    trow = np.full(wq * sw, fill)
     a = np.empty(oh * wq, of.dtype)
     b = np.empty(oh * wq, of.dtype)
     nt = (oh - 1) * wq + ow
-    # one padded input row: columns [pw_lo, pw_hi) hold the image, the rest the fill
-    trow = np.empty(wq * sw, of.dtype)
-    pw_lo = min(pw, wq * sw)
-    pw_hi = max(pw_lo, min(pw + w, wq * sw))
-    # avg divisor factors: rows and columns
-    rf = np.empty(oh, of.dtype)
-    cf = np.empty(ow, of.dtype)
-    for oy in range(oh):
-        y0 = oy * sh - ph
-        y1 = min(y0 + kh, h + ph)
-        rf[oy] = (y1 - y0) if cip else (min(y1, h) - max(y0, 0))
-    for ox in range(ow):
-        x0 = ox * sw - pw
-        x1 = min(x0 + kw, w + pw)
-        cf[ox] = (x1 - x0) if cip else (min(x1, w) - max(x0, 0))
-    dv = like(z, 1.0) * divisor
+    rf = np.empty(oh if avg else 0, of.dtype)
+    cf = np.empty(ow if avg else 0, of.dtype)
+    if avg:
+        _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor)
     while True:
         first = fetch_add(sync, 0, per)
         if first >= P:
             break
         for pl in range(first, min(first + per, P)):
-            xb = pl * h * w
-            for py in range(sh):
-                for qy in range(hq):
-                    iy = qy * sh + py - ph
-                    d0 = (py * sw * hq + qy) * wq  # phase (py, 0), row qy
-                    if iy < 0 or iy >= h:
-                        for px in range(sw):
-                            for qx in range(wq):
-                                xq[uintp(d0 + px * pq + qx)] = fill
-                        continue
-                    # the padded input row, contiguous, then split into the sw column
-                    # phases (for sw == 2 one loop over both: an interleaved pair LLVM
-                    # vectorizes with shuffles; a single strided phase stayed scalar)
-                    src = xb + iy * w
-                    for c in range(pw_lo):
-                        trow[uintp(c)] = fill
-                    for c in range(pw_lo, pw_hi):
-                        trow[uintp(c)] = xf[uintp(src + c - pw)]
-                    for c in range(pw_hi, wq * sw):
-                        trow[uintp(c)] = fill
-                    if sw == 1:
-                        for qx in range(wq):
-                            xq[uintp(d0 + qx)] = trow[uintp(qx)]
-                    elif sw == 2:
-                        for qx in range(wq):
-                            xq[uintp(d0 + qx)] = trow[uintp(2 * qx)]
-                            xq[uintp(d0 + pq + qx)] = trow[uintp(2 * qx + 1)]
-                    else:
-                        for px in range(sw):
-                            for qx in range(wq):
-                                xq[uintp(d0 + px * pq + qx)] = trow[uintp(qx * sw + px)]
+            split_plane(xf, pl * h * w, h, w, sh, sw, ph, pw, hq, wq, xq, trow)
             cur = a
             nxt = b
             first_tap = True
             for ky in range(kh):
                 for kx in range(kw):
-                    ty, tx = ky * dh, kx * dw
-                    off = (((ty % sh) * sw + tx % sw) * hq + ty // sh) * wq + tx // sw
+                    off = tap_offset(ky, kx, sh, sw, dh, dw, hq, wq)
                     if first_tap:
                         for o in range(nt):
                             cur[uintp(o)] = xq[uintp(off + o)]
@@ -196,23 +190,168 @@ def window_worker(wk, params, is64):
                             nxt[uintp(o)] = v if (v > m or v != v) else m
                         cur, nxt = nxt, cur
             ob = pl * oh * ow
+            if not avg:
+                rows_out(of, ob, cur, oh, ow, wq)
+                continue
             for oy in range(oh):
                 o0 = ob + oy * ow
                 t0 = oy * wq
-                if not avg:
-                    for ox in range(ow):
-                        of[uintp(o0 + ox)] = cur[uintp(t0 + ox)]
-                elif divisor > 0:
-                    for ox in range(ow):
-                        of[uintp(o0 + ox)] = cur[uintp(t0 + ox)] / dv
-                else:
-                    r = rf[oy]
-                    for ox in range(ow):
-                        of[uintp(o0 + ox)] = cur[uintp(t0 + ox)] / (r * cf[ox])
+                r = rf[oy]
+                for ox in range(ow):
+                    of[uintp(o0 + ox)] = cur[uintp(t0 + ox)] / (r * cf[ox])
+
+
+# Output rows per call of _pool_tile (ResNet's stem pool: 56 = 8 x 7).
+POOL_ROWS = 7
+
+
+@intrinsic
+def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW, nrows, ncols, frow, masks, mb, rf,
+               ry, cf, cx0, avg, sw2):
+    """One block of a pooled output plane, read straight from the input plane: for
+    r < POOL_ROWS, l < L (L = planes.lanes), output (r, l) at of[o0 + r*OW + l] pools
+    X(iy0 + r*sh + ky*dh, s0 + l*sw + kx*dw) over ky < KH, kx < KW, sw = 2 if sw2 else 1,
+    X = xf[xb + i*W + j] inside the H x W plane, the fill (-inf for max, 0 for avg)
+    outside; stored for r < nrows, l < ncols.  Outside the plane nothing is read: rows
+    above / below read frow (W fill values), columns outside are masked-off lanes
+    (masks[mb + kx]: bit i set when input column s0 + kx*dw + i lies inside, i < L*sw).
+    Column stride 2: two masked loads of L values and their even lanes (one shuffle).
+    max keeps NaN (m = v if v > m else m, and NaN where any v was NaN); avg divides by rf[ry + r] *
+    cf[cx0 + l] (PyTorch's divisor; cf is read as one whole vector).  avg, sw2: literal
+    bools."""
+    if not (isinstance(avg, types.BooleanLiteral) and isinstance(sw2, types.BooleanLiteral)):
+        return None
+    if not (isinstance(xf, types.Array) and xf.dtype in (types.float32, types.float64)
+            and all(isinstance(a, types.Array) and a.dtype == xf.dtype for a in (of, frow, rf, cf))
+            and isinstance(masks, types.Array) and masks.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        width = lanes(sig.args[0].dtype)
+        fty = context.get_value_type(sig.args[0].dtype)
+        vty = ir.VectorType(fty, width)
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        (a_xf, a_xb, a_h, a_w, a_sh, a_kh, a_kw, a_dh, a_dw, a_iy0, a_s0, a_of, a_o0, a_ow, a_nrows, a_ncols, a_frow,
+         a_masks, a_mb, a_rf, a_ry, a_cf, a_cx0, _, _) = range(25)
+        is_avg, two = sig.args[-2].literal_value, sig.args[-1].literal_value
+
+        def val(k):
+            return context.cast(builder, args[k], sig.args[k], types.int64)
+
+        def data(k):
+            return context.make_array(sig.args[k])(context, builder, args[k]).data
+
+        xd, od, fd, md = data(a_xf), data(a_of), data(a_frow), data(a_masks)
+        xb, H, W, sh, KW, dh, dw = val(a_xb), val(a_h), val(a_w), val(a_sh), val(a_kw), val(a_dh), val(a_dw)
+        iy0, s0, mb = val(a_iy0), val(a_s0), val(a_mb)
+        load, store = masked_ops(builder, vty)
+        mty = ir.VectorType(ir.IntType(1), width)
+        fill = ir.Constant(vty, [ir.Constant(fty, 0.0 if is_avg else -math.inf)] * width)
+        accs = [cgutils.alloca_once_value(builder, fill) for _ in range(POOL_ROWS)]
+        # max: the lanes that saw a NaN, kept apart (m = v > m ? v : m is one vmaxps; the NaN
+        # test of every v folded into the select cost a compare and an or per tap)
+        nans = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(ir.IntType(1), width), [0] * width))
+                for _ in range(0 if is_avg else POOL_ROWS)]
+        evens = ir.Constant(ir.VectorType(i32, width), list(range(0, 2 * width, 2)))
+        with cgutils.for_range(builder, val(a_kh)) as kyl:
+            iy = builder.add(iy0, builder.mul(kyl.index, dh))
+            rows = []  # the tile rows' starts (column 0) for this ky: the image row or frow
+            for r in range(POOL_ROWS):
+                iyr = builder.add(iy, builder.mul(sh, ir.Constant(i64, r)))
+                image = builder.gep(xd, [builder.add(xb, builder.mul(iyr, W))])
+                rows.append(builder.select(builder.icmp_unsigned("<", iyr, H), image, fd))
+            with cgutils.for_range(builder, KW) as kxl:
+                start = builder.add(s0, builder.mul(kxl.index, dw))
+                bits = builder.load(builder.gep(md, [builder.add(mb, kxl.index)]))
+                m_lo = builder.bitcast(builder.trunc(bits, ir.IntType(width)), mty)
+                if two:
+                    m_hi = builder.bitcast(builder.trunc(builder.lshr(bits, ir.Constant(i64, width)),
+                                                         ir.IntType(width)), mty)
+                for r in range(POOL_ROWS):
+                    v = load(builder.gep(rows[r], [start]), m_lo, fill)
+                    if two:
+                        hi = load(builder.gep(rows[r], [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
+                        v = builder.shuffle_vector(v, hi, evens)
+                    acc = builder.load(accs[r])
+                    if is_avg:
+                        acc = builder.fadd(acc, v)
+                    else:
+                        acc = builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
+                        builder.store(builder.or_(builder.load(nans[r]), builder.fcmp_unordered("uno", v, v)), nans[r])
+                    builder.store(acc, accs[r])
+        smask = lane_mask(builder, ir.Constant(i32, 0), builder.trunc(val(a_ncols), i32), width)
+        nomask = ir.Constant(mty, [0] * width)
+        o0, OW, nrows = val(a_o0), val(a_ow), val(a_nrows)
+        if is_avg:
+            cfv = builder.load(builder.bitcast(builder.gep(data(a_cf), [val(a_cx0)]), vty.as_pointer()),
+                               align=4 if fty == ir.FloatType() else 8)  # an element's alignment, not the vector's
+            rfd, ry = data(a_rf), val(a_ry)
+        for r in range(POOL_ROWS):
+            acc = builder.load(accs[r])
+            if is_avg:
+                rv = builder.load(builder.gep(rfd, [builder.add(ry, ir.Constant(i64, r))]))
+                rv = builder.shuffle_vector(builder.insert_element(ir.Constant(vty, ir.Undefined), rv,
+                                                                   ir.Constant(i32, 0)),
+                                            ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(i32, width),
+                                                                                        [0] * width))
+                acc = builder.fdiv(acc, builder.fmul(rv, cfv))
+            else:
+                acc = builder.select(builder.load(nans[r]), ir.Constant(vty, [ir.Constant(fty, math.nan)] * width), acc)
+            m = builder.select(builder.icmp_signed("<", ir.Constant(i64, r), nrows), smask, nomask)
+            store(acc, builder.gep(od, [builder.add(o0, builder.mul(OW, ir.Constant(i64, r)))]), m)
+        return context.get_dummy_value()
+
+    return types.none(xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW, nrows, ncols, frow, masks, mb, rf, ry,
+                      cf, cx0, avg, sw2), codegen
+
+
+@njit(**JIT_BY_ADDRESS)
+def pool_direct_worker(wk, params, is64, avg, sw2):
+    """Worker wk of a max / avg pooling call with column stride 1 or 2 (sw2; the S_* slots):
+    takes blocks of planes from the counter; per plane, blocks of POOL_ROWS output rows x
+    one vector of columns pooled in registers straight from the input plane (_pool_tile:
+    masked loads, no padded copy, no phase split).  One compiled worker per (dtype, avg,
+    sw2)."""
+    p = carray(ptr_as(params, np.int64(0)), S_COUNT)
+    z = like_dtype(is64)
+    P, h, w, oh, ow = p[S_PLANES], p[S_H], p[S_W], p[S_OH], p[S_OW]
+    kh, kw, sh, ph, pw, dh, dw = p[S_KH], p[S_KW], p[S_SH], p[S_PH], p[S_PW], p[S_DH], p[S_DW]
+    cip, divisor, per = p[S_CIP] != 0, p[S_DIV], p[S_PER]
+    sw = 2 if sw2 else 1
+    sync = carray(ptr_as(p[S_SYNC], np.int64(0)), 1)
+    xf = carray(ptr_as(p[S_X], z), P * h * w)
+    of = carray(ptr_as(p[S_OUT], z), P * oh * ow)
+    L = vector_lanes(of)
+    nvec = (ow + L - 1) // L
+    frow = np.full(w, like(z, 0.0) if avg else like(z, -math.inf))  # the rows above / below
+    masks = np.zeros(nvec * kw, np.int64)  # per (vector, kx): the input columns inside the plane
+    for v in range(nvec):
+        for kx in range(kw):
+            start = v * L * sw - pw + kx * dw
+            for i in range(L * sw):
+                if 0 <= start + i < w:
+                    masks[v * kw + kx] |= 1 << i
+    rf = np.empty(((oh + POOL_ROWS - 1) // POOL_ROWS) * POOL_ROWS if avg else 0, of.dtype)
+    cf = np.empty(nvec * L if avg else 0, of.dtype)
+    if avg:
+        _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor)
+    while True:
+        first = fetch_add(sync, 0, per)
+        if first >= P:
+            break
+        for pl in range(first, min(first + per, P)):
+            xb = pl * h * w
+            ob = pl * oh * ow
+            for v in range(nvec):  # rows inner (LLVM hoists a tile's row addresses out of a column loop)
+                for oy in range(0, oh, POOL_ROWS):
+                    _pool_tile(xf, xb, h, w, sh, kh, kw, dh, dw, oy * sh - ph, v * L * sw - pw, of, ob + oy * ow + v * L,
+                               ow, min(POOL_ROWS, oh - oy), min(L, ow - v * L), frow, masks, v * kw, rf, oy, cf, v * L,
+                               avg, sw2)
 
 
 def _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, avg, cip, divisor, nworkers):
-    """Run window_worker over the planes of x (P, h*w) into out (P, oh_n*ow_n)."""
+    """Run pool_direct_worker (column stride 1 or 2) or window_worker over the planes of x (P,
+    h*w) into out (P, oh_n*ow_n)."""
     P = x.shape[0]
     if P == 0 or oh_n * ow_n == 0:
         return
@@ -225,7 +364,11 @@ def _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, avg, cip, 
     p[S_PLANES], p[S_H], p[S_W], p[S_OH], p[S_OW] = P, h, w, oh_n, ow_n
     p[S_KH], p[S_KW], p[S_SH], p[S_SW], p[S_PH], p[S_PW], p[S_DH], p[S_DW] = kh, kw, sh, sw, ph, pw, dh, dw
     p[S_AVG], p[S_CIP], p[S_DIV] = avg, cip, divisor
-    fn = worker_address(window_worker, (bool(out.dtype == np.float64),))
+    is64 = bool(out.dtype == np.float64)
+    if sw <= 2:  # registers, straight from the plane
+        fn = worker_address(pool_direct_worker, (is64, bool(avg), sw == 2))
+    else:
+        fn = worker_address(window_worker, (is64,))
     if nworkers <= 1:
         p[S_PER] = P
         run_serial(fn, p)
@@ -270,7 +413,7 @@ def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, tasks):
 def _tiles(h, w, oh_n, ow_n):
     """Whether adaptive pooling from (h, w) to (oh_n, ow_n) is an avg_pool of window =
     stride = (h / oh_n, w / ow_n) (the windows tile the plane), with more than one output
-    per row: then window_worker's vector loop per tap runs it (VGG's 14 -> 7 head, 512
+    per row: then the avg_pool kernel runs it (VGG's 14 -> 7 head, 512
     planes: 200 us by rows on one thread, 107 us as an avg_pool, Sapphire Rapids
     2026-11-26).  Global pooling (one output per row) keeps the contiguous runs of
     adaptive_avg_pool_rows."""

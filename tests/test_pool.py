@@ -38,6 +38,9 @@ MAX_CASES = [
     ((1, 13, 7, 7), 7, None, 0, 1, False),            # one window over the whole 7x7 image
     ((2, 1, 5, 12), (3, 2), (2, 1), (1, 0), (1, 2), True),
     ((1, 9, 6, 10), 3, [], 1, 1, True),               # stride [] is kernel_size
+    ((1, 2, 37, 75), 3, 2, 1, 1, True),               # 38 outputs a row, 19 rows: partial vectors and row blocks
+    ((1, 2, 17, 40), 3, 1, 1, 1, False),              # stride 1, 40 columns: 3 vectors of 16
+    ((1, 1, 9, 36), (3, 5), (1, 2), (1, 2), (2, 2), False),  # column stride 2, dilation 2, wide
 ]
 # (x shape, kernel_size, stride, padding, ceil_mode)
 AVG_CASES = [
@@ -49,6 +52,8 @@ AVG_CASES = [
     ((3, 2, 1, 1), 1, 1, 0, True),                    # 1x1 image
     ((7, 6, 5), (2, 3), (1, 2), (1, 1), True),        # 3-D input, pair arguments
     ((2, 1, 5, 12), (4, 2), (3, 1), (2, 1), True),
+    ((1, 3, 31, 70), 2, 2, 0, True),                  # 35 outputs a row, 16 rows
+    ((1, 2, 29, 41), 3, 1, 1, False),                 # stride 1, 41 columns
 ]
 AVG_DIVISORS = [(True, None), (False, None), (True, 3), (False, 5)]  # (count_include_pad, divisor_override)
 # (dtype, count_include_pad, divisor_override); under the simulator the overrides on float32 only (time)

@@ -24,23 +24,23 @@ from ..registry import Call, Implementation, Op, Rule, bucket, register, registe
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule
 from ._spatial import out_size, pair
 
-# Measured 2026-11-23 (AMD znver3, 2 cores; cpu-serial vs cpu-parallel, medians of 7
-# alternating rounds, back to back / after 0.2 s idle, float32): max_pool2d 3x3/2 on
-# 1xCx56x56: parallel ahead back to back from 2^15 output elements (320 vs 354 us; 2^18:
-# 1433 vs 2514 us), behind after idle until 2^18; avg_pool2d 2x2/2 about even from 2^15 on;
-# adaptive (1, 1) over 1xCx7x7 never ahead up to 2^18 input elements (257 vs 302 us).
-# The key counts input + output elements (about 5x the output for these strides): the
-# threshold stays at 2^15 of that, where max pooling's crossover is.
-PARALLEL_THRESHOLD = 1 << 15
+# Measured 2026-11-26 (Sapphire Rapids, 2 cores, the register-tiled kernels; describe + run,
+# cpu-serial / cpu-parallel, medians of 7 interleaved rounds, back to back | after 0.2 s
+# idle, float32, 1xCx56x56).  max_pool2d 3x3/2: C=16 (2^15.9 input + output elements) 40 /
+# 49 | 48 / 58 us, C=32 (2^16.9) 56 / 60 | 56 / 57, C=64 (2^17.9) 99 / 87 | 104 / 93, C=256
+# 448 / 289 | 554 / 333.  avg_pool2d 2x2/2: C=32 36 / 45 | 37 / 44, C=64 58 / 56 | 58 / 58,
+# C=256 314 / 214 | 325 / 225.  The key counts input + output elements (about 5x the output
+# for these strides); parallel from 2^17 of that, where both crossovers are.
+PARALLEL_THRESHOLD = 1 << 17
 # adaptive pooling with one output per row (global pooling: each window one contiguous run,
 # 13-14 us on one thread for 1x2048x7x7): serial until 2^20 input + output elements.
 # 2026-11-26, Sapphire Rapids, 2 threads, dispatch calls, interleaved medians, back to back /
 # after 0.2 s idle: 1x2048x7x7 serial 51 / 54 us, parallel 68 / 83; 4x2048x7x7 156 / 195
 # against 106 / 224; 16x2048x7x7 460 / 634 against 347 / 622.  Tiling windows (VGG's
-# 14 -> 7, run as an avg_pool) keep 2^15: 1x512x14x14 152 / 206 serial, 115 / 189 parallel.
+# 14 -> 7, run as an avg_pool) take PARALLEL_THRESHOLD.
 WHOLE_ROWS_THRESHOLD = 1 << 20
-_MEASURED = ("max_pool2d 3x3/2 parallel ahead back to back from about 2^17 input + output elements, "
-             "mixed after idle (measured, 2 cores)")
+_MEASURED = ("max / avg pooling parallel ahead from about 2^17 input + output elements, back to back and "
+             "after idle (measured, 2 cores)")
 
 _KERNELS = ("kernels_cpu.pool", "kernels_cpu.approx", "kernels_cpu.parallel")
 
@@ -228,8 +228,10 @@ def _register(name, kind, describe, signature, flops, serial, parallel):
     op = register_op(Op(name, describe, family="pool", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}))
     register(Implementation(name, "cpu-serial", "cpu", _host(kind, serial), kernel_modules=_KERNELS,
-                            notes=HOST_COPY_NOTE + ("; max / avg: per plane, stride phases of the padded plane, one vector loop per "
-                                                    "window tap; adaptive: output rows in order, innermost loop along W")))
+                            notes=HOST_COPY_NOTE + ("; max / avg: per plane, blocks of 7 rows x one vector pooled in "
+                                                    "registers from the plane (column stride 1 or 2), else stride phases "
+                                                    "of the padded plane and one vector loop per window tap; adaptive: "
+                                                    "output rows in order, innermost loop along W")))
     register(Implementation(name, "cpu-parallel", "cpu", _host(kind, parallel), kernel_modules=_KERNELS,
                             notes=HOST_COPY_NOTE + "; as cpu-serial, blocks of planes (adaptive: of output rows) over threads"))
     return op
