@@ -57,7 +57,8 @@ from kernels_common.activation import ACT_NONE, ACT_RELU
 from .approx import JIT_BY_ADDRESS, wide_loops
 from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile, micro_tile_indexed, \
     store_edge_tile, tile_m, tile_n
-from .planes import ROUND, lane_mask, lanes, masked_ops, phase_shape, rows_out, split_plane, tap_offset, vector_lanes
+from .planes import (ROUND, bits_mask, lane_mask, lanes, masked_ops, phase_shape, plane_row, rows_out, splat,
+                     split_plane, tap_offset, vector_lanes)
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
@@ -426,7 +427,8 @@ def _dw_tile(typingctx, xf, xb, H, W, sh, wf, wb, KH, KW, dh, dw, iy0, c0, of, o
              mb, bias, k, relu):
     """One block of a depthwise output plane with unit column stride, read straight from
     the input plane (no padded copy): for r < DW_ROWS, l < L (L = planes.lanes):
-        out[o0 + r*OW + l] = act(bias + sum over ky < KH, kx < KW of wf[wb + ky*KW + kx] * X(iy0 + r*sh + ky*dh, c0 + l + kx*dw))
+        out[o0 + r*OW + l] = act(bias + sum over ky < KH, kx < KW of
+                                 wf[wb + ky*KW + kx] * X(iy0 + r*sh + ky*dh, c0 + l + kx*dw))
     with X(i, j) = xf[xb + i*W + j] inside the H x W plane and 0 outside; stored for
     r < nrows, l < ncols.  Outside the plane nothing is read: a row above or below it is
     read from zrow (zeros, at least W long) instead, and the columns outside are the
@@ -467,21 +469,18 @@ def _dw_tile(typingctx, xf, xb, H, W, sh, wf, wb, KH, KW, dh, dw, iy0, c0, of, o
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
                                              "llvm.fma.v%d%s" % (width, "f32" if fty == ir.FloatType() else "f64"))
         zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
-        mty = ir.VectorType(ir.IntType(1), width)
-        nomask = ir.Constant(mty, [0] * width)
-        undef = ir.Constant(vty, ir.Undefined)
-        splat0 = ir.Constant(ir.VectorType(i32, width), [0] * width)
+        nomask = ir.Constant(ir.VectorType(ir.IntType(1), width), [0] * width)
 
         def broadcast(x):
-            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)), undef, splat0)
+            return splat(builder, x, width)
 
         bias = broadcast(context.cast(builder, args[a_bias], sig.args[a_bias], sig.args[0].dtype))
         accs = [cgutils.alloca_once(builder, vty) for _ in range(DW_ROWS)]
         for acc in accs:  # the bias first
             builder.store(bias, acc)
+
         def mask_of(kx):  # the lane bits of tap column kx
-            bits = builder.load(builder.gep(md, [builder.add(mb, kx)]))
-            return builder.bitcast(builder.trunc(bits, ir.IntType(width)), mty)
+            return bits_mask(builder, builder.load(builder.gep(md, [builder.add(mb, kx)])), width)
 
         def taps(rows, wrow, kx, m):  # one tap column for the DW_ROWS rows
             cx = builder.add(c0, builder.mul(kx, dw))
@@ -491,16 +490,11 @@ def _dw_tile(typingctx, xf, xb, H, W, sh, wf, wb, KH, KW, dh, dw, iy0, c0, of, o
                 builder.store(builder.call(fma, [wv, v, builder.load(accs[r])]), accs[r])
 
         if k_lit:  # KH = KW = k_lit, sh = dh = 1: input row j serves outputs r = j - ky, loaded once per kx
-            def row_start(j):  # input row iy0 + j (column 0), or zrow outside the plane
-                iyr = builder.add(iy0, ir.Constant(i64, j))
-                image = builder.gep(xd, [builder.add(xb, builder.mul(iyr, W))])
-                return builder.select(builder.icmp_unsigned("<", iyr, H), image, zd)
-
             wvs = [[broadcast(builder.load(builder.gep(wd, [builder.add(wb, ir.Constant(i64, ky * k_lit + kx))])))
                     for kx in range(k_lit)] for ky in range(k_lit)]
             masks_kx = [mask_of(ir.Constant(i64, kx)) for kx in range(k_lit)]
             for j in range(DW_ROWS + k_lit - 1):  # input row by input row: few live vectors
-                row = row_start(j)
+                row = plane_row(builder, xd, xb, builder.add(iy0, ir.Constant(i64, j)), H, W, zd)
                 for kx in range(k_lit):
                     v = load(builder.gep(row, [builder.add(c0, ir.Constant(i64, kx))]), masks_kx[kx])  # dw = 1
                     for ky in range(k_lit):
@@ -512,9 +506,7 @@ def _dw_tile(typingctx, xf, xb, H, W, sh, wf, wb, KH, KW, dh, dw, iy0, c0, of, o
                 iy = builder.add(iy0, builder.mul(kyl.index, dh))
                 rows = []  # the DW_ROWS row starts (column 0) for this ky: the image row or zrow
                 for r in range(DW_ROWS):
-                    iyr = builder.add(iy, builder.mul(sh, ir.Constant(i64, r)))
-                    image = builder.gep(xd, [builder.add(xb, builder.mul(iyr, W))])
-                    rows.append(builder.select(builder.icmp_unsigned("<", iyr, H), image, zd))
+                    rows.append(plane_row(builder, xd, xb, builder.add(iy, builder.mul(sh, ir.Constant(i64, r))), H, W, zd))
                 wrow = builder.add(wb, builder.mul(kyl.index, KW))
                 with cgutils.for_range(builder, KW) as kxl:
                     taps(rows, wrow, kxl.index, mask_of(kxl.index))

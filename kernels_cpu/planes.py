@@ -54,16 +54,9 @@ def vector_lanes(typingctx, arr):
 
 def lane_mask(builder, lo, hi, width):
     """The <width x i1> mask of lanes l with lo <= l < hi (i32 values)."""
-    i32 = ir.IntType(32)
-    iv = ir.VectorType(i32, width)
-    undef = ir.Constant(iv, ir.Undefined)
-    zeros = ir.Constant(iv, [0] * width)
-    lane = ir.Constant(iv, list(range(width)))
-
-    def splat(v):
-        return builder.shuffle_vector(builder.insert_element(undef, v, ir.Constant(i32, 0)), undef, zeros)
-
-    return builder.and_(builder.icmp_signed(">=", lane, splat(lo)), builder.icmp_signed("<", lane, splat(hi)))
+    lane = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
+    return builder.and_(builder.icmp_signed(">=", lane, splat(builder, lo, width)),
+                        builder.icmp_signed("<", lane, splat(builder, hi, width)))
 
 
 def masked_ops(builder, vty):
@@ -90,6 +83,30 @@ def masked_ops(builder, vty):
         builder.call(st, [value, builder.bitcast(ptr, pty), align, mask])
 
     return load, store
+
+
+def splat(builder, x, width):
+    """The <width x T> vector of scalar x in every lane."""
+    i32 = ir.IntType(32)
+    vt = ir.VectorType(x.type, width)
+    undef = ir.Constant(vt, ir.Undefined)
+    return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)), undef,
+                                  ir.Constant(ir.VectorType(i32, width), [0] * width))
+
+
+def bits_mask(builder, bits, width, shift=0):
+    """The <width x i1> mask of bits shift .. shift+width-1 of the i64 value bits."""
+    if shift:
+        bits = builder.lshr(bits, ir.Constant(ir.IntType(64), shift))
+    return builder.bitcast(builder.trunc(bits, ir.IntType(width)), ir.VectorType(ir.IntType(1), width))
+
+
+def plane_row(builder, data, base, iy, h, w, outside):
+    """The address of row iy (column 0) of the h x w plane at data + base, or `outside` (a
+    row of fill values) when iy is not in [0, h): the register-tiled window kernels read
+    rows above and below the plane from there (i64 values)."""
+    image = builder.gep(data, [builder.add(base, builder.mul(iy, w))])
+    return builder.select(builder.icmp_unsigned("<", iy, h), image, outside)
 
 
 @intrinsic

@@ -46,7 +46,8 @@ from numba.extending import intrinsic
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
-from .planes import lane_mask, lanes, masked_ops, phase_shape, rows_out, split_plane, tap_offset, vector_lanes
+from .planes import (bits_mask, lane_mask, lanes, masked_ops, phase_shape, plane_row, rows_out, splat, split_plane,
+                     tap_offset, vector_lanes)
 from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, run_dynamic, run_serial, run_workers,
                        tasks_for, worker_address)
 
@@ -257,16 +258,13 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
             iy = builder.add(iy0, builder.mul(kyl.index, dh))
             rows = []  # the tile rows' starts (column 0) for this ky: the image row or frow
             for r in range(POOL_ROWS):
-                iyr = builder.add(iy, builder.mul(sh, ir.Constant(i64, r)))
-                image = builder.gep(xd, [builder.add(xb, builder.mul(iyr, W))])
-                rows.append(builder.select(builder.icmp_unsigned("<", iyr, H), image, fd))
+                rows.append(plane_row(builder, xd, xb, builder.add(iy, builder.mul(sh, ir.Constant(i64, r))), H, W, fd))
             with cgutils.for_range(builder, KW) as kxl:
                 start = builder.add(s0, builder.mul(kxl.index, dw))
                 bits = builder.load(builder.gep(md, [builder.add(mb, kxl.index)]))
-                m_lo = builder.bitcast(builder.trunc(bits, ir.IntType(width)), mty)
+                m_lo = bits_mask(builder, bits, width)
                 if two:
-                    m_hi = builder.bitcast(builder.trunc(builder.lshr(bits, ir.Constant(i64, width)),
-                                                         ir.IntType(width)), mty)
+                    m_hi = bits_mask(builder, bits, width, shift=width)
                 for r in range(POOL_ROWS):
                     v = load(builder.gep(rows[r], [start]), m_lo, fill)
                     if two:
@@ -289,11 +287,7 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
         for r in range(POOL_ROWS):
             acc = builder.load(accs[r])
             if is_avg:
-                rv = builder.load(builder.gep(rfd, [builder.add(ry, ir.Constant(i64, r))]))
-                rv = builder.shuffle_vector(builder.insert_element(ir.Constant(vty, ir.Undefined), rv,
-                                                                   ir.Constant(i32, 0)),
-                                            ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(i32, width),
-                                                                                        [0] * width))
+                rv = splat(builder, builder.load(builder.gep(rfd, [builder.add(ry, ir.Constant(i64, r))])), width)
                 acc = builder.fdiv(acc, builder.fmul(rv, cfv))
             else:
                 acc = builder.select(builder.load(nans[r]), ir.Constant(vty, [ir.Constant(fty, math.nan)] * width), acc)
