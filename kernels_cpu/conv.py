@@ -57,8 +57,8 @@ from kernels_common.activation import ACT_NONE, ACT_RELU
 from .approx import JIT_BY_ADDRESS, wide_loops
 from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile, micro_tile_indexed, \
     store_edge_tile, tile_m, tile_n
-from .planes import (ROUND, bits_mask, lane_mask, lanes, masked_ops, phase_shape, plane_row, rows_out, splat,
-                     split_plane, tap_offset, vector_lanes)
+from .planes import (ROUND, bits_mask, column_masks, lane_mask, masked_ops, phase_shape, plane_row, rows_out, splat,
+                     split_plane, tap_offset, vector_lanes, vector_type)
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
@@ -447,9 +447,7 @@ def _dw_tile(typingctx, xf, xb, H, W, sh, wf, wb, KH, KW, dh, dw, iy0, c0, of, o
         return None
 
     def codegen(context, builder, sig, args):
-        width = lanes(sig.args[0].dtype)
-        fty = context.get_value_type(sig.args[0].dtype)
-        vty = ir.VectorType(fty, width)
+        width, fty, vty = vector_type(context, sig.args[0].dtype)
         i32, i64 = ir.IntType(32), ir.IntType(64)
         (a_xf, a_xb, a_h, a_w, a_sh, a_wf, a_wb, a_kh, a_kw, a_dh, a_dw, a_iy0, a_c0, a_of, a_o0, a_ow, a_nrows,
          a_ncols, a_zrow, a_masks, a_mb, a_bias, _, _) = range(24)
@@ -575,15 +573,9 @@ def depthwise_direct_worker(w, params, is64, k, relu):
     bias = carray(ptr_as(p[C_BIAS], like_dtype(is64)), cout)
     in_tile = p[C_EPILOGUE] == 0
     zrow = np.zeros(W, of.dtype)  # read for the rows above and below the plane
-    # per vector of output columns and tap column kx: the lane bits of the columns inside the plane
     nvec = (OW + L - 1) // L
-    masks = np.zeros(nvec * KW, np.int64)
-    for v in range(nvec):
-        for kx in range(KW):
-            cx = v * L - pw + kx * dw
-            for lane in range(min(L, OW - v * L)):
-                if 0 <= cx + lane < W:
-                    masks[v * KW + kx] |= 1 << lane
+    masks = np.empty(nvec * KW, np.int64)  # per vector of output columns and tap column
+    column_masks(masks, nvec, L, 1, KW, dw, pw, W)
     while True:
         task = fetch_add(sync, 0, per_task)
         if task >= nplanes:

@@ -139,6 +139,29 @@ def _copy_chunk(typingctx, dst, d, src, s, n):
 
 
 @njit(inline="always")
+def column_masks(masks, nvec, L, sw, kw, dw, pw, w):
+    """masks[v*kw + kx] = the lane bits of the input columns that vector v of output columns
+    reads for tap column kx in the register-tiled window kernels: bit i set when column
+    v*L*sw - pw + kx*dw + i lies inside the plane (0 <= . < w), i < L*sw (at column stride
+    sw the vector's L outputs read L*sw consecutive columns)."""
+    for v in range(nvec):
+        for kx in range(kw):
+            start = v * L * sw - pw + kx * dw
+            bits = 0
+            for i in range(L * sw):
+                if 0 <= start + i < w:
+                    bits |= 1 << i
+            masks[v * kw + kx] = bits
+
+
+def vector_type(context, dtype):
+    """(L, the LLVM float type, <L x float type>) for numba float type dtype (lanes)."""
+    width = lanes(dtype)
+    fty = context.get_value_type(dtype)
+    return width, fty, ir.VectorType(fty, width)
+
+
+@njit(inline="always")
 def copy_run(dst, d, src, s, n):
     """dst[d : d+n] = src[s : s+n] (flat arrays of one float type, n >= 0) in masked vector
     chunks: no scalar tail."""

@@ -46,8 +46,8 @@ from numba.extending import intrinsic
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
-from .planes import (bits_mask, lane_mask, lanes, masked_ops, phase_shape, plane_row, rows_out, splat, split_plane,
-                     tap_offset, vector_lanes)
+from .planes import (bits_mask, column_masks, lane_mask, masked_ops, phase_shape, plane_row, rows_out, splat,
+                     split_plane, tap_offset, vector_lanes, vector_type)
 from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, run_dynamic, run_serial, run_workers,
                        tasks_for, worker_address)
 
@@ -228,9 +228,7 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
         return None
 
     def codegen(context, builder, sig, args):
-        width = lanes(sig.args[0].dtype)
-        fty = context.get_value_type(sig.args[0].dtype)
-        vty = ir.VectorType(fty, width)
+        width, fty, vty = vector_type(context, sig.args[0].dtype)
         i32, i64 = ir.IntType(32), ir.IntType(64)
         (a_xf, a_xb, a_h, a_w, a_sh, a_kh, a_kw, a_dh, a_dw, a_iy0, a_s0, a_of, a_o0, a_ow, a_nrows, a_ncols, a_frow,
          a_masks, a_mb, a_rf, a_ry, a_cf, a_cx0, _, _) = range(25)
@@ -318,13 +316,8 @@ def pool_direct_worker(wk, params, is64, avg, sw2):
     L = vector_lanes(of)
     nvec = (ow + L - 1) // L
     frow = np.full(w, like(z, 0.0) if avg else like(z, -math.inf))  # the rows above / below
-    masks = np.zeros(nvec * kw, np.int64)  # per (vector, kx): the input columns inside the plane
-    for v in range(nvec):
-        for kx in range(kw):
-            start = v * L * sw - pw + kx * dw
-            for i in range(L * sw):
-                if 0 <= start + i < w:
-                    masks[v * kw + kx] |= 1 << i
+    masks = np.empty(nvec * kw, np.int64)  # per vector of output columns and tap column
+    column_masks(masks, nvec, L, sw, kw, dw, pw, w)
     rf = np.empty(((oh + POOL_ROWS - 1) // POOL_ROWS) * POOL_ROWS if avg else 0, of.dtype)
     cf = np.empty(nvec * L if avg else 0, of.dtype)
     if avg:
