@@ -116,8 +116,13 @@ def finite(name: str, value, positive: bool = False, dtype=None) -> float:
 _LARGEST = {}  # dtype -> its largest finite value (np.finfo costs ~0.3 us a call)
 
 
+_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
 def integer(name: str, value, dtype=np.int64) -> int:
     """A Python or numpy integer (not a bool) within dtype's range, as int."""
+    if type(value) is int and dtype is np.int64 and _INT64_MIN <= value <= _INT64_MAX:
+        return value  # the common case, without the dtype lookups (0.4 -> 0.1 us)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     lo, hi = _int_range(np.dtype(dtype))

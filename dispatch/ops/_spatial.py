@@ -15,9 +15,13 @@ import numpy as np
 
 from .. import validate as V
 
+_INT64_MAX = 2 ** 63 - 1
+
 
 def pair(name: str, value, *, minimum: int = 0) -> tuple:
     """(h, w) from an int or a pair (tuple / list) of ints, each >= minimum."""
+    if type(value) is int and minimum <= value <= _INT64_MAX:
+        return value, value  # the common case (0.7 -> 0.15 us)
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
