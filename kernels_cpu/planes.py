@@ -1,9 +1,19 @@
-"""Plane-at-a-time building blocks of the sliding-window kernels (depthwise convolution,
-max / avg pooling): each output plane of a window op is computed as a few long vector
-loops over one flat buffer instead of many short, strided row loops.
+"""Building blocks of the sliding-window kernels (depthwise convolution, max / avg pooling).
 
-The layout (window geometry kh x kw, stride sh x sw, dilation dh x dw, top / left padding
-ph / pw, output oh x ow):
+Two forms share them:
+
+Register tiles (column stride 1 or 2: conv.depthwise_direct_worker, pool.pool_direct_worker).
+A block of output rows x one vector of output columns is held in registers and computed
+straight from the input plane: `masked_ops` loads whose masked-off lanes are the padding
+(not read, so no fault and no padded copy), `column_masks` the lane bits per vector and tap
+column, `plane_row` a row of fill values for the rows above and below the plane, `splat`
+and `bits_mask` the vector constants.  The vector is 512 bits on AVX-512 targets, 256
+elsewhere (`lanes`).
+
+Stride phases (larger column strides: conv.depthwise_phase_worker, pool.window_worker),
+each output plane computed as a few long vector loops over one flat buffer instead of many
+short, strided row loops.  The layout (window geometry kh x kw, stride sh x sw, dilation
+dh x dw, top / left padding ph / pw, output oh x ow):
   * The padded input plane is split into sh * sw phases: padded row r*sh + py and column
     c*sw + px go to phase (py, px), row r, column c.  Each phase holds hq x wq values,
     hq = oh + (kh-1)*dh // sh, wq = ow + (kw-1)*dw // sw (row pitch wq), so output (oy, ox)
