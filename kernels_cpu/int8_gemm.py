@@ -28,6 +28,11 @@ VNNI kernel):
                 same [k/4][NR][4] panel layout as VNNI with NR = 32.  onnxruntime's MLAS
                 runs AMX on these hosts too (its 128x768x768 u8s8 MatMulInteger took
                 ~60-130 us here, beyond any vpdpbusd kernel's reach on 2 cores).
+  PATH_AMX_ROWS one row of A (a decode step) on an AMX host: PATH_VNNI512's code with MR = 1
+                over the AMX panels ([k/4][32][4] s8 is two zmm of vpdpbusd operands), so
+                the weight packed for PATH_AMX serves both; a 32-row tile would compute 31
+                wasted rows.  matmul_int8 1x768x768 81 -> 48 us, dynamic_quant_linear
+                1x4096x4096 738 -> 512 us (timeit medians, 2 threads, 2026-11-26).
   PATH_VNNI512  AVX-512 VNNI `vpdpbusd` on zmm registers (llvm.x86.avx512.vpdpbusd.512):
                 16 int32 lanes, each += 4 u8 x s8 products.  Register tile MR_V x NR_V =
                 8 x 48 (24 zmm accumulators, 3 B vectors, 1 broadcast A word: 28 of 32).
@@ -45,8 +50,9 @@ parallel.run_workers: the workers take (row block x column block) tasks from a c
 each task running the micro-kernel over the whole K (no K blocking: a 48-column B panel of
 K = 4096 is 192 KiB, in L2) into a small int32 buffer (a row panel across the task's
 columns), then the epilogue from that buffer straight into the output (fused: the output
-is written once).  Few rows (decode) take the same path: one row panel, the tasks split
-the columns, and each packed weight panel is streamed once.  A is packed (or quantized)
+is written once).  Few rows (decode) take the same path (on AMX hosts, one row takes
+PATH_AMX_ROWS): one row panel, the tasks split the columns, and each packed weight panel is
+streamed once.  A is packed (or quantized)
 by workers of its own (pack_a_int, quant_pack_a) in blocks of PACK_ROWS rows.
 
 Workers called by address instead of prange loops: each is compiled once, alone (a prange
@@ -64,8 +70,9 @@ from . import target
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
 from .parallel import addresses, fetch_add, ptr_as, run_serial, run_workers, worker_address
 
-PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX = 0, 1, 2, 3
+PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS = 0, 1, 2, 3, 4
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
+              PATH_AMX_ROWS: "avx512-vnni vpdpbusd one row at a time over the AMX panels (few rows)",
               PATH_VNNI512: "avx512-vnni vpdpbusd (zmm, u8 x s8)",
               PATH_AVX2: "avx2 vpmaddwd (ymm, int16 x int16, exact)",
               PATH_PORTABLE: "portable int32 loops"}
@@ -77,9 +84,14 @@ MAX_K = (2**31 - 1) // (255 * 128)
 MR_V, NR_V, KG_V = 8, 48, 4
 MR_A, NR_A, KG_A = 6, 16, 2
 MR_X, NR_X, KG_X = 32, 32, 4   # AMX: 2 x 2 tiles of 16 x 16 int32
-TILES = {PATH_VNNI512: (MR_V, NR_V, KG_V), PATH_AVX2: (MR_A, NR_A, KG_A), PATH_AMX: (MR_X, NR_X, KG_X)}
+# PATH_AMX_ROWS: the AMX path's packed weight read by vpdpbusd one row of A at a time, for
+# calls with few rows (decode), where a 32-row AMX tile computes 31 wasted rows.  An AMX
+# panel ([k/4][32 columns][4 bytes]) is two zmm of what vpdpbusd takes, so the weight is
+# not packed again.
+TILES = {PATH_VNNI512: (MR_V, NR_V, KG_V), PATH_AVX2: (MR_A, NR_A, KG_A), PATH_AMX: (MR_X, NR_X, KG_X),
+         PATH_AMX_ROWS: (1, NR_X, KG_X)}
 # K is padded (zeros) to a multiple of this: AMX multiplies 64-byte K chunks per tile.
-K_ALIGN = {PATH_VNNI512: KG_V, PATH_AVX2: KG_A, PATH_AMX: 64}
+K_ALIGN = {PATH_VNNI512: KG_V, PATH_AVX2: KG_A, PATH_AMX: 64, PATH_AMX_ROWS: 64}
 
 
 def k_words(k, path):
@@ -125,6 +137,7 @@ def host_paths():
     out[PATH_AVX2] = None if "avx2" in feats else f"host {cpu} lacks avx2"
     miss = [f for f in ("amx-tile", "amx-int8") if f not in feats]
     out[PATH_AMX] = f"host {cpu} lacks {', '.join(miss)}" if miss else _amx_permission()
+    out[PATH_AMX_ROWS] = out[PATH_VNNI512] or out[PATH_AMX]  # vpdpbusd on the AMX path's panels
     for path, name in _KERNEL_NAMES.items():  # declared x86-only in target.X86_ONLY
         off_x86 = target.x86_only_refusal(__name__, name)
         if off_x86 is not None:
@@ -135,14 +148,16 @@ def host_paths():
 # the worker of each packed path (GEMM below), by name: target.X86_ONLY declares it.  One
 # worker serves the three paths: the path is a literal argument, so each compiled variant
 # holds only its own path's instructions (a host without AVX-512 never compiles VNNI code).
-_KERNEL_NAMES = {PATH_AMX: "gemm_packed", PATH_VNNI512: "gemm_packed", PATH_AVX2: "gemm_packed"}
+_KERNEL_NAMES = {PATH_AMX: "gemm_packed", PATH_AMX_ROWS: "gemm_packed", PATH_VNNI512: "gemm_packed",
+                 PATH_AVX2: "gemm_packed"}
 
 
 # ---- the micro-kernel -------------------------------------------------------------------------
 
 def _micro_typer(path):
     mr, nr, _ = TILES[path]
-    lanes = 16 if path == PATH_VNNI512 else 8
+    vnni = path in (PATH_VNNI512, PATH_AMX_ROWS)
+    lanes = 16 if vnni else 8
     nv = nr // lanes
 
     def typer(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
@@ -166,7 +181,7 @@ def _micro_typer(path):
             tpd = builder.gep(data(6), [i64_of(7)])
             ldt = i64_of(8)
             arows = [builder.gep(apd, [builder.mul(lda, ir.Constant(i64, i))]) for i in range(mr)]
-            if path == PATH_VNNI512:
+            if vnni:
                 dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
                                                      "llvm.x86.avx512.vpdpbusd.512")
             else:
@@ -189,7 +204,7 @@ def _micro_typer(path):
                     av = builder.shuffle_vector(builder.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
                     for v in range(nv):
                         old = builder.load(accs[i][v])
-                        if path == PATH_VNNI512:
+                        if vnni:
                             new = builder.call(dot, [old, av, bvec[v]])   # old += u8(av) . s8(b)
                         else:
                             new = builder.add(old, builder.call(pmadd, [builder.bitcast(av, wty), bvec[v]]))
@@ -304,13 +319,14 @@ def micro(typingctx, path, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
         (allocas that mem2reg keeps in registers).
       PATH_AVX2: the same on ymm with words of 2 int16: `vpmaddwd` (llvm.x86.avx2.pmadd.wd,
         exact int16 x int16 pair sums) plus `vpaddd` per step.
-      PATH_AMX: _amx_typer's tiles."""
+      PATH_AMX: _amx_typer's tiles.
+      PATH_AMX_ROWS: PATH_VNNI512's code for one row of A over a 32-column AMX panel."""
     if not isinstance(path, types.IntegerLiteral):
         return None
     pv = path.literal_value
     if pv == PATH_AMX:
         res = _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt)
-    elif pv in (PATH_VNNI512, PATH_AVX2):
+    elif pv in (PATH_VNNI512, PATH_AVX2, PATH_AMX_ROWS):
         res = _micro_typer(pv)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
     else:
         return None

@@ -456,3 +456,31 @@ def test_several_row_blocks_and_column_edges(impl):
     b = make_b(g, (37, 21), "col", zp=True)
     got = _call(impl, dispatch.matmul_int8, a, b)
     assert_one_rounding(got, ref.matmul_int8(a, b), impl)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU AMX implementation's one-row path")
+@pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
+def test_amx_one_row_path(a_dtype):
+    """A one-row call to cpu-amx runs vpdpbusd over the AMX panels (kernels_cpu.int8_gemm
+    .PATH_AMX_ROWS): exact on K and N off the 64-byte chunk and the 32-column panel, with
+    zero points, bias and an activation, on the calling thread (a small weight) and on the
+    workers (a weight over ROWS_SERIAL_MAX values); both matmul_int8 and
+    dynamic_quant_linear (the transposed weight)."""
+    from dispatch.ops import int8_linalg as M
+    if M._HOST[M.K.PATH_AMX_ROWS] is not None:
+        pytest.skip(M._HOST[M.K.PATH_AMX_ROWS])
+    g = rng()
+    for k, n in ((70, 33), (1100, 1000)):
+        assert (k * n > M.ROWS_SERIAL_MAX) == (k == 1100)
+        a = make_a(g, (1, k), a_dtype, "row")
+        b = make_b(g, (k, n), "col", zp=True)
+        bias = g.standard_normal(n).astype(np.float32)
+        got = _call("cpu-amx", dispatch.matmul_int8, a, b, bias=bias, activation="relu")
+        want = np.maximum(ref.matmul_int8(a, b) + bias.astype(np.float64), 0)
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-6, err_msg=f"1x{k}x{n}")
+        assert_one_rounding(_call("cpu-amx", dispatch.matmul_int8, a, b), ref.matmul_int8(a, b), f"1x{k}x{n}")
+        x = g.standard_normal((1, k)).astype(np.float32)
+        w = make_b(g, (n, k), "col", zp=False, axis=0)
+        with dispatch.use(dynamic_quant_linear="cpu-vnni512"):
+            want = dispatch.dynamic_quant_linear(x, w)
+        np.testing.assert_array_equal(_call("cpu-amx", dispatch.dynamic_quant_linear, x, w), want)

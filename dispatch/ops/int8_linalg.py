@@ -285,8 +285,21 @@ def _blocks(mp, npn):
     return mc, nc, -(-mp // mc) * -(-npn // nc)
 
 
+# One row (a decode step): the AMX implementation runs K.PATH_AMX_ROWS (vpdpbusd over the
+# same packed weight) instead of 32-row AMX tiles that compute 31 wasted rows, on the calling
+# thread for a weight of at most ROWS_SERIAL_MAX values.  More rows would re-read the weight
+# once per row (the row kernel has no row blocking).  Through dispatch, Sapphire Rapids, 2
+# threads, timeit medians (2026-11-26), AMX tiles -> rows: matmul_int8 1x768x768 81 -> 48
+# us, 1x768x3072 203 -> 115; dynamic_quant_linear 1x768x768 82 -> 41, 1x4096x4096 (on the
+# workers) 738 -> 512 (onnxruntime 471 in the report).  Two rows: tiles 90 us, one row
+# at a time would read the weight twice.  Calling thread / workers (matmul_int8, same
+# setting): 768x768 43-44 / 52-54 us, 1024x1024 (2^20) 51-52 / 55-56, 768x3072 138-141 /
+# 82-88, 2048x2048 228-240 / 142-143.
+AMX_ROWS_MAX = 1
+ROWS_SERIAL_MAX = 1 << 20
+
+
 def _run_packed(path):
-    mr, nr, kg = K.TILES[path]
     et = np.int16 if path == K.PATH_AVX2 else np.uint8
 
     def run(params, a, w, bias, out, code, transposed):
@@ -304,12 +317,15 @@ def _run_packed(path):
         res = result_buffer(out, out_shape, F32)
         if res.size == 0:
             return deliver(res, out)
+        few = path == K.PATH_AMX and rows <= AMX_ROWS_MAX
+        kpath = K.PATH_AMX_ROWS if few else path  # the micro-kernel's path; the weight stays packed for `path`
+        mr, nr, kg = K.TILES[kpath]
         kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
         abuf = np.empty((mp * mr, kq * kg), et)
         c = np.empty(rows)
         rs = np.empty(rows)
-        threads = numba.get_num_threads()
+        threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else numba.get_num_threads()
         if transposed:
             x2 = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
             sa = np.empty(rows)
@@ -326,7 +342,7 @@ def _run_packed(path):
         mc, nc, ntasks = _blocks(mp, npn)
         # the cached weight and row parameters are writeable-typed aliases already (made once),
         # so the argument-block helper compiles one specialization
-        K.gemm(path, code, abuf.reshape(-1).view(np.int32), pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, out2,
+        K.gemm(kpath, code, abuf.reshape(-1).view(np.int32), pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, out2,
                mc, nc, ntasks, kq, nworkers=threads)
         return deliver(res, out)
 
@@ -476,7 +492,7 @@ _NOTES = {
                 "in place as tiles (int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed "
                 "once per QuantizedArray into 32-column panels of 4-byte groups with its column sums; workers take "
                 "row x column blocks from a counter; zero-point corrections, scales, bias and activation "
-                "fused per tile"),
+                "fused per tile; a one-row call (decode) runs vpdpbusd over the same panels instead"),
     "cpu-vnni512": ("AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32) 8x48 register tile on zmm; A rows read in place "
                     "(int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed once per "
                     "QuantizedArray into 48-column panels of 4-byte groups with its column sums; workers take "
