@@ -57,8 +57,9 @@ from kernels_common.activation import ACT_NONE, ACT_RELU
 from .approx import JIT_BY_ADDRESS, wide_loops
 from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile, micro_tile_indexed, \
     store_edge_tile, tile_m, tile_n
-from .planes import (ROUND, bits_mask, column_masks, lane_mask, masked_ops, phase_shape, plane_row, rows_out, splat,
-                     split_plane, tap_offset, vector_lanes, vector_type)
+from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
+from .planes import (ROUND, column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
+                     vector_type)
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 

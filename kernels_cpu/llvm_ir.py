@@ -1,6 +1,7 @@
 """Pieces of LLVM IR that several kernels' intrinsics emit (no numba typing here: plain
 llvmlite builders), so each is written once."""
 from llvmlite import ir
+from numba.core import cgutils
 
 _I32 = ir.IntType(32)
 
@@ -15,3 +16,52 @@ def hsum(builder, v, width: int):
         hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
         v = builder.fadd(lo, hi)
     return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def splat(builder, x, width):
+    """The <width x T> vector of scalar x in every lane."""
+    i32 = ir.IntType(32)
+    vt = ir.VectorType(x.type, width)
+    undef = ir.Constant(vt, ir.Undefined)
+    return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)), undef,
+                                  ir.Constant(ir.VectorType(i32, width), [0] * width))
+
+
+def bits_mask(builder, bits, width, shift=0):
+    """The <width x i1> mask of bits shift .. shift+width-1 of the i64 value bits."""
+    if shift:
+        bits = builder.lshr(bits, ir.Constant(ir.IntType(64), shift))
+    return builder.bitcast(builder.trunc(bits, ir.IntType(width)), ir.VectorType(ir.IntType(1), width))
+
+
+def lane_mask(builder, lo, hi, width):
+    """The <width x i1> mask of lanes l with lo <= l < hi (i32 values)."""
+    lane = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
+    return builder.and_(builder.icmp_signed(">=", lane, splat(builder, lo, width)),
+                        builder.icmp_signed("<", lane, splat(builder, hi, width)))
+
+
+def masked_ops(builder, vty):
+    """(load, store): llvm.masked.load / llvm.masked.store for vector type vty:
+    load(ptr, mask, passthru=zeros) -> vty with passthru's values in the masked-off lanes
+    (which are not read: no fault); store(value, ptr, mask)."""
+    i32 = ir.IntType(32)
+    width = vty.count
+    is32 = vty.element == ir.FloatType()
+    mty = ir.VectorType(ir.IntType(1), width)
+    pty = vty.as_pointer()
+    suffix = "v%d%s.p0" % (width, "f32" if is32 else "f64")
+    ld = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [pty, i32, mty, vty]),
+                                        "llvm.masked.load." + suffix)
+    st = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [vty, pty, i32, mty]),
+                                        "llvm.masked.store." + suffix)
+    align = ir.Constant(i32, 4 if is32 else 8)
+    zero = ir.Constant(vty, [ir.Constant(vty.element, 0.0)] * width)
+
+    def load(ptr, mask, passthru=zero):
+        return builder.call(ld, [builder.bitcast(ptr, pty), align, mask, passthru])
+
+    def store(value, ptr, mask):
+        builder.call(st, [value, builder.bitcast(ptr, pty), align, mask])
+
+    return load, store

@@ -4,10 +4,10 @@ Two forms share them:
 
 Register tiles (column stride 1 or 2: conv.depthwise_direct_worker, pool.pool_direct_worker).
 A block of output rows x one vector of output columns is held in registers and computed
-straight from the input plane: `masked_ops` loads whose masked-off lanes are the padding
-(not read, so no fault and no padded copy), `column_masks` the lane bits per vector and tap
-column, `plane_row` a row of fill values for the rows above and below the plane, `splat`
-and `bits_mask` the vector constants.  The vector is 512 bits on AVX-512 targets, 256
+straight from the input plane: masked loads (llvm_ir.masked_ops) whose masked-off lanes are
+the padding (not read, so no fault and no padded copy), `column_masks` the lane bits per
+vector and tap column, `plane_row` a row of fill values for the rows above and below the
+plane.  The vector is 512 bits on AVX-512 targets, 256
 elsewhere (`lanes`).
 
 Stride phases (larger column strides: conv.depthwise_phase_worker, pool.window_worker),
@@ -30,10 +30,10 @@ dh x dw, top / left padding ph / pw, output oh x ow):
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .approx import _target_has_avx512
+from .llvm_ir import lane_mask, masked_ops
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 
@@ -60,55 +60,6 @@ def vector_lanes(typingctx, arr):
         return ir.Constant(ir.IntType(64), lanes(sig.args[0].dtype))
 
     return types.int64(arr), codegen
-
-
-def lane_mask(builder, lo, hi, width):
-    """The <width x i1> mask of lanes l with lo <= l < hi (i32 values)."""
-    lane = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
-    return builder.and_(builder.icmp_signed(">=", lane, splat(builder, lo, width)),
-                        builder.icmp_signed("<", lane, splat(builder, hi, width)))
-
-
-def masked_ops(builder, vty):
-    """(load, store): llvm.masked.load / llvm.masked.store for vector type vty:
-    load(ptr, mask, passthru=zeros) -> vty with passthru's values in the masked-off lanes
-    (which are not read: no fault); store(value, ptr, mask)."""
-    i32 = ir.IntType(32)
-    width = vty.count
-    is32 = vty.element == ir.FloatType()
-    mty = ir.VectorType(ir.IntType(1), width)
-    pty = vty.as_pointer()
-    suffix = "v%d%s.p0" % (width, "f32" if is32 else "f64")
-    ld = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [pty, i32, mty, vty]),
-                                        "llvm.masked.load." + suffix)
-    st = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [vty, pty, i32, mty]),
-                                        "llvm.masked.store." + suffix)
-    align = ir.Constant(i32, 4 if is32 else 8)
-    zero = ir.Constant(vty, [ir.Constant(vty.element, 0.0)] * width)
-
-    def load(ptr, mask, passthru=zero):
-        return builder.call(ld, [builder.bitcast(ptr, pty), align, mask, passthru])
-
-    def store(value, ptr, mask):
-        builder.call(st, [value, builder.bitcast(ptr, pty), align, mask])
-
-    return load, store
-
-
-def splat(builder, x, width):
-    """The <width x T> vector of scalar x in every lane."""
-    i32 = ir.IntType(32)
-    vt = ir.VectorType(x.type, width)
-    undef = ir.Constant(vt, ir.Undefined)
-    return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i32, 0)), undef,
-                                  ir.Constant(ir.VectorType(i32, width), [0] * width))
-
-
-def bits_mask(builder, bits, width, shift=0):
-    """The <width x i1> mask of bits shift .. shift+width-1 of the i64 value bits."""
-    if shift:
-        bits = builder.lshr(bits, ir.Constant(ir.IntType(64), shift))
-    return builder.bitcast(builder.trunc(bits, ir.IntType(width)), ir.VectorType(ir.IntType(1), width))
 
 
 def plane_row(builder, data, base, iy, h, w, outside):

@@ -46,8 +46,9 @@ from numba.extending import intrinsic
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
-from .planes import (bits_mask, column_masks, lane_mask, masked_ops, phase_shape, plane_row, rows_out, splat,
-                     split_plane, tap_offset, vector_lanes, vector_type)
+from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
+from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
+                     vector_type)
 from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, run_dynamic, run_serial, run_workers,
                        tasks_for, worker_address)
 
@@ -107,6 +108,17 @@ def adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi):
 
 
 @njit(inline="always")
+def _divisor_tables(avg, nrf, ncf, dtype, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor):
+    """(rf, cf): avg pooling's divisor of output (oy, ox) as rf[oy] * cf[ox] (_divisor_factors),
+    nrf and ncf entries long (padded with 1); empty for max pooling."""
+    rf = np.empty(nrf if avg else 0, dtype)
+    cf = np.empty(ncf if avg else 0, dtype)
+    if avg:
+        _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor)
+    return rf, cf
+
+
+@njit(inline="always")
 def _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor):
     """avg pooling's divisor of output (oy, ox) as rf[oy] * cf[ox]: PyTorch's window size
     clipped to the padded input (count_include_pad) or to the image, or divisor_override
@@ -161,10 +173,7 @@ def window_worker(wk, params, is64):
     a = np.empty(oh * wq, of.dtype)
     b = np.empty(oh * wq, of.dtype)
     nt = (oh - 1) * wq + ow
-    rf = np.empty(oh if avg else 0, of.dtype)
-    cf = np.empty(ow if avg else 0, of.dtype)
-    if avg:
-        _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor)
+    rf, cf = _divisor_tables(avg, oh, ow, of.dtype, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor)
     while True:
         first = fetch_add(sync, 0, per)
         if first >= P:
@@ -318,10 +327,9 @@ def pool_direct_worker(wk, params, is64, avg, sw2):
     frow = np.full(w, like(z, 0.0) if avg else like(z, -math.inf))  # the rows above / below
     masks = np.empty(nvec * kw, np.int64)  # per vector of output columns and tap column
     column_masks(masks, nvec, L, sw, kw, dw, pw, w)
-    rf = np.empty(((oh + POOL_ROWS - 1) // POOL_ROWS) * POOL_ROWS if avg else 0, of.dtype)
-    cf = np.empty(nvec * L if avg else 0, of.dtype)
-    if avg:
-        _divisor_factors(rf, cf, h, w, oh, ow, kh, kw, sh, sw, ph, pw, cip, divisor)
+    # whole row blocks and vectors: the tile reads rf for POOL_ROWS rows and cf as one vector
+    rf, cf = _divisor_tables(avg, (oh + POOL_ROWS - 1) // POOL_ROWS * POOL_ROWS, nvec * L, of.dtype, h, w, oh, ow,
+                             kh, kw, sh, sw, ph, pw, cip, divisor)
     while True:
         first = fetch_add(sync, 0, per)
         if first >= P:

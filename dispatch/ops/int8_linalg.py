@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
+from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import int8_gemm as K
 
 from .. import validate as V
