@@ -6,34 +6,45 @@ bottom / right padding is implied by OH, OW, which the caller computes: padding=
 may pad one more on the far side).  Output (oy, ox) of channel co reads input rows
 oy*sh - ph + ky*dh and columns ox*sw - pw + kx*dw, zero outside the image.
 
-Both GEMM forms run on the GEMM's register-tiled micro-kernel (gemm.py), on the GEMM's
-active tile (gemm.active_tile: 8x48 of 16-lane vectors on AVX-512 hosts, 6x16 of 8-lane
-ones elsewhere): per image n and group g, out[n, g] (Cout_g, P = OH*OW) = W_g (Cout_g, Kc)
-@ col (Kc, P), Kc = Cin_g*KH*KW, the weight packed into the tile's MR-row panels
-(pack_weight, numpy; once for good with dispatch.prepack, which records the tile).  The
-im2col matrix col is never formed:
+Dense and grouped convolutions (conv_direct) run on the GEMM's register-tiled micro-kernel
+(gemm.py), on its active tile (gemm.active_tile: 8x48 of 16-lane vectors on AVX-512 hosts,
+6x16 of 8-lane ones elsewhere): per image n and group g, out[n, g] (Cout_g, P = OH*OW) =
+W_g (Cout_g, Kc) @ col (Kc, P), Kc = Cin_g*KH*KW, the weight packed into the tile's MR-row
+panels (pack_weight, numpy; once for good with dispatch.prepack, which records the tile).
+The im2col matrix col is never formed.  Output pixels are numbered in a row pitch
+Wq = OW + the taps' reach, o = oy*Wq + ox, and in that pitch row k of col for NR
+consecutive pixels (a tile, running on across rows) is NR consecutive values of the
+zero-padded, stride-phase-split image at a per-k offset (tab): the micro-kernel reads B
+straight from there (micro_tile_indexed), no packing.  A task, a run of tiles of one
+image's pixels, copies the input rows it reads into that layout in its worker's buffer
+(_task_rows; an unpadded stride-1 1x1's B rows are x's channel planes themselves and are
+read in place), accumulates its tiles over the K blocks in the worker's accumulator block,
+and writes its part of each output row once, bias + activation on the way (conv_compact).
+Extra memory per thread: a task's input rows and its output (SD U-Net 3x3 320ch 64x64,
+float32: 0.8 + 0.7 MiB).
 
-conv_direct (every convolution but an unpadded stride-1 1x1): x is copied once into a
-zero-padded, phase-split buffer in which row k of col for NR consecutive output pixels
-(numbered in the buffer's row pitch, so a tile runs on across rows) is NR consecutive values
-at a per-k offset (tab); the micro-kernel reads B straight from there
-(micro_tile_indexed), no packing.  Extra memory: about x's size.  Before it, a packed im2col
-block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3 64ch 56x56: 5.85 ms
-packed, 3.28 ms direct; 7x7/2 stem: 4.24 -> 3.28 ms).  Moving from the 6x16 tile (8-lane
-vectors, 12 accumulators) with tiles inside one row to the AVX-512 8x48 tile with pitched
-tiles (2 threads, prepacked + bias + ReLU, interleaved medians, Sapphire Rapids,
-2026-11-26): 3x3 64ch 56x56 1.75-1.81 -> 1.25-1.34 ms, 7x7/2 stem 1.73-1.79 -> 1.30-1.37,
-SD U-Net 3x3 320ch 64x64 42.5-46.9 -> 28.8-30.2; 1x1 256->64 (conv_gemm) 1.15-1.21 ->
-0.71-0.76 ms.
-
-conv_gemm (the unpadded stride-1 1x1): col is x's channel planes themselves; a task
-(image, group, block of Cout rows, block of NC output pixels) copies KC x NC blocks of
-them into NR-column panels in its worker's workspace (extra memory: 128 KiB per thread)
-and runs the micro-kernel over the weight panels.
+Measurements (2 threads, prepacked + bias + ReLU, interleaved medians).  Before the direct
+form, a packed im2col block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3
+64ch 56x56: 5.85 ms packed, 3.28 ms direct; 7x7/2 stem: 4.24 -> 3.28 ms).  The 6x16 tile
+with tiles inside one row -> the 8x48 tile with pitched tiles (Sapphire Rapids, 2026-11-26):
+3x3 64ch 1.75-1.81 -> 1.25-1.34 ms, stem 1.73-1.79 -> 1.30-1.37, SD U-Net 3x3 320ch 64x64
+42.5-46.9 -> 28.8-30.2.  Then (Zen 5, 2026-11-26, 1 / 2 threads, medians of 9):
+- tiles accumulated in the worker's block instead of each tile copied (added, after the
+  first K block) from a tile buffer into out: 3x3 64ch 1.05-1.07 / 0.60 -> 0.99 / 0.58 ms,
+  stem 1.14-1.19 / 0.64 -> 1.09 / 0.60, SD U-Net 32.0-32.5 / 16.3 -> 30.6 / 15.6 ms;
+- each task copying its own rows instead of one serial padded copy of x before the
+  workers (30 / 65 / 179 us for the three): stem 0.60 -> 0.55-0.56 ms on 2 threads;
+- tasks as runs of tiles, 2 per thread (4 per thread: 3x3 64ch 0.56 ms, 3: 0.56, 2: 0.53,
+  1: 0.53; the stem and SD U-Net within noise), where whole output rows per task rounded
+  every task up to whole tiles;
+- the unpadded 1x1 read in place instead of packed per task (conv_gemm, now gone):
+  1x1 256->64 56x56 0.57 / 0.31 -> 0.52 / 0.285 ms, 1024->256 14x14 0.65 / 0.42 ->
+  0.59 / 0.38, 2048->512 7x7 0.51 ms either way;
+- tile loop inside the panel loop (B tile in L1, A panels from L2) or outside it, KC 256 /
+  640 / 1024: within noise.
 
 Tasks come from an atomic counter (dynamic: a thread that loses its core to another
-process does not hold the others up); bias + activation run on a task's block while it is
-in cache (conv_epilogue, called by address).
+process does not hold the others up).
 
 depthwise: groups == C, Cout = C * multiplier: each output plane is a weighted sum of
 KH*KW shifted copies of one input plane.  Column stride 1 (depthwise_direct_worker): blocks
@@ -55,32 +66,26 @@ from numba.extending import intrinsic
 from kernels_common.activation import ACT_NONE, ACT_RELU
 
 from .approx import JIT_BY_ADDRESS, wide_loops
-from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile, micro_tile_indexed, \
-    store_edge_tile, tile_m, tile_n
+from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile_indexed, tile_m, tile_n
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (ROUND, column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
 from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
     worker_address
 
-# K block (rows of col per step; conv_direct splits Kc into even blocks of at most KC) and
-# output pixels per task of conv_gemm, in NR-column panels.  With the 8x48 tile a KC x NC
-# float32 block is 384 KiB: it stays in L2 (512 KiB per core on Zen 3, 1-2 MiB on Ice Lake /
-# Sapphire Rapids) while every weight panel (MR x KC, 8 KiB, L1) sweeps it; the GEMM's own
-# KC_MAX (dispatch/ops/linalg.py) was measured at 256.  Sapphire Rapids, 2 threads,
-# 2026-11-26, 8x48: KC 640 (one block for the 3x3 64ch's Kc = 576) measured within noise of
-# 256 split evenly (288 + 288; 1.62-1.67 ms against 1.67-1.72, SD U-Net 25.5-26.2 against
-# 25.8-26.5), uneven 256 + 256 + 64 1.76 ms; NC 8 / 4 / 2 panels on the 1x1 256->64:
-# 0.67-0.72 / 0.69-0.72 / 0.78-0.83 ms.
+# K block (rows of col per step; conv_direct splits Kc into even blocks of at most KC): the
+# weight panel (MR x KC, 8 KiB) stays in L1 while it sweeps a task's tiles.  Sapphire Rapids,
+# 2 threads, 2026-11-26, 8x48: KC 640 (one block for the 3x3 64ch's Kc = 576) measured within
+# noise of 256 split evenly (288 + 288; 1.62-1.67 ms against 1.67-1.72, SD U-Net 25.5-26.2
+# against 25.8-26.5), uneven 256 + 256 + 64 1.76 ms; Zen 5: 256 / 640 / 1024 within noise.
 KC = 256
-NC_PANELS = 8
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 
-# The int64 argument block of the workers (C_AP: the packed weight for the GEMM forms, the
-# plain weight for depthwise).
+# The int64 argument block of the workers (C_AP: the packed weight for conv_direct, the plain
+# weight for depthwise; C_MC: depthwise's planes per task).
 (C_SYNC, C_X, C_AP, C_OUT, C_BIAS, C_WS, C_NIMG, C_CIN, C_H, C_W, C_GROUPS, C_COUT, C_KH, C_KW, C_SH, C_SW,
- C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_COUNT) = range(27)
+ C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_ACC, C_SEG, C_XB, C_HQ, C_WQ, C_XDIRECT, C_COUNT) = range(33)
 
 
 def pack_weight(weight, groups, tile=None):
@@ -98,134 +103,84 @@ def pack_weight(weight, groups, tile=None):
 
 
 @njit(inline="always")
-def _pack_planes(xf, xbase, HW, k0, kl, c0, npan, ws, nr):
-    """ws[(qi*kl + kk)*nr + r] = x[channel k0 + kk, pixel c0 + qi*nr + r] (zeros past the
-    plane's HW pixels): rows k0.. of a 1x1 convolution's col, which are the channel planes
-    of the image at xf[xbase:], for npan panels of nr pixels from c0."""
-    zero = ws.dtype.type(0)
-    npix = min(npan * nr, HW - c0)
-    nfull = npix // nr
-    for kk in range(kl):
-        src = xbase + (k0 + kk) * HW + c0
-        for qi in range(nfull):
-            d = (qi * kl + kk) * nr
-            for r in range(nr):
-                ws[_U(d + r)] = xf[_U(src + qi * nr + r)]
-        if nfull < npan:
-            d = (nfull * kl + kk) * nr
-            rest = npix - nfull * nr
-            for r in range(rest):
-                ws[_U(d + r)] = xf[_U(src + nfull * nr + r)]
-            for r in range(rest, nr):
-                ws[_U(d + r)] = zero
+def _task_rows(xf, xbase, H, W, cin_g, sh, sw, ph, pw, oy0, Hq, Wq, xb, zero):
+    """The input a conv_direct task reads, zero-padded and split into stride phases:
+    xb[((ci*sh + py)*sw + px)*Hq*Wq + r*Wq + q] = x[ci, (oy0 + r)*sh + py - ph, q*sw + px - pw]
+    (zero outside the image) for the cin_g channels of x from xf[xbase:], r < Hq, q < Wq.
+    A task's output row oy0 + r, tap (ky, kx), reads phase ((ky*dh) % sh, (kx*dw) % sw) at
+    row r + (ky*dh) // sh, columns from (kx*dw) // sw on."""
+    for ci in range(cin_g):
+        for py in range(sh):
+            for px in range(sw):
+                base = ((ci * sh + py) * sw + px) * Hq * Wq
+                qa = min(Wq, max(0, (pw - px + sw - 1) // sw))  # the first column inside the image
+                qb = max(qa, min(Wq, (W + pw - px + sw - 1) // sw))  # one past the last
+                for r in range(Hq):
+                    iy = (oy0 + r) * sh + py - ph
+                    d = base + r * Wq
+                    if iy < 0 or iy >= H:
+                        for q in range(Wq):
+                            xb[_U(d + q)] = zero
+                        continue
+                    src = xbase + (ci * H + iy) * W + px - pw
+                    for q in range(qa):
+                        xb[_U(d + q)] = zero
+                    if sw == 1:
+                        for q in range(qa, qb):
+                            xb[_U(d + q)] = xf[_U(src + q)]
+                    else:
+                        for q in range(qa, qb):
+                            xb[_U(d + q)] = xf[_U(src + q * sw)]
+                    for q in range(qb, Wq):
+                        xb[_U(d + q)] = zero
 
 
 @njit(**JIT_BY_ADDRESS)
-def conv_worker(w, params, is64, ti):
-    """Worker w of a conv_gemm call (the C_* slots of the int64 block at params: an
-    unpadded stride-1 1x1 convolution); is64 and ti (the register tile, gemm.TILES[ti])
-    literals: one compiled worker per dtype and tile, whatever the activation."""
+def conv_direct_worker(w, params, is64, ti):
+    """Worker w of a conv_direct call (the C_* slots of the int64 block at params; is64 and
+    ti, the register tile, literals).  A task is a run of C_NC tiles of one (image, group)'s
+    output pixels in the pitch Wq = C_WQ (o = oy*Wq + ox; a tile covers NR consecutive o
+    whatever the rows, and the Wq - OW columns past each row's end are computed and dropped:
+    2 of 58 for a 3x3 at 56 wide, where tiles inside one row would round every row up to
+    whole tiles).  It copies the C_HQ input rows it reads into the worker's buffer at C_XB
+    (_task_rows; C_XDIRECT: read x's channel planes in place instead), then per K block of
+    at most C_KC every tile sweeps the weight panels, B row k of the tile at o read at
+    tab[k] + o (C_WS; micro_tile_indexed), the micro-kernel storing (first K block) or
+    adding (the rest) straight into the worker's accumulator block (C_ACC, C_SEG values per
+    channel row); last, the task's part of each output row goes to out with bias +
+    activation (conv_compact, by address at C_EPILOGUE)."""
     p = carray(ptr_as(params, np.int64(0)), C_COUNT)
     z = like_dtype(is64)
     isz = 8 if is64 else 4
     nr = _tnr(z, ti)
     MR = _tmr(ti)  # noqa: N806 - the tile's rows
     nimg, cin, H, W, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
-    OH, OW, kc, nc, mc = p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_MC]
-    epilogue = p[C_EPILOGUE]
-    cin_g = cin // G
-    cout_g = cout // G
-    Kc = cin_g  # 1x1: a k row is an input channel
-    P = OH * OW
-    mp = (cout_g + MR - 1) // MR
-    npn = (P + nr - 1) // nr
-    nmb = (mp + mc - 1) // mc
-    nnb = (npn + nc - 1) // nc
-    ntasks = nimg * G * nmb * nnb
-    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[C_X], z), nimg * cin * H * W)
-    apf = carray(ptr_as(p[C_AP], z), G * mp * Kc * MR)
-    of = carray(ptr_as(p[C_OUT], z), nimg * cout * P)
-    ws = carray(ptr_as(p[C_WS] + w * kc * nc * nr * isz, z), kc * nc * nr)
-    t = np.empty(MR * nr, of.dtype)  # an edge tile (fewer than MR rows or nr pixels)
-    while True:
-        task = fetch_add(sync, 0, 1)
-        if task >= ntasks:
-            break
-        img_g = task // (nmb * nnb)
-        rest = task - img_g * (nmb * nnb)
-        mb = rest // nnb
-        cb = rest - mb * nnb
-        img = img_g // G
-        g = img_g - img * G
-        q0 = cb * nc
-        q1 = min(q0 + nc, npn)
-        pa0 = mb * mc
-        pa1 = min(pa0 + mc, mp)
-        c0 = q0 * nr
-        xbase = (img * cin + g * cin_g) * H * W
-        obase = (img * cout + g * cout_g) * P
-        for k0 in range(0, Kc, kc):
-            kl = min(kc, Kc - k0)
-            _pack_planes(xf, xbase, P, k0, kl, c0, q1 - q0, ws, nr)
-            accumulate = k0 > 0
-            for pa in range(pa0, pa1):
-                aoff = ((g * mp + pa) * Kc + k0) * MR
-                i0 = pa * MR
-                mr = min(MR, cout_g - i0)
-                for q in range(q0, q1):
-                    j0 = q * nr
-                    ncol = min(nr, P - j0)
-                    full = mr == MR and ncol == nr
-                    # one call site (each inlined copy of the intrinsic costs compile time)
-                    micro_tile(ti, kl, apf, aoff, ws, (q - q0) * kl * nr, of if full else t,
-                                  obase + i0 * P + j0 if full else 0, P if full else nr, accumulate and full)
-                    if not full:
-                        store_edge_tile(t, nr, of, obase + i0 * P + j0, P, mr, ncol, accumulate)
-        if epilogue != 0:  # bias + activation on the task's block while it is in cache
-            r0 = pa0 * MR
-            call_address(epilogue, (p[C_OUT] + (obase + r0 * P + c0) * isz, P, min(pa1 * MR, cout_g) - r0,
-                                    min(q1 * nr, P) - c0, p[C_BIAS] + (g * cout_g + r0) * isz))
-
-
-@njit(**JIT_BY_ADDRESS)
-def conv_direct_worker(w, params, is64, ti):
-    """Worker w of a conv_direct call: the convolution read straight from a zero-padded,
-    phase-split copy of the image (C_X; a channel is C_H * C_W values, rows C_W = Wq apart;
-    C_WS: the k -> offset table; C_NC: output rows per task); is64 and ti (the register tile)
-    literals.  No packing of the image at all.  Output pixels are numbered in the copy's
-    pitch, o = oy*Wq + ox, and a register tile covers NR consecutive o whatever the rows:
-    B row k of the tile at o0 is the NR contiguous values at tab[k] + o0
-    (micro_tile_indexed).  The Wq - OW columns past each row's end are computed and dropped
-    (2 of 58 for a 3x3 at 56 wide), where tiles inside one row would round every row up to
-    whole tiles (a 48-wide tile at 56 wide: 96 columns).  Each tile goes through the tile
-    buffer t and its rows' valid runs are copied (or added, after the first K block) into
-    out.  Tasks: (image, group, block of output rows), all output channels; per K block of
-    kc, each weight panel (L1) sweeps the task's tiles, whose image rows stay in L2."""
-    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
-    z = like_dtype(is64)
-    isz = 8 if is64 else 4
-    nr = _tnr(z, ti)
-    MR = _tmr(ti)  # noqa: N806 - the tile's rows
-    nimg, cin, Hp, Wq, G, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT]
-    KH, KW = p[C_KH], p[C_KW]
-    OH, OW, kc, rows_per = p[C_OH], p[C_OW], p[C_KC], p[C_NC]
-    epilogue = p[C_EPILOGUE]
+    KH, KW, sh, sw, ph, pw = p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW]
+    OH, OW, kc, tpt, Hq, Wq = p[C_OH], p[C_OW], p[C_KC], p[C_NC], p[C_HQ], p[C_WQ]
+    compact = p[C_EPILOGUE]
     cin_g = cin // G
     cout_g = cout // G
     Kc = cin_g * KH * KW
     P = OH * OW
     mp = (cout_g + MR - 1) // MR
-    nbr = (OH + rows_per - 1) // rows_per
+    L = (OH - 1) * Wq + OW  # output pixels of an image in the copy's pitch
+    T = (L + nr - 1) // nr  # their tiles
+    nbr = (T + tpt - 1) // tpt
     ntasks = nimg * G * nbr
     nkb = (Kc + kc - 1) // kc
     kce = (Kc + nkb - 1) // nkb  # K blocks of even length
+    seg = p[C_SEG]
     sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[C_X], z), nimg * cin * Hp * Wq + nr)  # + the slack the last tiles read
-    tab = carray(ptr_as(p[C_WS], np.int64(0)), Kc)
+    xf = carray(ptr_as(p[C_X], z), nimg * cin * H * W)
+    xbn = cin_g * sh * sw * Hq * Wq
+    xb = carray(ptr_as(p[C_XB] + w * (xbn + nr) * isz, z), xbn + nr)  # + the slack the last tiles read
+    for i in range(xbn, xbn + nr):
+        xb[i] = z
+    tab = carray(ptr_as(p[C_WS], np.int64(0)), 2 * Kc)
+    xdirect = p[C_XDIRECT] != 0
     apf = carray(ptr_as(p[C_AP], z), G * mp * Kc * MR)
-    of = carray(ptr_as(p[C_OUT], z), nimg * cout * P)
-    t = np.empty(MR * nr, of.dtype)
+    acc_addr = p[C_ACC] + w * mp * MR * seg * isz
+    acc = carray(ptr_as(acc_addr, z), mp * MR * seg)
     while True:
         task = fetch_add(sync, 0, 1)
         if task >= ntasks:
@@ -234,44 +189,49 @@ def conv_direct_worker(w, params, is64, ti):
         rb = task - img_g * nbr
         img = img_g // G
         g = img_g - img * G
-        oy0 = rb * rows_per
-        oy1 = min(oy0 + rows_per, OH)
-        lo = oy0 * Wq
-        hi = (oy1 - 1) * Wq + OW  # one past the task's last valid pixel
-        ntl = (hi - lo + nr - 1) // nr
-        xbase = (img * cin + g * cin_g) * Hp * Wq
-        obase = (img * cout + g * cout_g) * P
+        t0 = rb * tpt
+        ntl = min(tpt, T - t0)
+        o0 = t0 * nr  # the task's pixels: o0 up to oe (in the copy's pitch)
+        oe = min(o0 + ntl * nr, L)
+        oy0 = o0 // Wq
+        oy1 = (oe - 1) // Wq + 1
+        b0 = o0 - oy0 * Wq  # the first tile's offset in the task's input (from row oy0)
+        xbase = (img * cin + g * cin_g) * H * W
+        # B straight from x where a tile's junk lanes cannot read past its end
+        inplace = xdirect and (oe == o0 + ntl * nr or img_g < nimg * G - 1)
+        if inplace:
+            src, bb, toff = xf, xbase + o0, 0
+        else:
+            _task_rows(xf, xbase, H, W, cin_g, sh, sw, ph, pw, oy0, Hq, Wq, xb, z)
+            src, bb, toff = xb, b0, Kc
         for k0 in range(0, Kc, kce):
             kl = min(kce, Kc - k0)
-            for pa in range(mp):
-                aoff = ((g * mp + pa) * Kc + k0) * MR
-                i0 = pa * MR
-                mr = min(MR, cout_g - i0)
-                for tl in range(ntl):
-                    o0 = lo + tl * nr
-                    micro_tile_indexed(ti, kl, apf, aoff, xf, xbase + o0, tab, k0, t, 0, nr, False)
-                    # the tile's valid runs: row by row of the output
-                    o = o0
-                    oe = min(o0 + nr, hi)
-                    while o < oe:
-                        oy = o // Wq
-                        ox = o - oy * Wq
-                        run = min(Wq - ox, oe - o)
-                        if ox < OW:
-                            n = min(run, OW - ox)
-                            d = obase + i0 * P + oy * OW + ox
-                            s0 = o - o0
-                            for i in range(mr):
-                                if k0 > 0:
-                                    for j in range(n):
-                                        of[_U(d + i * P + j)] += t[_U(i * nr + s0 + j)]
-                                else:
-                                    for j in range(n):
-                                        of[_U(d + i * P + j)] = t[_U(i * nr + s0 + j)]
-                        o += run
-        if epilogue != 0:  # bias + activation on the task's rows (all channels of the group)
-            call_address(epilogue, (p[C_OUT] + (obase + oy0 * OW) * isz, P, cout_g, (oy1 - oy0) * OW,
-                                    p[C_BIAS] + g * cout_g * isz))
+            for tl in range(ntl):
+                for pa in range(mp):
+                    micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, src, bb + tl * nr, tab, toff + k0, acc,
+                                       pa * MR * seg + tl * nr, seg, k0 > 0)
+        # the task's part of each output row it touches, all channels of the group: out
+        # (pitch OW) from acc
+        obase = (img * cout + g * cout_g) * P
+        for oy in range(oy0, oy1):
+            a = max(oy * Wq, o0)
+            n = min(oy * Wq + OW, oe) - a
+            if n > 0:
+                call_address(compact, (acc_addr + (a - o0) * isz, seg, p[C_OUT] + (obase + a - oy * (Wq - OW)) * isz,
+                                       P, cout_g, n, p[C_BIAS] + g * cout_g * isz))
+
+
+@njit(**JIT_BY_ADDRESS)
+def conv_compact(src, lds, dst, ldd, rows, n, bias, is64, code):
+    """dst[i, 0:n] = act(src[i, 0:n] + bias[i]) for i < rows (src, dst at those addresses,
+    row strides lds, ldd elements; bias: one value per row, at address bias); is64 and code
+    literals: conv_direct_worker's store of one output row of every channel."""
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    bs = carray(ptr_as(bias, z), rows)
+    for i in range(rows):
+        act_store_lit(carray(ptr_as(src + i * lds * isz, z), n), bs[i], carray(ptr_as(dst + i * ldd * isz, z), n),
+                      n, code)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -303,60 +263,14 @@ def _check_panels(ap, ti, who):
         raise ValueError(f"{who}: weight panels of {ap.shape[3]} rows, the {TILES[ti].name} tile needs {tile_m(ti)}")
 
 
-def conv_gemm(x, ap, bias, out, groups, epilogue, code, nworkers):
-    """out = act(conv2d(x, weight) + bias) for an unpadded stride-1 1x1 convolution
-    (weight (Cout, Cin_g, 1, 1)) through the GEMM on x's channel planes (module docstring).
-
-    ap: the weight packed by pack_weight; bias: (Cout,) (zeros when the call has none);
-    epilogue: apply bias + activation (False: the plain convolution); out: (N, Cout, H, W);
-    nworkers: numba's thread count (a call with few tasks runs on fewer)."""
-    nimg, cin, H, W = x.shape
-    _, cout, OH, OW = out.shape
-    if (OH, OW) != (H, W) or ap.shape[2] != cin // groups:
-        raise ValueError("conv_gemm: an unpadded stride-1 1x1 convolution only (conv_direct takes the rest)")
-    dt = out.dtype
-    ti = _tile_index(None)  # the active register tile; ap was packed for it (pack_weight)
-    nr = tile_n(dt, ti)
-    mp = ap.shape[1]
-    _check_panels(ap, ti, "conv_gemm")
-    npn = -(-(OH * OW) // nr)
-    nnb = -(-npn // NC_PANELS)
-    # split the Cout rows over tasks only when (image, group, pixel block) tasks are too
-    # few for the threads (a 7x7 image has one pixel block): each split packs col again
-    per = nimg * groups * nnb
-    if per == 0 or mp == 0:  # an empty batch or no output channels: nothing to compute
-        return
-    nmb = 1 if per >= 4 * nworkers else min(mp, -(-4 * nworkers // per))
-    mc = -(-mp // nmb)
-    nmb = -(-mp // mc)
-    ntasks = per * nmb
-    for arr in (x, ap, bias, out):
-        if not (arr.flags.c_contiguous and arr.dtype == dt):
-            raise ValueError(f"conv_gemm: arrays must be C-contiguous {dt}, got {arr.dtype}")
-    nw = min(nworkers, ntasks)
-    ws = np.empty(max(nw, 1) * KC * NC_PANELS * nr, dt)
-    p, sync = _params(x, ap, bias, out, ws, groups, 1, 1, (1, 1), (0, 0), (1, 1))
-    p[C_KC], p[C_NC], p[C_MC] = KC, NC_PANELS, mc
-    is64 = bool(dt == np.float64)
-    p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
-    run_workers(worker_address(conv_worker, (is64, ti)), p, nw)
-
-
-def direct_applies(kh, kw, stride, pad):
-    """conv_direct's domain: every convolution but an unpadded stride-1 1x1, whose packing
-    is a plain copy of the channel planes (cheaper than conv_direct's padded copy)."""
-    return not (kh == 1 and kw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0))
-
-
 def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogue, code, nworkers):
-    """conv_gemm's result without packing the image: x is copied once into a zero-padded,
-    phase-split buffer and conv_direct_worker reads the micro-kernel's B rows from it
-    through a k -> offset table.  Phase split (stride s): padded row y = r*s + py goes to
-    phase py, row r, so that output row oy's tap ky reads phase (ky*dh) % s at row
-    oy + (ky*dh) // s, and consecutive output pixels read consecutive values (for stride 1
-    there is one phase: the padded image).  Buffer: (N, C, sh, sw, Hq, Wq), Wq = OW plus the
-    taps' reach, then NR values of slack that the last tiles read past the end: extra
-    memory about x's size.  ap: the weight packed by pack_weight for the active tile."""
+    """out = act(conv2d(x, weight) + bias) (the module docstring's direct form).  Phase split
+    (stride s): padded row y = r*s + py is phase py's row r, so that output row oy's tap ky
+    reads phase (ky*dh) % s at row oy + (ky*dh) // s and consecutive output pixels read
+    consecutive values (stride 1: one phase, the padded image).  ap: the weight packed by
+    pack_weight for the active tile; bias: (Cout,) (zeros when the call has none);
+    epilogue: apply bias + activation code (False: the plain convolution); out: (N, Cout,
+    OH, OW); nworkers: numba's thread count (a call with few tasks runs on fewer)."""
     nimg, cin, H, W = x.shape
     _, cout, OH, OW = out.shape
     dt = out.dtype
@@ -367,39 +281,40 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return
     (sh, sw), (dh, dw), (ph, pw) = stride, dilation, pad
-    Hq = OH + (kh - 1) * dh // sh
-    Wq = OW + (kw - 1) * dw // sw
-    size = nimg * cin * sh * sw * Hq * Wq
-    buf = np.zeros(size + nr, dt)
-    rows = max(0, min(H, Hq * sh - ph))
-    cols = max(0, min(W, Wq * sw - pw))
-    if sh * sw == 1:
-        buf[:size].reshape(nimg, cin, Hq, Wq)[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
-    else:
-        xpad = np.zeros((nimg, cin, Hq * sh, Wq * sw), dt)
-        xpad[:, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
-        buf[:size].reshape(nimg, cin, sh, sw, Hq, Wq)[...] = \
-            xpad.reshape(nimg, cin, Hq, sh, Wq, sw).transpose(0, 1, 3, 5, 2, 4)
     cin_g = cin // groups
     k = np.arange(cin_g * kh * kw, dtype=np.int64)
     ci, r = np.divmod(k, kh * kw)
     ky, kx = np.divmod(r, kw)
     (qy, py), (qx, px) = np.divmod(ky * dh, sh), np.divmod(kx * dw, sw)
-    tab = ((ci * sh + py) * sw + px) * Hq * Wq + qy * Wq + qx
-    for arr in (ap, bias, out):
+    for arr in (x, ap, bias, out):
         if not (arr.flags.c_contiguous and arr.dtype == dt):
             raise ValueError(f"conv_direct: arrays must be C-contiguous {dt}, got {arr.dtype}")
-    # about 4 tasks per thread, whole images' rows split evenly
-    per_image = max(1, -(-4 * nworkers // (nimg * groups)))
-    rows_per = -(-OH // min(OH, per_image))
-    ntasks = nimg * groups * -(-OH // rows_per)
-    p, sync = _params(buf[:size].reshape(nimg, cin, sh * sw * Hq, Wq), ap, bias, out, tab, groups, kh, kw, stride,
-                      pad, dilation)
-    p[C_H], p[C_W] = sh * sw * Hq, Wq  # a channel's size is C_H * C_W; rows are C_W apart
-    p[C_KC], p[C_NC] = KC, rows_per
+    # tasks: about 4 per thread, each a run of tpt tiles of an image's output pixels in the
+    # pitch Wq (the tiles split evenly, whatever the rows: whole rows per task rounded each
+    # task up to whole tiles, 7 rows of the 3x3 64ch at 56 wide 432 pixels for 392)
+    Wq = OW + (kw - 1) * dw // sw
+    ntiles = -(-((OH - 1) * Wq + OW) // nr)
+    per_image = min(ntiles, max(1, -(-2 * nworkers // (nimg * groups))))
+    tpt = -(-ntiles // per_image)
+    ntasks = nimg * groups * -(-ntiles // tpt)
+    nw = min(nworkers, ntasks)
+    # a task's input (_task_rows): the most output rows a run of tpt tiles touches, plus the
+    # taps' reach, per phase
+    Hq = min(OH, 1 + (tpt * nr - 1 + Wq - 1) // Wq) + (kh - 1) * dh // sh
+    # the k -> offset table of the task's copy, after the one of x itself (C_XDIRECT: an
+    # unpadded stride-1 1x1 reads its B rows, channel planes, in place)
+    xdirect = kh == 1 and kw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
+    tab = np.concatenate((ci * H * W, ((ci * sh + py) * sw + px) * Hq * Wq + qy * Wq + qx))
+    xb = np.empty(nw * (cin_g * sh * sw * Hq * Wq + nr), dt)
+    p, sync = _params(x, ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
+    # a worker's accumulator block: a task's tiles for every panel row of the group
+    seg = tpt * nr
+    acc = np.empty(nw * mp * tile_m(ti) * seg, dt)
+    p[C_KC], p[C_NC], p[C_ACC], p[C_SEG] = KC, tpt, acc.ctypes.data, seg
+    p[C_XB], p[C_HQ], p[C_WQ], p[C_XDIRECT] = xb.ctypes.data, Hq, Wq, xdirect
     is64 = bool(dt == np.float64)
-    p[C_EPILOGUE] = worker_address(conv_epilogue, (is64, int(code)), nargs=5) if epilogue else 0
-    run_workers(worker_address(conv_direct_worker, (is64, ti)), p, min(nworkers, ntasks))
+    p[C_EPILOGUE] = worker_address(conv_compact, (is64, int(code) if epilogue else ACT_NONE), nargs=7)
+    run_workers(worker_address(conv_direct_worker, (is64, ti)), p, nw)
 
 
 def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):

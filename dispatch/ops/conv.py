@@ -161,10 +161,7 @@ def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_h
     x4, res, res4, b = _host_arrays(x, bias, out, cout, out_hw, dt)
     ap = contiguous(packed) if packed is not None else K.pack_weight(contiguous(weight), groups)
     epi = bias is not None or act != 0
-    if K.direct_applies(kh, kw, stride, pad):
-        K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
-    else:
-        K.conv_gemm(x4, ap, b, res4, groups, epi, act, numba.get_num_threads())
+    K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
     return deliver(res, out)
 
 
@@ -264,10 +261,10 @@ _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", sig
                          synthesize=_synthesize))
 register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_KERNELS,
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "
-                        "fused; B read straight from a zero-padded, phase-split (stride) copy of x through a k -> offset "
-                        "table (extra memory ~ x); an unpadded stride-1 1x1 packs KC x NC blocks of x's channel planes "
-                        "per task instead (extra memory: 128 KiB per thread); the weight's panels packed per call, or "
-                        "once when given as a PackedWeight"))
+                        "fused; each task (a run of output tiles) copies the input rows it reads, zero-padded and "
+                        "phase-split (stride), and reads B from there through a k -> offset table (an unpadded "
+                        "stride-1 1x1 reads x in place); extra memory per thread: a task's input rows and output; "
+                        "the weight's panels packed per call, or once when given as a PackedWeight"))
 register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
                         supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; blocks of planes over threads; per plane register tiles of 7 rows x one "
