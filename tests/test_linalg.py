@@ -323,6 +323,29 @@ def test_explain_picks_gemv_for_one_row_with_epilogue():
     assert dispatch.explain("matmul", np.ones((64, 64), F32), np.ones((64, 32), F32)).chosen in ("cpu-gemm", "blas")
 
 
+@host_only
+@pytest.mark.parametrize("core, lanes, want", [("Haswell", 16, "cpu-gemm"), ("SkylakeX", 16, "blas"),
+                                               ("Haswell", 8, "blas"), (None, 16, "blas")])
+def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want):
+    """A large plain product goes to our GEMM only where numpy's OpenBLAS runs a core
+    without AVX-512 kernels on a host whose GEMM tile has 16-lane vectors; small or narrow
+    products stay on OpenBLAS."""
+    from dispatch.ops import linalg as L
+    monkeypatch.setattr(L, "blas_core", lambda: core)
+    monkeypatch.setattr(L.K, "active_tile", lambda: L.K.TILES[1 if lanes == 16 else 0])
+    key = dispatch.registry.OPS["matmul"].describe(np.ones((1024, 1024), F32), np.ones((1024, 1024), F32)).key
+    assert L._order(key)[0][0] == want
+    small = dispatch.registry.OPS["matmul"].describe(np.ones((256, 256), F32), np.ones((256, 256), F32)).key
+    narrow = dispatch.registry.OPS["matmul"].describe(np.ones((4096, 1024), F32), np.ones((1024, 64), F32)).key
+    assert L._order(small)[0][0] == "blas" and L._order(narrow)[0][0] == "blas"
+
+
+def test_blas_core_is_a_name_or_none():
+    from dispatch.ops.linalg import blas_core
+    core = blas_core()
+    assert core is None or (isinstance(core, str) and core)
+
+
 # ---- prepacked weights ---------------------------------------------------------------------
 
 PREPACK_IMPLS = ["cpu-gemm", "cpu-gemv", "blas"]  # every CPU implementation takes a PackedWeight

@@ -539,6 +539,49 @@ BLOCKING = {"8x48": (1024, 33, 24, 1), "12x32": (1024, 22, 8, 1)}
 # first only with an epilogue; a plain product keeps the rule below (OpenBLAS first).
 GEMV_ROWS = 8          # bucket(M) < 8: gemv
 SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
+# Where numpy's OpenBLAS runs kernels narrower than the host's vectors (0.3.31 knows no
+# Zen 5 and runs its Haswell AVX2 kernels there), our AVX-512 GEMM beats it on a plain
+# product too.  Zen 5, 2 threads, unpacked, medians of 9 interleaved (2026-11-26), blas ->
+# cpu-gemm: 2048^3 67.0 -> 43.2 ms, 1024^3 8.42 -> 6.08, 4096x768x768 19.3 -> 12.6, 512^3
+# 1.08 -> 0.94, 128x768x3072 2.48 -> 2.32, 128x768x768 0.633 -> 0.595; it loses at 256^3
+# (0.163 -> 0.194), 64x256x256 (0.059 -> 0.088) and with N = 64 (3136x576x64: 0.98 -> 1.26:
+# 64 columns are 1.3 tiles of 48).  So on such a host: cpu-gemm first from M*N*K buckets of
+# 2^25 with an N bucket of at least 128.
+WIDE_GEMM_PRODUCT = 1 << 25
+WIDE_GEMM_MIN_N = 128
+# OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
+_BLAS_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+
+
+@functools.cache
+def blas_core() -> str | None:
+    """The core name numpy's OpenBLAS chose for this host ("Haswell", "SkylakeX", ...), or
+    None when numpy's BLAS is not an OpenBLAS this can ask (its openblas_get_corename)."""
+    import ctypes
+    import glob
+    import os
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libs, "*openblas*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                    "openblas_get_corename"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                name = fn()
+                return name.decode().strip() if name else None
+    return None
+
+
+def blas_narrower_than_host() -> bool:
+    """Whether our GEMM runs AVX-512 (the 8x48 tile's 16 lanes) where numpy's OpenBLAS
+    runs a core without AVX-512 kernels."""
+    core = blas_core()
+    return (core is not None and K.active_tile().lanes32 >= 16
+            and core.lower() not in _BLAS_AVX512_CORES)
 
 
 def _order(key):
@@ -557,6 +600,9 @@ def _order(key):
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 with bias/activation: cache-blocked GEMM with the epilogue fused (no second pass)"
+    if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and blas_narrower_than_host():
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}: numpy's OpenBLAS "
+                                                  f"runs its {blas_core()} kernels on this AVX-512 host, our {K.active_tile().name} GEMM is faster")
     return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
 
