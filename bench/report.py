@@ -447,13 +447,16 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
         out(f"numpy BLAS: {'; '.join(info['blas'])}")
     out(f"gpu: {info['gpu']}")
 
-    progress("measuring the ceilings: fp32 GEMM via numpy BLAS, 256 MiB copy")
+    progress("measuring the ceilings: fp32 FMA rate, the fastest fp32 GEMM (numpy BLAS, PyTorch, ours), 256 MiB copy")
     ceilings = roofline.measure(quick)
     info["threading_layer"] = threading_layer()
     out(f"numba threading: {info['threading_layer']}")
     out("")
     out("== ceilings (best sample; median in brackets)")
-    out(f"compute: {ceilings['gflops']:.1f} GFLOP/s [{ceilings['gemm']['median_gflops']:.1f}]  ({ceilings['gemm']['what']})")
+    fma, gemm = ceilings["fma"], ceilings["gemm"]
+    out(f"compute: {ceilings['gflops']:.1f} GFLOP/s  (FMA rate {fma['best_gflops']:.1f} [{fma['median_gflops']:.1f}]: "
+        f"{fma['what']}; {gemm['what']} {gemm['best_gflops']:.1f} [{gemm['median_gflops']:.1f}]: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in gemm.get("per_method_best_gflops", {}).items()) + ")")
     out(f"memory:  {ceilings['gbs']:.1f} GB/s [{ceilings['copy']['median_gbs']:.1f}]  ({ceilings['copy']['what']})")
 
     selected = C.cases(ops, quick=quick)

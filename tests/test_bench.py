@@ -259,7 +259,8 @@ def test_peers_agree_with_dispatch_on_tiny_cases(case):
 
 # ---- the report --------------------------------------------------------------------------
 
-CEIL = {"gflops": 100.0, "gbs": 20.0, "gemm": {"median_gflops": 90.0, "what": "fake"},
+CEIL = {"gflops": 100.0, "gbs": 20.0, "gemm": {"best_gflops": 92.0, "median_gflops": 90.0, "what": "fake"},
+        "fma": {"best_gflops": 100.0, "median_gflops": 99.0, "what": "fake"},
         "copy": {"median_gbs": 18.0, "what": "fake"}}
 
 
@@ -525,3 +526,11 @@ def test_c_view_matches_numbas_reshape_and_type():
                              gpu_data=_FakeMemory(host.nbytes, at=host.ctypes.data))  # every other row of 24
         with pytest.raises(NotImplementedError):
             c_view(t, 120)
+
+
+def test_fma_peak_counts_the_tile_flops():
+    """The FMA-rate ceiling runs (tiny: 2 rounds, 16 k-steps) and reports a positive,
+    finite rate whose median is no faster than its best sample."""
+    res = roofline.fma_peak(rounds=2, kc=16)
+    assert 0 < res["best_gflops"] < 1e5 and res["median_gflops"] <= res["best_gflops"] * 1.0001
+    assert "micro-kernel" in res["what"]
