@@ -7,12 +7,12 @@ bilinear, weights in x's dtype), so the kernels do no coordinate arithmetic.
 
 - nearest: the output row gathers columns iw[j] of input row ih[oy]; when the table says
   "each input column twice" (w2x: the U-Net's 2x upsample) each input element is stored
-  twice instead (no gather), in masked vector chunks (_twice_chunk: one load, two
-  lane-doubling shuffles), into this output row and the next when that one reads the same
-  input row (2x: both rows in one pass); otherwise an output row reading the same input row
-  as the row before it is a contiguous copy of that row, when this task wrote it.  The
-  loop LLVM vectorized needed rows of 32+ values and ran scalar on a 16-wide plane: 2x of
-  1x1280x16x16 on Zen 5 (2026-11-26, medians of 9, 1 / 2 threads) 289 / 154 us -> 129 / 75.
+  twice instead (no gather), in vector chunks (_twice_chunk: one load, two lane-doubling
+  shuffles), into this output row and the next when that one reads the same input row
+  (2x); otherwise an output row reading the same input row as the row before it is a
+  contiguous copy of that row, when this task wrote it.  The loop LLVM vectorized needed
+  rows of 32+ values and ran scalar on a 16-wide plane: 2x of 1x1280x16x16 on Zen 5
+  (2026-11-26, medians of 9, 1 / 2 threads) 262-289 / 142-154 us -> 96-101 / 58-78.
 - bilinear (separable): tmp = l0 * row(i0) + l1 * row(i1) over the W input columns
   (contiguous, vectorized), then out[j] = lw0[j] * tmp[iw0[j]] + lw1[j] * tmp[iw1[j]].
   Both weights multiply, zero included, so a NaN (or inf) neighbour gives NaN as in PyTorch.
@@ -32,17 +32,17 @@ from .planes import lanes
 
 
 @intrinsic
-def _twice_chunk(typingctx, o1, o2, d, src, s, n):
-    """o1[d + 2i] = o1[d + 2i + 1] = src[s + i] for i < k = min(n, L), and the same into o2
-    (L = lanes(dtype)): one masked vector load, two lane-doubling shuffles, masked stores.
+def _twice_chunk(typingctx, o, d, src, s, n):
+    """o[d + 2i] = o[d + 2i + 1] = src[s + i] for i < k = min(n, L) (L = lanes(dtype)): one
+    vector load, two lane-doubling shuffles, two stores (masked for a row's last part).
     Returns L."""
     if not (isinstance(src, types.Array) and src.dtype in (types.float32, types.float64)
-            and o1 == o2 and o1.dtype == src.dtype):
+            and isinstance(o, types.Array) and o.dtype == src.dtype):
         return None
 
     def codegen(context, builder, sig, args):
-        width = lanes(sig.args[3].dtype)
-        vty = ir.VectorType(context.get_value_type(sig.args[3].dtype), width)
+        width = lanes(sig.args[2].dtype)
+        vty = ir.VectorType(context.get_value_type(sig.args[2].dtype), width)
         i32, i64 = ir.IntType(32), ir.IntType(64)
 
         def i64_of(k):
@@ -51,22 +51,31 @@ def _twice_chunk(typingctx, o1, o2, d, src, s, n):
         def at(k, off):
             return builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [off])
 
-        n = i64_of(5)
-        k = builder.trunc(builder.select(builder.icmp_signed("<", n, ir.Constant(i64, width)), n,
-                                         ir.Constant(i64, width)), i32)
+        n = i64_of(4)
         load, store = masked_ops(builder, vty)
-        v = load(at(3, i64_of(4)), lane_mask(builder, ir.Constant(i32, 0), k, width))
-        k2 = builder.add(k, k)  # values written per row: lanes < k2 of the pair of vectors
         half = width // 2
-        for h in (0, 1):  # vector h doubles lanes h*half .. h*half + half - 1 of v
-            vec = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
-                                                           [h * half + i // 2 for i in range(width)]))
-            mask = lane_mask(builder, ir.Constant(i32, 0), builder.sub(k2, ir.Constant(i32, h * width)), width)
-            for dst in (0, 1):
-                store(vec, at(dst, builder.add(i64_of(2), ir.Constant(i64, h * width))), mask)
+        dup = [ir.Constant(ir.VectorType(i32, width), [h * half + i // 2 for i in range(width)]) for h in (0, 1)]
+        # a whole vector with plain loads and stores, masked ones only for a row's last part
+        # (1x1280x16x16 2x on Zen 5, one thread: 129 us all masked, 96-101 so)
+        with builder.if_else(builder.icmp_signed(">=", n, ir.Constant(i64, width))) as (full, part):
+            with full:
+                v = builder.load(builder.bitcast(at(2, i64_of(3)), vty.as_pointer()), align=1)
+                for h in (0, 1):  # vector h doubles lanes h*half .. h*half + half - 1 of v
+                    vec = builder.shuffle_vector(v, v, dup[h])
+                    ptr = at(0, builder.add(i64_of(1), ir.Constant(i64, h * width)))
+                    builder.store(vec, builder.bitcast(ptr, vty.as_pointer()), align=1)
+            with part:
+                k = builder.trunc(n, i32)
+                v = load(at(2, i64_of(3)), lane_mask(builder, ir.Constant(i32, 0), k, width))
+                k2 = builder.add(k, k)  # values written per row: lanes < k2 of the pair of vectors
+                for h in (0, 1):
+                    vec = builder.shuffle_vector(v, v, dup[h])
+                    mask = lane_mask(builder, ir.Constant(i32, 0), builder.sub(k2, ir.Constant(i32, h * width)),
+                                     width)
+                    store(vec, at(0, builder.add(i64_of(1), ir.Constant(i64, h * width))), mask)
         return ir.Constant(i64, width)
 
-    return types.int64(o1, o2, d, src, s, n), codegen
+    return types.int64(o, d, src, s, n), codegen
 
 
 @njit(**JIT_INNER)
@@ -87,12 +96,17 @@ def nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi):
         src = row_of(x, p * h + ih[oy])
         if w2x:
             # each input column twice; the next output row too when it reads the same input
-            # row (the 2x upsample): one pass of masked vector chunks for both
+            # row (the 2x upsample), one row after the other (the two rows' stores
+            # interleaved ran 64-wide rows at 1.6x the time on Zen 5: 830-900 us for 520-540)
             both = r + 1 < hi and oy + 1 < ho and ih[oy + 1] == ih[oy]
-            orow2 = row_of(out, r + 1) if both else orow
             j = 0
             while j < w:
-                j += _twice_chunk(orow, orow2, 2 * j, src, j, w - j)
+                j += _twice_chunk(orow, 2 * j, src, j, w - j)
+            if both:
+                orow2 = row_of(out, r + 1)
+                j = 0
+                while j < w:
+                    j += _twice_chunk(orow2, 2 * j, src, j, w - j)
             r += 2 if both else 1
             continue
         for j in range(wo):
