@@ -234,12 +234,14 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
     got = _to_host(ours)
     ref = tfn = None
     if torch is not None:
-        from bench.peer_ops.weight_only import to_torch  # bfloat16 arrays, QuantizedArray, as the report
+        from bench.peer_ops.weight_only import to_torch, torch_weight  # as the report
 
         try:
             tfn = peers._torch_fn(op_name, torch)
-            tin = {k: (t.to("cuda") if hasattr(t, "to") else t) for k, t in
-                   ((k, to_torch(v, torch)) for k, v in inputs.items())}
+            # a QuantizedArray linear weight dequantized here (torch_weight), then moved
+            tin = {k: (t.to("cuda") if isinstance(t, torch.Tensor) else t) for k, t in
+                   ((k, torch_weight(to_torch(v, torch), torch) if op_name == "linear" else to_torch(v, torch))
+                    for k, v in inputs.items())}
             with torch.inference_mode():
                 ref_t = tfn(tin)
             ref, row["checked_against"] = _to_host(ref_t), "torch cuda"

@@ -165,11 +165,13 @@ def _torch():
     return torch
 
 
-def _torch_linear(F, t):
+def _torch_linear(torch, t):
     """F.linear, with x and bias cast to a low-precision weight's dtype (PyTorch's linear
     takes one dtype) and the result cast back; a no-op cast for a dense weight."""
-    x, w, b = t["x"], t["weight"], t.get("bias")
-    return F.linear(x.to(w.dtype), w, None if b is None else b.to(w.dtype)).to(x.dtype)
+    from .peer_ops.weight_only import torch_weight
+
+    x, w, b = t["x"], torch_weight(t["weight"], torch), t.get("bias")
+    return torch.nn.functional.linear(x.to(w.dtype), w, None if b is None else b.to(w.dtype)).to(x.dtype)
 
 
 def _torch_fn(op, torch):
@@ -199,7 +201,7 @@ def _torch_fn(op, torch):
         "swiglu": lambda t: F.silu(t["gate"]) * t["up"],
         "geglu": lambda t: F.gelu(t["gate"], approximate=t.get("approximate", "none")) * t["up"],
         "matmul": lambda t: torch.matmul(t["a"], t["b"]),
-        "linear": lambda t: act[t.get("activation")](_torch_linear(F, t)),
+        "linear": lambda t: act[t.get("activation")](_torch_linear(torch, t)),
         "softmax": lambda t: torch.softmax(t["x"], -1),
         "log_softmax": lambda t: torch.log_softmax(t["x"], -1),
         "cross_entropy": lambda t: F.cross_entropy(t["logits"], t["targets"]),

@@ -90,16 +90,23 @@ def read_all(words):
 
 def to_torch(v, torch):
     """A case input as bench/peers.py hands it to PyTorch: numpy arrays through
-    torch.from_numpy, a bfloat16 array as a torch.bfloat16 tensor on the same memory, a
-    QuantizedArray dequantized to float32 (eager PyTorch has no int8 weight-only linear on
-    the CPU); anything else as it is."""
-    if hasattr(v, "scale") and hasattr(v, "values"):
-        return torch.from_numpy(dequantize(v))
+    torch.from_numpy, a bfloat16 array as a torch.bfloat16 tensor on the same memory;
+    anything else (a QuantizedArray included: dynamic_quant_linear's peer builds a
+    torch.ao quantized Linear from it, linear's dequantizes it, torch_weight) as it is."""
     if isinstance(v, np.ndarray):
         if v.dtype.name == "bfloat16":
             return torch.from_numpy(np.ascontiguousarray(v).view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(v)
     return v
+
+
+def torch_weight(w, torch):
+    """A linear weight for eager PyTorch: a QuantizedArray dequantized to float32 (eager
+    PyTorch has no int8 weight-only linear on the CPU), made once and cached on it so the
+    timed calls do not pay for it; a tensor as it is."""
+    if hasattr(w, "scale") and hasattr(w, "values"):
+        return w.cached(("peer-torch-dequantized",), lambda: torch.from_numpy(dequantize(w)))
+    return w
 
 
 def _words(w):
