@@ -49,7 +49,8 @@ class Explanation:
             if impl.notes:
                 lines.append(f"  notes: {impl.notes}")
         lines += [f"  layout: {n}" for n in self._layout_notes()]
-        lines += [f"  prepared: {n}" for n in getattr(self.call, "prep_notes", ())]
+        notes = getattr(self.call, "prep_notes", ())
+        lines += [f"  prepared: {n}" for n in (notes() if callable(notes) else notes)]
         for name, verdict, reasons in self.candidates:
             if verdict != "chosen":
                 lines.append(f"  {name}: {verdict}: {'; '.join(reasons)}")

@@ -96,18 +96,21 @@ class QuantizedArray:
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "zero_point", zp)
         object.__setattr__(self, "axis", axis)
+        # read on every call of the int8 ops (describe reads shape 7 times): made once
+        object.__setattr__(self, "_dtype", dt)
+        object.__setattr__(self, "_shape", tuple(int(s) for s in values.shape))
 
     @property
     def dtype(self) -> np.dtype:
-        return V.dtype_of(self.values)
+        return self._dtype
 
     @property
     def shape(self) -> tuple:
-        return tuple(int(s) for s in self.values.shape)
+        return self._shape
 
     @property
     def ndim(self) -> int:
-        return len(self.values.shape)
+        return len(self._shape)
 
     @property
     def device(self) -> str:

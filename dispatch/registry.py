@@ -156,7 +156,8 @@ class Implementation:
 
 class Call(NamedTuple):
     """A validated call: the selection key, the prepared arguments for
-    ``Implementation.run`` (a NamedTuple of the op) and notes on what preparation did."""
+    ``Implementation.run`` (a NamedTuple of the op) and notes on what preparation did (a
+    tuple of strings, or a function returning one, called only by explain)."""
 
     key: Any
     args: Any

@@ -33,6 +33,11 @@ VNNI kernel):
                 the weight packed for PATH_AMX serves both; a 32-row tile would compute 31
                 wasted rows.  matmul_int8 1x768x768 81 -> 48 us, dynamic_quant_linear
                 1x4096x4096 738 -> 512 us (timeit medians, 2 threads, 2026-11-26).
+  PATH_VNNI_ROWS one row of A on a VNNI host: PATH_VNNI512's code with MR = 1 over the same
+                48-column panels, where the 8-row tile computes 7 wasted rows.  Zen 5,
+                through dispatch, 2 threads, medians of 9 (2026-11-26), tile -> rows:
+                matmul_int8 1x768x768 32.2 -> 29.3 us, 1x768x3072 47.4 -> 42.0,
+                1x4096x4096 188.5 -> 131.0; dynamic_quant_linear 1x4096x4096 185.2 -> 126.7.
   PATH_VNNI512  AVX-512 VNNI `vpdpbusd` on zmm registers (llvm.x86.avx512.vpdpbusd.512):
                 16 int32 lanes, each += 4 u8 x s8 products.  Register tile MR_V x NR_V =
                 8 x 48 (24 zmm accumulators, 3 B vectors, 1 broadcast A word: 28 of 32).
@@ -70,9 +75,10 @@ from . import target
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
 from .parallel import addresses, fetch_add, ptr_as, run_serial, run_workers, worker_address
 
-PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS = 0, 1, 2, 3, 4
+PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
               PATH_AMX_ROWS: "avx512-vnni vpdpbusd one row at a time over the AMX panels (few rows)",
+              PATH_VNNI_ROWS: "avx512-vnni vpdpbusd one row at a time (few rows)",
               PATH_VNNI512: "avx512-vnni vpdpbusd (zmm, u8 x s8)",
               PATH_AVX2: "avx2 vpmaddwd (ymm, int16 x int16, exact)",
               PATH_PORTABLE: "portable int32 loops"}
@@ -89,9 +95,11 @@ MR_X, NR_X, KG_X = 32, 32, 4   # AMX: 2 x 2 tiles of 16 x 16 int32
 # panel ([k/4][32 columns][4 bytes]) is two zmm of what vpdpbusd takes, so the weight is
 # not packed again.
 TILES = {PATH_VNNI512: (MR_V, NR_V, KG_V), PATH_AVX2: (MR_A, NR_A, KG_A), PATH_AMX: (MR_X, NR_X, KG_X),
-         PATH_AMX_ROWS: (1, NR_X, KG_X)}
+         PATH_AMX_ROWS: (1, NR_X, KG_X), PATH_VNNI_ROWS: (1, NR_V, KG_V)}
 # K is padded (zeros) to a multiple of this: AMX multiplies 64-byte K chunks per tile.
-K_ALIGN = {PATH_VNNI512: KG_V, PATH_AVX2: KG_A, PATH_AMX: 64, PATH_AMX_ROWS: 64}
+K_ALIGN = {PATH_VNNI512: KG_V, PATH_AVX2: KG_A, PATH_AMX: 64, PATH_AMX_ROWS: 64, PATH_VNNI_ROWS: KG_V}
+# The one-row form of a packed path (same weight panels, MR = 1).
+ROWS_OF = {PATH_AMX: PATH_AMX_ROWS, PATH_VNNI512: PATH_VNNI_ROWS}
 
 
 def k_words(k, path):
@@ -138,6 +146,7 @@ def host_paths():
     miss = [f for f in ("amx-tile", "amx-int8") if f not in feats]
     out[PATH_AMX] = f"host {cpu} lacks {', '.join(miss)}" if miss else _amx_permission()
     out[PATH_AMX_ROWS] = out[PATH_VNNI512] or out[PATH_AMX]  # vpdpbusd on the AMX path's panels
+    out[PATH_VNNI_ROWS] = out[PATH_VNNI512]
     for path, name in _KERNEL_NAMES.items():  # declared x86-only in target.X86_ONLY
         off_x86 = target.x86_only_refusal(__name__, name)
         if off_x86 is not None:
@@ -148,7 +157,8 @@ def host_paths():
 # the worker of each packed path (GEMM below), by name: target.X86_ONLY declares it.  One
 # worker serves the three paths: the path is a literal argument, so each compiled variant
 # holds only its own path's instructions (a host without AVX-512 never compiles VNNI code).
-_KERNEL_NAMES = {PATH_AMX: "gemm_packed", PATH_AMX_ROWS: "gemm_packed", PATH_VNNI512: "gemm_packed",
+_KERNEL_NAMES = {PATH_AMX: "gemm_packed", PATH_AMX_ROWS: "gemm_packed", PATH_VNNI_ROWS: "gemm_packed",
+                 PATH_VNNI512: "gemm_packed",
                  PATH_AVX2: "gemm_packed"}
 
 
@@ -156,7 +166,7 @@ _KERNEL_NAMES = {PATH_AMX: "gemm_packed", PATH_AMX_ROWS: "gemm_packed", PATH_VNN
 
 def _micro_typer(path):
     mr, nr, _ = TILES[path]
-    vnni = path in (PATH_VNNI512, PATH_AMX_ROWS)
+    vnni = path in (PATH_VNNI512, PATH_AMX_ROWS, PATH_VNNI_ROWS)
     lanes = 16 if vnni else 8
     nv = nr // lanes
 
@@ -320,13 +330,14 @@ def micro(typingctx, path, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
       PATH_AVX2: the same on ymm with words of 2 int16: `vpmaddwd` (llvm.x86.avx2.pmadd.wd,
         exact int16 x int16 pair sums) plus `vpaddd` per step.
       PATH_AMX: _amx_typer's tiles.
-      PATH_AMX_ROWS: PATH_VNNI512's code for one row of A over a 32-column AMX panel."""
+      PATH_AMX_ROWS: PATH_VNNI512's code for one row of A over a 32-column AMX panel.
+      PATH_VNNI_ROWS: PATH_VNNI512's code for one row of A."""
     if not isinstance(path, types.IntegerLiteral):
         return None
     pv = path.literal_value
     if pv == PATH_AMX:
         res = _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt)
-    elif pv in (PATH_VNNI512, PATH_AVX2, PATH_AMX_ROWS):
+    elif pv in (PATH_VNNI512, PATH_AVX2, PATH_AMX_ROWS, PATH_VNNI_ROWS):
         res = _micro_typer(pv)(typingctx, kq, ap, aoff, lda, bp, boff, t, toff, ldt)
     else:
         return None

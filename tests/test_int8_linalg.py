@@ -458,6 +458,34 @@ def test_several_row_blocks_and_column_edges(impl):
     assert_one_rounding(got, ref.matmul_int8(a, b), impl)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU VNNI implementation's one-row path")
+@pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
+def test_vnni_one_row_path(a_dtype):
+    """A one-row call to cpu-vnni512 runs vpdpbusd with MR = 1 over the same 48-column panels
+    (kernels_cpu.int8_gemm.PATH_VNNI_ROWS): exact on N off the panel, with zero points, bias
+    and an activation, on the calling thread and on the workers; it equals the 8-row tile's
+    result on the same packed weight (two rows run the tile)."""
+    from dispatch.ops import int8_linalg as M
+    if M._HOST[M.K.PATH_VNNI_ROWS] is not None:
+        pytest.skip(M._HOST[M.K.PATH_VNNI_ROWS])
+    g = rng()
+    for k, n in ((70, 33), (1100, 1000)):
+        a = make_a(g, (2, k), a_dtype, "row")
+        b = make_b(g, (k, n), "col", zp=True)
+        bias = g.standard_normal(n).astype(np.float32)
+        both = _call("cpu-vnni512", dispatch.matmul_int8, a, b, bias=bias, activation="relu")
+        a1 = dispatch.QuantizedArray(a.values[:1], a.scale[:1], a.zero_point[:1], axis=0)
+        got = _call("cpu-vnni512", dispatch.matmul_int8, a1, b, bias=bias, activation="relu")
+        np.testing.assert_array_equal(got, both[:1])
+        want = np.maximum(ref.matmul_int8(a1, b) + bias.astype(np.float64), 0)
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-6, err_msg=f"1x{k}x{n}")
+        assert_one_rounding(_call("cpu-vnni512", dispatch.matmul_int8, a1, b), ref.matmul_int8(a1, b), f"1x{k}x{n}")
+        x = g.standard_normal((2, k)).astype(np.float32)
+        w = make_b(g, (n, k), "col", zp=False, axis=0)
+        two = _call("cpu-vnni512", dispatch.dynamic_quant_linear, x, w)
+        np.testing.assert_array_equal(_call("cpu-vnni512", dispatch.dynamic_quant_linear, x[:1], w), two[:1])
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the CPU AMX implementation's one-row path")
 @pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
 def test_amx_one_row_path(a_dtype):

@@ -164,9 +164,9 @@ def describe_matmul_int8(a_q, b_q, *, bias=None, activation=None, out_dtype=np.f
     out_shape = shape[:-1] + (n,)
     code = _common(bias, out, activation, n, out_shape, dev, a=a_q.values, b=b_q.values)
     rows = math.prod(shape[:-1])
-    key = Int8Key("matmul_int8", dev, F32, bucket(rows), bucket(n), bucket(k), str(a_q.dtype), code,
+    key = Int8Key("matmul_int8", dev, F32, bucket(rows), bucket(n), bucket(k), "int8" if a_q.dtype == np.int8 else "uint8", code,
                   bias is not None, _prepacked(b_q))
-    return Call(key, Int8Args(a_q, b_q, bias, out, code, False), _prep_notes(b_q, "b_q"))
+    return Call(key, Int8Args(a_q, b_q, bias, out, code, False), functools.partial(_prep_notes, b_q, "b_q"))
 
 
 def describe_dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=None):
@@ -196,10 +196,12 @@ def describe_dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=Non
     rows = math.prod(x.shape[:-1])
     key = Int8Key("dynamic_quant_linear", dev, F32, bucket(rows), bucket(n), bucket(k), "float32", code,
                   bias is not None, _prepacked(w_q))
-    return Call(key, Int8Args(x, w_q, bias, out, code, True), _prep_notes(w_q, "w_q"))
+    return Call(key, Int8Args(x, w_q, bias, out, code, True), functools.partial(_prep_notes, w_q, "w_q"))
 
 
 def _prep_notes(w, name):
+    """Call.prep_notes of the int8 ops, made only when explain asks (a call's describe
+    pays nothing for it)."""
     done = [k[1] for k in w.cached_keys() if isinstance(k, tuple) and k and k[0] == "int8_gemm"]
     if done:
         paths = ", ".join(K.PATH_NAMES[p] for p in sorted(done))
@@ -286,7 +288,8 @@ def _blocks(mp, npn):
 
 
 # One row (a decode step): the AMX implementation runs K.PATH_AMX_ROWS (vpdpbusd over the
-# same packed weight) instead of 32-row AMX tiles that compute 31 wasted rows, on the calling
+# same packed weight) instead of 32-row AMX tiles that compute 31 wasted rows, and the VNNI
+# one K.PATH_VNNI_ROWS instead of the 8-row tile (K.ROWS_OF), on the calling
 # thread for a weight of at most ROWS_SERIAL_MAX values.  More rows would re-read the weight
 # once per row (the row kernel has no row blocking).  Through dispatch, Sapphire Rapids, 2
 # threads, timeit medians (2026-11-26), AMX tiles -> rows: matmul_int8 1x768x768 81 -> 48
@@ -294,7 +297,8 @@ def _blocks(mp, npn):
 # workers) 738 -> 512 (onnxruntime 471 in the report).  Two rows: tiles 90 us, one row
 # at a time would read the weight twice.  Calling thread / workers (matmul_int8, same
 # setting): 768x768 43-44 / 52-54 us, 1024x1024 (2^20) 51-52 / 55-56, 768x3072 138-141 /
-# 82-88, 2048x2048 228-240 / 142-143.
+# 82-88, 2048x2048 228-240 / 142-143.  VNNI rows on Zen 5 (medians of 9, same order):
+# 768x768 21.7 / 22.2, 1024x1024 27.9 / 24.5, 768x3072 43.3 / 33.0, 4096x4096 193.5 / 118.1.
 AMX_ROWS_MAX = 1
 ROWS_SERIAL_MAX = 1 << 20
 
@@ -317,8 +321,8 @@ def _run_packed(path):
         res = result_buffer(out, out_shape, F32)
         if res.size == 0:
             return deliver(res, out)
-        few = path == K.PATH_AMX and rows <= AMX_ROWS_MAX
-        kpath = K.PATH_AMX_ROWS if few else path  # the micro-kernel's path; the weight stays packed for `path`
+        few = path in K.ROWS_OF and rows <= AMX_ROWS_MAX
+        kpath = K.ROWS_OF[path] if few else path  # the micro-kernel's path; the weight stays packed for `path`
         mr, nr, kg = K.TILES[kpath]
         kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
@@ -497,7 +501,7 @@ _NOTES = {
                     "(int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed once per "
                     "QuantizedArray into 48-column panels of 4-byte groups with its column sums; workers take "
                     "row x column blocks from a counter; zero-point corrections, scales, bias and "
-                    "activation fused per tile"),
+                    "activation fused per tile; a one-row call (decode) runs a one-row tile over the same panels"),
     "cpu-avx2": ("AVX2: vpmaddwd on int16 operands (exact; vpmaddubsw's int16 saturation avoided), 6x16 tile on "
                  "ymm; weight packed once per QuantizedArray as int16 pairs; same fused epilogue"),
     "cpu-portable": "plain int32 numba loops over the unpacked weight (any host); same fused epilogue",
