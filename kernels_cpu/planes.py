@@ -79,15 +79,10 @@ def _copy_chunk(typingctx, dst, d, src, s, n):
         return None
 
     def codegen(context, builder, sig, args):
-        width = lanes(sig.args[0].dtype)
-        vty = ir.VectorType(context.get_value_type(sig.args[0].dtype), width)
+        width, _, vty = vector_type(context, sig.args[0].dtype)
         i32, i64 = ir.IntType(32), ir.IntType(64)
-
-        def i64_of(k):
-            return context.cast(builder, args[k], sig.args[k], types.int64)
-
-        dp = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [i64_of(1)])
-        sp = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data, [i64_of(3)])
+        i64_of, at = arg_access(context, builder, sig, args)
+        dp, sp = at(0, i64_of(1)), at(2, i64_of(3))
         n = i64_of(4)
         k = builder.trunc(builder.select(builder.icmp_signed("<", n, ir.Constant(i64, width)), n,
                                          ir.Constant(i64, width)), i32)
@@ -113,6 +108,18 @@ def column_masks(masks, nvec, L, sw, kw, dw, pw, w):
                 if 0 <= start + i < w:
                     bits |= 1 << i
             masks[v * kw + kx] = bits
+
+
+def arg_access(context, builder, sig, args):
+    """(i64_of, at) for an intrinsic's codegen: i64_of(k) = argument k as an i64, at(k, off) =
+    the address of element off of array argument k."""
+    def i64_of(k):
+        return context.cast(builder, args[k], sig.args[k], types.int64)
+
+    def at(k, off):
+        return builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [off])
+
+    return i64_of, at
 
 
 def vector_type(context, dtype):

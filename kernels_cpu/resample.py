@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 from .approx import JIT, JIT_INNER
 from .llvm_ir import lane_mask, masked_ops
 from .parallel import row_of, run_dynamic, tasks_for
-from .planes import lanes
+from .planes import arg_access, vector_type
 
 
 @intrinsic
@@ -41,15 +41,9 @@ def _twice_chunk(typingctx, o, d, src, s, n):
         return None
 
     def codegen(context, builder, sig, args):
-        width = lanes(sig.args[2].dtype)
-        vty = ir.VectorType(context.get_value_type(sig.args[2].dtype), width)
+        width, _, vty = vector_type(context, sig.args[2].dtype)
         i32, i64 = ir.IntType(32), ir.IntType(64)
-
-        def i64_of(k):
-            return context.cast(builder, args[k], sig.args[k], types.int64)
-
-        def at(k, off):
-            return builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [off])
+        i64_of, at = arg_access(context, builder, sig, args)
 
         n = i64_of(4)
         load, store = masked_ops(builder, vty)
