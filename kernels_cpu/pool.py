@@ -14,7 +14,9 @@ tables: no division per output).
   stem pool (1x64x112x112, 3x3/2) and DenseNet's 2x2/2 avg pool (1x256x56x56), kernel
   alone, Sapphire Rapids, 2026-11-26, phase split -> registers: max 455-466 -> 359-387 us
   on one thread, 262-274 -> 217-238 on two (18 GB/s: the memory, not the arithmetic);
-  avg 360-365 -> 241-272 on one, 209-216 -> 92-159 on two.
+  avg 360-365 -> 241-272 on one, 209-216 -> 92-159 on two.  The windows of POOL_SEPARABLE
+  (3x3/2, 2x2/2, 3x3/1) pool each of the tile's input rows over its taps once, then the
+  rows per output row (a 3x3/2 tile: 15 rows x 3 taps of loads where 7 x 9).
 - Column strides above 2 (window_worker): the padded plane split into stride phases
   (planes.split_plane), then each window tap one long vector loop over the whole output
   plane (see window_worker).  Work is handed out in blocks of planes.
@@ -213,11 +215,30 @@ def window_worker(wk, params, is64):
 
 # Output rows per call of _pool_tile (ResNet's stem pool: 56 = 8 x 7).
 POOL_ROWS = 7
+# (KH, KW, row stride) windows pooled separably (no dilation): ResNet's 3x3/2 max pool, the
+# 2x2/2 pools of DenseNet / VGG / U-Nets, 3x3/1 (Inception's).  Each compiles a worker of
+# its own.  Zen 5, medians of 9, 1 / 2 threads, loops over the taps -> separable (two
+# alternating process pairs): max 3x3/2 1x64x112x112 164-176 / 108-114 -> 129-134 / 92-101
+# us (two threads: 4 MB at about 40 GB/s, the memory); avg 2x2/2 1x256x56x56 110-124 /
+# 84-90 -> 100-113 / 78-86; max 3x3/1 1x64x56x56 103-113 / 74-81 -> 51-52 / 46.
+POOL_SEPARABLE = ((3, 3, 2), (2, 2, 2), (3, 3, 1))
+
+
+def _window_code(kh, kw, sh, dh, dw):
+    """_pool_tile's literal `win` for a window: (KH, KW, sh) as one int, or 0 (runtime loops)."""
+    if (kh, kw, sh) in POOL_SEPARABLE and dh == dw == 1:
+        return kh * 100 + kw * 10 + sh
+    return 0
+
+
+def _window_of(code):
+    """(KH, KW, sh) of a _window_code."""
+    return code // 100, code // 10 % 10, code % 10
 
 
 @intrinsic
 def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW, nrows, ncols, frow, masks, mb, rf,
-               ry, cf, cx0, avg, sw2):
+               ry, cf, cx0, avg, sw2, win):
     """One block of a pooled output plane, read straight from the input plane: for
     r < POOL_ROWS, l < L (L = planes.lanes), output (r, l) at of[o0 + r*OW + l] pools
     X(iy0 + r*sh + ky*dh, s0 + l*sw + kx*dw) over ky < KH, kx < KW, sw = 2 if sw2 else 1,
@@ -228,8 +249,11 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
     Column stride 2: two masked loads of L values and their even lanes (one shuffle).
     max keeps NaN (m = v if v > m else m, and NaN where any v was NaN); avg divides by rf[ry + r] *
     cf[cx0 + l] (PyTorch's divisor; cf is read as one whole vector).  avg, sw2: literal
-    bools."""
-    if not (isinstance(avg, types.BooleanLiteral) and isinstance(sw2, types.BooleanLiteral)):
+    bools.  win: a literal _window_code: (KH, KW, sh) of a window pooled separably (no
+    dilation): each of the tile's input rows pooled over its KW taps once, into a buffer,
+    then KH of those per output row; or 0: loops over the runtime KH x KW taps."""
+    if not (isinstance(avg, types.BooleanLiteral) and isinstance(sw2, types.BooleanLiteral)
+            and isinstance(win, types.IntegerLiteral)):
         return None
     if not (isinstance(xf, types.Array) and xf.dtype in (types.float32, types.float64)
             and all(isinstance(a, types.Array) and a.dtype == xf.dtype for a in (of, frow, rf, cf))
@@ -240,8 +264,8 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
         width, fty, vty = vector_type(context, sig.args[0].dtype)
         i32, i64 = ir.IntType(32), ir.IntType(64)
         (a_xf, a_xb, a_h, a_w, a_sh, a_kh, a_kw, a_dh, a_dw, a_iy0, a_s0, a_of, a_o0, a_ow, a_nrows, a_ncols, a_frow,
-         a_masks, a_mb, a_rf, a_ry, a_cf, a_cx0, _, _) = range(25)
-        is_avg, two = sig.args[-2].literal_value, sig.args[-1].literal_value
+         a_masks, a_mb, a_rf, a_ry, a_cf, a_cx0, _, _, _) = range(26)
+        is_avg, two, code = sig.args[-3].literal_value, sig.args[-2].literal_value, sig.args[-1].literal_value
 
         def val(k):
             return context.cast(builder, args[k], sig.args[k], types.int64)
@@ -273,29 +297,69 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
             b = builder.and_(builder.bitcast(v, ity), absmask)
             return builder.select(builder.icmp_unsigned(">", b, m), b, m)
         evens = ir.Constant(ir.VectorType(i32, width), list(range(0, 2 * width, 2)))
-        with cgutils.for_range(builder, val(a_kh)) as kyl:
-            iy = builder.add(iy0, builder.mul(kyl.index, dh))
-            rows = []  # the tile rows' starts (column 0) for this ky: the image row or frow
-            for r in range(POOL_ROWS):
-                rows.append(plane_row(builder, xd, xb, builder.add(iy, builder.mul(sh, ir.Constant(i64, r))), H, W, fd))
-            with cgutils.for_range(builder, KW) as kxl:
-                start = builder.add(s0, builder.mul(kxl.index, dw))
-                bits = builder.load(builder.gep(md, [builder.add(mb, kxl.index)]))
-                m_lo = bits_mask(builder, bits, width)
-                if two:
-                    m_hi = bits_mask(builder, bits, width, shift=width)
-                for r in range(POOL_ROWS):
-                    v = load(builder.gep(rows[r], [start]), m_lo, fill)
+        def pool(acc, v):
+            return builder.fadd(acc, v) if is_avg else builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
+
+        if code:
+            kh_s, kw_s, sh_s = _window_of(code)
+            nin = (POOL_ROWS - 1) * sh_s + kh_s  # the tile's input rows
+            hbuf = cgutils.alloca_once(builder, vty, size=nin)
+            nbuf = None if is_avg else cgutils.alloca_once(builder, ity, size=nin)
+            col = []  # per tap column: its offset and lane masks
+            for kx in range(kw_s):
+                bits = builder.load(builder.gep(md, [builder.add(mb, ir.Constant(i64, kx))]))
+                col.append((builder.add(s0, ir.Constant(i64, kx)), bits_mask(builder, bits, width),
+                            bits_mask(builder, bits, width, shift=width) if two else None))
+            with cgutils.for_range(builder, ir.Constant(i64, nin)) as tl:
+                row = plane_row(builder, xd, xb, builder.add(iy0, tl.index), H, W, fd)
+                hv = hn = None
+                for start, m_lo, m_hi in col:
+                    v = load(builder.gep(row, [start]), m_lo, fill)
                     if two:
-                        hi = load(builder.gep(rows[r], [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
+                        hi = load(builder.gep(row, [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
                         v = builder.shuffle_vector(v, hi, evens)
-                    acc = builder.load(accs[r])
-                    if is_avg:
-                        acc = builder.fadd(acc, v)
-                    else:
-                        acc = builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
-                        builder.store(absbits_max(builder.load(nans[r]), v), nans[r])
-                    builder.store(acc, accs[r])
+                    hv = v if hv is None else pool(hv, v)
+                    if not is_avg:
+                        hn = absbits_max(ir.Constant(ity, [0] * width) if hn is None else hn, v)
+                builder.store(hv, builder.gep(hbuf, [tl.index]))
+                if not is_avg:
+                    builder.store(hn, builder.gep(nbuf, [tl.index]))
+            for r in range(POOL_ROWS):
+                acc = builder.load(builder.gep(hbuf, [ir.Constant(i64, r * sh_s)]))
+                if not is_avg:
+                    nan = builder.load(builder.gep(nbuf, [ir.Constant(i64, r * sh_s)]))
+                for t in range(r * sh_s + 1, r * sh_s + kh_s):
+                    acc = pool(acc, builder.load(builder.gep(hbuf, [ir.Constant(i64, t)])))
+                    if not is_avg:
+                        nv = builder.load(builder.gep(nbuf, [ir.Constant(i64, t)]))
+                        nan = builder.select(builder.icmp_unsigned(">", nv, nan), nv, nan)
+                builder.store(acc, accs[r])
+                if not is_avg:
+                    builder.store(nan, nans[r])
+        else:
+            with cgutils.for_range(builder, val(a_kh)) as kyl:
+                iy = builder.add(iy0, builder.mul(kyl.index, dh))
+                rows = []  # the tile rows' starts (column 0) for this ky: the image row or frow
+                for r in range(POOL_ROWS):
+                    rows.append(plane_row(builder, xd, xb, builder.add(iy, builder.mul(sh, ir.Constant(i64, r))), H, W, fd))
+                with cgutils.for_range(builder, KW) as kxl:
+                    start = builder.add(s0, builder.mul(kxl.index, dw))
+                    bits = builder.load(builder.gep(md, [builder.add(mb, kxl.index)]))
+                    m_lo = bits_mask(builder, bits, width)
+                    if two:
+                        m_hi = bits_mask(builder, bits, width, shift=width)
+                    for r in range(POOL_ROWS):
+                        v = load(builder.gep(rows[r], [start]), m_lo, fill)
+                        if two:
+                            hi = load(builder.gep(rows[r], [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
+                            v = builder.shuffle_vector(v, hi, evens)
+                        acc = builder.load(accs[r])
+                        if is_avg:
+                            acc = builder.fadd(acc, v)
+                        else:
+                            acc = builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
+                            builder.store(absbits_max(builder.load(nans[r]), v), nans[r])
+                        builder.store(acc, accs[r])
         smask = lane_mask(builder, ir.Constant(i32, 0), builder.trunc(val(a_ncols), i32), width)
         nomask = ir.Constant(mty, [0] * width)
         o0, OW, nrows = val(a_o0), val(a_ow), val(a_nrows)
@@ -316,11 +380,11 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
         return context.get_dummy_value()
 
     return types.none(xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW, nrows, ncols, frow, masks, mb, rf, ry,
-                      cf, cx0, avg, sw2), codegen
+                      cf, cx0, avg, sw2, win), codegen
 
 
 @njit(**JIT_BY_ADDRESS)
-def pool_direct_worker(wk, params, is64, avg, sw2):
+def pool_direct_worker(wk, params, is64, avg, sw2, win):
     """Worker wk of a max / avg pooling call with column stride 1 or 2 (sw2; the S_* slots):
     takes blocks of planes from the counter; per plane, blocks of POOL_ROWS output rows x
     one vector of columns pooled in registers straight from the input plane (_pool_tile:
@@ -354,7 +418,7 @@ def pool_direct_worker(wk, params, is64, avg, sw2):
                 for oy in range(0, oh, POOL_ROWS):
                     _pool_tile(xf, xb, h, w, sh, kh, kw, dh, dw, oy * sh - ph, v * L * sw - pw, of, ob + oy * ow + v * L,
                                ow, min(POOL_ROWS, oh - oy), min(L, ow - v * L), frow, masks, v * kw, rf, oy, cf, v * L,
-                               avg, sw2)
+                               avg, sw2, win)
 
 
 def _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, avg, cip, divisor, nworkers):
@@ -374,7 +438,7 @@ def _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, avg, cip, 
     p[S_AVG], p[S_CIP], p[S_DIV] = avg, cip, divisor
     is64 = bool(out.dtype == np.float64)
     if sw <= 2:  # registers, straight from the plane
-        fn = worker_address(pool_direct_worker, (is64, bool(avg), sw == 2))
+        fn = worker_address(pool_direct_worker, (is64, bool(avg), sw == 2, _window_code(kh, kw, sh, dh, dw)))
     else:
         fn = worker_address(window_worker, (is64,))
     if nworkers <= 1:

@@ -39,6 +39,8 @@ MAX_CASES = [
     ((2, 1, 5, 12), (3, 2), (2, 1), (1, 0), (1, 2), True),
     ((1, 9, 6, 10), 3, [], 1, 1, True),               # stride [] is kernel_size
     ((1, 2, 37, 75), 3, 2, 1, 1, True),               # 38 outputs a row, 19 rows: partial vectors and row blocks
+    ((1, 2, 29, 41), 3, 1, 1, 1, False),              # 3x3/1 (pooled separably), 41 columns
+    ((1, 3, 16, 33), 2, 2, 0, 1, True),               # 2x2/2 (separably), ceil_mode clips the last column
     ((1, 2, 17, 40), 3, 1, 1, 1, False),              # stride 1, 40 columns: 3 vectors of 16
     ((1, 1, 9, 36), (3, 5), (1, 2), (1, 2), (2, 2), False),  # column stride 2, dilation 2, wide
 ]
