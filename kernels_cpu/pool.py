@@ -297,6 +297,7 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
             b = builder.and_(builder.bitcast(v, ity), absmask)
             return builder.select(builder.icmp_unsigned(">", b, m), b, m)
         evens = ir.Constant(ir.VectorType(i32, width), list(range(0, 2 * width, 2)))
+
         def pool(acc, v):
             return builder.fadd(acc, v) if is_avg else builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
 
@@ -353,13 +354,9 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
                         if two:
                             hi = load(builder.gep(rows[r], [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
                             v = builder.shuffle_vector(v, hi, evens)
-                        acc = builder.load(accs[r])
-                        if is_avg:
-                            acc = builder.fadd(acc, v)
-                        else:
-                            acc = builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
+                        builder.store(pool(builder.load(accs[r]), v), accs[r])
+                        if not is_avg:
                             builder.store(absbits_max(builder.load(nans[r]), v), nans[r])
-                        builder.store(acc, accs[r])
         smask = lane_mask(builder, ir.Constant(i32, 0), builder.trunc(val(a_ncols), i32), width)
         nomask = ir.Constant(mty, [0] * width)
         o0, OW, nrows = val(a_o0), val(a_ow), val(a_nrows)
