@@ -66,7 +66,7 @@ from numba.extending import intrinsic
 from kernels_common.activation import ACT_NONE, ACT_RELU
 
 from .approx import JIT_BY_ADDRESS, wide_loops
-from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, active_tile, micro_tile_indexed, tile_m, tile_n
+from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, micro_tile_indexed, tile_m, tile_n
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (ROUND, column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
@@ -85,7 +85,7 @@ _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 # The int64 argument block of the workers (C_AP: the packed weight for conv_direct, the plain
 # weight for depthwise; C_MC: depthwise's planes per task).
 (C_SYNC, C_X, C_AP, C_OUT, C_BIAS, C_WS, C_NIMG, C_CIN, C_H, C_W, C_GROUPS, C_COUT, C_KH, C_KW, C_SH, C_SW,
- C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_ACC, C_SEG, C_XB, C_HQ, C_WQ, C_XDIRECT, C_COUNT) = range(33)
+ C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_ACC, C_XB, C_HQ, C_WQ, C_XDIRECT, C_COUNT) = range(32)
 
 
 def pack_weight(weight, groups, tile=None):
@@ -146,8 +146,8 @@ def conv_direct_worker(w, params, is64, ti):
     (_task_rows; C_XDIRECT: read x's channel planes in place instead), then per K block of
     at most C_KC every tile sweeps the weight panels, B row k of the tile at o read at
     tab[k] + o (C_WS; micro_tile_indexed), the micro-kernel storing (first K block) or
-    adding (the rest) straight into the worker's accumulator block (C_ACC, C_SEG values per
-    channel row); last, the task's part of each output row goes to out with bias +
+    adding (the rest) straight into the worker's accumulator block (C_ACC: a task's C_NC
+    tiles per channel row); last, the task's part of each output row goes to out with bias +
     activation (conv_compact, by address at C_EPILOGUE)."""
     p = carray(ptr_as(params, np.int64(0)), C_COUNT)
     z = like_dtype(is64)
@@ -169,7 +169,7 @@ def conv_direct_worker(w, params, is64, ti):
     ntasks = nimg * G * nbr
     nkb = (Kc + kc - 1) // kc
     kce = (Kc + nkb - 1) // nkb  # K blocks of even length
-    seg = p[C_SEG]
+    seg = tpt * nr  # values per channel row of the accumulator block
     sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
     xf = carray(ptr_as(p[C_X], z), nimg * cin * H * W)
     xbn = cin_g * sh * sw * Hq * Wq
@@ -280,7 +280,7 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     _check_panels(ap, ti, "conv_direct")
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return
-    (sh, sw), (dh, dw), (ph, pw) = stride, dilation, pad
+    (sh, sw), (dh, dw) = stride, dilation
     cin_g = cin // groups
     k = np.arange(cin_g * kh * kw, dtype=np.int64)
     ci, r = np.divmod(k, kh * kw)
@@ -308,9 +308,8 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     xb = np.empty(nw * (cin_g * sh * sw * Hq * Wq + nr), dt)
     p, sync = _params(x, ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
     # a worker's accumulator block: a task's tiles for every panel row of the group
-    seg = tpt * nr
-    acc = np.empty(nw * mp * tile_m(ti) * seg, dt)
-    p[C_KC], p[C_NC], p[C_ACC], p[C_SEG] = KC, tpt, acc.ctypes.data, seg
+    acc = np.empty(nw * mp * tile_m(ti) * tpt * nr, dt)
+    p[C_KC], p[C_NC], p[C_ACC] = KC, tpt, acc.ctypes.data
     p[C_XB], p[C_HQ], p[C_WQ], p[C_XDIRECT] = xb.ctypes.data, Hq, Wq, xdirect
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_compact, (is64, int(code) if epilogue else ACT_NONE), nargs=7)

@@ -21,6 +21,7 @@ import numpy as np
 
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import conv as K
+from kernels_cpu.gemm import active_tile
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
@@ -93,7 +94,7 @@ def _unpack(weight, groups):
                         "prepack(..., op='conv2d')")
     if weight.groups != groups:
         raise ValueError(f"weight was packed with groups={weight.groups}, the call has groups={groups}")
-    tile = K.active_tile()
+    tile = active_tile()
     if weight.tile != tile.name or weight._nr != tile.mr:  # packed for another register tile
         raise ValueError(f"weight: PackedWeight was packed for the {weight.tile} GEMM tile ({weight._nr}-row "
                          f"panels); the active tile is {tile.name}: prepack it again")
@@ -248,7 +249,7 @@ def _prepack_conv(weight, dt, op, groups):
     if weight.shape[0] % groups:
         raise ValueError(f"groups={groups} must divide weight's output channels Cout={weight.shape[0]}")
     src = _readonly_source(weight)
-    tile = K.active_tile()
+    tile = active_tile()
     return PackedWeight(op, src, K.pack_weight(np.ascontiguousarray(weight), groups, tile), tile.mr, groups,
                         tile=tile.name)
 

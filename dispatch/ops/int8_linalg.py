@@ -299,7 +299,7 @@ def _blocks(mp, npn):
 # setting): 768x768 43-44 / 52-54 us, 1024x1024 (2^20) 51-52 / 55-56, 768x3072 138-141 /
 # 82-88, 2048x2048 228-240 / 142-143.  VNNI rows on Zen 5 (medians of 9, same order):
 # 768x768 21.7 / 22.2, 1024x1024 27.9 / 24.5, 768x3072 43.3 / 33.0, 4096x4096 193.5 / 118.1.
-AMX_ROWS_MAX = 1
+ONE_ROW_PATH_MAX = 1
 ROWS_SERIAL_MAX = 1 << 20
 
 
@@ -321,7 +321,7 @@ def _run_packed(path):
         res = result_buffer(out, out_shape, F32)
         if res.size == 0:
             return deliver(res, out)
-        few = path in K.ROWS_OF and rows <= AMX_ROWS_MAX
+        few = path in K.ROWS_OF and rows <= ONE_ROW_PATH_MAX
         kpath = K.ROWS_OF[path] if few else path  # the micro-kernel's path; the weight stays packed for `path`
         mr, nr, kg = K.TILES[kpath]
         kq = K.k_words(kdim, path)
