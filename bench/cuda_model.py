@@ -172,14 +172,17 @@ def _gemm_tc(cfg, call):
 
 
 def _gemv(cfg, call):
-    """Every lane runs GEMV_MAX_M rows' FMAs (predicated off past M); (N, K): a warp per column,
-    lanes over K; (K, N): a thread per column of 32."""
-    from kernels_common.cuda_tiles import GEMV_MAX_M
+    """Every lane runs the build's rows_per_pass rows' FMAs (predicated off past M); (N, K): a
+    warp per column, lanes over K; (K, N): a block of GEMV_KN_WARPS warps per
+    columns_per_block columns, 32 // columns lanes per column in each warp."""
+    from kernels_common.cuda_tiles import GEMV_KN_WARPS, GEMV_MAX_M
 
     batch, m, n, k = _gemm_dims(call)
+    rows = cfg.get("rows_per_pass", GEMV_MAX_M)
     if call.args.b_is_nk:
-        return batch * n * _up(m, GEMV_MAX_M) * _up(k, 32)
-    return batch * _up(n, 32) * _up(m, GEMV_MAX_M) * k
+        return batch * n * _up(m, rows) * _up(k, 32)
+    cols = cfg["columns_per_block"]
+    return batch * _up(n, cols) * _up(m, rows) * _up(k, 32 // cols * GEMV_KN_WARPS)
 
 
 def _wo_gemv(cfg, call):
@@ -277,6 +280,8 @@ WORK = {
     "gemm.tc_64x64x16": ("fma", _gemm_tc),
     "gemm.gemv_nk": ("fma", _gemv),
     "gemm.gemv_kn": ("fma", _gemv),
+    "gemm.gemv_nk.m1": ("fma", _gemv),
+    "gemm.gemv_kn.m1": ("fma", _gemv),
     "gemm": ("fma", _gemm_tiled, _tile_step),     # the register-tiled gemm.<tile>: staging per k-step
     "weight_only": ("fma", _wo_gemv),             # weight_only.gemv_{f16,bf16,i8}[_odd]_r<R>
     "int8_gemm.dp4a_tile": ("fma", _int8_tile),  # units: dp4a (4 multiply-adds each; IDP.4A is not

@@ -9,7 +9,10 @@ the op (its CUDA implementation: `explain` names it), and after warm-up the call
 with CUDA events around batches of back-to-back calls (median of the batches, per call:
 the time a user's stream sees, dispatch included).  PyTorch CUDA runs the same op on the
 same data (bench.peers' torch versions, tensors on the GPU), timed the same way, and the
-two results are compared (normwise relative error).  The table gives achieved TFLOP/s and
+two results are compared (normwise relative error).  "GPU time" is the same calls' time on
+the GPU alone (device_timed: the host enqueues them behind a spin kernel, so its dispatch
+and launch costs are hidden), for both sides: what the kernels cost, apart from the host
+floor that the stream time above includes.  The table gives achieved TFLOP/s and
 TB/s (the op's own work model, Op.flops / Op.bytes), "peak": the larger of FLOPs / fp32
 peak and bytes / bandwidth over the time (bench.cuda_model.GPUS; tensor-core work can pass
 100% of the fp32 peak), the ratio to PyTorch (> 1: ours is faster), and measured /
@@ -180,6 +183,74 @@ def timed(fn, sync, events):
     return float(np.median(per_call)), n
 
 
+_SPIN = {}
+
+
+def _spin(cuda):
+    """launch(seconds): a one-thread kernel that holds the default stream about that long (a
+    chain of dependent float32 FMAs, its rate calibrated once with events)."""
+    if "launch" in _SPIN:
+        return _SPIN["launch"]
+
+    @cuda.jit
+    def spin(n, out):
+        x = out[0]
+        for _ in range(n):
+            x = x * np.float32(0.9999999) + np.float32(1e-9)
+        out[0] = x
+
+    buf = cuda.to_device(np.ones(1, np.float32))
+    spin[1, 1](1000, buf)  # compile and load
+    cuda.synchronize()
+    n0 = 1 << 18
+    a, b = cuda.event(timing=True), cuda.event(timing=True)
+    a.record()
+    spin[1, 1](n0, buf)
+    b.record()
+    b.synchronize()
+    per_iter = max(a.elapsed_time(b) * 1e-3 / n0, 1e-10)
+
+    def launch(seconds):
+        spin[1, 1](max(1, int(seconds / per_iter)), buf)
+
+    _SPIN["launch"] = launch
+    return launch
+
+
+def device_timed(fn, n, host_s, cuda, events, batches=5):
+    """Median GPU seconds per call of fn with the host's time taken out: a spin kernel holds
+    the stream while the host enqueues n calls, so the events after it bracket the calls'
+    kernels run back to back (the host's dispatch and launch costs overlap the spin).  The
+    spin lasts at least twice the host's enqueue time, checked each batch (events around the
+    spin) and lengthened when short; an op that waits for the GPU inside the call (a value
+    read back) can never be queued ahead: None.  None under the simulator."""
+    if SIM:
+        return None
+    spin = _spin(cuda)
+    busy_s = max(2e-3, 3.0 * n * host_s)
+    per = []
+    for _ in range(batches):
+        for _attempt in range(3):
+            e0, e1 = events()
+            e2, _ = events()
+            e0.record()
+            spin(busy_s)
+            e1.record()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            host = time.perf_counter() - t0
+            e2.record()
+            e2.synchronize()
+            if host < 0.5 * e0.elapsed_time(e1) * 1e-3:
+                per.append(e1.elapsed_time(e2) * 1e-3 / n)
+                break
+            busy_s = min(4.0 * busy_s, 1.0)
+        else:
+            return None
+    return float(np.median(per))
+
+
 def rel_err(got, ref):
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     if got.shape != ref.shape:
@@ -264,6 +335,9 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
     row["seconds"], row["calls_per_batch"] = timed(lambda: fn(*args, **kw), cuda.synchronize,
                                                    (lambda: (cuda.event(), cuda.event())) if SIM else
                                                    (lambda: (cuda.event(timing=True), cuda.event(timing=True))))
+    ev = (lambda: (cuda.event(), cuda.event())) if SIM else (lambda: (cuda.event(timing=True), cuda.event(timing=True)))
+    dev_n = max(2, min(row["calls_per_batch"], 64))
+    row["device_seconds"] = device_timed(lambda: fn(*args, **kw), dev_n, row["seconds"], cuda, ev)
     flops, nbytes = float(op.flops(call)), float(op.bytes(call))
     _, bw, peak = peaks
     row.update(flops=flops, bytes=nbytes, tflops=flops / row["seconds"] / 1e12, tbps=nbytes / row["seconds"] / 1e12,
@@ -276,15 +350,24 @@ def measure_one(cuda, torch, op_name, label, inputs, dtype, peaks, prediction):
         row["torch_seconds"], _ = timed(run_torch, torch.cuda.synchronize,
                                         lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
         row["vs_torch"] = row["torch_seconds"] / row["seconds"]  # > 1: ours is faster
+        tev = lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # noqa: E731
+        row["torch_device_seconds"] = device_timed(run_torch, dev_n, row["torch_seconds"], cuda, tev)
+        if row["device_seconds"] and row["torch_device_seconds"]:
+            row["device_vs_torch"] = row["torch_device_seconds"] / row["device_seconds"]
     if prediction is not None:
-        row["predicted_seconds"] = prediction
-        row["measured_over_predicted"] = row["seconds"] / prediction
+        row["predicted_seconds"], row["predicted_kernel_seconds"] = prediction
+        row["measured_over_predicted"] = row["seconds"] / row["predicted_seconds"]
+        if row["device_seconds"] and row["predicted_kernel_seconds"]:
+            # the GPU's own time against the model's kernel bound (its launch term left out)
+            row["device_over_predicted"] = row["device_seconds"] / row["predicted_kernel_seconds"]
     return row
 
 
 def _predictions(cases, gpu_name, dtypes):
-    """{(case id, dtype name): predicted seconds} from bench.cuda_model for the chip the
-    peaks came from, per measured dtype (the model reads each dtype's own kernel build)."""
+    """{(case id, dtype name): (predicted seconds, predicted kernel seconds)} from
+    bench.cuda_model for the chip the peaks came from, per measured dtype (the model reads
+    each dtype's own kernel build); the kernel seconds leave out the model's host launch
+    term: the larger of its memory and issue bounds."""
     if not cases:
         return {}
     from bench import cuda_model
@@ -293,7 +376,8 @@ def _predictions(cases, gpu_name, dtypes):
     for dt in dtypes:
         for r in cuda_model.predictions(cases, dtype=np.dtype(dt)):
             if r["gpu"] == gpu_name and r.get("seconds"):
-                out[(f"{r['op']}:{r['case']}", dt)] = r["seconds"]
+                busy = max(r.get("memory_s") or 0.0, r.get("issue_s") or 0.0) or None
+                out[(f"{r['op']}:{r['case']}", dt)] = (r["seconds"], busy)
     return out
 
 
@@ -303,8 +387,11 @@ def print_row(r):
         return
     vs = f"x{r['vs_torch']:.2f}" if "vs_torch" in r else "-"
     mp = f"{r['measured_over_predicted']:.2f}" if "measured_over_predicted" in r else "-"
+    dev = f"{r['device_seconds'] * 1e6:.1f}us" if r.get("device_seconds") else "-"
+    dvs = f"x{r['device_vs_torch']:.2f}" if r.get("device_vs_torch") else "-"
+    dmp = f"{r['device_over_predicted']:.2f}" if r.get("device_over_predicted") else "-"
     print(f"{r['op']:14s} {r['case'][:44]:44s} {r['dtype']:8s} {r['impl'] or '?':14s} {r['seconds'] * 1e6:10.1f}us "
-          f"{r['tflops']:7.2f} {r['tbps']:6.2f} {r['peak_fraction']:5.0%} {vs:>7s} {mp:>6s} "
+          f"{r['tflops']:7.2f} {r['tbps']:6.2f} {r['peak_fraction']:5.0%} {vs:>7s} {mp:>6s} {dev:>10s} {dvs:>7s} {dmp:>6s} "
           f"{r['rel_err']:8.1e} {r['first_call_s']:6.2f}s {({True: 'ok', False: 'WRONG'}).get(r['ok'], 'unchecked')}")
 
 
@@ -363,7 +450,8 @@ def main(argv=None):
     preds = _predictions(list({c.id: c for *_, c in work if c is not None}.values()), peaks[0],
                          sorted({dtype for _, _, _, dtype, _ in work}))
     print(f"\n{'op':14s} {'case':44s} {'dtype':8s} {'impl':14s} {'time':>12s} {'TFLOP/s':>7s} {'TB/s':>6s} "
-          f"{'peak':>5s} {'vsTorch':>7s} {'m/pred':>6s} {'rel err':>8s} {'first':>7s}")
+          f"{'peak':>5s} {'vsTorch':>7s} {'m/pred':>6s} {'GPU time':>10s} {'GPU vs':>7s} {'g/pred':>6s} "
+          f"{'rel err':>8s} {'first':>7s}")
     rows = []
 
     def save(tests=()):

@@ -54,6 +54,19 @@ TC_KERNEL = "gemm.tc_64x64x16"
 # (a (K, N) b), for up to GEMV_MAX_M rows of A at once (accumulators in registers).
 GEMV_MAX_M = 8
 GEMV_WARPS = 4
+# A decode GEMV is bound by the loads in flight, not by bandwidth alone: on the H200
+# (2026-11-26, bench/gpu_results/2026-11-26b-h200) the GEMV with one dependent 64-byte warp
+# load at a time ran 1x4096 @ 4096x4096 float16 in 323 us (0.10 TB/s).  Each warp now issues
+# GEMV_UNROLL independent loads per step, and a (K, N) b is read by GEMV_KN_WARPS warps
+# per block (Little's law: ~40 KB in flight per SM for the H200's 4.8 TB/s at ~1 us latency).
+GEMV_UNROLL = 8
+GEMV_KN_WARPS = 16
+
+
+def gemv_kn_columns(itemsize: int) -> int:
+    """Columns of a (K, N) b per block of the GEMV: one 32-byte sector of a row (float16 16,
+    float32 8, float64 4), its 32 // columns lanes on as many consecutive rows of K."""
+    return max(1, min(32, 32 // itemsize))
 
 
 def gemm_threads(tile: str) -> int:

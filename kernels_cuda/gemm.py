@@ -21,13 +21,13 @@ vector loads, ldmatrix fragments.
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, types, uint32, uint64
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
-from kernels_common.cuda_tiles import (GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, gemm_threads,
-                                       gemm_tile_dtypes)
+from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_UNROLL, GEMV_WARPS, TC_KERNEL, TC_TILE,
+                                       TC_WARPS, gemm_threads, gemm_tile_dtypes, gemv_kn_columns)
 
-from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
+from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, arr, kernel
 from .activation import act_fn
 from .mma import mma_16816
 from .primitives import warp_sum
@@ -260,24 +260,28 @@ def gemm_tc_kernel():
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(acc_np, trans_b):
+def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
     """C = act(A @ op(B) + bias) for few rows of A (decode), no tiles; one kernel per B
     layout (each with only the registers and shared memory its own loop needs).  Rows are
-    taken GEMV_MAX_M at a time (accumulators in registers), each weight element read once
-    per group of rows.
+    taken `rows` at a time (accumulators in registers), each weight element read once per
+    group of rows: GEMV_MAX_M, or 1 for a single row (decode), whose build has no loads and
+    FMAs predicated off for absent rows and fewer registers.  Each warp keeps GEMV_UNROLL independent weight loads in flight per
+    step (coalesced: consecutive lanes, consecutive addresses), then a remainder loop.
       trans_b (linear's (N, K) weight): one warp per output column, its lanes striding over
-        K (coalesced reads of the weight row), a warp sum; warps grid-stride over (batch,
-        column).
-      (K, N) b: a block per 32 consecutive columns (lane = column: coalesced), its
-        GEMV_WARPS warps each summing a contiguous quarter of K, the partial sums added in
-        shared memory in warp order (deterministic); blocks grid-stride over (batch,
-        column group).  One thread per column over all of K left most SMs idle at decode
-        sizes (4096 columns = 32 blocks of 128; the model: 18% of the H100 roofline)."""
+        K, a warp sum; warps grid-stride over (batch, column).
+      (K, N) b: a block of GEMV_KN_WARPS warps per `columns` consecutive columns (one
+        32-byte sector of a row, kernels_common.cuda_tiles.gemv_kn_columns), lane l on
+        column l % columns of row l // columns; the block's warps interleave over K, the
+        lanes of a column are summed by shuffles, the warps' partial sums in shared memory
+        in warp order (deterministic); blocks grid-stride over (batch, column group)."""
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     act = act_fn(acc_np)
     NT = 32 * GEMV_WARPS
-    MM = GEMV_MAX_M
+    MM = rows
+    # the 8-row build holds 8 x U values of A besides U weights: half the steps' loads keep
+    # its (K, N) kernel within registers (ptxas sm_90: U = 8 spilled 100-184 bytes at 128)
+    U = GEMV_UNROLL if rows == 1 else GEMV_UNROLL // 2
 
     @kernel(launch_bounds=(NT, 4))
     def gemv_nk(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b_unused):
@@ -285,6 +289,7 @@ def gemv_kernel(acc_np, trans_b):
         k_total = a.shape[2]
         n_total = c.shape[2]
         s = cuda.local.array(MM, acc)
+        w = cuda.local.array(U, acc)
         lane = cuda.threadIdx.x & 31
         total = c.shape[0] * n_total
         for item in range(cuda.blockIdx.x * GEMV_WARPS + (cuda.threadIdx.x >> 5), total, cuda.gridDim.x * GEMV_WARPS):
@@ -295,11 +300,21 @@ def gemv_kernel(acc_np, trans_b):
             for m0 in range(0, m_total, MM):
                 for mm in range(MM):
                     s[mm] = zero
-                for k in range(lane, k_total, 32):
-                    w = acc(b[bb, n, k])
+                k = lane
+                while k + 32 * (U - 1) < k_total:
+                    for u in range(U):
+                        w[u] = acc(b[bb, n, k + 32 * u])
+                    for u in range(U):
+                        for mm in range(MM):
+                            if m0 + mm < m_total:
+                                s[mm] += acc(a[ab, m0 + mm, k + 32 * u]) * w[u]
+                    k += 32 * U
+                while k < k_total:
+                    w0 = acc(b[bb, n, k])
                     for mm in range(MM):
                         if m0 + mm < m_total:
-                            s[mm] += acc(a[ab, m0 + mm, k]) * w
+                            s[mm] += acc(a[ab, m0 + mm, k]) * w0
+                    k += 32
                 for mm in range(MM):
                     if m0 + mm < m_total:
                         v = warp_sum(s[mm])
@@ -308,43 +323,68 @@ def gemv_kernel(acc_np, trans_b):
                                 v += acc(bias[n])
                             c[bz, m0 + mm, n] = act(v, code)
 
-    @kernel(launch_bounds=(NT, 4))
+    W = GEMV_KN_WARPS
+    C = columns
+    R = 32 // C  # rows of K per warp step
+
+    # two blocks per SM where the registers allow it without spilling (ptxas: the 8-row
+    # build and float64's one-row build on sm_80 spill under the 64-register cap of (512, 2))
+    @kernel(launch_bounds=(32 * W, 2 if rows == 1 and acc_np is not np.float64 else 1))
     def gemv_kn(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b_unused):
         m_total = a.shape[1]
         k_total = a.shape[2]
         n_total = c.shape[2]
         s = cuda.local.array(MM, acc)
-        part = cuda.shared.array((GEMV_WARPS, MM, 32), acc)
+        w = cuda.local.array(U, acc)
+        part = cuda.shared.array((W, MM, C), acc)
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
-        groups = (n_total + 31) // 32
+        col = lane % C
+        k_first = warp * R + lane // C
+        step = R * W
+        groups = (n_total + C - 1) // C
         total = c.shape[0] * groups
-        kq = (k_total + GEMV_WARPS - 1) // GEMV_WARPS
-        k_lo = min(warp * kq, k_total)
-        k_hi = min(k_lo + kq, k_total)
         for item in range(cuda.blockIdx.x, total, cuda.gridDim.x):  # the same item for the whole block
             bz = item // groups
-            n = (item - bz * groups) * 32 + lane
+            n = (item - bz * groups) * C + col
             ab = a_idx[bz]
             bb = b_idx[bz]
             for m0 in range(0, m_total, MM):
                 for mm in range(MM):
                     s[mm] = zero
                 if n < n_total:
-                    for k in range(k_lo, k_hi):
-                        w = acc(b[bb, k, n])
+                    k = k_first
+                    while k + step * (U - 1) < k_total:
+                        # unsigned row indices: numba's negative-index wrap-around select on
+                        # each signed one kept the row offsets from being strength-reduced
+                        for u in range(U):
+                            w[u] = acc(b[bb, uint64(k + step * u), n])
+                        for u in range(U):
+                            for mm in range(MM):
+                                if m0 + mm < m_total:
+                                    s[mm] += acc(a[ab, m0 + mm, uint64(k + step * u)]) * w[u]
+                        k += step * U
+                    while k < k_total:
+                        w0 = acc(b[bb, k, n])
                         for mm in range(MM):
                             if m0 + mm < m_total:
-                                s[mm] += acc(a[ab, m0 + mm, k]) * w
-                for mm in range(MM):
-                    part[warp, mm, lane] = s[mm]
+                                s[mm] += acc(a[ab, m0 + mm, k]) * w0
+                        k += step
+                off = C
+                while off < 32:  # the lanes of one column (a warp-uniform loop: all lanes shuffle)
+                    for mm in range(MM):
+                        s[mm] += cuda.shfl_xor_sync(FULL_MASK, s[mm], off)
+                    off *= 2
+                if lane < C:
+                    for mm in range(MM):
+                        part[warp, mm, col] = s[mm]
                 cuda.syncthreads()
-                if warp == 0 and n < n_total:
+                if warp == 0 and lane < C and n < n_total:
                     for mm in range(MM):
                         if m0 + mm < m_total:
-                            v = part[0, mm, lane]
-                            for w2 in range(1, GEMV_WARPS):
-                                v += part[w2, mm, lane]
+                            v = part[0, mm, col]
+                            for w2 in range(1, W):
+                                v += part[w2, mm, col]
                             if has_bias:
                                 v += acc(bias[n])
                             c[bz, m0 + mm, n] = act(v, code)
@@ -354,6 +394,10 @@ def gemv_kernel(acc_np, trans_b):
 
 
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
+def _itemsize(dt):
+    return np.dtype(str(dt)).itemsize
+
+
 def _gemm_args(dt):
     i64 = types.int64
     return (arr(dt, 3), arr(dt, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, types.boolean,
@@ -370,7 +414,12 @@ PTX = [
     PtxBuild(TC_KERNEL, "linalg", lambda dt: gemm_tc_kernel(), _gemm_tc_args, threads=32 * TC_WARPS,
              dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
     PtxBuild("gemm.gemv_nk", "linalg", lambda dt: gemv_kernel(acc_np(dt), True), _gemm_args, threads=32 * GEMV_WARPS),
-    PtxBuild("gemm.gemv_kn", "linalg", lambda dt: gemv_kernel(acc_np(dt), False), _gemm_args, threads=32 * GEMV_WARPS),
+    PtxBuild("gemm.gemv_kn", "linalg", lambda dt: gemv_kernel(acc_np(dt), False, gemv_kn_columns(_itemsize(dt))),
+             _gemm_args, threads=32 * GEMV_KN_WARPS),
+    PtxBuild("gemm.gemv_nk.m1", "linalg", lambda dt: gemv_kernel(acc_np(dt), True, rows=1), _gemm_args,
+             threads=32 * GEMV_WARPS),
+    PtxBuild("gemm.gemv_kn.m1", "linalg", lambda dt: gemv_kernel(acc_np(dt), False, gemv_kn_columns(_itemsize(dt)), 1),
+             _gemm_args, threads=32 * GEMV_KN_WARPS),
 ] + [
     PtxBuild(f"gemm.{tile}", "linalg", (lambda tile: lambda dt: gemm_kernel(acc_np(dt), tile))(tile), _gemm_args,
              threads=gemm_threads(tile), dtypes=gemm_tile_dtypes(tile))

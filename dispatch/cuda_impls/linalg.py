@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, gemm_shared_bytes,
-                                       gemm_threads, gemm_tile_dtypes)
+from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_UNROLL, GEMV_WARPS, TC_KERNEL, TC_TILE,
+                                       TC_WARPS, gemm_shared_bytes, gemm_threads, gemm_tile_dtypes, gemv_kn_columns)
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
@@ -109,7 +109,8 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
         cfg = (gemv_launch if gemv else launch)(params, a, b, bias, out, code, b_is_nk)
         acc = acc_dtype(dt)
         if gemv:
-            K.gemv_kernel(acc, b_is_nk)[cfg["grid"], cfg["block"]](
+            k_gemv = K.gemv_kernel(acc, b_is_nk, cfg.get("columns_per_block", 8), cfg["rows_per_pass"])
+            k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
         elif cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
@@ -124,12 +125,23 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
 def gemv_launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
-    block = 32 * GEMV_WARPS
-    items = batch * n if b_is_nk else batch * cdiv(n, 32)   # (N, K): a warp per column; (K, N): a block per 32
-    per_block = GEMV_WARPS if b_is_nk else 1
-    cap = p.sm_count * occupancy_blocks(p, block, 0 if b_is_nk else GEMV_WARPS * GEMV_MAX_M * 32 * 8) * params["waves"]
-    return {"kernel": "gemm.gemv_nk" if b_is_nk else "gemm.gemv_kn", "grid": max(1, min(cdiv(items, per_block), cap)), "block": block,
-            "column_per": "warp" if b_is_nk else f"thread, K split over {GEMV_WARPS} warps", "device": p.name}
+    if b_is_nk:  # a warp per column
+        block, items, per_block, smem = 32 * GEMV_WARPS, batch * n, GEMV_WARPS, 0
+        how = {"column_per": "warp", "unroll": GEMV_UNROLL}
+    else:  # a block per sector-wide group of columns
+        cols = gemv_kn_columns(np.dtype(a.dtype).itemsize)
+        block, items, per_block = 32 * GEMV_KN_WARPS, batch * cdiv(n, cols), 1
+        smem = GEMV_KN_WARPS * GEMV_MAX_M * cols * np.dtype(acc_dtype(a.dtype)).itemsize
+        how = {"columns_per_block": cols, "column_per": f"{32 // cols} lanes of each of {GEMV_KN_WARPS} warps",
+               "unroll": GEMV_UNROLL}
+    # one row (decode) has its own build: no predicated loads and FMAs for absent rows
+    rows = 1 if m == 1 else GEMV_MAX_M
+    if not b_is_nk:
+        smem = smem // GEMV_MAX_M * rows
+    cap = p.sm_count * occupancy_blocks(p, block, smem) * params["waves"]
+    name = ("gemm.gemv_nk" if b_is_nk else "gemm.gemv_kn") + (".m1" if rows == 1 else "")
+    return {"kernel": name, "grid": max(1, min(cdiv(items, per_block), cap)), "block": block, "rows_per_pass": rows,
+            **how, "device": p.name}
 
 
 def _run_gemv(params, a, b, bias, out, code, b_is_nk, packed=None):
@@ -156,7 +168,8 @@ NOTES = ("float16 on tensor cores (mma.sync m16n8k16, float32 accumulation, 64 x
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)
 
 NOTES_GEMV = ("for few rows (decode): one warp per output column over the (N, K) weight (coalesced, warp sum), "
-              "over a (K, N) b one thread per column with K split over the block's warps (shared-memory sum); "
+              "over a (K, N) b a block per 32-byte group of columns with K split over its lanes and warps "
+              "(shuffle and shared-memory sums); 8 independent weight loads in flight per warp; "
               "up to 8 rows per weight read; bias + activation fused; "
               + DEVICE_COPY_NOTE)
 

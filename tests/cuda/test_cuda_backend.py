@@ -292,6 +292,37 @@ def test_decode_rows_go_to_the_gemv_kernel():
     assert_close(got, a.astype(np.float64) @ bm.astype(np.float64), 1e-5, "matmul 11 rows", cancel=True)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_gemv_unrolled_steps_and_remainders(layout, dtype):
+    """K long enough that each warp runs GEMV_UNROLL-load steps and then the remainder loop
+    (K = 2 steps + a partial one, per dtype's lanes per column), 1, 3 and 9 rows (two row
+    groups), columns not a multiple of a block's group; a (K, N) b also batched."""
+    from kernels_common.cuda_tiles import GEMV_KN_WARPS, GEMV_UNROLL, gemv_kn_columns
+
+    g = rng()
+    isz = np.dtype(dtype).itemsize
+    step = 32 if layout == "nk" else (32 // gemv_kn_columns(isz)) * GEMV_KN_WARPS
+    k = 2 * step * GEMV_UNROLL + step // 2 + 3
+    n = 5 if layout == "nk" else gemv_kn_columns(isz) + 3
+    tol = {np.float16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+    for m in (1, 3, 9):
+        x = g.standard_normal((m, k)).astype(dtype)
+        bias = g.standard_normal(n).astype(dtype)
+        if layout == "nk":
+            w = g.standard_normal((n, k)).astype(dtype)
+            with dispatch.use(linear="cuda-gemv"):
+                got = dispatch.linear(_dev(x), _dev(w), _dev(bias), activation="relu").copy_to_host()
+            want = np.maximum(x.astype(np.float64) @ w.T.astype(np.float64) + bias, 0)
+        else:
+            w = g.standard_normal((2, k, n)).astype(dtype)
+            with dispatch.use(matmul="cuda-gemv"):
+                got = dispatch.matmul(_dev(x), _dev(w), bias=_dev(bias), activation="relu").copy_to_host()
+            want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
+        assert got.dtype == dtype
+        assert_close(got, want, tol, f"gemv {layout} m={m} k={k}", cancel=True)
+
+
 # ---- device-array plumbing ------------------------------------------------------------------
 
 def test_results_stay_on_device_and_out_is_returned():
