@@ -33,6 +33,19 @@ if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
 from kernels_common.cuda_tiles import BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, WARP_ROWS_THREADS  # noqa: E402,F401
 from kernels_common import acc_dtype  # noqa: E402
 
+# Row kernels (softmax, norms) read ROW_UNROLL elements per thread at once, their loads in
+# flight together: with one dependent load per element, (4096, 4096) rows took 95-147 us
+# on the H200 in float16 and float32 alike (2026-11-26, bench/gpu_results/2026-11-26c-h200:
+# 0.47-0.9 TB/s of 4.8), the time of load latencies, not of bytes.
+ROW_UNROLL = 8
+
+
+def row_unroll(acc_np):
+    """Elements per thread per step of a row kernel: ROW_UNROLL, half for float64 (whose
+    values take two registers each: the block-per-row softmax spilled 416 bytes at 8 under
+    its 64-register cap, ptxas sm_90)."""
+    return ROW_UNROLL if np.dtype(acc_np) != np.float64 else ROW_UNROLL // 2
+
 
 def kernel(*args, **kw):
     """@cuda.jit for a kernel; drops options the simulator rejects."""

@@ -17,9 +17,9 @@ squares: nothing cancels).
 import math
 from functools import lru_cache
 
-from numba import cuda, types
+from numba import cuda, types, uint64
 
-from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, arr, kernel
+from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, arr, kernel, row_unroll
 from .primitives import block_sum, block_sum2, warp_sum, warp_sum2
 
 
@@ -29,6 +29,12 @@ def make(kind, rms, acc_np):
     acc, _ = acc_of(acc_np)
     zero, one = acc_np(0.0), acc_np(1.0)
     warp = kind == "warp"
+    # fewer than a softmax's step: the residual, weight and bias paths hold more per element
+    # (ptxas sm_80/90 under the 64-register cap: at 8 float32 elements every build spilled,
+    # at 4 layer_norm's still did)
+    U = max(1, row_unroll(acc_np) // (2 if rms else 4))
+    # (the guards below read `U == 1 or ...`: with one element a step the range's own bound
+    # suffices, and folding the test away keeps float64's builds within their registers)
 
     @kernel(launch_bounds=(WARP_ROWS_THREADS, 8) if warp else (BLOCK_ROWS_MAX_THREADS, 1))
     def norm_rows(x, residual, h, w, b, eps, out, has_w, has_b, has_res):
@@ -44,6 +50,8 @@ def make(kind, rms, acc_np):
             row = cuda.blockIdx.x
         scratch = cuda.shared.array(32, acc)
         scratch2 = cuda.shared.array(32, acc)
+        vs = cuda.local.array(U, acc)
+        rs = cuda.local.array(U, acc)
         inv_d = one / acc(d)
         epsa = acc(eps)
         while row < rows:  # warp: runs once; block: block-uniform grid-stride loop
@@ -56,13 +64,23 @@ def make(kind, rms, acc_np):
                 if has_res:
                     x0 += acc(residual[row, 0])
             s1 = zero
-            for j in range(start, d, step):
-                v = acc(x[row, j])
+            # each pass U elements per thread at a time (_jit.row_unroll), their loads in
+            # flight together; elements past the row's end predicated off
+            for j in range(start, d, step * U):
+                for u in range(U):
+                    if U == 1 or j + step * u < d:
+                        vs[u] = acc(x[row, uint64(j + step * u)])
                 if has_res:
-                    v += acc(residual[row, j])
-                    h[row, j] = v
-                    v = acc(h[row, j])  # the value stored (rounded to h's dtype)
-                s1 += v * v if rms else v - x0
+                    for u in range(U):
+                        if U == 1 or j + step * u < d:
+                            rs[u] = acc(residual[row, uint64(j + step * u)])
+                    for u in range(U):
+                        if U == 1 or j + step * u < d:
+                            h[row, uint64(j + step * u)] = vs[u] + rs[u]
+                            vs[u] = acc(h[row, uint64(j + step * u)])  # the value stored (rounded to h's dtype)
+                for u in range(U):
+                    if U == 1 or j + step * u < d:
+                        s1 += vs[u] * vs[u] if rms else vs[u] - x0
             s1 = warp_sum(s1) if warp else block_sum(s1, scratch, zero)
             mean = zero
             mc = zero
@@ -72,26 +90,34 @@ def make(kind, rms, acc_np):
                 mean = x0 + s1 * inv_d  # m0
                 s2 = zero
                 sd = zero
-                for j in range(start, d, step):
-                    dv = acc(src[row, j]) - mean
-                    sd += dv
-                    s2 += dv * dv
+                for j in range(start, d, step * U):
+                    for u in range(U):
+                        if U == 1 or j + step * u < d:
+                            vs[u] = acc(src[row, uint64(j + step * u)])
+                    for u in range(U):
+                        if U == 1 or j + step * u < d:
+                            dv = vs[u] - mean
+                            sd += dv
+                            s2 += dv * dv
                 if warp:
                     sd, s2 = warp_sum2(sd, s2)
                 else:
                     sd, s2 = block_sum2(sd, s2, scratch, scratch2, zero)
                 mc = sd * inv_d
                 rstd = one / math.sqrt(max(s2 * inv_d - mc * mc, zero) + epsa)
-            for j in range(start, d, step):
-                if rms:
-                    y = acc(src[row, j]) * rstd
-                else:
-                    y = ((acc(src[row, j]) - mean) - mc) * rstd
-                if has_w:
-                    y *= acc(w[j])
-                if has_b:
-                    y += acc(b[j])
-                out[row, j] = y
+            for j in range(start, d, step * U):
+                for u in range(U):
+                    if U == 1 or j + step * u < d:
+                        vs[u] = acc(src[row, uint64(j + step * u)])
+                for u in range(U):
+                    jj = uint64(j + step * u)
+                    if U == 1 or j + step * u < d:
+                        y = vs[u] * rstd if rms else ((vs[u] - mean) - mc) * rstd
+                        if has_w:
+                            y *= acc(w[jj])
+                        if has_b:
+                            y += acc(b[jj])
+                        out[row, jj] = y
             row += row_step
 
     return norm_rows

@@ -19,15 +19,16 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from numba import types
+from numba import types, uint64
 
-from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel
+from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel, row_unroll
 from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp, warp_sum2
 
 
 @lru_cache(maxsize=None)
 def _helpers(acc_np):
     acc, _ = acc_of(acc_np)
+    U = row_unroll(acc_np)
     neg_inf, pos_inf, zero, one = acc_np(-np.inf), acc_np(np.inf), acc_np(0.0), acc_np(1.0)
     nan = acc_np(np.nan)
 
@@ -42,6 +43,23 @@ def _helpers(acc_np):
         return m, s
 
     @device
+    def update_chunk(m, s, v):
+        """Online softmax state after the U elements of v (a local array, loaded together so
+        that their loads are in flight at once): one rescale per chunk; -inf adds 0, NaN
+        poisons s, as update()."""
+        mx = m
+        for u in range(U):
+            if v[u] > mx:
+                mx = v[u]
+        if mx > m:
+            s = s * math.exp(m - mx)
+            m = mx
+        for u in range(U):
+            if v[u] != neg_inf:
+                s += math.exp(v[u] - m)
+        return m, s
+
+    @device
     def finish(m, s):
         """(max, 1/sum, log(sum)) for the write pass; +inf in the row gives NaN.  Callers
         form (x - max) - log(sum): x - max is exact, so large offsets keep full precision."""
@@ -50,12 +68,46 @@ def _helpers(acc_np):
         logs = neg_inf if s == zero else math.log(s)  # s == 0: all -inf; NaN s stays NaN
         return m, one / s, logs
 
-    return acc, neg_inf, zero, one, update, finish
+    return acc, neg_inf, zero, one, update, finish, update_chunk
+
+
+@lru_cache(maxsize=None)
+def _row_passes(acc_np):
+    """The two passes over a row shared by the warp- and block-per-row kernels: thread t of
+    the row's `nt` reads elements t, t + nt, ... U (_jit.row_unroll) at a time into
+    registers, their loads in flight together (one dependent load per element left the
+    H200's SMs waiting, _jit.ROW_UNROLL); elements past the row's end are predicated off
+    (read as -inf: they add 0), so a thread's last, partial step is unrolled too."""
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    U = row_unroll(acc_np)
+
+    @device
+    def read_rows_state(x, row, t, nt, n, m, s):
+        v = cuda.local.array(U, acc)
+        for j in range(t, n, nt * U):
+            for u in range(U):
+                v[u] = acc(x[row, uint64(j + nt * u)]) if j + nt * u < n else neg_inf
+            m, s = update_chunk(m, s, v)
+        return m, s
+
+    @device
+    def write_rows(x, out, row, t, nt, n, m, inv, logs, log):
+        v = cuda.local.array(U, acc)
+        for j in range(t, n, nt * U):
+            for u in range(U):
+                if j + nt * u < n:
+                    v[u] = acc(x[row, uint64(j + nt * u)])
+            for u in range(U):
+                if j + nt * u < n:
+                    out[row, uint64(j + nt * u)] = ((v[u] - m) - logs) if log else math.exp(v[u] - m) * inv
+
+    return read_rows_state, write_rows
 
 
 @lru_cache(maxsize=None)
 def warp_rows(acc_np):
-    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    read_rows_state, write_rows = _row_passes(acc_np)
 
     @kernel(launch_bounds=(WARP_ROWS_THREADS, 8))
     def softmax_warp_rows(x, out, log):
@@ -65,23 +117,18 @@ def warp_rows(acc_np):
         if row >= rows:  # the whole warp leaves together
             return
         m, s = neg_inf, zero
-        for j in range(lane, n, 32):
-            m, s = update(m, s, acc(x[row, j]))
+        m, s = read_rows_state(x, row, lane, 32, n, m, s)
         m, s = warp_max_sumexp(m, s)
         m, inv, logs = finish(m, s)
-        if log:
-            for j in range(lane, n, 32):
-                out[row, j] = (acc(x[row, j]) - m) - logs
-        else:
-            for j in range(lane, n, 32):
-                out[row, j] = math.exp(acc(x[row, j]) - m) * inv
+        write_rows(x, out, row, lane, 32, n, m, inv, logs, log)
 
     return softmax_warp_rows
 
 
 @lru_cache(maxsize=None)
 def block_rows(acc_np):
-    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    read_rows_state, write_rows = _row_passes(acc_np)
 
     @kernel(launch_bounds=(BLOCK_ROWS_MAX_THREADS, 1))
     def softmax_block_rows(x, out, log):
@@ -93,16 +140,10 @@ def block_rows(acc_np):
         row = cuda.blockIdx.x
         while row < rows:  # block-uniform loop: the barriers inside are safe
             m, s = neg_inf, zero
-            for j in range(t, n, nt):
-                m, s = update(m, s, acc(x[row, j]))
+            m, s = read_rows_state(x, row, t, nt, n, m, s)
             m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
             m, inv, logs = finish(m, s)
-            if log:
-                for j in range(t, n, nt):
-                    out[row, j] = (acc(x[row, j]) - m) - logs
-            else:
-                for j in range(t, n, nt):
-                    out[row, j] = math.exp(acc(x[row, j]) - m) * inv
+            write_rows(x, out, row, t, nt, n, m, inv, logs, log)
             row += cuda.gridDim.x
 
     return softmax_block_rows
@@ -110,7 +151,7 @@ def block_rows(acc_np):
 
 @lru_cache(maxsize=None)
 def columns(acc_np):
-    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
 
     @kernel
     def softmax_columns(x, out, log):
@@ -139,7 +180,7 @@ def cross_entropy_rows(acc_np):
     """kernel(logits (N, C), targets (N,), ignore_index, losses (N,) acc, valid (N,) acc,
     bad (1,) int64 initialised to N): losses[i] = logsumexp - logits[i, t] (0 if ignored),
     valid[i] = 1/0, bad[0] = smallest row with an out-of-range target."""
-    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
 
     @kernel(launch_bounds=(WARP_ROWS_THREADS, 8))
     def cross_entropy_warp_rows(logits, targets, ignore_index, losses, valid, bad):
@@ -177,7 +218,7 @@ def cross_entropy_rows(acc_np):
 def cross_entropy_block_rows(acc_np):
     """As cross_entropy_rows with one block per row (grid-stride over rows): long rows
     (vocabularies), where one warp per row would leave most SMs idle."""
-    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
 
     @kernel(launch_bounds=(BLOCK_ROWS_MAX_THREADS, 1))
     def cross_entropy_block_rows(logits, targets, ignore_index, losses, valid, bad):
@@ -212,7 +253,7 @@ def cross_entropy_block_rows(acc_np):
 @lru_cache(maxsize=None)
 def sum_losses(acc_np):
     """One block: result[0] = sum(losses) (mean: / sum(valid), NaN when 0)."""
-    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
     nan = acc_np(np.nan)
 
     @kernel(launch_bounds=(256,))
