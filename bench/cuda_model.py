@@ -165,10 +165,19 @@ def _gemm_tiled(cfg, call):
 
 
 def _gemm_tc(cfg, call):
-    from kernels_common.cuda_tiles import TC_TILE
+    from kernels_common.cuda_tiles import TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
 
-    bm, bn, bk = TC_TILE
+    bm, bn, bk = TC_WIDE_TILE if cfg["kernel"].startswith(TC_WIDE_KERNEL) else TC_TILE
     return _blocks(cfg) * bm * bn * _up(_gemm_dims(call)[3], bk)
+
+
+def _tc_step(cfg, call):
+    """FMAs per thread per K tile of a tensor-core GEMM block (its tile staging and loads are
+    the enclosing loop's instructions): BM x BN x BK over the block's threads."""
+    from kernels_common.cuda_tiles import TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
+
+    bm, bn, bk = TC_WIDE_TILE if cfg["kernel"].startswith(TC_WIDE_KERNEL) else TC_TILE
+    return bm * bn * bk // cfg["block"]
 
 
 def _gemv(cfg, call):
@@ -277,7 +286,9 @@ def _resample_out(cfg, call):
 # kernels should declare it in their launch() configuration later ("loop_trips") so that this
 # table goes away.
 WORK = {
-    "gemm.tc_64x64x16": ("fma", _gemm_tc),
+    "gemm.tc_64x64x16": ("fma", _gemm_tc, _tc_step),
+    "gemm.tc_128x128x32": ("fma", _gemm_tc, _tc_step),
+    "gemm.tc_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
     "gemm.gemv_nk": ("fma", _gemv),
     "gemm.gemv_kn": ("fma", _gemv),
     "gemm.gemv_nk.m1": ("fma", _gemv),

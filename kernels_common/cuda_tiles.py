@@ -47,6 +47,16 @@ def gemm_tile_dtypes(tile: str) -> tuple:
 TC_TILE = (64, 64, 16)
 TC_WARPS = 4
 TC_KERNEL = "gemm.tc_64x64x16"
+# The wide tensor-core tile for products that fill the GPU with it (kernels_cuda.gemm.
+# gemm_tc_wide_kernel): 128 x 128 x 32 by 8 warps, each 64 x 32 of C (4 x 4 mma per K step
+# of 16), inputs read as 32-bit pairs of halves (even K; a (K, N) b also even N), the next
+# K step's tile loaded into registers while the tensor cores work on the current one.  The
+# 64 x 64 x 16 tile ran 4096^3 at 15.5 TFLOP/s on the H200 (2026-11-26): 16 scalar 16-bit
+# loads and 8 mma per thread and step, no loads in flight during the mma.  Shared memory:
+# 2 x 128 rows x 20 words.
+TC_WIDE_TILE = (128, 128, 32)
+TC_WIDE_WARPS = 8
+TC_WIDE_KERNEL = "gemm.tc_128x128x32"
 
 
 # The GEMV kernel for few rows (decode: M <= GEMV_MAX_M by the dispatcher's rule): each

@@ -21,13 +21,14 @@ vector loads, ldmatrix fragments.
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types, uint32, uint64
+from numba import cuda, float32, int64, types, uint32, uint64
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
 from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_UNROLL, GEMV_WARPS, TC_KERNEL, TC_TILE,
-                                       TC_WARPS, gemm_threads, gemm_tile_dtypes, gemv_kn_columns)
+                                       TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_threads,
+                                       gemm_tile_dtypes, gemv_kn_columns)
 
-from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, arr, kernel
+from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, arr, device, kernel
 from .activation import act_fn
 from .mma import mma_16816
 from .primitives import warp_sum
@@ -260,6 +261,164 @@ def gemm_tc_kernel():
 
 
 @lru_cache(maxsize=None)
+def gemm_tc_wide_kernel(trans_b):
+    """The float16 GEMM on tensor cores for large products: a block of TC_WIDE_WARPS warps
+    computes a 128 x 128 tile of C, warp w the 64 x 32 part at rows 64 (w // 4), columns
+    32 (w % 4), as 4 x 4 mma.m16n8k16 per K step of 16 (float32 accumulators in registers).
+    a is a flat uint32 view of the C-contiguous float16 A (batch, M, K / 2): pairs of halves
+    along K, as the mma operands hold them; b likewise (batch, N, K / 2) with trans_b, else
+    a flat uint32 view of a (K, N) b, (batch, K, N / 2), each thread turning two rows' words
+    (2 x 2 halves) into two columns' pairs along K.  kw_total = K / 2; b_rows, b_cols: the
+    (K, N) b's K and N / 2.  Per K tile of 32 the block stores the tile it holds in
+    registers to shared memory (rows of 16 words padded to 20: a warp's fragment reads, word
+    20 g + t, hit 32 banks), loads the next tile from global memory into registers, then
+    runs the mma on the stored one, so the loads are in flight while the tensor cores work.
+    Out-of-range rows, columns and K pairs read as zero.  bias and c are float16."""
+    BM, BN, BK = TC_WIDE_TILE
+    KP = BK // 2                  # words (pairs of halves) per staged row
+    LD = KP + 4
+    NT = 32 * TC_WIDE_WARPS
+    A_LOADS = BM * KP // NT       # words per thread per tile
+    B_LOADS = BN * KP // NT
+    B_PAIRS = B_LOADS // 2        # (K, N) b: 2 x 2 blocks of halves per thread
+    NCOLW = BN // 2               # (K, N) b: words per row of the tile
+    MT, NT8 = 4, 4                # m16 and n8 tiles per warp
+    act = act_fn(np.float32)
+    zero = np.float32(0.0)
+    LO = uint32(0xFFFF)
+    HI = uint32(0xFFFF0000)
+
+    @device
+    def load_tile(a, b, kw0, t, pa, pb, aoff, boff, ok_rows, kw_total, b_rows, b_cols):
+        """The K tile at word kw0 into registers.  a and b are flat; aoff / boff hold each
+        load's row offset (fixed for the whole K loop), ok_rows a bit per load whose row
+        exists.  Every load reads a clamped, in-range index and is then replaced by zero
+        where out of range (a select on bitwise-combined conditions: no branches around
+        the loads)."""
+        gw = kw0 + (t % KP)
+        wok = gw < kw_total
+        w = uint64(min(gw, kw_total - 1))
+        for l in range(A_LOADS):
+            v = a[uint64(aoff[l]) + w]
+            pa[l] = v if wok & ((ok_rows >> l) & 1 == 1) else uint32(0)
+        if trans_b:  # b: (batch, N, K / 2)
+            for l in range(B_LOADS):
+                v = b[uint64(boff[l]) + w]
+                pb[l] = v if wok & ((ok_rows >> (A_LOADS + l)) & 1 == 1) else uint32(0)
+        else:  # b: (batch, K, N / 2); boff[0] its column's offset, b_rows = K, b_cols = N / 2
+            cok = (ok_rows >> A_LOADS) & 1 == 1
+            for l in range(B_PAIRS):
+                gk = 2 * (kw0 + (t + l * NT) // NCOLW)
+                v0 = b[uint64(boff[0] + min(gk, b_rows - 1) * b_cols)]
+                v1 = b[uint64(boff[0] + min(gk + 1, b_rows - 1) * b_cols)]
+                pb[2 * l] = v0 if cok & (gk < b_rows) else uint32(0)
+                pb[2 * l + 1] = v1 if cok & (gk + 1 < b_rows) else uint32(0)
+
+    @kernel(launch_bounds=(NT, 1))
+    def gemm_tc_wide(a, b, a_idx, b_idx, bias, c, kw_total, b_rows, b_cols, code, has_bias):
+        m_total = c.shape[1]
+        n_total = c.shape[2]
+        nbn = (n_total + BN - 1) // BN
+        nbm = (m_total + BM - 1) // BM
+        blk = cuda.blockIdx.x
+        bn = blk % nbn
+        rest = blk // nbn
+        bz = rest // nbm
+        ab = a_idx[bz]
+        bb = b_idx[bz]
+        m0 = (rest - bz * nbm) * BM
+        n0 = bn * BN
+        t = cuda.threadIdx.x
+        lane = t & 31
+        warp = t >> 5
+        g = lane >> 2
+        q = lane & 3
+        wm = (warp >> 2) * 64
+        wn = (warp & 3) * 32
+        As = cuda.shared.array((BM, LD), uint32)
+        Bs = cuda.shared.array((BN, LD), uint32)
+        pa = cuda.local.array(A_LOADS, uint32)
+        pb = cuda.local.array(B_LOADS, uint32)
+        d = cuda.local.array((MT, NT8, 4), float32)  # [m16 tile][n8 tile][fragment register]
+        for i in range(MT):
+            for j in range(NT8):
+                for r in range(4):
+                    d[i, j, r] = zero
+        # each load's row offset and whether its row exists: fixed for the whole K loop
+        aoff = cuda.local.array(A_LOADS, int64)
+        boff = cuda.local.array(B_LOADS, int64)
+        ok_rows = uint32(0)
+        for l in range(A_LOADS):
+            gm = m0 + (t + l * NT) // KP
+            aoff[l] = (ab * m_total + min(gm, m_total - 1)) * kw_total
+            ok_rows |= uint32(gm < m_total) << l
+        if trans_b:
+            for l in range(B_LOADS):
+                gn = n0 + (t + l * NT) // KP
+                boff[l] = (bb * n_total + min(gn, n_total - 1)) * kw_total
+                ok_rows |= uint32(gn < n_total) << (A_LOADS + l)
+        else:
+            gc = n0 // 2 + t % NCOLW
+            boff[0] = bb * b_rows * b_cols + min(gc, b_cols - 1)
+            ok_rows |= uint32(gc < b_cols) << A_LOADS
+        kw0 = 0
+        load_tile(a, b, kw0, t, pa, pb, aoff, boff, ok_rows, kw_total, b_rows, b_cols)
+        while kw0 < kw_total:
+            for l in range(A_LOADS):
+                e = t + l * NT
+                As[e // KP, e % KP] = pa[l]
+            if trans_b:
+                for l in range(B_LOADS):
+                    e = t + l * NT
+                    Bs[e // KP, e % KP] = pb[l]
+            else:  # rows 2p, 2p + 1 of columns 2c, 2c + 1 -> column pairs along K
+                for l in range(B_PAIRS):
+                    e = t + l * NT
+                    kp = e // NCOLW
+                    cc = 2 * (e % NCOLW)
+                    w0 = pb[2 * l]
+                    w1 = pb[2 * l + 1]
+                    Bs[cc, kp] = (w0 & LO) | (w1 << 16)
+                    Bs[cc + 1, kp] = (w0 >> 16) | (w1 & HI)
+            cuda.syncthreads()
+            kw0 += KP
+            if kw0 < kw_total:  # the next tile into registers: in flight during the mma below
+                load_tile(a, b, kw0, t, pa, pb, aoff, boff, ok_rows, kw_total, b_rows, b_cols)
+            for ks in range(BK // 16):
+                kw = ks * 8
+                for i in range(MT):
+                    r = wm + i * 16 + g
+                    a0 = As[r, kw + q]
+                    a1 = As[r + 8, kw + q]
+                    a2 = As[r, kw + q + 4]
+                    a3 = As[r + 8, kw + q + 4]
+                    for j in range(NT8):
+                        cn = wn + j * 8 + g
+                        d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, Bs[cn, kw + q], Bs[cn, kw + q + 4],
+                                                   d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
+                        d[i, j, 0] = d0
+                        d[i, j, 1] = d1
+                        d[i, j, 2] = d2
+                        d[i, j, 3] = d3
+            cuda.syncthreads()
+        # epilogue: register r of tile (i, j) is C[wm + 16i + g + 8(r >> 1), wn + 8j + 2q + (r & 1)]
+        for i in range(MT):
+            for h in range(2):
+                gm = m0 + wm + i * 16 + g + 8 * h
+                if gm < m_total:
+                    for j in range(NT8):
+                        for e2 in range(2):
+                            gn = n0 + wn + j * 8 + 2 * q + e2
+                            if gn < n_total:
+                                v = d[i, j, 2 * h + e2]
+                                if has_bias:
+                                    v += float32(bias[gn])
+                                c[bz, gm, gn] = act(v, code)
+
+    return gemm_tc_wide
+
+
+@lru_cache(maxsize=None)
 def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
     """C = act(A @ op(B) + bias) for few rows of A (decode), no tiles; one kernel per B
     layout (each with only the registers and shared memory its own loop needs).  Rows are
@@ -410,9 +569,19 @@ def _gemm_tc_args(dt):
             types.boolean)
 
 
+def _gemm_tc_wide_args(dt):
+    i64, u32 = types.int64, types.uint32
+    return (arr(u32, 1), arr(u32, 1), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, i64, i64, i64,
+            types.boolean)
+
+
 PTX = [
     PtxBuild(TC_KERNEL, "linalg", lambda dt: gemm_tc_kernel(), _gemm_tc_args, threads=32 * TC_WARPS,
              dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
+    PtxBuild(TC_WIDE_KERNEL, "linalg", lambda dt: gemm_tc_wide_kernel(False), _gemm_tc_wide_args,
+             threads=32 * TC_WIDE_WARPS, dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
+    PtxBuild(TC_WIDE_KERNEL + ".nk", "linalg", lambda dt: gemm_tc_wide_kernel(True), _gemm_tc_wide_args,
+             threads=32 * TC_WIDE_WARPS, dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
     PtxBuild("gemm.gemv_nk", "linalg", lambda dt: gemv_kernel(acc_np(dt), True), _gemm_args, threads=32 * GEMV_WARPS),
     PtxBuild("gemm.gemv_kn", "linalg", lambda dt: gemv_kernel(acc_np(dt), False, gemv_kn_columns(_itemsize(dt))),
              _gemm_args, threads=32 * GEMV_KN_WARPS),

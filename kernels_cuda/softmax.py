@@ -28,7 +28,6 @@ from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp, warp_sum2
 @lru_cache(maxsize=None)
 def _helpers(acc_np):
     acc, _ = acc_of(acc_np)
-    U = row_unroll(acc_np)
     neg_inf, pos_inf, zero, one = acc_np(-np.inf), acc_np(np.inf), acc_np(0.0), acc_np(1.0)
     nan = acc_np(np.nan)
 
@@ -41,6 +40,28 @@ def _helpers(acc_np):
         elif v != neg_inf:  # -inf adds exp(-inf) = 0 (and avoids -inf - -inf); NaN poisons s
             s += math.exp(v - m)
         return m, s
+
+    @device
+    def finish(m, s):
+        """(max, 1/sum, log(sum)) for the write pass; +inf in the row gives NaN.  Callers
+        form (x - max) - log(sum): x - max is exact, so large offsets keep full precision."""
+        if m == pos_inf:
+            s = nan
+        logs = neg_inf if s == zero else math.log(s)  # s == 0: all -inf; NaN s stays NaN
+        return m, one / s, logs
+
+    return acc, neg_inf, zero, one, update, finish
+
+
+@lru_cache(maxsize=None)
+def _row_passes(acc_np):
+    """The two passes over a row shared by the warp- and block-per-row kernels: thread t of
+    the row's `nt` reads elements t, t + nt, ... U (_jit.row_unroll) at a time into
+    registers, their loads in flight together (one dependent load per element left the
+    H200's SMs waiting, _jit.ROW_UNROLL); elements past the row's end are predicated off
+    (read as -inf: they add 0), so a thread's last, partial step is unrolled too."""
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    U = row_unroll(acc_np)
 
     @device
     def update_chunk(m, s, v):
@@ -58,28 +79,6 @@ def _helpers(acc_np):
             if v[u] != neg_inf:
                 s += math.exp(v[u] - m)
         return m, s
-
-    @device
-    def finish(m, s):
-        """(max, 1/sum, log(sum)) for the write pass; +inf in the row gives NaN.  Callers
-        form (x - max) - log(sum): x - max is exact, so large offsets keep full precision."""
-        if m == pos_inf:
-            s = nan
-        logs = neg_inf if s == zero else math.log(s)  # s == 0: all -inf; NaN s stays NaN
-        return m, one / s, logs
-
-    return acc, neg_inf, zero, one, update, finish, update_chunk
-
-
-@lru_cache(maxsize=None)
-def _row_passes(acc_np):
-    """The two passes over a row shared by the warp- and block-per-row kernels: thread t of
-    the row's `nt` reads elements t, t + nt, ... U (_jit.row_unroll) at a time into
-    registers, their loads in flight together (one dependent load per element left the
-    H200's SMs waiting, _jit.ROW_UNROLL); elements past the row's end are predicated off
-    (read as -inf: they add 0), so a thread's last, partial step is unrolled too."""
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
-    U = row_unroll(acc_np)
 
     @device
     def read_rows_state(x, row, t, nt, n, m, s):
@@ -106,7 +105,7 @@ def _row_passes(acc_np):
 
 @lru_cache(maxsize=None)
 def warp_rows(acc_np):
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
     read_rows_state, write_rows = _row_passes(acc_np)
 
     @kernel(launch_bounds=(WARP_ROWS_THREADS, 8))
@@ -127,7 +126,7 @@ def warp_rows(acc_np):
 
 @lru_cache(maxsize=None)
 def block_rows(acc_np):
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
     read_rows_state, write_rows = _row_passes(acc_np)
 
     @kernel(launch_bounds=(BLOCK_ROWS_MAX_THREADS, 1))
@@ -151,7 +150,7 @@ def block_rows(acc_np):
 
 @lru_cache(maxsize=None)
 def columns(acc_np):
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
     @kernel
     def softmax_columns(x, out, log):
@@ -180,7 +179,7 @@ def cross_entropy_rows(acc_np):
     """kernel(logits (N, C), targets (N,), ignore_index, losses (N,) acc, valid (N,) acc,
     bad (1,) int64 initialised to N): losses[i] = logsumexp - logits[i, t] (0 if ignored),
     valid[i] = 1/0, bad[0] = smallest row with an out-of-range target."""
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
     @kernel(launch_bounds=(WARP_ROWS_THREADS, 8))
     def cross_entropy_warp_rows(logits, targets, ignore_index, losses, valid, bad):
@@ -218,7 +217,7 @@ def cross_entropy_rows(acc_np):
 def cross_entropy_block_rows(acc_np):
     """As cross_entropy_rows with one block per row (grid-stride over rows): long rows
     (vocabularies), where one warp per row would leave most SMs idle."""
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
     @kernel(launch_bounds=(BLOCK_ROWS_MAX_THREADS, 1))
     def cross_entropy_block_rows(logits, targets, ignore_index, losses, valid, bad):
@@ -253,7 +252,7 @@ def cross_entropy_block_rows(acc_np):
 @lru_cache(maxsize=None)
 def sum_losses(acc_np):
     """One block: result[0] = sum(losses) (mean: / sum(valid), NaN when 0)."""
-    acc, neg_inf, zero, one, update, finish, update_chunk = _helpers(acc_np)
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
     nan = acc_np(np.nan)
 
     @kernel(launch_bounds=(256,))

@@ -2,7 +2,9 @@
 GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched over the
 broadcast batch dims (folded into grid x with the row and column blocks), linear's (N, K) weight read in place (trans_b).
 
-float16 runs on tensor cores (kernels_cuda.gemm.gemm_tc_kernel, one 64 x 64 tile).  Tile
+float16 runs on tensor cores: kernels_cuda.gemm.gemm_tc_wide_kernel's 128 x 128 x 32 tile
+where its grid gives every SM a block and the inputs read as 32-bit pairs of halves, else
+gemm_tc_kernel's 64 x 64 x 16 tile.  Tile
 rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
@@ -20,18 +22,21 @@ import math
 import numpy as np
 
 from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_UNROLL, GEMV_WARPS, TC_KERNEL, TC_TILE,
-                                       TC_WARPS, gemm_shared_bytes, gemm_threads, gemm_tile_dtypes, gemv_kn_columns)
+                                       TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes,
+                                       gemm_threads, gemm_tile_dtypes, gemv_kn_columns)
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
 from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels,
-                      occupancy_blocks, output, props, register_cuda)
+                      occupancy_blocks, output, props, register_cuda, typed_array)
 
 # (name, BM, BN, threads, shared bytes float32), largest tile first
 TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
-PARAMS = {"min_blocks_per_sm": 1}
+# wide_min_waves: the wide tensor-core tile runs where its grid has at least this many blocks
+# per SM (one wave: every SM busy; not yet measured against the 64 x 64 tile's 4x more blocks)
+PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 1.0}
 
 
 def _dims(a, b, b_is_nk):
@@ -59,12 +64,37 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     batch, m, n, k = _dims(a, b, b_is_nk)
     p = props()
     if np.dtype(a.dtype) == np.float16:  # tensor cores (mma.m16n8k16, float32 accumulation)
+        wm, wn, wk = TC_WIDE_TILE
+        wide_blocks = cdiv(n, wn) * cdiv(m, wm) * batch
+        # the wide tile where it still gives every SM a block and the inputs read as 32-bit
+        # pairs of halves (even K, a (K, N) b's N even too, 4-byte aligned data)
+        if (wide_blocks >= params["wide_min_waves"] * p.sm_count and 32 * TC_WIDE_WARPS <= p.max_threads_per_block
+                and k % 2 == 0 and (b_is_nk or n % 2 == 0) and _word_aligned(a) and _word_aligned(b)):
+            return {"kernel": TC_WIDE_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, wide",
+                    "grid": (wide_blocks, 1, 1), "block": 32 * TC_WIDE_WARPS,
+                    "shared_bytes": (wm + wn) * (wk // 2 + 4) * 4, "device": p.name}
         bm, bn, _ = TC_TILE
         return {"kernel": TC_KERNEL, "tile": "tensor cores", "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1),
                 "block": 32 * TC_WARPS, "shared_bytes": 2 * (bm + bn) * (TC_TILE[2] // 2 + 4), "device": p.name}
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"], a.dtype)
     return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1), "block": thr,
             "shared_bytes": smem, "device": p.name}
+
+
+def _word_aligned(x) -> bool:
+    """Whether the array the kernel will read (as_input: x itself when C-contiguous, else a
+    new, aligned copy) starts on a 4-byte boundary, so that it reads as 32-bit words."""
+    if not hasattr(x, "device_ctypes_pointer") or not x.is_c_contiguous():
+        return True
+    return (x.device_ctypes_pointer.value or 0) % 4 == 0
+
+
+def _words(d):
+    """A flat uint32 view of a C-contiguous float16 device array of an even size (pairs of
+    halves: the wide tensor-core kernel's operands)."""
+    if type(d).__name__ == "DeviceNDArray" and hasattr(d, "gpu_data"):
+        return typed_array((d.size // 2,), np.dtype(np.uint32), d.gpu_data, type(d))
+    return d.reshape(-1).view(np.uint32)  # the simulator's arrays
 
 
 @functools.lru_cache(maxsize=128)
@@ -112,6 +142,10 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
             k_gemv = K.gemv_kernel(acc, b_is_nk, cfg.get("columns_per_block", 8), cfg["rows_per_pass"])
             k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
+        elif cfg["kernel"].startswith(TC_WIDE_KERNEL):  # flat 32-bit words: pairs of halves
+            K.gemm_tc_wide_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
+                _words(ad), _words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,
+                bias is not None)
         elif cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
                 a3.view(np.uint16), b3.view(np.uint16), ai, bi, bias_d, c_view(res, batch, m, n), code,
@@ -162,7 +196,8 @@ def _order(key):
     return ("cuda-gemm", "cuda-gemv"), f"M bucket {key.m} > {GEMV_MAX_M}: the tiled GEMM (tile chosen per launch)"
 
 
-NOTES = ("float16 on tensor cores (mma.sync m16n8k16, float32 accumulation, 64 x 64 block tiles); float32/64: "
+NOTES = ("float16 on tensor cores (mma.sync m16n8k16, float32 accumulation; 128 x 128 x 32 block tiles read as "
+         "32-bit pairs with the next K tile in flight where they fill the SMs, else 64 x 64 x 16); float32/64: "
          "shared-memory tiles + per-thread register tile (TM x TN FMAs per TM + TN shared reads), "
          "bias + activation fused in the epilogue, batch folded into the grid; transposed device views are copied "
          "(linear's (N, K) weight is read in place); " + DEVICE_COPY_NOTE)

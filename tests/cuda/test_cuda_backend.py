@@ -275,6 +275,48 @@ def test_float16_gemm_runs_on_tensor_cores(case):
     assert_close(got, want, F16_TOL, case, cancel=True)
 
 
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_float16_wide_tensor_core_tile(layout):
+    """The 128 x 128 x 32 tensor-core tile (chosen where its grid fills the SMs: here a
+    nominal 2-SM part that takes 256-thread blocks): partial row and column blocks, a
+    partial last K tile, both B layouts, bias + activation, the next K tile loaded while
+    the current one is multiplied; an odd K and a misaligned view take the 64 x 64 tile."""
+    from kernels_common.cuda_tiles import TC_KERNEL, TC_WIDE_KERNEL
+
+    g = rng()
+    part = devices.DeviceProps("nominal 2-SM part", (8, 0), 2, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048)
+
+    def h(*shape):
+        return g.standard_normal(shape).astype(np.float16)
+
+    x, bias = h(130, 40), h(24)
+    w = h(24, 40) if layout == "nk" else h(40, 24)
+    w64 = w.astype(np.float64).T if layout == "nk" else w.astype(np.float64)
+    y = x.astype(np.float64) @ w64 + bias
+    fn = dispatch.linear if layout == "nk" else dispatch.matmul
+    kw = {"activation": "relu"}
+
+    def call(xd, wd):
+        return fn(xd, wd, _dev(bias), **kw) if layout == "nk" else fn(xd, wd, bias=_dev(bias), **kw)
+
+    with devices.assume(part), dispatch.use(**{fn.__name__: "cuda-gemm"}):
+        e = str(dispatch.explain(fn.__name__, _dev(x), _dev(w), **({"bias": _dev(bias)} if layout == "kn" else {})))
+        assert f"'kernel': '{TC_WIDE_KERNEL}" in e, e
+        got = call(_dev(x), _dev(w)).copy_to_host()
+        assert got.dtype == np.float16
+        assert_close(got, np.maximum(y, 0), F16_TOL, f"wide tile {layout}", cancel=True)
+        # odd K: pairs of halves would straddle rows, so the 64 x 64 tile
+        xo = h(130, 39)
+        wo = h(24, 39) if layout == "nk" else h(39, 24)
+        assert f"'kernel': '{TC_KERNEL}'" in str(dispatch.explain(fn.__name__, _dev(xo), _dev(wo)))
+        # a view starting one half into its buffer is not 4-byte aligned
+        if not SIM:
+            big = _dev(np.concatenate([h(1), x.ravel()]))
+            xv = big[1:].reshape(130, 40)
+            assert f"'kernel': '{TC_KERNEL}'" in str(dispatch.explain(fn.__name__, xv, _dev(w)))
+            assert_close(call(xv, _dev(w)).copy_to_host(), np.maximum(y, 0), F16_TOL, "misaligned", cancel=True)
+
+
 def test_decode_rows_go_to_the_gemv_kernel():
     """M <= 8 (decode) runs cuda-gemv: no 64-row tile of mostly zero rows; forced on more
     rows it takes them 8 at a time.  Both B layouts, bias + activation."""
