@@ -42,18 +42,18 @@ def gemm_tile_dtypes(tile: str) -> tuple:
 
 # The float16 GEMM on tensor cores (kernels_cuda.gemm.gemm_tc_kernel): (BM, BN, BK) of a
 # block of TC_WARPS warps, each warp 32 x 32 of C as 2 x 4 mma.m16n8k16 per K step of 16.
-# The usual first tensor-core tiling (not measured on a GPU yet); shared memory 2 x 64 rows
-# x 12 words = 6 KB.
+# The usual first tensor-core tiling; now only for odd K or N and misaligned data (the wide
+# tile below beats it everywhere measured); shared memory 2 x 64 rows x 12 words = 6 KB.
 TC_TILE = (64, 64, 16)
 TC_WARPS = 4
 TC_KERNEL = "gemm.tc_64x64x16"
-# The wide tensor-core tile for products that fill the GPU with it (kernels_cuda.gemm.
-# gemm_tc_wide_kernel): 128 x 128 x 32 by 8 warps, each 64 x 32 of C (4 x 4 mma per K step
-# of 16), inputs read as 32-bit pairs of halves (even K; a (K, N) b also even N), the next
-# K step's tile loaded into registers while the tensor cores work on the current one.  The
-# 64 x 64 x 16 tile ran 4096^3 at 15.5 TFLOP/s on the H200 (2026-11-26): 16 scalar 16-bit
-# loads and 8 mma per thread and step, no loads in flight during the mma.  Shared memory:
-# 2 x 128 rows x 20 words.
+# The wide tensor-core tile (kernels_cuda.gemm.gemm_tc_wide_kernel): 128 x 128 x 32 by 8
+# warps, each 64 x 32 of C (4 x 4 mma per K step of 16), inputs read as 32-bit pairs of
+# halves (even K; a (K, N) b also even N), the next K step's tile loaded into registers
+# while the tensor cores work on the current one.  The 64 x 64 x 16 tile ran 4096^3 at 15.5 TFLOP/s on the H200 (2026-11-26): 16 scalar 16-bit
+# loads and 8 mma per thread and step, no loads in flight during the mma; this tile ran it
+# at 79 TFLOP/s (1734 us; PyTorch 178 us) and beat the 64 x 64 tile at every shape tried
+# (bench/gpu_results/2026-11-26c-h200).  Shared memory: 2 x 128 rows x 20 words.
 TC_WIDE_TILE = (128, 128, 32)
 TC_WIDE_WARPS = 8
 TC_WIDE_KERNEL = "gemm.tc_128x128x32"

@@ -3,8 +3,8 @@ GEMM of kernels_cuda.gemm with the bias + activation epilogue fused, batched ove
 broadcast batch dims (folded into grid x with the row and column blocks), linear's (N, K) weight read in place (trans_b).
 
 float16 runs on tensor cores: kernels_cuda.gemm.gemm_tc_wide_kernel's 128 x 128 x 32 tile
-where its grid gives every SM a block and the inputs read as 32-bit pairs of halves, else
-gemm_tc_kernel's 64 x 64 x 16 tile.  Tile
+where the inputs read as 32-bit pairs of halves (even K, a (K, N) b's N even, aligned data),
+else gemm_tc_kernel's 64 x 64 x 16 tile.  Tile
 rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
@@ -35,8 +35,11 @@ from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliv
 # (name, BM, BN, threads, shared bytes float32), largest tile first
 TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
 # wide_min_waves: the wide tensor-core tile runs where its grid has at least this many blocks
-# per SM (one wave: every SM busy; not yet measured against the 64 x 64 tile's 4x more blocks)
-PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 1.0}
+# per SM.  0: wherever its inputs allow.  On the H200 (2026-11-26, bench/gpu_results/
+# 2026-11-26c-h200/probe_tc2.log, GPU time) it beat the 64 x 64 tile at every shape tried,
+# grids far below one wave included: 16x4096x4096 183 against 388 us, 128x768x768 50
+# against 103, 1024^3 62 against 143, 512x4096x4096 227 against 1638.
+PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 0.0}
 
 
 def _dims(a, b, b_is_nk):
@@ -66,8 +69,8 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     if np.dtype(a.dtype) == np.float16:  # tensor cores (mma.m16n8k16, float32 accumulation)
         wm, wn, wk = TC_WIDE_TILE
         wide_blocks = cdiv(n, wn) * cdiv(m, wm) * batch
-        # the wide tile where it still gives every SM a block and the inputs read as 32-bit
-        # pairs of halves (even K, a (K, N) b's N even too, 4-byte aligned data)
+        # the wide tile where the inputs read as 32-bit pairs of halves (even K, a (K, N) b's
+        # N even too, 4-byte aligned data) and its grid is large enough (PARAMS)
         if (wide_blocks >= params["wide_min_waves"] * p.sm_count and 32 * TC_WIDE_WARPS <= p.max_threads_per_block
                 and k % 2 == 0 and (b_is_nk or n % 2 == 0) and _word_aligned(a) and _word_aligned(b)):
             return {"kernel": TC_WIDE_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, wide",
