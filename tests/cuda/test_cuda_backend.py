@@ -337,15 +337,15 @@ def test_decode_rows_go_to_the_gemv_kernel():
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_gemv_unrolled_steps_and_remainders(layout, dtype):
-    """K long enough that each warp runs GEMV_UNROLL-load steps and then the remainder loop
-    (K = 2 steps + a partial one, per dtype's lanes per column), 1, 3 and 9 rows (two row
-    groups), columns not a multiple of a block's group; a (K, N) b also batched."""
+    """K long enough that each warp runs a step of GEMV_UNROLL loads and then the remainder
+    loop (one step and a partial one, per dtype's lanes per column), 1, 3 and 9 rows (two
+    row groups), columns not a multiple of a block's group; a (K, N) b also batched."""
     from kernels_common.cuda_tiles import GEMV_KN_WARPS, GEMV_UNROLL, gemv_kn_columns
 
     g = rng()
     isz = np.dtype(dtype).itemsize
     step = 32 if layout == "nk" else (32 // gemv_kn_columns(isz)) * GEMV_KN_WARPS
-    k = 2 * step * GEMV_UNROLL + step // 2 + 3
+    k = step * GEMV_UNROLL + step // 2 + 3
     n = 5 if layout == "nk" else gemv_kn_columns(isz) + 3
     tol = {np.float16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
     for m in (1, 3, 9):
