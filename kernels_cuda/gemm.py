@@ -139,6 +139,74 @@ def gemm_kernel(acc_np, cfg):
 
 
 @lru_cache(maxsize=None)
+def _tc_parts(BM, BN, MT, NT8):
+    """Device functions both tensor-core kernels use, for a block tile BM x BN and a warp
+    tile of MT m16 x NT8 n8 products:
+      tile_of(m_total, n_total): (batch, m0, n0) of this block (grid x = batch x row blocks
+        x column blocks, columns fastest);
+      place(): (g, q, wm, wn) of this thread: its lane's group and place in the group, and
+        its warp's first row and column in the block tile (warps row-major over the tile);
+      mma_step(As, Bs, d, wm, wn, g, q, kw): the warp's MT x NT8 mma of one K step of 16
+        from the staged words at column kw (see mma.py for the fragment layout);
+      store(c, bias, d, bz, m0 + wm, n0 + wn, g, q, code, has_bias, m_total, n_total): the
+        epilogue; register r of tile (i, j) is C[16i + g + 8(r >> 1), 8j + 2q + (r & 1)] of
+        the warp's part."""
+    act = act_fn(np.float32)
+
+    @device
+    def tile_of(m_total, n_total):
+        nbn = (n_total + BN - 1) // BN
+        nbm = (m_total + BM - 1) // BM
+        blk = cuda.blockIdx.x
+        rest = blk // nbn
+        bz = rest // nbm
+        return bz, (rest - bz * nbm) * BM, (blk - rest * nbn) * BN
+
+    WARPS_ACROSS = BN // (NT8 * 8)  # a power of two
+    SHIFT = WARPS_ACROSS.bit_length() - 1
+
+    @device
+    def place():
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        return lane >> 2, lane & 3, (warp >> SHIFT) * (MT * 16), (warp & (WARPS_ACROSS - 1)) * (NT8 * 8)
+
+    @device
+    def mma_step(As, Bs, d, wm, wn, g, q, kw):
+        for i in range(MT):
+            r = wm + i * 16 + g
+            a0 = As[r, kw + q]
+            a1 = As[r + 8, kw + q]
+            a2 = As[r, kw + q + 4]
+            a3 = As[r + 8, kw + q + 4]
+            for j in range(NT8):
+                cn = wn + j * 8 + g
+                d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, Bs[cn, kw + q], Bs[cn, kw + q + 4],
+                                           d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
+                d[i, j, 0] = d0
+                d[i, j, 1] = d1
+                d[i, j, 2] = d2
+                d[i, j, 3] = d3
+
+    @device
+    def store(c, bias, d, bz, row0, col0, g, q, code, has_bias, m_total, n_total):
+        for i in range(MT):
+            for h in range(2):
+                gm = row0 + i * 16 + g + 8 * h
+                if gm < m_total:
+                    for j in range(NT8):
+                        for e2 in range(2):
+                            gn = col0 + j * 8 + 2 * q + e2
+                            if gn < n_total:
+                                v = d[i, j, 2 * h + e2]
+                                if has_bias:
+                                    v += float32(bias[gn])
+                                c[bz, gm, gn] = act(v, code)
+
+    return tile_of, place, mma_step, store
+
+
+@lru_cache(maxsize=None)
 def gemm_tc_kernel():
     """The float16 GEMM on tensor cores (mma.m16n8k16, float32 accumulation): a block of
     TC_WARPS warps computes a TC_BM x TC_BN tile of C, each warp a 32 x 32 quarter as 2 x 4
@@ -153,33 +221,19 @@ def gemm_tc_kernel():
     NT = 32 * TC_WARPS
     A_LOADS = BM * KP // NT
     B_LOADS = BN * KP // NT
-    act = act_fn(np.float32)
     zero = np.float32(0.0)
+    tile_of, place, mma_step, store = _tc_parts(BM, BN, 2, 4)
 
     @kernel(launch_bounds=(NT, 2))
     def gemm_tc(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
         m_total = a.shape[1]
         k_total = a.shape[2]
         n_total = c.shape[2]
-        # block order as gemm_tiled's, written out again: as one shared device function
-        # the tiled kernels spilled 16-32 B on sm_90 (ptxas)
-        nbn = (n_total + BN - 1) // BN
-        nbm = (m_total + BM - 1) // BM
-        blk = cuda.blockIdx.x
-        bn = blk % nbn
-        rest = blk // nbn
-        bz = rest // nbm
+        bz, m0, n0 = tile_of(m_total, n_total)
         ab = a_idx[bz]
         bb = b_idx[bz]
-        m0 = (rest - bz * nbm) * BM
-        n0 = bn * BN
         t = cuda.threadIdx.x
-        lane = t & 31
-        warp = t >> 5
-        g = lane >> 2
-        q = lane & 3
-        wm = (warp >> 1) * 32
-        wn = (warp & 1) * 32
+        g, q, wm, wn = place()
         As = cuda.shared.array((BM, LD), uint32)
         Bs = cuda.shared.array((BN, LD), uint32)
         d = cuda.local.array((2, 4, 4), float32)  # [m16 tile][n8 tile][fragment register]
@@ -228,34 +282,9 @@ def gemm_tc_kernel():
                             hi = uint32(b[bb, gk + 1, gn])
                 Bs[nn, pp] = lo | (hi << 16)
             cuda.syncthreads()
-            for i in range(2):
-                r = wm + i * 16 + g
-                a0 = As[r, q]
-                a1 = As[r + 8, q]
-                a2 = As[r, q + 4]
-                a3 = As[r + 8, q + 4]
-                for j in range(4):
-                    cn = wn + j * 8 + g
-                    d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, Bs[cn, q], Bs[cn, q + 4],
-                                               d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
-                    d[i, j, 0] = d0
-                    d[i, j, 1] = d1
-                    d[i, j, 2] = d2
-                    d[i, j, 3] = d3
+            mma_step(As, Bs, d, wm, wn, g, q, 0)
             cuda.syncthreads()
-        # epilogue: register r of tile (i, j) is C[wm + 16i + g + 8(r >> 1), wn + 8j + 2q + (r & 1)]
-        for i in range(2):
-            for h in range(2):
-                gm = m0 + wm + i * 16 + g + 8 * h
-                if gm < m_total:
-                    for j in range(4):
-                        for e2 in range(2):
-                            gn = n0 + wn + j * 8 + 2 * q + e2
-                            if gn < n_total:
-                                v = d[i, j, 2 * h + e2]
-                                if has_bias:
-                                    v += float32(bias[gn])
-                                c[bz, gm, gn] = act(v, code)
+        store(c, bias, d, bz, m0 + wm, n0 + wn, g, q, code, has_bias, m_total, n_total)
 
     return gemm_tc
 
@@ -283,8 +312,8 @@ def gemm_tc_wide_kernel(trans_b):
     B_PAIRS = B_LOADS // 2        # (K, N) b: 2 x 2 blocks of halves per thread
     NCOLW = BN // 2               # (K, N) b: words per row of the tile
     MT, NT8 = 4, 4                # m16 and n8 tiles per warp
-    act = act_fn(np.float32)
     zero = np.float32(0.0)
+    tile_of, place, mma_step, store = _tc_parts(BM, BN, MT, NT8)
     LO = uint32(0xFFFF)
     HI = uint32(0xFFFF0000)
 
@@ -318,23 +347,11 @@ def gemm_tc_wide_kernel(trans_b):
     def gemm_tc_wide(a, b, a_idx, b_idx, bias, c, kw_total, b_rows, b_cols, code, has_bias):
         m_total = c.shape[1]
         n_total = c.shape[2]
-        nbn = (n_total + BN - 1) // BN
-        nbm = (m_total + BM - 1) // BM
-        blk = cuda.blockIdx.x
-        bn = blk % nbn
-        rest = blk // nbn
-        bz = rest // nbm
+        bz, m0, n0 = tile_of(m_total, n_total)
         ab = a_idx[bz]
         bb = b_idx[bz]
-        m0 = (rest - bz * nbm) * BM
-        n0 = bn * BN
         t = cuda.threadIdx.x
-        lane = t & 31
-        warp = t >> 5
-        g = lane >> 2
-        q = lane & 3
-        wm = (warp >> 2) * 64
-        wn = (warp & 3) * 32
+        g, q, wm, wn = place()
         As = cuda.shared.array((BM, LD), uint32)
         Bs = cuda.shared.array((BN, LD), uint32)
         pa = cuda.local.array(A_LOADS, uint32)
@@ -385,35 +402,9 @@ def gemm_tc_wide_kernel(trans_b):
             if kw0 < kw_total:  # the next tile into registers: in flight during the mma below
                 load_tile(a, b, kw0, t, pa, pb, aoff, boff, ok_rows, kw_total, b_rows, b_cols)
             for ks in range(BK // 16):
-                kw = ks * 8
-                for i in range(MT):
-                    r = wm + i * 16 + g
-                    a0 = As[r, kw + q]
-                    a1 = As[r + 8, kw + q]
-                    a2 = As[r, kw + q + 4]
-                    a3 = As[r + 8, kw + q + 4]
-                    for j in range(NT8):
-                        cn = wn + j * 8 + g
-                        d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, Bs[cn, kw + q], Bs[cn, kw + q + 4],
-                                                   d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
-                        d[i, j, 0] = d0
-                        d[i, j, 1] = d1
-                        d[i, j, 2] = d2
-                        d[i, j, 3] = d3
+                mma_step(As, Bs, d, wm, wn, g, q, ks * 8)
             cuda.syncthreads()
-        # epilogue: register r of tile (i, j) is C[wm + 16i + g + 8(r >> 1), wn + 8j + 2q + (r & 1)]
-        for i in range(MT):
-            for h in range(2):
-                gm = m0 + wm + i * 16 + g + 8 * h
-                if gm < m_total:
-                    for j in range(NT8):
-                        for e2 in range(2):
-                            gn = n0 + wn + j * 8 + 2 * q + e2
-                            if gn < n_total:
-                                v = d[i, j, 2 * h + e2]
-                                if has_bias:
-                                    v += float32(bias[gn])
-                                c[bz, gm, gn] = act(v, code)
+        store(c, bias, d, bz, m0 + wm, n0 + wn, g, q, code, has_bias, m_total, n_total)
 
     return gemm_tc_wide
 

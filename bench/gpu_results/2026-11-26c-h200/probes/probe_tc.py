@@ -1,6 +1,5 @@
 """GPU probe: the float16 GEMM's wide tensor-core tile against the 64 x 64 tile, per shape
 (GPU time only: bench.gpu.device_timed), and PyTorch's."""
-import time
 import numpy as np
 from numba import cuda
 import dispatch
