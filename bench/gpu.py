@@ -405,7 +405,8 @@ def print_row(r):
     dvs = f"x{r['device_vs_torch']:.2f}" if r.get("device_vs_torch") else "-"
     dmp = f"{r['device_over_predicted']:.2f}" if r.get("device_over_predicted") else "-"
     print(f"{r['op']:14s} {r['case'][:44]:44s} {r['dtype']:8s} {r['impl'] or '?':14s} {r['seconds'] * 1e6:10.1f}us "
-          f"{r['tflops']:7.2f} {r['tbps']:6.2f} {r['peak_fraction']:5.0%} {vs:>7s} {mp:>6s} {dev:>10s} {dvs:>7s} {dmp:>6s} "
+          f"{r['tflops']:7.2f} {r['tbps']:6.2f} {r['peak_fraction']:5.0%} {vs:>7s} {mp:>6s} "
+          f"{dev:>10s} {dvs:>7s} {dmp:>6s} "
           f"{r['rel_err']:8.1e} {r['first_call_s']:6.2f}s {({True: 'ok', False: 'WRONG'}).get(r['ok'], 'unchecked')}")
 
 

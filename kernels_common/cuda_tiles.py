@@ -50,10 +50,11 @@ TC_KERNEL = "gemm.tc_64x64x16"
 # The wide tensor-core tile (kernels_cuda.gemm.gemm_tc_wide_kernel): 128 x 128 x 32 by 8
 # warps, each 64 x 32 of C (4 x 4 mma per K step of 16), inputs read as 32-bit pairs of
 # halves (even K; a (K, N) b also even N), the next K step's tile loaded into registers
-# while the tensor cores work on the current one.  The 64 x 64 x 16 tile ran 4096^3 at 15.5 TFLOP/s on the H200 (2026-11-26): 16 scalar 16-bit
-# loads and 8 mma per thread and step, no loads in flight during the mma; this tile ran it
-# at 79 TFLOP/s (1734 us; PyTorch 178 us) and beat the 64 x 64 tile at every shape tried
-# (bench/gpu_results/2026-11-26c-h200).  Shared memory: 2 x 128 rows x 20 words.
+# while the tensor cores work on the current one.  The 64 x 64 x 16 tile ran 4096^3 at
+# 15.5 TFLOP/s on the H200 (2026-11-26): 16 scalar 16-bit loads and 8 mma per thread and
+# step, no loads in flight during the mma; this tile ran it at 79 TFLOP/s (1734 us; PyTorch
+# 178 us) and beat the 64 x 64 tile at every shape tried (bench/gpu_results/
+# 2026-11-26c-h200).  Shared memory: 2 x 128 rows x 20 words.
 TC_WIDE_TILE = (128, 128, 32)
 TC_WIDE_WARPS = 8
 TC_WIDE_KERNEL = "gemm.tc_128x128x32"
@@ -71,6 +72,13 @@ GEMV_WARPS = 4
 # per block (Little's law: ~40 KB in flight per SM for the H200's 4.8 TB/s at ~1 us latency).
 GEMV_UNROLL = 8
 GEMV_KN_WARPS = 16
+
+
+def gemv_unroll(rows: int) -> int:
+    """Weight loads per warp step of the GEMV build for `rows` rows per pass: GEMV_UNROLL for
+    one row, half for GEMV_MAX_M (8 x U values of A besides U weights: at U = 8 its (K, N)
+    kernel spilled 100-184 bytes at 128 registers, ptxas sm_90)."""
+    return GEMV_UNROLL if rows == 1 else GEMV_UNROLL // 2
 
 
 def gemv_kn_columns(itemsize: int) -> int:

@@ -24,9 +24,9 @@ import numpy as np
 from numba import cuda, float32, int64, types, uint32, uint64
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
-from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_UNROLL, GEMV_WARPS, TC_KERNEL, TC_TILE,
+from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE,
                                        TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_threads,
-                                       gemm_tile_dtypes, gemv_kn_columns)
+                                       gemm_tile_dtypes, gemv_kn_columns, gemv_unroll)
 
 from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, arr, device, kernel
 from .activation import act_fn
@@ -415,8 +415,9 @@ def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
     layout (each with only the registers and shared memory its own loop needs).  Rows are
     taken `rows` at a time (accumulators in registers), each weight element read once per
     group of rows: GEMV_MAX_M, or 1 for a single row (decode), whose build has no loads and
-    FMAs predicated off for absent rows and fewer registers.  Each warp keeps GEMV_UNROLL independent weight loads in flight per
-    step (coalesced: consecutive lanes, consecutive addresses), then a remainder loop.
+    FMAs predicated off for absent rows and fewer registers.  Each warp keeps
+    gemv_unroll(rows) independent weight loads in flight per step (coalesced: consecutive
+    lanes, consecutive addresses), then a remainder loop.
       trans_b (linear's (N, K) weight): one warp per output column, its lanes striding over
         K, a warp sum; warps grid-stride over (batch, column).
       (K, N) b: a block of GEMV_KN_WARPS warps per `columns` consecutive columns (one
@@ -429,9 +430,7 @@ def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
     act = act_fn(acc_np)
     NT = 32 * GEMV_WARPS
     MM = rows
-    # the 8-row build holds 8 x U values of A besides U weights: half the steps' loads keep
-    # its (K, N) kernel within registers (ptxas sm_90: U = 8 spilled 100-184 bytes at 128)
-    U = GEMV_UNROLL if rows == 1 else GEMV_UNROLL // 2
+    U = gemv_unroll(rows)
 
     @kernel(launch_bounds=(NT, 4))
     def gemv_nk(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b_unused):

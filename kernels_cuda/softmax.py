@@ -21,7 +21,8 @@ from numba import cuda
 
 from numba import types, uint64
 
-from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel, row_unroll
+from ._jit import (BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel,
+                   row_unroll)
 from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp
 
 

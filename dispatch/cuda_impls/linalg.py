@@ -21,12 +21,13 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_UNROLL, GEMV_WARPS, TC_KERNEL, TC_TILE,
+from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE,
                                        TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes,
-                                       gemm_threads, gemm_tile_dtypes, gemv_kn_columns)
+                                       gemm_threads, gemm_tile_dtypes, gemv_kn_columns, gemv_unroll)
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
+from .. import devices
 from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels,
@@ -85,11 +86,15 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
 
 
 def _word_aligned(x) -> bool:
-    """Whether the array the kernel will read (as_input: x itself when C-contiguous, else a
-    new, aligned copy) starts on a 4-byte boundary, so that it reads as 32-bit words."""
-    if not hasattr(x, "device_ctypes_pointer") or not x.is_c_contiguous():
+    """Whether the array the kernel will read (as_input: x itself when it is a C-contiguous
+    device array, else a new, aligned copy) starts on a 4-byte boundary, so that it reads as
+    32-bit words.  Any device array (a PyTorch CUDA tensor too) is looked at as numba's."""
+    if isinstance(x, np.ndarray):
         return True
-    return (x.device_ctypes_pointer.value or 0) % 4 == 0
+    d = devices.as_device(x)
+    if not hasattr(d, "device_ctypes_pointer") or not d.is_c_contiguous():  # the simulator's arrays; copies
+        return True
+    return (d.device_ctypes_pointer.value or 0) % 4 == 0
 
 
 def _words(d):
@@ -164,15 +169,15 @@ def gemv_launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     p = props()
     if b_is_nk:  # a warp per column
         block, items, per_block, smem = 32 * GEMV_WARPS, batch * n, GEMV_WARPS, 0
-        how = {"column_per": "warp", "unroll": GEMV_UNROLL}
+        how = {"column_per": "warp"}
     else:  # a block per sector-wide group of columns
         cols = gemv_kn_columns(np.dtype(a.dtype).itemsize)
         block, items, per_block = 32 * GEMV_KN_WARPS, batch * cdiv(n, cols), 1
         smem = GEMV_KN_WARPS * GEMV_MAX_M * cols * np.dtype(acc_dtype(a.dtype)).itemsize
-        how = {"columns_per_block": cols, "column_per": f"{32 // cols} lanes of each of {GEMV_KN_WARPS} warps",
-               "unroll": GEMV_UNROLL}
+        how = {"columns_per_block": cols, "column_per": f"{32 // cols} lanes of each of {GEMV_KN_WARPS} warps"}
     # one row (decode) has its own build: no predicated loads and FMAs for absent rows
     rows = 1 if m == 1 else GEMV_MAX_M
+    how["unroll"] = gemv_unroll(rows)
     if not b_is_nk:
         smem = smem // GEMV_MAX_M * rows
     cap = p.sm_count * occupancy_blocks(p, block, smem) * params["waves"]
