@@ -427,6 +427,71 @@ def test_gpu_harness_says_when_there_is_no_gpu():
         gpu.main(["--ops", "relu"])
 
 
+class _FakeStream:
+    """A GPU stream for bench.gpu.device_timed's logic: work items run one after another on
+    a virtual GPU clock that starts when they are enqueued or when the GPU frees up,
+    whichever is later; the host's clock is real (time.perf_counter)."""
+
+    def __init__(self):
+        import time
+
+        self.time = time
+        self.t0 = time.perf_counter()
+        self.free_at = 0.0
+
+    def now(self):
+        return self.time.perf_counter() - self.t0
+
+    def run(self, seconds):
+        self.free_at = max(self.free_at, self.now()) + seconds
+
+    def sync(self):
+        wait = self.free_at - self.now()
+        if wait > 0:
+            self.time.sleep(wait)
+
+    def events(self):
+        stream = self
+
+        class Event:
+            def record(self):
+                self.at = max(stream.free_at, stream.now())
+
+            def synchronize(self):
+                stream.sync()
+
+            def elapsed_time(self, other):  # milliseconds, as numba's and torch's
+                return (other.at - self.at) * 1e3
+
+        return Event(), Event()
+
+
+def test_device_timed_hides_the_host_and_refuses_a_synchronizing_op(monkeypatch):
+    """device_timed: calls whose host cost (5 ms) far exceeds their GPU time (0.2 ms) are
+    measured at their GPU time once they are queued behind the spin; an op that waits for
+    the GPU inside the call can never be queued ahead: None."""
+    import time
+
+    from bench import gpu
+
+    stream = _FakeStream()
+    monkeypatch.setattr(gpu, "SIM", False)
+    monkeypatch.setattr(gpu, "_spin", lambda cuda: stream.run)
+
+    def op():  # 5 ms of host work, then 0.2 ms of GPU work
+        time.sleep(5e-3)
+        stream.run(2e-4)
+
+    got = gpu.device_timed(op, 4, 5e-3, None, stream.events, batches=3)
+    assert got is not None and abs(got - 2e-4) < 5e-5, got
+
+    def synchronizing_op():  # reads a value back: waits for everything enqueued before it
+        stream.run(2e-4)
+        stream.sync()
+
+    assert gpu.device_timed(synchronizing_op, 4, 1e-3, None, stream.events, batches=2) is None
+
+
 def test_gpu_overhead_stub_times_our_layers_without_a_gpu():
     """bench.gpu_overhead --stub: the dispatcher's host layers for CUDA arrays over fake device
     memory, launches stubbed; it puts back what it replaced."""
