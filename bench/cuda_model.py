@@ -270,6 +270,26 @@ def _attention_row(cfg, call):
     return 2 * int(call.args.q.shape[3])
 
 
+def _attention_tc(cfg, call):
+    """QK and PV FMAs of the tensor-core kernel: every block's rows_per_block rows (padding
+    rows included: an mma computes 16 rows) against the key tiles it loads, up to the causal
+    limit of its last row; per (batch, query head)."""
+    q, k = call.args.q, call.args.k
+    nb, hq, sq, d = (int(s) for s in q.shape)
+    skv = int(k.shape[2])
+    bq, bk = cfg["rows_per_block"], cfg["kv_tile"]
+    row_keys = 0
+    for r0 in range(0, sq, bq):
+        kv_end = min(skv, max(0, min(sq, r0 + bq) + skv - sq)) if call.args.causal else skv
+        row_keys += bq * _up(kv_end, bk)
+    return 2 * nb * hq * row_keys * d
+
+
+def _attention_tc_tile(cfg, call):
+    """FMAs per thread per key tile: a warp's 16 rows x kv_tile keys x d, twice (QK, PV)."""
+    return 2 * 16 * cfg["kv_tile"] * int(call.args.q.shape[3]) // 32
+
+
 def _elements(call):
     """Elements of the largest array argument."""
     return max((a.size for a in call.args if hasattr(a, "size") and hasattr(a, "dtype")), default=0)
@@ -300,6 +320,8 @@ WORK = {
     "conv.depthwise": ("fma", _conv_depthwise),
     "conv": ("fma", _conv_igemm, _tile_step),     # conv.igemm_<tile>
     "attention.combine": ("stream", lambda cfg, call: _elements(call), 1),
+    "attention.tc_d64": ("fma", _attention_tc, _attention_tc_tile),
+    "attention.tc_d128": ("fma", _attention_tc, _attention_tc_tile),
     "attention": ("fma", _attention, _attention_row),  # attention.flash_d<DMAX>: softmax per row and tile
     "softmax": ("stream", lambda cfg, call: _elements(call), 2),        # online (max, sum), then write
     "cross_entropy": ("stream", lambda cfg, call: _elements(call), 1),  # online logsumexp
@@ -324,6 +346,21 @@ def _fma_loops(loop):
     fma = [lp for lp in loop.get("loops", []) if any(lp.get(k) for k in _FMA_PER_THREAD)]
     ls = [lp for lp in fma if lp.get("nested")] or [lp for lp in fma if not lp.get("fixed_trips")]
     return ls or ([loop] if any(loop.get(k) for k in _FMA_PER_THREAD) else [])
+
+
+def _enclosing_fma_loop(loop):
+    """The enclosing loop as the FMA loop, when the FMAs are its own and the innermost loops
+    only stage data (flash_tc_kernel: the mma of a key tile sit in the tile loop, its K/V
+    staging loops nested in it): its instructions plus one pass of each nested loop (their
+    trip counts are not known: a lower bound)."""
+    outer = loop.get("outer") or {}
+    if not any(outer.get(k) for k in _FMA_PER_THREAD):
+        return None
+    total = dict(outer)
+    for lp in loop.get("loops", []) or [loop]:
+        for k in _MIX:
+            total[k] = total.get(k, 0) + (lp.get(k) or 0)
+    return total
 
 
 def _stream_loops(loop, itemsize):
@@ -358,10 +395,14 @@ def work(kernel, cfg, call, op, loop, itemsize):
     if entry[0] == "fma":
         units = float(entry[1](cfg, call))
         loops = _fma_loops(loop)
-        fmas = sum(sum(lp.get(k, 0) * f for k, f in _FMA_PER_THREAD.items()) for lp in loops)
-        mix = {k: sum(lp.get(k, 0) for lp in loops) / fmas for k in _MIX} if fmas else None
-        note = note or f"{len(loops)} FMA loop(s)"
-        outer = loop.get("outer", {})
+        enclosing = None if loops else _enclosing_fma_loop(loop)
+        if enclosing is not None:
+            loops = [enclosing]
+        fmas = sum(sum((lp.get(k) or 0) * f for k, f in _FMA_PER_THREAD.items()) for lp in loops)
+        mix = {k: sum(lp.get(k) or 0 for lp in loops) / fmas for k in _MIX} if fmas else None
+        note = note or (f"{len(loops)} FMA loop(s)" if enclosing is None else
+                        "the enclosing loop's FMAs, with one pass of each nested loop")
+        outer = loop.get("outer", {}) if enclosing is None else {}
         if mix and len(entry) > 2 and outer:
             per = entry[2](cfg, call)
             mix = {k: v + outer.get(k, 0) / per for k, v in mix.items()}

@@ -103,6 +103,16 @@ def gemm_shared_bytes(tile: str, itemsize: int = 4) -> int:
 ATTN_BK = 32
 ATTN_WARPS = 4
 ATTN_TILES = {64: (64, 16), 128: (128, 16)}
+# float16 attention on tensor cores (kernels_cuda.attention.flash_tc_kernel): blocks of
+# TC_ATTN_WARPS warps own TC_ATTN_BQ query rows (16 per warp: one mma row tile) against K/V
+# tiles of TC_ATTN_BK[d] keys, for head dims exactly d in TC_ATTN_BK.  The
+# FlashAttention-2 forward's usual shape (4 warps, 64-row tiles); 32-key tiles at d = 128,
+# where 64 spilled 160-376 bytes on sm_80/87 at 255 registers (ptxas; 176-180 registers at
+# 32).  Not yet timed on a GPU.  Shared memory: K BK x (d/2 + 4) words + V^T d x (BK/2 + 4)
+# words: 18 KB at d = 64 and at d = 128.
+TC_ATTN_BQ = 64
+TC_ATTN_BK = {64: 64, 128: 32}
+TC_ATTN_WARPS = 4
 
 
 def attn_tile_for(d: int):

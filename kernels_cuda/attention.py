@@ -29,13 +29,15 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, int32, types
+from numba import cuda, float32, int32, types, uint32, uint64
 
 from kernels_common.attention import MASK_BOOL, MASK_NONE
 from kernels_common import acc_dtype
 from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes
+from kernels_common.cuda_tiles import TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS
 
 from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, kernel
+from .mma import ex2_approx, mma_16816, pack_f16x2
 from .primitives import warp_max, warp_sum
 
 
@@ -208,6 +210,189 @@ def flash_kernel(acc_np, dmax):
 
 
 @lru_cache(maxsize=None)
+def flash_tc_kernel(dmax):
+    """float16 flash attention on tensor cores (mma.m16n8k16, float32 accumulation), no mask,
+    head dim exactly dmax (64 or 128), one pass (no KV split).  A block of TC_ATTN_WARPS
+    warps owns TC_ATTN_BQ query rows of one (batch, query head), warp w rows 16w..16w+15;
+    K/V tiles of TC_ATTN_BK[dmax] keys stream through shared memory, K as rows of 32-bit pairs
+    along d (the QK^T "col" operand), V transposed into pairs along keys (the PV operand:
+    each thread turns two keys' words of two columns into two columns' pairs).  Per tile:
+      S = Q K^T: the warp's 16 x BK scores, Q's fragments in registers for the whole pass
+        (32-bit loads of the input pairs), then scaled in float32, -inf past the keys and
+        above the causal diagonal (bottom-right: query i sees keys <= i + Skv - Sq);
+      online softmax on the accumulators: a lane holds columns 2t, 2t + 1 of every n8 tile
+        for rows g and g + 8, so a row's max and sum are the lane's 16 values and two
+        shuffles within its group of 4 lanes;
+      O += P V with P rounded to float16 pairs straight from S's registers (the C layout of
+        one mma is the A layout of the next: no shared memory round trip).
+    Tiles past the causal limit of the block's last row are not loaded.  The output is O / l
+    (0 for a query that sees no key), lse = m + log l (-inf then) when want_lse.  NaN in a
+    score makes its row NaN (it takes no part in the max, and exp(NaN) poisons l and O), as
+    the other kernels.  q, k, v are flat uint32 views of the C-contiguous float16 (B, H, S,
+    dmax) arrays; out and lse float16."""
+    BQ, BK, NWT = TC_ATTN_BQ, TC_ATTN_BK[dmax], TC_ATTN_WARPS
+    DW = dmax // 2              # words per row
+    KLD = DW + 4                # K rows padded: fragment reads at word 36 g + t / 68 g + t hit 32 banks
+    VLD = BK // 2 + 4           # V^T rows (32 words of key pairs) padded likewise
+    KS = dmax // 16             # k-steps of QK^T
+    NS = BK // 8                # n8 tiles of S
+    ND = dmax // 8              # n8 tiles of O
+    NT = 32 * NWT
+    K_LOADS = BK * DW // NT
+    V_PAIRS = (BK // 2) * DW // NT
+    neg_inf, zero, one = np.float32(-np.inf), np.float32(0.0), np.float32(1.0)
+    LOG2E, LN2 = math.log2(math.e), np.float32(math.log(2.0))
+    LO = uint32(0xFFFF)
+    HI = uint32(0xFFFF0000)
+
+    @kernel(launch_bounds=(NT, 2))
+    def attention_tc(q, k, v, nb, hq, sq, hkv, skv, causal, scale, out, lse, want_lse):
+        nqb = (sq + BQ - 1) // BQ
+        bh = cuda.blockIdx.x // nqb
+        r0 = (cuda.blockIdx.x - bh * nqb) * BQ
+        b = bh // hq
+        h = bh - b * hq
+        kvh = h // (hq // hkv)
+        t = cuda.threadIdx.x
+        lane = t & 31
+        warp = t >> 5
+        g = lane >> 2
+        tq = lane & 3
+        Ks = cuda.shared.array((BK, KLD), uint32)
+        Vs = cuda.shared.array((dmax, VLD), uint32)
+        qa = cuda.local.array((KS, 4), uint32)
+        sacc = cuda.local.array((NS, 4), float32)
+        o = cuda.local.array((ND, 4), float32)
+        m = cuda.local.array(2, float32)
+        ls = cuda.local.array(2, float32)
+        off = skv - sq
+        sc = float32(scale * LOG2E)  # scores in base 2: exp(s) = 2^(s log2 e), one MUFU.EX2 each
+        # this warp's query rows g and g + 8 (clamped for the loads; rows past sq are not stored)
+        rw = r0 + warp * 16 + g
+        qbase = ((b * hq + h) * sq) * DW
+        row_a = uint64(qbase + min(rw, sq - 1) * DW)
+        row_b = uint64(qbase + min(rw + 8, sq - 1) * DW)
+        for ks in range(KS):
+            w0 = uint64(ks * 8 + tq)
+            qa[ks, 0] = q[row_a + w0]
+            qa[ks, 1] = q[row_b + w0]
+            qa[ks, 2] = q[row_a + w0 + 4]
+            qa[ks, 3] = q[row_b + w0 + 4]
+        for i in range(ND):
+            for r in range(4):
+                o[i, r] = zero
+        for hh in range(2):
+            m[hh] = neg_inf
+            ls[hh] = zero
+        kv_end = skv
+        if causal:
+            kv_end = min(skv, max(0, min(sq, r0 + BQ) - 1 + off + 1))
+        kvw = uint64((b * hkv + kvh) * skv * DW)  # the (batch, kv head)'s first word
+        for j0 in range(0, kv_end, BK):
+            # K rows as words; keys past skv read as zeros (their scores become -inf below):
+            # each load at a clamped index, then selected
+            for l in range(K_LOADS):
+                e = t + l * NT
+                kr = e // DW
+                kw = e - kr * DW
+                key = j0 + kr
+                val = k[kvw + uint64(min(key, skv - 1) * DW + kw)]
+                Ks[kr, kw] = val if key < skv else uint32(0)
+            # V: keys 2p, 2p + 1 of columns 2c, 2c + 1 -> V^T rows 2c, 2c + 1 at word p
+            for l in range(V_PAIRS):
+                e = t + l * NT
+                kp = e // DW
+                cw = e - kp * DW
+                key = j0 + 2 * kp
+                w0 = v[kvw + uint64(min(key, skv - 1) * DW + cw)]
+                w1 = v[kvw + uint64(min(key + 1, skv - 1) * DW + cw)]
+                w0 = w0 if key < skv else uint32(0)
+                w1 = w1 if key + 1 < skv else uint32(0)
+                Vs[2 * cw, kp] = (w0 & LO) | (w1 << 16)
+                Vs[2 * cw + 1, kp] = (w0 >> 16) | (w1 & HI)
+            cuda.syncthreads()
+            for j in range(NS):
+                for r in range(4):
+                    sacc[j, r] = zero
+            for ks in range(KS):
+                for j in range(NS):
+                    kr = j * 8 + g
+                    d0, d1, d2, d3 = mma_16816(qa[ks, 0], qa[ks, 1], qa[ks, 2], qa[ks, 3],
+                                               Ks[kr, ks * 8 + tq], Ks[kr, ks * 8 + tq + 4],
+                                               sacc[j, 0], sacc[j, 1], sacc[j, 2], sacc[j, 3])
+                    sacc[j, 0] = d0
+                    sacc[j, 1] = d1
+                    sacc[j, 2] = d2
+                    sacc[j, 3] = d3
+            # scale, mask, and the online softmax of rows g (hh = 0) and g + 8 (hh = 1)
+            for hh in range(2):
+                row = rw + 8 * hh
+                limit = skv
+                if causal:
+                    limit = min(skv, row + off + 1)
+                mx = m[hh]
+                for j in range(NS):
+                    for e2 in range(2):
+                        key = j0 + j * 8 + 2 * tq + e2
+                        sv = sacc[j, 2 * hh + e2] * sc
+                        if key >= limit:
+                            sv = neg_inf
+                        sacc[j, 2 * hh + e2] = sv
+                        if sv > mx:
+                            mx = sv
+                mo = cuda.shfl_xor_sync(FULL_MASK, mx, 1)
+                if mo > mx:
+                    mx = mo
+                mo = cuda.shfl_xor_sync(FULL_MASK, mx, 2)
+                if mo > mx:
+                    mx = mo
+                # no key seen yet (mx = -inf): subtract 0 instead, so that every p and the
+                # rescale of the (empty) state are 2^-inf = 0, without a branch
+                mz = mx if mx != neg_inf else zero
+                alpha = ex2_approx(m[hh] - mz)
+                rs = zero
+                for j in range(NS):
+                    for e2 in range(2):
+                        pv = ex2_approx(sacc[j, 2 * hh + e2] - mz)
+                        sacc[j, 2 * hh + e2] = pv
+                        rs += pv
+                rs += cuda.shfl_xor_sync(FULL_MASK, rs, 1)
+                rs += cuda.shfl_xor_sync(FULL_MASK, rs, 2)
+                ls[hh] = ls[hh] * alpha + rs
+                m[hh] = mx
+                for i in range(ND):
+                    o[i, 2 * hh] *= alpha
+                    o[i, 2 * hh + 1] *= alpha
+            # O += P V: P's A fragments from S's registers, k-step kk = keys 16kk..16kk + 15
+            for kk in range(BK // 16):
+                a0 = pack_f16x2(sacc[2 * kk, 0], sacc[2 * kk, 1])
+                a1 = pack_f16x2(sacc[2 * kk, 2], sacc[2 * kk, 3])
+                a2 = pack_f16x2(sacc[2 * kk + 1, 0], sacc[2 * kk + 1, 1])
+                a3 = pack_f16x2(sacc[2 * kk + 1, 2], sacc[2 * kk + 1, 3])
+                for i in range(ND):
+                    dr = i * 8 + g
+                    d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, Vs[dr, kk * 8 + tq], Vs[dr, kk * 8 + tq + 4],
+                                               o[i, 0], o[i, 1], o[i, 2], o[i, 3])
+                    o[i, 0] = d0
+                    o[i, 1] = d1
+                    o[i, 2] = d2
+                    o[i, 3] = d3
+            cuda.syncthreads()
+        for hh in range(2):
+            row = rw + 8 * hh
+            if row < sq:
+                inv = one / ls[hh] if ls[hh] != zero else zero
+                obase = ((b * hq + h) * sq + row) * dmax
+                for i in range(ND):
+                    for e2 in range(2):
+                        out[uint64(obase + i * 8 + 2 * tq + e2)] = o[i, 2 * hh + e2] * inv
+                if want_lse and tq == 0:
+                    lse[b, h, row] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
+
+    return attention_tc
+
+
+@lru_cache(maxsize=None)
 def combine_kernel(acc_np):
     """out[b, h, i, d] = sum_s o_s l_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
     acc, _ = acc_of(acc_np)
@@ -262,10 +447,20 @@ def _fitting_dtypes(dmax):
                  if attn_shared_bytes(dmax, bq, np.dtype(acc_dtype(np.dtype(dt))).itemsize) <= STATIC_SMEM)
 
 
+def _flash_tc_args(dt):
+    i64, u32 = types.int64, types.uint32
+    return (arr(u32, 1), arr(u32, 1), arr(u32, 1), i64, i64, i64, i64, i64, types.boolean, types.float64, arr(dt, 1),
+            arr(dt, 3), types.boolean)
+
+
 PTX = [
     PtxBuild(f"attention.flash_d{dmax}", "attention", (lambda dmax: lambda dt: flash_kernel(acc_np(dt), dmax))(dmax),
              _flash_args, threads=32 * NW, dtypes=_fitting_dtypes(dmax))
     for dmax in sorted(TILES)
+] + [
+    PtxBuild(f"attention.tc_d{dmax}", "attention", (lambda dmax: lambda dt: flash_tc_kernel(dmax))(dmax),
+             _flash_tc_args, threads=32 * TC_ATTN_WARPS, dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",))
+    for dmax in sorted(TC_ATTN_BK)
 ] + [
     PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),
              lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4), arr(dt, 3), types.boolean),

@@ -1,4 +1,8 @@
-"""Tensor-core primitive: the warp-wide ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``.
+"""Tensor-core primitives: the warp-wide ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``,
+and two helpers of the kernels built on it: ``pack_f16x2`` (two float32 values rounded into
+one operand register of float16 halves, cvt.rn.f16x2.f32) and ``ex2_approx`` (2^x on the
+special-function unit, ex2.approx.f32), each with a Python twin for the simulator
+(tests/cuda/test_mma.py holds both to numpy).
 
 Its A and B operands are 32-bit registers of two float16 values (low half = lower
 column / row); kernels build them from uint16 views of float16 arrays (``lo | hi << 16``),
@@ -53,10 +57,51 @@ if not SIM:
 
         return sig, codegen
 
+    @intrinsic
+    def pack_f16x2(typingctx, lo, hi):
+        """The 32-bit word of two float16 values rounded from lo and hi (low half = lo): an
+        mma A or B operand register, from float32 values (cvt.rn.f16x2.f32)."""
+        if not (isinstance(lo, types.Float) and isinstance(hi, types.Float)):
+            return None
+        sig = types.uint32(lo, hi)
+
+        def codegen(context, builder, sig, args):
+            f, i = ir.FloatType(), ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args)]
+            # d = {a -> upper half, b -> lower half}
+            asm = ir.InlineAsm(ir.FunctionType(i, [f, f]), "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [vals[1], vals[0]])
+
+        return sig, codegen
+
+    @intrinsic
+    def ex2_approx(typingctx, x):
+        """2^x by the special-function unit (ex2.approx.f32: about 2 ulp; -inf gives +0, NaN
+        NaN): one instruction, where math.exp's accurate expansion is dozens and held
+        registers across the flash-attention tile's 64 exponentials."""
+        if not isinstance(x, types.Float):
+            return None
+        sig = types.float32(x)
+
+        def codegen(context, builder, sig, args):
+            f = ir.FloatType()
+            val = context.cast(builder, args[0], sig.args[0], types.float32)
+            return builder.call(ir.InlineAsm(ir.FunctionType(f, [f]), "ex2.approx.f32 $0, $1;", "=f,f"), [val])
+
+        return sig, codegen
+
 else:
+    def ex2_approx(x):
+        """Simulator twin: 2^x in float32."""
+        return np.float32(np.exp2(np.float32(x)))
+
     def _halves(u):
         u = int(u) & 0xFFFFFFFF
         return (float(np.uint16(u & 0xFFFF).view(np.float16)), float(np.uint16(u >> 16).view(np.float16)))
+
+    def pack_f16x2(lo, hi):
+        """Simulator twin: the same bits as cvt.rn.f16x2.f32 (round to nearest even)."""
+        return np.uint32(int(np.float16(lo).view(np.uint16)) | (int(np.float16(hi).view(np.uint16)) << 16))
 
     # A device function, so that the simulator runs it with its own `cuda` module (thread
     # indices, the emulated warp barrier), as it does the kernels.

@@ -155,6 +155,27 @@ def typed_array(shape, dtype, gpu_data, cls=None):
     return v
 
 
+def word_aligned(x) -> bool:
+    """Whether the array a kernel will read (as_input: x itself when it is a C-contiguous
+    device array, else a new, aligned copy) starts on a 4-byte boundary, so that a float16
+    array reads as 32-bit words (pairs of halves).  Any device array (a PyTorch CUDA tensor
+    too) is looked at as numba's."""
+    if isinstance(x, np.ndarray):
+        return True
+    d = devices.as_device(x)
+    if not hasattr(d, "device_ctypes_pointer") or not d.is_c_contiguous():  # the simulator's arrays; copies
+        return True
+    return (d.device_ctypes_pointer.value or 0) % 4 == 0
+
+
+def words(d):
+    """A flat uint32 view of a C-contiguous float16 device array of an even size: pairs of
+    halves, the tensor-core kernels' operands."""
+    if type(d).__name__ == "DeviceNDArray" and hasattr(d, "gpu_data"):
+        return typed_array((d.size // 2,), np.dtype(np.uint32), d.gpu_data, type(d))
+    return d.reshape(-1).view(np.uint32)  # the simulator's arrays
+
+
 def device_empty(shape, dtype):
     """A new C-contiguous device array for a kernel's result or scratch (contents
     undefined), from the CUDA result pool (_pool.py)."""

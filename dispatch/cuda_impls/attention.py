@@ -1,6 +1,8 @@
 """CUDA implementations of attention: "cuda-flash" (Q tiles against streamed K/V tiles,
 one pass) and "cuda-splitkv" (the same kernel with the KV length split over grid z, then
-a combine pass): see kernels_cuda/attention.py.
+a combine pass): see kernels_cuda/attention.py.  cuda-flash runs float16 without a mask at
+head dim 64 or 128 on tensor cores (flash_tc_kernel; not yet timed on a GPU: the scalar
+kernel ran (1, 32, 4096, 128) causal in 73 ms on the H200, PyTorch in 0.3 ms).
 
 Shape rule (CUDA keys): split-KV for decode-like shapes (Sq bucket <= SPLITKV_MAX_SQ),
 where the (query tiles x batch x kv heads) blocks cannot fill the GPU; flash otherwise.
@@ -14,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
-from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes,
-                                       attn_tile_for)
+from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, STATIC_SMEM, TC_ATTN_BK, TC_ATTN_BQ,
+                                       TC_ATTN_WARPS, attn_shared_bytes, attn_tile_for)
 
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
-                      props, register_cuda)
+                      props, register_cuda, word_aligned, words)
 
 SPLITKV_MAX_SQ = 16
 # blocks_per_sm: split-KV aims at two resident blocks per SM (not measured on a GPU yet).
@@ -42,11 +44,24 @@ def _supports(key):
     return []
 
 
+def _tensor_cores(params, q, k, v, mask, d):
+    """Whether the one-pass float16 call runs on tensor cores: no mask, a head dim the
+    kernel is built for, inputs that read as 32-bit words."""
+    return (params["splits"] == "one" and np.dtype(q.dtype) == np.float16 and mask is None and d in TC_ATTN_BK
+            and word_aligned(q) and word_aligned(k) and word_aligned(v))
+
+
 def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     nb, hq, sq, d = (int(s) for s in q.shape)
     hkv, skv = int(k.shape[1]), int(k.shape[2])
-    dmax, bq = attn_tile_for(d)
     p = props()
+    if _tensor_cores(params, q, k, v, mask, d):
+        bk = TC_ATTN_BK[d]
+        grid = (max(1, cdiv(sq, TC_ATTN_BQ)) * nb * hq, 1, 1)  # (query block, batch x head) on x
+        return {"kernel": f"attention.tc_d{d}", "tile": "tensor cores", "grid": grid, "block": 32 * TC_ATTN_WARPS,
+                "rows_per_block": TC_ATTN_BQ, "kv_tile": bk, "shared_bytes": 4 * (bk * (d // 2 + 4) + d * (bk // 2 + 4)),
+                "device": p.name}
+    dmax, bq = attn_tile_for(d)
     rows = (hq // hkv) * sq
     base = cdiv(rows, bq) * nb * hkv
     ntiles = max(1, cdiv(skv, BK))
@@ -79,6 +94,12 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         md = c_view(md, *((1,) * (4 - len(md.shape)) + tuple(md.shape)))
         mkind = MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else MASK_ADD
     cfg = launch(params, q, k, v, mask, causal, scale, out)
+    if cfg["kernel"].startswith("attention.tc_"):
+        hkv, skv = int(k.shape[1]), int(k.shape[2])
+        K.flash_tc_kernel(d)[cfg["grid"], cfg["block"]](
+            words(qd), words(kd), words(vd), nb, hq, sq, hkv, skv, bool(causal), float(scale),
+            c_view(res, nb * hq * sq * d), lse, bool(return_lse))
+        return _result(deliver(res, od, out), lse, return_lse)
     dmax = attn_tile_for(d)[0]
     splits = cfg["grid"][2]
     if int(k.shape[2]) == 0:  # no keys at all: every query sees none -> zeros
@@ -139,7 +160,8 @@ def _order(key):
 
 
 NOTE = ("Q tile x streamed K/V tiles in shared memory, online softmax by warp shuffles, causal tiles "
-        "skipped, K/V tiles shared by the query heads of a GQA group, bool/additive masks; ")
+        "skipped, K/V tiles shared by the query heads of a GQA group, bool/additive masks; float16 without a "
+        "mask at head dim 64 or 128 on tensor cores (mma.sync QK^T and PV, P kept in registers); ")
 register_cuda("attention", "cuda-flash", _run, launch, kernels=("attention",), params=FLASH, supports=_supports,
               notes=NOTE + DEVICE_COPY_NOTE)
 register_cuda("attention", "cuda-splitkv", _run, launch, kernels=("attention",), params=SPLITKV, supports=_supports,

@@ -27,11 +27,10 @@ from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GE
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
-from .. import devices
 from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels,
-                      occupancy_blocks, output, props, register_cuda, typed_array)
+                      occupancy_blocks, output, props, register_cuda, word_aligned, words)
 
 # (name, BM, BN, threads, shared bytes float32), largest tile first
 TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
@@ -73,7 +72,7 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
         # the wide tile where the inputs read as 32-bit pairs of halves (even K, a (K, N) b's
         # N even too, 4-byte aligned data) and its grid is large enough (PARAMS)
         if (wide_blocks >= params["wide_min_waves"] * p.sm_count and 32 * TC_WIDE_WARPS <= p.max_threads_per_block
-                and k % 2 == 0 and (b_is_nk or n % 2 == 0) and _word_aligned(a) and _word_aligned(b)):
+                and k % 2 == 0 and (b_is_nk or n % 2 == 0) and word_aligned(a) and word_aligned(b)):
             return {"kernel": TC_WIDE_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, wide",
                     "grid": (wide_blocks, 1, 1), "block": 32 * TC_WIDE_WARPS,
                     "shared_bytes": (wm + wn) * (wk // 2 + 4) * 4, "device": p.name}
@@ -83,26 +82,6 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"], a.dtype)
     return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1), "block": thr,
             "shared_bytes": smem, "device": p.name}
-
-
-def _word_aligned(x) -> bool:
-    """Whether the array the kernel will read (as_input: x itself when it is a C-contiguous
-    device array, else a new, aligned copy) starts on a 4-byte boundary, so that it reads as
-    32-bit words.  Any device array (a PyTorch CUDA tensor too) is looked at as numba's."""
-    if isinstance(x, np.ndarray):
-        return True
-    d = devices.as_device(x)
-    if not hasattr(d, "device_ctypes_pointer") or not d.is_c_contiguous():  # the simulator's arrays; copies
-        return True
-    return (d.device_ctypes_pointer.value or 0) % 4 == 0
-
-
-def _words(d):
-    """A flat uint32 view of a C-contiguous float16 device array of an even size (pairs of
-    halves: the wide tensor-core kernel's operands)."""
-    if type(d).__name__ == "DeviceNDArray" and hasattr(d, "gpu_data"):
-        return typed_array((d.size // 2,), np.dtype(np.uint32), d.gpu_data, type(d))
-    return d.reshape(-1).view(np.uint32)  # the simulator's arrays
 
 
 @functools.lru_cache(maxsize=128)
@@ -152,7 +131,7 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
         elif cfg["kernel"].startswith(TC_WIDE_KERNEL):  # flat 32-bit words: pairs of halves
             K.gemm_tc_wide_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
-                _words(ad), _words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,
+                words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,
                 bias is not None)
         elif cfg["kernel"] == TC_KERNEL:  # the inputs as uint16: the kernel packs pairs of halves
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](

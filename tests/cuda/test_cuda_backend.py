@@ -527,6 +527,52 @@ def test_float16_rope_attention_cross_entropy():
     assert abs(got - want) <= F16_TOL * abs(want) + 1e-3
 
 
+@pytest.mark.parametrize("case", ["gqa", "causal", "causal sq > skv", "d128 scaled"])
+def test_float16_attention_on_tensor_cores(case):
+    """float16 attention without a mask at head dim 64 / 128 runs flash_tc_kernel (QK^T and
+    PV on mma.sync, P in registers): partial query and key tiles, GQA, bottom-right causal,
+    rows that see no key (zeros, lse -inf), an explicit scale, the row log-sum-exp; a NaN in
+    one query row gives that row NaN and leaves the others; a mask takes the scalar kernel."""
+    from tests.reference import attention as R
+
+    g = rng()
+    nb, hq, hkv, sq, skv, d, causal, scale = {
+        "gqa": (1, 2, 1, 70, 100, 64, False, None), "causal": (1, 1, 1, 70, 90, 64, True, None),
+        "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3)}[case]
+    q = g.standard_normal((nb, hq, sq, d)).astype(np.float16)
+    k = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
+    v = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
+    if case == "gqa":
+        q[0, 1, 3, 5] = np.nan
+    args = (_dev(q), _dev(k), _dev(v))
+    kw = {"causal": causal, "scale": scale}
+    e = dispatch.explain("attention", *args, **kw)
+    assert e.chosen == "cuda-flash" and f"'kernel': 'attention.tc_d{d}'" in str(e), str(e)
+    out, lse = dispatch.attention(*args, **kw, return_lse=True)
+    got, got_lse = out.copy_to_host(), lse.copy_to_host()
+    assert got.dtype == np.float16
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    want = R.attention(q64, k64, v64, causal=causal, scale=scale)
+    sc = 1 / math.sqrt(d) if scale is None else scale
+    s = np.einsum("bhid,bhjd->bhij", q64, np.repeat(k64, hq // hkv, axis=1)) * sc
+    if causal:
+        s = np.where(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + skv - sq, s, -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = s.max(-1)
+        want_lse = np.where(np.isneginf(m), -np.inf, m + np.log(np.exp(s - np.where(np.isneginf(m), 0, m)[..., None]).sum(-1)))
+    if case == "gqa":
+        assert np.isnan(got[0, 1, 3]).all() and np.isnan(got_lse[0, 1, 3])
+        got[0, 1, 3], want[0, 1, 3], got_lse[0, 1, 3], want_lse[0, 1, 3] = 0, 0, 0, 0
+    if case == "causal sq > skv":  # query i sees keys <= i - 20: none for the first 20 rows
+        assert (got[:, :, :20] == 0).all() and np.isneginf(got_lse[:, :, :20]).all()
+    assert_close(got, want, F16_TOL, case, cancel=True)
+    fin = np.isfinite(want_lse)
+    assert (np.isneginf(got_lse) == ~fin).all()
+    assert np.abs(got_lse[fin] - want_lse[fin]).max() <= 4e-3 * max(1.0, np.abs(want_lse[fin]).max())
+    mask = np.ones((sq, skv), bool)
+    assert "attention.flash_d" in str(dispatch.explain("attention", *args, mask=_dev(mask)))
+
+
 def test_split_kv_really_splits_and_matches_flash():
     g = rng()
     q = g.standard_normal((1, 4, 1, 16)).astype(np.float32)

@@ -47,3 +47,40 @@ def test_mma_16816_is_a_times_b_plus_c_in_the_ptx_layout():
     got = d.copy_to_host()
     # float16 products are exact in float32; only the float32 accumulation rounds
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_f16x2_and_ex2_approx_match_numpy():
+    """pack_f16x2 (cvt.rn.f16x2.f32: low half = first value, round to nearest even) and
+    ex2_approx (ex2.approx.f32) against numpy, special values included: what the
+    tensor-core attention builds P's mma operands and its exponentials with."""
+    from kernels_cuda._jit import kernel
+    from kernels_cuda.mma import ex2_approx, pack_f16x2
+
+    @kernel
+    def both(x, y, packed, p2):
+        i = cuda.grid(1)
+        if i < x.size:
+            packed[i] = pack_f16x2(x[i], y[i])
+            p2[i] = ex2_approx(x[i])
+
+    g = rng()
+    x = np.concatenate([g.standard_normal(27) * 8, [0.0, -0.0, 1e-8, 70000.0, -np.inf, np.inf, np.nan, -126.5, 20.25]])
+    y = np.concatenate([g.standard_normal(27), [1.0, 2.0, -3.0, 0.5, 1.0, -np.inf, 0.0, 65504.0, np.nan]])
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    packed, p2 = cuda.to_device(np.zeros(x.size, np.uint32)), cuda.to_device(np.zeros(x.size, np.float32))
+    both[1, 64](cuda.to_device(x), cuda.to_device(y), packed, p2)
+    got = packed.copy_to_host()
+    with np.errstate(over="ignore"):
+        lo, hi = x.astype(np.float16), y.astype(np.float16)
+    got_lo = (got & 0xFFFF).astype(np.uint16).view(np.float16)
+    got_hi = (got >> 16).astype(np.uint16).view(np.float16)
+    for a, b in ((got_lo, lo), (got_hi, hi)):
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        assert same.all(), (a[~same], b[~same])
+    with np.errstate(over="ignore"):
+        want = np.exp2(x.astype(np.float64))
+    e = p2.copy_to_host().astype(np.float64)
+    assert (np.isnan(e) == np.isnan(want)).all() and (e[np.isinf(want)] == want[np.isinf(want)]).all()
+    fin = np.isfinite(want) & (want > 1e-30)
+    assert np.all(np.abs(e[fin] - want[fin]) <= 4e-7 * want[fin]), np.max(np.abs(e[fin] - want[fin]) / want[fin])
+    assert e[x == -np.inf][0] == 0.0
