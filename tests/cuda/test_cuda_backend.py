@@ -275,48 +275,6 @@ def test_float16_gemm_runs_on_tensor_cores(case):
     assert_close(got, want, F16_TOL, case, cancel=True)
 
 
-@pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_float16_wide_tensor_core_tile(layout):
-    """The 128 x 128 x 32 tensor-core tile (chosen where its grid fills the SMs: here a
-    nominal 2-SM part that takes 256-thread blocks): partial row and column blocks, a
-    partial last K tile, both B layouts, bias + activation, the next K tile loaded while
-    the current one is multiplied; an odd K and a misaligned view take the 64 x 64 tile."""
-    from kernels_common.cuda_tiles import TC_KERNEL, TC_WIDE_KERNEL
-
-    g = rng()
-    part = devices.DeviceProps("nominal 2-SM part", (8, 0), 2, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048)
-
-    def h(*shape):
-        return g.standard_normal(shape).astype(np.float16)
-
-    x, bias = h(130, 40), h(24)
-    w = h(24, 40) if layout == "nk" else h(40, 24)
-    w64 = w.astype(np.float64).T if layout == "nk" else w.astype(np.float64)
-    y = x.astype(np.float64) @ w64 + bias
-    fn = dispatch.linear if layout == "nk" else dispatch.matmul
-    kw = {"activation": "relu"}
-
-    def call(xd, wd):
-        return fn(xd, wd, _dev(bias), **kw) if layout == "nk" else fn(xd, wd, bias=_dev(bias), **kw)
-
-    with devices.assume(part), dispatch.use(**{fn.__name__: "cuda-gemm"}):
-        e = str(dispatch.explain(fn.__name__, _dev(x), _dev(w), **({"bias": _dev(bias)} if layout == "kn" else {})))
-        assert f"'kernel': '{TC_WIDE_KERNEL}" in e, e
-        got = call(_dev(x), _dev(w)).copy_to_host()
-        assert got.dtype == np.float16
-        assert_close(got, np.maximum(y, 0), F16_TOL, f"wide tile {layout}", cancel=True)
-        # odd K: pairs of halves would straddle rows, so the 64 x 64 tile
-        xo = h(130, 39)
-        wo = h(24, 39) if layout == "nk" else h(39, 24)
-        assert f"'kernel': '{TC_KERNEL}'" in str(dispatch.explain(fn.__name__, _dev(xo), _dev(wo)))
-        # a view starting one half into its buffer is not 4-byte aligned
-        if not SIM:
-            big = _dev(np.concatenate([h(1), x.ravel()]))
-            xv = big[1:].reshape(130, 40)
-            assert f"'kernel': '{TC_KERNEL}'" in str(dispatch.explain(fn.__name__, xv, _dev(w)))
-            assert_close(call(xv, _dev(w)).copy_to_host(), np.maximum(y, 0), F16_TOL, "misaligned", cancel=True)
-
-
 def test_decode_rows_go_to_the_gemv_kernel():
     """M <= 8 (decode) runs cuda-gemv: no 64-row tile of mostly zero rows; forced on more
     rows it takes them 8 at a time.  Both B layouts, bias + activation."""
@@ -525,52 +483,6 @@ def test_float16_rope_attention_cross_entropy():
     x = logits.astype(np.float64)
     want = np.mean(np.log(np.exp(x).sum(1)) - x[np.arange(4), t])
     assert abs(got - want) <= F16_TOL * abs(want) + 1e-3
-
-
-@pytest.mark.parametrize("case", ["gqa", "causal", "causal sq > skv", "d128 scaled"])
-def test_float16_attention_on_tensor_cores(case):
-    """float16 attention without a mask at head dim 64 / 128 runs flash_tc_kernel (QK^T and
-    PV on mma.sync, P in registers): partial query and key tiles, GQA, bottom-right causal,
-    rows that see no key (zeros, lse -inf), an explicit scale, the row log-sum-exp; a NaN in
-    one query row gives that row NaN and leaves the others; a mask takes the scalar kernel."""
-    from tests.reference import attention as R
-
-    g = rng()
-    nb, hq, hkv, sq, skv, d, causal, scale = {
-        "gqa": (1, 2, 1, 70, 100, 64, False, None), "causal": (1, 1, 1, 70, 90, 64, True, None),
-        "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3)}[case]
-    q = g.standard_normal((nb, hq, sq, d)).astype(np.float16)
-    k = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
-    v = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
-    if case == "gqa":
-        q[0, 1, 3, 5] = np.nan
-    args = (_dev(q), _dev(k), _dev(v))
-    kw = {"causal": causal, "scale": scale}
-    e = dispatch.explain("attention", *args, **kw)
-    assert e.chosen == "cuda-flash" and f"'kernel': 'attention.tc_d{d}'" in str(e), str(e)
-    out, lse = dispatch.attention(*args, **kw, return_lse=True)
-    got, got_lse = out.copy_to_host(), lse.copy_to_host()
-    assert got.dtype == np.float16
-    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
-    want = R.attention(q64, k64, v64, causal=causal, scale=scale)
-    sc = 1 / math.sqrt(d) if scale is None else scale
-    s = np.einsum("bhid,bhjd->bhij", q64, np.repeat(k64, hq // hkv, axis=1)) * sc
-    if causal:
-        s = np.where(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + skv - sq, s, -np.inf)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        m = s.max(-1)
-        want_lse = np.where(np.isneginf(m), -np.inf, m + np.log(np.exp(s - np.where(np.isneginf(m), 0, m)[..., None]).sum(-1)))
-    if case == "gqa":
-        assert np.isnan(got[0, 1, 3]).all() and np.isnan(got_lse[0, 1, 3])
-        got[0, 1, 3], want[0, 1, 3], got_lse[0, 1, 3], want_lse[0, 1, 3] = 0, 0, 0, 0
-    if case == "causal sq > skv":  # query i sees keys <= i - 20: none for the first 20 rows
-        assert (got[:, :, :20] == 0).all() and np.isneginf(got_lse[:, :, :20]).all()
-    assert_close(got, want, F16_TOL, case, cancel=True)
-    fin = np.isfinite(want_lse)
-    assert (np.isneginf(got_lse) == ~fin).all()
-    assert np.abs(got_lse[fin] - want_lse[fin]).max() <= 4e-3 * max(1.0, np.abs(want_lse[fin]).max())
-    mask = np.ones((sq, skv), bool)
-    assert "attention.flash_d" in str(dispatch.explain("attention", *args, mask=_dev(mask)))
 
 
 def test_split_kv_really_splits_and_matches_flash():
