@@ -182,16 +182,16 @@ def _tc_step(cfg, call):
 
 def _gemv(cfg, call):
     """Every lane runs the build's rows_per_pass rows' FMAs (predicated off past M); (N, K): a
-    warp per column, lanes over K; (K, N): a block of GEMV_KN_WARPS warps per
+    warp per column, lanes over K; (K, N): a block of `warps` warps per
     columns_per_block columns, 32 // columns lanes per column in each warp."""
-    from kernels_common.cuda_tiles import GEMV_KN_WARPS, GEMV_MAX_M
+    from kernels_common.cuda_tiles import GEMV_MAX_M
 
     batch, m, n, k = _gemm_dims(call)
     rows = cfg.get("rows_per_pass", GEMV_MAX_M)
     if call.args.b_is_nk:
         return batch * n * _up(m, rows) * _up(k, 32)
     cols = cfg["columns_per_block"]
-    return batch * _up(n, cols) * _up(m, rows) * _up(k, 32 // cols * GEMV_KN_WARPS)
+    return batch * _up(n, cols) * _up(m, rows) * _up(k, 32 // cols * cfg["warps"])
 
 
 def _wo_gemv(cfg, call):

@@ -410,7 +410,7 @@ def gemm_tc_wide_kernel(trans_b):
 
 
 @lru_cache(maxsize=None)
-def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
+def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M, warps=GEMV_KN_WARPS):
     """C = act(A @ op(B) + bias) for few rows of A (decode), no tiles; one kernel per B
     layout (each with only the registers and shared memory its own loop needs).  Rows are
     taken `rows` at a time (accumulators in registers), each weight element read once per
@@ -420,7 +420,8 @@ def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
     lanes, consecutive addresses), then a remainder loop.
       trans_b (linear's (N, K) weight): one warp per output column, its lanes striding over
         K, a warp sum; warps grid-stride over (batch, column).
-      (K, N) b: a block of GEMV_KN_WARPS warps per `columns` consecutive columns (one
+      (K, N) b: a block of `warps` warps (GEMV_KN_WARPS, fewer on a part that takes
+        smaller blocks) per `columns` consecutive columns (one
         32-byte sector of a row, kernels_common.cuda_tiles.gemv_kn_columns), lane l on
         column l % columns of row l // columns; the block's warps interleave over K, the
         lanes of a column are summed by shuffles, the warps' partial sums in shared memory
@@ -472,7 +473,7 @@ def gemv_kernel(acc_np, trans_b, columns=8, rows=GEMV_MAX_M):
                                 v += acc(bias[n])
                             c[bz, m0 + mm, n] = act(v, code)
 
-    W = GEMV_KN_WARPS
+    W = warps
     C = columns
     R = 32 // C  # rows of K per warp step
 

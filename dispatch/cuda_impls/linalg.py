@@ -126,7 +126,8 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
         cfg = (gemv_launch if gemv else launch)(params, a, b, bias, out, code, b_is_nk)
         acc = acc_dtype(dt)
         if gemv:
-            k_gemv = K.gemv_kernel(acc, b_is_nk, cfg.get("columns_per_block", 8), cfg["rows_per_pass"])
+            k_gemv = (K.gemv_kernel(acc, True, 8, cfg["rows_per_pass"]) if b_is_nk else
+                      K.gemv_kernel(acc, False, cfg["columns_per_block"], cfg["rows_per_pass"], cfg["warps"]))
             k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
         elif cfg["kernel"].startswith(TC_WIDE_KERNEL):  # flat 32-bit words: pairs of halves
@@ -151,9 +152,12 @@ def gemv_launch(params, a, b, bias, out, code, b_is_nk, packed=None):
         how = {"column_per": "warp"}
     else:  # a block per sector-wide group of columns
         cols = gemv_kn_columns(np.dtype(a.dtype).itemsize)
-        block, items, per_block = 32 * GEMV_KN_WARPS, batch * cdiv(n, cols), 1
-        smem = GEMV_KN_WARPS * GEMV_MAX_M * cols * np.dtype(acc_dtype(a.dtype)).itemsize
-        how = {"columns_per_block": cols, "column_per": f"{32 // cols} lanes of each of {GEMV_KN_WARPS} warps"}
+        # GEMV_KN_WARPS, or as many as the device takes in a block (the simulator's nominal
+        # part: 4, so that its tests do not simulate 512 threads a block)
+        warps = min(GEMV_KN_WARPS, p.max_threads_per_block // 32)
+        block, items, per_block = 32 * warps, batch * cdiv(n, cols), 1
+        smem = warps * GEMV_MAX_M * cols * np.dtype(acc_dtype(a.dtype)).itemsize
+        how = {"columns_per_block": cols, "column_per": f"{32 // cols} lanes of each of {warps} warps", "warps": warps}
     # one row (decode) has its own build: no predicated loads and FMAs for absent rows
     rows = 1 if m == 1 else GEMV_MAX_M
     how["unroll"] = gemv_unroll(rows)
