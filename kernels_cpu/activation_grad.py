@@ -14,7 +14,7 @@ Formulas (PyTorch's, rewritten where its form cancels or overflows):
              r = 1 / (1 + e) is the one near 1, e r the other, so 1 - s never cancels
              (1 - s for s near 1 loses its bits: x = 12 in float32) and nothing overflows.
   gelu       Phi(x) + x phi(x) = erfc(-x / sqrt2) / 2 + x exp(-x^2 / 2) / sqrt(2 pi); float32
-             with one exp for both (cdf_and_gauss below).
+             with one exp for both (approx.cdf_and_gauss).
   gelu_tanh  0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u' written with s = sigmoid(v), v = 2u
              (0.5 (1 + tanh u) = s, 1 - tanh^2 u = 4 s (1 - s)): s (1 + x (1 - s) v'),
              v' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2); s and 1 - s as for silu.
@@ -28,34 +28,15 @@ Kernels: every kernel takes 1-D C-contiguous arrays of equal length (dispatch fl
 activation.CHUNK elements over numba's threads.  The activation code is branched on outside
 each loop, so every loop body is branch-free (selects) and vectorizes.
 """
-import math
-
-import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba import njit, prange
 
 from kernels_common.activation_grad import X_CLAMP
 
 from .activation import CHUNK
-from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, INV_SQRT2, JIT, JIT_INNER,
-                     SQRT_2_OVER_PI, exp64, fexp, like, wide_loops)
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT, JIT_INNER,
+                     SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
 
 INV_SQRT_2PI = 0.3989422804014327
-
-
-@intrinsic
-def inline_into_callers(typingctx):
-    """Call first in a scalar helper: marks the function LLVM "alwaysinline".  LLVM's own
-    inliner left the exact gelu derivative (an erfc and an exp) as a call in the kernel's
-    loop, which then did not vectorize: 125 ms for 4M float32 elements against 7.4 for silu's
-    (one thread, 2026-11-25); inlined, the loop vectorizes.  (numba's inline="always" would
-    do it at the IR level, re-typing the body at every call site: slower cold compiles, see
-    kernels_cpu/approx.py.)"""
-    def codegen(context, builder, sig, args):
-        builder.function.attributes.add("alwaysinline")
-        return context.get_dummy_value()
-
-    return types.none(), codegen
 
 
 # ---- scalar formulas ---------------------------------------------------------------------------
@@ -113,45 +94,6 @@ def silu_value_and_derivative(x):
 def silu_derivative(x):
     inline_into_callers()
     return silu_value_and_derivative(x)[1]
-
-
-# The exact gelu derivative needs Phi(x) = erfc(-x / sqrt2) / 2 and the Gaussian
-# E = exp(-x^2 / 2).  approx.ferfc (Numerical Recipes' erfcc, t exp(poly(t) - z^2)) and a second
-# exp for E made it the slowest derivative (3.3 ns/element against 1.5 for tanh-gelu's, 1M
-# float32 in cache, one thread, 2026-11-25).  For float32 we write erfc(z) = t P(t) E, z = |x| /
-# sqrt2, t = 1 / (1 + z/2), with P(t) = erfcx(z) / t fitted by a degree-10 polynomial on t in
-# (0, 1] (least squares in relative error on 4000 Chebyshev nodes against math.erfc * exp(z^2) and
-# erfcx's asymptotic series beyond z = 25: max relative error 1.2e-8 in float64): one exp serves
-# both.  float64 keeps libm's erfc (the 1e-12 tolerance), as the forward does.
-_P = tuple(np.float32(c) for c in (
-    0.2820947951888841, 0.28209375380837703, 0.2468845747219978, 0.1753159756993205, 0.09346243532440918,
-    -0.059211361651101246, 0.13217705359398316, -0.4549740014379395, 0.4936949432528484, -0.2347335982768657,
-    0.043195434365827075))
-_P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8, _P9, _P10 = _P
-_F_HALF, _F_ONE, _F_INV_SQRT2 = np.float32(0.5), np.float32(1.0), np.float32(INV_SQRT2)
-
-
-@njit(**HELPER)
-def _cdf_gauss_f32(x):
-    inline_into_callers()
-    e = fexp(-_F_HALF * x * x)
-    t = _F_ONE / (_F_ONE + _F_HALF * _F_INV_SQRT2 * abs(x))
-    p = ((((((((((_P10 * t + _P9) * t + _P8) * t + _P7) * t + _P6) * t + _P5) * t + _P4) * t + _P3) * t + _P2) * t
-          + _P1) * t + _P0)
-    tail = _F_HALF * t * p * e  # Phi(-|x|)
-    return (_F_ONE - tail if x >= np.float32(0.0) else tail), e
-
-
-def cdf_and_gauss(x):
-    """(Phi(x), exp(-x^2 / 2)): the normal CDF and the unnormalized Gaussian."""
-    return 0.5 * math.erfc(-x * INV_SQRT2), math.exp(-0.5 * x * x)
-
-
-@overload(cdf_and_gauss)
-def _cdf_and_gauss_overload(x):
-    if x == types.float32:
-        return lambda x: _cdf_gauss_f32(x)
-    return lambda x: (0.5 * math.erfc(-x * INV_SQRT2), exp64(-0.5 * x * x))
 
 
 @njit(**HELPER)

@@ -184,9 +184,10 @@ def test_gated_nan_in_gives_nan_out(name, fn, reference, kw, impl):
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU kernels' float32 erfc fit")
 def test_exact_gelu_float32_sweep():
-    """The float32 exact-gelu derivative and value (kernels_cpu.activation_grad.cdf_and_gauss:
-    one exp, a fitted erfcx polynomial) on a dense sweep of [-40, 40]: every element within
-    the float32 tolerance (the derivative with the absolute part near its zero crossing)."""
+    """The float32 exact-gelu derivative and value (kernels_cpu.approx.cdf_and_gauss: one
+    exp, a fitted rational for erfcx) on a dense sweep of [-40, 40]: every element within
+    the float32 tolerance (the derivative with the absolute part near its zero crossing),
+    and the forward kernels (gelu, geglu) on the same sweep."""
     from kernels_common.activation import ACT_GELU
     from kernels_cpu import activation_grad as K
 
@@ -198,6 +199,13 @@ def test_exact_gelu_float32_sweep():
     assert_close(d, ref.gelu_backward(ones, x), TOL[np.dtype(np.float32)], "gelu'", cancel=True)
     assert_close(dgate, d, 1e-7, "dgate = gelu'")
     assert_close(dup, fwd.gelu(x), TOL[np.dtype(np.float32)], "gelu value")
+    from kernels_cpu import activation as F
+
+    y, yg = np.empty_like(x), np.empty_like(x)
+    F.activation_serial(x, y, ACT_GELU)
+    F.gated_serial(x, ones, yg, ACT_GELU)
+    assert_close(y, fwd.gelu(x), TOL[np.dtype(np.float32)], "gelu forward")
+    assert_close(yg, y, 1e-7, "geglu = gelu with up = 1")
 
 
 # ---- read-only and broadcast inputs (host arrays) ----------------------------------------
