@@ -32,7 +32,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numpy import uintp
 
-from .approx import like
+from .approx import like, wide_loops
 
 # Reductions: reassociation only (the integer reductions do not need it; kept off the
 # quantize and dequantize loops, see the module docstring).
@@ -55,6 +55,7 @@ def _as_int_overload(ref, v):
 
 @njit(**SJIT)
 def _row_absmax(xr, i0, i1, absmask, m):
+    wide_loops()
     for i in range(i0, i1):
         b = xr[uintp(i)]
         a = as_int(b, b & absmask)
@@ -64,6 +65,7 @@ def _row_absmax(xr, i0, i1, absmask, m):
 
 @njit(**SJIT)
 def _row_minmax(xr, i0, i1, absmask, shift, m, lo, hi):
+    wide_loops()
     for i in range(i0, i1):
         b = xr[uintp(i)]
         a = as_int(b, b & absmask)
@@ -77,6 +79,7 @@ def _row_minmax(xr, i0, i1, absmask, shift, m, lo, hi):
 @njit(**SJIT)
 def stats_range(xi, absmask, shift, minmax, amax, lo, hi, o0, o1, c0, c1, i0, i1):
     """Fold x[o0:o1, c0:c1, i0:i1] (xi: x's bits, (O, C, I)) into amax / lo / hi [C]."""
+    wide_loops()
     ni = xi.shape[2]
     if ni == 1:  # channels are the last axis: vectors across channels
         for o in range(o0, o1):
@@ -138,6 +141,7 @@ def stats_parallel(xi, absmask, shift, minmax, amax_p, lo_p, hi_p, dim, tasks):
 def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
     """q[o, c, i] = saturate(rint(x / scale[c]) + zp[c]) over the range; scale and zp in x's
     type (zp: small integers as floats), qlo / qhi the type's limits as floats."""
+    wide_loops()
     ni = x.shape[2]
     if ni == 1:
         for o in range(o0, o1):

@@ -52,22 +52,26 @@ from kernels_cpu import quant as K
 from .. import validate as V
 from ..quantized import QuantizedArray
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
+from . import _arena
 from ._common import deliver, kernel_input, result_buffer, serial_parallel_rule, size_bucket
 
 __public__ = ("QuantizedArray",)  # exported by dispatch/__init__ beside the ops
 
 _KERNELS = ("kernels_cpu.quant", "kernels_cpu.approx", "kernels_cpu.parallel")
 
-# Serial below 2^22 elements (bucketed size), for both ops.  Measured 2026-11-25 (Sapphire
-# Rapids host, 2 cores, loaded by 3 other jobs; float32; cpu-serial vs cpu-parallel, medians
-# of 7 alternating rounds back to back), serial / parallel in us: quantize per tensor 2^16
-# 72 / 111, 2^18 248 / 1060, 2^20 555 / 675, 2^22 2128 / 2168; per row (768) 2^20 522 /
-# 583; dequantize 2^18 35 / 50, 2^20 247 / 286, 2^22 798 / 808; Llama-7B weight (45M,
-# per row) 28.0 / 28.8 ms.  Threads never won on that loaded host; they tie from 2^22, where
-# a quiet 2-core host gains on memory-bound loops (1.7x on a triad, machine-facts), so they
-# start there.  Remeasure on a quiet machine.
+# Serial below 2^22 elements (bucketed size), for both ops.  Measured 2026-11-26 on a quiet
+# host (Zen 5, 2 cores, tbb layer; float32 rows of 768; the implementations called directly,
+# medians), serial / parallel in us, (a) back to back, (e) batches of 10 calls after 10 ms
+# pauses: quantize per tensor (uint8, asymmetric) 2^16 (a) 16 / 21 (e) 22 / 27, 2^18 44 / 49
+# 50 / 60, 2^20 157 / 135 169 / 196, 2^21 294 / 206 292 / 317, 2^22 674 / 435 722 / 482;
+# per row (int8) 2^18 39 / 34 50 / 66, 2^20 124 / 83 141 / 145, 2^21 239 / 141 262 / 266,
+# 2^22 523 / 318 562 / 555; dequantize per row 2^18 15 / 17 20 / 30, 2^20 54 / 48 58 / 74,
+# 2^22 261 / 185 433 / 426.  Threads win back to back from 2^19-2^20, but after a pause the
+# tbb workers wake too late to help below 2^22 (a loaded Sapphire Rapids host, 2026-11-25,
+# tied at 2^22 and lost below it in both settings).
 PARALLEL_THRESHOLD = 1 << 22
-_MEASURED = "parallel tied from 2^22 elements, behind below (measured on a loaded 2-core host)"
+_MEASURED = ("after idle pauses parallel ties from 2^22 elements and loses below (back to back it wins "
+             "from 2^19-2^20)")
 
 EXAMPLE_SHAPES = {
     # quantize: one scale per tensor (the signature's default); the cases cover per-channel
@@ -78,6 +82,10 @@ EXAMPLE_SHAPES = {
                    "decode": {"values": (1, 4096), "scale": ()}},
 }
 
+_F32_TINY = np.float32(np.finfo(np.float32).tiny)
+# QTYPES by numpy dtype (dtype.name is slow Python: two lookups were ~3 us of a 28 us call)
+_LIMITS = {d: (lo, hi) for d, lo, hi in QTYPES.values()}
+_QNAME = {d: name for name, (d, _, _) in QTYPES.items()}
 _FINITE_BITS = {np.dtype(np.float32): (np.int32, 0x7FFFFFFF, 31, 0x7F800000),
                 np.dtype(np.float64): (np.int64, 0x7FFFFFFFFFFFFFFF, 63, 0x7FF0000000000000)}
 
@@ -142,9 +150,9 @@ def scales_from_range(xdtype, qdtype, symmetric, amax, rmin, rmax):
     """(scale float32 (C,), zero_point qdtype (C,)) of the dynamic rule (module docstring)
     from per-channel max|x|, min(0, min x), max(0, max x) (arrays of x's dtype)."""
     qd = np.dtype(qdtype)
-    qlo, qhi = QTYPES[qd.name][1:]
+    qlo, qhi = _LIMITS[qd]
     T = compute_dtype(xdtype)
-    tiny = np.float32(np.finfo(np.float32).tiny)
+    tiny = _F32_TINY
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if symmetric:
             m = np.asarray(amax, np.float64)
@@ -238,7 +246,7 @@ def _static_params(x_shape, axis, qd, scale, zero_point):
     if zero_point is None:
         z = np.zeros(c, qd)
     else:
-        lo, hi = QTYPES[qd.name][1:]
+        lo, hi = _LIMITS[qd]
         if isinstance(zero_point, (bool, np.bool_)):
             raise TypeError(f"zero_point must have dtype {qd}, got a bool")
         if isinstance(zero_point, int):
@@ -277,15 +285,17 @@ def _describe_quantize(x, *, dtype="int8", axis=None, symmetric=True, scale=None
         s, z = _static_params(shape, axis, qd, scale, zero_point)
         mode = "static"
     o, c, i = _channels(shape, axis)
-    key = QuantizeKey("quantize", dev, xdt, size_bucket(*shape), bucket(c), bucket(i), qd.name, mode)
+    key = QuantizeKey("quantize", dev, xdt, size_bucket(*shape), bucket(c), bucket(i), _QNAME[qd], mode)
     return Call(key, QuantizeArgs(x, qd, axis, symmetric, s, z))
 
 
 def result(values, scale, zero_point, axis):
-    """The QuantizedArray of a quantize call (scale / zero_point (C,) -> () per tensor)."""
+    """The QuantizedArray of a quantize call (scale / zero_point (C,) -> () per tensor):
+    scale float32 and zero_point values' dtype, both contiguous, as every path here makes
+    them (QuantizedArray.of_kernel checks nothing)."""
     if axis is None:
         scale, zero_point = scale.reshape(()), zero_point.reshape(())
-    return QuantizedArray(values, scale, zero_point, axis)
+    return QuantizedArray.of_kernel(values, scale, zero_point, axis)
 
 
 # Channels that are single contiguous rows (O == 1) of FUSE_ROW[0]..FUSE_ROW[1] elements are
@@ -303,24 +313,25 @@ FUSE_ROW = (64, 1 << 18)
 def _fused(x2, qd, symmetric, axis, parallel):
     """(values (C, I), scale float32 (C,), zero_point qd (C,)) of x2 (C, I) by fused_rows."""
     it, absmask, shift, expo = _FINITE_BITS[x2.dtype]
-    lo, hi = QTYPES[qd.name][1:]
+    lo, hi = _LIMITS[qd]
     zsym = 128.0 if (symmetric and qd == np.uint8) else 0.0
     c = x2.shape[0]
-    q = np.empty(x2.shape, qd)
+    q = _arena.empty(x2.shape, qd)
     scale = np.empty(c, np.float32)
     zp = np.empty(c, np.int32)
     status = np.empty(c, np.int8)
     tasks = KP.tasks_for(c) if parallel else 1
     bits = np.zeros((tasks, 2), it)
     args = (x2, x2.view(it), it(absmask), it(shift), it(expo), symmetric, float(lo), float(hi), zsym,
-            np.float32(np.finfo(np.float32).tiny), bits, bits.view(x2.dtype), q, scale, zp, status)
+            _F32_TINY, bits, bits.view(x2.dtype), q, scale, zp, status)
     if parallel:
         KP.run_dynamic(K.fused_rows_parallel, tasks, *args)
     else:
         K.fused_rows(*args[:10], bits[0], bits.view(x2.dtype)[0], *args[12:], 0, c)
-    check_finite(status == K.ROW_NONFINITE, axis)
-    if np.any(status == K.ROW_OVERFLOW):
-        raise ValueError("x's range overflows a float32 scale: scale it first")
+    if status.any():            # ROW_OK is 0: one reduction on the common path
+        check_finite(status == K.ROW_NONFINITE, axis)
+        if np.any(status == K.ROW_OVERFLOW):
+            raise ValueError("x's range overflows a float32 scale: scale it first")
     return q, scale, zp.astype(qd)
 
 
@@ -330,7 +341,7 @@ def _quantize_host(parallel):
         shape = xc.shape
         o, c, i = _channels(shape, axis)
         x3 = xc.reshape(o, c, i)
-        if scale is None and o == 1 and c > 1 and FUSE_ROW[0] <= i <= FUSE_ROW[1]:
+        if scale is None and o == 1 and FUSE_ROW[0] <= i <= FUSE_ROW[1]:
             q, scale, zero_point = _fused(x3[0], qd, symmetric, axis, parallel)
             return result(q.reshape(shape), scale, zero_point, axis)
         if scale is None:
@@ -338,9 +349,9 @@ def _quantize_host(parallel):
             check_finite(bad, axis)
             scale, zero_point = scales_from_range(xc.dtype, qd, symmetric, amax, rmin, rmax)
         T = compute_dtype(xc.dtype)
-        q = np.empty(shape, qd)
+        q = _arena.empty(shape, qd)   # large values from the result arena: no page faults per call
         if q.size:
-            lo, hi = QTYPES[qd.name][1:]
+            lo, hi = _LIMITS[qd]
             args = (x3, scale.astype(T), zero_point.astype(T), T.type(lo), T.type(hi), q.reshape(o, c, i))
             if parallel:
                 tasks = KP.tasks_for(max(x3.shape))
@@ -512,7 +523,7 @@ def _dq_synthesize(shapes, params, rng, dtype):
     point only when a shape is given for it; axis: the first axis of values' extent
     scale's length (scale of shape (): per tensor); the result dtype = the case's dtype."""
     qd = qdtype_of("qtype", params.get("qtype", "int8"))
-    lo, hi = QTYPES[qd.name][1:]
+    lo, hi = _LIMITS[qd]
     vshape = tuple(shapes["values"])
     sshape = tuple(shapes.get("scale", ()))
     out = {"values": rng.integers(lo, hi + 1, size=vshape, dtype=qd),
