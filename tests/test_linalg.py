@@ -329,7 +329,8 @@ def test_explain_picks_gemv_for_one_row_with_epilogue():
 def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want):
     """A large plain product goes to our GEMM only where numpy's OpenBLAS runs a core
     without AVX-512 kernels on a host whose GEMM tile has 16-lane vectors; small or narrow
-    products stay on OpenBLAS."""
+    products stay on OpenBLAS.  With a prepacked weight the same holds from a smaller
+    product (128x384x384) on."""
     from dispatch.ops import linalg as L
     monkeypatch.setattr(L, "blas_core", lambda: core)
     monkeypatch.setattr(L.K, "active_tile", lambda: L.K.TILES[1 if lanes == 16 else 0])
@@ -338,6 +339,14 @@ def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want
     small = dispatch.registry.OPS["matmul"].describe(np.ones((256, 256), F32), np.ones((256, 256), F32)).key
     narrow = dispatch.registry.OPS["matmul"].describe(np.ones((4096, 1024), F32), np.ones((1024, 64), F32)).key
     assert L._order(small)[0][0] == "blas" and L._order(narrow)[0][0] == "blas"
+    describe = dispatch.registry.OPS["matmul"].describe
+    a = np.ones((128, 384), F32)
+    packed = describe(a, dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
+    assert packed.prepacked and L._order(packed)[0][0] == want
+    assert L._order(describe(a, np.ones((384, 384), F32)).key)[0][0] == "blas"      # the same, not prepacked
+    tiny = describe(np.ones((32, 384), F32), dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
+    narrow_packed = describe(a, dispatch.prepack(np.ones((384, 64), F32), op="matmul")).key
+    assert L._order(tiny)[0][0] == "blas" and L._order(narrow_packed)[0][0] == "blas"
 
 
 def test_blas_core_is_a_name_or_none():

@@ -549,6 +549,16 @@ SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 # 2^25 with an N bucket of at least 128.
 WIDE_GEMM_PRODUCT = 1 << 25
 WIDE_GEMM_MIN_N = 128
+# A prepacked weight moves that crossover down: our GEMM then skips packing B, OpenBLAS
+# gains nothing from it.  Zen 5, 2 threads, plain matmul with a prepacked b, each impl in a
+# process of its own (OpenBLAS's spinning threads slow the next library's kernels), us per
+# call (a) back to back / (e) batches of 10 after 10 ms pauses, blas -> cpu-gemm
+# (2026-11-27): 8x384x384 34/37 -> 40/65, 32x384x384 75/78 -> 60/81, 64x256x256 60/62 ->
+# 62/81, 128x256x256 97/104 -> 93/102, 256^3 194/198 -> 147/160, 128x384x384 202/214 ->
+# 137/150, 128x768x768 724/733 -> 374/393, 512x384x384 620/624 -> 417/421, 128x384x1536
+# 695/690 -> 375/398; with N = 64 blas keeps it (3136x576x64 975/1014 -> 1016/1051).  So on
+# such a host a prepacked weight goes to cpu-gemm from M*N*K buckets of 2^23 (N bucket >= 128).
+PREPACKED_GEMM_PRODUCT = 1 << 23
 # OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
 _BLAS_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 
@@ -596,6 +606,11 @@ def _order(key):
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
         return ("blas", "cpu-gemv", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}, no epilogue: OpenBLAS's gemv reads b faster than ours"
+    if (key.prepacked and m * n * k >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N
+            and blas_narrower_than_host()):
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^23, N bucket >= {WIDE_GEMM_MIN_N}: "
+                                                  f"numpy's OpenBLAS runs its {blas_core()} kernels on this AVX-512 host, "
+                                                  f"our {K.active_tile().name} GEMM skips packing the weight")
     if m * n * k < SMALL_PRODUCT:
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
