@@ -240,6 +240,7 @@ def fused_rows(x2, xi2, absmask, shift, expo, symmetric, qlo, qhi, zsym, tiny, b
                c0, c1):
     """Rows c0..c1-1 of x2 (C, I) (xi2: its bits; bits / fbits: a 2-element scratch array
     and its float view): scale[c] (float32), zp[c] (int32), status[c] (ROW_*), q2[c]."""
+    wide_loops()
     n = x2.shape[1]
     flo = like(x2[0, 0], qlo)         # qlo, qhi, zsym: floats, as constants of x's type
     fhi = like(x2[0, 0], qhi)
