@@ -228,7 +228,13 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, peers=P.PEERS, p
 
     candidates, library, convert = {}, {}, {}
     candidates["ours"] = lambda: fn(*args, **kwargs)
-    library["ours"], convert["ours"] = "numba", (lambda r: r)
+    # the threads a call leaves spinning are its implementation's: when the dispatcher hands
+    # the call to numpy's OpenBLAS, the next candidate (our prepacked GEMM, a numba pool)
+    # must wait for them as it would after numpy.  Without the pause, MiniLM's 128x384x384
+    # prepacked matmul timed 192-198 us after ours (blas) and 117-119 us after onnxruntime
+    # in one run (Zen 5, 2026-11-27); alone it runs at 137.
+    library["ours"] = "openblas" if ex.chosen == "blas" else "numba"
+    convert["ours"] = lambda r: r
     packed = _prepacked(case.op, fn, args, kwargs)
     if packed is not None:  # the weight packed once (dispatch.prepack), as onnxruntime does
         candidates[PREPACKED] = packed
