@@ -199,7 +199,7 @@ def exp64(x):
 
 _F = np.float32
 _EXP_LO, _EXP_HI = _F(-87.33), _F(88.37)  # 2**n stays a normal float32 in this range
-_LOG2E, _HALF, _ZERO, _ONE, _TWO = _F(1.4426950408889634), _F(0.5), _F(0.0), _F(1.0), _F(2.0)
+_LOG2E, _HALF, _ZERO, _ONE = _F(1.4426950408889634), _F(0.5), _F(0.0), _F(1.0)
 _INF = _F(np.inf)
 _LN2_HI, _LN2_LO = _F(0.693359375), _F(-2.12194440e-4)
 # exp(r) = 1 + r + r^2 q(r) on |r| <= ln2 / 2, q of degree 4 fitted minimax in exp's relative
@@ -279,14 +279,12 @@ def inline_into_callers(typingctx):
 # E's argument carries x^2 / 2's rounding error l (an FMA) to first order, so the tail keeps
 # its relative accuracy where x^2 / 2 is large.  x is clamped to +-14 for E, P and Q (beyond
 # it E underflows to 0 and Phi is 0 or 1), so +-inf give Phi = 0 / 1 and E = 0.
-_R_P = (1.00000001, 1.23759149, 0.73074651, 0.22881003, 0.03271072)   # R's, times 2, in z
-_R_Q = (1.0, 2.36597122, 2.40044995, 1.32376763, 0.40558203, 0.05797753)
+_FIT_P = (1.00000001, 1.23759149, 0.73074651, 0.22881003, 0.03271072)   # 2 R = P / Q in z
+_FIT_Q = (1.0, 2.36597122, 2.40044995, 1.32376763, 0.40558203, 0.05797753)
 # evaluated in w = |x| and h = x^2 / 2 = z^2 (which E needs anyway): the odd terms take
 # z = w / sqrt2 into their coefficients, and P takes R's 1/2
-_R_P = tuple(np.float32(0.5 * c * INV_SQRT2 ** (k % 2)) for k, c in enumerate(_R_P))
-_R_Q = tuple(np.float32(c * INV_SQRT2 ** (k % 2)) for k, c in enumerate(_R_Q))
-_RP0, _RP1, _RP2, _RP3, _RP4 = _R_P
-_RQ0, _RQ1, _RQ2, _RQ3, _RQ4, _RQ5 = _R_Q
+_RP0, _RP1, _RP2, _RP3, _RP4 = (np.float32(0.5 * c * INV_SQRT2 ** (k % 2)) for k, c in enumerate(_FIT_P))
+_RQ0, _RQ1, _RQ2, _RQ3, _RQ4, _RQ5 = (np.float32(c * INV_SQRT2 ** (k % 2)) for k, c in enumerate(_FIT_Q))
 _CDF_X_MAX = _F(14.0)
 
 
@@ -317,7 +315,7 @@ def cdf_and_gauss(x):
 def _cdf_and_gauss_overload(x):
     if x == types.float32:
         return lambda x: _cdf_gauss_f32(x)
-    return lambda x: (0.5 * math.erfc(-x * INV_SQRT2), exp64(-0.5 * x * x))
+    return lambda x: (normal_cdf(x), exp64(-0.5 * x * x))
 
 
 def normal_cdf(x):
