@@ -2,7 +2,7 @@
 with the residual add fused (h = x + residual written in the same pass).
 
 Shape rule (CUDA keys) as softmax's: D < BLOCK_MIN -> one warp per row, longer rows
-one block per row (about 8 elements per thread, 32..1024 threads).
+one block per row (about 32 elements per thread, 32..1024 threads: softmax's ROW_BLOCK_PARAMS).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from ..registry import set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, deliver, device_empty, dummy, kernels, output,
                       register_cuda, row_launch, size)
-from .softmax import BLOCK_PARAMS, ROW_RULE, WARP_PARAMS
+from .softmax import ROW_BLOCK_PARAMS, ROW_RULE, WARP_PARAMS
 
 
 def _launch(family):
@@ -52,6 +52,6 @@ for _op, _rms in (("layer_norm", False), ("rms_norm", True)):
     what = "sum of squares" if _rms else "mean, then squared deviations"
     register_cuda(_op, "cuda-warp-row", _make_run(_rms), _launch(_op), kernels=("norm",), params=WARP_PARAMS,
                   notes=f"one warp per row, {what} reduced by warp shuffles; residual add fused; " + DEVICE_COPY_NOTE)
-    register_cuda(_op, "cuda-block-row", _make_run(_rms), _launch(_op), kernels=("norm",), params=BLOCK_PARAMS,
+    register_cuda(_op, "cuda-block-row", _make_run(_rms), _launch(_op), kernels=("norm",), params=ROW_BLOCK_PARAMS,
                   notes=f"one block per row, {what} reduced by warp shuffles + shared slots; residual add fused; " + DEVICE_COPY_NOTE)
     set_rule(_op, "cuda", ROW_RULE)  # the row-length rule of the softmax family (key.row_len is D)

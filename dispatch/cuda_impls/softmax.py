@@ -4,7 +4,8 @@ cross_entropy ("cuda-warp-row").
 Shape rule (CUDA keys): rows shorter than BLOCK_MIN elements (bucket < BLOCK_MIN) go to the warp-per-row kernel (a
 row's 32 lanes each hold <= 32 elements; a block-wide reduction would leave most of a
 block idle on short rows and pay two barriers), longer rows to block-per-row with about
-8 elements per thread (32..1024 threads), the grid capped at one wave of resident
+32 elements per thread (ROW_BLOCK_PARAMS; cross_entropy 8), 32..1024 threads, the grid
+capped at one wave of resident
 blocks and grid-striding over the rows.  Reductions along a non-last axis use the
 column kernel (one thread per (outer, inner) column, coalesced over inner) in both.
 BLOCK_MIN (2048, i.e. rows up to 2047 on warps) follows the usual crossover of hand-written softmax kernels (Apex / OneFlow switch
@@ -19,11 +20,19 @@ from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliv
                       kernels, output, props, register_cuda, row_launch, size)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
-# Launch parameters, none measured on a GPU yet (no GPU has been lent to this project):
-# 4 warps per block and ~8 elements per thread are the common choices of hand-written
-# row-reduction kernels (OneFlow, Apex); 128-thread blocks for the column kernel.
+# Launch parameters: 4 warps per block and ~8 elements per thread are the common choices of
+# hand-written row-reduction kernels (OneFlow, Apex; the backward and cross-entropy block
+# kernels keep them, not measured on a GPU); 128-thread blocks for the column kernel.
 WARP_PARAMS = {"mode": "warp", "warps_per_block": 4}
 BLOCK_PARAMS = {"mode": "block", "per_thread": 8, "max_block": 1024, "waves": 1}
+# softmax, log_softmax and the norms: ~32 elements a thread (128 threads for a row of 4096).
+# GPU time on the H200 (2026-11-27, bench/gpu_results/2026-11-27-h200/probe_rows.log), at 8 /
+# 16 / 32 elements a thread: (4096, 4096) float16 softmax 105 / 82 / 71 us, layer_norm 112 /
+# 89 / 80, rms_norm 84 / 71 / 65 (float32 alike; (8192, 2048) and (1024, 8192) the same
+# order).  Smaller blocks put more rows in flight on each SM, each row a chain of loads and
+# barriers.  (A block holding its row in registers, 8 or 16 elements a thread, was no
+# faster than 32 elements in two passes except rms_norm's 59 against 65 us: not kept.)
+ROW_BLOCK_PARAMS = {**BLOCK_PARAMS, "per_thread": 32}
 COLUMN_BLOCK = 128
 
 
@@ -75,7 +84,7 @@ for _op in ("softmax", "log_softmax"):
     register_cuda(_op, "cuda-warp-row", _run_softmax, launch, kernels=("softmax",), notes=NOTES_W,
                   params=WARP_PARAMS)
     register_cuda(_op, "cuda-block-row", _run_softmax, launch, kernels=("softmax",), notes=NOTES_B,
-                  params=BLOCK_PARAMS)
+                  params=ROW_BLOCK_PARAMS)
     set_rule(_op, "cuda", ROW_RULE)
 
 
