@@ -107,9 +107,13 @@ ATTN_TILES = {64: (64, 16), 128: (128, 16)}
 # TC_ATTN_WARPS warps own TC_ATTN_BQ query rows (16 per warp: one mma row tile) against K/V
 # tiles of TC_ATTN_BK[d] keys, for head dims exactly d in TC_ATTN_BK.  The
 # FlashAttention-2 forward's usual shape (4 warps, 64-row tiles); 32-key tiles at d = 128,
-# where 64 spilled 160-376 bytes on sm_80/87 at 255 registers (ptxas; 176-180 registers at
-# 32).  Not yet timed on a GPU.  Shared memory: K BK x (d/2 + 4) words + V^T d x (BK/2 + 4)
-# words: 18 KB at d = 64 and at d = 128.
+# where 64 spilled 160-376 bytes on sm_80/87 at 255 registers (ptxas).  On the H200
+# (2026-11-27, bench/gpu_results/2026-11-27-h200) causal (1, 32, 4096, 128) ran 2.58 ms, then
+# 1.18 ms with the K/V loads' index arithmetic cut and V's loads overlapping QK^T (PyTorch
+# 0.29 ms); the loads at constant offsets from one address came after that run (ptxas, d =
+# 128: 1163 instead of 1412 instructions per tile, 233 registers instead of 255 and no
+# spill on sm_80/87), not yet timed.  Shared memory: K BK x (d/2 + 4) words + V^T d x (BK/2 + 4) words: 18 KB at
+# d = 64 and at d = 128.
 TC_ATTN_BQ = 64
 TC_ATTN_BK = {64: 64, 128: 32}
 TC_ATTN_WARPS = 4

@@ -29,14 +29,14 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, types, uint32, uint64
+from numba import cuda, float32, int32, int64, types, uint32, uint64
 
 from kernels_common.attention import MASK_BOOL, MASK_NONE
 from kernels_common import acc_dtype
 from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes
 from kernels_common.cuda_tiles import TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS
 
-from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, kernel
+from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel
 from .mma import ex2_approx, mma_16816, pack_f16x2
 from .primitives import warp_max, warp_sum
 
@@ -209,6 +209,13 @@ def flash_kernel(acc_np, dmax):
     return attention_flash
 
 
+@device
+def udiv32(a, b):
+    """a // b for non-negative a, b < 2^32, as a 32-bit division (numba types integer // as
+    int64, whose division SASS calls a subroutine for; LLVM narrows the zero-extended one)."""
+    return int64(uint32(a) // uint32(b))
+
+
 @lru_cache(maxsize=None)
 def flash_tc_kernel(dmax):
     """float16 flash attention on tensor cores (mma.m16n8k16, float32 accumulation), no mask,
@@ -229,7 +236,7 @@ def flash_tc_kernel(dmax):
     (0 for a query that sees no key), lse = m + log l (-inf then) when want_lse.  NaN in a
     score makes its row NaN (it takes no part in the max, and exp(NaN) poisons l and O), as
     the other kernels.  q, k, v are flat uint32 views of the C-contiguous float16 (B, H, S,
-    dmax) arrays; out and lse float16."""
+    dmax) arrays; out and lse flat float16 views of (B, H, S, dmax) and (B, H, S)."""
     BQ, BK, NWT = TC_ATTN_BQ, TC_ATTN_BK[dmax], TC_ATTN_WARPS
     DW = dmax // 2              # words per row
     KLD = DW + 4                # K rows padded: fragment reads at word 36 g + t / 68 g + t hit 32 banks
@@ -238,21 +245,66 @@ def flash_tc_kernel(dmax):
     NS = BK // 8                # n8 tiles of S
     ND = dmax // 8              # n8 tiles of O
     NT = 32 * NWT
-    K_LOADS = BK * DW // NT
-    V_PAIRS = (BK // 2) * DW // NT
+    assert NT % DW == 0, "a block's threads load whole rows of words"
+    RSTEP = NT // DW            # rows a block's load step covers
+    K_LOADS = BK // RSTEP
+    V_PAIRS = (BK // 2) // RSTEP
+    V_WORDS = 2 * V_PAIRS       # V words a thread holds between load_v and store_v
     neg_inf, zero, one = np.float32(-np.inf), np.float32(0.0), np.float32(1.0)
     LOG2E, LN2 = math.log2(math.e), np.float32(math.log(2.0))
     LO = uint32(0xFFFF)
     HI = uint32(0xFFFF0000)
 
+    @device
+    def load_k(k, Ks, kvw, j0, skv, cw, r0t, partial):
+        """K rows of the tile as words into Ks, each load at a constant offset from one view's
+        start ([R + imm] in SASS: one 64-bit address for all, where a 64-bit address per load
+        filled the 255 registers and spilled at d = 128, ptxas sm_80/87).  `partial` (a constant at each call: the branch
+        folds away) reads only keys below skv, the others as zeros (their scores become -inf);
+        a whole tile keeps no per-load predicate alive.  (The view's start is clamped to the
+        array's end only where all of this thread's keys are past skv: nothing is read.)"""
+        kt = k[uint64(kvw + (j0 + r0t) * DW + cw):]
+        for l in range(K_LOADS):
+            kr = r0t + l * RSTEP
+            if partial:
+                Ks[kr, cw] = kt[uint64(l * RSTEP * DW)] if j0 + kr < skv else uint32(0)
+            else:
+                Ks[kr, cw] = kt[uint64(l * RSTEP * DW)]
+
+    @device
+    def load_v(v, vw, kvw, j0, skv, cw, r0t, partial):
+        """The tile's V words this thread stores later (store_v) into registers vw: keys 2p,
+        2p + 1 of word column cw for its pairs p (`partial` and the offsets as load_k)."""
+        vt = v[uint64(kvw + (j0 + 2 * r0t) * DW + cw):]
+        for l in range(V_PAIRS):
+            key = j0 + 2 * (r0t + l * RSTEP)
+            if partial:
+                vw[2 * l] = vt[uint64(2 * l * RSTEP * DW)] if key < skv else uint32(0)
+                vw[2 * l + 1] = vt[uint64((2 * l * RSTEP + 1) * DW)] if key + 1 < skv else uint32(0)
+            else:
+                vw[2 * l] = vt[uint64(2 * l * RSTEP * DW)]
+                vw[2 * l + 1] = vt[uint64((2 * l * RSTEP + 1) * DW)]
+
+    @device
+    def store_v(vw, Vs, cw, r0t):
+        """keys 2p, 2p + 1 of columns 2c, 2c + 1 -> V^T rows 2c, 2c + 1 at word p"""
+        for l in range(V_PAIRS):
+            kp = r0t + l * RSTEP
+            w0 = vw[2 * l]
+            w1 = vw[2 * l + 1]
+            Vs[2 * cw, kp] = (w0 & LO) | (w1 << 16)
+            Vs[2 * cw + 1, kp] = (w0 >> 16) | (w1 & HI)
+
     @kernel(launch_bounds=(NT, 2))
     def attention_tc(q, k, v, nb, hq, sq, hkv, skv, causal, scale, out, lse, want_lse):
+        # the block's (batch, head, query tile) in 32-bit divisions (udiv32): numba's int64
+        # ones are subroutine calls in SASS (and cost the d = 128 build 9-11 more registers)
         nqb = (sq + BQ - 1) // BQ
-        bh = cuda.blockIdx.x // nqb
+        bh = udiv32(cuda.blockIdx.x, nqb)
         r0 = (cuda.blockIdx.x - bh * nqb) * BQ
-        b = bh // hq
+        b = udiv32(bh, hq)
         h = bh - b * hq
-        kvh = h // (hq // hkv)
+        kvh = udiv32(h, udiv32(hq, hkv))
         t = cuda.threadIdx.x
         lane = t & 31
         warp = t >> 5
@@ -269,6 +321,7 @@ def flash_tc_kernel(dmax):
         sc = float32(scale * LOG2E)  # scores in base 2: exp(s) = 2^(s log2 e), one MUFU.EX2 each
         # this warp's query rows g and g + 8 (clamped for the loads; rows past sq are not stored)
         rw = r0 + warp * 16 + g
+        orow = bh * sq + rw  # row g's index among all (batch, head, query) rows: the epilogue's one index
         qbase = ((b * hq + h) * sq) * DW
         row_a = uint64(qbase + min(rw, sq - 1) * DW)
         row_b = uint64(qbase + min(rw + 8, sq - 1) * DW)
@@ -287,29 +340,23 @@ def flash_tc_kernel(dmax):
         kv_end = skv
         if causal:
             kv_end = min(skv, max(0, min(sq, r0 + BQ) - 1 + off + 1))
-        kvw = uint64((b * hkv + kvh) * skv * DW)  # the (batch, kv head)'s first word
+        kvw = (b * hkv + kvh) * skv * DW  # the (batch, kv head)'s first word
+        # thread t loads word cw = t % DW of rows t // DW, + RSTEP, ... of each tile: the
+        # index arithmetic of a load is an add, a min and a multiply-add (per-element
+        # division and 64-bit products made the load loops 51 instructions a word, ptxas sm_90)
+        cw = t % DW
+        r0t = t // DW
+        vw = cuda.local.array(V_WORDS, uint32)
         for j0 in range(0, kv_end, BK):
-            # K rows as words; keys past skv read as zeros (their scores become -inf below):
-            # each load at a clamped index, then selected
-            for l in range(K_LOADS):
-                e = t + l * NT
-                kr = e // DW
-                kw = e - kr * DW
-                key = j0 + kr
-                val = k[kvw + uint64(min(key, skv - 1) * DW + kw)]
-                Ks[kr, kw] = val if key < skv else uint32(0)
-            # V: keys 2p, 2p + 1 of columns 2c, 2c + 1 -> V^T rows 2c, 2c + 1 at word p
-            for l in range(V_PAIRS):
-                e = t + l * NT
-                kp = e // DW
-                cw = e - kp * DW
-                key = j0 + 2 * kp
-                w0 = v[kvw + uint64(min(key, skv - 1) * DW + cw)]
-                w1 = v[kvw + uint64(min(key + 1, skv - 1) * DW + cw)]
-                w0 = w0 if key < skv else uint32(0)
-                w1 = w1 if key + 1 < skv else uint32(0)
-                Vs[2 * cw, kp] = (w0 & LO) | (w1 << 16)
-                Vs[2 * cw + 1, kp] = (w0 >> 16) | (w1 & HI)
+            # K into shared memory now; V's words stay in registers until S and P are done, so
+            # their loads overlap QK^T and the softmax.  (Ks is free: every warp passed the
+            # barrier after its last QK^T; Vs only after the barrier below.)
+            if j0 + BK <= skv:  # block-uniform: a whole tile, no key to clamp
+                load_k(k, Ks, kvw, j0, skv, cw, r0t, False)
+                load_v(v, vw, kvw, j0, skv, cw, r0t, False)
+            else:
+                load_k(k, Ks, kvw, j0, skv, cw, r0t, True)
+                load_v(v, vw, kvw, j0, skv, cw, r0t, True)
             cuda.syncthreads()
             for j in range(NS):
                 for r in range(4):
@@ -363,6 +410,8 @@ def flash_tc_kernel(dmax):
                 for i in range(ND):
                     o[i, 2 * hh] *= alpha
                     o[i, 2 * hh + 1] *= alpha
+            store_v(vw, Vs, cw, r0t)
+            cuda.syncthreads()
             # O += P V: P's A fragments from S's registers, k-step kk = keys 16kk..16kk + 15
             for kk in range(BK // 16):
                 a0 = pack_f16x2(sacc[2 * kk, 0], sacc[2 * kk, 1])
@@ -377,17 +426,15 @@ def flash_tc_kernel(dmax):
                     o[i, 1] = d1
                     o[i, 2] = d2
                     o[i, 3] = d3
-            cuda.syncthreads()
         for hh in range(2):
-            row = rw + 8 * hh
-            if row < sq:
+            if rw + 8 * hh < sq:
                 inv = one / ls[hh] if ls[hh] != zero else zero
-                obase = ((b * hq + h) * sq + row) * dmax
+                obase = (orow + 8 * hh) * dmax
                 for i in range(ND):
                     for e2 in range(2):
                         out[uint64(obase + i * 8 + 2 * tq + e2)] = o[i, 2 * hh + e2] * inv
                 if want_lse and tq == 0:
-                    lse[b, h, row] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
+                    lse[uint64(orow + 8 * hh)] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
 
     return attention_tc
 
@@ -450,7 +497,7 @@ def _fitting_dtypes(dmax):
 def _flash_tc_args(dt):
     i64, u32 = types.int64, types.uint32
     return (arr(u32, 1), arr(u32, 1), arr(u32, 1), i64, i64, i64, i64, i64, types.boolean, types.float64, arr(dt, 1),
-            arr(dt, 3), types.boolean)
+            arr(dt, 1), types.boolean)
 
 
 PTX = [

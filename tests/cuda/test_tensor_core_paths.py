@@ -66,7 +66,7 @@ def test_float16_wide_tensor_core_tile(layout):
 
 
 
-@pytest.mark.parametrize("case", ["gqa", "causal", "causal sq > skv", "d128 scaled"])
+@pytest.mark.parametrize("case", ["gqa", "causal", "causal sq > skv", "causal, a block that sees no key", "d128 scaled"])
 def test_float16_attention_on_tensor_cores(case):
     """float16 attention without a mask at head dim 64 / 128 runs flash_tc_kernel (QK^T and
     PV on mma.sync, P in registers): partial query and key tiles, GQA, bottom-right causal,
@@ -77,7 +77,9 @@ def test_float16_attention_on_tensor_cores(case):
     g = rng()
     nb, hq, hkv, sq, skv, d, causal, scale = {
         "gqa": (1, 2, 1, 33, 70, 64, False, None), "causal": (1, 1, 1, 70, 90, 64, True, None),
-        "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3)}[case]
+        "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3),
+        # the first 64-row block's rows see no key: it reads no tile at all
+        "causal, a block that sees no key": (1, 1, 1, 100, 20, 64, True, None)}[case]
     q = g.standard_normal((nb, hq, sq, d)).astype(np.float16)
     k = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
     v = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
@@ -104,9 +106,21 @@ def test_float16_attention_on_tensor_cores(case):
         got[0, 1, 3], want[0, 1, 3], got_lse[0, 1, 3], want_lse[0, 1, 3] = 0, 0, 0, 0
     if case == "causal sq > skv":  # query i sees keys <= i - 20: none for the first 20 rows
         assert (got[:, :, :20] == 0).all() and np.isneginf(got_lse[:, :, :20]).all()
+    if case == "causal, a block that sees no key":  # query i sees keys <= i - 80
+        assert (got[:, :, :80] == 0).all() and np.isneginf(got_lse[:, :, :80]).all()
     assert_close(got, want, F16_TOL, case, cancel=True)
     fin = np.isfinite(want_lse)
     assert (np.isneginf(got_lse) == ~fin).all()
     assert np.abs(got_lse[fin] - want_lse[fin]).max() <= 4e-3 * max(1.0, np.abs(want_lse[fin]).max())
     mask = np.ones((sq, skv), bool)
     assert "attention.flash_d" in str(dispatch.explain("attention", *args, mask=_dev(mask)))
+
+
+def test_float16_attention_on_tensor_cores_without_keys():
+    """Skv = 0: no tile to read; every query sees no key: zeros, lse -inf."""
+    q = rng().standard_normal((1, 1, 40, 64)).astype(np.float16)  # Sq > 16: not a decode shape
+    k = np.zeros((1, 1, 0, 64), np.float16)
+    args = (_dev(q), _dev(k), _dev(k))
+    assert "'kernel': 'attention.tc_d64'" in str(dispatch.explain("attention", *args))
+    out, lse = dispatch.attention(*args, return_lse=True)
+    assert (out.copy_to_host() == 0).all() and np.isneginf(lse.copy_to_host()).all()
