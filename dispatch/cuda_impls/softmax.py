@@ -5,7 +5,7 @@ Shape rule (CUDA keys): rows shorter than BLOCK_MIN elements (bucket < BLOCK_MIN
 row's 32 lanes each hold <= 32 elements; a block-wide reduction would leave most of a
 block idle on short rows and pay two barriers), longer rows to block-per-row with about
 32 elements per thread (ROW_BLOCK_PARAMS; cross_entropy 8), 32..1024 threads, the grid
-capped at one wave of resident
+capped at 4 waves (cross_entropy one) of resident
 blocks and grid-striding over the rows.  Reductions along a non-last axis use the
 column kernel (one thread per (outer, inner) column, coalesced over inner) in both.
 BLOCK_MIN (2048, i.e. rows up to 2047 on warps) follows the usual crossover of hand-written softmax kernels (Apex / OneFlow switch
@@ -25,14 +25,17 @@ BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two b
 # kernels keep them, not measured on a GPU); 128-thread blocks for the column kernel.
 WARP_PARAMS = {"mode": "warp", "warps_per_block": 4}
 BLOCK_PARAMS = {"mode": "block", "per_thread": 8, "max_block": 1024, "waves": 1}
-# softmax, log_softmax and the norms: ~32 elements a thread (128 threads for a row of 4096).
-# GPU time on the H200 (2026-11-27, bench/gpu_results/2026-11-27-h200/probe_rows.log), at 8 /
-# 16 / 32 elements a thread: (4096, 4096) float16 softmax 105 / 82 / 71 us, layer_norm 112 /
-# 89 / 80, rms_norm 84 / 71 / 65 (float32 alike; (8192, 2048) and (1024, 8192) the same
-# order).  Smaller blocks put more rows in flight on each SM, each row a chain of loads and
-# barriers.  (A block holding its row in registers, 8 or 16 elements a thread, was no
-# faster than 32 elements in two passes except rms_norm's 59 against 65 us: not kept.)
-ROW_BLOCK_PARAMS = {**BLOCK_PARAMS, "per_thread": 32}
+# softmax, log_softmax and the norms: ~32 elements a thread (128 threads for a row of 4096),
+# the grid capped at 4 waves.  GPU time on the H200 (2026-11-27, bench/gpu_results/
+# 2026-11-27-h200, call2/probe_rows.log), at 8 / 16 / 32 elements a thread: (4096, 4096)
+# float16 softmax 105 / 82 / 71 us, layer_norm 112 / 89 / 80, rms_norm 84 / 71 / 65 (float32
+# alike; (8192, 2048) and (1024, 8192) the same order).  Smaller blocks put more rows in
+# flight on each SM, each row a chain of loads and barriers.  64 elements won in float16
+# by 0-4 us and lost in float32 by up to 23 (call3/probe_rows2.log); 4 waves instead of 1
+# gained 1-4% at 4096 rows (the same run; equal at 1024 rows, under either cap).  (A block
+# holding its row in registers, 8 or 16 elements a thread, was no faster than 32 elements
+# in two passes except rms_norm's 59 against 65 us: not kept.)
+ROW_BLOCK_PARAMS = {**BLOCK_PARAMS, "per_thread": 32, "waves": 4}
 COLUMN_BLOCK = 128
 
 
