@@ -4,6 +4,9 @@
     python -m bench.runtime --ab         the same in one fresh process per layer (tbb, omp,
                                          workqueue) plus PyTorch / numpy alone, and the table
     python -m bench.runtime --json PATH  also write the rows
+    python -m bench.runtime --wake       how long numba's second thread takes to start a
+                                         parallel region after idle (this process's layer;
+                                         NUMBA_THREADING_LAYER=omp ... to compare)
 
 The settings (per case, medians of per-call seconds):
   (a) loop:   the call back to back (what a microbenchmark sees);
@@ -312,12 +315,67 @@ def ab(rounds=9, layers=LAYERS, json_path=None) -> dict:
 
 
 
+WAKE_IDLES_S = (0.0, 0.001, 0.01, 0.05, 0.2)
+
+
+def wake_delays(rounds=11, idles=WAKE_IDLES_S, cap=50_000_000):
+    """{idle seconds: (median, max) seconds} of a two-iteration parallel region after that
+    much sleep, in which iteration 0 spins (atomic reads) until iteration 1 has run: the
+    time until a second thread takes up work.  (A layer that lets the caller run both
+    iterations would spin to `cap`, about 0.5 s: the region then never got a second thread.)
+    On the 2-core VMs of this project (haltpoll, guest_halt_poll_ns=0: an idle vCPU halts at
+    once), medians after 0 / 1 / 10 / 50 / 200 ms of idle (2026-11-27, AMD EPYC Zen 5):
+    tbb 5 us / 28 us / 94 us / 1.8 ms / 3.8 ms, omp 1.5 us / 1.7 us / 54 us / 5.8 ms /
+    7.8 ms.  A parallel kernel shorter than that, called after a pause, runs on the calling
+    thread alone (ours hand out work dynamically, so none waits for the late thread)."""
+    import numba
+    from numba import njit, prange
+    from kernels_cpu.parallel import fetch_add
+
+    @njit(parallel=True, nogil=True)
+    def probe(flag, cap):
+        for w in prange(2):
+            if w == 1:
+                fetch_add(flag, 0, 1)
+            else:
+                n = 0
+                while fetch_add(flag, 0, 0) == 0 and n < cap:
+                    n += 1
+                flag[1] = n
+
+    flag = np.zeros(2, np.int64)
+    probe(flag, 10)
+    out = {}
+    for idle in idles:
+        ts = []
+        for _ in range(rounds):
+            if idle:
+                time.sleep(idle)
+            flag[:] = 0
+            t0 = time.perf_counter()
+            probe(flag, cap)
+            ts.append(time.perf_counter() - t0)
+        out[idle] = (statistics.median(ts), max(ts))
+    return out, numba.threading_layer(), numba.get_num_threads()
+
+
 def main(argv=None):
     p = tool_parser("python -m bench.runtime", __doc__, 9, ("alone",) + LAYERS)
     p.add_argument("--ab", action="store_true", help="one fresh process per threading layer")
+    p.add_argument("--wake", action="store_true", help="the second thread's start delay after idle")
     a = p.parse_args(argv)
     if a.child:
         _child(a.child, a.out, a.rounds)
+        return 0
+    if a.wake:
+        import dispatch  # noqa: F401  (the package's threading-layer set-up: tbb's loader path)
+        delays, layer, threads = wake_delays(a.rounds)
+        print(f"threading layer {layer}, {threads} threads: second thread's start after idle (median / max)")
+        for idle, (med, mx) in delays.items():
+            print(f"  idle {idle * 1e3:6.1f} ms: {med * 1e6:9.1f} us / {mx * 1e6:9.1f} us")
+        if a.json:
+            write_json(a.json, {"layer": layer, "threads": threads,
+                                "delays": [{"idle_s": i, "median_s": m, "max_s": x} for i, (m, x) in delays.items()]})
         return 0
     if a.ab:
         ab(a.rounds, json_path=a.json)

@@ -405,6 +405,23 @@ def test_runtime_settings_measure_every_setting_and_check_threads():
     assert "softmax tiny" in RT.format_rows(rows)
 
 
+def test_wake_probe_times_the_second_thread(capsys):
+    """bench.runtime --wake: one timing per idle period, each the time until a second
+    thread took up work, far below the spin cap (a layer that never gave the region a
+    second thread would spin to the cap)."""
+    import numba
+    from bench import runtime as RT
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("one numba thread: no second thread to wait for")
+    delays, layer, threads = RT.wake_delays(rounds=2, idles=(0.0, 0.001), cap=10**9)
+    assert set(delays) == {0.0, 0.001} and layer in RT.LAYERS and threads >= 1
+    for med, mx in delays.values():
+        assert 0 < med <= mx < 1.0
+    assert RT.main(["--wake", "--rounds", "1"]) == 0
+    assert "second thread's start after idle" in capsys.readouterr().out
+
+
 def test_model_forward_matches_pytorch_at_a_small_size(monkeypatch):
     """The encoder of bench/model.py through our ops equals the PyTorch forward (same weights)."""
     pytest.importorskip("torch")
