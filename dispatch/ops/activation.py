@@ -15,11 +15,25 @@ from .. import validate as V
 from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
-# Not re-measured since the first session: relu float32, serial vs parallel kernels alone in
-# a loop on this machine kind (2 cores), the parallel kernel started to win between 2^15
-# and 2^16 elements.  (Issue #8 re-measures all thresholds after idle and next to peers.)
-PARALLEL_THRESHOLD = 1 << 16
-_MEASURED = "relu float32, serial vs parallel crossover measured at 2^15..2^16 elements"
+# Measured through dispatch with each kernel forced (2 cores, AMD EPYC Zen 5 with AVX-512,
+# numba's tbb layer, float32, rows of ~3100; medians of 9 interleaved rounds, 2026-11-27),
+# serial / parallel us per call in (a) a loop after 10 ms of calls (threads awake), (e)
+# batches of 10 calls after 10 ms pauses, (b) one call after 0.2 s idle:
+#   relu  2^16 (a) 7.3 / 10.1   (e) 22 / 27    (b) 191 / 258;  2^17 (a) 13.6 / 15.1 (e) 30 / 38
+#         (b) 193 / 291;  2^18 (a) 28 / 23  (e) 64 / 55  (b) 290 / 372;  2^19 (a) 45 / 45
+#   gelu  2^16 (a) 23 / 25  (e) 37 / 40   (b) 221 / 283;  2^17 (a) 41 / 44  (e) 55 / 64
+#         (b) 244 / 313;  2^18 (a) 93 / 80  (e) 116 / 134  (b) 329 / 401;  2^19 (a) 146 / 112
+#         (e) 174 / 206  (b) 387 / 424
+#   geglu 2^16 (a) 24 / 25  (e) 41 / 44   (b) 198 / 273;  2^17 (a) 42 / 37  (e) 64 / 91
+#         (b) 297 / 394;  2^18 (a) 113 / 69  (e) 130 / 139  (b) 302 / 388
+# Below 2^18 serial is ahead or level in every setting; from 2^18 the parallel kernel gains
+# 15-40% once its threads are awake and loses 0-20% in bursts after pauses (the second
+# thread needs ~0.1 ms after 10 ms of idle, 2-4 ms after 50-200 ms on these VMs: python -m
+# bench.runtime --wake).  The first session's threshold, 2^16 (relu alone in a loop, another
+# threading layer), was behind in every setting at 2^16-2^17.
+PARALLEL_THRESHOLD = 1 << 18
+_MEASURED = ("float32 relu / gelu / geglu, serial vs parallel (tbb; loop, paced, after idle): serial ahead "
+             "below 2^18 elements in every setting")
 
 
 class Key(NamedTuple):

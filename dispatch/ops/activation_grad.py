@@ -21,17 +21,22 @@ from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .activation import _approximate
 
-# The forwards' threshold (dispatch/ops/activation.py: relu float32, serial vs parallel crossover
-# at 2^15..2^16 elements on a quiet host).  Measured for these kernels (float32, the kernels alone,
-# medians of 15 interleaved rounds of 20 calls, 2026-11-25) only on a loaded host (load average 9
-# on the 2 cores: the second core was busy, so threads could not pay): serial / parallel
-# gelu_backward 2^15 33.1 / 34.6 us, 2^16 70.4 / 71.5 us, 2^17 150 / 154 us; swiglu_backward 2^16
-# 31.2 / 33.6 us.  The parallel path costs ~1.5 us more when it cannot help (so on a quiet host it
-# wins once the serial time is a few us: the derivatives cost 2-3x the forwards per element, the
-# crossover lies at or below the forwards'); kept at the forwards' value until a quiet re-measure.
-PARALLEL_THRESHOLD = 1 << 16
-_MEASURED = ("forwards' relu crossover 2^15..2^16 elements (quiet host); here, loaded host, gelu_backward "
-             "float32 serial / parallel 70.4 / 71.5 us at 2^16")
+# Measured as the forwards' (dispatch/ops/activation.py: 2 cores, AMD EPYC Zen 5, tbb,
+# float32, medians of 9 interleaved rounds, 2026-11-27), serial / parallel us per call in (a)
+# a loop with the threads awake, (e) batches of 10 after 10 ms pauses, (b) one call after
+# 0.2 s idle:
+#   gelu_backward   2^16 (a) 28 / 29  (e) 42 / 52  (b) 220 / 252;  2^17 (a) 47 / 48  (e) 70 / 71
+#                   (b) 237 / 369;  2^18 (a) 86 / 91  (e) 109 / 117  (b) 304 / 344;  2^19 (a)
+#                   171 / 169  (e) 191 / 197  (b) 393 / 458
+#   swiglu_backward 2^16 (a) 24 / 27  (e) 42 / 44  (b) 198 / 262;  2^17 (a) 54 / 44  (e) 65 / 74
+#                   (b) 245 / 311;  2^18 (a) 102 / 77  (e) 143 / 156  (b) 412 / 448;  2^19 (a)
+#                   192 / 116  (e) 246 / 262  (b) 564 / 615
+# The forwards' threshold, 2^18, fits: below it the parallel kernels lose in bursts and after
+# idle and gain little in loops.  (gelu_backward's parallel kernel not gaining in a loop even
+# at 2^19 is unexplained: swiglu_backward's gains 40% there.)
+PARALLEL_THRESHOLD = 1 << 18
+_MEASURED = ("float32 gelu_backward / swiglu_backward, serial vs parallel (tbb; loop, paced, after idle): "
+             "as the forwards, serial below 2^18 elements")
 
 _KERNELS = ("kernels_cpu.activation_grad", "kernels_cpu.activation", "kernels_cpu.approx")
 
