@@ -15,25 +15,26 @@ from .. import validate as V
 from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
-# Measured through dispatch with each kernel forced (2 cores, AMD EPYC Zen 5 with AVX-512,
-# numba's tbb layer, float32, rows of ~3100; medians of 9 interleaved rounds, 2026-11-27),
-# serial / parallel us per call in (a) a loop after 10 ms of calls (threads awake), (e)
-# batches of 10 calls after 10 ms pauses, (b) one call after 0.2 s idle:
-#   relu  2^16 (a) 7.3 / 10.1   (e) 22 / 27    (b) 191 / 258;  2^17 (a) 13.6 / 15.1 (e) 30 / 38
-#         (b) 193 / 291;  2^18 (a) 28 / 23  (e) 64 / 55  (b) 290 / 372;  2^19 (a) 45 / 45
-#   gelu  2^16 (a) 23 / 25  (e) 37 / 40   (b) 221 / 283;  2^17 (a) 41 / 44  (e) 55 / 64
-#         (b) 244 / 313;  2^18 (a) 93 / 80  (e) 116 / 134  (b) 329 / 401;  2^19 (a) 146 / 112
-#         (e) 174 / 206  (b) 387 / 424
-#   geglu 2^16 (a) 24 / 25  (e) 41 / 44   (b) 198 / 273;  2^17 (a) 42 / 37  (e) 64 / 91
-#         (b) 297 / 394;  2^18 (a) 113 / 69  (e) 130 / 139  (b) 302 / 388
-# Below 2^18 serial is ahead or level in every setting; from 2^18 the parallel kernel gains
-# 15-40% once its threads are awake and loses 0-20% in bursts after pauses (the second
-# thread needs ~0.1 ms after 10 ms of idle, 2-4 ms after 50-200 ms on these VMs: python -m
-# bench.runtime --wake).  The first session's threshold, 2^16 (relu alone in a loop, another
-# threading layer), was behind in every setting at 2^16-2^17.
-PARALLEL_THRESHOLD = 1 << 18
-_MEASURED = ("float32 relu / gelu / geglu, serial vs parallel (tbb; loop, paced, after idle): serial ahead "
-             "below 2^18 elements in every setting")
+# Serial vs parallel through dispatch with each kernel forced (2 cores, AMD EPYC Zen 5 with
+# AVX-512, numba's tbb layer, float32, 2026-11-27), us per call:
+#   (a) a warm loop (20 ms of calls, then the best of 2 medians of 15 rounds of 10 calls),
+#       rows of 1536:  gelu 2^15.6 17.1 / 15.0, 2^16.6 30.5 / 21.0, 2^17.6 54.3 / 33.1;
+#       geglu 2^15.6 18.4 / 16.2, 2^16.6 32.0 / 22.6;  relu 2^15.6 6.2 / 8.4, 2^16.6 10.8 / 9.6,
+#       2^17.6 18.4 / 12.6
+#   (e) batches of 10 calls after 10 ms pauses, rows of ~3100 (medians of 9 interleaved
+#       rounds):  gelu 2^16 37 / 40, 2^17 55 / 64, 2^18 116 / 134, 2^19 174 / 206;
+#       relu 2^16 22 / 27, 2^17 30 / 38, 2^18 64 / 55;  geglu 2^17 64 / 91, 2^18 130 / 139
+#   (b) one call after 0.2 s idle:  gelu 2^16 221 / 283, 2^18 329 / 401;  relu 2^16 191 / 258
+# The parallel kernel wins from about 2^16 once its threads are awake and loses up to 2^19
+# in bursts after pauses: the second thread needs ~0.1 ms to wake after 10 ms of idle and
+# 2-4 ms after 50-200 ms on these VMs (python -m bench.runtime --wake).  The threshold keeps
+# the warm-loop crossover (the report's setting too: MiniLM's gelu 128x1536 36.5 us parallel,
+# 56.6 serial); bursty callers lose up to ~20% at 2^16-2^19.  (A first pass that timed the
+# loop right after the other kernel's idle call read serial ahead up to 2^18: the second
+# thread had not woken yet.)
+PARALLEL_THRESHOLD = 1 << 16
+_MEASURED = ("float32 gelu / geglu / relu, serial vs parallel (tbb): parallel ahead from ~2^16 in a warm loop "
+             "(behind up to 2^19 in bursts after pauses)")
 
 
 class Key(NamedTuple):

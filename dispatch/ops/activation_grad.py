@@ -21,22 +21,19 @@ from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .activation import _approximate
 
-# Measured as the forwards' (dispatch/ops/activation.py: 2 cores, AMD EPYC Zen 5, tbb,
-# float32, medians of 9 interleaved rounds, 2026-11-27), serial / parallel us per call in (a)
-# a loop with the threads awake, (e) batches of 10 after 10 ms pauses, (b) one call after
-# 0.2 s idle:
-#   gelu_backward   2^16 (a) 28 / 29  (e) 42 / 52  (b) 220 / 252;  2^17 (a) 47 / 48  (e) 70 / 71
-#                   (b) 237 / 369;  2^18 (a) 86 / 91  (e) 109 / 117  (b) 304 / 344;  2^19 (a)
-#                   171 / 169  (e) 191 / 197  (b) 393 / 458
-#   swiglu_backward 2^16 (a) 24 / 27  (e) 42 / 44  (b) 198 / 262;  2^17 (a) 54 / 44  (e) 65 / 74
-#                   (b) 245 / 311;  2^18 (a) 102 / 77  (e) 143 / 156  (b) 412 / 448;  2^19 (a)
-#                   192 / 116  (e) 246 / 262  (b) 564 / 615
-# The forwards' threshold, 2^18, fits: below it the parallel kernels lose in bursts and after
-# idle and gain little in loops.  (gelu_backward's (a) at 2^19 did not reproduce alone: after
-# 20 ms of calls, 15 rounds of 10, serial 169 us, parallel 115 on 2 threads, 173 on 1.)
-PARALLEL_THRESHOLD = 1 << 18
-_MEASURED = ("float32 gelu_backward / swiglu_backward, serial vs parallel (tbb; loop, paced, after idle): "
-             "as the forwards, serial below 2^18 elements")
+# The forwards' threshold (dispatch/ops/activation.py: parallel ahead from ~2^16 in a warm
+# loop, behind up to 2^19 in bursts after pauses).  Measured for these kernels (2 cores,
+# AMD EPYC Zen 5, tbb, float32, 2026-11-27), serial / parallel us per call, (e) batches of
+# 10 after 10 ms pauses and (b) one call after 0.2 s idle, medians of 9 interleaved rounds:
+#   gelu_backward   2^16 (e) 42 / 52  (b) 220 / 252;  2^17 (e) 70 / 71  (b) 237 / 369;
+#                   2^18 (e) 109 / 117  (b) 304 / 344
+#   swiglu_backward 2^16 (e) 42 / 44  (b) 198 / 262;  2^17 (e) 65 / 74  (b) 245 / 311
+# and in a warm loop (20 ms of calls, 15 rounds of 10) at 2^19: gelu_backward 169 / 115 us
+# (173 with the parallel kernel on 1 thread), silu_backward 141 / 92, swiglu_backward
+# 147 / 107.
+PARALLEL_THRESHOLD = 1 << 16
+_MEASURED = ("as the forwards: parallel ahead from ~2^16 in a warm loop, behind in bursts after pauses "
+             "(gelu_backward / swiglu_backward float32, tbb)")
 
 _KERNELS = ("kernels_cpu.activation_grad", "kernels_cpu.activation", "kernels_cpu.approx")
 
