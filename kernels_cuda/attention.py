@@ -259,17 +259,15 @@ def flash_tc_kernel(dmax):
     def load_k(k, Ks, kvw, j0, skv, cw, r0t, partial):
         """K rows of the tile as words into Ks, each load at a constant offset from one view's
         start ([R + imm] in SASS: one 64-bit address for all, where a 64-bit address per load
-        filled the 255 registers and spilled at d = 128, ptxas sm_80/87).  `partial` (a constant at each call: the branch
-        folds away) reads only keys below skv, the others as zeros (their scores become -inf);
-        a whole tile keeps no per-load predicate alive.  (The view's start is clamped to the
-        array's end only where all of this thread's keys are past skv: nothing is read.)"""
+        filled the 255 registers and spilled at d = 128, ptxas sm_80/87).  `partial` (a
+        constant at each call: the test folds away) reads only keys below skv, the others as
+        zeros (their scores become -inf); a whole tile keeps no per-load predicate alive.
+        (The view's start is clamped to the array's end only where all of this thread's keys
+        are past skv: nothing is read.)"""
         kt = k[uint64(kvw + (j0 + r0t) * DW + cw):]
         for l in range(K_LOADS):
             kr = r0t + l * RSTEP
-            if partial:
-                Ks[kr, cw] = kt[uint64(l * RSTEP * DW)] if j0 + kr < skv else uint32(0)
-            else:
-                Ks[kr, cw] = kt[uint64(l * RSTEP * DW)]
+            Ks[kr, cw] = kt[uint64(l * RSTEP * DW)] if not partial or j0 + kr < skv else uint32(0)
 
     @device
     def load_v(v, vw, kvw, j0, skv, cw, r0t, partial):
@@ -278,12 +276,8 @@ def flash_tc_kernel(dmax):
         vt = v[uint64(kvw + (j0 + 2 * r0t) * DW + cw):]
         for l in range(V_PAIRS):
             key = j0 + 2 * (r0t + l * RSTEP)
-            if partial:
-                vw[2 * l] = vt[uint64(2 * l * RSTEP * DW)] if key < skv else uint32(0)
-                vw[2 * l + 1] = vt[uint64((2 * l * RSTEP + 1) * DW)] if key + 1 < skv else uint32(0)
-            else:
-                vw[2 * l] = vt[uint64(2 * l * RSTEP * DW)]
-                vw[2 * l + 1] = vt[uint64((2 * l * RSTEP + 1) * DW)]
+            vw[2 * l] = vt[uint64(2 * l * RSTEP * DW)] if not partial or key < skv else uint32(0)
+            vw[2 * l + 1] = vt[uint64((2 * l * RSTEP + 1) * DW)] if not partial or key + 1 < skv else uint32(0)
 
     @device
     def store_v(vw, Vs, cw, r0t):
