@@ -327,9 +327,13 @@ def wake_delays(rounds=11, idles=WAKE_IDLES_S, cap=50_000_000):
     once), medians after 0 / 1 / 10 / 50 / 200 ms of idle (2026-11-27, AMD EPYC Zen 5):
     tbb 5 us / 28 us / 94 us / 1.8 ms / 3.8 ms, omp 1.5 us / 1.7 us / 54 us / 5.8 ms /
     7.8 ms.  A parallel kernel shorter than that, called after a pause, runs on the calling
-    thread alone (ours hand out work dynamically, so none waits for the late thread)."""
+    thread alone (ours hand out work dynamically, so none waits for the late thread).
+    Each probe call arms the keep-warm heartbeat as a dispatched call does
+    (kernels_cpu/keepwarm.py); with it (medians of 4 runs, same host): 50 ms 88, 141, 190,
+    1872 us; 200 ms 149, 156, 157, 1179 us.  NK_KEEP_WARM_MS=0 gives the figures above."""
     import numba
     from numba import njit, prange
+    from kernels_cpu import keepwarm
     from kernels_cpu.parallel import fetch_add
 
     @njit(parallel=True, nogil=True)
@@ -355,6 +359,7 @@ def wake_delays(rounds=11, idles=WAKE_IDLES_S, cap=50_000_000):
             t0 = time.perf_counter()
             probe(flag, cap)
             ts.append(time.perf_counter() - t0)
+            keepwarm.touch()  # what dispatch does after every CPU kernel
         out[idle] = (statistics.median(ts), max(ts))
     return out, numba.threading_layer(), numba.get_num_threads()
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from kernels_cpu import runtime as cpu_runtime
+from kernels_cpu import keepwarm
 
 from . import interop
 
@@ -225,10 +226,15 @@ class Op:
     def _run(self, args, kwargs):
         call = self.describe(*args, **kwargs)
         impl, params = _select(call.key)
-        if impl.device == "cpu" and cpu_runtime.needs_guard():  # a user-chosen workqueue layer
+        if impl.device != "cpu":
+            return impl.run(params, *call.args)
+        if cpu_runtime.needs_guard():  # a user-chosen workqueue layer
             with cpu_runtime.guard():
-                return impl.run(params, *call.args)
-        return impl.run(params, *call.args)
+                result = impl.run(params, *call.args)
+        else:
+            result = impl.run(params, *call.args)
+        keepwarm.touch()  # the cores stay awake for the next call (kernels_cpu/keepwarm.py)
+        return result
 
     def expose(self, fn):
         """Decorator: `fn` is this op's public function (docstring and signature)."""

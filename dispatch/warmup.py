@@ -83,6 +83,8 @@ def main(argv=None):
     import dispatch  # noqa: F401 - registers the ops
     from kernels_cpu import runtime
 
+    from kernels_cpu import keepwarm
+    keepwarm.precompile()  # the heartbeat loop every CPU call arms (kernels_cpu/keepwarm.py)
     todo = plan(a.ops, a.dtypes)
     failed = []
     for i, (op, impl, dt) in enumerate(todo, 1):

@@ -118,7 +118,9 @@ def describe() -> str:
     """One line for ``explain`` and the report's machine header."""
     req = requested()
     how = "numba default" if req == "default" else f"NUMBA_THREADING_LAYER={req}"
-    return f"{layer()} layer, {numba.get_num_threads()} threads ({how}; tbb: {TBB_NOTE})"
+    from . import keepwarm
+    return (f"{layer()} layer, {numba.get_num_threads()} threads ({how}; tbb: {TBB_NOTE}); "
+            f"{keepwarm.describe()}")
 
 
 def vectors() -> str:

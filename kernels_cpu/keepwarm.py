@@ -1,0 +1,226 @@
+"""Keep the cores awake for a short window after our kernels run, so that a parallel kernel
+called after a pause gets its second thread in microseconds, not milliseconds.
+
+Why (2-core VMs of this project, haltpoll with guest_halt_poll_ns=0, tbb layer; medians,
+``python -m bench.runtime --wake``): after 50 / 200 ms of idle, numba's second thread
+took 1.8 / 3.8 ms to start work (5 us back to back).  An idle vCPU halts at once and the
+host takes it away; the guest scheduler then treats it as preempted and queues the woken
+worker behind the caller.  A parallel kernel shorter than that runs on the calling thread
+alone, so every burst after a pause (a request, a frame, the report's 0.2 s pauses
+between libraries) starts at half speed.  OpenBLAS and GNU OpenMP (PyTorch) avoid this by
+spinning their workers for a while after each call, at the cost of whole cores.
+
+How: one daemon thread per CPU this process may run on, pinned to it and scheduled
+SCHED_IDLE (it runs only when that CPU has nothing else to run, and never preempts real
+work), sleeps PERIOD_US at a time from QUIET_US after our last kernel call until the
+window (NK_KEEP_WARM_MS, default DEFAULT_WINDOW_MS) has passed, then parks on an event
+until the next call.  Each wake-up keeps the vCPU from being taken away.
+
+Measured 2026-11-27 on AMD EPYC Zen 5 (2 vCPUs, tbb), heartbeat threads on both CPUs:
+- second thread's start after 50 / 200 ms idle (medians of 9-11, one per run): off 1.8 /
+  3.8 ms in every run; 200 us period (SCHED_IDLE) 55, 88, 141, 148, 190, 1872, 1910 / 115,
+  129, 139, 149, 156, 157, 186, 1179 us; 100 us 50, 63 / 96, 112 us (21% of a core, below);
+  500 us 95-140 / 460-710 us; 1 ms 0.9-1.9 / 0.7-1.9 ms.
+- cost while beating, idle machine: 18 us of CPU per beat (the VM's timer and halt exits),
+  13% of one core in all at 200 us (a beat every ~275 us per CPU).
+- cost to concurrent work while beating (SCHED_IDLE, 200 us): numpy and PyTorch 1024^3
+  GEMMs 1.007x / 1.008x their time without it; at normal priority 1.10x / 1.12x, which is
+  why the threads are SCHED_IDLE (and do not run at all where that cannot be set).
+- what it cannot fix: a serial layer_norm 128x768 still takes ~150-250 us after 0.2 s
+  idle instead of 30 us (the kernel alone 39-91 us instead of 12, even when the caller
+  busy-waits through the pause): the caches and predictors are cold after a pause, which
+  every library pays.
+
+``NK_KEEP_WARM_MS=0`` turns it off; ``set_window_ms`` changes it for the whole process
+(the heartbeat threads are the process's, like numba's thread pool).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import numba
+import numpy as np
+from numba import njit, types
+
+from .parallel import fetch_add
+
+ENV = "NK_KEEP_WARM_MS"
+DEFAULT_WINDOW_MS = 300   # covers the 0.2 s pauses of the report and the issue's settings
+PERIOD_US = 200           # measured above: 200 us holds the start near 0.1 ms, 1 ms does not
+QUIET_US = 1000           # no beats while calls come closer than this (10 ms idle: 75-124 us start without)
+
+# slots of the shared state array (int64): read by the heartbeat loop without the GIL
+LAST_NS = 0      # time.monotonic_ns() of the last touch()
+WINDOW_NS = 1    # beat until LAST_NS + WINDOW_NS
+STOP = 2         # nonzero: every heartbeat loop returns at its next wake-up
+BEATS = 3        # beats so far (all threads): for tests and measurements
+N_SLOTS = 4
+
+_CLOCK_MONOTONIC = 1  # Linux's clockid for CLOCK_MONOTONIC (time.monotonic_ns reads the same)
+
+
+def _window_from_env(value):
+    """Window in ms from the NK_KEEP_WARM_MS string (unset or empty: the default); anything
+    but a non-negative number is an error naming the variable."""
+    if value is None or not value.strip():
+        return float(DEFAULT_WINDOW_MS)
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = float("nan")
+    if not (ms >= 0.0 and ms != float("inf")):
+        raise ValueError(f"{ENV}={value!r}: expected a non-negative number of milliseconds "
+                         f"(0 turns the heartbeat off; default {DEFAULT_WINDOW_MS})")
+    return ms
+
+
+def _unsupported():
+    """Why the heartbeat cannot run here, or None."""
+    if not sys.platform.startswith("linux"):
+        return "needs Linux (per-thread CPU pinning and SCHED_IDLE)"
+    if not hasattr(os, "SCHED_IDLE"):
+        return "this Python has no os.SCHED_IDLE"
+    return None
+
+
+_UNSUPPORTED = _unsupported()
+if _UNSUPPORTED is None:
+    # libc by symbol name (resolved when the loop is linked), not ctypes objects: those
+    # would make the loop uncacheable.  The timespec pointer is passed as an integer.
+    _usleep = types.ExternalFunction("usleep", types.int32(types.uint32))
+    _clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.uintp))
+
+    @njit(nogil=True, cache=True)
+    def _beat(state, ts, period_us, quiet_ns):
+        """Sleep in PERIOD_US steps until the window after the last touch has passed (or
+        STOP is set), waiting out the first quiet_ns without beats.  Runs without the GIL."""
+        while fetch_add(state, STOP, 0) == 0:
+            _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
+            idle = ts[0] * 1_000_000_000 + ts[1] - fetch_add(state, LAST_NS, 0)
+            if idle >= fetch_add(state, WINDOW_NS, 0):
+                return
+            if idle < quiet_ns:
+                _usleep((quiet_ns - idle) // 1000 + 1)
+            else:
+                _usleep(period_us)
+                fetch_add(state, BEATS, 1)
+
+
+_state = np.zeros(N_SLOTS, np.int64)
+_state[WINDOW_NS] = int(_window_from_env(os.environ.get(ENV)) * 1e6)
+_armed = threading.Event()
+_lock = threading.Lock()
+_threads: list = []
+_notes: dict = {}   # cpu -> why its heartbeat thread stopped (e.g. SCHED_IDLE refused)
+
+
+def _cpus():
+    return sorted(os.sched_getaffinity(0))
+
+
+def _heart(cpu):
+    """A heartbeat thread: pinned to `cpu`, SCHED_IDLE, beating whenever armed."""
+    try:
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as e:  # a container that forbids it: better no heartbeat than one that preempts
+        _notes[cpu] = f"cpu {cpu}: {e.strerror or e}"
+        return
+    ts = np.zeros(2, np.int64)
+    while True:
+        _armed.wait()
+        try:
+            _beat(_state, ts, PERIOD_US, QUIET_US * 1000)
+        except Exception as e:  # noqa: BLE001 - e.g. the loop failed to compile: stop, say why
+            _notes[cpu] = f"cpu {cpu}: {type(e).__name__}: {e}"
+            return
+        if _state[STOP]:
+            return
+        # park unless a touch() came after the loop saw the window end (touch writes
+        # LAST_NS before it tests the event, so one of the two sees the other)
+        _armed.clear()
+        if time.monotonic_ns() - int(_state[LAST_NS]) < int(_state[WINDOW_NS]):
+            _armed.set()
+
+
+def _start():
+    with _lock:
+        if _threads:
+            return
+        for cpu in _cpus():
+            t = threading.Thread(target=_heart, args=(cpu,), name=f"nk-keepwarm-{cpu}", daemon=True)
+            t.start()
+            _threads.append(t)
+
+
+def precompile() -> None:
+    """Compile the heartbeat loop into numba's cache now (``python -m dispatch.warmup``);
+    otherwise the first heartbeat thread compiles it in the background (~0.2 s)."""
+    if _UNSUPPORTED is None:
+        _beat.compile("(int64[::1], int64[::1], int64, int64)")
+
+
+def enabled() -> bool:
+    """Whether touch() beats at all: a window > 0, a supported OS and more than one thread."""
+    return _UNSUPPORTED is None and _state[WINDOW_NS] > 0 and numba.config.NUMBA_NUM_THREADS > 1
+
+
+def touch() -> None:
+    """Called by the dispatcher on every CPU kernel call: restarts the window (~0.2 us)."""
+    if _state[WINDOW_NS] <= 0 or _UNSUPPORTED is not None:
+        return
+    _state[LAST_NS] = time.monotonic_ns()
+    if not _armed.is_set():
+        if not _threads and enabled():
+            _start()
+        _armed.set()
+
+
+def set_window_ms(ms) -> float:
+    """Set the window (ms; 0 turns the heartbeat off) for the whole process and return the
+    previous one.  Beating threads see the new window at their next wake-up."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+        raise TypeError(f"set_window_ms: ms must be a number of milliseconds, got {type(ms).__name__}")
+    if not (ms >= 0.0 and ms != float("inf")):
+        raise ValueError(f"set_window_ms: expected a non-negative number of milliseconds, got {ms!r}")
+    old = _state[WINDOW_NS] / 1e6
+    _state[WINDOW_NS] = int(ms * 1e6)
+    return old
+
+
+def window_ms() -> float:
+    return _state[WINDOW_NS] / 1e6
+
+
+def beats() -> int:
+    """Heartbeats so far in this process (all threads)."""
+    return int(_state[BEATS])
+
+
+def describe() -> str:
+    """One line for ``explain`` and the report's machine header."""
+    if _UNSUPPORTED is not None:
+        return f"keep-warm off ({_UNSUPPORTED})"
+    if _state[WINDOW_NS] <= 0:
+        return f"keep-warm off ({ENV}=0)"
+    if numba.config.NUMBA_NUM_THREADS <= 1:
+        return "keep-warm off (one thread)"
+    refused = f"; not running on {'; '.join(_notes.values())}" if _notes else ""
+    return (f"keep-warm {window_ms():g} ms after each call ({ENV}), a SCHED_IDLE heartbeat every "
+            f"{PERIOD_US} us on each of {len(_cpus())} CPUs{refused}")
+
+
+def _after_fork_in_child():
+    # the parent's heartbeat threads do not exist in the child: start afresh on its first call
+    global _armed, _lock
+    _threads.clear()
+    _notes.clear()
+    _armed = threading.Event()
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
