@@ -59,19 +59,23 @@ __public__ = ("QuantizedArray",)  # exported by dispatch/__init__ beside the ops
 
 _KERNELS = ("kernels_cpu.quant", "kernels_cpu.approx", "kernels_cpu.parallel")
 
-# Serial below 2^22 elements (bucketed size), for both ops.  Measured 2026-11-26 on a quiet
-# host (Zen 5, 2 cores, tbb layer; float32 rows of 768; the implementations called directly,
-# medians), serial / parallel in us, (a) back to back, (e) batches of 10 calls after 10 ms
-# pauses: quantize per tensor (uint8, asymmetric) 2^16 (a) 16 / 21 (e) 22 / 27, 2^18 44 / 49
-# 50 / 60, 2^20 157 / 135 169 / 196, 2^21 294 / 206 292 / 317, 2^22 674 / 435 722 / 482;
-# per row (int8) 2^18 39 / 34 50 / 66, 2^20 124 / 83 141 / 145, 2^21 239 / 141 262 / 266,
-# 2^22 523 / 318 562 / 555; dequantize per row 2^18 15 / 17 20 / 30, 2^20 54 / 48 58 / 74,
-# 2^22 261 / 185 433 / 426.  Threads win back to back from 2^19-2^20, but after a pause the
-# tbb workers wake too late to help below 2^22 (a loaded Sapphire Rapids host, 2026-11-25,
-# tied at 2^22 and lost below it in both settings).
-PARALLEL_THRESHOLD = 1 << 22
-_MEASURED = ("after idle pauses parallel ties from 2^22 elements and loses below (back to back it wins "
-             "from 2^19-2^20)")
+# Serial below 2^21 elements (bucketed size), for both ops.  Measured 2026-11-27 on a quiet
+# host (Zen 5, 2 cores, tbb layer, the keep-warm heartbeat on: kernels_cpu/keepwarm.py;
+# float32 rows of 768, through dispatch with each implementation forced, the best of two
+# alternating medians), serial / parallel in us, (a) back to back after 20 ms of calls, (e)
+# batches of 10 calls after 10 ms pauses, (b) one call after 0.2 s idle:
+#   quantize per tensor (uint8, asymmetric) 2^19 (a) 100 / 94 (e) 107 / 104 (b) 474 / 671,
+#     2^20 169 / 148  176 / 159  543 / 760, 2^21 302 / 214  330 / 241  906 / 870,
+#     2^22 690 / 359  700 / 412  1511 / 1054;
+#   per row (int8) 2^20 135 / 98  163 / 109  457 / 463, 2^21 255 / 158  276 / 184  671 / 709;
+#   dequantize per row 2^20 59 / 47  68 / 72  334 / 381, 2^21 107 / 74  122 / 100  480 / 562.
+# From 2^21 threads win 25-40% back to back and in paced bursts and lose at most 17% on the
+# first call after idle (where both are 3-5x slower than warm: cold caches).  Before the
+# heartbeat (2026-11-26, same host) the paced bursts lost up to 2^21 (per tensor 2^21: 292 /
+# 317) because the second thread woke late, so the threshold was 2^22.
+PARALLEL_THRESHOLD = 1 << 21
+_MEASURED = ("from 2^21 elements parallel wins 25-40% back to back and in paced bursts, loses at most 17% "
+             "on a call after 0.2 s idle (keep-warm on)")
 
 EXAMPLE_SHAPES = {
     # quantize: one scale per tensor (the signature's default); the cases cover per-channel
