@@ -2,8 +2,11 @@
 
     python -m bench.runtime              the four settings for this process's threading layer
     python -m bench.runtime --ab         the same in one fresh process per layer (tbb, omp,
-                                         workqueue) plus PyTorch / numpy alone, and the table
+                                         workqueue; and tbb with NK_KEEP_WARM_MS=0) plus
+                                         PyTorch / numpy alone, and the table
     python -m bench.runtime --json PATH  also write the rows
+    python -m bench.runtime --keepwarm   the keep-warm heartbeat on / off in one process,
+                                         alternating: our calls after idle, PyTorch beside it
     python -m bench.runtime --wake       how long numba's second thread takes to start a
                                          parallel region after idle (this process's layer;
                                          NUMBA_THREADING_LAYER=omp ... to compare)
@@ -48,6 +51,12 @@ IDLE_S = timing.PAUSE_S
 PACED_CALLS = 10
 PACED_PAUSE_S = 0.01
 LAYERS = ("tbb", "omp", "workqueue")
+# --ab's fresh processes: each threading layer, and tbb without the keep-warm heartbeat
+# (kernels_cpu/keepwarm.py), so that every A/B also shows what the heartbeat buys
+AB_MODES = {"tbb": {"NUMBA_THREADING_LAYER": "tbb"},
+            "tbb-nowarm": {"NUMBA_THREADING_LAYER": "tbb", "NK_KEEP_WARM_MS": "0"},
+            "omp": {"NUMBA_THREADING_LAYER": "omp"},
+            "workqueue": {"NUMBA_THREADING_LAYER": "workqueue"}}
 
 
 @dataclass(frozen=True)
@@ -277,15 +286,15 @@ def _child(mode, out_path, rounds):
         json.dump(res, f)
 
 
-def ab(rounds=9, layers=LAYERS, json_path=None) -> dict:
-    """One fresh process per threading layer (NUMBA_THREADING_LAYER set for it), and one
-    with PyTorch / numpy alone; prints the table and returns the results."""
+def ab(rounds=9, layers=tuple(AB_MODES), json_path=None) -> dict:
+    """One fresh process per entry of AB_MODES (its environment set for it), and one with
+    PyTorch / numpy alone; prints the table and returns the results."""
     import tempfile
     results = {}
     for mode in ("alone",) + tuple(layers):
         env = dict(os.environ)
-        if mode != "alone":
-            env["NUMBA_THREADING_LAYER"] = mode
+        env.pop("NK_KEEP_WARM_MS", None)
+        env.update(AB_MODES.get(mode, {}))
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             path = tmp.name
         p = subprocess.run([sys.executable, "-m", "bench.runtime", "--child", mode, "--out", path,
@@ -302,7 +311,7 @@ def ab(rounds=9, layers=LAYERS, json_path=None) -> dict:
         r = results.get(mode, {})
         if "rows" not in r:
             continue
-        print(f"\n== NUMBA_THREADING_LAYER={mode} ==")
+        print(f"\n== {' '.join(f'{k}={v}' for k, v in AB_MODES[mode].items())} ==")
         print(format_rows(r["rows"]))
         after = r["after_ours"]
         for k in ("peer_loop_s", "peer_idle_s", "sdpa_s"):
@@ -364,10 +373,67 @@ def wake_delays(rounds=11, idles=WAKE_IDLES_S, cap=50_000_000):
     return out, numba.threading_layer(), numba.get_num_threads()
 
 
+def keepwarm_ab(rounds=8, cases=None) -> dict:
+    """The keep-warm heartbeat (kernels_cpu/keepwarm.py) on and off in this process,
+    alternating each round: (b) one call of each runtime case after 0.2 s idle, and the
+    peer's call plus PyTorch's masked attention timed while the heartbeat beats (the window
+    held open) and while it is off: what it buys us and what it costs the others.
+    {"ours": {case: {"on": s, "off": s}}, "peers": {name: {"on": s, "off": s}}} (medians)."""
+    import dispatch
+    from kernels_cpu import keepwarm
+    if not keepwarm.enabled():
+        return {"skipped": keepwarm.describe()}
+    calls = {}
+    for case in cases or CASES:
+        a, k = case.build(np.random.default_rng(0))
+        calls[case.name] = (lambda f=getattr(dispatch, case.op), a=a, k=k: f(*a, **k))
+    peer_name, peer = _peer()
+    peers = {peer_name: peer}
+    sdpa = _torch_sdpa_call()
+    if sdpa is not None:
+        peers["torch sdpa 16x12x198x32 masked"] = sdpa
+    for f in list(calls.values()) + list(peers.values()):
+        f()
+    ours = {n: {"on": [], "off": []} for n in calls}
+    others = {n: {"on": [], "off": []} for n in peers}
+    old = keepwarm.window_ms()
+    try:
+        for r in range(rounds):
+            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                keepwarm.set_window_ms(old if mode == "on" else 0)
+                for n, f in calls.items():
+                    f()
+                    time.sleep(IDLE_S)
+                    t0 = timing.clock()
+                    f()
+                    ours[n][mode].append(timing.clock() - t0)
+                keepwarm.set_window_ms(3_600_000 if mode == "on" else 0)
+                next(iter(calls.values()))()   # arms it (or not), as our call before theirs would
+                for n, f in peers.items():
+                    others[n][mode].append(timing.time_one(f, rounds=3, batch_s=0.03).median)
+    finally:
+        keepwarm.set_window_ms(old)
+    med = lambda d: {n: {m: statistics.median(v) for m, v in x.items()} for n, x in d.items()}  # noqa: E731
+    return {"ours": med(ours), "peers": med(others)}
+
+
+def _torch_sdpa_call():
+    try:
+        import torch
+    except ImportError:
+        return None
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(16, 12, 198, 32, generator=g)
+    mask = torch.ones(16, 1, 198, 198, dtype=torch.bool)
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
 def main(argv=None):
-    p = tool_parser("python -m bench.runtime", __doc__, 9, ("alone",) + LAYERS)
+    p = tool_parser("python -m bench.runtime", __doc__, 9, ("alone",) + tuple(AB_MODES))
     p.add_argument("--ab", action="store_true", help="one fresh process per threading layer")
     p.add_argument("--wake", action="store_true", help="the second thread's start delay after idle")
+    p.add_argument("--keepwarm", action="store_true",
+                   help="the keep-warm heartbeat on / off, alternating: our calls after idle, PyTorch beside it")
     a = p.parse_args(argv)
     if a.child:
         _child(a.child, a.out, a.rounds)
@@ -384,6 +450,20 @@ def main(argv=None):
         return 0
     if a.ab:
         ab(a.rounds, json_path=a.json)
+        return 0
+    if a.keepwarm:
+        from kernels_cpu import keepwarm
+        res = keepwarm_ab(a.rounds)
+        print(keepwarm.describe())
+        if "skipped" not in res:
+            print("(b) one call after 0.2 s idle          heartbeat off    on")
+            for n, v in res["ours"].items():
+                print(f"  {n:36} {_ms(v['off'])} {_ms(v['on'])}  ({v['on'] / v['off']:.2f}x)")
+            print("their calls while it beats               off    on")
+            for n, v in res["peers"].items():
+                print(f"  {n:36} {_ms(v['off'])} {_ms(v['on'])}  ({v['on'] / v['off']:.3f}x)")
+        if a.json:
+            write_json(a.json, res)
         return 0
     from kernels_cpu import runtime as rt
     rows = measure(rounds=a.rounds, progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))

@@ -26,6 +26,9 @@ Measured 2026-11-27 on AMD EPYC Zen 5 (2 vCPUs, tbb), heartbeat threads on both 
 - cost to concurrent work while beating (SCHED_IDLE, 200 us): numpy and PyTorch 1024^3
   GEMMs 1.007x / 1.008x their time without it; at normal priority 1.10x / 1.12x, which is
   why the threads are SCHED_IDLE (and do not run at all where that cannot be set).
+  ``python -m bench.runtime --keepwarm`` (on / off alternating in one process, 8 rounds):
+  PyTorch linear 128x768x3072 0.97x, masked SDPA 16x12x198x32 1.005x; our real-time cases
+  after 0.2 s idle 0.70x (linear+gelu 128x768x3072, 3.60 -> 2.52 ms) to 0.95x (geglu).
 - what it cannot fix: a serial layer_norm 128x768 still takes ~150-250 us after 0.2 s
   idle instead of 30 us (the kernel alone 39-91 us instead of 12, even when the caller
   busy-waits through the pause): the caches and predictors are cold after a pause, which

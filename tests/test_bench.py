@@ -422,6 +422,27 @@ def test_wake_probe_times_the_second_thread(capsys):
     assert "second thread's start after idle" in capsys.readouterr().out
 
 
+def test_keepwarm_ab_times_both_sides_with_the_heartbeat_on_and_off(capsys):
+    """bench.runtime --keepwarm: our call after idle and the peer's calls, each with the
+    heartbeat on and off; the process's window is restored afterwards."""
+    from bench import runtime as RT
+    from kernels_cpu import keepwarm
+
+    if not keepwarm.enabled():
+        pytest.skip(keepwarm.describe())
+
+    def build(rng):
+        return (rng.standard_normal((64, 96)).astype(np.float32),), {}
+
+    before = keepwarm.window_ms()
+    res = RT.keepwarm_ab(rounds=2, cases=[RT.RuntimeCase("softmax tiny", "softmax", build)])
+    assert keepwarm.window_ms() == before
+    assert set(res["ours"]) == {"softmax tiny"} and res["peers"]
+    for side in ("ours", "peers"):
+        for v in res[side].values():
+            assert v["on"] > 0 and v["off"] > 0, res
+
+
 def test_model_forward_matches_pytorch_at_a_small_size(monkeypatch):
     """The encoder of bench/model.py through our ops equals the PyTorch forward (same weights)."""
     pytest.importorskip("torch")
