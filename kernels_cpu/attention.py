@@ -77,8 +77,13 @@ ONE_TILE = 256
 # alone; handed out a tile at a time, both threads packed every head.  MiniLM's attention,
 # 16x12x198x32 (4 row tiles a head), padding mask, 2 threads (2026-11-26, Sapphire Rapids):
 # K packing and V copies were 9% of the samples; interleaved medians of 15 x 5 calls,
-# 7.45 ms a tile at a time, 7.20 ms a head at a time.
-HEADS_PER_WORKER = 8
+# 7.45 ms a tile at a time, 7.20 ms a head at a time.  Lowered from 8 to 4 so that BERT's
+# 12 heads on 2 threads go a head at a time too (2026-11-27, Zen 5, 2 threads, interleaved
+# medians of 9 x 30 ms, two runs, threshold 8 -> 4): 1x12x128x64 201.6 / 195.5 -> 188.0 /
+# 183.5 us, 1x12x512x64 2345 / 2356 -> 2295 / 2291 us; 16x12x198x32 and 1x32x512x128, a
+# head at a time under both, unchanged within noise.  (At 1 the same, but fewer heads than
+# 4 per worker would leave one thread idle on a long last head.)
+HEADS_PER_WORKER = 4
 RC = 8           # query rows per split-KV work item
 SPLIT_MIN = 256  # fewest keys per split-KV split
 
