@@ -604,23 +604,32 @@ def _params(q, k, v, mask, out, scale, lse=None):
     C-contiguous (B, Hq, Sq) array of q's dtype for the rows' log-sum-exp."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = v.shape[1], v.shape[2]
-    p = np.zeros(F_COUNT, np.int64)
+    # built as a Python list and converted once: with per-element numpy stores and slices
+    # this took 11.9 us a call, 9.6 us so (BERT's 1x12x128x64 attention: 164 us; Zen 5,
+    # 2026-11-27); the five .ctypes.data reads are 3.7 us of what is left
+    p = [0] * F_COUNT
     for slot, nslot, arr in ((F_Q, F_QN, q), (F_K, F_KN, k), (F_V, F_VN, v), (F_MASK, F_MN, mask),
                              (F_OUT, F_ON, out)):
-        if arr.size and (min(arr.strides) < 0 or (arr is not mask and arr.strides[-1] != arr.itemsize)):
+        strides = arr.strides
+        if arr.size and (min(strides) < 0 or (arr is not mask and strides[-1] != arr.itemsize)):
             raise ValueError("attention kernels: strides must be non-negative, and q/k/v/out rows unit-stride")
         p[slot] = arr.ctypes.data
-        p[nslot] = 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if n) // arr.itemsize
+        span = 0
+        for n, st in zip(arr.shape, strides):
+            if n:
+                span += (n - 1) * st
+        p[nslot] = 1 + span // arr.itemsize
         base = F_STRIDES + 4 * (slot - F_Q)
-        p[base:base + 4] = arr.strides
+        p[base:base + 4] = strides
     p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
-    p[F_SCALE] = np.float64(scale).view(np.int64)
-    p[F_VROWS] = v.strides[2] != D * v.itemsize  # V rows not adjacent: each head is copied
+    p[F_SCALE] = int(np.float64(scale).view(np.int64))
+    p[F_VROWS] = int(v.strides[2] != D * v.itemsize)  # V rows not adjacent: each head is copied
     p[F_CHUNK] = 1
     if lse is not None:
         if not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == (B, Hq, Sq)):
             raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
         p[F_LSE] = lse.ctypes.data
+    p = np.array(p, np.int64)
     return p
 
 
