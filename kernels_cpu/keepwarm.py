@@ -34,6 +34,11 @@ Measured 2026-11-27 on AMD EPYC Zen 5 (2 vCPUs, tbb), heartbeat threads on both 
   busy-waits through the pause): the caches and predictors are cold after a pause, which
   every library pays.
 
+- cold start: with an empty numba cache the loop compiles (~0.2 s) in the first heartbeat
+  thread after the first call, beside the caller's next compile: linear's cold first call
+  after matmul's took 1.94-1.95 s instead of 1.88 s.  Cached afterwards (and by
+  ``python -m dispatch.warmup``).
+
 ``NK_KEEP_WARM_MS=0`` turns it off; ``set_window_ms`` changes it for the whole process
 (the heartbeat threads are the process's, like numba's thread pool).
 """
