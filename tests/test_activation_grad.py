@@ -38,11 +38,43 @@ def _cases(table):
     return out
 
 
-def _check(got, want, dtype, what):
+def _check(got, want, dtype, what, scale=None):
     # derivatives cross zero (silu' at x = -1.28, gelu' at -0.75): near there the result
     # cancels, so the elementwise bound carries an absolute part (support.assert_close)
     assert got.dtype == dtype, f"{what}: dtype {got.dtype}"
-    assert_close(got, want, TOL[np.dtype(dtype)], what, cancel=True)
+    assert_close(got, want, TOL[np.dtype(dtype)], what, cancel=True, scale=scale)
+
+
+def _slope_terms(name, x, kw):
+    """Per element, the size of the two terms an activation's derivative sums, which cancel
+    near its zero and in its negative tail: gelu' = Phi(x) + x phi(x), silu' = s + x s (1 - s).
+    At x = -4.5 gelu' is ~7x smaller than its terms, so float32 rounding of the terms is
+    ~1e-5 of the result (NK_TEST_SEED=1965153982: geglu_backward dgate on one element,
+    2.0e-5 of itself, 3e-6 of its terms).  The normwise bound is taken against this size."""
+    x = np.asarray(x, np.float64)
+    if name.startswith("relu"):
+        return np.ones_like(x)
+    if name.startswith(("silu", "swiglu")):
+        s = 1.0 / (1.0 + np.exp(-x))
+        return s + np.abs(x) * s * (1.0 - s)
+    if kw.get("approximate") == "tanh":
+        c = np.sqrt(2.0 / np.pi)
+        t = np.tanh(c * (x + 0.044715 * x ** 3))
+        return 0.5 * (1.0 + t) + 0.5 * np.abs(x) * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+    from math import erf
+    phi = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
+    Phi = 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+    return Phi + np.abs(x) * phi
+
+
+def _term_scale(name, kw, grad, x, up=None):
+    """assert_close's scale for an activation backward's input gradient: the largest
+    |grad (* up)| times the derivative's terms (_slope_terms)."""
+    m = np.abs(np.asarray(grad, np.float64)) * _slope_terms(name, x, kw)
+    if up is not None:
+        m = m * np.abs(np.asarray(up, np.float64))
+    m = m[np.isfinite(m)]
+    return float(m.max()) if m.size else None
 
 
 # ---- the references against PyTorch autograd ------------------------------------------------
@@ -93,11 +125,12 @@ def test_unary_matches_reference(name, fn, reference, kw, impl, shape, dtype):
     g = rng()
     x, grad = randn(g, shape, dtype) * 4, randn(g, shape, dtype)
     want = reference(grad, x, **kw)
+    sc = _term_scale(name, kw, grad, x)
     got = run(impl, fn, grad, x, out=poisoned(shape, dtype), _op=name, **kw)
-    _check(got, want, dtype, name)
+    _check(got, want, dtype, name, sc)
     # without out= as well, from non-contiguous views
     got2 = run(impl, fn, strided(grad), strided(x), _op=name, **kw)
-    _check(got2, want, dtype, name + " strided")
+    _check(got2, want, dtype, name + " strided", sc)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -107,12 +140,13 @@ def test_gated_matches_reference(name, fn, reference, kw, impl, shape, dtype):
     g = rng()
     gate, up, grad = randn(g, shape, dtype) * 4, randn(g, shape, dtype), randn(g, shape, dtype)
     want = reference(grad, gate, up, **kw)
+    sc = _term_scale(name, kw, grad, gate, up)
     got = run(impl, fn, grad, gate, up, _op=name, **kw)
     assert isinstance(got, tuple) and len(got) == 2
-    _check(got[0], want[0], dtype, name + " dgate")
+    _check(got[0], want[0], dtype, name + " dgate", sc)
     _check(got[1], want[1], dtype, name + " dup")
     got2 = run(impl, fn, strided(grad), strided(gate), strided(up), _op=name, **kw)
-    _check(got2[0], want[0], dtype, name + " dgate strided")
+    _check(got2[0], want[0], dtype, name + " dgate strided", sc)
     _check(got2[1], want[1], dtype, name + " dup strided")
 
 
