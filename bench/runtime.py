@@ -248,14 +248,9 @@ def peer_alone(rounds=9) -> dict:
 def _torch_sdpa(rounds):
     """PyTorch's scaled_dot_product_attention on (16, 12, 198, 32) with a boolean mask: the
     call that slowed down 20-40x next to numba's omp layer (see kernels_cpu/runtime.py)."""
-    try:
-        import torch
-    except ImportError:
+    f = _torch_sdpa_call()
+    if f is None:
         return {}
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(16, 12, 198, 32, generator=g)
-    mask = torch.ones(16, 1, 198, 198, dtype=torch.bool)
-    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)  # noqa: E731
     f()
     return {"sdpa_s": timing.time_one(f, rounds=rounds).median}
 
@@ -418,6 +413,7 @@ def keepwarm_ab(rounds=8, cases=None) -> dict:
 
 
 def _torch_sdpa_call():
+    """The call of _torch_sdpa (None without PyTorch)."""
     try:
         import torch
     except ImportError:

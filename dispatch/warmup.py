@@ -81,9 +81,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     import dispatch  # noqa: F401 - registers the ops
-    from kernels_cpu import runtime
+    from kernels_cpu import keepwarm, runtime
 
-    from kernels_cpu import keepwarm
     keepwarm.precompile()  # the heartbeat loop every CPU call arms (kernels_cpu/keepwarm.py)
     todo = plan(a.ops, a.dtypes)
     failed = []

@@ -70,6 +70,11 @@ N_SLOTS = 4
 _CLOCK_MONOTONIC = 1  # Linux's clockid for CLOCK_MONOTONIC (time.monotonic_ns reads the same)
 
 
+def _usable_ms(ms) -> bool:
+    """A window both settings accept: a non-negative, finite number of milliseconds."""
+    return ms >= 0.0 and ms != float("inf")
+
+
 def _window_from_env(value):
     """Window in ms from the NK_KEEP_WARM_MS string (unset or empty: the default); anything
     but a non-negative number is an error naming the variable."""
@@ -79,7 +84,7 @@ def _window_from_env(value):
         ms = float(value)
     except ValueError:
         ms = float("nan")
-    if not (ms >= 0.0 and ms != float("inf")):
+    if not _usable_ms(ms):
         raise ValueError(f"{ENV}={value!r}: expected a non-negative number of milliseconds "
                          f"(0 turns the heartbeat off; default {DEFAULT_WINDOW_MS})")
     return ms
@@ -192,7 +197,7 @@ def set_window_ms(ms) -> float:
     previous one.  Beating threads see the new window at their next wake-up."""
     if isinstance(ms, bool) or not isinstance(ms, (int, float)):
         raise TypeError(f"set_window_ms: ms must be a number of milliseconds, got {type(ms).__name__}")
-    if not (ms >= 0.0 and ms != float("inf")):
+    if not _usable_ms(ms):
         raise ValueError(f"set_window_ms: expected a non-negative number of milliseconds, got {ms!r}")
     old = _state[WINDOW_NS] / 1e6
     _state[WINDOW_NS] = int(ms * 1e6)
