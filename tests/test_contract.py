@@ -413,6 +413,7 @@ def _readonly_cases(with_default=True):
     return out
 
 
+@pytest.mark.skipif(ON_CUDA, reason="CPU implementations (the cpu job runs them)")
 @pytest.mark.parametrize("op_name, impl", _readonly_cases())
 def test_readonly_inputs_same_result_no_warning(op_name, impl):
     """Read-only inputs give bitwise the result of writeable inputs of the same values and
@@ -471,6 +472,7 @@ def readonly_compiles():
     return json.loads(line[len("REPORT "):])
 
 
+@pytest.mark.skipif(ON_CUDA, reason="CPU implementations (the cpu job runs them)")
 @pytest.mark.parametrize("op_name, impl", _readonly_cases(with_default=False))
 def test_readonly_inputs_compile_nothing_new(readonly_compiles, op_name, impl):
     """Read-only inputs reach the kernels as writeable-typed aliases (kernel_input): numba

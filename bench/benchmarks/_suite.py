@@ -210,6 +210,7 @@ def op_benchmark(op: str):
         self.fn()
 
     Bench.peakmem_op = peakmem_op
+    Bench.first_quick = first_quick  # the case NK_ASV_QUICK=1 runs (and _preload compiles)
 
     if any(c.accuracy is not None for c in op_cases):
         # low-precision cases: the accuracy cost against the float32 op (bench/accuracy.py),
@@ -278,6 +279,38 @@ def first_call_benchmark(op: str):
     return FirstCall
 
 
+def _in_asv_forkserver() -> bool:
+    """Whether this process is asv's fork server (asv.conf.json: launch_method forkserver):
+    it imports the suite once and forks one child per benchmark (asv_runner/server.py; asv
+    starts it as ``... run_server <dir> <socket>``).  asv's discovery imports the suite in a
+    process of its own, which is not one."""
+    return len(sys.argv) > 1 and sys.argv[1] == "run_server"
+
+
+def _preload(classes) -> None:
+    """Run each op benchmark's setup once, for its first quick case and every impl, so that
+    the compiled kernels live in the fork server and every benchmark child inherits them.
+
+    Why: each child otherwise loads the same kernels from numba's cache again (0.2-0.3 s an
+    impl; GroupNorm's dispatch / forced / numpy setups took 0.23 / 0.30 / 0.05 s in a forked
+    child, 2026-11-27), once per benchmark method (peakmem_op, time_op, track_*): the CI
+    smoke run spent ~250 s on 244 benchmarks.  Forking after parallel kernels ran is safe
+    with numba's tbb and workqueue layers, not with GNU OpenMP's (a child would hang in
+    its first parallel region): with omp nothing is preloaded."""
+    from kernels_cpu import runtime
+
+    if runtime.layer() == "omp":
+        return
+    for cls in classes:
+        for impl in cls.params[0]:
+            if impl in ("numpy", "cuda") or cls.first_quick is None:
+                continue
+            try:
+                cls().setup(impl, cls.first_quick)
+            except Exception:  # noqa: BLE001 - refused or skipped here: the child reports it
+                pass
+
+
 def op_classes() -> dict:
     """{ClassName: class} for every registered op that has benchmark cases."""
     ops = [name for name in _registry().OPS if any(c.op == name for c in C.CASES)]
@@ -285,4 +318,6 @@ def op_classes() -> dict:
     for op in ops:
         for cls in (op_benchmark(op), first_call_benchmark(op)):
             out[cls.__name__] = cls
+    if _in_asv_forkserver():
+        _preload([cls for name, cls in out.items() if not name.endswith("FirstCall")])
     return out
