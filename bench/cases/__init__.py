@@ -43,7 +43,11 @@ def _op(name):
 
 class ShapeOnlyRng:
     """Stands in for a numpy Generator where only shapes and dtypes matter (the CUDA model
-    describes calls without running them): every draw is a zero-stride view of one zero."""
+    describes calls without running them): every draw is a zero-stride view of one zero.
+    Synthesizers that would compute on full arrays check registry.shape_only(rng) and
+    draw with registry.draw_normal (contiguous zeros that cost nothing to make)."""
+
+    shape_only = True
 
     def standard_normal(self, shape):
         return np.broadcast_to(np.zeros((), np.float64), shape)

@@ -35,7 +35,7 @@ from kernels_cpu import gemm as K
 
 from .. import validate as V
 from ..quantized import QuantizedArray
-from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
+from ..registry import Call, Implementation, Op, Rule, bucket, draw_normal, register, register_op, shape_only
 from ._common import deliver, kernel_input, result_buffer
 
 _KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
@@ -651,12 +651,19 @@ def dense_weight(key) -> list:
 def _synthesize(shapes, params, rng, dtype):
     """Benchmark inputs: standard-normal operands; a linear weight scaled by 1/sqrt(K) so
     activations see values of order one."""
-    out = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
+    fmt = params.get("weight_format")  # a low-precision weight case (bench/cases/weight_only.py)
+    if shape_only(rng):  # the CUDA model's inputs: shapes only (registry.draw_normal)
+        out = {n: draw_normal(rng, s, dtype) for n, s in shapes.items() if not (n == "weight" and fmt)}
+        if fmt:
+            from .weight_only import zero_weight
+            out["weight"] = zero_weight(shapes["weight"], fmt)
+        return out
+    out = {n: draw_normal(rng, s, dtype) for n, s in shapes.items()}
     if "weight" in out:
         out["weight"] *= dtype(1.0 / math.sqrt(out["weight"].shape[-1]))
-        if params.get("weight_format"):  # a low-precision weight case (bench/cases/weight_only.py)
+        if fmt:
             from .weight_only import low_precision_weight
-            out["weight"] = low_precision_weight(out["weight"], params["weight_format"])
+            out["weight"] = low_precision_weight(out["weight"], fmt)
     return out
 
 

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, fixed_rule, register, register_op
+from ..registry import Call, Implementation, Op, bucket, draw_normal, fixed_rule, register, register_op, shape_only
 from .softmax import REDUCTIONS
 
 # A chunk's logits at most 32 MiB: at V = 50257 float32 that is 167 rows, enough for the
@@ -277,8 +277,10 @@ def _bytes(call):
 def _synthesize(shapes, params, rng, dtype):
     t, h = shapes["x"]
     v = shapes["weight"][0]
-    return {"x": rng.standard_normal((t, h)).astype(dtype),
-            "weight": (rng.standard_normal((v, h)) / np.sqrt(h)).astype(dtype),
+    x = draw_normal(rng, (t, h), dtype)
+    return {"x": x,
+            "weight": draw_normal(rng, (v, h), dtype) if shape_only(rng) else
+                      (rng.standard_normal((v, h)) / np.sqrt(h)).astype(dtype),
             "targets": rng.integers(0, v, size=t, dtype=np.int64)}
 
 

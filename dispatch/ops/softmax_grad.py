@@ -20,7 +20,7 @@ from kernels_cpu import softmax_grad as K
 
 from .. import devices
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..registry import Call, Implementation, Op, bucket, draw_normal, register, register_op, shape_only
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .softmax import PARALLEL_THRESHOLD as FORWARD_PARALLEL_THRESHOLD
 from .softmax import REDUCTIONS, _host_targets
@@ -147,6 +147,8 @@ def _sm_synthesize(log):
     def synthesize(shapes, params, rng, dtype):
         """Benchmark inputs: y = (log_)softmax of standard-normal logits along the axis,
         grad_out standard normal."""
+        if shape_only(rng):  # the CUDA model's inputs: shapes only
+            return {"grad_out": draw_normal(rng, shapes["grad_out"], dtype), "y": draw_normal(rng, shapes["y"], dtype)}
         x = rng.standard_normal(shapes["y"])
         axis = params.get("axis", -1)
         x = x - x.max(axis=axis, keepdims=True)

@@ -285,6 +285,21 @@ register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32,
                         notes=_NOTES_GEMM, kernel_modules=_KERNELS))
 
 
+def zero_weight(shape, fmt):
+    """What low_precision_weight gives for a zero float32 weight of `shape`, without making
+    the float32 array or reading it (the CUDA model's shape-only inputs)."""
+    if fmt in ("int8", "int8-tensor"):
+        return QuantizedArray(np.zeros(shape, np.int8), np.ones(shape[0], np.float32) if fmt == "int8"
+                              else np.float32(1), axis=0 if fmt == "int8" else None)
+    if fmt == "bfloat16":
+        import ml_dtypes
+
+        return np.zeros(shape, ml_dtypes.bfloat16)
+    if fmt == "float16":
+        return np.zeros(shape, np.float16)
+    return low_precision_weight(np.zeros((0, 0), np.float32), fmt)  # its error for an unknown format
+
+
 def low_precision_weight(w, fmt):
     """A float32 (N, K) weight stored as fmt: "float16", "bfloat16" (ml_dtypes, imported
     here on first use), "int8" (symmetric per output row: scale max|row| / 127) or
