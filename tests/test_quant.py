@@ -166,6 +166,7 @@ def test_per_row_scales_of_odd_rows(impl, dtype, qtype, symmetric):
     n = 64 if SMALL_SHAPES else 300
     x = _draw(g, (7, n), dtype)
     x[0] = 0
+    x[0, ::2] = -0.0                          # -0.0 is no negative value (the range bits, kernels_cpu/quant.py)
     x[1] *= np.finfo(dtype).tiny * 4          # scale raised to float32's smallest normal
     x[2] *= 1e30 if dtype == np.float32 else 1e36
     x[3] = np.abs(x[3])
@@ -174,7 +175,7 @@ def test_per_row_scales_of_odd_rows(impl, dtype, qtype, symmetric):
     x[5, 8] = 127 * 0.25
     want = ref.quantize(x, dtype=qtype, axis=0, symmetric=symmetric)
     _check_exact(_quantize(impl, x, dtype=qtype, axis=0, symmetric=symmetric), want, "rows")
-    for bad in (np.nan, np.inf):
+    for bad in (np.nan, -np.nan, np.inf, -np.inf):   # either sign: the range's two maxima catch each
         y = x.copy()
         y[6, n // 2] = bad
         with dispatch.use(quantize=impl), pytest.raises(ValueError, match=r"\bx\b.*channel 6"):
@@ -422,7 +423,7 @@ def test_quantize_bad_x():
 
 @pytest.mark.parametrize("impl", QIMPLS)
 def test_dynamic_scale_of_nan_or_inf_raises_naming_x(impl):
-    for v in (np.nan, np.inf, -np.inf):
+    for v in (np.nan, -np.nan, np.inf, -np.inf):
         x = np.ones((3, 5), np.float32)
         x[2, 1] = v
         for kw in ({}, {"symmetric": False}, {"axis": 0}, {"axis": 1, "dtype": "uint8", "symmetric": False}):

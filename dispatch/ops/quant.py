@@ -90,8 +90,12 @@ _F32_TINY = np.float32(np.finfo(np.float32).tiny)
 # QTYPES by numpy dtype (dtype.name is slow Python: two lookups were ~3 us of a 28 us call)
 _LIMITS = {d: (lo, hi) for d, lo, hi in QTYPES.values()}
 _QNAME = {d: name for name, (d, _, _) in QTYPES.items()}
-_FINITE_BITS = {np.dtype(np.float32): (np.int32, 0x7FFFFFFF, 31, 0x7F800000),
-                np.dtype(np.float64): (np.int64, 0x7FFFFFFFFFFFFFFF, 63, 0x7FF0000000000000)}
+# x's bits as (signed type, unsigned type, |x| mask, +inf's bits (the smallest non-finite
+# positive bits), -inf's bits as unsigned (the smallest non-finite negative)): the range
+# reductions of kernels_cpu/quant.py (its docstring) and their decoding here
+_FINITE_BITS = {np.dtype(np.float32): (np.int32, np.uint32, 0x7FFFFFFF, 0x7F800000, 0xFF800000),
+                np.dtype(np.float64): (np.int64, np.uint64, 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000,
+                                       0xFFF0000000000000)}
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -136,18 +140,19 @@ def _channels(shape, axis):
 # ---- scales from ranges (host, shared with the CUDA implementation) -----------------------
 
 def floats_from_bits(dtype, amax, lo, hi):
-    """The float max|x|, min(0, min x), max(0, max x) from the integer reductions' results
-    (see kernels_cpu/quant.py), and whether each channel held a NaN or inf."""
-    it, absmask, shift, expo = _FINITE_BITS[np.dtype(dtype)]
-    amax = np.asarray(amax, it)
-    bad = amax >= it(expo)
+    """The floats of the range reductions (kernels_cpu/quant.py): (max|x|, min(0, min x),
+    max(0, max x), whether each channel held a NaN or inf) from amax (symmetric: lo, hi
+    None; the bounds come back None) or from lo (unsigned) and hi (amax None; max|x| comes
+    back None)."""
+    it, uit, absmask, expo, negbad = _FINITE_BITS[np.dtype(dtype)]
     fdt = np.dtype(dtype)
-
-    def unkey(k):
-        k = np.asarray(k, it)
-        return (k ^ ((k >> it(shift)) & it(absmask))).view(fdt)
-
-    return amax.view(fdt), (unkey(lo) if lo is not None else None), (unkey(hi) if hi is not None else None), bad
+    if amax is not None:
+        amax = np.asarray(amax, it)
+        return amax.view(fdt), None, None, amax >= it(expo)
+    lo, hi = np.asarray(lo, uit), np.asarray(hi, it)
+    bad = (hi >= it(expo)) | (lo >= uit(negbad))
+    rmin = np.where(lo > uit(absmask), lo, uit(0)).view(fdt)  # no sign bit: no negative x, the bound is 0
+    return None, rmin, hi.view(fdt), bad
 
 
 def scales_from_range(xdtype, qdtype, symmetric, amax, rmin, rmax):
@@ -187,8 +192,10 @@ def check_finite(bad, axis):
 
 
 def host_range(x3, dtype, minmax, parallel):
-    """Per-channel (amax, rmin, rmax, bad) of a (O, C, I) C-contiguous host array."""
-    it, absmask, shift, _ = _FINITE_BITS[np.dtype(dtype)]
+    """Per-channel (amax, rmin, rmax, bad) of a (O, C, I) C-contiguous host array: amax
+    (max|x|) when not minmax, else rmin and rmax (min(0, min x), max(0, max x)); the other
+    None."""
+    it, uit, absmask, _, _ = _FINITE_BITS[np.dtype(dtype)]
     xi = x3.view(it)
     c = x3.shape[1]
     if parallel:
@@ -196,16 +203,16 @@ def host_range(x3, dtype, minmax, parallel):
         dim = K.split_dim(x3.shape, tasks)
         tasks = max(1, min(tasks, x3.shape[dim]))
         amax = np.zeros((tasks, c), it)
-        lo = np.zeros((tasks, c), it)
+        lo = np.zeros((tasks, c), uit)
         hi = np.zeros((tasks, c), it)
-        KP.run_dynamic(K.stats_parallel, tasks, xi, it(absmask), it(shift), minmax, amax, lo, hi, dim)
-        amax, lo, hi = amax.max(axis=0), lo.min(axis=0), hi.max(axis=0)
+        KP.run_dynamic(K.stats_parallel, tasks, xi, it(absmask), minmax, amax, lo, hi, dim)
+        amax, lo, hi = amax.max(axis=0), lo.max(axis=0), hi.max(axis=0)
     else:
         amax = np.zeros(c, it)
-        lo = np.zeros(c, it)
+        lo = np.zeros(c, uit)
         hi = np.zeros(c, it)
-        K.stats_serial(xi, it(absmask), it(shift), minmax, amax, lo, hi)
-    return floats_from_bits(dtype, amax, lo if minmax else None, hi if minmax else None)
+        K.stats_serial(xi, it(absmask), minmax, amax, lo, hi)
+    return floats_from_bits(dtype, None if minmax else amax, lo if minmax else None, hi if minmax else None)
 
 
 # ---- quantize ----------------------------------------------------------------------------
@@ -316,7 +323,7 @@ FUSE_ROW = (64, 1 << 18)
 
 def _fused(x2, qd, symmetric, axis, parallel):
     """(values (C, I), scale float32 (C,), zero_point qd (C,)) of x2 (C, I) by fused_rows."""
-    it, absmask, shift, expo = _FINITE_BITS[x2.dtype]
+    it, uit, absmask, expo, negbad = _FINITE_BITS[x2.dtype]
     lo, hi = _LIMITS[qd]
     zsym = 128.0 if (symmetric and qd == np.uint8) else 0.0
     c = x2.shape[0]
@@ -326,7 +333,7 @@ def _fused(x2, qd, symmetric, axis, parallel):
     status = np.empty(c, np.int8)
     tasks = KP.tasks_for(c) if parallel else 1
     bits = np.zeros((tasks, 2), it)
-    args = (x2, x2.view(it), it(absmask), it(shift), it(expo), symmetric, float(lo), float(hi), zsym,
+    args = (x2, x2.view(it), it(absmask), uit(negbad), it(expo), symmetric, float(lo), float(hi), zsym,
             _F32_TINY, bits, bits.view(x2.dtype), q, scale, zp, status)
     if parallel:
         KP.run_dynamic(K.fused_rows_parallel, tasks, *args)
