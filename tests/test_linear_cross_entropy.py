@@ -53,11 +53,16 @@ def _rel(a, b):
 SHAPE = (9, 4, 20, 5) if support.SMALL_SHAPES else (37, 16, 300, 7)
 
 
+# bias and ignored targets: every combination, except under the simulator, where a bias
+# with ignored targets and neither (each feature on, and off) keep the job's time down: the
+# 24 cases took 6-10 s each there, the slowest tests of the simulator job (2026-11-27)
+BIAS_IGNORE = [(False, False), (True, True)] if support.SIMULATOR else [(b, i) for b in (False, True) for i in (False, True)]
+
+
 @pytest.mark.parametrize("impl", support.impl_params("linear_cross_entropy"))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("ignore", [False, True])
+@pytest.mark.parametrize("bias, ignore", BIAS_IGNORE)
 def test_loss_and_grads_match_reference(impl, dtype, reduction, bias, ignore):
     rng = support.rng()
     t, h, v, rows = SHAPE
@@ -156,7 +161,9 @@ def test_extra_memory_well_under_a_quarter_of_the_logits():
     w = (rng.standard_normal((v, h), dtype=np.float32) / np.sqrt(h)).astype(np.float32)
     tg = rng.integers(0, v, size=t)
     logits_bytes = t * v * 4
-    dispatch.linear_cross_entropy_with_grad(x[:8], w[:64], tg[:8] % 64)      # compile first
+    # compile first, at this very shape: the dispatcher picks other kernels (parallel, another
+    # GEMM) for a small one, and a compile inside the traced call allocated 75 MiB (a cold cache)
+    dispatch.linear_cross_entropy_with_grad(x, w, tg)
     tracemalloc.start()
     try:
         loss, dx, dw, db = dispatch.linear_cross_entropy_with_grad(x, w, tg)
