@@ -301,7 +301,7 @@ def _ort():
 
 
 def _ort_session(ort, onnx, op, in_type, shape, outputs, inits=(), **attrs):
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     names = ["x"] + [n for n, _ in inits]
     node = helper.make_node(op, names, [n for n, _, _ in outputs], **attrs)
