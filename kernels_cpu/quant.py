@@ -21,7 +21,7 @@ it does vectorize integer ones (vpmaxs*/vpmaxu* on ymm / zmm).  What each reduct
 +inf and positive NaN are the largest signed values, -inf and negative NaN the largest
 unsigned ones, so the two maxima also say whether the channel is finite.  Two vector max
 ops per element (they replaced a sign-flip key and a min, a max and an |x| max: 179 ->
-142 us for 3M float32 on one thread, 2026-11-27, AMD Zen 4 host).  The dispatcher turns
+142 us for 3M float32 on one thread, 2026-11-27, AMD Zen 5 host).  The dispatcher turns
 them back into floats (dispatch/ops/quant.py).
 
 quantize: q = saturate(round_half_even(x / scale[c]) + zero_point[c]), the division in x's

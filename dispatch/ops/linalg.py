@@ -652,14 +652,12 @@ def _synthesize(shapes, params, rng, dtype):
     """Benchmark inputs: standard-normal operands; a linear weight scaled by 1/sqrt(K) so
     activations see values of order one."""
     fmt = params.get("weight_format")  # a low-precision weight case (bench/cases/weight_only.py)
-    if shape_only(rng):  # the CUDA model's inputs: shapes only (registry.draw_normal)
-        out = {n: draw_normal(rng, s, dtype) for n, s in shapes.items() if not (n == "weight" and fmt)}
+    out = {n: draw_normal(rng, s, dtype) for n, s in shapes.items()}
+    if "weight" in out and shape_only(rng):  # zeros (registry.draw_normal): nothing to scale or read
         if fmt:
             from .weight_only import zero_weight
             out["weight"] = zero_weight(shapes["weight"], fmt)
-        return out
-    out = {n: draw_normal(rng, s, dtype) for n, s in shapes.items()}
-    if "weight" in out:
+    elif "weight" in out:
         out["weight"] *= dtype(1.0 / math.sqrt(out["weight"].shape[-1]))
         if fmt:
             from .weight_only import low_precision_weight
