@@ -39,14 +39,14 @@ split-KV (cpu-splitkv)
   a second parallel pass combines the splits.
 """
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 from llvmlite import ir
 from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
-from .parallel import borrow, fetch_add, keep_alive, like_dtype, ptr_as, run_serial, run_workers, worker_address
+from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, ptr_as, run_serial, run_workers, view_at,
+                       worker_address)
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
@@ -253,24 +253,26 @@ def _row_micro_overload(x, a_ptr, b_ptr, ldb, c_ptr, kdim):
 # ---- shared pieces ---------------------------------------------------------------------
 
 @intrinsic
-def _data_ptr(typingctx, arr):
-    """The typed pointer to an array view's first element (for numba.carray)."""
-    if not isinstance(arr, types.Array):
+def unit_row(typingctx, row):
+    """A 1-D view with unit stride, retyped as C-contiguous (no owner: the caller holds the
+    array).  The workers rebuild q/k/v/out as strided views ('A' layout), so numba
+    indexes their rows with a run-time stride and LLVM leaves those loops scalar;
+    flash()/splitkv() only accept views whose rows have unit stride, so the retyped row
+    is the same memory.  An intrinsic, not numba.carray: that is a function each caller
+    compiles and links."""
+    if not (isinstance(row, types.Array) and row.ndim == 1):
         return None
+    rty = types.Array(row.dtype, 1, "C")
 
     def codegen(context, builder, sig, args):
-        return context.make_array(sig.args[0])(context, builder, args[0]).data
+        src = context.make_array(sig.args[0])(context, builder, args[0])
+        out = context.make_array(rty)(context, builder)
+        context.populate_array(out, data=src.data, shape=src.shape,
+                               strides=cgutils.pack_array(builder, [src.itemsize]), itemsize=src.itemsize,
+                               meminfo=None)
+        return out._getvalue()
 
-    return types.CPointer(arr.dtype)(arr), codegen
-
-
-@njit(inline="always")
-def unit_row(row):
-    """A 1-D view with unit stride, retyped as C-contiguous.  The workers rebuild q/k/v/out
-    with as_strided, typed with any strides ('A' layout), so numba indexes their rows
-    with a run-time stride and LLVM leaves those loops scalar; flash()/splitkv() only
-    accept views whose rows have unit stride, so the retyped row is the same memory."""
-    return carray(_data_ptr(row), row.shape[0])
+    return rty(row), codegen
 
 
 def _make_rowmax(fir, width, nacc=4):
@@ -589,11 +591,11 @@ def _item_coords(t, BH, nqt):
 
 
 # The workers' arguments, read from an int64 block (_params): addresses, sizes, byte
-# strides (numpy's), the flat extents the views span, the item counter and how many items
-# a worker takes at once (F_CHUNK), and for split-KV its partials and phase.
-(F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_QN, F_KN, F_VN, F_MN, F_ON, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
- F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK) = range(27)
-F_STRIDES = 27            # then 4 byte strides each of q, k, v, mask, out
+# strides (numpy's), the item counter and how many items a worker takes at once
+# (F_CHUNK), and for split-KV its partials and phase.
+(F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
+ F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK) = range(22)
+F_STRIDES = 22            # then 4 byte strides each of q, k, v, mask, out
 F_COUNT = F_STRIDES + 20
 
 
@@ -608,17 +610,11 @@ def _params(q, k, v, mask, out, scale, lse=None):
     # this took 11.9 us a call, 9.6 us so (BERT's 1x12x128x64 attention: 164 us; Zen 5,
     # 2026-11-27); the five .ctypes.data reads are 3.7 us of what is left
     p = [0] * F_COUNT
-    for slot, nslot, arr in ((F_Q, F_QN, q), (F_K, F_KN, k), (F_V, F_VN, v), (F_MASK, F_MN, mask),
-                             (F_OUT, F_ON, out)):
+    for slot, arr in ((F_Q, q), (F_K, k), (F_V, v), (F_MASK, mask), (F_OUT, out)):
         strides = arr.strides
         if arr.size and (min(strides) < 0 or (arr is not mask and strides[-1] != arr.itemsize)):
             raise ValueError("attention kernels: strides must be non-negative, and q/k/v/out rows unit-stride")
         p[slot] = arr.ctypes.data
-        span = 0
-        for n, st in zip(arr.shape, strides):
-            if n:
-                span += (n - 1) * st
-        p[nslot] = 1 + span // arr.itemsize
         base = F_STRIDES + 4 * (slot - F_Q)
         p[base:base + 4] = strides
     p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
@@ -683,12 +679,11 @@ def _views(p, z, mkind):
     strided views; z: a zero of the element type."""
     B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
     s = F_STRIDES
-    q = as_strided(carray(ptr_as(p[F_Q], z), p[F_QN]), (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
-    k = as_strided(carray(ptr_as(p[F_K], z), p[F_KN]), (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
-    v = as_strided(carray(ptr_as(p[F_V], z), p[F_VN]), (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
-    mask = as_strided(carray(ptr_as(p[F_MASK], _mask_like(mkind, z)), p[F_MN]), (B, Hq, Sq, Skv),
-                      (p[s + 12], p[s + 13], p[s + 14], p[s + 15]))
-    out = as_strided(carray(ptr_as(p[F_OUT], z), p[F_ON]), (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
+    q = view_at(p[F_Q], z, (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
+    k = view_at(p[F_K], z, (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
+    v = view_at(p[F_V], z, (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
+    mask = view_at(p[F_MASK], _mask_like(mkind, z), (B, Hq, Sq, Skv), (p[s + 12], p[s + 13], p[s + 14], p[s + 15]))
+    out = view_at(p[F_OUT], z, (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
     return q, k, v, mask, out, like(z, bits_to_float(p[F_SCALE]))
 
 
@@ -697,8 +692,8 @@ def _lse_view(p, z):
     """The (B, Hq, Sq) log-sum-exp array at p[F_LSE], or an empty one when it is 0 (not
     asked for)."""
     if p[F_LSE] != 0:
-        return carray(ptr_as(p[F_LSE], z), (p[F_B], p[F_HQ], p[F_SQ]))
-    return carray(ptr_as(p[F_Q], z), (0, 0, 0))
+        return c_array_at(p[F_LSE], z, (p[F_B], p[F_HQ], p[F_SQ]))
+    return c_array_at(p[F_Q], z, (0, 0, 0))
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -711,7 +706,7 @@ def flash_worker(w, params, is64, mkind, causal):
     are not adjacent (q/k/v views of a fused QKV projection: rows 3*H apart), a copy of
     that head's V: 64 V rows 4.6 KB apart span 72 pages, more than the L1 TLB holds (the
     views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape 16x12x198x32)."""
-    p = carray(ptr_as(params, np.int64(0)), F_COUNT)
+    p = c_array_at(params, np.int64(0), (F_COUNT,))
     q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
     lse = _lse_view(p, like_dtype(is64))
     B, Hq, Sq, D = q.shape
@@ -874,7 +869,7 @@ def splitkv_worker(w, params, is64, mkind, causal):
     """Worker w of one splitkv() pass (the block's F_PHASE): 0, split items (batch, kv
     head, split, chunk of RC query rows) writing the partials; 1, rows combining them.
     Items are taken from the block's counter one at a time."""
-    p = carray(ptr_as(params, np.int64(0)), F_COUNT)
+    p = c_array_at(params, np.int64(0), (F_COUNT,))
     q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
     lse = _lse_view(p, like_dtype(is64))
     B, Hq, Sq, D = q.shape

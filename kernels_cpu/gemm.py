@@ -56,14 +56,14 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu, \
     wide_loops
 from . import target
-from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_workers, worker_address
+from .parallel import c_array_at, call_address, fetch_add, like_dtype, run_workers, worker_address
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
 # registers + 2 B vectors + 1 broadcast A value = 15 of the 16 AVX2 registers (the BLIS /
@@ -482,9 +482,9 @@ def gemm_epilogue(c, ldc, rows, n, bias, is64, code):
     wide_loops()  # 16 float32 lanes on AVX-512 hosts
     z = like_dtype(is64)
     isz = 8 if is64 else 4
-    bs = carray(ptr_as(bias, z), n)
+    bs = c_array_at(bias, z, (n,))
     for i in range(rows):
-        cs = carray(ptr_as(c + i * ldc * isz, z), n)
+        cs = c_array_at(c + i * ldc * isz, z, (n,))
         act_store_lit(cs, bs, cs, n, code)
 
 
@@ -647,11 +647,11 @@ def _panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
     """For panel i of R rows of an operand (A: rows M, R = MR; B: rows N, R = NR), from the
     block's slots: (the operand, its packed panels, rows, K, offset of the panel's batch
     in the operand, the panel's first row)."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
     rows, K, count = p[rows_slot], p[P_K], p[count_slot]
     npan = (rows + R - 1) // R
     bi = i // npan
-    return (carray(ptr_as(p[src_slot], z), count * rows * K), carray(ptr_as(p[dst_slot], z), count * npan * K * R),
+    return (c_array_at(p[src_slot], z, (count * rows * K,)), c_array_at(p[dst_slot], z, (count * npan * K * R,)),
             rows, K, bi * rows * K, (i - bi * npan) * R)
 
 
@@ -793,7 +793,7 @@ def gemm_worker(w, params, is64, ti):
     harmless - instead of spinning on it.  One function, not a wrapper calling the body:
     each numba function costs its own pipeline, and numba's inline="always" re-types the
     inlined body (that cost more compile time than it saved)."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
     z = like_dtype(is64)
     isz = 8 if is64 else 4
     nbatch, M, N, K = p[P_NBATCH], p[P_M], p[P_N], p[P_K]
@@ -821,12 +821,12 @@ def gemm_worker(w, params, is64, ti):
                  and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
     n_pack = n_pack_a if p[P_B_PACKED] != 0 or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
-    sync = carray(ptr_as(p[P_SYNC], np.int64(0)), 2 + n_pack)
-    apf = carray(ptr_as(p[P_AP], z), na * mp * K * MR)
-    bpf = carray(ptr_as(p[P_BP], z), nb * npn * K * nr_full)
-    cf = carray(ptr_as(p[P_C], z), nbatch * M * N)
-    a_idx = carray(ptr_as(p[P_AIDX], np.int64(0)), nbatch)
-    b_idx = carray(ptr_as(p[P_BIDX], np.int64(0)), nbatch)
+    sync = c_array_at(p[P_SYNC], np.int64(0), (2 + n_pack,))
+    apf = c_array_at(p[P_AP], z, (na * mp * K * MR,))
+    bpf = c_array_at(p[P_BP], z, (nb * npn * K * nr_full,))
+    cf = c_array_at(p[P_C], z, (nbatch * M * N,))
+    a_idx = c_array_at(p[P_AIDX], np.int64(0), (nbatch,))
+    b_idx = c_array_at(p[P_BIDX], np.int64(0), (nbatch,))
     # panels from the counter, then a sweep packing any still unmarked
     sweep = 0
     while True:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from numba import carray, njit
 
-from kernels_cpu.parallel import call_address, fetch_add, ptr_as, row_of, run_serial, run_workers, worker_address
+from kernels_cpu.parallel import (c_array_at, call_address, fetch_add, ptr_as, row_of, run_serial, run_workers, view_at,
+                                  worker_address)
 from tests.support import ON_CUDA, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
@@ -37,6 +38,49 @@ def test_row_of_refuses_arrays_without_unit_stride_rows():
     a = np.zeros((4, 6))[:, ::2]  # typed 'A': its rows may not be contiguous
     with pytest.raises(Exception, match="row_of"):
         _rows_sum_and_scale(a, np.zeros(4))
+
+
+@njit
+def _strided_copy(addr, like, shape, strides, out):
+    """out[...] = the view_at array (through its own indexing), and its layout's strides."""
+    v = view_at(addr, like, shape, strides)
+    for i in range(shape[0]):
+        for j in range(shape[1]):
+            for k in range(shape[2]):
+                out[i, j, k] = v[i, j, k]
+    return v.strides
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.bool_])
+def test_view_at_is_the_strided_view(dtype):
+    """Any element type (bool arrays store bytes), negative-free strides that skip
+    elements, and a zero stride (broadcast), as the attention workers rebuild views."""
+    g = rng()
+    base = (g.standard_normal((5, 7, 9)) > 0) if dtype == np.bool_ else g.standard_normal((5, 7, 9)).astype(dtype)
+    for view in (base[1:4, ::2, 3:], base[:, 2:3, ::3], np.broadcast_to(base[:1, :1, :], (3, 4, 9))):
+        out = np.zeros(view.shape, dtype)
+        strides = _strided_copy(view.ctypes.data, dtype(0) if dtype != np.bool_ else False, view.shape, view.strides,
+                                out)
+        np.testing.assert_array_equal(out, view)
+        assert strides == view.strides
+
+
+@njit
+def _c_fill(addr, like, shape):
+    """Writes i into element i of the C-order array at addr; returns its strides."""
+    a = c_array_at(addr, like, shape)
+    f = a.ravel()  # a view: c_array_at's array is C-contiguous
+    for i in range(f.size):
+        f[i] = i
+    return a.strides
+
+
+def test_c_array_at_is_c_order():
+    buf = np.full(2 * 3 * 4 + 1, np.nan)
+    strides = _c_fill(buf.ctypes.data, 0.0, (2, 3, 4))
+    assert strides == (96, 32, 8)
+    np.testing.assert_array_equal(buf[:-1], np.arange(24.0))
+    assert np.isnan(buf[-1])  # nothing past the shape
 
 
 @njit(no_cpython_wrapper=True)
