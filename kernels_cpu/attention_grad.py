@@ -37,20 +37,20 @@ NaN in V or dO also reaches other keys' dv through 0 * NaN in the P^T dO product
 depending on the tiling, as in the forward.
 """
 import numpy as np
-from numba import carray, njit
-from numpy.lib.stride_tricks import as_strided
+from numba import njit
 
-from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, bits_to_float, like
+from .approx import JIT, JIT_BY_ADDRESS, bits_to_float, like
 from .attention import BK, BQ, MR, NC, _exp_nan, _mask_like, _mask_row, micro, unit_row
-from .parallel import borrow, fetch_add, keep_alive, like_dtype, ptr_as, run_serial, run_workers, worker_address
+from .parallel import (borrow, c_array_at, call_address, fetch_add, keep_alive, like_dtype, run_serial, run_workers, view_at,
+                       worker_address)
 
 from kernels_common.attention import MASK_NONE  # noqa: F401
 
-# The worker's argument block (int64): addresses, element counts the views span, sizes,
-# byte strides (numpy's), the item counter and the phase.
-(P_NEXT, P_Q, P_K, P_V, P_MASK, P_GO, P_O, P_QN, P_KN, P_VN, P_MN, P_GON, P_ON, P_LSE, P_DQ, P_DK, P_DV, P_DQP,
- P_B, P_HQ, P_HKV, P_SQ, P_SKV, P_D, P_SCALE, P_NCHUNK, P_CHUNK, P_PHASE) = range(28)
-P_STRIDES = 28               # then 4 byte strides each of q, k, v, mask, grad_out, out
+# The worker's argument block (int64): addresses, sizes, byte strides (numpy's), the item
+# counter, the phase and backward_item's address.
+(P_NEXT, P_Q, P_K, P_V, P_MASK, P_GO, P_O, P_LSE, P_DQ, P_DK, P_DV, P_DQP,
+ P_B, P_HQ, P_HKV, P_SQ, P_SKV, P_D, P_SCALE, P_NCHUNK, P_CHUNK, P_PHASE, P_ITEM) = range(23)
+P_STRIDES = 23               # then 4 byte strides each of q, k, v, mask, grad_out, out
 P_COUNT = P_STRIDES + 24
 
 
@@ -62,12 +62,10 @@ def params(q, k, v, mask, grad_out, out, lse, scale, dq, dk, dv, dq_parts, nchun
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     p = np.zeros(P_COUNT, np.int64)
-    for slot, nslot, arr in ((P_Q, P_QN, q), (P_K, P_KN, k), (P_V, P_VN, v), (P_MASK, P_MN, mask),
-                             (P_GO, P_GON, grad_out), (P_O, P_ON, out)):
+    for slot, arr in ((P_Q, q), (P_K, k), (P_V, v), (P_MASK, mask), (P_GO, grad_out), (P_O, out)):
         if arr.size and (min(arr.strides) < 0 or (arr is not mask and arr.strides[-1] != arr.itemsize)):
             raise ValueError("attention_grad kernels: strides must be non-negative, and rows unit-stride")
         p[slot] = arr.ctypes.data
-        p[nslot] = 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if n) // arr.itemsize
         base = P_STRIDES + 4 * (slot - P_Q)
         p[base:base + 4] = arr.strides
     for slot, arr, shape in ((P_LSE, lse, (B, Hq, Sq)), (P_DQ, dq, q.shape), (P_DK, dk, k.shape),
@@ -91,7 +89,9 @@ def backward(q, k, v, mask, mkind, causal, scale, grad_out, out, lse, dq, dk, dv
     Hkv = k.shape[1]
     parts = np.empty((nchunk, B, Hq, Sq, D), q.dtype) if nchunk > 1 else None
     p = params(q, k, v, mask, grad_out, out, lse, scale, dq, dk, dv, parts, nchunk, chunk)
-    fn = worker_address(backward_worker, (bool(q.dtype == np.float64), int(mkind), bool(causal)))
+    variant = (bool(q.dtype == np.float64), int(mkind), bool(causal))
+    fn = worker_address(backward_worker, variant)
+    p[P_ITEM] = worker_address(backward_item, variant)
     phases = ((0, B * Hkv * nchunk), (1, -(-B * Hq * Sq // BQ))) if nchunk > 1 else ((0, B * Hkv),)
     for phase, nitems in phases:
         p[P_PHASE], p[P_NEXT] = phase, 0
@@ -105,34 +105,32 @@ def backward(q, k, v, mask, mkind, causal, scale, grad_out, out, lse, dq, dk, dv
 def _views(p, z, mkind):
     B, Hq, Hkv, Sq, Skv, D = p[P_B], p[P_HQ], p[P_HKV], p[P_SQ], p[P_SKV], p[P_D]
     s = P_STRIDES
-    q = _as4(p, P_Q, P_QN, z, (B, Hq, Sq, D), s)
-    k = _as4(p, P_K, P_KN, z, (B, Hkv, Skv, D), s + 4)
-    v = _as4(p, P_V, P_VN, z, (B, Hkv, Skv, D), s + 8)
-    mask = _as4(p, P_MASK, P_MN, _mask_like(mkind, z), (B, Hq, Sq, Skv), s + 12)
-    go = _as4(p, P_GO, P_GON, z, (B, Hq, Sq, D), s + 16)
-    o = _as4(p, P_O, P_ON, z, (B, Hq, Sq, D), s + 20)
+    q = _as4(p, P_Q, z, (B, Hq, Sq, D), s)
+    k = _as4(p, P_K, z, (B, Hkv, Skv, D), s + 4)
+    v = _as4(p, P_V, z, (B, Hkv, Skv, D), s + 8)
+    mask = _as4(p, P_MASK, _mask_like(mkind, z), (B, Hq, Sq, Skv), s + 12)
+    go = _as4(p, P_GO, z, (B, Hq, Sq, D), s + 16)
+    o = _as4(p, P_O, z, (B, Hq, Sq, D), s + 20)
     return q, k, v, mask, go, o
 
 
 @njit(inline="always")
-def _as4(p, slot, nslot, z, shape, s):
-    return as_strided(carray(ptr_as(p[slot], z), p[nslot]), shape,
-                      (p[s], p[s + 1], p[s + 2], p[s + 3]))
+def _as4(p, slot, z, shape, s):
+    return view_at(p[slot], z, shape, (p[s], p[s + 1], p[s + 2], p[s + 3]))
 
 
 @njit(**JIT_BY_ADDRESS)
 def backward_worker(w, params, is64, mkind, causal):
     """Worker w of one backward() pass: phase 0 takes (batch x kv head, chunk) items from the
-    block's counter (_item); phase 1 sums the dq parts of blocks of BQ query rows."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    block's counter and runs each through backward_item (at p[P_ITEM]) with its own scratch;
+    phase 1 sums the dq parts of blocks of BQ query rows."""
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
     z = like_dtype(is64)
-    q, k, v, mask, go, o = _views(p, z, mkind)
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    nchunk, chunk = p[P_NCHUNK], p[P_CHUNK]
-    dq = carray(ptr_as(p[P_DQ], z), (B * Hq * Sq, D))
+    B, Hq, Hkv, Sq, D = p[P_B], p[P_HQ], p[P_HKV], p[P_SQ], p[P_D]
+    nchunk = p[P_NCHUNK]
+    dq = c_array_at(p[P_DQ], z, (B * Hq * Sq, D))
     if p[P_PHASE] == 1:
-        parts = carray(ptr_as(p[P_DQP], z), (nchunk, B * Hq * Sq, D))
+        parts = c_array_at(p[P_DQP], z, (nchunk, B * Hq * Sq, D))
         nrows = B * Hq * Sq
         while True:
             t = fetch_add(p, P_NEXT, 1)
@@ -147,34 +145,36 @@ def backward_worker(w, params, is64, mkind, causal):
                     for d in range(D):
                         drow[d] += prow[d]
         return
-    scale = like(z, bits_to_float(p[P_SCALE]))
-    lse = carray(ptr_as(p[P_LSE], z), (B, Hq, Sq))
-    dk = carray(ptr_as(p[P_DK], z), (B, Hkv, Skv, D))
-    dv = carray(ptr_as(p[P_DV], z), (B, Hkv, Skv, D))
-    parts = carray(ptr_as(p[P_DQP] if nchunk > 1 else p[P_DQ], z), (nchunk if nchunk > 1 else 1, B, Hq, Sq, D))
-    dt = q.dtype
-    Dp = (D + NC - 1) // NC * NC
-    clen = min(chunk, (Skv + BK - 1) // BK * BK)
-    # scratch as borrowed views (parallel.borrow, as in the forward's worker): the item
-    # takes row views of these in its inner loops, and each would lock-increment and
-    # -decrement the owner's count; 12% of the samples at 16x12x198x32 (2026-11-26)
+    clen, Dp = _scratch_dims(p)
+    dt = dq.dtype
     owned = (np.empty((2, clen // NC, Dp, NC), dt), np.empty((3, clen, Dp), dt), np.empty((3, BQ, Dp), dt),
-             np.empty((2, BQ, BK), dt), np.empty((3, max(BQ, BK)), dt), np.empty((2, BQ), np.int64))
-    kph, vph = borrow(owned[0][0]), borrow(owned[0][1])
-    kpad, dka, dva = borrow(owned[1][0]), borrow(owned[1][1]), borrow(owned[1][2])
-    qs, gs, dqa = borrow(owned[2][0]), borrow(owned[2][1]), borrow(owned[2][2])
-    st, dp = borrow(owned[3][0]), borrow(owned[3][1])
-    lr, di, mb = borrow(owned[4][0, :BQ]), borrow(owned[4][1, :BQ]), borrow(owned[4][2, :BK])
-    ri, rh = borrow(owned[5][0]), borrow(owned[5][1])
+             np.empty((2, BQ, BK), dt), np.empty((3, max(BQ, BK)), dt), np.empty((2, BQ), np.int64),
+             np.empty(I_COUNT, np.int64))
+    ip = borrow(owned[6])
+    ip[I_PARAMS] = params
+    ip[I_SCRATCH], ip[I_SCRATCH + 1], ip[I_SCRATCH + 2] = owned[0].ctypes.data, owned[1].ctypes.data, owned[2].ctypes.data
+    ip[I_SCRATCH + 3], ip[I_SCRATCH + 4], ip[I_SCRATCH + 5] = owned[3].ctypes.data, owned[4].ctypes.data, owned[5].ctypes.data
+    item, block = p[P_ITEM], ip.ctypes.data
     while True:
         t = fetch_add(p, P_NEXT, 1)
         if t >= B * Hkv * nchunk:
             break
-        bh = t // nchunk
-        c = t - bh * nchunk
-        _item(q, k, v, mask, mkind, causal, scale, go, o, lse, dk, dv, parts, bh // Hkv, bh % Hkv, c,
-              nchunk, chunk, kph, vph, kpad, dka, dva, qs, gs, st, dp, dqa, lr, di, ri, rh, mb)
+        ip[I_T] = t
+        call_address(item, (w, block))
     keep_alive(owned)
+
+
+# A backward worker's block for one item (int64), read by backward_item: the call's block
+# (params), the item's number and the addresses of the worker's six scratch arrays.
+I_PARAMS, I_T, I_SCRATCH = 0, 1, 2
+I_COUNT = I_SCRATCH + 6
+
+
+@njit(inline="always")
+def _scratch_dims(p):
+    """(keys a worker's scratch holds: the chunk, at most Skv rounded up to BK; D rounded up
+    to 16) for the call's block p."""
+    return min(p[P_CHUNK], (p[P_SKV] + BK - 1) // BK * BK), (p[P_D] + NC - 1) // NC * NC
 
 
 @njit(**JIT)
@@ -206,14 +206,44 @@ def _pack(src, c0, c1, ph, pad):
             panel[d, col] = zero
 
 
-@njit(**JIT_INNER)
-def _item(q, k, v, mask, mkind, causal, scale, go, o, lse, dk, dv, parts, b, hk, c, nchunk, chunk,
-          kph, vph, kpad, dka, dva, qs, gs, st, dp, dqa, lr, di, ri, rh, mb):
-    """Keys c*chunk .. of kv head hk in batch b against every query row of its group (rows
-    rr -> query head hk*G + rr // Sq, query rr % Sq, as the forward): dk, dv of those keys,
-    and dq (nchunk == 1) or this chunk's part of it (parts[c])."""
-    Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
+@njit(**JIT_BY_ADDRESS)
+def backward_item(w, block, is64, mkind, causal):
+    """One phase-0 item, called by address from backward_worker (compiled once, alone:
+    linked into the worker its code was optimized and turned into machine code twice,
+    1.0 s of the cold first call on Zen 5, 2026-11-27).  block: the item block (I_*).
+
+    Item t: keys c*chunk .. of kv head hk in batch b against every query row of its group
+    (rows rr -> query head hk*G + rr // Sq, query rr % Sq, as the forward): dk, dv of
+    those keys, and dq (nchunk == 1) or this chunk's part of it (parts[c])."""
+    ip = c_array_at(block, np.int64(0), (I_COUNT,))
+    p = c_array_at(ip[I_PARAMS], np.int64(0), (P_COUNT,))
+    z = like_dtype(is64)
+    q, k, v, mask, go, o = _views(p, z, mkind)
+    B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
+    nchunk, chunk = p[P_NCHUNK], p[P_CHUNK]
+    scale = like(z, bits_to_float(p[P_SCALE]))
+    lse = c_array_at(p[P_LSE], z, (B, Hq, Sq))
+    dk = c_array_at(p[P_DK], z, (B, Hkv, Skv, D))
+    dv = c_array_at(p[P_DV], z, (B, Hkv, Skv, D))
+    parts = c_array_at(p[P_DQP] if nchunk > 1 else p[P_DQ], z, (nchunk if nchunk > 1 else 1, B, Hq, Sq, D))
+    clen, Dp = _scratch_dims(p)
+    s0 = c_array_at(ip[I_SCRATCH], z, (2, clen // NC, Dp, NC))
+    s1 = c_array_at(ip[I_SCRATCH + 1], z, (3, clen, Dp))
+    s2 = c_array_at(ip[I_SCRATCH + 2], z, (3, BQ, Dp))
+    s3 = c_array_at(ip[I_SCRATCH + 3], z, (2, BQ, BK))
+    s4 = c_array_at(ip[I_SCRATCH + 4], z, (3, max(BQ, BK)))
+    s5 = c_array_at(ip[I_SCRATCH + 5], np.int64(0), (2, BQ))
+    kph, vph = s0[0], s0[1]
+    kpad, dka, dva = s1[0], s1[1], s1[2]
+    qs, gs, dqa = s2[0], s2[1], s2[2]
+    st, dp = s3[0], s3[1]
+    lr, di, mb = s4[0, :BQ], s4[1, :BQ], s4[2, :BK]
+    ri, rh = s5[0], s5[1]
+    t = ip[I_T]
+    bh = t // nchunk
+    c = t - bh * nchunk
+    b, hk = bh // Hkv, bh % Hkv
     G = Hq // Hkv
     R = G * Sq
     dt = q.dtype.type
