@@ -34,7 +34,7 @@ from numba.extending import overload
 from kernels_common.activation_grad import X_CLAMP
 
 from .activation import CHUNK
-from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT, JIT_INNER,
+from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT, JIT_INNER,
                      SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
 
 INV_SQRT_2PI = 0.3989422804014327
@@ -187,7 +187,7 @@ def grad_input(g, x, code):
     return _grad_input_any(g, x, code)
 
 
-@overload(grad_input, inline="always", prefer_literal=True)
+@overload(grad_input, inline="always", prefer_literal=True, **OVERLOAD)
 def _grad_input_overload(g, x, code):
     """A literal code compiles its own activation's formula only: numba types every branch
     of `if code == ...` whatever code's literal value (the comparisons are with globals,

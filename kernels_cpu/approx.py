@@ -52,6 +52,9 @@ JIT_INNER = dict(JIT, no_cpython_wrapper=True)
 # Use as @njit(**HELPER) (uncached: their code is compiled into their callers' cached
 # libraries).
 HELPER = dict(no_cpython_wrapper=True, no_cfunc_wrapper=True)
+# Our @overload implementations, as @overload(fn, **OVERLOAD): numba compiles each with a C
+# wrapper unless told not to (5-12 ms each of a cold first call; attention built seven).
+OVERLOAD = dict(jit_options=HELPER)
 
 # Activation codes passed to the kernels (the fused GEMM epilogue and the elementwise
 # kernels) and the formulas' constants: one table for both sides (kernels_common).
@@ -89,7 +92,7 @@ def like(x, value):
     return value
 
 
-@overload(like)
+@overload(like, **OVERLOAD)
 def _like_overload(x, value):
     if x == types.float32:
         return lambda x, value: np.float32(value)
@@ -240,7 +243,7 @@ def fexp(x):
     return math.exp(x)
 
 
-@overload(fexp)
+@overload(fexp, **OVERLOAD)
 def _fexp_overload(x):
     if x == types.float32:
         return lambda x: _exp_f32(x)
@@ -311,7 +314,7 @@ def cdf_and_gauss(x):
     return 0.5 * math.erfc(-x * INV_SQRT2), math.exp(-0.5 * x * x)
 
 
-@overload(cdf_and_gauss)
+@overload(cdf_and_gauss, **OVERLOAD)
 def _cdf_and_gauss_overload(x):
     if x == types.float32:
         return lambda x: _cdf_gauss_f32(x)
@@ -323,7 +326,7 @@ def normal_cdf(x):
     return 0.5 * math.erfc(-x * INV_SQRT2)
 
 
-@overload(normal_cdf)
+@overload(normal_cdf, **OVERLOAD)
 def _normal_cdf_overload(x):
     if x == types.float32:
         return lambda x: _cdf_gauss_f32(x)[0]
@@ -339,7 +342,7 @@ def _one(x):
     return 1.0
 
 
-@overload(_one)
+@overload(_one, **OVERLOAD)
 def _one_overload(x):
     if x == types.float32:
         return lambda x: _ONE

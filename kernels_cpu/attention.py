@@ -44,7 +44,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
+from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
 from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, ptr_as, run_serial, run_workers, view_at,
                        worker_address)
 
@@ -198,7 +198,7 @@ def micro(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
     ldb).  x: any scalar of the element type (selects float32 / float64)."""
 
 
-@overload(micro, inline="always")
+@overload(micro, inline="always", **OVERLOAD)
 def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
     if x == types.float32:
         def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
@@ -223,7 +223,7 @@ def micro_pair(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumul
     register block on AVX-512 float32 (_micro2_f32), two micro calls elsewhere."""
 
 
-@overload(micro_pair, inline="always")
+@overload(micro_pair, inline="always", **OVERLOAD)
 def _micro_pair_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
     if x == types.float32 and WIDE:
         def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
@@ -243,7 +243,7 @@ def row_micro(x, a_ptr, b_ptr, ldb, c_ptr, kdim):
     row, eight independent vector accumulators.  x: a scalar of the element type."""
 
 
-@overload(row_micro, inline="always")
+@overload(row_micro, inline="always", **OVERLOAD)
 def _row_micro_overload(x, a_ptr, b_ptr, ldb, c_ptr, kdim):
     if x == types.float32:
         return lambda x, a_ptr, b_ptr, ldb, c_ptr, kdim: _row_micro_f32(a_ptr, 0, 1, b_ptr, ldb, c_ptr, 0, kdim, 1)
@@ -343,7 +343,7 @@ def rowmax(ptr, n, init):
     """max(init, the n elements at address ptr); float32 or float64 after init's type."""
 
 
-@overload(rowmax, inline="always")
+@overload(rowmax, inline="always", **OVERLOAD)
 def _rowmax_overload(ptr, n, init):
     if init == types.float32:
         return lambda ptr, n, init: _rowmax_f32(ptr, n, init)
@@ -663,7 +663,7 @@ def _mask_like(mkind, z):
     return z
 
 
-@overload(_mask_like)
+@overload(_mask_like, **OVERLOAD)
 def _mask_like_overload(mkind, z):
     """An element of the mask's type for the literal mkind: bool, or the input's float."""
     if not isinstance(mkind, types.Literal):

@@ -60,7 +60,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu, \
+from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu, \
     wide_loops
 from . import target
 from .parallel import c_array_at, call_address, fetch_add, like_dtype, run_workers, worker_address
@@ -202,7 +202,7 @@ def _tnr(z, ti):
     return NR_F64
 
 
-@overload(_tnr, inline="always")
+@overload(_tnr, inline="always", **OVERLOAD)
 def _tnr_overload(z, ti):
     """NR of tile TILES[ti] (ti a literal) for the element type of the scalar z."""
     if not isinstance(ti, types.Literal):
@@ -216,7 +216,7 @@ def _taouter(ti):
     return False
 
 
-@overload(_taouter, inline="always")
+@overload(_taouter, inline="always", **OVERLOAD)
 def _taouter_overload(ti):
     """Whether tile TILES[ti] (ti a literal) walks A panels in the outer loop."""
     if not isinstance(ti, types.Literal):
@@ -229,7 +229,7 @@ def _tmr(ti):
     return MR
 
 
-@overload(_tmr, inline="always")
+@overload(_tmr, inline="always", **OVERLOAD)
 def _tmr_overload(ti):
     """MR of tile TILES[ti] (ti a literal)."""
     if not isinstance(ti, types.Literal):
@@ -449,14 +449,14 @@ def _bias_at(bias, j):
     return bias
 
 
-@overload(_bias_at, inline="always")
+@overload(_bias_at, inline="always", **OVERLOAD)
 def _bias_at_overload(bias, j):
     if isinstance(bias, types.Array):
         return lambda bias, j: bias[j]
     return lambda bias, j: bias
 
 
-@overload(act_store_lit, inline="always")
+@overload(act_store_lit, inline="always", **OVERLOAD)
 def _act_store_lit_overload(src, bias, dst, n, code):
     if not isinstance(code, types.Literal):
         return None
@@ -530,7 +530,7 @@ def _vw(x):
     return 4
 
 
-@overload(_vw, inline="always")
+@overload(_vw, inline="always", **OVERLOAD)
 def _vw_overload(x):
     """Vector width (elements) of the micro-kernel and the transposer for x's dtype."""
     if x.dtype == types.float32:

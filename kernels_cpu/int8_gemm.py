@@ -72,7 +72,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import target
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
+from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
 from .parallel import addresses, fetch_add, ptr_as, run_serial, run_workers, worker_address
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
@@ -397,7 +397,7 @@ def epi_row(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
     thread, 100 -> 50 us, 2026-11-25, loaded host, min of 200)."""
 
 
-@overload(epi_row, inline="always")
+@overload(epi_row, inline="always", **OVERLOAD)
 def _epi_row_overload(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
     if not isinstance(code, types.IntegerLiteral):
         return None
@@ -452,7 +452,7 @@ def packed_zero(wide):
     return np.uint8(0)
 
 
-@overload(packed_zero)
+@overload(packed_zero, **OVERLOAD)
 def _packed_zero_overload(wide):
     """The element type of packed A (a literal wide: int16 words for PATH_AVX2, else uint8)."""
     if not isinstance(wide, types.BooleanLiteral):
@@ -632,7 +632,7 @@ def packed_tile(path):
     return 0, 0
 
 
-@overload(packed_tile)
+@overload(packed_tile, **OVERLOAD)
 def _packed_tile_overload(path):
     """(MR, NR) of the literal path."""
     if not isinstance(path, types.IntegerLiteral) or path.literal_value not in TILES:

@@ -44,7 +44,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, silu
+from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, silu
 from .llvm_ir import hsum
 from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
 
@@ -151,7 +151,7 @@ def gated_lit(src, up, dst, n, code):
     that activation's loop is compiled."""
 
 
-@overload(gated_lit, inline="always")
+@overload(gated_lit, inline="always", **OVERLOAD)
 def _gated_lit_overload(src, up, dst, n, code):
     if not isinstance(code, types.Literal):
         return None

@@ -16,6 +16,8 @@ from numba import literal_unroll, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .approx import OVERLOAD
+
 # Parallel kernels split the rows into TASKS_PER_THREAD contiguous blocks per thread, handed
 # out dynamically (parallel chunk size 1): when another process takes a core, the other
 # thread takes more blocks instead of waiting for a fixed half.  Measured on (4096, 1024)
@@ -274,7 +276,7 @@ def like_dtype(is64):
     return np.float64(0)
 
 
-@overload(like_dtype)
+@overload(like_dtype, **OVERLOAD)
 def _like_dtype_overload(is64):
     """A zero of the element type that the literal is64 (a worker argument) chooses."""
     if not isinstance(is64, types.Literal):

@@ -41,7 +41,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numpy import uintp
 
-from .approx import like, wide_loops
+from .approx import OVERLOAD, like, wide_loops
 
 # Reductions: reassociation only (the integer reductions do not need it; kept off the
 # quantize and dequantize loops, see the module docstring).
@@ -56,7 +56,7 @@ def _same_width(signed):
     def cast(ref, v):
         return v
 
-    @overload(cast)
+    @overload(cast, **OVERLOAD)
     def _cast_overload(ref, v):
         narrow = ref in (types.int32, types.uint32)
         if signed:

@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .approx import HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
+from .approx import OVERLOAD, HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
 from .parallel import row_of, run_dynamic, tasks_for
 
 
@@ -69,7 +69,7 @@ def row_max(xr):
     raise NotImplementedError
 
 
-@overload(row_max)
+@overload(row_max, **OVERLOAD)
 def _row_max_overload(xr):
     if xr.dtype == types.float32:
         return lambda xr: _row_max32(xr)

@@ -49,7 +49,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like, silu
+from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like, silu
 from .gemm import _transpose_block, _vw
 from .parallel import TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, row_of, run_serial, run_workers, worker_address
 
@@ -202,7 +202,7 @@ def _tile(z, dt_p, du_p, y_p, h_p, a_p, b_p, c_p, steps, nst):
     """The tile for z's element type (float32: 8 lanes, float64: 4)."""
 
 
-@overload(_tile)
+@overload(_tile, **OVERLOAD)
 def _tile_overload(z, dt_p, du_p, y_p, h_p, a_p, b_p, c_p, steps, nst):
     impl = _tile_f32 if z == types.float32 else _tile_f64
 
@@ -222,7 +222,7 @@ def softplus(x):
 _SP_P = (0.33333125710487366, 0.20013634860515594, 0.1396505981683731, 0.14153194427490234)
 
 
-@overload(softplus)
+@overload(softplus, **OVERLOAD)
 def _softplus_overload(x):
     """float32: max(x, 0) + log1p(exp(-|x|)), vectorizable (exp: approx.fexp, accurate for
     any argument; log1p by the series above, no cancellation for small t); relative error

@@ -34,7 +34,7 @@ from numba.extending import intrinsic, overload
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
-from .approx import JIT
+from .approx import OVERLOAD, JIT
 from .gemm import act_store
 from .llvm_ir import hsum
 
@@ -156,7 +156,7 @@ def _tile(fmt, wide, ta, kl, x, xo, w, wo, q, t):
     weight's dtype allows: the int8 kernel holds only the int8 tiles)."""
 
 
-@overload(_tile, inline="always")
+@overload(_tile, inline="always", **OVERLOAD)
 def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
     if not isinstance(w, types.Array):
         return None
@@ -292,7 +292,7 @@ def _widen16(src, d, K, fmt):
     """d[k] = the float32 of the 16-bit pattern src[k] (float16 or bfloat16 per fmt)."""
 
 
-@overload(_widen16, inline="always")
+@overload(_widen16, inline="always", **OVERLOAD)
 def _widen16_overload(src, d, K, fmt):
     if not (isinstance(src, types.Array) and src.dtype == types.uint16):
         return lambda src, d, K, fmt: None
