@@ -96,8 +96,7 @@ def launch(params, x, weight, targets, bias, reduction, ignore_index, with_grad)
     """The launch of one chunk's logits GEMM (the sweep's dominant kernel; the model scales
     by the op's FLOPs), as the CUDA linear rule would choose it."""
     from .. import registry, select
-    rows = min(x.shape[0], L.chunk_rows(weight.shape[0], np.dtype(x.dtype).itemsize,
-                                        params.get("chunk_bytes", L.CHUNK_BYTES)))
+    rows = L.rows_per_chunk(params, weight, x.dtype, x.shape[0])
     chunk = np.broadcast_to(np.zeros((), x.dtype), (rows, x.shape[1]))
     w = np.broadcast_to(np.zeros((), x.dtype), tuple(weight.shape))
     call = registry.OPS["linear"].describe(chunk, w)
