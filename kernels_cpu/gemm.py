@@ -931,29 +931,46 @@ ROWS_MR = TILES[ROWS_TILE].mr
 ROWS_PANELS = 8   # MR-row weight panels per task (64 output columns: whole cache lines of out)
 
 
-@njit(parallel=True, **JIT)
-def _gemm_rows_parallel(w, xp, nr, out, bias_addr, epilogue, ntasks):
-    N, K = w.shape
-    M = out.shape[0]
+# gemm_rows's int64 argument block, read by rows_worker: addresses, sizes, the task counter.
+(R_NEXT, R_W, R_XP, R_OUT, R_BIAS, R_EPILOGUE, R_N, R_K, R_M, R_NR, R_TASKS) = range(11)
+R_COUNT = 11
+
+
+@njit(**JIT_BY_ADDRESS)
+def rows_worker(w, params, is64):
+    """Worker w of gemm_rows: takes tasks (runs of MR-row weight panels) from the block's
+    counter.  By address (parallel.run_workers), not a prange kernel: that compiled its
+    body twice (the kernel and numba's parfor gufunc), 1.26 s of a cold
+    linear_cross_entropy on Zen 5 (2026-11-27)."""
+    p = c_array_at(params, np.int64(0), (R_COUNT,))
+    z = like_dtype(is64)
+    N, K, M, nr, ntasks, epilogue = p[R_N], p[R_K], p[R_M], p[R_NR], p[R_TASKS], p[R_EPILOGUE]
     mr = ROWS_MR
     npan = (N + mr - 1) // mr
     nxp = (M + nr - 1) // nr
-    wf = w.reshape(-1)
-    of = out.reshape(-1)
+    wf = c_array_at(p[R_W], z, (N * K,))
+    xp = c_array_at(p[R_XP], z, (nxp * nr * K,))
+    of = c_array_at(p[R_OUT], z, (M * N,))
     isz = of.itemsize
-    for task in prange(ntasks):
-        t = np.empty(mr * nr, out.dtype)
+    t = np.empty(mr * nr, of.dtype)
+    edge = np.empty(mr * K, of.dtype)  # the last, partial panel: its rows copied, zero padded to mr
+    while True:
+        task = fetch_add(p, R_NEXT, 1)
+        if task >= ntasks:
+            break
         p0 = task * npan // ntasks
         p1 = (task + 1) * npan // ntasks
         for pan in range(p0, p1):
             n0 = pan * mr
             rows = min(mr, N - n0)
             src, s0 = wf, n0 * K
-            if rows < mr:  # the last, partial panel: its rows copied, zero padded to mr
-                src, s0 = np.zeros(mr * K, out.dtype), 0
+            if rows < mr:
+                src, s0 = edge, 0
                 for i in range(rows):
                     for k in range(K):
                         src[i * K + k] = wf[(n0 + i) * K + k]
+                for i in range(rows * K, mr * K):
+                    src[i] = 0
             for j in range(nxp):
                 micro_rows(K, src, s0, K, xp, j * K * nr, t, 0, nr, False)
                 m0 = j * nr
@@ -963,7 +980,7 @@ def _gemm_rows_parallel(w, xp, nr, out, bias_addr, epilogue, ntasks):
                         of[o + i] = t[i * nr + r]
         if epilogue != 0 and p1 > p0:
             c0 = p0 * mr
-            call_address(epilogue, (out.ctypes.data + c0 * isz, N, M, min(p1 * mr, N) - c0, bias_addr + c0 * isz))
+            call_address(epilogue, (p[R_OUT] + c0 * isz, N, M, min(p1 * mr, N) - c0, p[R_BIAS] + c0 * isz))
 
 
 def gemm_rows(x2, w2, bias, epilogue, code, out2, xp, nworkers):
@@ -975,9 +992,11 @@ def gemm_rows(x2, w2, bias, epilogue, code, out2, xp, nworkers):
     nr = tile_n(out2.dtype, ROWS_TILE)
     pack_b(x2.reshape(1, M, K), True, xp, tile=ROWS_TILE)
     npan = -(-N // ROWS_MR)
-    ntasks = max(min(-(-npan // ROWS_PANELS), npan), nworkers)
-    _gemm_rows_parallel(w2, xp, nr, out2, bias.ctypes.data, _epilogue(out2.dtype, code) if epilogue else 0,
-                        min(ntasks, npan))
+    ntasks = min(max(min(-(-npan // ROWS_PANELS), npan), nworkers), npan)
+    p = np.array([0, w2.ctypes.data, xp.ctypes.data, out2.ctypes.data, bias.ctypes.data,
+                  _epilogue(out2.dtype, code) if epilogue else 0, N, K, M, nr, ntasks], np.int64)
+    fn = worker_address(rows_worker, (bool(out2.dtype == np.float64),))
+    run_workers(fn, p, max(1, min(nworkers, ntasks)))
 
 
 def rows_workspace(M, K, dtype) -> int:
