@@ -90,6 +90,22 @@ HOST_ONLY = pytest.mark.skipif(support.ON_CUDA, reason="host path (the CPU test 
 
 
 @HOST_ONLY
+@pytest.mark.parametrize("t, v, chunk_bytes", [(512, 50257, 32 << 20), (37, 300, 7 * 300 * 4), (1, 50257, 32 << 20),
+                                                (129, 10, 64 * 10 * 4), (1000, 7, 1), (0, 300, 1200)])
+def test_rows_per_chunk_spreads_rows_without_adding_chunks(t, v, chunk_bytes):
+    """At most chunk_rows a chunk, no more chunks than chunk_rows needs, and every chunk but
+    the last the same size (GPT-2's 512 rows: four of 128, not 3 x 166 + 14)."""
+    w = np.zeros((v, 1), np.float32)
+    most = L.chunk_rows(v, 4, chunk_bytes)
+    rows = L.rows_per_chunk({"chunk_bytes": chunk_bytes}, w, np.float32, t)
+    assert 1 <= rows <= most
+    assert -(-t // rows) == -(-t // most)
+    if t:
+        assert rows == -(-t // -(-t // most))
+    if (t, v) == (512, 50257):
+        assert rows == 128
+
+
 def test_per_row_backward_matches_reference():
     rng = support.rng()
     x, w, t, b = _inputs(rng, 21, 8, 50, np.float64, True, True)
