@@ -34,8 +34,8 @@ from numba.extending import overload
 from kernels_common.activation_grad import X_CLAMP
 
 from .activation import CHUNK
-from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT, JIT_INNER,
-                     SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
+from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT,
+                     JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
 
 INV_SQRT_2PI = 0.3989422804014327
 

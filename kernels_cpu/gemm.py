@@ -60,8 +60,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu, silu, \
-    wide_loops
+from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu,
+                     silu, wide_loops)
 from . import target
 from .parallel import c_array_at, call_address, fetch_add, like_dtype, run_workers, worker_address
 
