@@ -34,26 +34,26 @@ Measured 2026-11-27 on AMD EPYC Zen 5 (2 vCPUs, tbb), heartbeat threads on both 
   busy-waits through the pause): the caches and predictors are cold after a pause, which
   every library pays.
 
-- cold start: with an empty numba cache the loop compiles (~0.2 s) in the first heartbeat
-  thread after the first call, beside the caller's next compile: linear's cold first call
-  after matmul's took 1.94-1.95 s instead of 1.88 s.  Cached afterwards (and by
-  ``python -m dispatch.warmup``).
+- cold start: the loop is a small C function built with llvmlite (about 10 ms, on the
+  first call), not a numba function: that compiled in the first heartbeat thread under
+  numba's global compile lock, between the caller's own compiles (see _beat).
 
 ``NK_KEEP_WARM_MS=0`` turns it off; ``set_window_ms`` changes it for the whole process
 (the heartbeat threads are the process's, like numba's thread pool).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
 import time
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
-from numba import njit, types
-
-from .parallel import fetch_add
+from llvmlite import ir
+from numba.core.compiler_lock import global_compiler_lock
 
 ENV = "NK_KEEP_WARM_MS"
 DEFAULT_WINDOW_MS = 300   # covers the 0.2 s pauses of the report and the issue's settings
@@ -100,26 +100,80 @@ def _unsupported():
 
 
 _UNSUPPORTED = _unsupported()
-if _UNSUPPORTED is None:
-    # libc by symbol name (resolved when the loop is linked), not ctypes objects: those
-    # would make the loop uncacheable.  The timespec pointer is passed as an integer.
-    _usleep = types.ExternalFunction("usleep", types.int32(types.uint32))
-    _clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.uintp))
 
-    @njit(nogil=True, cache=True)
-    def _beat(state, ts, period_us, quiet_ns):
-        """Sleep in PERIOD_US steps until the window after the last touch has passed (or
-        STOP is set), waiting out the first quiet_ns without beats.  Runs without the GIL."""
-        while fetch_add(state, STOP, 0) == 0:
-            _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
-            idle = ts[0] * 1_000_000_000 + ts[1] - fetch_add(state, LAST_NS, 0)
-            if idle >= fetch_add(state, WINDOW_NS, 0):
-                return
-            if idle < quiet_ns:
-                _usleep((quiet_ns - idle) // 1000 + 1)
-            else:
-                _usleep(period_us)
-                fetch_add(state, BEATS, 1)
+
+def _beat_ir(usleep_addr: int, clock_gettime_addr: int) -> str:
+    """LLVM IR of nk_beat(state, ts, period_us, quiet_ns): sleep in period_us steps until the
+    window after the last touch has passed (or STOP is set), waiting out the first quiet_ns
+    without beats.  state: the int64 slots above (read and counted atomically); ts: two
+    int64 for clock_gettime's timespec.  libc's functions are called at their addresses."""
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    mod = ir.Module(name="nk_keepwarm")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64.as_pointer(), i64.as_pointer(), i64, i64]),
+                     name="nk_beat")
+    state, ts, period, quiet = fn.args
+    blocks = {n: fn.append_basic_block(n) for n in ("entry", "loop", "awake", "wait", "quiet", "beat", "done")}
+    b = ir.IRBuilder(blocks["entry"])
+    usleep = b.inttoptr(ir.Constant(i64, usleep_addr), ir.FunctionType(i32, [i32]).as_pointer())
+    clock = b.inttoptr(ir.Constant(i64, clock_gettime_addr),
+                       ir.FunctionType(i32, [i32, i64.as_pointer()]).as_pointer())
+
+    def slot(k, add=0):
+        return b.atomic_rmw("add", b.gep(state, [ir.Constant(i64, k)]), ir.Constant(i64, add), "seq_cst")
+
+    b.branch(blocks["loop"])
+    b.position_at_end(blocks["loop"])
+    b.cbranch(b.icmp_signed("!=", slot(STOP), ir.Constant(i64, 0)), blocks["done"], blocks["awake"])
+    b.position_at_end(blocks["awake"])
+    b.call(clock, [ir.Constant(i32, _CLOCK_MONOTONIC), ts])
+    now = b.add(b.mul(b.load(ts), ir.Constant(i64, 1_000_000_000)), b.load(b.gep(ts, [ir.Constant(i64, 1)])))
+    idle = b.sub(now, slot(LAST_NS))
+    b.cbranch(b.icmp_signed(">=", idle, slot(WINDOW_NS)), blocks["done"], blocks["wait"])
+    b.position_at_end(blocks["wait"])
+    b.cbranch(b.icmp_signed("<", idle, quiet), blocks["quiet"], blocks["beat"])
+    b.position_at_end(blocks["quiet"])
+    us = b.add(b.sdiv(b.sub(quiet, idle), ir.Constant(i64, 1000)), ir.Constant(i64, 1))
+    b.call(usleep, [b.trunc(us, i32)])
+    b.branch(blocks["loop"])
+    b.position_at_end(blocks["beat"])
+    b.call(usleep, [b.trunc(period, i32)])
+    slot(BEATS, 1)
+    b.branch(blocks["loop"])
+    b.position_at_end(blocks["done"])
+    b.ret_void()
+    return str(mod)
+
+
+_beat_fn = None
+_beat_lock = threading.Lock()
+
+
+def _beat():
+    """The heartbeat loop as a C function called through ctypes, which releases the GIL for
+    the call.  Built (by touch(), on the first call) with llvmlite's MCJIT in about 10 ms,
+    not compiled by numba: numba
+    compiled it (0.1-0.2 s with an empty cache) in the first heartbeat thread, under
+    numba's global compile lock, between the caller's own compiles, so the cold first call
+    of an op running several kernels waited for it (linear_cross_entropy on Zen 5: 0.09-0.18
+    s of its first call, 2026-11-27)."""
+    global _beat_fn
+    if _beat_fn is not None:
+        return _beat_fn
+    with _beat_lock, global_compiler_lock:  # LLVM's context is not thread-safe: not beside a numba compile
+        if _beat_fn is None:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            libc = ctypes.CDLL(None)
+            addr = [ctypes.cast(f, ctypes.c_void_p).value for f in (libc.usleep, libc.clock_gettime)]
+            mod = llvm.parse_assembly(_beat_ir(*addr))
+            mod.verify()
+            engine = llvm.create_mcjit_compiler(mod, llvm.Target.from_default_triple().create_target_machine())
+            engine.finalize_object()
+            proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+            fn = proto(engine.get_function_address("nk_beat"))
+            fn.engine = engine  # the engine owns the code: kept alive with the function
+            _beat_fn = fn
+        return _beat_fn
 
 
 _state = np.zeros(N_SLOTS, np.int64)
@@ -143,11 +197,12 @@ def _heart(cpu):
         _notes[cpu] = f"cpu {cpu}: {e.strerror or e}"
         return
     ts = np.zeros(2, np.int64)
+    state = _state  # the loop gets raw addresses: the arrays stay referenced while it runs
     while True:
         _armed.wait()
         try:
-            _beat(_state, ts, PERIOD_US, QUIET_US * 1000)
-        except Exception as e:  # noqa: BLE001 - e.g. the loop failed to compile: stop, say why
+            _beat()(state.ctypes.data, ts.ctypes.data, PERIOD_US, QUIET_US * 1000)
+        except Exception as e:  # noqa: BLE001 - e.g. the loop failed to build: stop, say why
             _notes[cpu] = f"cpu {cpu}: {type(e).__name__}: {e}"
             return
         if _state[STOP]:
@@ -170,15 +225,29 @@ def _start():
 
 
 def precompile() -> None:
-    """Compile the heartbeat loop into numba's cache now (``python -m dispatch.warmup``);
-    otherwise the first heartbeat thread compiles it in the background (~0.2 s)."""
+    """Build the heartbeat loop now (``python -m dispatch.warmup``); otherwise the first
+    CPU call builds it (about 10 ms, see _beat)."""
     if _UNSUPPORTED is None:
-        _beat.compile("(int64[::1], int64[::1], int64, int64)")
+        _beat()
 
 
 def enabled() -> bool:
     """Whether touch() beats at all: a window > 0, a supported OS and more than one thread."""
     return _UNSUPPORTED is None and _state[WINDOW_NS] > 0 and numba.config.NUMBA_NUM_THREADS > 1
+
+
+def _built() -> bool:
+    """Whether the heartbeat loop is built, building it on the first call.  Built here, by
+    the caller, not in a heartbeat thread: a process that exits right after its first call
+    (asv's first-call benchmarks) then never exits in the middle of the build, which
+    segfaulted in 5 of 72 such exits on a loaded host (0 of 80 built here).  A failed build
+    leaves the heartbeat off and says why in describe(); the call itself goes on."""
+    if _beat_fn is None and "build" not in _notes:
+        try:
+            _beat()
+        except Exception as e:  # noqa: BLE001 - no heartbeat rather than a failed kernel call
+            _notes["build"] = f"the loop did not build: {type(e).__name__}: {e}"
+    return _beat_fn is not None
 
 
 def touch() -> None:
@@ -187,7 +256,7 @@ def touch() -> None:
         return
     _state[LAST_NS] = time.monotonic_ns()
     if not _armed.is_set():
-        if not _threads and enabled():
+        if not _threads and enabled() and _built():
             _start()
         _armed.set()
 
