@@ -151,11 +151,10 @@ _beat_lock = threading.Lock()
 def _beat():
     """The heartbeat loop as a C function called through ctypes, which releases the GIL for
     the call.  Built (by touch(), on the first call) with llvmlite's MCJIT in about 10 ms,
-    not compiled by numba: numba
-    compiled it (0.1-0.2 s with an empty cache) in the first heartbeat thread, under
-    numba's global compile lock, between the caller's own compiles, so the cold first call
-    of an op running several kernels waited for it (linear_cross_entropy on Zen 5: 0.09-0.18
-    s of its first call, 2026-11-27)."""
+    not compiled by numba: numba compiled it (0.1-0.2 s with an empty cache) in the first
+    heartbeat thread, under numba's global compile lock, between the caller's own
+    compiles, so the cold first call of an op running several kernels waited for it
+    (linear_cross_entropy on Zen 5: 0.09-0.18 s of its first call, 2026-11-27)."""
     global _beat_fn
     if _beat_fn is not None:
         return _beat_fn
@@ -246,7 +245,7 @@ def _built() -> bool:
         try:
             _beat()
         except Exception as e:  # noqa: BLE001 - no heartbeat rather than a failed kernel call
-            _notes["build"] = f"the loop did not build: {type(e).__name__}: {e}"
+            _notes["build"] = f"any CPU: the loop did not build: {type(e).__name__}: {e}"
     return _beat_fn is not None
 
 
