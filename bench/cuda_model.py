@@ -323,6 +323,13 @@ WORK = {
     "attention.tc_d64": ("fma", _attention_tc, _attention_tc_tile),
     "attention.tc_d128": ("fma", _attention_tc, _attention_tc_tile),
     "attention": ("fma", _attention, _attention_row),  # attention.flash_d<DMAX>: softmax per row and tile
+    # the vector-row kernels read each element once (their rows held in registers)
+    "softmax.warp_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),
+    "softmax.block_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),
+    "layer_norm.warp_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),
+    "layer_norm.block_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),
+    "rms_norm.warp_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),
+    "rms_norm.block_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),
     "softmax": ("stream", lambda cfg, call: _elements(call), 2),        # online (max, sum), then write
     "cross_entropy": ("stream", lambda cfg, call: _elements(call), 1),  # online logsumexp
     "layer_norm": ("stream", lambda cfg, call: _elements(call), 3),     # mean, centered variance, write

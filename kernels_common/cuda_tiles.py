@@ -17,6 +17,22 @@ GRID_YZ_MAX = 65535
 ELEMENTWISE_THREADS = 256
 WARP_ROWS_THREADS = 128
 BLOCK_ROWS_MAX_THREADS = 1024
+# Row kernels that hold their row in registers (kernels_cuda/norm.make_vec, softmax.vec_rows):
+# at most VEC_ROW_ELEMENTS elements a thread (32 float32 registers; the streamed kernels run
+# best at 32 elements a thread too, bench/gpu_results/2026-11-27-h200), read as 16-byte
+# vectors, blocks of at most VEC_ROWS_MAX_THREADS threads (a launch bound that leaves each
+# thread 128 registers: its row share, the weight and bias vectors and the addresses), so
+# rows up to 16384 elements; longer ones stream.
+VEC_ROW_ELEMENTS = 32
+VEC_ROWS_MAX_THREADS = 512
+VEC_ROW_DTYPES = ("float32", "float16")  # float64's 32 values would take 64 registers: it streams
+VEC_BYTES = 16  # the widest load and store of one thread (LDG.E.128 / STG.E.128)
+
+
+def vec_width(itemsize: int) -> int:
+    """Elements of one VEC_BYTES vector of this item size."""
+    return VEC_BYTES // int(itemsize)
+
 
 # GEMM tiles: name -> (BM, BN, BK, TM, TN).  A block computes BM x BN of C with
 # (BM/TM) x (BN/TN) threads holding TM x TN accumulators; per BK step it stages an A and a

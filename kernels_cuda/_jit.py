@@ -30,7 +30,8 @@ if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
         pass
 
 # Largest blocks the dispatcher launches per kernel kind: one table with dispatch.cuda_impls.
-from kernels_common.cuda_tiles import BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, WARP_ROWS_THREADS  # noqa: E402,F401
+from kernels_common.cuda_tiles import (BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, VEC_ROW_DTYPES,  # noqa: E402,F401
+                                      VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS)
 from kernels_common import acc_dtype  # noqa: E402
 
 # Row kernels (softmax, norms) read ROW_UNROLL elements per thread at once, their loads in

@@ -17,10 +17,13 @@ squares: nothing cancels).
 import math
 from functools import lru_cache
 
+import numpy as np
+
 from numba import cuda, types, uint64
 
-from ._jit import BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, arr, kernel, row_unroll
-from .primitives import block_sum, block_sum2, warp_sum, warp_sum2
+from ._jit import (BLOCK_ROWS_MAX_THREADS, VEC_ROW_DTYPES, VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS,
+                   PtxBuild, acc_np, acc_of, arr, kernel, row_unroll)
+from .primitives import block_sum, block_sum2, vec_io, vec_width, warp_sum, warp_sum2
 
 
 @lru_cache(maxsize=None)
@@ -123,6 +126,102 @@ def make(kind, rms, acc_np):
     return norm_rows
 
 
+@lru_cache(maxsize=None)
+def make_vec(kind, rms, acc_np, vec):
+    """The row-in-registers kernel for kind "warp" / "block": each thread loads its share of a
+    row once, VEC_ROW_ELEMENTS elements at most, as 16-byte vectors of `vec` elements (thread
+    t of the row's nt holds vectors t, t + nt, ...: consecutive threads, consecutive 16 bytes),
+    reduces from registers and writes the output with 16-byte stores: one read and one write
+    of the row, where make() reads it two or three times element by element.  The same
+    arithmetic as make() (the shifted two-pass mean and variance of layer_norm), so both give
+    the same results.  Requires d % vec == 0, d <= nt * VEC_ROW_ELEMENTS and 16-byte aligned
+    x, residual, h, w, b and out (dispatch checks)."""
+    acc, _ = acc_of(acc_np)
+    zero, one = acc_np(0.0), acc_np(1.0)
+    warp = kind == "warp"
+    NV = VEC_ROW_ELEMENTS // vec   # vectors per thread
+    E = NV * vec
+    load_vec, store_vec = vec_io(vec)
+
+    @kernel(launch_bounds=(WARP_ROWS_THREADS, 4) if warp else (VEC_ROWS_MAX_THREADS, 1))
+    def norm_vec_rows(x, residual, h, w, b, eps, out, has_w, has_b, has_res):
+        rows, d = x.shape
+        nvec = d // vec
+        if warp:
+            start, step, row_step = cuda.threadIdx.x & 31, 32, rows  # one row per warp
+            row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
+            if row >= rows:
+                return
+        else:
+            start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+            row = cuda.blockIdx.x
+        scratch = cuda.shared.array(32, acc)
+        scratch2 = cuda.shared.array(32, acc)
+        vs = cuda.local.array(E, acc)
+        rs = cuda.local.array(vec, acc)  # a residual, weight or bias vector
+        inv_d = one / acc(d)
+        epsa = acc(eps)
+        while row < rows:  # warp: runs once; block: block-uniform grid-stride loop
+            for k in range(NV):
+                v = start + k * step
+                if v < nvec:
+                    load_vec(x, (row, v * vec), vs, k * vec)
+            x0 = zero
+            if not rms:  # the shift of make(): x[row, 0] (+ residual[row, 0]) in acc
+                x0 = acc(x[row, 0])
+                if has_res:
+                    x0 += acc(residual[row, 0])
+            s1 = zero
+            for k in range(NV):
+                if start + k * step < nvec:
+                    if has_res:
+                        load_vec(residual, (row, (start + k * step) * vec), rs, 0)
+                        for i in range(vec):
+                            vs[k * vec + i] += rs[i]
+                        store_vec(h, (row, (start + k * step) * vec), vs, k * vec)  # vs: the stored h
+                    for i in range(vec):
+                        s1 += vs[k * vec + i] * vs[k * vec + i] if rms else vs[k * vec + i] - x0
+            s1 = warp_sum(s1) if warp else block_sum(s1, scratch, zero)
+            mean = zero
+            mc = zero
+            if rms:
+                rstd = one / math.sqrt(s1 * inv_d + epsa)
+            else:
+                mean = x0 + s1 * inv_d  # m0
+                s2 = zero
+                sd = zero
+                for k in range(NV):
+                    if start + k * step < nvec:
+                        for i in range(vec):
+                            dv = vs[k * vec + i] - mean
+                            sd += dv
+                            s2 += dv * dv
+                if warp:
+                    sd, s2 = warp_sum2(sd, s2)
+                else:
+                    sd, s2 = block_sum2(sd, s2, scratch, scratch2, zero)
+                mc = sd * inv_d
+                rstd = one / math.sqrt(max(s2 * inv_d - mc * mc, zero) + epsa)
+            for k in range(NV):
+                v = start + k * step
+                if v < nvec:
+                    for i in range(vec):
+                        y = vs[k * vec + i]
+                        vs[k * vec + i] = y * rstd if rms else ((y - mean) - mc) * rstd
+                    if has_w:
+                        load_vec(w, v * vec, rs, 0)
+                        for i in range(vec):
+                            vs[k * vec + i] *= rs[i]
+                    if has_b:
+                        load_vec(b, v * vec, rs, 0)
+                        for i in range(vec):
+                            vs[k * vec + i] += rs[i]
+                    store_vec(out, (row, v * vec), vs, k * vec)
+            row += row_step
+
+    return norm_vec_rows
+
+
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
 def _norm_args(dt):
     return (arr(dt, 2), arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 1), types.float64, arr(dt, 2),
@@ -132,5 +231,11 @@ def _norm_args(dt):
 PTX = [
     PtxBuild(f"{family}.{kind}_rows", "norm", (lambda kind, rms: lambda dt: make(kind, rms, acc_np(dt)))(kind, rms),
              _norm_args, threads=WARP_ROWS_THREADS if kind == "warp" else BLOCK_ROWS_MAX_THREADS)
+    for family, rms in (("layer_norm", False), ("rms_norm", True)) for kind in ("warp", "block")
+] + [
+    PtxBuild(f"{family}.{kind}_vec_rows", "norm",
+             (lambda kind, rms: lambda dt: make_vec(kind, rms, acc_np(dt), vec_width(np.dtype(str(dt)).itemsize)))(kind, rms),
+             _norm_args, threads=WARP_ROWS_THREADS if kind == "warp" else VEC_ROWS_MAX_THREADS,
+             dtypes=VEC_ROW_DTYPES)
     for family, rms in (("layer_norm", False), ("rms_norm", True)) for kind in ("warp", "block")
 ]

@@ -124,3 +124,136 @@ def block_max_sumexp(m, s, scratch_m, scratch_s, lowest, zero):
     wm = scratch_m[lane] if lane < nwarps else lowest
     ws = scratch_s[lane] if lane < nwarps else zero
     return warp_max_sumexp(wm, ws)
+
+
+# ---- 16-byte vector loads and stores -----------------------------------------------------------
+# Row kernels that hold their row in registers read and write it 16 bytes per instruction
+# (ld.v4.u32 / ld.v8.f16 in PTX, LDG.E.128 in SASS), so that each thread has its whole share of
+# the row in flight at once and pays one address per 8 (float16) or 4 (float32) elements, where
+# a scalar load per element left the H200 issue- and latency-bound at 0.3-0.8 TB/s of 4.8
+# (bench/gpu_results/2026-11-27-h200).  The caller guarantees 16-byte alignment of the element
+# addressed (the dispatcher checks the base pointers and that the row length is a multiple of
+# the vector); an unaligned address would fault.  Under the simulator the twins below copy
+# element by element.
+from kernels_common.cuda_tiles import VEC_BYTES, vec_width  # noqa: E402,F401
+
+
+def _vec_io_gpu(n):
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.api_util import normalize_indices
+    from numba.cuda.extending import intrinsic
+
+    I32 = ir.IntType(32)
+    WORDS = ir.VectorType(I32, 4)  # VEC_BYTES
+    LD4 = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I32.as_pointer()]),
+                       "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")  # kernels never read back what they store
+    ST4 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [I32.as_pointer()] + [I32] * 4),
+                       "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", side_effect=True)
+
+    def elem_ptr(context, builder, aryty, ary, idxty, idx):
+        idxty, idx = normalize_indices(context, builder, idxty, idx, aryty, aryty.dtype)
+        return cgutils.get_item_pointer(context, builder, aryty, context.make_array(aryty)(context, builder, value=ary),
+                                        idx, wraparound=False)
+
+    def local_ptr(context, builder, regty, reg, off, k):
+        i = builder.add(context.cast(builder, off[0], off[1], types.intp), context.get_constant(types.intp, k))
+        return cgutils.get_item_pointer(context, builder, regty, context.make_array(regty)(context, builder, value=reg),
+                                        [i], wraparound=False)
+
+    def valid(a, idx, reg, off):
+        ok_idx = (isinstance(idx, types.Integer) and a.ndim == 1) or (
+            isinstance(idx, types.BaseTuple) and len(idx) == a.ndim and all(isinstance(t, types.Integer) for t in idx))
+        return (isinstance(a, types.Array) and isinstance(a.dtype, types.Float) and ok_idx
+                and isinstance(reg, types.Array) and reg.ndim == 1 and isinstance(off, types.Integer))
+
+    @intrinsic
+    def load_vec(typingctx, a, idx, reg, off):
+        """reg[off + i] = a[idx + i] for i < n (the last index advances), one 16-byte load."""
+        if not valid(a, idx, reg, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            aty, ity, rty, oty = sig.args
+            ptr = elem_ptr(context, builder, aty, args[0], ity, args[1])
+            vty = ir.VectorType(context.get_value_type(aty.dtype), n)
+            if n == 4:  # float32: LLVM's own vector load (ld.global.v4.f32)
+                v = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=VEC_BYTES)
+            else:
+                # halves: four 32-bit words by inline PTX; a plain LLVM vector load of halves,
+                # however bitcast, comes out as narrower loads (ld.global.v4.u16, sm_90)
+                words = builder.call(LD4, [builder.bitcast(ptr, I32.as_pointer())])
+                v = ir.Constant(WORDS, ir.Undefined)
+                for k in range(4):
+                    v = builder.insert_element(v, builder.extract_value(words, k), ir.Constant(I32, k))
+                v = builder.bitcast(v, vty)
+            for k in range(n):
+                x = context.cast(builder, builder.extract_element(v, ir.Constant(ir.IntType(32), k)), aty.dtype, rty.dtype)
+                builder.store(x, local_ptr(context, builder, rty, args[2], (args[3], oty), k))
+            return context.get_dummy_value()
+
+        return types.none(a, idx, reg, off), codegen
+
+    @intrinsic
+    def store_vec(typingctx, a, idx, reg, off):
+        """a[idx + i] = reg[off + i] for i < n, one 16-byte store; reg[off + i] then holds the
+        value stored (rounded to a's dtype)."""
+        if not valid(a, idx, reg, off):
+            return None
+
+        def codegen(context, builder, sig, args):
+            aty, ity, rty, oty = sig.args
+            ptr = elem_ptr(context, builder, aty, args[0], ity, args[1])
+            vty = ir.VectorType(context.get_value_type(aty.dtype), n)
+            v = ir.Constant(vty, ir.Undefined)
+            for k in range(n):
+                rp = local_ptr(context, builder, rty, args[2], (args[3], oty), k)
+                x = context.cast(builder, builder.load(rp), rty.dtype, aty.dtype)
+                v = builder.insert_element(v, x, ir.Constant(ir.IntType(32), k))
+                builder.store(context.cast(builder, x, aty.dtype, rty.dtype), rp)
+            if n == 4:
+                builder.store(v, builder.bitcast(ptr, vty.as_pointer()), align=VEC_BYTES)
+            else:
+                w4 = builder.bitcast(v, WORDS)
+                builder.call(ST4, [builder.bitcast(ptr, I32.as_pointer())]
+                             + [builder.extract_element(w4, ir.Constant(I32, k)) for k in range(4)])
+            return context.get_dummy_value()
+
+        return types.none(a, idx, reg, off), codegen
+
+    return load_vec, store_vec
+
+
+def _vec_io_sim(n):
+    def at(a, idx, k):
+        return (idx[0], idx[1] + k) if isinstance(idx, tuple) else idx + k
+
+    def load_vec(a, idx, reg, off):
+        for k in range(n):
+            reg[off + k] = a[at(a, idx, k)]
+
+    def store_vec(a, idx, reg, off):
+        for k in range(n):
+            a[at(a, idx, k)] = reg[off + k]
+            reg[off + k] = a[at(a, idx, k)]
+
+    return load_vec, store_vec
+
+
+_VEC_IO: dict = {}
+
+
+def vec_io(n: int):
+    """(load_vec, store_vec) for vectors of n elements (n * itemsize == VEC_BYTES):
+    load_vec(a, idx, reg, off) sets reg[off:off + n] from a[idx:idx + n] (idx an int for a
+    1-D a, a (row, col) tuple for a 2-D one, the column advancing), converted to reg's dtype;
+    store_vec(a, idx, reg, off) writes them back converted to a's dtype and leaves the stored
+    (rounded) values in reg.  reg is a local array indexed at constants once the caller's
+    loops unroll, so it stays in registers."""
+    io = _VEC_IO.get(n)
+    if io is None:
+        from ._jit import SIM
+
+        io = _VEC_IO.setdefault(n, (_vec_io_sim if SIM else _vec_io_gpu)(n))
+    return io

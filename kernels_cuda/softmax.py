@@ -21,9 +21,9 @@ from numba import cuda
 
 from numba import types, uint64
 
-from ._jit import (BLOCK_ROWS_MAX_THREADS, WARP_ROWS_THREADS, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel,
-                   row_unroll)
-from .primitives import block_max_sumexp, block_sum2, warp_max_sumexp
+from ._jit import (BLOCK_ROWS_MAX_THREADS, VEC_ROW_DTYPES, VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS,
+                   PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel, row_unroll)
+from .primitives import block_max_sumexp, block_sum2, vec_io, vec_width, warp_max_sumexp
 
 
 @lru_cache(maxsize=None)
@@ -147,6 +147,65 @@ def block_rows(acc_np):
             row += cuda.gridDim.x
 
     return softmax_block_rows
+
+
+@lru_cache(maxsize=None)
+def vec_rows(kind, acc_np, vec):
+    """The row-in-registers kernel for kind "warp" / "block" (as norm.make_vec): each thread
+    loads its share of a row once, VEC_ROW_ELEMENTS elements at most, as 16-byte vectors of
+    `vec` elements (thread t of the row's nt holds vectors t, t + nt, ...), forms its (max,
+    sum of exp(x - max)) from registers, merges it across the row as the streamed kernels do
+    and writes with 16-byte stores: one read of the row where those read it twice.  Special
+    values as theirs (finish()).  Requires n % vec == 0, n <= nt * VEC_ROW_ELEMENTS and
+    16-byte aligned x and out (dispatch checks)."""
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    warp = kind == "warp"
+    NV = VEC_ROW_ELEMENTS // vec
+    load_vec, store_vec = vec_io(vec)
+
+    @kernel(launch_bounds=(WARP_ROWS_THREADS, 4) if warp else (VEC_ROWS_MAX_THREADS, 1))
+    def softmax_vec_rows(x, out, log):
+        rows, n = x.shape
+        nvec = n // vec
+        if warp:
+            start, step, row_step = cuda.threadIdx.x & 31, 32, rows  # one row per warp
+            row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
+            if row >= rows:
+                return
+        else:
+            start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
+            row = cuda.blockIdx.x
+        sm = cuda.shared.array(32, acc)
+        ss = cuda.shared.array(32, acc)
+        vs = cuda.local.array(VEC_ROW_ELEMENTS, acc)
+        while row < rows:  # warp: runs once; block: block-uniform grid-stride loop
+            m = neg_inf
+            for k in range(NV):
+                if start + k * step < nvec:
+                    load_vec(x, (row, (start + k * step) * vec), vs, k * vec)
+                    for i in range(vec):
+                        if vs[k * vec + i] > m:
+                            m = vs[k * vec + i]
+            s = zero
+            for k in range(NV):
+                if start + k * step < nvec:
+                    for i in range(vec):
+                        if vs[k * vec + i] != neg_inf:  # -inf adds 0 (and avoids -inf - -inf); NaN poisons s
+                            s += math.exp(vs[k * vec + i] - m)
+            if warp:
+                m, s = warp_max_sumexp(m, s)
+            else:
+                m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
+            m, inv, logs = finish(m, s)
+            for k in range(NV):
+                if start + k * step < nvec:
+                    for i in range(vec):
+                        y = vs[k * vec + i]
+                        vs[k * vec + i] = ((y - m) - logs) if log else math.exp(y - m) * inv
+                    store_vec(out, (row, (start + k * step) * vec), vs, k * vec)
+            row += row_step
+
+    return softmax_vec_rows
 
 
 @lru_cache(maxsize=None)
@@ -287,6 +346,11 @@ PTX = [
              lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean), threads=WARP_ROWS_THREADS),
     PtxBuild("softmax.block_rows", "softmax", lambda dt: block_rows(acc_np(dt)),
              lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean), threads=BLOCK_ROWS_MAX_THREADS),
+    *(PtxBuild(f"softmax.{kind}_vec_rows", "softmax",
+               (lambda kind: lambda dt: vec_rows(kind, acc_np(dt), vec_width(np.dtype(str(dt)).itemsize)))(kind),
+               lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean),
+               threads=WARP_ROWS_THREADS if kind == "warp" else VEC_ROWS_MAX_THREADS, dtypes=VEC_ROW_DTYPES)
+      for kind in ("warp", "block")),
     PtxBuild("softmax.columns", "softmax", lambda dt: columns(acc_np(dt)),
              lambda dt: (arr(dt, 3), arr(dt, 3), types.boolean), threads=128),
     PtxBuild("cross_entropy.warp_rows", "softmax", lambda dt: cross_entropy_rows(acc_np(dt)), _ce_args,

@@ -14,6 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from kernels_common import acc_dtype  # noqa: F401  (re-exported: the accumulation rule for launches)
+from kernels_common.cuda_tiles import (VEC_BYTES, VEC_ROW_DTYPES, VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS,  # noqa: F401
+                                       vec_width)
 
 from .. import devices
 from . import _pool
@@ -155,17 +157,32 @@ def typed_array(shape, dtype, gpu_data, cls=None):
     return v
 
 
-def word_aligned(x) -> bool:
-    """Whether the array a kernel will read (as_input: x itself when it is a C-contiguous
-    device array, else a new, aligned copy) starts on a 4-byte boundary, so that a float16
-    array reads as 32-bit words (pairs of halves).  Any device array (a PyTorch CUDA tensor
-    too) is looked at as numba's."""
-    if isinstance(x, np.ndarray):
+def word_aligned(x, boundary: int = 4) -> bool:
+    """Whether the array a kernel will read or write (as_input / output: x itself when it is a
+    C-contiguous device array, else a new, aligned one) starts on a `boundary`-byte boundary:
+    4 so that a float16 array reads as 32-bit words (pairs of halves), 16 for vector loads.
+    Any device array (a PyTorch CUDA tensor too) is looked at as numba's; None passes."""
+    if x is None or isinstance(x, np.ndarray):
         return True
     d = devices.as_device(x)
     if not hasattr(d, "device_ctypes_pointer") or not d.is_c_contiguous():  # the simulator's arrays; copies
         return True
-    return (d.device_ctypes_pointer.value or 0) % 4 == 0
+    return (d.device_ctypes_pointer.value or 0) % boundary == 0
+
+
+def row_vector(n: int, dtype, *arrays) -> tuple[int, str]:
+    """(elements per 16-byte vector, "") when the row kernels that hold a row in registers
+    (kernels_cuda norm.make_vec / softmax.vec_rows) can run on rows of n elements of dtype in
+    these arrays (each row starts on a 16-byte boundary), else (0, why not)."""
+    dt = np.dtype(dtype)
+    vec = vec_width(dt.itemsize)
+    if dt.name not in VEC_ROW_DTYPES:
+        return 0, f"{dt.name} rows stream (vector rows: {', '.join(VEC_ROW_DTYPES)})"
+    if n % vec:
+        return 0, f"row length {n} is not a multiple of {vec} elements ({VEC_BYTES} bytes)"
+    if not all(word_aligned(a, VEC_BYTES) for a in arrays):
+        return 0, f"an input or out= does not start on a {VEC_BYTES}-byte boundary"
+    return vec, ""
 
 
 def words(d):
@@ -274,17 +291,31 @@ def dummy(dtype):
     return d
 
 
-def row_launch(params, rows: int, n: int, family: str):
-    """Warp-per-row or block-per-row launch for a row reduction of `rows` rows of `n`."""
+def row_launch(params, rows: int, n: int, family: str, vector=None):
+    """Warp-per-row or block-per-row launch for a row reduction of `rows` rows of `n`.
+    vector: row_vector()'s answer for the call (None: a family without vector rows); a row
+    that fits VEC_ROW_ELEMENTS a thread then runs on the kernel that holds it in registers
+    ("<family>.warp_vec_rows" / ".block_vec_rows"), read and written 16 bytes at a time; the
+    launch says which, and why not."""
     p = props()
+    vec, why = vector or (0, "")
     if params.get("mode", "warp") == "warp":
         wpb = params["warps_per_block"]
-        return {"kernel": f"{family}.warp_rows", "grid": max(1, cdiv(rows, wpb)), "block": 32 * wpb,
-                "rows_per_block": wpb, "elements_per_lane": cdiv(n, 32), "device": p.name}
-    # block per row: about `per_thread` elements per thread, 32..1024 threads (one warp for
-    # short rows: only when forced, the rule sends rows < 2048 to warp-per-row)
-    block = min(p.max_threads_per_block, params["max_block"],
-                max(32, pow2_at_least(cdiv(n, params["per_thread"]))))
-    cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
-    return {"kernel": f"{family}.block_rows", "grid": max(1, min(rows, cap)), "block": block,
-            "elements_per_thread": cdiv(n, block), "device": p.name}
+        if vec and n > 32 * VEC_ROW_ELEMENTS:
+            vec, why = 0, f"row length {n} > 32 lanes x {VEC_ROW_ELEMENTS}"
+        cfg = {"kernel": f"{family}.warp_{'vec_' if vec else ''}rows", "grid": max(1, cdiv(rows, wpb)),
+               "block": 32 * wpb, "rows_per_block": wpb, "elements_per_lane": cdiv(n, 32)}
+    else:
+        # block per row: about `per_thread` elements per thread, 32..1024 threads (one warp
+        # for short rows: only when forced, the rule sends rows < 2048 to warp-per-row)
+        block = min(p.max_threads_per_block, params["max_block"],
+                    max(32, pow2_at_least(cdiv(n, params["per_thread"]))))
+        if vec and not (block <= VEC_ROWS_MAX_THREADS and n <= block * VEC_ROW_ELEMENTS):
+            vec, why = 0, f"row length {n} > {VEC_ROWS_MAX_THREADS} threads x {VEC_ROW_ELEMENTS}"
+        cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
+        cfg = {"kernel": f"{family}.block_{'vec_' if vec else ''}rows", "grid": max(1, min(rows, cap)), "block": block,
+               "elements_per_thread": cdiv(n, block)}
+    if vector is not None:
+        cfg["vector"] = f"{vec} elements ({VEC_BYTES} bytes)" if vec else f"none: {why}"
+    cfg["device"] = p.name
+    return cfg

@@ -3,6 +3,8 @@ with the residual add fused (h = x + residual written in the same pass).
 
 Shape rule (CUDA keys) as softmax's: D < BLOCK_MIN -> one warp per row, longer rows
 one block per row (about 32 elements per thread, 32..1024 threads: softmax's ROW_BLOCK_PARAMS).
+Either kernel holds the row in registers, read and written in 16-byte vectors (make_vec),
+where D is a multiple of the vector and fits (row_launch); otherwise it streams (make).
 """
 from __future__ import annotations
 
@@ -10,14 +12,15 @@ import numpy as np
 
 from ..registry import set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, deliver, device_empty, dummy, kernels, output,
-                      register_cuda, row_launch, size)
+                      register_cuda, row_launch, row_vector, size, vec_width)
 from .softmax import ROW_BLOCK_PARAMS, ROW_RULE, WARP_PARAMS
 
 
 def _launch(family):
     def launch(params, x, weight, bias, residual, eps, out):
         d = x.shape[-1]
-        return row_launch(params, size(x.shape) // d if d else 0, d, family)
+        vector = row_vector(d, x.dtype, x, weight, bias, residual, out)
+        return row_launch(params, size(x.shape) // d if d else 0, d, family, vector)
 
     return launch
 
@@ -39,7 +42,10 @@ def _make_run(rms):
             b = as_input(bias) if bias is not None else dummy(dt)
             cfg = _launch("rms_norm" if rms else "layer_norm")(params, x, weight, bias, residual, eps, out)
             acc = acc_dtype(dt)
-            k = K.make(params["mode"], rms, acc)
+            if "_vec_" in cfg["kernel"]:
+                k = K.make_vec(params["mode"], rms, acc, vec_width(dt.itemsize))
+            else:
+                k = K.make(params["mode"], rms, acc)
             k[cfg["grid"], cfg["block"]](xd, rd, hd, w, b, float(eps), c_view(res, rows, d),
                                          weight is not None, bias is not None, residual is not None)
         y = deliver(res, od, out)

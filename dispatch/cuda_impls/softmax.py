@@ -17,7 +17,7 @@ import numpy as np
 
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_copy, device_empty,
-                      kernels, output, props, register_cuda, row_launch, size)
+                      kernels, output, props, register_cuda, row_launch, row_vector, size, vec_width)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 # Launch parameters: 4 warps per block and ~8 elements per thread are the common choices of
@@ -51,7 +51,7 @@ def launch(params, x, axis, out, log):
         g = cdiv(outer * inner, COLUMN_BLOCK)
         return {"kernel": "softmax.columns", "grid": max(1, g), "block": COLUMN_BLOCK,
                 "device": props().name}
-    return row_launch(params, outer, n, "softmax")
+    return row_launch(params, outer, n, "softmax", row_vector(n, x.dtype, x, out))
 
 
 def _run_softmax(params, x, axis, out, log):
@@ -66,7 +66,10 @@ def _run_softmax(params, x, axis, out, log):
             k = K.columns(acc)
             k[cfg["grid"], cfg["block"]](c_view(xd, outer, n, inner), c_view(res, outer, n, inner), log)
         else:
-            k = K.warp_rows(acc) if params["mode"] == "warp" else K.block_rows(acc)
+            if "_vec_" in cfg["kernel"]:
+                k = K.vec_rows(params["mode"], acc, vec_width(np.dtype(x.dtype).itemsize))
+            else:
+                k = K.warp_rows(acc) if params["mode"] == "warp" else K.block_rows(acc)
             k[cfg["grid"], cfg["block"]](c_view(xd, outer, n), c_view(res, outer, n), log)
     return deliver(res, od, out)
 

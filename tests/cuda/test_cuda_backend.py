@@ -374,7 +374,8 @@ def test_cross_entropy_bad_target_names_targets():
 
 def test_explain_shows_launch_configuration():
     e = str(dispatch.explain("softmax", _dev(np.ones((3, 3000), np.float32))))
-    assert "chosen: cuda-block-row" in e and "launch: {'kernel': 'softmax.block_rows'" in e
+    assert "chosen: cuda-block-row" in e and "launch: {'kernel': 'softmax.block_vec_rows'" in e
+    assert "'vector': '4 elements (16 bytes)'" in e
     e = str(dispatch.explain("matmul", _dev(np.ones((3, 5), np.float32)), _dev(np.ones((5, 7), np.float32))))
     assert "launch: {'kernel': 'gemm." in e
 
@@ -504,15 +505,16 @@ def test_split_kv_really_splits_and_matches_flash():
 def test_block_per_row_kernels_with_several_warps():
     """Rows long enough for 2- and 4-warp blocks (the op tests' short rows get one warp)."""
     g = rng()
-    # 2500 / 32 elements a thread (softmax, norms; cross_entropy 8) -> 128 threads (the
-    # simulator's cap), 4 warps
-    x = g.standard_normal((2, 2500)).astype(np.float32)
-    r = g.standard_normal((2, 2500)).astype(np.float32)
-    w = g.standard_normal(2500).astype(np.float32)
+    # 2501 / 32 elements a thread (softmax, norms; cross_entropy 8) -> 128 threads (the
+    # simulator's cap), 4 warps; odd, so that the streaming kernels run (test_vector_row_kernels
+    # covers the vector ones)
+    x = g.standard_normal((2, 2501)).astype(np.float32)
+    r = g.standard_normal((2, 2501)).astype(np.float32)
+    w = g.standard_normal(2501).astype(np.float32)
     x64 = x.astype(np.float64)
     with dispatch.use(softmax="cuda-block-row", layer_norm="cuda-block-row", cross_entropy="cuda-block-row"):
         cfg = dispatch.explain("softmax", _dev(x)).decision.chosen.launch_config(dispatch.explain("softmax", _dev(x)).call)
-        assert cfg["block"] == 128
+        assert cfg["block"] == 128 and cfg["kernel"] == "softmax.block_rows"
         e = np.exp(x64 - x64.max(-1, keepdims=True))
         assert_close(dispatch.softmax(_dev(x)).copy_to_host(), e / e.sum(-1, keepdims=True), 1e-5)
         y, h = dispatch.layer_norm(_dev(x), _dev(w), residual=_dev(r))
@@ -524,6 +526,74 @@ def test_block_per_row_kernels_with_several_warps():
         got = dispatch.cross_entropy(_dev(x), _dev(t), reduction="none").copy_to_host()
         lse = np.log(e.sum(-1)) + x64.max(-1)
         assert_close(got, lse - x64[[0, 1], t], 1e-5, cancel=True)
+
+
+def _launch_of(op, *args, **kw):
+    e = dispatch.explain(op, *args, **kw)
+    return e.decision.chosen.launch_config(e.call)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("impl,d", [("cuda-warp-row", 72), ("cuda-warp-row", 1024), ("cuda-block-row", 72),
+                                    ("cuda-block-row", 2056), ("cuda-block-row", 4096)])
+def test_vector_row_kernels(impl, d, dt):
+    """The row-in-registers kernels (16-byte loads and stores: norm.make_vec,
+    softmax.vec_rows) on rows where a thread holds 0..VEC_ROW_ELEMENTS elements (72: most
+    lanes idle; 2056: 2 or 3 vectors a thread, 1024 and 4096 all of them), against float64:
+    softmax and log_softmax with -inf entries, a row of -inf (NaN) and a NaN; layer_norm
+    with residual, weight and bias; rms_norm with weight."""
+    g = rng()
+    tol = 1e-5 if dt == np.float32 else 2e-3
+    x = (g.standard_normal((3, d)) * 3).astype(dt)
+    x[0, 5] = -np.inf
+    x[1, :] = -np.inf
+    x[2, 7] = np.nan
+    x64 = x.astype(np.float64)
+    with dispatch.use(softmax=impl, log_softmax=impl, layer_norm=impl, rms_norm=impl):
+        cfg = _launch_of("softmax", _dev(x))
+        assert "_vec_rows" in cfg["kernel"] and cfg["vector"].startswith(f"{16 // np.dtype(dt).itemsize} elements"), cfg
+        m = x64[0].max()
+        e = np.exp(x64[0] - m)
+        got = dispatch.softmax(_dev(x)).copy_to_host()
+        assert_close(got[0], e / e.sum(), tol)
+        assert np.isnan(got[1:]).all()  # all -inf, and a NaN
+        got = dispatch.log_softmax(_dev(x)).copy_to_host()
+        want = (x64[0] - m) - np.log(e.sum())
+        assert got[0, 5] == -np.inf
+        fin = np.isfinite(want)
+        assert_close(got[0][fin], want[fin], tol, cancel=True)
+        x = (g.standard_normal((3, d)) + 5).astype(dt)
+        r = g.standard_normal((3, d)).astype(dt)
+        w = g.standard_normal(d).astype(dt)
+        b = g.standard_normal(d).astype(dt)
+        assert "_vec_rows" in _launch_of("layer_norm", _dev(x), _dev(w), _dev(b), residual=_dev(r))["kernel"]
+        y, h = dispatch.layer_norm(_dev(x), _dev(w), _dev(b), residual=_dev(r))
+        hh = (x.astype(np.float64) + r).astype(dt).astype(np.float64)  # h as stored, in x's dtype
+        assert_close(h.copy_to_host(), hh, tol)
+        ref = (hh - hh.mean(-1, keepdims=True)) / np.sqrt(hh.var(-1, keepdims=True) + 1e-5) * w + b
+        assert_close(y.copy_to_host(), ref, tol, cancel=True)
+        got = dispatch.rms_norm(_dev(x), _dev(w)).copy_to_host()
+        xx = x.astype(np.float64)
+        assert_close(got, xx / np.sqrt((xx ** 2).mean(-1, keepdims=True) + 1e-6) * w, tol)
+
+
+def test_vector_rows_refused_with_reasons():
+    """Rows that cannot be read as aligned 16-byte vectors stream, and the launch says why:
+    a row length that is not a multiple of the vector, float64, and (on a GPU, where device
+    pointers are real) an input that starts off a 16-byte boundary."""
+    x = np.ones((2, 70), np.float32)
+    cfg = _launch_of("softmax", _dev(x))
+    assert cfg["kernel"] == "softmax.warp_rows" and "not a multiple of 4" in cfg["vector"]
+    cfg = _launch_of("rms_norm", _dev(np.ones((2, 64))))
+    assert cfg["kernel"] == "rms_norm.warp_rows" and "float64" in cfg["vector"]
+    if SIM:
+        return
+    flat = cuda.to_device(np.arange(2 * 64 + 1, dtype=np.float32))
+    x = flat[1:].reshape(2, 64)  # contiguous, 4 bytes past the allocation's start
+    cfg = _launch_of("softmax", x)
+    assert cfg["kernel"] == "softmax.warp_rows" and "16-byte boundary" in cfg["vector"], cfg
+    e = np.exp(np.arange(1, 129, dtype=np.float64).reshape(2, 64))
+    assert_close(dispatch.softmax(x).copy_to_host(), e / e.sum(-1, keepdims=True), 1e-5)
 
 
 def test_launches_stay_inside_the_grid_limits():
