@@ -24,6 +24,31 @@ for lane l of the warp, g = l >> 2 (its group), t = l & 3 (its place in the grou
   C and D, 16 x 8 float32, four registers:
       c0, c1 = C[g, 2t], C[g, 2t+1]          c2, c3 = C[g+8, 2t], C[g+8, 2t+1]
 D = A @ B + C.  Every lane of the warp must call it together (it is warp-synchronous).
+
+Asynchronous copies and matrix loads (sm_80+), the pipelined GEMM's (gemm_tc_async_kernel):
+  cp_async16(dst, di, src, si, nbytes): cp.async.cg.shared.global, 16 bytes from &src[si]
+      (global) to &dst[di] (shared), of which only the first nbytes (0 or 16 here) are read,
+      the rest zero-filled (nbytes = 0: out-of-range data reads as zero without a branch).
+      Both addresses 16-byte aligned.  Completes asynchronously: the copies a thread issued
+      since its last cp_async_commit() form one group; cp_async_wait(n) (n a compile-time
+      constant) waits until at most n of the thread's groups are pending.  Other threads see
+      the data only after a barrier (__syncthreads) that follows the wait.
+      cp_async16_at(dst, di, gaddr, nbytes): the same from gaddr = global_address(src, si)
+      (+ a byte offset), a uint64 a kernel keeps and advances instead of an index.
+  ldmatrix_x4(s, i) / ldmatrix_x4_trans(s, i): ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16,
+      four 8 x 8 matrices of 16-bit values from shared memory.  s is a shared uint32 array,
+      i a word index: lane 8m + r gives the address of row r of matrix m (16 bytes, 16-byte
+      aligned).  Register m of lane l (g = l >> 2, t = l & 3) receives from matrix m:
+        plain:  the word at row g, columns 2t, 2t + 1 (low half = column 2t);
+        .trans: rows 2t and 2t + 1 of column g (low half = row 2t), i.e. the word at row g,
+                columns 2t, 2t + 1 of the transposed matrix.
+      So with matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+      (rows 8-15, k 8-15) of a row-major A, plain gives mma's a0..a3; from a B stored one
+      row per column n (N, K), plain gives b0, b1 (k 0-7, k 8-15) of two n8 tiles; from a B
+      stored (K, N), .trans does.  Every lane of the warp must call it together.
+The simulator twins: cp_async16 copies at once (commit and wait do nothing); the ldmatrix
+twins exchange the row addresses through a per-warp table between warp barriers as the
+hardware does (tests/cuda/test_mma.py holds both to this layout, on a GPU the instructions).
 """
 import numpy as np
 from llvmlite import ir
@@ -90,6 +115,131 @@ if not SIM:
 
         return sig, codegen
 
+    _I8 = ir.IntType(8)
+
+    def _byte_ptr(context, builder, aryty, ary, idxty, idx, addrspace):
+        """&ary[idx] (flat element index, no bounds check) as an i8 pointer in addrspace."""
+        a = context.make_array(aryty)(context, builder, value=ary)
+        i = context.cast(builder, idx, idxty, types.intp)
+        p = builder.bitcast(builder.gep(a.data, [i]), _I8.as_pointer())
+        return builder.addrspacecast(p, _I8.as_pointer(addrspace))
+
+    @intrinsic
+    def cp_async16(typingctx, dst, di, src, si, nbytes):
+        """cp.async.cg.shared.global [&dst[di]], [&src[si]], 16, nbytes: dst a shared array,
+        src a global one (flat element indices); nbytes of the 16 are read, the rest zeroed."""
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
+                and all(isinstance(t, types.Integer) for t in (di, si, nbytes))):
+            return None
+        sig = types.void(dst, di, src, si, nbytes)
+
+        def codegen(context, builder, sig, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            s = builder.ptrtoint(_byte_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], 3), i32)
+            g = builder.ptrtoint(_byte_ptr(context, builder, sig.args[2], args[2], sig.args[3], args[3], 1), i64)
+            n = context.cast(builder, args[4], sig.args[4], types.uint32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32]),
+                               "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [s, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """cp.async.commit_group: the thread's copies issued since the last commit, one group."""
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                               side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic  # a non-literal n is refused, so numba retries with the literal type
+    def cp_async_wait(typingctx, n):
+        """cp.async.wait_group n: until at most n of the thread's committed groups are pending
+        (n a compile-time integer constant)."""
+        if not isinstance(n, types.IntegerLiteral):
+            return None
+        pending = int(n.literal_value)
+        sig = types.void(n)
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {pending};", "~{memory}",
+                               side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def global_address(typingctx, src, si):
+        """The address of src[si] (flat element index) as a uint64, for cp_async16_at: copies
+        that advance a fixed address instead of recomputing an index per copy."""
+        if not (isinstance(src, types.Array) and isinstance(si, types.Integer)):
+            return None
+        sig = types.uint64(src, si)
+
+        def codegen(context, builder, sig, args):
+            a = context.make_array(sig.args[0])(context, builder, value=args[0])
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            return builder.ptrtoint(builder.gep(a.data, [i]), ir.IntType(64))
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async16_at(typingctx, dst, di, gaddr, nbytes):
+        """cp_async16 from a global_address (plus a byte offset): cp.async.cg.shared.global
+        [&dst[di]], [gaddr], 16, nbytes (generic addresses of global memory are its global
+        addresses, as CUDA C's cp.async wrappers pass them)."""
+        if not (isinstance(dst, types.Array) and all(isinstance(t, types.Integer) for t in (di, gaddr, nbytes))):
+            return None
+        sig = types.void(dst, di, gaddr, nbytes)
+
+        def codegen(context, builder, sig, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            s = builder.ptrtoint(_byte_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], 3), i32)
+            g = context.cast(builder, args[2], sig.args[2], types.uint64)
+            n = context.cast(builder, args[3], sig.args[3], types.uint32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32]),
+                               "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [s, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def _ldmatrix(trans):
+        suffix = ".trans" if trans else ""
+
+        def ldm(typingctx, s, i):
+            if not (isinstance(s, types.Array) and s.dtype == types.uint32 and isinstance(i, types.Integer)):
+                return None
+            sig = types.UniTuple(types.uint32, 4)(s, i)
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                addr = builder.ptrtoint(_byte_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], 3), i32)
+                ret = ir.LiteralStructType([i32] * 4)
+                # a memory clobber: not moved across the barriers and cp.async waits around it
+                asm = ir.InlineAsm(ir.FunctionType(ret, [i32]),
+                                   f"ldmatrix.sync.aligned.m8n8.x4{suffix}.shared.b16 {{$0, $1, $2, $3}}, [$4];",
+                                   "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+                res = builder.call(asm, [addr])
+                return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, k) for k in range(4)])
+
+            return sig, codegen
+
+        return ldm
+
+    ldmatrix_x4 = intrinsic(_ldmatrix(False))
+    ldmatrix_x4.__doc__ = """(r0, r1, r2, r3): ldmatrix .x4 of the warp, lane 8m + r giving &s[i] for row r
+        of matrix m (see the module docstring)."""
+    ldmatrix_x4_trans = intrinsic(_ldmatrix(True))
+    ldmatrix_x4_trans.__doc__ = """(r0, r1, r2, r3): ldmatrix .x4.trans of the warp (the module docstring)."""
+
 else:
     def ex2_approx(x):
         """Simulator twin: 2^x in float32."""
@@ -140,3 +290,81 @@ else:
         d2 = f(c2) + f(sum(f(row_hi[k]) * f(col0[k]) for k in range(16)))
         d3 = f(c3) + f(sum(f(row_hi[k]) * f(col1[k]) for k in range(16)))
         return d0, d1, d2, d3
+
+
+    def cp_async16(dst, di, src, si, nbytes):
+        """Simulator twin: the 16 bytes copied at once (the first nbytes read, the rest zero)."""
+        size = dst.dtype.itemsize
+        n, di, si, keep = 16 // size, int(di), int(si), int(nbytes) // size
+        for e in range(n):
+            dst[di + e] = src[si + e] if e < keep else 0
+
+    class _SimAddress:
+        """Simulator twin of a global_address: the array and a byte offset into it; adding an
+        integer moves it (the only arithmetic kernels do on one)."""
+
+        def __init__(self, arr, offset):
+            self.arr, self.offset = arr, int(offset)
+
+        def __add__(self, nbytes):
+            return _SimAddress(self.arr, self.offset + int(nbytes))
+
+        __radd__ = __add__
+
+    def global_address(src, si):
+        """Simulator twin: (src, byte offset of src[si])."""
+        return _SimAddress(src, int(si) * src.dtype.itemsize)
+
+    def cp_async16_at(dst, di, gaddr, nbytes):
+        """Simulator twin: cp_async16 from a global_address."""
+        size = gaddr.arr.dtype.itemsize
+        assert gaddr.offset % size == 0
+        cp_async16(dst, di, gaddr.arr, gaddr.offset // size, nbytes)
+
+    def cp_async_commit():
+        """Simulator twin: nothing to do (the copies completed when issued)."""
+
+    def cp_async_wait(n):
+        """Simulator twin: nothing to do (the copies completed when issued)."""
+
+    @device
+    def ldmatrix_x4(s, i):
+        """Simulator twin: each lane publishes its row's word index in a per-warp table, then
+        reads from matrix m the word at row g, column pair t (see the module docstring)."""
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        table = cuda.shared.array((32, 32), np.int64)
+        table[warp, lane] = i
+        cuda.syncwarp()
+        g, t = lane >> 2, lane & 3
+        rows = table[warp]
+        r0 = np.uint32(s[rows[g] + t])
+        r1 = np.uint32(s[rows[8 + g] + t])
+        r2 = np.uint32(s[rows[16 + g] + t])
+        r3 = np.uint32(s[rows[24 + g] + t])
+        cuda.syncwarp()
+        return r0, r1, r2, r3
+
+    def _column_pair(s, rows, m, g, t):
+        """Rows 2t, 2t + 1 of column g of matrix m, as one word (low half = row 2t)."""
+        w, h = g >> 1, 16 * (g & 1)
+        lo = (int(s[rows[8 * m + 2 * t] + w]) >> h) & 0xFFFF
+        hi = (int(s[rows[8 * m + 2 * t + 1] + w]) >> h) & 0xFFFF
+        return np.uint32(lo | (hi << 16))
+
+    @device
+    def ldmatrix_x4_trans(s, i):
+        """Simulator twin of the .trans form: lane l gets rows 2t, 2t + 1 of column g."""
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        table = cuda.shared.array((32, 32), np.int64)
+        table[warp, lane] = i
+        cuda.syncwarp()
+        g, t = lane >> 2, lane & 3
+        rows = table[warp]
+        r0 = _column_pair(s, rows, 0, g, t)
+        r1 = _column_pair(s, rows, 1, g, t)
+        r2 = _column_pair(s, rows, 2, g, t)
+        r3 = _column_pair(s, rows, 3, g, t)
+        cuda.syncwarp()
+        return r0, r1, r2, r3

@@ -138,14 +138,14 @@ def _shared_array(self, shape, dtype, alignment=None):
     of attention's flash kernel seen in CI (3 different tests, about 1 full run in 2; a
     stress loop of the attention file reproduced it once in 7 runs).  Same semantics
     otherwise (per-launch allocations keyed by the calling line, dynamic shared memory for
-    shape 0)."""
+    shape 0), except that an alignment is honoured instead of refused."""
     import sys
 
     import numpy as np
     from numba.cuda.simulator.kernelapi import numpy_support, types  # the simulator's own
 
-    if alignment is not None:
-        raise RuntimeError("Array alignment is not supported in cudasim")
+    if alignment is not None and (not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1)):
+        raise ValueError(f"alignment {alignment!r} is not a positive power of two")
     if isinstance(dtype, types.Type):
         dtype = numpy_support.as_dtype(dtype)
     if shape == 0:
@@ -156,8 +156,20 @@ def _shared_array(self, shape, dtype, alignment=None):
     with _shared_lock:
         res = self._allocations.get(caller)
         if res is None:
-            res = self._allocations[caller] = np.empty(shape, dtype)
+            res = self._allocations[caller] = _aligned_empty(shape, np.dtype(dtype), alignment or 1)
     return res
+
+
+def _aligned_empty(shape, dtype, alignment):
+    """np.empty whose data starts on a multiple of alignment bytes (the simulator's own
+    shared.array refuses an alignment; kernels that ask for one, for cp.async and ldmatrix,
+    run here unchanged)."""
+    import numpy as np
+
+    count = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(count * dtype.itemsize + alignment, np.uint8)
+    skip = (-buf.ctypes.data) % alignment
+    return buf[skip:skip + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _event_driven_blocks(simkernel):

@@ -84,3 +84,63 @@ def test_pack_f16x2_and_ex2_approx_match_numpy():
     fin = np.isfinite(want) & (want > 1e-30)
     assert np.all(np.abs(e[fin] - want[fin]) <= 4e-7 * want[fin]), np.max(np.abs(e[fin] - want[fin]) / want[fin])
     assert e[x == -np.inf][0] == 0.0
+
+
+def test_cp_async16_and_ldmatrix_x4_in_the_ptx_layout():
+    """cp_async16 (16 bytes global -> shared, nbytes = 0 zero-fills; commit + wait_group 0,
+    then a barrier) and ldmatrix_x4 / ldmatrix_x4_trans against the PTX ISA layout (the
+    module docstring of kernels_cuda/mma.py): lane 8m + r gives the address of row r of
+    matrix m, here rows scattered over a 64-row table; plain: register m of lane l is the
+    word at row l >> 2, column pair l & 3 of matrix m; .trans: rows 2(l & 3), 2(l & 3) + 1 of
+    column l >> 2.  The twins under the simulator, LDGSTS and LDSM on a GPU."""
+    from kernels_cuda._jit import kernel
+    from kernels_cuda.mma import cp_async16, cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans
+
+    ROWS = 64  # rows of 16 bytes (4 words) in the shared table
+    WORDS = 4 * ROWS
+    PER_LANE = WORDS // 32
+
+    @kernel
+    def stage_and_load(src, nbytes, rowpos, staged, plain, trans):
+        lane = cuda.threadIdx.x
+        s = cuda.shared.array(WORDS, uint32, alignment=16)
+        for h in range(2):  # two groups of copies, one row per lane each
+            row = lane + 32 * h
+            cp_async16(s, 4 * row, src, 4 * row, nbytes[row])
+            cp_async_commit()
+        cp_async_wait(1)  # the first group is complete (the second may be too)
+        cp_async_wait(0)
+        cuda.syncthreads()
+        for e in range(PER_LANE):
+            staged[lane * PER_LANE + e] = s[lane * PER_LANE + e]
+        r0, r1, r2, r3 = ldmatrix_x4(s, 4 * rowpos[lane])
+        plain[lane, 0] = r0
+        plain[lane, 1] = r1
+        plain[lane, 2] = r2
+        plain[lane, 3] = r3
+        t0, t1, t2, t3 = ldmatrix_x4_trans(s, 4 * rowpos[lane])
+        trans[lane, 0] = t0
+        trans[lane, 1] = t1
+        trans[lane, 2] = t2
+        trans[lane, 3] = t3
+
+    g = rng()
+    src = g.integers(0, 2**32, size=4 * ROWS, dtype=np.uint64).astype(np.uint32)
+    nbytes = np.where(g.random(ROWS) < 0.25, 0, 16).astype(np.int64)
+    rowpos = g.permutation(ROWS)[:32].astype(np.int64)
+    staged = cuda.to_device(np.full(4 * ROWS, 0xDEADBEEF, np.uint32))
+    plain = cuda.to_device(np.zeros((32, 4), np.uint32))
+    trans = cuda.to_device(np.zeros((32, 4), np.uint32))
+    stage_and_load[1, 32](cuda.to_device(src), cuda.to_device(nbytes), cuda.to_device(rowpos), staged, plain, trans)
+
+    table = src.reshape(ROWS, 4).copy()
+    table[nbytes == 0] = 0
+    np.testing.assert_array_equal(staged.copy_to_host().reshape(ROWS, 4), table)
+    halves = table.view(np.uint16).reshape(ROWS, 8)             # row of 8 halves, low half first
+    mats = halves[rowpos].reshape(4, 8, 8).astype(np.uint32)    # [matrix][row][column]
+    lanes = np.arange(32)
+    gq, tq = lanes >> 2, lanes & 3
+    want_plain = np.stack([mats[m, gq, 2 * tq] | (mats[m, gq, 2 * tq + 1] << 16) for m in range(4)], axis=1)
+    want_trans = np.stack([mats[m, 2 * tq, gq] | (mats[m, 2 * tq + 1, gq] << 16) for m in range(4)], axis=1)
+    np.testing.assert_array_equal(plain.copy_to_host(), want_plain.astype(np.uint32))
+    np.testing.assert_array_equal(trans.copy_to_host(), want_trans.astype(np.uint32))
