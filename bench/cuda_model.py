@@ -164,19 +164,24 @@ def _gemm_tiled(cfg, call):
     return _tiled(cfg, _gemm_dims(call)[3])
 
 
-def _gemm_tc(cfg, call):
-    from kernels_common.cuda_tiles import TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
+def _tc_tile(cfg):
+    """(BM, BN, BK) of the tensor-core GEMM kernel a launch names."""
+    from kernels_common.cuda_tiles import TC_ASYNC_KERNEL, TC_ASYNC_TILE, TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
 
-    bm, bn, bk = TC_WIDE_TILE if cfg["kernel"].startswith(TC_WIDE_KERNEL) else TC_TILE
+    if cfg["kernel"].startswith(TC_ASYNC_KERNEL):
+        return TC_ASYNC_TILE
+    return TC_WIDE_TILE if cfg["kernel"].startswith(TC_WIDE_KERNEL) else TC_TILE
+
+
+def _gemm_tc(cfg, call):
+    bm, bn, bk = _tc_tile(cfg)
     return _blocks(cfg) * bm * bn * _up(_gemm_dims(call)[3], bk)
 
 
 def _tc_step(cfg, call):
     """FMAs per thread per K tile of a tensor-core GEMM block (its tile staging and loads are
     the enclosing loop's instructions): BM x BN x BK over the block's threads."""
-    from kernels_common.cuda_tiles import TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
-
-    bm, bn, bk = TC_WIDE_TILE if cfg["kernel"].startswith(TC_WIDE_KERNEL) else TC_TILE
+    bm, bn, bk = _tc_tile(cfg)
     return bm * bn * bk // cfg["block"]
 
 
@@ -309,6 +314,8 @@ WORK = {
     "gemm.tc_64x64x16": ("fma", _gemm_tc, _tc_step),
     "gemm.tc_128x128x32": ("fma", _gemm_tc, _tc_step),
     "gemm.tc_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
+    "gemm.tc_async_128x128x32": ("fma", _gemm_tc, _tc_step),
+    "gemm.tc_async_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
     "gemm.gemv_nk": ("fma", _gemv),
     "gemm.gemv_kn": ("fma", _gemv),
     "gemm.gemv_nk.m1": ("fma", _gemv),

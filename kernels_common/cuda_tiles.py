@@ -33,7 +33,6 @@ def vec_width(itemsize: int) -> int:
     """Elements of one VEC_BYTES vector of this item size."""
     return VEC_BYTES // int(itemsize)
 
-
 # GEMM tiles: name -> (BM, BN, BK, TM, TN).  A block computes BM x BN of C with
 # (BM/TM) x (BN/TN) threads holding TM x TN accumulators; per BK step it stages an A and a
 # B tile in shared memory (rows padded by one word against bank conflicts).  Listed largest
@@ -74,6 +73,28 @@ TC_KERNEL = "gemm.tc_64x64x16"
 TC_WIDE_TILE = (128, 128, 32)
 TC_WIDE_WARPS = 8
 TC_WIDE_KERNEL = "gemm.tc_128x128x32"
+# The pipelined tensor-core tile (kernels_cuda.gemm.gemm_tc_async_kernel): the wide tile's
+# 128 x 128 x 32 block and 64 x 32 warp tiles, its A and B tiles copied global -> shared by
+# cp.async (16 bytes a copy: K % 8 == 0, a (K, N) b's N % 8 == 0, 16-byte aligned data) into
+# TC_ASYNC_STAGES buffers, TC_ASYNC_STAGES - 1 K tiles in flight while the tensor cores work,
+# one barrier per K tile; fragments by ldmatrix from rows whose 16-byte chunks are
+# XOR-swizzled instead of padded.  A stage: 128 rows x 64 bytes of A + as much of B = 16 KB,
+# so 3 stages fill the 48 KB of static shared memory exactly (the common Ampere choice, e.g.
+# CUTLASS's sm80 128 x 128 x 32 f16 GEMM uses 3-5).  Not measured on a GPU yet: the
+# dispatcher runs it only while TC_ASYNC_ENABLED is True (bench/gpu_probe_gemm.py times it
+# against the wide tile and torch.matmul).
+TC_ASYNC_TILE = (128, 128, 32)
+TC_ASYNC_WARPS = 8
+TC_ASYNC_STAGES = 3
+TC_ASYNC_MIN_BLOCKS = 1  # launch bounds' blocks per SM: 2 caps it at 128 registers (see gemm_tc_async_kernel)
+TC_ASYNC_KERNEL = "gemm.tc_async_128x128x32"
+TC_ASYNC_ENABLED = False
+
+
+def tc_async_shared_bytes() -> int:
+    """Static shared memory of the pipelined tile: every stage's A and B tiles of halves."""
+    bm, bn, bk = TC_ASYNC_TILE
+    return TC_ASYNC_STAGES * (bm + bn) * bk * 2
 
 
 # The GEMV kernel for few rows (decode: M <= GEMV_MAX_M by the dispatcher's rule): each
