@@ -4,7 +4,11 @@ broadcast batch dims (folded into grid x with the row and column blocks), linear
 
 float16 runs on tensor cores: kernels_cuda.gemm.gemm_tc_wide_kernel's 128 x 128 x 32 tile
 where the inputs read as 32-bit pairs of halves (even K, a (K, N) b's N even, aligned data),
-else gemm_tc_kernel's 64 x 64 x 16 tile.  Tile
+else gemm_tc_kernel's 64 x 64 x 16 tile.  Where the wide tile runs, gemm_tc_async_kernel (the
+same tile with a cp.async pipeline and ldmatrix) replaces it when switched on
+(cuda_tiles.TC_ASYNC_ENABLED or PARAMS["tc_async"]) and the rows are whole 16-byte chunks
+(K % 8 == 0, a (K, N) b's N % 8 == 0) of 16-byte aligned inputs; the launch's "path" says
+which ran and why.  Tile
 rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
@@ -21,9 +25,11 @@ import math
 
 import numpy as np
 
-from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_KERNEL, TC_TILE,
-                                       TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes,
-                                       gemm_threads, gemm_tile_dtypes, gemv_kn_columns, gemv_unroll)
+from kernels_common import cuda_tiles
+from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_ASYNC_KERNEL,
+                                       TC_ASYNC_STAGES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, TC_WIDE_KERNEL,
+                                       TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes, gemm_threads,
+                                       gemm_tile_dtypes, gemv_kn_columns, gemv_unroll, tc_async_shared_bytes)
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
@@ -39,7 +45,10 @@ TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for nam
 # 2026-11-26c-h200/probe_tc2.log, GPU time) it beat the 64 x 64 tile at every shape tried,
 # grids far below one wave included: 16x4096x4096 183 against 388 us, 128x768x768 50
 # against 103, 1024^3 62 against 143, 512x4096x4096 227 against 1638.
-PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 0.0}
+# tc_async: whether the wide tile's inputs that allow it (K % 8 == 0, a (K, N) b's N % 8 == 0,
+# 16-byte aligned) take the cp.async + ldmatrix kernel of the same tile; None: follow
+# kernels_common.cuda_tiles.TC_ASYNC_ENABLED (off until bench/gpu_probe_gemm.py has timed it).
+PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 0.0, "tc_async": None}
 
 
 def _dims(a, b, b_is_nk):
@@ -73,7 +82,15 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
         # N even too, 4-byte aligned data) and its grid is large enough (PARAMS)
         if (wide_blocks >= params["wide_min_waves"] * p.sm_count and 32 * TC_WIDE_WARPS <= p.max_threads_per_block
                 and k % 2 == 0 and (b_is_nk or n % 2 == 0) and word_aligned(a) and word_aligned(b)):
+            why_not = _async_refusal(params, p, k, n, b_is_nk, a, b)
+            if why_not is None:
+                return {"kernel": TC_ASYNC_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, cp.async",
+                        "path": f"{TC_ASYNC_STAGES}-stage cp.async pipeline + ldmatrix (K % 8 == 0"
+                                + ("" if b_is_nk else ", N % 8 == 0") + ", 16-byte aligned inputs)",
+                        "grid": (wide_blocks, 1, 1), "block": 32 * TC_ASYNC_WARPS,
+                        "shared_bytes": tc_async_shared_bytes(), "device": p.name}
             return {"kernel": TC_WIDE_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, wide",
+                    "path": f"register-prefetched 32-bit loads: not the cp.async tile because {why_not}",
                     "grid": (wide_blocks, 1, 1), "block": 32 * TC_WIDE_WARPS,
                     "shared_bytes": (wm + wn) * (wk // 2 + 4) * 4, "device": p.name}
         bm, bn, _ = TC_TILE
@@ -82,6 +99,29 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"], a.dtype)
     return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1), "block": thr,
             "shared_bytes": smem, "device": p.name}
+
+
+def _async_refusal(params, p, k, n, b_is_nk, a, b):
+    """None where the cp.async tile (kernels_cuda.gemm.gemm_tc_async_kernel) may run, else
+    why not: switched off (params["tc_async"], None: kernels_common.cuda_tiles.TC_ASYNC_ENABLED,
+    read per call), a part before sm_80 (no cp.async / ldmatrix), or rows that are not whole
+    16-byte chunks (K % 8, a (K, N) b's N % 8) or inputs not 16-byte aligned."""
+    on = params.get("tc_async")
+    if on is None:
+        on = cuda_tiles.TC_ASYNC_ENABLED
+    if not on:
+        return "it is switched off (TC_ASYNC_ENABLED = False until measured on a GPU)"
+    if tuple(p.cc) < (8, 0):
+        return f"compute capability {p.cc[0]}.{p.cc[1]} < 8.0 has no cp.async / ldmatrix"
+    if 32 * TC_ASYNC_WARPS > p.max_threads_per_block:
+        return f"{32 * TC_ASYNC_WARPS}-thread blocks exceed the device's limit"
+    if k % 8:
+        return f"K = {k} is not a multiple of 8 (rows of 16-byte chunks)"
+    if not b_is_nk and n % 8:
+        return f"N = {n} of a (K, N) b is not a multiple of 8 (rows of 16-byte chunks)"
+    if not (word_aligned(a, 16) and word_aligned(b, 16)):
+        return "an input does not start on a 16-byte boundary"
+    return None
 
 
 @functools.lru_cache(maxsize=128)
@@ -130,6 +170,10 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
                       K.gemv_kernel(acc, False, cfg["columns_per_block"], cfg["rows_per_pass"], cfg["warps"]))
             k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
+        elif cfg["kernel"].startswith(TC_ASYNC_KERNEL):  # flat 32-bit words, copied 16 bytes at a time
+            K.gemm_tc_async_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
+                words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,
+                bias is not None)
         elif cfg["kernel"].startswith(TC_WIDE_KERNEL):  # flat 32-bit words: pairs of halves
             K.gemm_tc_wide_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
                 words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,

@@ -66,6 +66,65 @@ def test_float16_wide_tensor_core_tile(layout):
 
 
 
+@pytest.mark.parametrize("case", ["linear", "linear, N % 8 != 0", "matmul (K, N)", "batched matmul", "matmul, no bias"])
+def test_float16_cp_async_tensor_core_tile(case, monkeypatch):
+    """The cp.async + ldmatrix tile (gemm_tc_async_kernel, switched on here: TC_ASYNC_ENABLED
+    is False until a GPU has timed it): partial row, column and last K tiles (M, N, K not
+    multiples of 128 / 32, K % 8 == 0), K tiles past the 3 stages (the buffers reused),
+    both B layouts (ldmatrix and ldmatrix.trans), broadcast batches, bias + activation;
+    K % 8 != 0, or a (K, N) b's N % 8 != 0, falls back to the wide tile and explain says why."""
+    from kernels_common import cuda_tiles
+    from kernels_common.cuda_tiles import TC_ASYNC_KERNEL, TC_WIDE_KERNEL
+
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", True)
+    g = rng()
+    part = devices.DeviceProps("nominal 2-SM part", (8, 0), 2, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048)
+
+    def h(*shape):
+        return g.standard_normal(shape).astype(np.float16)
+
+    nk = case.startswith("linear")
+    m, n, k = {"linear": (70, 24, 136), "linear, N % 8 != 0": (33, 20, 40), "matmul (K, N)": (70, 24, 136),
+               "batched matmul": (20, 16, 48), "matmul, no bias": (9, 136, 40)}[case]
+    if case == "batched matmul":
+        x, w = h(2, 1, m, k), h(3, k, n)
+    else:
+        x, w = h(m, k), (h(n, k) if nk else h(k, n))
+    bias = None if case == "matmul, no bias" else h(n)
+    act = "gelu_tanh" if case == "batched matmul" else "relu"
+    w64 = w.astype(np.float64).T if nk else w.astype(np.float64)
+    y = x.astype(np.float64) @ w64 + (0 if bias is None else bias.astype(np.float64))
+    want = np.maximum(y, 0) if act == "relu" else 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    fn = dispatch.linear if nk else dispatch.matmul
+    kw = {"activation": act, **({} if bias is None else {"bias": _dev(bias)})}
+    name = fn.__name__
+    with devices.assume(part), dispatch.use(**{name: "cuda-gemm"}):
+        e = str(dispatch.explain(name, _dev(x), _dev(w), **kw))
+        assert f"'kernel': '{TC_ASYNC_KERNEL}{'.nk' if nk else ''}'" in e and "cp.async pipeline" in e, e
+        got = fn(_dev(x), _dev(w), **kw).copy_to_host()
+        assert got.dtype == np.float16 and got.shape == want.shape
+        assert_close(got, want, F16_TOL, case, cancel=True)
+        if case in ("linear", "matmul (K, N)"):  # K % 8 != 0 (even): the wide tile, and why
+            xo, wo = h(m, 42), (h(n, 42) if nk else h(42, n))
+            e = str(dispatch.explain(name, _dev(xo), _dev(wo)))
+            assert f"'kernel': '{TC_WIDE_KERNEL}" in e and "K = 42 is not a multiple of 8" in e, e
+            yo = xo.astype(np.float64) @ (wo.astype(np.float64).T if nk else wo.astype(np.float64))
+            assert_close(fn(_dev(xo), _dev(wo)).copy_to_host(), yo, F16_TOL, "K % 8 != 0", cancel=True)
+        if case == "matmul (K, N)":  # a (K, N) b's N % 8 != 0: the wide tile
+            e = str(dispatch.explain(name, _dev(x), _dev(h(k, 26))))
+            assert f"'kernel': '{TC_WIDE_KERNEL}'" in e and "N = 26 of a (K, N) b is not a multiple of 8" in e, e
+        if not SIM:  # a view starting 4 bytes into its buffer: aligned for the wide tile only
+            big = _dev(np.concatenate([h(2), x.ravel()]))
+            xv = big[2:].reshape(x.shape)
+            e = str(dispatch.explain(name, xv, _dev(w), **kw))
+            assert f"'kernel': '{TC_WIDE_KERNEL}" in e and "16-byte boundary" in e, e
+            assert_close(fn(xv, _dev(w), **kw).copy_to_host(), want, F16_TOL, "4-byte aligned", cancel=True)
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", False)
+    with devices.assume(part), dispatch.use(**{name: "cuda-gemm"}):
+        e = str(dispatch.explain(name, _dev(x), _dev(w), **kw))
+        assert f"'kernel': '{TC_WIDE_KERNEL}" in e and "switched off" in e, e
+
+
 @pytest.mark.parametrize("case", ["gqa", "causal", "causal sq > skv", "causal, a block that sees no key", "d128 scaled"])
 def test_float16_attention_on_tensor_cores(case):
     """float16 attention without a mask at head dim 64 / 128 runs flash_tc_kernel (QK^T and
