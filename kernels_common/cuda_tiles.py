@@ -15,6 +15,7 @@ GRID_YZ_MAX = 65535
 # elementwise kernels and 4 warps for warp-per-row kernels are the common choices of
 # hand-written CUDA kernels (not measured here); 1024 is the hardware limit per block.
 ELEMENTWISE_THREADS = 256
+ELEMENTWISE_VEC_STEPS = 2  # 16-byte vectors a thread of the vector elementwise kernels has in flight per input
 WARP_ROWS_THREADS = 128
 BLOCK_ROWS_MAX_THREADS = 1024
 # Row kernels that hold their row in registers (kernels_cuda/norm.make_vec, softmax.vec_rows):
@@ -83,9 +84,11 @@ TC_WIDE_KERNEL = "gemm.tc_128x128x32"
 # one barrier per K tile; fragments by ldmatrix from rows whose 16-byte chunks are
 # XOR-swizzled instead of padded.  A stage: 128 rows x 64 bytes of A + as much of B = 16 KB,
 # so 3 stages fill the 48 KB of static shared memory exactly (the common Ampere choice, e.g.
-# CUTLASS's sm80 128 x 128 x 32 f16 GEMM uses 3-5).  Not measured on a GPU yet: the
-# dispatcher runs it only while TC_ASYNC_ENABLED is True (bench/gpu_probe_gemm.py times it
-# against the wide tile and torch.matmul).
+# CUTLASS's sm80 128 x 128 x 32 f16 GEMM uses 3-5).  On the H200 (2026-11-27,
+# bench/gpu_results/2026-11-27-gemm-async-h200) it ran 4096^3 in 603-635 us against the wide
+# tile's 1602-1787 (torch 178), and beat it at every shape tried; built for 2 blocks per SM
+# (128 registers, spilling 16-72 bytes for now) in 473 us.  The dispatcher runs it only while
+# TC_ASYNC_ENABLED is True.
 TC_ASYNC_TILE = (128, 128, 32)
 TC_ASYNC_WARPS = 8
 TC_ASYNC_STAGES = 3
