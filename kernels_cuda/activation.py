@@ -6,7 +6,8 @@ sized to fill the GPU once (the dispatcher's choice) covers any length.  float16
 float32 inputs compute in float32, float64 in float64 (the kernel factory is keyed by
 the accumulation type; numba specializes each kernel on the array dtypes).  The
 activation code (kernels_common.activation.ACT_*) is a runtime argument; the branch is uniform
-over the grid.
+over the grid.  vec_kernel: the same with 16-byte vector loads and stores (float16, float32
+arrays starting on a 16-byte boundary).
 """
 import math
 from functools import lru_cache
@@ -16,7 +17,10 @@ from numba import cuda
 
 from numba import types
 
-from ._jit import ELEMENTWISE_THREADS, PtxBuild, acc_np, acc_of, arr, device, kernel
+from kernels_common.cuda_tiles import ELEMENTWISE_VEC_STEPS
+
+from ._jit import ELEMENTWISE_THREADS, VEC_ROW_DTYPES, PtxBuild, acc_np, acc_of, arr, device, kernel
+from .primitives import vec_io, vec_width
 
 from kernels_common.activation import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, INV_SQRT2, SQRT_2_OVER_PI
 
@@ -112,6 +116,49 @@ def gated_kernel(acc_np):
     return gated
 
 
+@lru_cache(maxsize=None)
+def vec_kernel(acc_np, vec, gated):
+    """kernel(x, up, out, code): out = act(x) (* up when gated; up is ignored otherwise), as
+    unary_kernel / gated_kernel with 16-byte loads and stores (primitives.vec_io): thread t
+    of the grid takes vectors t and t + threads per step of a grid-stride loop (two loads in
+    flight per input), the last n % vec elements one each.  x, up and out must start on a
+    16-byte boundary (dispatch checks)."""
+    acc, _ = acc_of(acc_np)
+    act = act_fn(acc_np)
+    load_vec, store_vec = vec_io(vec)
+    U = ELEMENTWISE_VEC_STEPS  # vectors a thread has in flight per input
+    UV = U * vec
+
+    # 2 resident blocks per SM (up to 128 registers a thread): under the scalar kernels' 4
+    # (64 registers) the gated float16 build spilled (ptxas sm_90: gelu's erfc, 16 values)
+    @kernel(launch_bounds=(ELEMENTWISE_THREADS, 2))
+    def unary_vec(x, up, out, code):
+        n = x.shape[0]
+        nv = n // vec
+        nt = cuda.gridDim.x * cuda.blockDim.x
+        t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        xs = cuda.local.array(UV, acc)
+        us = cuda.local.array(UV, acc)
+        for v0 in range(t, nv, nt * U):
+            for k in range(U):
+                if v0 + k * nt < nv:
+                    load_vec(x, (v0 + k * nt) * vec, xs, k * vec)
+                    if gated:
+                        load_vec(up, (v0 + k * nt) * vec, us, k * vec)
+            for k in range(U):
+                if v0 + k * nt < nv:
+                    for i in range(vec):
+                        y = act(xs[k * vec + i], code)
+                        xs[k * vec + i] = y * us[k * vec + i] if gated else y
+                    store_vec(out, (v0 + k * nt) * vec, xs, k * vec)
+        i = nv * vec + t
+        if i < n:
+            y = act(acc(x[i]), code)
+            out[i] = y * acc(up[i]) if gated else y
+
+    return unary_vec
+
+
 def kernel_for(kind, dtype):
     acc_np = acc_of(dtype)[1]
     return (unary_kernel if kind == "unary" else gated_kernel)(acc_np)
@@ -123,4 +170,9 @@ PTX = [
              lambda dt: (arr(dt, 1), arr(dt, 1), types.int64), threads=ELEMENTWISE_THREADS),
     PtxBuild("activation.gated", "activation", lambda dt: gated_kernel(acc_np(dt)),
              lambda dt: (arr(dt, 1), arr(dt, 1), arr(dt, 1), types.int64), threads=ELEMENTWISE_THREADS),
+    *(PtxBuild(f"activation.{kind}_vec", "activation",
+               (lambda g: lambda dt: vec_kernel(acc_np(dt), vec_width(np.dtype(str(dt)).itemsize), g))(kind == "gated"),
+               lambda dt: (arr(dt, 1), arr(dt, 1), arr(dt, 1), types.int64), threads=ELEMENTWISE_THREADS,
+               dtypes=VEC_ROW_DTYPES)
+      for kind in ("unary", "gated")),
 ]

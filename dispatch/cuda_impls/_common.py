@@ -170,19 +170,26 @@ def word_aligned(x, boundary: int = 4) -> bool:
     return (d.device_ctypes_pointer.value or 0) % boundary == 0
 
 
-def row_vector(n: int, dtype, *arrays) -> tuple[int, str]:
-    """(elements per 16-byte vector, "") when the row kernels that hold a row in registers
-    (kernels_cuda norm.make_vec / softmax.vec_rows) can run on rows of n elements of dtype in
-    these arrays (each row starts on a 16-byte boundary), else (0, why not)."""
+def vector_width(dtype, *arrays) -> tuple[int, str]:
+    """(elements per 16-byte vector, "") when kernels may read and write these arrays of
+    dtype in 16-byte vectors (kernels_cuda.primitives.vec_io: float16 / float32, each array
+    starting on a 16-byte boundary), else (0, why not)."""
     dt = np.dtype(dtype)
-    vec = vec_width(dt.itemsize)
     if dt.name not in VEC_ROW_DTYPES:
-        return 0, f"{dt.name} rows stream (vector rows: {', '.join(VEC_ROW_DTYPES)})"
-    if n % vec:
-        return 0, f"row length {n} is not a multiple of {vec} elements ({VEC_BYTES} bytes)"
+        return 0, f"{dt.name}: scalar loads (vectors: {', '.join(VEC_ROW_DTYPES)})"
     if not all(word_aligned(a, VEC_BYTES) for a in arrays):
         return 0, f"an input or out= does not start on a {VEC_BYTES}-byte boundary"
-    return vec, ""
+    return vec_width(dt.itemsize), ""
+
+
+def row_vector(n: int, dtype, *arrays) -> tuple[int, str]:
+    """vector_width() for the row kernels that hold a row in registers (kernels_cuda
+    norm.make_vec / softmax.vec_rows), whose rows of n elements must each start on a 16-byte
+    boundary too."""
+    vec, why = vector_width(dtype, *arrays)
+    if vec and n % vec:
+        return 0, f"row length {n} is not a multiple of {vec} elements ({VEC_BYTES} bytes)"
+    return vec, why
 
 
 def words(d):

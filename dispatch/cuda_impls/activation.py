@@ -4,17 +4,22 @@ Launch rule: blocks of `block` threads (256: 8 warps, enough to hide latency wit
 loads in flight per thread), each thread VEC elements per step; the grid is the number
 of blocks the array needs, capped at one full wave of resident blocks (SM count x
 blocks per SM), beyond which the grid-stride loop reuses the threads instead of paying
-for more block launches.
+for more block launches.  float16 / float32 arrays that start on a 16-byte boundary use
+the vector kernel (16-byte loads and stores, VEC_STEPS vectors a thread per step); the
+launch's 'vector' entry says which, and why not.
 """
 from __future__ import annotations
 
-from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
+import numpy as np
+
+from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, ELEMENTWISE_VEC_STEPS as VEC_STEPS
 
 from ..registry import fixed_rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, kernels, occupancy_blocks, output, props,
-                      register_cuda, size)
+from ._common import (DEVICE_COPY_NOTE, VEC_BYTES, acc_dtype, as_input, c_view, cdiv, deliver, kernels,
+                      occupancy_blocks, output, props, register_cuda, size, vec_width, vector_width)
 
 VEC = 4
+VEC_REGS = 64   # the vector kernel's registers a thread, about (ptxas sm_80/90: 45-72): its one-wave grid
 # Not measured on a GPU (none lent yet): the launch rule above is the usual grid-stride choice.
 PARAMS = {"block": ELEMENTWISE_THREADS, "vec": VEC, "waves": 1}
 
@@ -23,11 +28,17 @@ def launch(params, x, *rest):
     n = size(x.shape)
     p = props()
     block = params["block"]
+    kind = "gated" if len(rest) == 3 else "unary"
+    vec, why = vector_width(x.dtype, x, *rest[:-1])  # x (gate), up, out (unary: out)
+    if vec:  # 16-byte loads, VEC_STEPS vectors a thread per step (kernels_cuda.activation.vec_kernel)
+        need = max(1, cdiv(cdiv(n, vec), block * VEC_STEPS))
+        cap = p.sm_count * occupancy_blocks(p, block, regs=VEC_REGS) * params["waves"]
+        return {"kernel": f"activation.{kind}_vec", "grid": min(need, cap), "block": block,
+                "vector": f"{vec} elements ({VEC_BYTES} bytes)", "elements": n, "device": p.name}
     need = max(1, cdiv(n, block * VEC))
     cap = p.sm_count * occupancy_blocks(p, block) * params["waves"]
-    kind = "gated" if len(rest) == 3 else "unary"
-    return {"kernel": f"activation.{kind}", "grid": min(need, cap), "block": block, "vec": VEC, "elements": n,
-            "device": p.name}
+    return {"kernel": f"activation.{kind}", "grid": min(need, cap), "block": block, "vec": VEC,
+            "vector": f"none: {why}", "elements": n, "device": p.name}
 
 
 def _run_unary(params, x, out, code):
@@ -36,8 +47,12 @@ def _run_unary(params, x, out, code):
     res, od = output(out, x.shape, x.dtype)
     n = size(x.shape)
     if n:
-        cfg = launch(params, x)
-        K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](c_view(xd, n), c_view(res, n), code)
+        cfg = launch(params, x, out, code)
+        if cfg["kernel"].endswith("_vec"):
+            k = K.vec_kernel(acc_dtype(x.dtype), vec_width(np.dtype(x.dtype).itemsize), False)
+            k[cfg["grid"], cfg["block"]](c_view(xd, n), c_view(xd, n), c_view(res, n), code)
+        else:
+            K.kernel_for("unary", x.dtype)[cfg["grid"], cfg["block"]](c_view(xd, n), c_view(res, n), code)
     return deliver(res, od, out)
 
 
@@ -47,9 +62,12 @@ def _run_gated(params, gate, up, out, code):
     res, od = output(out, gate.shape, gate.dtype)
     n = size(gate.shape)
     if n:
-        cfg = launch(params, gate)
-        K.kernel_for("gated", gate.dtype)[cfg["grid"], cfg["block"]](c_view(gd, n), c_view(ud, n), c_view(res, n),
-                                                                    code)
+        cfg = launch(params, gate, up, out, code)
+        if cfg["kernel"].endswith("_vec"):
+            k = K.vec_kernel(acc_dtype(gate.dtype), vec_width(np.dtype(gate.dtype).itemsize), True)
+        else:
+            k = K.kernel_for("gated", gate.dtype)
+        k[cfg["grid"], cfg["block"]](c_view(gd, n), c_view(ud, n), c_view(res, n), code)
     return deliver(res, od, out)
 
 

@@ -577,6 +577,37 @@ def test_vector_row_kernels(impl, d, dt):
         assert_close(got, xx / np.sqrt((xx ** 2).mean(-1, keepdims=True) + 1e-6) * w, tol)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_vector_elementwise_kernels(dt):
+    """activation.vec_kernel: 16-byte vectors, two a thread per step, and the n % vec tail
+    one element a thread; several blocks of a grid-stride loop (n = 2 * 256 * 2 vectors + a
+    partial step + a tail); NaN passes, in the vectors and in the tail."""
+    g = rng()
+    tol = 1e-6 if dt == np.float32 else 1e-3
+    vec = 16 // np.dtype(dt).itemsize
+    n = (2 * 256 * 2 + 37) * vec + vec - 3
+    x = (g.standard_normal(n) * 4).astype(dt)
+    up = g.standard_normal(n).astype(dt)
+    x[[3, n - 1]] = np.nan
+    x64, up64 = x.astype(np.float64), up.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    sig = 1 / (1 + np.exp(-x64))
+    gelu = 0.5 * x64 * (1 + erf(x64 / np.sqrt(2)))
+    cfg = _launch_of("gelu", _dev(x))
+    assert cfg["kernel"] == "activation.unary_vec" and cfg["grid"] >= 2, cfg
+    assert _launch_of("swiglu", _dev(x), _dev(up))["kernel"] == "activation.gated_vec"
+    with np.errstate(invalid="ignore"):
+        for name, got, want in (("relu", dispatch.relu(_dev(x)), np.where(x64 < 0, 0, x64)),
+                                ("silu", dispatch.silu(_dev(x)), x64 * sig),
+                                ("gelu", dispatch.gelu(_dev(x)), gelu),
+                                ("swiglu", dispatch.swiglu(_dev(x), _dev(up)), x64 * sig * up64)):
+            got = got.copy_to_host()
+            assert got.dtype == dt
+            nan = np.isnan(want)
+            assert (np.isnan(got) == nan).all(), name
+            assert_close(got[~nan], want[~nan], tol, name, cancel=True)
+
+
 def test_vector_rows_refused_with_reasons():
     """Rows that cannot be read as aligned 16-byte vectors stream, and the launch says why:
     a row length that is not a multiple of the vector, float64, and (on a GPU, where device
