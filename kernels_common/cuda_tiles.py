@@ -16,7 +16,6 @@ GRID_YZ_MAX = 65535
 # hand-written CUDA kernels (not measured here); 1024 is the hardware limit per block.
 ELEMENTWISE_THREADS = 256
 ELEMENTWISE_VEC_STEPS = 2  # 16-byte vectors a thread of the vector elementwise kernels has in flight per input
-ELEMENTWISE_VEC_STEPS = 2  # 16-byte vectors a thread of the vector elementwise kernels has in flight per input
 WARP_ROWS_THREADS = 128
 BLOCK_ROWS_MAX_THREADS = 1024
 # Row kernels that hold their row in registers (kernels_cuda/norm.make_vec, softmax.vec_rows):
