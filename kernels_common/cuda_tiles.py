@@ -87,14 +87,15 @@ TC_WIDE_KERNEL = "gemm.tc_128x128x32"
 # CUTLASS's sm80 128 x 128 x 32 f16 GEMM uses 3-5).  On the H200 (2026-11-27,
 # bench/gpu_results/2026-11-27-gemm-async-h200) it ran 4096^3 in 603-635 us against the wide
 # tile's 1602-1787 (torch 178), and beat it at every shape tried; built for 2 blocks per SM
-# (128 registers, spilling 16-72 bytes for now) in 473 us.  The dispatcher runs it only while
-# TC_ASYNC_ENABLED is True.
+# (128 registers, spilling 16-72 bytes for now) in 473 us.  So the dispatcher runs it wherever
+# its inputs allow (TC_ASYNC_ENABLED; PARAMS["tc_async"] in dispatch/cuda_impls/linalg.py
+# overrides it per implementation).
 TC_ASYNC_TILE = (128, 128, 32)
 TC_ASYNC_WARPS = 8
 TC_ASYNC_STAGES = 3
 TC_ASYNC_MIN_BLOCKS = 1  # launch bounds' blocks per SM: 2 caps it at 128 registers (see gemm_tc_async_kernel)
 TC_ASYNC_KERNEL = "gemm.tc_async_128x128x32"
-TC_ASYNC_ENABLED = False
+TC_ASYNC_ENABLED = True
 
 
 def tc_async_shared_bytes() -> int:

@@ -24,13 +24,15 @@ def _dev(a):
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_float16_wide_tensor_core_tile(layout):
+def test_float16_wide_tensor_core_tile(layout, monkeypatch):
     """The 128 x 128 x 32 tensor-core tile (chosen where its grid fills the SMs: here a
     nominal 2-SM part that takes 256-thread blocks): a partial row and column block, a
     partial last K tile, both B layouts, bias + activation, the next K tile loaded while
     the current one is multiplied; an odd K and a misaligned view take the 64 x 64 tile."""
+    from kernels_common import cuda_tiles
     from kernels_common.cuda_tiles import TC_KERNEL, TC_WIDE_KERNEL
 
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", False)  # the cp.async tile has its own test
     g = rng()
     part = devices.DeviceProps("nominal 2-SM part", (8, 0), 2, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048)
 
