@@ -1,8 +1,9 @@
 """Tensor-core primitives: the warp-wide ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``,
-and two helpers of the kernels built on it: ``pack_f16x2`` (two float32 values rounded into
+and helpers of the kernels built on it: ``pack_f16x2`` (two float32 values rounded into
 one operand register of float16 halves, cvt.rn.f16x2.f32) and ``ex2_approx`` (2^x on the
-special-function unit, ex2.approx.f32), each with a Python twin for the simulator
-(tests/cuda/test_mma.py holds both to numpy).
+special-function unit, ex2.approx.f32; ``ex2_approx_ftz`` without the subnormal results), and
+``max_skip_nan`` (max.f32), each with a Python twin for the simulator
+(tests/cuda/test_mma.py holds them to numpy).
 
 Its A and B operands are 32-bit registers of two float16 values (low half = lower
 column / row); kernels build them from uint16 views of float16 arrays (``lo | hi << 16``),
@@ -112,6 +113,38 @@ if not SIM:
             f = ir.FloatType()
             val = context.cast(builder, args[0], sig.args[0], types.float32)
             return builder.call(ir.InlineAsm(ir.FunctionType(f, [f]), "ex2.approx.f32 $0, $1;", "=f,f"), [val])
+
+        return sig, codegen
+
+    @intrinsic
+    def ex2_approx_ftz(typingctx, x):
+        """2^x as ex2_approx, results below 2^-126 flushed to +0 (ex2.approx.ftz.f32): the
+        bare MUFU.EX2, where ex2.approx.f32 adds a compare, two multiplies and a select to
+        reach the subnormals (ptxas, sm_80/90).  For softmax weights p <= 1 against a row sum
+        >= 1, where a weight below 2^-126 changes nothing."""
+        if not isinstance(x, types.Float):
+            return None
+        sig = types.float32(x)
+
+        def codegen(context, builder, sig, args):
+            f = ir.FloatType()
+            val = context.cast(builder, args[0], sig.args[0], types.float32)
+            return builder.call(ir.InlineAsm(ir.FunctionType(f, [f]), "ex2.approx.ftz.f32 $0, $1;", "=f,f"), [val])
+
+        return sig, codegen
+
+    @intrinsic
+    def max_skip_nan(typingctx, a, b):
+        """max.f32: the larger of a and b, a NaN operand ignored (NaN only when both are): one
+        FMNMX, where `if b > a: a = b` is a compare and a select."""
+        if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
+            return None
+        sig = types.float32(a, b)
+
+        def codegen(context, builder, sig, args):
+            f = ir.FloatType()
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args)]
+            return builder.call(ir.InlineAsm(ir.FunctionType(f, [f, f]), "max.f32 $0, $1, $2;", "=f,f,f"), vals)
 
         return sig, codegen
 
@@ -244,6 +277,15 @@ else:
     def ex2_approx(x):
         """Simulator twin: 2^x in float32."""
         return np.float32(np.exp2(np.float32(x)))
+
+    def ex2_approx_ftz(x):
+        """Simulator twin: 2^x in float32, below 2^-126 flushed to +0."""
+        r = np.float32(np.exp2(np.float32(x)))
+        return np.float32(0.0) if r < np.float32(2.0 ** -126) else r
+
+    def max_skip_nan(a, b):
+        """Simulator twin: np.fmax in float32 (a NaN operand ignored)."""
+        return np.float32(np.fmax(np.float32(a), np.float32(b)))
 
     def _halves(u):
         u = int(u) & 0xFFFFFFFF

@@ -86,6 +86,37 @@ def test_pack_f16x2_and_ex2_approx_match_numpy():
     assert e[x == -np.inf][0] == 0.0
 
 
+def test_ex2_approx_ftz_and_max_skip_nan_match_numpy():
+    """ex2_approx_ftz (ex2.approx.ftz.f32: results below 2^-126 are +0) and max_skip_nan
+    (max.f32: a NaN operand ignored), what the pipelined attention's softmax uses."""
+    from kernels_cuda._jit import kernel
+    from kernels_cuda.mma import ex2_approx_ftz, max_skip_nan
+
+    @kernel
+    def both(x, y, p2, mx):
+        i = cuda.grid(1)
+        if i < x.size:
+            p2[i] = ex2_approx_ftz(x[i])
+            mx[i] = max_skip_nan(x[i], y[i])
+
+    g = rng()
+    x = np.concatenate([g.standard_normal(20) * 8, [0.0, -0.0, -126.5, -130.0, -149.0, -np.inf, np.inf, np.nan, 1.0,
+                                                    np.nan, -np.inf, 3.0]]).astype(np.float32)
+    y = np.concatenate([g.standard_normal(20) * 8, [1.0, 0.0, 2.0, -np.inf, np.nan, -np.inf, 1.0, 2.0, np.nan,
+                                                    np.nan, 5.0, np.inf]]).astype(np.float32)
+    p2, mx = cuda.to_device(np.zeros(x.size, np.float32)), cuda.to_device(np.zeros(x.size, np.float32))
+    both[1, 64](cuda.to_device(x), cuda.to_device(y), p2, mx)
+    with np.errstate(over="ignore"):
+        want = np.exp2(x.astype(np.float64))
+    e = p2.copy_to_host().astype(np.float64)
+    assert (np.isnan(e) == np.isnan(want)).all() and (e[np.isinf(want)] == want[np.isinf(want)]).all()
+    assert (e[want < 2.0 ** -126] == 0).all()  # flushed, -inf included
+    fin = np.isfinite(want) & (want >= 2.0 ** -126)
+    assert np.all(np.abs(e[fin] - want[fin]) <= 4e-7 * want[fin]), np.max(np.abs(e[fin] - want[fin]) / want[fin])
+    got, want_mx = mx.copy_to_host(), np.fmax(x, y)
+    assert ((got == want_mx) | (np.isnan(got) & np.isnan(want_mx))).all(), (x, y, got)
+
+
 def test_cp_async16_and_ldmatrix_x4_in_the_ptx_layout():
     """cp_async16 (16 bytes global -> shared, nbytes = 0 zero-fills; commit + wait_group 0,
     then a barrier) and ldmatrix_x4 / ldmatrix_x4_trans against the PTX ISA layout (the
