@@ -329,6 +329,11 @@ WORK = {
     "attention.combine": ("stream", lambda cfg, call: _elements(call), 1),
     "attention.tc_d64": ("fma", _attention_tc, _attention_tc_tile),
     "attention.tc_d128": ("fma", _attention_tc, _attention_tc_tile),
+    # the pipelined kernel (flash_tc_async_kernel): the same mma per warp, 64- or 128-row blocks
+    "attention.tc_async_d64_bq128": ("fma", _attention_tc, _attention_tc_tile),
+    "attention.tc_async_d64_bq64": ("fma", _attention_tc, _attention_tc_tile),
+    "attention.tc_async_d128_bq128": ("fma", _attention_tc, _attention_tc_tile),
+    "attention.tc_async_d128_bq64": ("fma", _attention_tc, _attention_tc_tile),
     "attention": ("fma", _attention, _attention_row),  # attention.flash_d<DMAX>: softmax per row and tile
     # the vector-row kernels read each element once (their rows held in registers)
     "softmax.warp_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),

@@ -161,6 +161,36 @@ ATTN_TILES = {64: (64, 16), 128: (128, 16)}
 TC_ATTN_BQ = 64
 TC_ATTN_BK = {64: 64, 128: 32}
 TC_ATTN_WARPS = 4
+# The pipelined tensor-core attention (kernels_cuda.attention.flash_tc_async_kernel): K and V
+# tiles copied global -> shared by cp.async into TC_ATTN_ASYNC_STAGES buffers (tiles j + 1 ..
+# j + STAGES - 1 in flight while tile j is computed, one barrier per tile), rows of 16-byte
+# chunks XOR-swizzled instead of padded, fragments by ldmatrix (.trans for V); the same
+# mma layout per warp (16 query rows, Q in registers) as flash_tc_kernel.  A stage is a K and
+# a V tile of BK x d halves: 16 KB for BK = 64 at d = 64 and BK = 32 at d = 128 (64 at d = 128
+# would be 32 KB a stage: two stages exceed the 48 KB of static shared memory), so 3 stages
+# fill 48 KB, as the GEMM's pipeline (TC_ASYNC_STAGES; CUTLASS's sm80 f16 kernels use 3-5).
+# Warps per block: a block's K/V tiles serve its BQ = 16 x warps rows, so 8 warps (128 rows,
+# FlashAttention-2's forward block) read half the K/V bytes per query row of 4: for causal
+# (1, 32, 4096, 128) 1.1 GB instead of 2.2 GB from L2 (computed: the tiles below the causal
+# limit of each block); 4 warps where 128-row blocks would not give every SM one (short
+# sequences, few heads).  Not timed on a GPU yet: bench/gpu_probe_attention.py times both
+# block sizes and 2 or 3 stages against flash_tc_kernel and PyTorch.
+TC_ATTN_ASYNC_BK = {64: 64, 128: 32}
+TC_ATTN_ASYNC_STAGES = 3
+TC_ATTN_ASYNC_WARPS = 8          # the default block: 128 query rows
+TC_ATTN_ASYNC_SMALL_WARPS = 4    # where 128-row blocks would leave SMs without one
+TC_ATTN_ASYNC_ENABLED = True
+
+
+def tc_attn_async_kernel(d: int, warps: int) -> str:
+    """The launch name of the pipelined attention kernel for head dim d and blocks of warps."""
+    return f"attention.tc_async_d{d}_bq{16 * warps}"
+
+
+def tc_attn_async_shared_bytes(d: int, bk: int = 0, stages: int = 0) -> int:
+    """Static shared memory of the pipelined attention kernel: per stage a K and a V tile of
+    bk x d halves (bk, stages: the TC_ATTN_ASYNC_* defaults when 0)."""
+    return (stages or TC_ATTN_ASYNC_STAGES) * 2 * (bk or TC_ATTN_ASYNC_BK[d]) * d * 2
 
 
 def attn_tile_for(d: int):

@@ -34,10 +34,12 @@ from numba import cuda, float32, int32, int64, types, uint32, uint64
 from kernels_common.attention import MASK_BOOL, MASK_NONE
 from kernels_common import acc_dtype
 from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes
-from kernels_common.cuda_tiles import TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS
+from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_SMALL_WARPS, TC_ATTN_ASYNC_STAGES,
+                                       TC_ATTN_ASYNC_WARPS, TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, tc_attn_async_kernel)
 
 from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel
-from .mma import ex2_approx, mma_16816, pack_f16x2
+from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, ex2_approx, ex2_approx_ftz, global_address,
+                  ldmatrix_x4, ldmatrix_x4_trans, max_skip_nan, mma_16816, pack_f16x2)
 from .primitives import warp_max, warp_sum
 
 
@@ -434,6 +436,267 @@ def flash_tc_kernel(dmax):
 
 
 @lru_cache(maxsize=None)
+def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0):
+    """flash_tc_kernel's float16 attention (same arguments, results, special values, causal
+    rule, lse and NaN behaviour) with a cp.async pipeline and ldmatrix fragments, for q, k, v
+    16-byte aligned (the dispatcher checks; rows of dmax = 64 or 128 halves are then whole
+    16-byte chunks) on sm_80 and later.  A block of `warps` warps owns 16 x warps query rows
+    of one (batch, query head), warp w rows 16w..16w+15 (Q's fragments in registers for the
+    whole pass, as flash_tc_kernel); K/V tiles of bk keys (TC_ATTN_ASYNC_BK[dmax] when 0) in
+    `stages` buffers (TC_ATTN_ASYNC_STAGES when 0).
+      Loads: each thread copies the same chunk of bk * dmax / (4 x 32 x warps) rows of K and
+    of V per tile global -> shared by cp.async (16 bytes a copy, no registers staged); keys
+    past Skv read as zeros (source size 0, from a clamped in-range address).  Tiles j + 1 ..
+    j + stages - 1 are in flight while tile j is computed; per tile one barrier: wait for tile
+    j's group, __syncthreads (its chunks are visible to all and every warp is done with tile
+    j - 1), issue tile j + stages - 1 into tile j - 1's buffer, compute tile j.
+      Shared layout: per stage the K tile then the V tile, both row-major as in memory (a row
+    of dmax halves = dmax / 8 chunks of 16 bytes), chunk c of key row r stored at chunk
+    c ^ (r & 7) (no padding): the eight rows one ldmatrix matrix reads, and the eight chunks
+    a quarter-warp's cp.async writes, fall in eight different 16-byte bank groups.
+      Fragments: S = Q K^T takes K's "col" B operand (b0 = K[key g, d 2t:2t+2]) by ldmatrix.x4
+    from K's rows (b0, b1 of two n8 tiles of keys per k-step of 16 along d); O += P V takes V's
+    (b0 = V[keys 2t, 2t+1, column g]) by ldmatrix.x4.trans from V's rows (b0, b1 of two n8
+    tiles of columns per k-step of 16 keys): no thread transposes V.
+      Softmax, per tile: the scores' row max (raw scores: q is negated instead when scale < 0,
+    exactly in float16, so the scale in the exponent is positive; 0 is taken as 1e-30, which
+    gives the same probabilities), p = 2^(s x scale x log2 e - m) by one FFMA and one MUFU.EX2,
+    the running m and each lane's partial row sum l rescaled (the 4 lanes of a row are summed
+    once, at the end); P from S's registers as flash_tc_kernel.  Keys past Skv and above the
+    causal diagonal are set to -inf only in tiles that have such keys for some row of the
+    warp; a warp skips the tiles none of its rows sees (a block's tiles end at its last row's
+    causal limit, as flash_tc_kernel's).  Causal grids run their query blocks last first (the
+    blocks with the most tiles start first: a shorter tail)."""
+    BK = bk or TC_ATTN_ASYNC_BK[dmax]
+    STAGES = stages or TC_ATTN_ASYNC_STAGES
+    NWT = warps
+    BQ = 16 * NWT
+    NT = 32 * NWT
+    DW = dmax // 2              # words per row of K, V (and Q)
+    CH = dmax // 8              # 16-byte chunks per row
+    KVW = BK * DW               # words of a K (or V) tile
+    SW = 2 * KVW                # words of a stage
+    S_WORDS = STAGES * SW
+    RSTEP = NT // CH            # rows one pass of the block's copies covers
+    CP = BK // RSTEP            # copies per thread per K (and per V) tile
+    ROWB = DW * 4               # bytes per row
+    KS = dmax // 16             # k-steps of QK^T
+    NS = BK // 8                # n8 tiles of S
+    ND = dmax // 8              # n8 tiles of O
+    assert dmax in (64, 128) and NT % CH == 0 and RSTEP % 8 == 0 and BK % RSTEP == 0 and BK % 16 == 0
+    assert STAGES >= 2 and S_WORDS * 4 <= STATIC_SMEM
+    WAIT = STAGES - 2           # groups left pending when tile j must be complete
+    MINB = 1 if NWT >= 8 else 2  # blocks per SM of the launch bound: 255 registers either way
+    neg_inf, zero, one = np.float32(-np.inf), np.float32(0.0), np.float32(1.0)
+    LOG2E, LN2 = math.log2(math.e), np.float32(math.log(2.0))
+    TINY = np.float32(1e-30)
+    SIGNS = uint32(0x80008000)
+
+    @device
+    def load_tile(S, base, gk, gv, dst, j0, r0t, skv):
+        """Issue the copies of this thread for the K/V tile of keys j0.. into the stage at word
+        base: gk, gv the global_address of its chunk in key row 0 of the (batch, kv head), dst
+        its first word in a tile.  A whole tile copies from one address plus constants; the
+        last, partial one reads rows past skv as zeros (clamped addresses, size 0)."""
+        if j0 + BK <= skv:
+            step = uint64((j0 + r0t) * ROWB)
+            ak = gk + step
+            av = gv + step
+            for l in range(CP):
+                cp_async16_at(S, base + dst + l * RSTEP * DW, ak + uint64(l * RSTEP * ROWB), 16)
+                cp_async16_at(S, base + KVW + dst + l * RSTEP * DW, av + uint64(l * RSTEP * ROWB), 16)
+        else:
+            for l in range(CP):
+                row = j0 + r0t + l * RSTEP
+                nbytes = 16 if row < skv else 0
+                at = uint64(min(row, skv - 1) * ROWB)
+                cp_async16_at(S, base + dst + l * RSTEP * DW, gk + at, nbytes)
+                cp_async16_at(S, base + KVW + dst + l * RSTEP * DW, gv + at, nbytes)
+
+    @kernel(launch_bounds=(NT, MINB))
+    def attention_tc_async(q, k, v, nb, hq, sq, hkv, skv, causal, scale, out, lse, want_lse):
+        nqb = (sq + BQ - 1) // BQ
+        bh = udiv32(cuda.blockIdx.x, nqb)
+        qb = cuda.blockIdx.x - bh * nqb
+        if causal:  # the last query blocks (the most key tiles) first
+            qb = nqb - 1 - qb
+        r0 = qb * BQ
+        b = udiv32(bh, hq)
+        h = bh - b * hq
+        kvh = udiv32(h, udiv32(hq, hkv))
+        t = cuda.threadIdx.x
+        lane = t & 31
+        warp = t >> 5
+        g = lane >> 2
+        tq = lane & 3
+        S = cuda.shared.array(S_WORDS, uint32, alignment=128)
+        qa = cuda.local.array((KS, 4), uint32)
+        sacc = cuda.local.array((NS, 4), float32)
+        o = cuda.local.array((ND, 4), float32)
+        m = cuda.local.array(2, float32)
+        ls = cuda.local.array(2, float32)
+        koff = cuda.local.array(4, int32)
+        voff = cuda.local.array(4, int32)
+        off = skv - sq
+        # scores in base 2 (exp(s) = 2^(s log2 e)) with a positive scale: a negative one negates q
+        sc = float32(abs(scale) * LOG2E)
+        if sc == zero:
+            sc = TINY
+        flip = SIGNS if scale < 0 else uint32(0)
+        rw0 = r0 + warp * 16        # the warp's first query row
+        rw = rw0 + g                # this lane's rows rw and rw + 8 (clamped for the loads)
+        orow = bh * sq + rw
+        qbase = ((b * hq + h) * sq) * DW
+        row_a = uint64(qbase + min(rw, sq - 1) * DW)
+        row_b = uint64(qbase + min(rw + 8, sq - 1) * DW)
+        for ks in range(KS):
+            w0 = uint64(ks * 8 + tq)
+            qa[ks, 0] = q[row_a + w0] ^ flip
+            qa[ks, 1] = q[row_b + w0] ^ flip
+            qa[ks, 2] = q[row_a + w0 + 4] ^ flip
+            qa[ks, 3] = q[row_b + w0 + 4] ^ flip
+        for i in range(ND):
+            for r in range(4):
+                o[i, r] = zero
+        for hh in range(2):
+            m[hh] = neg_inf
+            ls[hh] = zero
+        kv_end = skv
+        if causal:
+            kv_end = min(skv, max(0, min(sq, r0 + BQ) + off))
+        ntiles = (kv_end + BK - 1) // BK
+        # this thread's copies: chunk ch of rows r0t, r0t + RSTEP, ... of each tile
+        ch = t % CH
+        r0t = t // CH
+        dst = r0t * DW + ((ch ^ (r0t & 7)) << 2)
+        kvw = (b * hkv + kvh) * skv * DW
+        gk = global_address(k, kvw + ch * 4)
+        gv = global_address(v, kvw + ch * 4)
+        # ldmatrix rows of this lane: lane 8 mi + r8 addresses row r8 of matrix mi.  K (x4):
+        # matrices (keys +0, d chunk 2ks), (+0, 2ks + 1), (+8, 2ks), (+8, 2ks + 1); V (x4.trans):
+        # (keys +0, column chunk 2i), (+8, 2i), (+0, 2i + 1), (+8, 2i + 1).  Key rows of a
+        # matrix start at multiples of 8, so a row's swizzle is ^ r8; koff / voff per k-step mod 4
+        mi = lane >> 3
+        r8 = lane & 7
+        for qq in range(4):
+            koff[qq] = (8 * (mi >> 1) + r8) * DW + (((2 * qq + (mi & 1)) ^ r8) << 2)
+            voff[qq] = KVW + (8 * (mi & 1) + r8) * DW + (((2 * qq + (mi >> 1)) ^ r8) << 2)
+        for s in range(STAGES - 1):  # prologue: tiles 0 .. STAGES - 2 in flight, a group each
+            if s < ntiles:
+                load_tile(S, s * SW, gk, gv, dst, s * BK, r0t, skv)
+            cp_async_commit()
+        rb = 0                       # the stage read this iteration
+        wb = (STAGES - 1) * SW       # the stage written
+        for it in range(ntiles):
+            cp_async_wait(WAIT)      # this thread's copies of tile it are complete
+            cuda.syncthreads()       # everyone's are; every warp is done with tile it - 1
+            nt = it + STAGES - 1
+            if nt < ntiles:          # into tile it - 1's buffer
+                load_tile(S, wb, gk, gv, dst, nt * BK, r0t, skv)
+            cp_async_commit()
+            j0 = it * BK
+            if not causal or j0 <= rw0 + 15 + off:  # warp-uniform: some row of the warp sees a key
+                for j in range(NS):
+                    for r in range(4):
+                        sacc[j, r] = zero
+                for ks in range(KS):
+                    kb = rb + koff[ks & 3] + 32 * (ks >> 2)
+                    for jj in range(NS // 2):
+                        b0, b1, b2, b3 = ldmatrix_x4(S, kb + jj * 16 * DW)
+                        j = 2 * jj
+                        d0, d1, d2, d3 = mma_16816(qa[ks, 0], qa[ks, 1], qa[ks, 2], qa[ks, 3], b0, b1,
+                                                   sacc[j, 0], sacc[j, 1], sacc[j, 2], sacc[j, 3])
+                        sacc[j, 0] = d0
+                        sacc[j, 1] = d1
+                        sacc[j, 2] = d2
+                        sacc[j, 3] = d3
+                        d0, d1, d2, d3 = mma_16816(qa[ks, 0], qa[ks, 1], qa[ks, 2], qa[ks, 3], b2, b3,
+                                                   sacc[j + 1, 0], sacc[j + 1, 1], sacc[j + 1, 2], sacc[j + 1, 3])
+                        sacc[j + 1, 0] = d0
+                        sacc[j + 1, 1] = d1
+                        sacc[j + 1, 2] = d2
+                        sacc[j + 1, 3] = d3
+                # -inf past Skv and above the diagonal, only where the tile has such keys for
+                # some row of the warp (row rw0 has the lowest causal limit)
+                if j0 + BK > skv or (causal and j0 + BK > rw0 + off + 1):
+                    for hh in range(2):
+                        limit = skv
+                        if causal:
+                            limit = min(skv, rw + 8 * hh + off + 1)
+                        # key j0 + 8j + 2tq + e2 >= limit, as 32-bit compares with constants
+                        rel = int32(max(-1, min(BK, limit - j0 - 2 * tq)))
+                        for j in range(NS):
+                            for e2 in range(2):
+                                if j * 8 + e2 >= rel:
+                                    sacc[j, 2 * hh + e2] = neg_inf
+                # online softmax of rows rw (hh = 0) and rw + 8 (hh = 1)
+                for hh in range(2):
+                    mx = neg_inf  # the tile's raw row max (a NaN score takes no part)
+                    for j in range(NS):
+                        for e2 in range(2):
+                            mx = max_skip_nan(mx, sacc[j, 2 * hh + e2])
+                    mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
+                    mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
+                    mn = max_skip_nan(mx * sc, m[hh])
+                    # no key seen yet (mn = -inf): subtract 0 instead, so that every p and the
+                    # rescale of the (empty) state are 2^-inf = 0, without a branch
+                    mz = mn if mn != neg_inf else zero
+                    alpha = ex2_approx_ftz(m[hh] - mz)
+                    rs = zero
+                    for j in range(NS):
+                        for e2 in range(2):
+                            pv = ex2_approx_ftz(sacc[j, 2 * hh + e2] * sc - mz)
+                            sacc[j, 2 * hh + e2] = pv
+                            rs += pv
+                    ls[hh] = ls[hh] * alpha + rs
+                    m[hh] = mn
+                    for i in range(ND):
+                        o[i, 2 * hh] *= alpha
+                        o[i, 2 * hh + 1] *= alpha
+                # O += P V: P's A fragments from S's registers, k-step kk = keys 16kk..16kk + 15
+                for kk in range(BK // 16):
+                    a0 = pack_f16x2(sacc[2 * kk, 0], sacc[2 * kk, 1])
+                    a1 = pack_f16x2(sacc[2 * kk, 2], sacc[2 * kk, 3])
+                    a2 = pack_f16x2(sacc[2 * kk + 1, 0], sacc[2 * kk + 1, 1])
+                    a3 = pack_f16x2(sacc[2 * kk + 1, 2], sacc[2 * kk + 1, 3])
+                    for ii in range(ND // 2):
+                        b0, b1, b2, b3 = ldmatrix_x4_trans(S, rb + voff[ii & 3] + 32 * (ii >> 2) + kk * 16 * DW)
+                        i = 2 * ii
+                        d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, b0, b1, o[i, 0], o[i, 1], o[i, 2], o[i, 3])
+                        o[i, 0] = d0
+                        o[i, 1] = d1
+                        o[i, 2] = d2
+                        o[i, 3] = d3
+                        d0, d1, d2, d3 = mma_16816(a0, a1, a2, a3, b2, b3,
+                                                   o[i + 1, 0], o[i + 1, 1], o[i + 1, 2], o[i + 1, 3])
+                        o[i + 1, 0] = d0
+                        o[i + 1, 1] = d1
+                        o[i + 1, 2] = d2
+                        o[i + 1, 3] = d3
+            rb += SW
+            if rb == S_WORDS:
+                rb = 0
+            wb += SW
+            if wb == S_WORDS:
+                wb = 0
+        cp_async_wait(0)  # nothing left in flight (the groups past the last tile are empty)
+        for hh in range(2):  # the row sums of the 4 lanes of each row
+            lsum = ls[hh] + cuda.shfl_xor_sync(FULL_MASK, ls[hh], 1)
+            ls[hh] = lsum + cuda.shfl_xor_sync(FULL_MASK, lsum, 2)
+        for hh in range(2):
+            if rw + 8 * hh < sq:
+                inv = one / ls[hh] if ls[hh] != zero else zero
+                obase = (orow + 8 * hh) * dmax
+                for i in range(ND):
+                    for e2 in range(2):
+                        out[uint64(obase + i * 8 + 2 * tq + e2)] = o[i, 2 * hh + e2] * inv
+                if want_lse and tq == 0:
+                    lse[uint64(orow + 8 * hh)] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
+
+    return attention_tc_async
+
+
+@lru_cache(maxsize=None)
 def combine_kernel(acc_np):
     """out[b, h, i, d] = sum_s o_s l_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s."""
     acc, _ = acc_of(acc_np)
@@ -502,6 +765,12 @@ PTX = [
     PtxBuild(f"attention.tc_d{dmax}", "attention", (lambda dmax: lambda dt: flash_tc_kernel(dmax))(dmax),
              _flash_tc_args, threads=32 * TC_ATTN_WARPS, dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",))
     for dmax in sorted(TC_ATTN_BK)
+] + [
+    PtxBuild(tc_attn_async_kernel(dmax, w), "attention",
+             (lambda dmax, w: lambda dt: flash_tc_async_kernel(dmax, w))(dmax, w), _flash_tc_args, threads=32 * w,
+             dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global",
+                                            "ldmatrix.sync.aligned.m8n8.x4.shared", "ldmatrix.sync.aligned.m8n8.x4.trans"))
+    for dmax in sorted(TC_ATTN_ASYNC_BK) for w in (TC_ATTN_ASYNC_WARPS, TC_ATTN_ASYNC_SMALL_WARPS)
 ] + [
     PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),
              lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4), arr(dt, 3), types.boolean),
