@@ -334,6 +334,9 @@ WORK = {
     "attention.tc_async_d64_bq64": ("fma", _attention_tc, _attention_tc_tile),
     "attention.tc_async_d128_bq128": ("fma", _attention_tc, _attention_tc_tile),
     "attention.tc_async_d128_bq64": ("fma", _attention_tc, _attention_tc_tile),
+    # the decode kernel streams K and V once (16-byte loads; q and the output are small)
+    "attention.decode_d64": ("stream", lambda cfg, call: 2 * call.args.k.size, 1),
+    "attention.decode_d128": ("stream", lambda cfg, call: 2 * call.args.k.size, 1),
     "attention": ("fma", _attention, _attention_row),  # attention.flash_d<DMAX>: softmax per row and tile
     # the vector-row kernels read each element once (their rows held in registers)
     "softmax.warp_vec_rows": ("stream", lambda cfg, call: _elements(call), 1),

@@ -193,6 +193,27 @@ def tc_attn_async_shared_bytes(d: int, bk: int = 0, stages: int = 0) -> int:
     return (stages or TC_ATTN_ASYNC_STAGES) * 2 * (bk or TC_ATTN_ASYNC_BK[d]) * d * 2
 
 
+# The decode kernel (kernels_cuda.attention.decode_kernel): few query rows per (batch, kv head),
+# the KV length split over the grid.  A key's row of D elements is read by D / vec lanes in
+# 16-byte vectors (float16 D = 128: 16 lanes, so a warp takes 2 keys a step), each lane its
+# vec dims of q, K, V and the output; DECODE_UNROLL steps of keys a warp has in flight (two
+# 16-byte loads each: 64 bytes a lane).  Up to DECODE_MAX_ROWS rows (GQA group x Sq): each
+# lane holds rows x vec values of q and of the output in registers (float32), and its keys'
+# K and V vectors as loaded (4 words each: 4 steps spilled on sm_80 at 1 row; 2 do not, ptxas
+# 2026-11-27).  DECODE_BLOCKS_PER_SM
+# blocks per SM is what the split count aims at, and each split takes at least
+# DECODE_MIN_KEYS keys (a few of a block's unrolled steps: 4 warps x 2 keys x 2 for float16
+# D = 128).
+# The scalar flash kernel's split-KV decode read K and V 2 bytes a load: llama-7b decode
+# (1, 32, 1, 128) against 4096 keys took 206 us on the H200, PyTorch 24 (2026-11-27b call 1).
+DECODE_WARPS = 4
+DECODE_UNROLL = 2
+DECODE_MAX_ROWS = 4
+DECODE_BLOCKS_PER_SM = 4
+DECODE_MIN_KEYS = 32
+DECODE_HEAD_DIMS = (64, 128)
+
+
 def attn_tile_for(d: int):
     """(DMAX, BQ) of the smallest tile that holds head dim d, or None."""
     for dmax in sorted(ATTN_TILES):

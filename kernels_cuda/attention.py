@@ -36,11 +36,13 @@ from kernels_common import acc_dtype
 from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes
 from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_SMALL_WARPS, TC_ATTN_ASYNC_STAGES,
                                        TC_ATTN_ASYNC_WARPS, TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, tc_attn_async_kernel)
+from kernels_common.cuda_tiles import (DECODE_HEAD_DIMS, DECODE_MAX_ROWS, DECODE_UNROLL, DECODE_WARPS, VEC_ROW_DTYPES,
+                                       vec_width)
 
 from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, ex2_approx, ex2_approx_ftz, global_address,
                   ldmatrix_x4, ldmatrix_x4_trans, max_skip_nan, mma_16816, pack_f16x2)
-from .primitives import warp_max, warp_sum
+from .primitives import vec_io, warp_max, warp_sum, word_io
 
 
 @lru_cache(maxsize=None)
@@ -736,11 +738,194 @@ def combine_kernel(acc_np):
     return attention_combine
 
 
+@lru_cache(maxsize=None)
+def decode_kernel(acc_np, vec, d, rows):
+    """Split-KV attention for few query rows (decode), read in 16-byte vectors.
+
+    q (B, Hq, Sq, d), k, v (B, Hkv, Skv, d) of an item size of 16 / vec bytes; the block of
+    grid x = (batch x kv head) x splits owns the (query head of the group, query position)
+    rows of one (batch, kv head), at most `rows` (DECODE_MAX_ROWS) of them, against the keys
+    of its split (a contiguous range of Skv / splits).  A key's row is read by L = d / vec
+    lanes, each its vec dims (lane l % L: dims vec (l % L) ..), so a warp takes 32 / L keys a
+    step and DECODE_UNROLL steps at once (their K and V loads in flight together); the lanes
+    of a key sum their partial q.k by xor-shuffles within the group of L.  Per row and lane
+    group: an online softmax state (m, l) and the lane's vec output dims, rescaled once per
+    unrolled chunk.  At the end the block merges its lane groups' states through shared
+    memory: with one split it writes out = o / l (0 for a row that saw no key) and lse = m +
+    log l; with several, the split's o / l and (m, l) to part_o (splits, B, Hq, Sq, d) and
+    part_ml (splits, B, Hq, Sq, 2) for combine_kernel.  Causal: query i sees keys <= i + Skv -
+    Sq.  NaN in a score makes its row NaN (the max skips it, exp(NaN) poisons l and o), -inf
+    scores add nothing, as the flash kernels."""
+    acc, _ = acc_of(acc_np)
+    L = d // vec                 # lanes per key
+    KPW = 32 // L                # keys per warp step
+    U = DECODE_UNROLL
+    NWD = DECODE_WARPS
+    NT = 32 * NWD
+    NG = NWD * KPW               # lane groups in the block
+    RV = rows * vec
+    U4 = U * 4                   # words of U vectors
+    URV = U * rows
+    HALVES = vec == 8            # float16 (two elements a word), else float32 (one; float64 is refused)
+    assert vec in (4, 8)
+    CHUNK = NWD * KPW * U        # keys a block step covers
+    assert L * KPW == 32 and L & (L - 1) == 0
+    neg_inf, zero = acc_np(-np.inf), acc_np(0.0)
+    load_vec, _ = vec_io(vec)
+    load_words, half_of, float_of = word_io()
+
+    # blocks per SM the launch bound promises: registers for `rows` rows of q and output in
+    # float32 and U keys of K and V as loaded (ptxas float16 d = 128, no spills: sm_90 79 /
+    # 108 / 156 registers at 1 / 2 / 4 rows, sm_80 95 / 154 / 226; 4 rows spilled 224 bytes
+    # under 4 blocks' 128)
+    @kernel(launch_bounds=(NT, {1: 4, 2: 3}.get(rows, 2)))
+    def attention_decode(q, k, v, causal, scale, splits, out, part_o, part_ml, lse, want_lse):
+        nb, hq, sq, dd = q.shape
+        hkv = k.shape[1]
+        skv = k.shape[2]
+        # 32-bit divisions (udiv32): numba's int64 ones are subroutine calls in SASS, whose
+        # registers spilled on sm_80
+        group = udiv32(hq, hkv)
+        nrows = group * sq
+        blk = cuda.blockIdx.x
+        bk = udiv32(blk, splits)
+        split = blk - bk * splits
+        b = udiv32(bk, hkv)
+        kvh = bk - b * hkv
+        per = udiv32(skv + splits - 1, splits)
+        j_lo = split * per
+        j_hi = min(skv, j_lo + per)
+        t = cuda.threadIdx.x
+        lane = t & 31
+        warp = t >> 5
+        sub = lane // L            # this lane's key within a warp step
+        c0 = (lane % L) * vec      # its first dim
+        grp = warp * KPW + sub     # its lane group in the block
+        sm_m = cuda.shared.array((NG, rows), acc)
+        sm_l = cuda.shared.array((NG, rows), acc)
+        sm_o = cuda.shared.array((NG, rows, d), acc)
+        qv = cuda.local.array(RV, acc)
+        o = cuda.local.array(RV, acc)
+        m = cuda.local.array(rows, acc)
+        ls = cuda.local.array(rows, acc)
+        lim = cuda.local.array(rows, int64)
+        kw = cuda.local.array(U4, uint32)  # K and V vectors as loaded: 4 words each
+        vw = cuda.local.array(U4, uint32)
+        sc = cuda.local.array(URV, acc)
+        sca = acc(scale)
+        for r in range(rows):
+            m[r] = neg_inf
+            ls[r] = zero
+            lim[r] = 0
+            for i in range(vec):
+                o[r * vec + i] = zero
+                qv[r * vec + i] = zero
+            if r < nrows:
+                hg = udiv32(r, sq)
+                h = kvh * group + hg
+                qi = r - hg * sq
+                load_vec(q, (b, h, qi, c0), qv, r * vec)
+                for i in range(vec):
+                    qv[r * vec + i] *= sca
+                lim[r] = min(skv, qi + skv - sq + 1) if causal else skv
+        # keys j0 + warp * KPW * U + u * KPW + sub of each block step
+        for j0 in range(j_lo, j_hi, CHUNK):
+            jw = j0 + warp * (KPW * U) + sub
+            for u in range(U):
+                j = jw + u * KPW
+                if j < j_hi:
+                    load_words(k, (b, kvh, j, c0), kw, 4 * u)
+                    load_words(v, (b, kvh, j, c0), vw, 4 * u)
+                else:  # zeros: p = 0 times stale bits could be 0 * NaN
+                    for wi in range(4):
+                        kw[4 * u + wi] = uint32(0)
+                        vw[4 * u + wi] = uint32(0)
+            for u in range(U):
+                j = jw + u * KPW
+                for r in range(rows):
+                    s = zero
+                    for wi in range(4):
+                        w = kw[4 * u + wi]
+                        if HALVES:
+                            s += qv[r * vec + 2 * wi] * half_of(w, 0) + qv[r * vec + 2 * wi + 1] * half_of(w, 1)
+                        else:
+                            s += qv[r * vec + wi] * float_of(w)
+                    off = L >> 1
+                    while off > 0:  # the key's L lanes: xor-shuffles within the group
+                        s += cuda.shfl_xor_sync(FULL_MASK, s, off)
+                        off >>= 1
+                    sc[u * rows + r] = s if j < j_hi and j < lim[r] else neg_inf
+            for r in range(rows):
+                mx = m[r]
+                for u in range(U):
+                    if sc[u * rows + r] > mx:
+                        mx = sc[u * rows + r]
+                mz = mx if mx != neg_inf else zero  # nothing seen yet: every term below is 0
+                alpha = math.exp(m[r] - mz)
+                ls[r] *= alpha
+                for i in range(vec):
+                    o[r * vec + i] *= alpha
+                for u in range(U):
+                    p = math.exp(sc[u * rows + r] - mz)
+                    ls[r] += p
+                    for wi in range(4):
+                        w = vw[4 * u + wi]
+                        if HALVES:
+                            o[r * vec + 2 * wi] += p * half_of(w, 0)
+                            o[r * vec + 2 * wi + 1] += p * half_of(w, 1)
+                        else:
+                            o[r * vec + wi] += p * float_of(w)
+                m[r] = mx
+        # merge the NG lane groups' states: every lane of a group holds the same (m, l)
+        for r in range(rows):
+            if lane % L == 0:
+                sm_m[grp, r] = m[r]
+                sm_l[grp, r] = ls[r]
+            for i in range(vec):
+                sm_o[grp, r, c0 + i] = o[r * vec + i]
+        cuda.syncthreads()
+        for e in range(t, nrows * d, NT):
+            r = e // d
+            c = e - r * d
+            mx = neg_inf
+            for gi in range(NG):
+                if sm_m[gi, r] > mx:
+                    mx = sm_m[gi, r]
+            mz = mx if mx != neg_inf else zero
+            num = zero
+            den = zero
+            for gi in range(NG):
+                w = math.exp(sm_m[gi, r] - mz)
+                den += sm_l[gi, r] * w
+                num += sm_o[gi, r, c] * w
+            hg = udiv32(r, sq)
+            h = kvh * group + hg
+            qi = r - hg * sq
+            res = zero if den == zero else num / den
+            if splits == 1:
+                out[b, h, qi, c] = res
+                if want_lse and c == 0:
+                    lse[b, h, qi] = neg_inf if den == zero else mx + math.log(den)
+            else:
+                part_o[split, b, h, qi, c] = res
+                if c == 0:
+                    part_ml[split, b, h, qi, 0] = mx
+                    part_ml[split, b, h, qi, 1] = den
+
+    return attention_decode
+
+
 # ---- what `python -m bench.ptx` compiles (see _jit.PtxBuild) ----------------------------------
 def _flash_args(dt):
     acc = acc_type(dt)
     return (arr(dt, 4), arr(dt, 4), arr(dt, 4), arr(types.boolean, 4), types.int64, types.boolean, types.float64,
             arr(dt, 4), arr(acc, 5), arr(acc, 5), arr(dt, 3), types.boolean)
+
+
+def _decode_args(dt):
+    acc = acc_type(dt)
+    return (arr(dt, 4), arr(dt, 4), arr(dt, 4), types.boolean, types.float64, types.int64, arr(dt, 4), arr(acc, 5),
+            arr(acc, 5), arr(dt, 3), types.boolean)
 
 
 def _fitting_dtypes(dmax):
@@ -775,4 +960,10 @@ PTX = [
     PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),
              lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4), arr(dt, 3), types.boolean),
              threads=256),
+] + [
+    PtxBuild(f"attention.decode_d{d}", "attention",
+             (lambda d: lambda dt: decode_kernel(acc_np(dt), vec_width(np.dtype(str(dt)).itemsize), d,
+                                                 DECODE_MAX_ROWS))(d),
+             _decode_args, threads=32 * DECODE_WARPS, dtypes=VEC_ROW_DTYPES)
+    for d in DECODE_HEAD_DIMS
 ]

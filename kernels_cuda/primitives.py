@@ -12,6 +12,8 @@ so these functions run unchanged there.
 """
 import math
 
+import numpy as np
+
 from numba import cuda
 
 from ._jit import FULL_MASK, device
@@ -227,7 +229,7 @@ def _vec_io_gpu(n):
 
 def _vec_io_sim(n):
     def at(a, idx, k):
-        return (idx[0], idx[1] + k) if isinstance(idx, tuple) else idx + k
+        return tuple(idx[:-1]) + (idx[-1] + k,) if isinstance(idx, tuple) else idx + k
 
     def load_vec(a, idx, reg, off):
         for k in range(n):
@@ -257,3 +259,109 @@ def vec_io(n: int):
 
         io = _VEC_IO.setdefault(n, (_vec_io_sim if SIM else _vec_io_gpu)(n))
     return io
+
+
+# ---- 16 bytes as raw 32-bit words ----------------------------------------------------------------
+# A kernel that keeps several vectors in flight holds them as the words loaded (float16: 4
+# registers a vector, where converted values take 8) and widens an element where it uses it.
+
+def _word_io_gpu():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.api_util import normalize_indices
+    from numba.cuda.extending import intrinsic
+
+    I32 = ir.IntType(32)
+    LD4 = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * 4), [I32.as_pointer()]),
+                       "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+
+    @intrinsic
+    def load_words(typingctx, a, idx, reg, off):
+        """reg[off:off + 4] = the 16 bytes at a[idx] as uint32 words (one 16-byte load)."""
+        ok_idx = (isinstance(idx, types.Integer) and a.ndim == 1) or (
+            isinstance(idx, types.BaseTuple) and len(idx) == a.ndim and all(isinstance(t, types.Integer) for t in idx))
+        if not (isinstance(a, types.Array) and ok_idx and isinstance(reg, types.Array) and reg.dtype == types.uint32
+                and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            aty, ity, rty, oty = sig.args
+            ity2, ix = normalize_indices(context, builder, ity, args[1], aty, aty.dtype)
+            ptr = cgutils.get_item_pointer(context, builder, aty, context.make_array(aty)(context, builder, value=args[0]),
+                                           ix, wraparound=False)
+            words = builder.call(LD4, [builder.bitcast(ptr, I32.as_pointer())])
+            regs = context.make_array(rty)(context, builder, value=args[2])
+            base = context.cast(builder, args[3], oty, types.intp)
+            for k in range(4):
+                i = builder.add(base, context.get_constant(types.intp, k))
+                builder.store(builder.extract_value(words, k),
+                              cgutils.get_item_pointer(context, builder, rty, regs, [i], wraparound=False))
+            return context.get_dummy_value()
+
+        return types.none(a, idx, reg, off), codegen
+
+    @intrinsic
+    def half_of(typingctx, w, hi):
+        """The float16 in half `hi` (0: low) of the 32-bit word w, as a float32."""
+        if not (isinstance(w, types.Integer) and isinstance(hi, types.IntegerLiteral)):
+            return None
+        k = hi.literal_value
+
+        def codegen(context, builder, sig, args):
+            x = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint32), I32)
+            h = builder.extract_element(builder.bitcast(x, ir.VectorType(ir.HalfType(), 2)), ir.Constant(I32, k))
+            return builder.fpext(h, ir.FloatType())
+
+        return types.float32(w, hi), codegen
+
+    @intrinsic
+    def float_of(typingctx, w):
+        """The float32 whose bits are the 32-bit word w."""
+        if not isinstance(w, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            x = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint32), I32)
+            return builder.bitcast(x, ir.FloatType())
+
+        return types.float32(w), codegen
+
+    return load_words, half_of, float_of
+
+
+def _word_io_sim():
+    def load_words(a, idx, reg, off):
+        flat = a.reshape(-1) if not isinstance(idx, tuple) else a[idx[:-1]]
+        i = idx if not isinstance(idx, tuple) else idx[-1]
+        per = 4 // a.dtype.itemsize
+        for k in range(4):
+            bits = 0
+            for e in range(per):
+                x = np.array(flat[i + k * per + e], dtype=a.dtype).view(np.uint16 if per == 2 else np.uint32)
+                bits |= int(x) << (16 * e)
+            reg[off + k] = bits
+
+    def half_of(w, hi):
+        return np.float32(np.array((int(w) >> (16 * hi)) & 0xFFFF, np.uint16).view(np.float16))
+
+    def float_of(w):
+        return np.array(int(w) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
+
+    return load_words, half_of, float_of
+
+
+_WORD_IO: list = []
+
+
+def word_io():
+    """(load_words, half_of, float_of): load_words(a, idx, reg, off) puts the 16 bytes at
+    a[idx] (float16 or float32 elements, 16-byte aligned) into the uint32 array reg at off as
+    four words; half_of(w, hi) is the float16 in half hi (a constant 0 or 1, 0 = low: element
+    2k + hi of a vector is half_of(word k, hi)) widened to float32; float_of(w) the float32 of
+    w's bits."""
+    if not _WORD_IO:
+        from ._jit import SIM
+
+        _WORD_IO.append((_word_io_sim if SIM else _word_io_gpu)())
+    return _WORD_IO[0]

@@ -16,12 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
-from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, STATIC_SMEM, TC_ATTN_BK, TC_ATTN_BQ,
-                                       TC_ATTN_WARPS, attn_shared_bytes, attn_tile_for)
+from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, DECODE_BLOCKS_PER_SM,
+                                       DECODE_HEAD_DIMS, DECODE_MAX_ROWS, DECODE_MIN_KEYS, DECODE_WARPS, STATIC_SMEM,
+                                       TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, attn_shared_bytes, attn_tile_for)
 
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
-                      props, register_cuda, word_aligned, words)
+                      pow2_at_least, props, register_cuda, vec_width, vector_width, word_aligned, words)
 
 SPLITKV_MAX_SQ = 16
 # blocks_per_sm: split-KV aims at two resident blocks per SM (not measured on a GPU yet).
@@ -51,6 +52,21 @@ def _tensor_cores(params, q, k, v, mask, d):
             and word_aligned(q) and word_aligned(k) and word_aligned(v))
 
 
+def _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq):
+    """None where the split-KV call runs on the decode kernel (kernels_cuda.attention.
+    decode_kernel), else why not."""
+    if params["splits"] != "fill":
+        return "it is the one-pass implementation"
+    if mask is not None:
+        return "it takes no mask"
+    if d not in DECODE_HEAD_DIMS:
+        return f"head dim {d} is not one of {DECODE_HEAD_DIMS}"
+    if (hq // hkv) * sq > DECODE_MAX_ROWS:
+        return f"{(hq // hkv) * sq} rows per kv head (GQA group x Sq) > {DECODE_MAX_ROWS}"
+    vec, why = vector_width(q.dtype, q, k, v)
+    return None if vec else why
+
+
 def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     nb, hq, sq, d = (int(s) for s in q.shape)
     hkv, skv = int(k.shape[1]), int(k.shape[2])
@@ -61,6 +77,16 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
         return {"kernel": f"attention.tc_d{d}", "tile": "tensor cores", "grid": grid, "block": 32 * TC_ATTN_WARPS,
                 "rows_per_block": TC_ATTN_BQ, "kv_tile": bk, "shared_bytes": 4 * (bk * (d // 2 + 4) + d * (bk // 2 + 4)),
                 "device": p.name}
+    why_not = _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq)
+    if why_not is None:  # few rows per kv head: the vector decode kernel, KV split over grid x
+        rows = (hq // hkv) * sq
+        splits = max(1, min(cdiv(skv, DECODE_MIN_KEYS), cdiv(p.sm_count * DECODE_BLOCKS_PER_SM, nb * hkv)))
+        cfg = {"kernel": f"attention.decode_d{d}", "path": f"16-byte K/V loads, {rows} row(s) per kv head in registers",
+               "grid": (nb * hkv * splits, 1, 1), "block": 32 * DECODE_WARPS, "rows": pow2_at_least(rows), "splits": splits,
+               "device": p.name}
+        if splits > 1:
+            cfg["reduce"] = {"kernel": "attention.combine", "block": 256}
+        return cfg
     dmax, bq = attn_tile_for(d)
     rows = (hq // hkv) * sq
     base = cdiv(rows, bq) * nb * hkv
@@ -72,6 +98,8 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     smem = attn_shared_bytes(dmax, bq)
     cfg = {"kernel": f"attention.flash_d{dmax}", "grid": (max(1, cdiv(rows, bq)) * nb * hkv, 1, splits),
            "block": 32 * NW, "rows_per_block": bq, "kv_tile": BK, "shared_bytes": smem, "device": p.name}
+    if params["splits"] == "fill":
+        cfg["path"] = f"the flash kernel's split-KV: not the decode kernel because {why_not}"
     if splits > 1:
         cfg["reduce"] = {"kernel": "attention.combine", "block": 256}
     return cfg
@@ -99,6 +127,19 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         K.flash_tc_kernel(d)[cfg["grid"], cfg["block"]](
             words(qd), words(kd), words(vd), nb, hq, sq, hkv, skv, bool(causal), float(scale),
             c_view(res, nb * hq * sq * d), c_view(lse, nb * hq * sq if return_lse else 1), bool(return_lse))
+        return _result(deliver(res, od, out), lse, return_lse)
+    if cfg["kernel"].startswith("attention.decode_"):
+        splits = cfg["splits"]
+        if splits == 1:
+            po, pml = _dummy_parts(acc)
+        else:
+            po = device_empty((splits, nb, hq, sq, d), acc)
+            pml = device_empty((splits, nb, hq, sq, 2), acc)
+        K.decode_kernel(acc, vec_width(dt.itemsize), d, cfg["rows"])[cfg["grid"], cfg["block"]](
+            qd, kd, vd, bool(causal), float(scale), splits, res, po, pml, lse, bool(return_lse))
+        if splits > 1:
+            total = nb * hq * sq * d
+            K.combine_kernel(acc)[max(1, min(cdiv(total, 256), 1024)), 256](po, pml, res, lse, bool(return_lse))
         return _result(deliver(res, od, out), lse, return_lse)
     dmax = attn_tile_for(d)[0]
     splits = cfg["grid"][2]

@@ -608,6 +608,47 @@ def test_vector_elementwise_kernels(dt):
             assert_close(got[~nan], want[~nan], tol, name, cancel=True)
 
 
+@pytest.mark.parametrize("case", ["mha fp16 d128", "gqa causal fp32 d64", "three rows fp16 d64", "no key seen"])
+def test_decode_kernel(case):
+    """attention.decode_kernel (16-byte K/V loads, a split of the KV length per block, the
+    combine pass): on a nominal 64-SM part, so the KV length splits several ways; rows
+    1, 4 and 3 (padded to 4) per kv head; a NaN key; causal rows that see no key (zeros,
+    lse -inf); lse against float64."""
+    from tests.reference import attention as R
+
+    g = rng()
+    nb, hq, hkv, sq, skv, d, dt, causal = {
+        "mha fp16 d128": (2, 2, 2, 1, 301, 128, np.float16, False),
+        "gqa causal fp32 d64": (1, 4, 2, 2, 203, 64, np.float32, True),
+        "three rows fp16 d64": (1, 3, 1, 1, 97, 64, np.float16, True),
+        "no key seen": (1, 2, 1, 2, 1, 64, np.float32, True),
+    }[case]
+    q = g.standard_normal((nb, hq, sq, d)).astype(dt)
+    k = g.standard_normal((nb, hkv, skv, d)).astype(dt)
+    v = g.standard_normal((nb, hkv, skv, d)).astype(dt)
+    if case == "mha fp16 d128":
+        k[1, 1, 150, 3] = np.nan  # batch 1, head 1: NaN
+    part = devices.DeviceProps("nominal 64-SM part", (8, 0), 64, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048)
+    with devices.assume(part), dispatch.use(attention="cuda-splitkv"):
+        cfg = _launch_of("attention", _dev(q), _dev(k), _dev(v), causal=causal)
+        assert cfg["kernel"] == f"attention.decode_d{d}", cfg
+        assert cfg["splits"] == min(-(-skv // 32), -(-64 * 4 // (nb * hkv))), cfg
+        out, lse = dispatch.attention(_dev(q), _dev(k), _dev(v), causal=causal, return_lse=True)
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    want, want_lse = R.attention(q64, k64, v64, causal=causal), None
+    s = np.einsum("bhqd,bhkd->bhqk", q64, np.repeat(k64, hq // hkv, 1)) / np.sqrt(d)
+    if causal:
+        s = np.where(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + skv - sq, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        mx = s.max(-1, keepdims=True)
+        want_lse = np.where(np.isneginf(mx[..., 0]), -np.inf, np.log(np.exp(s - mx).sum(-1)) + mx[..., 0])
+    tol = 2e-3 if dt == np.float16 else 1e-5
+    assert_close(out.copy_to_host(), want, tol, "decode out", cancel=True)
+    assert_close(lse.copy_to_host(), want_lse, tol, "decode lse", cancel=True)
+    if case == "no key seen":
+        assert (out.copy_to_host()[0, :, 0] == 0).all() and np.isneginf(lse.copy_to_host()[0, :, 0]).all()
+
+
 def test_vector_rows_refused_with_reasons():
     """Rows that cannot be read as aligned 16-byte vectors stream, and the launch says why:
     a row length that is not a multiple of the vector, float64, and (on a GPU, where device
