@@ -164,6 +164,22 @@ def _gemm_tiled(cfg, call):
     return _tiled(cfg, _gemm_dims(call)[3])
 
 
+def _gemm_vec(cfg, call):
+    """FMAs of the float32 vector tile: blocks x 128 x 128 x K rounded up to 8."""
+    from kernels_common.cuda_tiles import GEMM_VEC_TILE
+
+    bm, bn, bk = GEMM_VEC_TILE
+    return _blocks(cfg) * bm * bn * _up(_gemm_dims(call)[3], bk)
+
+
+def _vec_step(cfg, call):
+    """FMAs per thread per K tile of the vector tile (its staging is the enclosing loop's):
+    8 x 8 x BK."""
+    from kernels_common.cuda_tiles import GEMM_VEC_TILE
+
+    return 64 * GEMM_VEC_TILE[2]
+
+
 def _tc_tile(cfg):
     """(BM, BN, BK) of the tensor-core GEMM kernel a launch names."""
     from kernels_common.cuda_tiles import TC_ASYNC_KERNEL, TC_ASYNC_TILE, TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
@@ -316,6 +332,8 @@ WORK = {
     "gemm.tc_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
     "gemm.tc_async_128x128x32": ("fma", _gemm_tc, _tc_step),
     "gemm.tc_async_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
+    "gemm.vec_128x128x8": ("fma", _gemm_vec, _vec_step),
+    "gemm.vec_128x128x8.nk": ("fma", _gemm_vec, _vec_step),
     "gemm.gemv_nk": ("fma", _gemv),
     "gemm.gemv_kn": ("fma", _gemv),
     "gemm.gemv_nk.m1": ("fma", _gemv),

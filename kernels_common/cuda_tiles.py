@@ -48,6 +48,16 @@ GEMM_TILES = {
 }
 
 
+# The float32 GEMM in 16-byte vectors (kernels_cuda.gemm.gemm_vec_kernel): a 128 x 128 tile
+# of C per 256-thread block, 8 x 8 a thread, K tiles of 8 (two stage buffers of 8 KB), as
+# the common hand-written SGEMMs (e.g. the CUDA samples' and cuBLAS-like 128 x 128 x 8
+# designs): 4 LDS.128 for 64 FFMA per k.  The register-tiled GEMM_TILES read every shared
+# operand as a scalar: 4096^3 float32 took 11.7 ms on the H200, PyTorch 2.7
+# (bench/gpu_results/2026-11-27b-h200/call1).  Used where K % 4 == 0, N % 4 == 0 and the
+# inputs and output start on 16-byte boundaries.
+GEMM_VEC_TILE = (128, 128, 8)
+GEMM_VEC_KERNEL = "gemm.vec_128x128x8"
+
 # Tiles that float64 runs on: with 8-byte accumulators the 8x4 and 4x4 register tiles spill
 # under their launch bounds (ptxas, sm_80/87/90: 280-304 and 120-152 bytes of spill stores
 # at 128 registers), the 4x2 tile does not (134-139 registers, no spill).

@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda, float32, int64, types, uint32, uint64
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
+from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
 from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, STATIC_SMEM, TC_ASYNC_KERNEL,
                                        TC_ASYNC_MIN_BLOCKS, TC_ASYNC_STAGES, TC_ASYNC_TILE, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS,
                                        TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_threads, gemm_tile_dtypes,
@@ -34,7 +35,7 @@ from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, arr, device, kernel
 from .activation import act_fn
 from .mma import (cp_async16, cp_async16_at, cp_async_commit, global_address, cp_async_wait, ldmatrix_x4,
                   ldmatrix_x4_trans, mma_16816)
-from .primitives import warp_sum
+from .primitives import vec_io, warp_sum
 
 
 @lru_cache(maxsize=None)
@@ -139,6 +140,124 @@ def gemm_kernel(acc_np, cfg):
                         c[bz, gm, gn] = act(v, code)
 
     return gemm_tiled
+
+
+@lru_cache(maxsize=None)
+def gemm_vec_kernel(trans_b):
+    """The float32 GEMM in 16-byte vectors (the classic SGEMM design): a block of 256 threads
+    computes a 128 x 128 tile of C, thread (ty, tx) of 16 x 16 an 8 x 8 part: rows
+    4 ty .. 4 ty + 3 and 64 + 4 ty .., columns 4 tx .. and 64 + 4 tx .. (two float4 groups,
+    64 apart, so that a warp's shared reads cover 128 consecutive words: no bank conflict).
+    Per K tile of 8: A (128 x 8) and B (8 x 128) are loaded as one float4 per thread each
+    (A along K, B along N; with trans_b, B (N, K) along K), the next tile's loads in flight
+    in registers while the current one is multiplied from shared memory; A is stored
+    K-major (As[k][m], transposed by the storing thread), B as Bs[k][n]; two stage buffers,
+    one barrier per tile.  Per k: 4 LDS.128 for 64 FFMA.  Requires K % 4 == 0, (K, N) b's
+    N % 4 == 0, 16-byte aligned a, b and c (the dispatcher checks), float32.  Arguments and
+    epilogue as gemm_kernel's (bias + activation), c written as float4 where whole."""
+    BM, BN, BK = GEMM_VEC_TILE
+    NT = 256
+    zero = np.float32(0.0)
+    act = act_fn(np.float32)
+    load4, store4 = vec_io(4)
+
+    @kernel(launch_bounds=(NT, 2))
+    def gemm_vec(a, b, a_idx, b_idx, bias, c, code, has_bias):
+        m_total = a.shape[1]
+        k_total = a.shape[2]
+        n_total = c.shape[2]
+        nbn = (n_total + BN - 1) // BN
+        nbm = (m_total + BM - 1) // BM
+        blk = cuda.blockIdx.x
+        rest = blk // nbn
+        bz = rest // nbm
+        m0 = (rest - bz * nbm) * BM
+        n0 = (blk - rest * nbn) * BN
+        ab = a_idx[bz]
+        bb = b_idx[bz]
+        t = cuda.threadIdx.x
+        tx = t & 15
+        ty = t >> 4
+        As = cuda.shared.array((2, BK, BM), float32)
+        Bs = cuda.shared.array((2, BK, BN), float32)
+        accr = cuda.local.array((8, 8), float32)
+        ra = cuda.local.array(4, float32)   # the next tile's A float4
+        rb = cuda.local.array(4, float32)   # and B's
+        fa = cuda.local.array(8, float32)
+        fb = cuda.local.array(8, float32)
+        for i in range(8):
+            for j in range(8):
+                accr[i, j] = zero
+        # this thread's loads: A row am, K chunk ak; B (K, N): K row bk, N chunk bn; B (N, K):
+        # N row bn, K chunk bk (as A)
+        am = t >> 1
+        ak = (t & 1) * 4
+        if trans_b:
+            bn = t >> 1
+            bk = (t & 1) * 4
+        else:
+            bk = t >> 5
+            bn = (t & 31) * 4
+        a_ok = m0 + am < m_total
+        b_ok = (n0 + bn < n_total)
+        ntiles = (k_total + BK - 1) // BK
+        # tile 0 into registers
+        for e in range(4):
+            ra[e] = zero
+            rb[e] = zero
+        if a_ok and ak < k_total:
+            load4(a, (ab, m0 + am, ak), ra, 0)
+        if trans_b:
+            if b_ok and bk < k_total:
+                load4(b, (bb, n0 + bn, bk), rb, 0)
+        elif b_ok and bk < k_total:
+            load4(b, (bb, bk, n0 + bn), rb, 0)
+        for kt in range(ntiles):
+            s = kt & 1
+            for e in range(4):  # stage the tile held in registers
+                As[s, ak + e, am] = ra[e]
+            if trans_b:
+                for e in range(4):
+                    Bs[s, bk + e, bn] = rb[e]
+            else:
+                store4(Bs, (s, bk, bn), rb, 0)
+            cuda.syncthreads()
+            k1 = (kt + 1) * BK
+            if k1 < k_total:  # the next tile's loads, in flight during the products below
+                for e in range(4):
+                    ra[e] = zero
+                    rb[e] = zero
+                if a_ok and k1 + ak < k_total:
+                    load4(a, (ab, m0 + am, k1 + ak), ra, 0)
+                if trans_b:
+                    if b_ok and k1 + bk < k_total:
+                        load4(b, (bb, n0 + bn, k1 + bk), rb, 0)
+                elif b_ok and k1 + bk < k_total:
+                    load4(b, (bb, k1 + bk, n0 + bn), rb, 0)
+            for kk in range(BK):
+                load4(As, (s, kk, 4 * ty), fa, 0)
+                load4(As, (s, kk, 64 + 4 * ty), fa, 4)
+                load4(Bs, (s, kk, 4 * tx), fb, 0)
+                load4(Bs, (s, kk, 64 + 4 * tx), fb, 4)
+                for i in range(8):
+                    for j in range(8):
+                        accr[i, j] += fa[i] * fb[j]
+            # (no second barrier: the next iteration stages into the other buffer, and the
+            # barrier there orders it after every warp's reads of this one)
+        for i in range(8):
+            gm = m0 + 4 * ty + (i & 3) + 64 * (i >> 2)
+            if gm < m_total:
+                for h in range(2):
+                    gn = n0 + 4 * tx + 64 * h
+                    if gn < n_total:  # N % 4 == 0 (c is (.., N) float32, 16-byte rows): whole float4
+                        for j in range(4):
+                            v = accr[i, 4 * h + j]
+                            if has_bias:
+                                v += bias[gn + j]
+                            fb[4 * h + j] = act(v, code)
+                        store4(c, (bz, gm, gn), fb, 4 * h)
+
+    return gemm_vec
 
 
 @lru_cache(maxsize=None)
@@ -770,6 +889,11 @@ def _gemm_args(dt):
             types.boolean)
 
 
+def _gemm_vec_args(dt):
+    i64 = types.int64
+    return (arr(dt, 3), arr(dt, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, types.boolean)
+
+
 def _gemm_tc_args(dt):
     i64, u16 = types.int64, types.uint16
     return (arr(u16, 3), arr(u16, 3), arr(i64, 1), arr(i64, 1), arr(dt, 1), arr(dt, 3), i64, types.boolean,
@@ -795,6 +919,10 @@ PTX = [
     PtxBuild(TC_ASYNC_KERNEL + ".nk", "linalg", lambda dt: gemm_tc_async_kernel(True), _gemm_tc_wide_args,
              threads=32 * TC_ASYNC_WARPS, dtypes=("float16",),
              requires=("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4")),
+    PtxBuild(GEMM_VEC_KERNEL, "linalg", lambda dt: gemm_vec_kernel(False), _gemm_vec_args, threads=256,
+             dtypes=("float32",)),
+    PtxBuild(GEMM_VEC_KERNEL + ".nk", "linalg", lambda dt: gemm_vec_kernel(True), _gemm_vec_args, threads=256,
+             dtypes=("float32",)),
     PtxBuild("gemm.gemv_nk", "linalg", lambda dt: gemv_kernel(acc_np(dt), True), _gemm_args, threads=32 * GEMV_WARPS),
     PtxBuild("gemm.gemv_kn", "linalg", lambda dt: gemv_kernel(acc_np(dt), False, gemv_kn_columns(_itemsize(dt))),
              _gemm_args, threads=32 * GEMV_KN_WARPS),

@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from kernels_common import cuda_tiles
+from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
 from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_ASYNC_KERNEL,
                                        TC_ASYNC_STAGES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, TC_WIDE_KERNEL,
                                        TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes, gemm_threads,
@@ -36,7 +37,7 @@ from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels,
-                      occupancy_blocks, output, props, register_cuda, word_aligned, words)
+                      occupancy_blocks, output, props, register_cuda, vector_width, word_aligned, words)
 
 # (name, BM, BN, threads, shared bytes float32), largest tile first
 TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for name, t in GEMM_TILES.items()]
@@ -96,9 +97,33 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
         bm, bn, _ = TC_TILE
         return {"kernel": TC_KERNEL, "tile": "tensor cores", "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1),
                 "block": 32 * TC_WARPS, "shared_bytes": 2 * (bm + bn) * (TC_TILE[2] // 2 + 4), "device": p.name}
+    vbm, vbn, vbk = GEMM_VEC_TILE
+    vec_blocks = cdiv(n, vbn) * cdiv(m, vbm) * batch
+    why_not = _vec_refusal(params, p, a, b, out, k, n, vec_blocks)
+    if why_not is None:
+        return {"kernel": GEMM_VEC_KERNEL + (".nk" if b_is_nk else ""), "tile": "128x128x8/8x8, 16-byte vectors",
+                "grid": (vec_blocks, 1, 1), "block": 256, "shared_bytes": 2 * (vbm + vbn) * vbk * 4, "device": p.name}
     name, bm, bn, thr, smem = choose_tile(p, batch, m, n, params["min_blocks_per_sm"], a.dtype)
     return {"kernel": f"gemm.{name}", "tile": name, "grid": (cdiv(n, bn) * cdiv(m, bm) * batch, 1, 1), "block": thr,
-            "shared_bytes": smem, "device": p.name}
+            "shared_bytes": smem, "path": f"scalar shared reads: not the vector tile because {why_not}",
+            "device": p.name}
+
+
+def _vec_refusal(params, p, a, b, out, k, n, blocks):
+    """None where the float32 vector tile (kernels_cuda.gemm.gemm_vec_kernel) runs, else why
+    not: float32 only, K % 4 == 0 and N % 4 == 0 (whole 16-byte rows), 16-byte aligned a, b
+    and out, and a grid that fills the SMs (min_blocks_per_sm blocks each; smaller products
+    take the smaller register tiles of choose_tile)."""
+    if np.dtype(a.dtype) != np.float32:
+        return f"it is float32 only ({np.dtype(a.dtype).name})"
+    if k % 4 or n % 4:
+        return f"K = {k} or N = {n} is not a multiple of 4"
+    vec, why = vector_width(a.dtype, a, b, out)
+    if not vec:
+        return why
+    if blocks < p.sm_count * params["min_blocks_per_sm"]:
+        return f"its {blocks} blocks of 128 x 128 would not fill the {p.sm_count} SMs"
+    return None
 
 
 def _async_refusal(params, p, k, n, b_is_nk, a, b):
@@ -182,6 +207,9 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
             K.gemm_tc_kernel()[cfg["grid"], cfg["block"]](
                 a3.view(np.uint16), b3.view(np.uint16), ai, bi, bias_d, c_view(res, batch, m, n), code,
                 bias is not None, b_is_nk)
+        elif cfg["kernel"].startswith(GEMM_VEC_KERNEL):
+            K.gemm_vec_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
+                a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None)
         else:
             K.gemm_kernel(acc, cfg["tile"])[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)

@@ -220,6 +220,40 @@ def test_gemm_tile(tile):
     assert_close(dc.copy_to_host(), ref, 1e-5, tile, cancel=True)
 
 
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_gemm_vector_tile(layout):
+    """The float32 128 x 128 x 8 tile in 16-byte vectors (gemm.gemm_vec_kernel), through
+    dispatch on a nominal 1-SM part (so that its grid fills the part): partial row, column
+    and K tiles (K = 20: tiles of 8, 8 and 4), a broadcast batch, bias + gelu, both B
+    layouts; K = 21 takes the register-tiled kernel and the launch says why."""
+    from kernels_common.cuda_tiles import GEMM_VEC_KERNEL
+
+    g = rng()
+    part = devices.DeviceProps("nominal 1-SM part", (8, 0), 1, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048)
+    m, n, k = 133, 132, 20
+    a = g.standard_normal((2, m, k)).astype(np.float32)
+    w = g.standard_normal((n, k) if layout == "nk" else (k, n)).astype(np.float32)
+    bias = g.standard_normal(n).astype(np.float32)
+    w64 = w.astype(np.float64).T if layout == "nk" else w.astype(np.float64)
+    z = a.astype(np.float64) @ w64 + bias
+    erf = np.vectorize(math.erf)
+    want = 0.5 * z * (1 + erf(z / np.sqrt(2)))
+    fn = dispatch.linear if layout == "nk" else dispatch.matmul
+    with devices.assume(part), dispatch.use(**{fn.__name__: "cuda-gemm"}):
+        if layout == "nk":
+            cfg = _launch_of("linear", _dev(a), _dev(w), _dev(bias), activation="gelu")
+            got = dispatch.linear(_dev(a), _dev(w), _dev(bias), activation="gelu")
+        else:
+            cfg = _launch_of("matmul", _dev(a), _dev(w), bias=_dev(bias), activation="gelu")
+            got = dispatch.matmul(_dev(a), _dev(w), bias=_dev(bias), activation="gelu")
+        assert cfg["kernel"].startswith(GEMM_VEC_KERNEL), cfg
+        assert_close(got.copy_to_host(), want, 1e-5, f"vector tile {layout}", cancel=True)
+        a21 = g.standard_normal((1, 5, 21)).astype(np.float32)
+        w21 = g.standard_normal((7, 21) if layout == "nk" else (21, 8)).astype(np.float32)
+        cfg = _launch_of(fn.__name__, _dev(a21), _dev(w21))
+        assert cfg["kernel"].startswith("gemm.") and "not a multiple of 4" in cfg["path"], cfg
+
+
 # ---- float16 inputs (float32 accumulation) ------------------------------------------------
 
 F16_TOL = 2e-3
