@@ -178,8 +178,8 @@ def gemm_vec_kernel(trans_b):
         t = cuda.threadIdx.x
         tx = t & 15
         ty = t >> 4
-        As = cuda.shared.array((2, BK, BM), float32)
-        Bs = cuda.shared.array((2, BK, BN), float32)
+        As = cuda.shared.array((2, BK, BM), float32, alignment=16)  # read as float4
+        Bs = cuda.shared.array((2, BK, BN), float32, alignment=16)
         accr = cuda.local.array((8, 8), float32)
         ra = cuda.local.array(4, float32)   # the next tile's A float4
         rb = cuda.local.array(4, float32)   # and B's
