@@ -209,6 +209,83 @@ def vec_rows(kind, acc_np, vec):
 
 
 @lru_cache(maxsize=None)
+def stream_vec_rows(acc_np, vec):
+    """block_rows with 16-byte vector loads and stores, for rows too long to hold in
+    registers (vec_rows) or whose length is not a multiple of the vector (vocabularies:
+    50257): a block per row (grid-stride), the row split into a head of h < vec elements up
+    to the first 16-byte boundary (h = the row start's offset from one, the same in x and out:
+    both start on a boundary), whole vectors, and a tail; the head and tail one element a
+    thread, the vectors SV at a time a thread (16 elements in flight) in both passes (online
+    (max, sum of exp) state, then the write).  Requires 16-byte aligned x and out (dispatch
+    checks).  Special values as block_rows."""
+    acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
+    SV = max(1, 16 // vec)       # vectors a thread has in flight
+    E = SV * vec
+    load_vec, store_vec = vec_io(vec)
+    itemsize = 16 // vec
+
+    # VEC_ROWS_MAX_THREADS: 128 registers a thread (under 1024 threads' 64 it spilled 36-40
+    # bytes on sm_80)
+    @kernel(launch_bounds=(VEC_ROWS_MAX_THREADS, 1))
+    def softmax_stream_vec_rows(x, out, log):
+        rows, n = x.shape
+        sm = cuda.shared.array(32, acc)
+        ss = cuda.shared.array(32, acc)
+        t = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        vs = cuda.local.array(E, acc)
+        row = cuda.blockIdx.x
+        while row < rows:  # block-uniform loop: the barriers inside are safe
+            rem = (row * n * itemsize) & 15
+            h = min(n, ((16 - rem) & 15) // itemsize)  # elements before the first boundary
+            nv = (n - h) // vec
+            tail0 = h + nv * vec
+            m, s = neg_inf, zero
+            if t < h:
+                m, s = update(m, s, acc(x[row, t]))
+            if t < n - tail0:
+                m, s = update(m, s, acc(x[row, tail0 + t]))
+            for v0 in range(t, nv, nt * SV):
+                mx = m
+                for k in range(SV):
+                    if v0 + k * nt < nv:
+                        load_vec(x, (row, h + (v0 + k * nt) * vec), vs, k * vec)
+                    else:
+                        for i in range(vec):
+                            vs[k * vec + i] = neg_inf
+                for i in range(E):
+                    if vs[i] > mx:
+                        mx = vs[i]
+                if mx > m:
+                    s = s * math.exp(m - mx)
+                    m = mx
+                for i in range(E):
+                    if vs[i] != neg_inf:  # -inf adds 0; NaN poisons s
+                        s += math.exp(vs[i] - m)
+            m, s = block_max_sumexp(m, s, sm, ss, neg_inf, zero)
+            m, inv, logs = finish(m, s)
+            if t < h:
+                xv = acc(x[row, t])
+                out[row, t] = ((xv - m) - logs) if log else math.exp(xv - m) * inv
+            if t < n - tail0:
+                xv = acc(x[row, tail0 + t])
+                out[row, tail0 + t] = ((xv - m) - logs) if log else math.exp(xv - m) * inv
+            for v0 in range(t, nv, nt * SV):
+                for k in range(SV):
+                    if v0 + k * nt < nv:
+                        load_vec(x, (row, h + (v0 + k * nt) * vec), vs, k * vec)
+                for k in range(SV):
+                    if v0 + k * nt < nv:
+                        for i in range(vec):
+                            y = vs[k * vec + i]
+                            vs[k * vec + i] = ((y - m) - logs) if log else math.exp(y - m) * inv
+                        store_vec(out, (row, h + (v0 + k * nt) * vec), vs, k * vec)
+            row += cuda.gridDim.x
+
+    return softmax_stream_vec_rows
+
+
+@lru_cache(maxsize=None)
 def columns(acc_np):
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
 
@@ -351,6 +428,9 @@ PTX = [
                lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean),
                threads=WARP_ROWS_THREADS if kind == "warp" else VEC_ROWS_MAX_THREADS, dtypes=VEC_ROW_DTYPES)
       for kind in ("warp", "block")),
+    PtxBuild("softmax.block_stream_vec_rows", "softmax",
+             lambda dt: stream_vec_rows(acc_np(dt), vec_width(np.dtype(str(dt)).itemsize)),
+             lambda dt: (arr(dt, 2), arr(dt, 2), types.boolean), threads=VEC_ROWS_MAX_THREADS, dtypes=VEC_ROW_DTYPES),
     PtxBuild("softmax.columns", "softmax", lambda dt: columns(acc_np(dt)),
              lambda dt: (arr(dt, 3), arr(dt, 3), types.boolean), threads=128),
     PtxBuild("cross_entropy.warp_rows", "softmax", lambda dt: cross_entropy_rows(acc_np(dt)), _ce_args,

@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_copy, device_empty,
-                      kernels, output, props, register_cuda, row_launch, row_vector, size, vec_width)
+from ._common import (DEVICE_COPY_NOTE, VEC_BYTES, VEC_ROWS_MAX_THREADS, acc_dtype, as_input, c_view, cdiv, deliver,
+                      device_copy, device_empty, kernels, output, props, register_cuda, row_launch, row_vector, size,
+                      vec_width, vector_width)
 
 BLOCK_MIN = 2048  # a power of two: compared with the key's floor-power-of-two bucket
 # Launch parameters: 4 warps per block and ~8 elements per thread are the common choices of
@@ -51,7 +52,15 @@ def launch(params, x, axis, out, log):
         g = cdiv(outer * inner, COLUMN_BLOCK)
         return {"kernel": "softmax.columns", "grid": max(1, g), "block": COLUMN_BLOCK,
                 "device": props().name}
-    return row_launch(params, outer, n, "softmax", row_vector(n, x.dtype, x, out))
+    cfg = row_launch(params, outer, n, "softmax", row_vector(n, x.dtype, x, out))
+    if cfg["kernel"] == "softmax.block_rows":  # long or odd rows: streamed, in vectors where aligned
+        vec, why = vector_width(x.dtype, x, out)
+        if vec:
+            cfg["kernel"] = "softmax.block_stream_vec_rows"
+            cfg["block"] = min(cfg["block"], VEC_ROWS_MAX_THREADS)
+            cfg["elements_per_thread"] = cdiv(n, cfg["block"])
+            cfg["vector"] = f"{vec} elements ({VEC_BYTES} bytes), streamed: " + cfg["vector"].removeprefix("none: ")
+    return cfg
 
 
 def _run_softmax(params, x, axis, out, log):
@@ -66,7 +75,9 @@ def _run_softmax(params, x, axis, out, log):
             k = K.columns(acc)
             k[cfg["grid"], cfg["block"]](c_view(xd, outer, n, inner), c_view(res, outer, n, inner), log)
         else:
-            if "_vec_" in cfg["kernel"]:
+            if cfg["kernel"] == "softmax.block_stream_vec_rows":
+                k = K.stream_vec_rows(acc, vec_width(np.dtype(x.dtype).itemsize))
+            elif "_vec_" in cfg["kernel"]:
                 k = K.vec_rows(params["mode"], acc, vec_width(np.dtype(x.dtype).itemsize))
             else:
                 k = K.warp_rows(acc) if params["mode"] == "warp" else K.block_rows(acc)

@@ -541,16 +541,16 @@ def test_block_per_row_kernels_with_several_warps():
     g = rng()
     # 2501 / 32 elements a thread (softmax, norms; cross_entropy 8) -> 128 threads (the
     # simulator's cap), 4 warps; odd, so that the streaming kernels run (test_vector_row_kernels
-    # covers the vector ones)
+    # covers the vector ones; softmax streams float32 in vectors, float64 element by element)
     x = g.standard_normal((2, 2501)).astype(np.float32)
     r = g.standard_normal((2, 2501)).astype(np.float32)
     w = g.standard_normal(2501).astype(np.float32)
     x64 = x.astype(np.float64)
     with dispatch.use(softmax="cuda-block-row", layer_norm="cuda-block-row", cross_entropy="cuda-block-row"):
-        cfg = dispatch.explain("softmax", _dev(x)).decision.chosen.launch_config(dispatch.explain("softmax", _dev(x)).call)
+        cfg = _launch_of("softmax", _dev(x64))
         assert cfg["block"] == 128 and cfg["kernel"] == "softmax.block_rows"
         e = np.exp(x64 - x64.max(-1, keepdims=True))
-        assert_close(dispatch.softmax(_dev(x)).copy_to_host(), e / e.sum(-1, keepdims=True), 1e-5)
+        assert_close(dispatch.softmax(_dev(x64)).copy_to_host(), e / e.sum(-1, keepdims=True), 1e-12)
         y, h = dispatch.layer_norm(_dev(x), _dev(w), residual=_dev(r))
         hh = x64 + r
         ref = (hh - hh.mean(-1, keepdims=True)) / np.sqrt(hh.var(-1, keepdims=True) + 1e-5) * w
@@ -681,6 +681,35 @@ def test_decode_kernel(case):
     assert_close(lse.copy_to_host(), want_lse, tol, "decode lse", cancel=True)
     if case == "no key seen":
         assert (out.copy_to_host()[0, :, 0] == 0).all() and np.isneginf(lse.copy_to_host()[0, :, 0]).all()
+
+
+@pytest.mark.parametrize("dt,d", [(np.float16, 2501), (np.float32, 4099), (np.float32, 16392)])
+def test_streamed_vector_softmax_rows(dt, d):
+    """softmax.stream_vec_rows: rows of an odd length (each row starts at another offset from
+    a 16-byte boundary: a head of 0..vec-1 elements, vectors, a tail) and rows too long to
+    hold in registers, one block a row in two passes; -inf entries, a row of -inf and a NaN."""
+    g = rng()
+    tol = 1e-5 if dt == np.float32 else 2e-3
+    rows = 5 if d < 10000 else 2
+    x = (g.standard_normal((rows, d)) * 3).astype(dt)
+    x[0, [0, d - 1]] = -np.inf
+    x[1, :] = -np.inf
+    x[rows - 1, d // 2] = np.nan
+    x64 = x.astype(np.float64)
+    with dispatch.use(softmax="cuda-block-row", log_softmax="cuda-block-row"):
+        cfg = _launch_of("softmax", _dev(x))
+        assert cfg["kernel"] == "softmax.block_stream_vec_rows" and "streamed" in cfg["vector"], cfg
+        got = dispatch.softmax(_dev(x)).copy_to_host()
+        lgot = dispatch.log_softmax(_dev(x)).copy_to_host()
+    assert np.isnan(got[1]).all() and np.isnan(got[rows - 1]).all() and np.isnan(lgot[1]).all()
+    for r in [0] + list(range(2, rows - 1)):
+        m = x64[r].max()
+        e = np.exp(x64[r] - m)
+        assert_close(got[r], e / e.sum(), tol, f"softmax row {r}")
+        want = (x64[r] - m) - np.log(e.sum())
+        fin = np.isfinite(want)
+        assert (lgot[r][~fin] == -np.inf).all()
+        assert_close(lgot[r][fin], want[fin], tol, f"log_softmax row {r}", cancel=True)
 
 
 def test_vector_rows_refused_with_reasons():
