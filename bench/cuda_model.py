@@ -384,6 +384,10 @@ def _fma_loops(loop):
     (a tiled kernel's inner loops), else those with a data-dependent trip count (bench/sass.py's
     hot-loop candidates; an epilogue after the tile loop is neither)."""
     fma = [lp for lp in loop.get("loops", []) if any(lp.get(k) for k in _FMA_PER_THREAD)]
+    # a tensor-core kernel's products are its HMMA loops: an epilogue loop of FFMA (bias and
+    # activation, left rolled) would otherwise count as its FMAs (gemm.tc_async: 1312 FFMA
+    # beside the K loop's 32 HMMA, predicted 5x too slow)
+    fma = [lp for lp in fma if lp.get("hmma")] or fma
     ls = [lp for lp in fma if lp.get("nested")] or [lp for lp in fma if not lp.get("fixed_trips")]
     return ls or ([loop] if any(loop.get(k) for k in _FMA_PER_THREAD) else [])
 
