@@ -2,7 +2,11 @@
 one pass) and "cuda-splitkv" (the same kernel with the KV length split over grid z, then
 a combine pass): see kernels_cuda/attention.py.  cuda-flash runs float16 without a mask at
 head dim 64 or 128 on tensor cores (flash_tc_kernel: (1, 32, 4096, 128) causal in 1.2 ms on
-the H200, the scalar kernel 73 ms, PyTorch 0.29 ms; bench/gpu_results/2026-11-27-h200).
+the H200, the scalar kernel 73 ms, PyTorch 0.29 ms; bench/gpu_results/2026-11-27-h200); where
+switched on (cuda_tiles.TC_ATTN_ASYNC_ENABLED or params["tc_async"]), on sm_80+ with 16-byte
+aligned q, k, v, by flash_tc_async_kernel instead (cp.async K/V pipeline, ldmatrix fragments),
+in 128-row blocks, 64-row ones where those would leave an SM without a block; the launch's
+"path" says which kernel runs and why.
 
 Shape rule (CUDA keys): split-KV for decode-like shapes (Sq bucket <= SPLITKV_MAX_SQ),
 where the (query tiles x batch x kv heads) blocks cannot fill the GPU; flash otherwise.
@@ -16,6 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
+from kernels_common import cuda_tiles
+from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_SMALL_WARPS, TC_ATTN_ASYNC_STAGES,
+                                       TC_ATTN_ASYNC_WARPS, tc_attn_async_kernel, tc_attn_async_shared_bytes)
 from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, DECODE_BLOCKS_PER_SM,
                                        DECODE_HEAD_DIMS, DECODE_MAX_ROWS, DECODE_MIN_KEYS, DECODE_WARPS, STATIC_SMEM,
                                        TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, attn_shared_bytes, attn_tile_for)
@@ -52,6 +59,33 @@ def _tensor_cores(params, q, k, v, mask, d):
             and word_aligned(q) and word_aligned(k) and word_aligned(v))
 
 
+def _async_refusal(params, p, q, k, v):
+    """None where a tensor-core call may run flash_tc_async_kernel, else why not: switched off
+    (params["tc_async"]; absent or None: kernels_common.cuda_tiles.TC_ATTN_ASYNC_ENABLED, read
+    per call), a part before sm_80 (no cp.async / ldmatrix), or q, k, v not 16-byte aligned
+    (its copies are 16-byte chunks of rows of 64 or 128 halves)."""
+    on = params.get("tc_async")
+    if on is None:
+        on = cuda_tiles.TC_ATTN_ASYNC_ENABLED
+    if not on:
+        return "it is switched off (params['tc_async'] / cuda_tiles.TC_ATTN_ASYNC_ENABLED)"
+    if tuple(p.cc) < (8, 0):
+        return f"compute capability {p.cc[0]}.{p.cc[1]} < 8.0 has no cp.async / ldmatrix"
+    if not (word_aligned(q, 16) and word_aligned(k, 16) and word_aligned(v, 16)):
+        return "q, k or v does not start on a 16-byte boundary"
+    return None
+
+
+def _async_warps(p, nb, hq, sq):
+    """Warps per block of flash_tc_async_kernel: TC_ATTN_ASYNC_WARPS (128 query rows), or
+    TC_ATTN_ASYNC_SMALL_WARPS where those blocks would not give every SM one (or the device
+    takes no such block)."""
+    w = TC_ATTN_ASYNC_WARPS
+    if cdiv(sq, 16 * w) * nb * hq < p.sm_count or 32 * w > p.max_threads_per_block:
+        w = TC_ATTN_ASYNC_SMALL_WARPS
+    return w
+
+
 def _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq):
     """None where the split-KV call runs on the decode kernel (kernels_cuda.attention.
     decode_kernel), else why not."""
@@ -72,9 +106,20 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     hkv, skv = int(k.shape[1]), int(k.shape[2])
     p = props()
     if _tensor_cores(params, q, k, v, mask, d):
+        why_not = _async_refusal(params, p, q, k, v)
+        if why_not is None:
+            w = _async_warps(p, nb, hq, sq)
+            bq = 16 * w
+            return {"kernel": tc_attn_async_kernel(d, w), "tile": "tensor cores, cp.async",
+                    "path": f"flash_tc_async_kernel: {TC_ATTN_ASYNC_STAGES}-stage cp.async K/V pipeline + ldmatrix "
+                            f"(head dim {d}, 16-byte aligned q, k, v, sm_80+), {bq}-row blocks",
+                    "grid": (max(1, cdiv(sq, bq)) * nb * hq, 1, 1), "block": 32 * w, "rows_per_block": bq,
+                    "kv_tile": TC_ATTN_ASYNC_BK[d], "shared_bytes": tc_attn_async_shared_bytes(d), "device": p.name}
         bk = TC_ATTN_BK[d]
         grid = (max(1, cdiv(sq, TC_ATTN_BQ)) * nb * hq, 1, 1)  # (query block, batch x head) on x
-        return {"kernel": f"attention.tc_d{d}", "tile": "tensor cores", "grid": grid, "block": 32 * TC_ATTN_WARPS,
+        return {"kernel": f"attention.tc_d{d}", "tile": "tensor cores",
+                "path": f"flash_tc_kernel (32-bit K/V loads through registers): not the cp.async kernel because {why_not}",
+                "grid": grid, "block": 32 * TC_ATTN_WARPS,
                 "rows_per_block": TC_ATTN_BQ, "kv_tile": bk, "shared_bytes": 4 * (bk * (d // 2 + 4) + d * (bk // 2 + 4)),
                 "device": p.name}
     why_not = _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq)
@@ -122,6 +167,12 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         md = c_view(md, *((1,) * (4 - len(md.shape)) + tuple(md.shape)))
         mkind = MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else MASK_ADD
     cfg = launch(params, q, k, v, mask, causal, scale, out)
+    if cfg["kernel"].startswith("attention.tc_async_"):
+        hkv, skv = int(k.shape[1]), int(k.shape[2])
+        K.flash_tc_async_kernel(d, cfg["block"] // 32)[cfg["grid"], cfg["block"]](
+            words(qd), words(kd), words(vd), nb, hq, sq, hkv, skv, bool(causal), float(scale),
+            c_view(res, nb * hq * sq * d), c_view(lse, nb * hq * sq if return_lse else 1), bool(return_lse))
+        return _result(deliver(res, od, out), lse, return_lse)
     if cfg["kernel"].startswith("attention.tc_"):
         hkv, skv = int(k.shape[1]), int(k.shape[2])
         K.flash_tc_kernel(d)[cfg["grid"], cfg["block"]](

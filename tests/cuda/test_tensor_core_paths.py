@@ -127,20 +127,50 @@ def test_float16_cp_async_tensor_core_tile(case, monkeypatch):
         assert f"'kernel': '{TC_WIDE_KERNEL}" in e and "switched off" in e, e
 
 
-@pytest.mark.parametrize("case", ["gqa", "causal", "causal sq > skv", "causal, a block that sees no key", "d128 scaled"])
-def test_float16_attention_on_tensor_cores(case):
-    """float16 attention without a mask at head dim 64 / 128 runs flash_tc_kernel (QK^T and
-    PV on mma.sync, P in registers): partial query and key tiles, GQA, bottom-right causal,
-    rows that see no key (zeros, lse -inf), an explicit scale, the row log-sum-exp; a NaN in
-    one query row gives that row NaN and leaves the others; a mask takes the scalar kernel."""
+ATTN_CASES = {  # (B, Hq, Hkv, Sq, Skv, D, causal, scale)
+    "gqa": (1, 2, 1, 33, 70, 64, False, None), "causal": (1, 1, 1, 70, 90, 64, True, None),
+    "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3),
+    # the first 64-row block's rows see no key: it reads no tile at all
+    "causal, a block that sees no key": (1, 1, 1, 100, 20, 64, True, None),
+    # more key tiles than stage buffers (flash_tc_async_kernel reuses them): 5 tiles of 32 keys
+    # at d = 128, causal with Sq < Skv, GQA; 5 tiles of 64 at d = 64, a negative scale
+    "d128 several tiles, causal sq < skv, gqa": (1, 2, 1, 40, 150, 128, True, None),
+    "d64 several tiles, negative scale": (1, 1, 1, 40, 300, 64, False, -0.2),
+    # 128-row blocks (8 warps: the part below takes 256-thread blocks), partial in rows and keys
+    "128-row blocks": (1, 2, 2, 150, 140, 64, True, None),
+}
+ASYNC_ONLY = ("d128 several tiles, causal sq < skv, gqa", "d64 several tiles, negative scale", "128-row blocks")
+# a nominal 2-SM sm_80 part that takes 1024-thread blocks (the simulator's nominal device takes 128)
+WIDE_PART = (8, 0), 2, 1024, 48 * 1024, 48 * 1024, 164 * 1024, 65536, 2048
+
+
+def _expect_tc(e, d, kernel, bq=64):
+    s = str(e)
+    assert e.chosen == "cuda-flash", s
+    if kernel == "async":
+        assert f"'kernel': 'attention.tc_async_d{d}_bq{bq}'" in s and "cp.async K/V pipeline" in s, s
+    else:
+        assert f"'kernel': 'attention.tc_d{d}'" in s, s
+
+
+@pytest.mark.parametrize("kernel", ["async", "flash_tc_kernel"])
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_float16_attention_on_tensor_cores(case, kernel, monkeypatch):
+    """float16 attention without a mask at head dim 64 / 128 runs on tensor cores (QK^T and
+    PV on mma.sync, P in registers): flash_tc_async_kernel (cp.async K/V stages, ldmatrix)
+    by default, flash_tc_kernel when it is switched off: partial query and key tiles, more key
+    tiles than stage buffers, GQA, bottom-right causal with Sq > Skv and Sq < Skv, rows and a
+    whole block that see no key (zeros, lse -inf), an explicit and a negative scale, 64- and
+    128-row blocks, the row log-sum-exp; a NaN in one query row gives that row NaN and leaves
+    the others; a mask takes the scalar kernel."""
+    from kernels_common import cuda_tiles
     from tests.reference import attention as R
 
+    if kernel != "async" and case in ASYNC_ONLY:
+        pytest.skip("the pipelined kernel's cases")
+    monkeypatch.setattr(cuda_tiles, "TC_ATTN_ASYNC_ENABLED", kernel == "async")
     g = rng()
-    nb, hq, hkv, sq, skv, d, causal, scale = {
-        "gqa": (1, 2, 1, 33, 70, 64, False, None), "causal": (1, 1, 1, 70, 90, 64, True, None),
-        "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3),
-        # the first 64-row block's rows see no key: it reads no tile at all
-        "causal, a block that sees no key": (1, 1, 1, 100, 20, 64, True, None)}[case]
+    nb, hq, hkv, sq, skv, d, causal, scale = ATTN_CASES[case]
     q = g.standard_normal((nb, hq, sq, d)).astype(np.float16)
     k = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
     v = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
@@ -148,9 +178,13 @@ def test_float16_attention_on_tensor_cores(case):
         q[0, 1, 3, 5] = np.nan
     args = (_dev(q), _dev(k), _dev(v))
     kw = {"causal": causal, "scale": scale}
-    e = dispatch.explain("attention", *args, **kw)
-    assert e.chosen == "cuda-flash" and f"'kernel': 'attention.tc_d{d}'" in str(e), str(e)
-    out, lse = dispatch.attention(*args, **kw, return_lse=True)
+    wide = case == "128-row blocks"
+    with devices.assume(devices.DeviceProps("nominal 2-SM part, 1024 threads", *WIDE_PART)) if wide else _nothing():
+        e = dispatch.explain("attention", *args, **kw)
+        _expect_tc(e, d, kernel, 128 if wide else 64)
+        if kernel != "async":
+            assert "switched off" in str(e), str(e)
+        out, lse = dispatch.attention(*args, **kw, return_lse=True)
     got, got_lse = out.copy_to_host(), lse.copy_to_host()
     assert got.dtype == np.float16
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
@@ -165,6 +199,7 @@ def test_float16_attention_on_tensor_cores(case):
     if case == "gqa":
         assert np.isnan(got[0, 1, 3]).all() and np.isnan(got_lse[0, 1, 3])
         got[0, 1, 3], want[0, 1, 3], got_lse[0, 1, 3], want_lse[0, 1, 3] = 0, 0, 0, 0
+        assert np.isfinite(got).all()
     if case == "causal sq > skv":  # query i sees keys <= i - 20: none for the first 20 rows
         assert (got[:, :, :20] == 0).all() and np.isneginf(got_lse[:, :, :20]).all()
     if case == "causal, a block that sees no key":  # query i sees keys <= i - 80
@@ -177,11 +212,61 @@ def test_float16_attention_on_tensor_cores(case):
     assert "attention.flash_d" in str(dispatch.explain("attention", *args, mask=_dev(mask)))
 
 
-def test_float16_attention_on_tensor_cores_without_keys():
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("kernel", ["async", "flash_tc_kernel"])
+def test_float16_attention_on_tensor_cores_without_keys(kernel, monkeypatch):
     """Skv = 0: no tile to read; every query sees no key: zeros, lse -inf."""
+    from kernels_common import cuda_tiles
+
+    monkeypatch.setattr(cuda_tiles, "TC_ATTN_ASYNC_ENABLED", kernel == "async")
     q = rng().standard_normal((1, 1, 40, 64)).astype(np.float16)  # Sq > 16: not a decode shape
     k = np.zeros((1, 1, 0, 64), np.float16)
     args = (_dev(q), _dev(k), _dev(k))
-    assert "'kernel': 'attention.tc_d64'" in str(dispatch.explain("attention", *args))
+    _expect_tc(dispatch.explain("attention", *args), 64, kernel)
     out, lse = dispatch.attention(*args, return_lse=True)
     assert (out.copy_to_host() == 0).all() and np.isneginf(lse.copy_to_host()).all()
+
+
+def test_float16_attention_cp_async_fallbacks(monkeypatch):
+    """flash_tc_kernel where flash_tc_async_kernel may not run, and the launch's path says why:
+    q, k or v not on a 16-byte boundary (under the simulator, whose arrays have no address,
+    the alignment check is made to refuse; on a GPU a real view 4 bytes into its buffer), a
+    part before sm_80; the results are the same."""
+    from dispatch.cuda_impls import attention as A
+    from tests.reference import attention as R
+
+    g = rng()
+    q = g.standard_normal((1, 2, 33, 128)).astype(np.float16)
+    k = g.standard_normal((1, 1, 40, 128)).astype(np.float16)
+    v = g.standard_normal((1, 1, 40, 128)).astype(np.float16)
+    want = R.attention(*(a.astype(np.float64) for a in (q, k, v)), causal=True)
+    args = (_dev(q), _dev(k), _dev(v))
+    _expect_tc(dispatch.explain("attention", *args, causal=True), 128, "async")
+    if SIM:
+        real = A.word_aligned
+        monkeypatch.setattr(A, "word_aligned", lambda x, boundary=4: boundary < 16 and real(x, boundary))
+        e = dispatch.explain("attention", *args, causal=True)
+        _expect_tc(e, 128, "flash_tc_kernel")
+        assert "16-byte boundary" in str(e), str(e)
+        assert_close(dispatch.attention(*args, causal=True).copy_to_host(), want, F16_TOL, "unaligned", cancel=True)
+        monkeypatch.setattr(A, "word_aligned", real)
+    else:
+        big = _dev(np.concatenate([np.zeros(2, np.float16), k.ravel()]))
+        kv = big[2:].reshape(k.shape)  # 4-byte aligned: 32-bit words, not 16-byte chunks
+        e = dispatch.explain("attention", args[0], kv, args[2], causal=True)
+        _expect_tc(e, 128, "flash_tc_kernel")
+        assert "16-byte boundary" in str(e), str(e)
+        assert_close(dispatch.attention(args[0], kv, args[2], causal=True).copy_to_host(), want, F16_TOL, "unaligned",
+                     cancel=True)
+    old = devices.DeviceProps("nominal sm_75 part", (7, 5), 2, 1024, 48 * 1024, 48 * 1024, 64 * 1024, 65536, 1024)
+    with devices.assume(old):
+        e = dispatch.explain("attention", *args, causal=True)
+        _expect_tc(e, 128, "flash_tc_kernel")
+        assert "compute capability 7.5 < 8.0" in str(e), str(e)
