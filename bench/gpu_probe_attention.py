@@ -1,0 +1,196 @@
+"""GPU probe: the float16 tensor-core flash attention kernels timed directly (no dispatch),
+against torch.nn.functional.scaled_dot_product_attention.
+
+    PYTHONPATH=$PWD/bench/gpu_shim:$PWD python3 bench/gpu_probe_attention.py   # an H100/H200, CUDA torch
+    DRY=1 NUMBA_ENABLE_CUDASIM=1 python bench/gpu_probe_attention.py            # tiny shapes, the simulator
+
+Kernels (VARIANTS, comma-separated; each a separate build):
+  tc        kernels_cuda.attention.flash_tc_kernel: 64-row blocks, 32-bit K/V loads through
+            registers, V transposed by the threads, two barriers per tile (the old default)
+  async8    flash_tc_async_kernel, 8 warps (128-row blocks), 3 cp.async stages (the new default)
+  async4    the same, 4 warps (64-row blocks: the dispatcher's choice for small grids)
+  async8s2  8 warps, 2 stages (double buffering: 32 KB of shared memory)
+  async4s2  4 warps, 2 stages
+  async8k32 8 warps, 32-key tiles at d = 64 too (d = 128 already takes 32)
+For each shape (B, H, S, D, causal; Sq = Skv, so PyTorch's top-left causal mask is the
+kernels' bottom-right one) it checks each result against a float32 SDPA (relative error:
+max |ours - ref| / max |ref|, limit 4e-3) and prints the median of REPS timed launches (CUDA
+events around each launch, queued behind torch.cuda._sleep so the GPU runs them back to back:
+GPU time, not the host's), TFLOP/s (4 B H S^2 D, half of it when causal) and the speed
+relative to the float16 SDPA (torch time / ours: 1.0 = as fast).  One JSON line per row on
+stdout and, when $OUT is set, in $OUT/gpu_probe_attention.json.
+
+Environment: DRY=1 tiny shapes, 2 reps, numpy reference (torch if it has CUDA); REPS=n;
+SHAPES="b,h,s,d,causal;..." (causal 0/1) to replace the list; VARIANTS as above.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+DRY = os.environ.get("DRY", "0") not in ("", "0")
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+REPS = int(os.environ.get("REPS", "2" if DRY else "20"))
+WARMUP = 1 if DRY else 3
+TOL = 4e-3
+
+if DRY:  # partial query and key tiles, more key tiles than stages, both head dims, causal or not
+    SHAPES = [(1, 1, 150, 64, True), (1, 1, 100, 128, False)]
+else:
+    SHAPES = [(1, 32, 4096, 128, True), (1, 12, 512, 64, False), (1, 32, 512, 128, True), (1, 12, 2048, 64, True),
+              (4, 16, 1024, 128, False)]
+if os.environ.get("SHAPES"):
+    SHAPES = [(int(b), int(h), int(s), int(d), c.strip() not in ("0", "", "False", "false"))
+              for b, h, s, d, c in (x.split(",") for x in os.environ["SHAPES"].split(";"))]
+VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8k32").split(",")
+
+
+def main():
+    from numba import cuda
+
+    if SIM:
+        from tests.cuda import simwarp  # the warp primitives the mma / ldmatrix twins use
+
+        simwarp.install()
+    from dispatch.cuda_impls._common import words
+    from kernels_common.cuda_tiles import TC_ATTN_BQ, TC_ATTN_WARPS
+    from kernels_cuda.attention import flash_tc_async_kernel, flash_tc_kernel
+
+    try:
+        import torch
+
+        has_torch = torch.cuda.is_available() and not SIM
+    except ImportError:
+        torch, has_torch = None, False
+    if not DRY and not has_torch:
+        raise SystemExit("needs a CUDA torch (or DRY=1 NUMBA_ENABLE_CUDASIM=1)")
+
+    def kernels(d):
+        """name -> (kernel, rows per block, threads)"""
+        table = {"tc": lambda: (flash_tc_kernel(d), TC_ATTN_BQ, 32 * TC_ATTN_WARPS),
+                 "async8": lambda: (flash_tc_async_kernel(d, 8), 128, 256),
+                 "async4": lambda: (flash_tc_async_kernel(d, 4), 64, 128),
+                 "async8s2": lambda: (flash_tc_async_kernel(d, 8, 0, 2), 128, 256),
+                 "async4s2": lambda: (flash_tc_async_kernel(d, 4, 0, 2), 64, 128),
+                 "async8k32": lambda: (flash_tc_async_kernel(d, 8, 32, 3), 128, 256)}
+        return {name: table[name]() for name in VARIANTS if name in table}
+
+    def time_it(launch, sync):
+        """Median GPU microseconds of REPS launches (None under the simulator)."""
+        for _ in range(WARMUP):
+            launch()
+        sync()
+        if not has_torch:
+            for _ in range(REPS):
+                launch()
+            sync()
+            return None
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(REPS)]
+        torch.cuda._sleep(20_000_000)  # ~10 ms of one spinning thread: the launches queue up behind it
+        for s, e in evs:
+            s.record()
+            launch()
+            e.record()
+        torch.cuda.synchronize()
+        return 1e3 * statistics.median(s.elapsed_time(e) for s, e in evs)
+
+    def reference_np(q, k, v, causal, scale):
+        s = np.einsum("bhid,bhjd->bhij", q.astype(np.float32), k.astype(np.float32)) * scale
+        if causal:
+            n = s.shape[-1]
+            s = np.where(np.arange(n)[None, :] <= np.arange(n)[:, None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p @ v.astype(np.float32)) / p.sum(-1, keepdims=True)
+
+    g = np.random.default_rng(0)
+    rows = []
+    t_start = time.time()
+    print(f"device: {torch.cuda.get_device_name() if has_torch else 'simulator' if SIM else '?'}; reps {REPS}; "
+          f"variants {','.join(VARIANTS)}", flush=True)
+    print(f"{'shape (B,H,S,D)':>20s} {'causal':6s} {'kernel':9s} {'us':>9s} {'TFLOP/s':>8s} {'x torch':>7s} {'rel err':>8s}",
+          flush=True)
+    for nb, h, s, d, causal in SHAPES:
+        scale = 1 / math.sqrt(d)
+        flops = 4 * nb * h * s * s * d * (0.5 if causal else 1.0)
+        shape_s = f"({nb},{h},{s},{d})"
+        if has_torch:
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            tq, tk, tv = (torch.randn((nb, h, s, d), device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            ref = sdpa(tq.float(), tk.float(), tv.float(), is_causal=causal)
+            ref_max = float(ref.abs().max())
+            tf = lambda: sdpa(tq, tk, tv, is_causal=causal)  # noqa: E731
+            t_torch = time_it(tf, torch.cuda.synchronize)
+            err_t = float((tf().float() - ref).abs().max()) / ref_max
+            row = {"shape": [nb, h, s, d], "causal": causal, "kernel": "torch", "us": t_torch,
+                   "tflops": flops / t_torch / 1e6, "x_torch": 1.0, "rel_err": err_t}
+            rows.append(row)
+            print(f"{shape_s:>20s} {str(causal):6s} {'torch':9s} {t_torch:9.1f} {row['tflops']:8.1f} {1.0:7.2f} "
+                  f"{err_t:8.1e}", flush=True)
+            qd, kd, vd = cuda.as_cuda_array(tq), cuda.as_cuda_array(tk), cuda.as_cuda_array(tv)
+        else:
+            q_h, k_h, v_h = ((g.standard_normal((nb, h, s, d))).astype(np.float16) for _ in range(3))
+            ref_np = reference_np(q_h, k_h, v_h, causal, scale)
+            ref_max = float(np.abs(ref_np).max())
+            t_torch = None
+            qd, kd, vd = cuda.to_device(q_h), cuda.to_device(k_h), cuda.to_device(v_h)
+        qw, kw, vw = words(qd), words(kd), words(vd)
+        lse = cuda.to_device(np.zeros(1, np.float16))
+        for name, (kern, bq, threads) in kernels(d).items():
+            if has_torch:
+                out_t = torch.full((nb * h * s * d,), float("nan"), device="cuda", dtype=torch.float16)
+                out = cuda.as_cuda_array(out_t)
+            else:
+                out = cuda.to_device(np.full(nb * h * s * d, np.nan, np.float16))
+            grid = max(1, (s + bq - 1) // bq) * nb * h
+            args = (qw, kw, vw, nb, h, s, h, s, causal, scale, out, lse, False)
+
+            def launch(kern=kern, grid=grid, threads=threads, args=args):
+                kern[grid, threads](*args)
+
+            try:
+                t = time_it(launch, cuda.synchronize)
+                if has_torch:
+                    err = float((out_t.view(nb, h, s, d).float() - ref).abs().max()) / ref_max
+                else:
+                    got = out.copy_to_host().reshape(nb, h, s, d).astype(np.float32)
+                    err = float(np.abs(got - ref_np).max()) / ref_max if np.isfinite(got).all() else float("nan")
+            except Exception as exc:  # noqa: BLE001 - one kernel failing must not lose the others' rows
+                print(f"{shape_s:>20s} {str(causal):6s} {name:9s} FAILED {type(exc).__name__}: {str(exc)[:300]}",
+                      flush=True)
+                rows.append({"shape": [nb, h, s, d], "causal": causal, "kernel": name, "us": None,
+                             "rel_err": float("nan"), "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                continue
+            row = {"shape": [nb, h, s, d], "causal": causal, "kernel": name, "us": t, "rel_err": err,
+                   "tflops": None if t is None else flops / t / 1e6,
+                   "x_torch": None if t is None or t_torch is None else t_torch / t}
+            rows.append(row)
+            ts = "-" if t is None else f"{t:.1f}"
+            tfs = "-" if t is None else f"{row['tflops']:.1f}"
+            xs = "-" if row["x_torch"] is None else f"{row['x_torch']:.2f}"
+            print(f"{shape_s:>20s} {str(causal):6s} {name:9s} {ts:>9s} {tfs:>8s} {xs:>7s} {err:8.1e}", flush=True)
+            if not err <= TOL:
+                print(f"   ^ WRONG: relative error {err} > {TOL}", flush=True)
+        if has_torch:
+            del tq, tk, tv, ref
+            torch.cuda.empty_cache()
+    print(f"total {time.time() - t_start:.1f} s", flush=True)
+    for r in rows:
+        print(json.dumps(r))
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "gpu_probe_attention.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    bad = [r for r in rows if not r["rel_err"] <= TOL]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
