@@ -180,15 +180,19 @@ TC_ATTN_WARPS = 4
 # would be 32 KB a stage: two stages exceed the 48 KB of static shared memory), so 3 stages
 # fill 48 KB, as the GEMM's pipeline (TC_ASYNC_STAGES; CUTLASS's sm80 f16 kernels use 3-5).
 # Warps per block: a block's K/V tiles serve its BQ = 16 x warps rows, so 8 warps (128 rows,
-# FlashAttention-2's forward block) read half the K/V bytes per query row of 4: for causal
-# (1, 32, 4096, 128) 1.1 GB instead of 2.2 GB from L2 (computed: the tiles below the causal
-# limit of each block); 4 warps where 128-row blocks would not give every SM one (short
-# sequences, few heads).  Not timed on a GPU yet: bench/gpu_probe_attention.py times both
-# block sizes and 2 or 3 stages against flash_tc_kernel and PyTorch.
+# FlashAttention-2's forward block) read half the K/V bytes per query row of 4 (causal
+# (1, 32, 4096, 128): 1.1 GB instead of 2.2 GB from L2), but 4 warps won at every shape
+# measured on the H200 (2026-11-27, bench/gpu_results/2026-11-27b-h200/call2/attn_probe.log,
+# GPU time, 4 / 8 warps / flash_tc_kernel / PyTorch SDPA): causal (1, 32, 4096, 128) 592 /
+# 667 / 1219 / 263 us, (1, 12, 512, 64) 12.6 / 16.9 / 19.2 / 11.1, causal (1, 32, 512, 128)
+# 24.9 / 26.8 / 43.0 / 14.7, causal (1, 12, 2048, 64) 50.9 / 59.6 / 99.3 / 33.8,
+# (4, 16, 1024, 128) 160.9 / 177.5 / 298.6 / 61.6; 2 stages instead of 3 changed nothing
+# (664 against 667 us at 8 warps).  TC_ATTN_ASYNC_PROBED_WARPS: the block sizes bench.ptx
+# builds (the probe compares them).
 TC_ATTN_ASYNC_BK = {64: 64, 128: 32}
 TC_ATTN_ASYNC_STAGES = 3
-TC_ATTN_ASYNC_WARPS = 8          # the default block: 128 query rows
-TC_ATTN_ASYNC_SMALL_WARPS = 4    # where 128-row blocks would leave SMs without one
+TC_ATTN_ASYNC_WARPS = 4          # 64 query rows a block
+TC_ATTN_ASYNC_PROBED_WARPS = (4, 8)
 TC_ATTN_ASYNC_ENABLED = True
 
 

@@ -34,7 +34,7 @@ from numba import cuda, float32, int32, int64, types, uint32, uint64
 from kernels_common.attention import MASK_BOOL, MASK_NONE
 from kernels_common import acc_dtype
 from kernels_common.cuda_tiles import ATTN_BK as BK, ATTN_TILES as TILES, ATTN_WARPS as NW, STATIC_SMEM, attn_shared_bytes
-from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_SMALL_WARPS, TC_ATTN_ASYNC_STAGES,
+from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_PROBED_WARPS, TC_ATTN_ASYNC_STAGES,
                                        TC_ATTN_ASYNC_WARPS, TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, tc_attn_async_kernel)
 from kernels_common.cuda_tiles import (DECODE_HEAD_DIMS, DECODE_MAX_ROWS, DECODE_UNROLL, DECODE_WARPS, VEC_ROW_DTYPES,
                                        vec_width)
@@ -955,7 +955,7 @@ PTX = [
              (lambda dmax, w: lambda dt: flash_tc_async_kernel(dmax, w))(dmax, w), _flash_tc_args, threads=32 * w,
              dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global",
                                             "ldmatrix.sync.aligned.m8n8.x4.shared", "ldmatrix.sync.aligned.m8n8.x4.trans"))
-    for dmax in sorted(TC_ATTN_ASYNC_BK) for w in (TC_ATTN_ASYNC_WARPS, TC_ATTN_ASYNC_SMALL_WARPS)
+    for dmax in sorted(TC_ATTN_ASYNC_BK) for w in TC_ATTN_ASYNC_PROBED_WARPS
 ] + [
     PtxBuild("attention.combine", "attention", lambda dt: combine_kernel(acc_np(dt)),
              lambda dt: (arr(acc_type(dt), 5), arr(acc_type(dt), 5), arr(dt, 4), arr(dt, 3), types.boolean),

@@ -4,9 +4,11 @@ a combine pass): see kernels_cuda/attention.py.  cuda-flash runs float16 without
 head dim 64 or 128 on tensor cores (flash_tc_kernel: (1, 32, 4096, 128) causal in 1.2 ms on
 the H200, the scalar kernel 73 ms, PyTorch 0.29 ms; bench/gpu_results/2026-11-27-h200); where
 switched on (cuda_tiles.TC_ATTN_ASYNC_ENABLED or params["tc_async"]), on sm_80+ with 16-byte
-aligned q, k, v, by flash_tc_async_kernel instead (cp.async K/V pipeline, ldmatrix fragments),
-in 128-row blocks, 64-row ones where those would leave an SM without a block; the launch's
-"path" says which kernel runs and why.
+aligned q, k, v, by flash_tc_async_kernel instead (cp.async K/V pipeline, ldmatrix fragments;
+64-row blocks: the causal bar in 592 us, 0.44x PyTorch, bench/gpu_results/2026-11-27b-h200);
+the launch's "path" says which kernel runs and why.  Split-KV calls with few rows per kv
+head (decode) run decode_kernel (16-byte K/V loads): llama-7b decode against 4096 keys 35 us
+against the flash kernel's 206 (PyTorch 24).
 
 Shape rule (CUDA keys): split-KV for decode-like shapes (Sq bucket <= SPLITKV_MAX_SQ),
 where the (query tiles x batch x kv heads) blocks cannot fill the GPU; flash otherwise.
@@ -21,8 +23,8 @@ import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_common import cuda_tiles
-from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_SMALL_WARPS, TC_ATTN_ASYNC_STAGES,
-                                       TC_ATTN_ASYNC_WARPS, tc_attn_async_kernel, tc_attn_async_shared_bytes)
+from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_STAGES,
+                                       tc_attn_async_kernel, tc_attn_async_shared_bytes)
 from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, DECODE_BLOCKS_PER_SM,
                                        DECODE_HEAD_DIMS, DECODE_MAX_ROWS, DECODE_MIN_KEYS, DECODE_WARPS, STATIC_SMEM,
                                        TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, attn_shared_bytes, attn_tile_for)
@@ -76,16 +78,6 @@ def _async_refusal(params, p, q, k, v):
     return None
 
 
-def _async_warps(p, nb, hq, sq):
-    """Warps per block of flash_tc_async_kernel: TC_ATTN_ASYNC_WARPS (128 query rows), or
-    TC_ATTN_ASYNC_SMALL_WARPS where those blocks would not give every SM one (or the device
-    takes no such block)."""
-    w = TC_ATTN_ASYNC_WARPS
-    if cdiv(sq, 16 * w) * nb * hq < p.sm_count or 32 * w > p.max_threads_per_block:
-        w = TC_ATTN_ASYNC_SMALL_WARPS
-    return w
-
-
 def _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq):
     """None where the split-KV call runs on the decode kernel (kernels_cuda.attention.
     decode_kernel), else why not."""
@@ -108,7 +100,7 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     if _tensor_cores(params, q, k, v, mask, d):
         why_not = _async_refusal(params, p, q, k, v)
         if why_not is None:
-            w = _async_warps(p, nb, hq, sq)
+            w = cuda_tiles.TC_ATTN_ASYNC_WARPS  # read per call (a test builds 128-row blocks)
             bq = 16 * w
             return {"kernel": tc_attn_async_kernel(d, w), "tile": "tensor cores, cp.async",
                     "path": f"flash_tc_async_kernel: {TC_ATTN_ASYNC_STAGES}-stage cp.async K/V pipeline + ldmatrix "
