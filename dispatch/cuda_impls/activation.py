@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels_common.activation import ACT_GELU
 from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, ELEMENTWISE_VEC_STEPS as VEC_STEPS
 
 from ..registry import fixed_rule, set_rule
@@ -30,6 +31,12 @@ def launch(params, x, *rest):
     block = params["block"]
     kind = "gated" if len(rest) == 3 else "unary"
     vec, why = vector_width(x.dtype, x, *rest[:-1])  # x (gate), up, out (unary: out)
+    if vec and rest and rest[-1] == ACT_GELU:
+        # the exact gelu's erfc is dozens of instructions an element: more threads of fewer
+        # elements hide its chains better.  H200 GPU time, bert-base FFN 128 x 3072: the vector
+        # kernel 4.2 us float16 / 3.7 float32 (bench/gpu_results/2026-11-27b-h200/call2), the
+        # scalar one 3.3 / 3.6 (2026-11-26c-h200); relu 2.5 against 2.7, swiglu 5.0 against 6.0.
+        vec, why = 0, "the exact gelu (erfc) is compute-bound: the scalar kernel's 4 elements a thread ran faster"
     if vec:  # 16-byte loads, VEC_STEPS vectors a thread per step (kernels_cuda.activation.vec_kernel)
         need = max(1, cdiv(cdiv(n, vec), block * VEC_STEPS))
         cap = p.sm_count * occupancy_blocks(p, block, regs=VEC_REGS) * params["waves"]
