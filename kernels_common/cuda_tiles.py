@@ -15,7 +15,10 @@ GRID_YZ_MAX = 65535
 # elementwise kernels and 4 warps for warp-per-row kernels are the common choices of
 # hand-written CUDA kernels (not measured here); 1024 is the hardware limit per block.
 ELEMENTWISE_THREADS = 256
-ELEMENTWISE_VEC_STEPS = 2  # 16-byte vectors a thread of the vector elementwise kernels has in flight per input
+# 16-byte vectors a thread of the vector elementwise kernels has in flight per input.  H200
+# GPU time (2026-11-27b call 2 against 2026-11-26c's scalar kernels): relu 128 x 3072 2.5
+# against 2.7 us, swiglu 128 x 11008 5.0 against 6.0 (float16).
+ELEMENTWISE_VEC_STEPS = 2
 WARP_ROWS_THREADS = 128
 BLOCK_ROWS_MAX_THREADS = 1024
 # Row kernels that hold their row in registers (kernels_cuda/norm.make_vec, softmax.vec_rows):
@@ -52,9 +55,10 @@ GEMM_TILES = {
 # of C per 256-thread block, 8 x 8 a thread, K tiles of 8 (two stage buffers of 8 KB), as
 # the common hand-written SGEMMs (e.g. the CUDA samples' and cuBLAS-like 128 x 128 x 8
 # designs): 4 LDS.128 for 64 FFMA per k.  The register-tiled GEMM_TILES read every shared
-# operand as a scalar: 4096^3 float32 took 11.7 ms on the H200, PyTorch 2.7
-# (bench/gpu_results/2026-11-27b-h200/call1).  Used where K % 4 == 0, N % 4 == 0 and the
-# inputs and output start on 16-byte boundaries.
+# operand as a scalar: 4096^3 float32 took 11.7 ms on the H200, this tile 4.10 ms, PyTorch
+# 2.7 (0.23x -> 0.65x; bench/gpu_results/2026-11-27b-h200 calls 1 and 2).  Used where K % 4
+# == 0, N % 4 == 0, the inputs and output start on 16-byte boundaries and its grid fills the
+# SMs (bert-base's 128 x 768 x 768 does not: 80 us on the small register tiles, 0.15x).
 GEMM_VEC_TILE = (128, 128, 8)
 GEMM_VEC_KERNEL = "gemm.vec_128x128x8"
 
@@ -219,7 +223,8 @@ def tc_attn_async_shared_bytes(d: int, bk: int = 0, stages: int = 0) -> int:
 # DECODE_MIN_KEYS keys (a few of a block's unrolled steps: 4 warps x 2 keys x 2 for float16
 # D = 128).
 # The scalar flash kernel's split-KV decode read K and V 2 bytes a load: llama-7b decode
-# (1, 32, 1, 128) against 4096 keys took 206 us on the H200, PyTorch 24 (2026-11-27b call 1).
+# (1, 32, 1, 128) against 4096 keys took 206 us on the H200, this kernel 34.7 (float32 49.0
+# against 206.7), PyTorch 24 (float32 399) (bench/gpu_results/2026-11-27b-h200 calls 1, 2).
 DECODE_WARPS = 4
 DECODE_UNROLL = 2
 DECODE_MAX_ROWS = 4

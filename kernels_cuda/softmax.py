@@ -217,7 +217,8 @@ def stream_vec_rows(acc_np, vec):
     both start on a boundary), whole vectors, and a tail; the head and tail one element a
     thread, the vectors SV at a time a thread (16 elements in flight) in both passes (online
     (max, sum of exp) state, then the write).  Requires 16-byte aligned x and out (dispatch
-    checks).  Special values as block_rows."""
+    checks).  Special values as block_rows.  H200 GPU time, softmax (128, 50257): float16
+    25.4 -> 16.5 us, float32 28.0 -> 23.6 (PyTorch 14.0 / 23.3; 2026-11-26c, 2026-11-27b)."""
     acc, neg_inf, zero, one, update, finish = _helpers(acc_np)
     SV = max(1, 16 // vec)       # vectors a thread has in flight
     E = SV * vec
