@@ -228,6 +228,10 @@ def tc_attn_async_shared_bytes(d: int, bk: int = 0, stages: int = 0) -> int:
 DECODE_WARPS = 4
 DECODE_UNROLL = 2
 DECODE_MAX_ROWS = 4
+# More rows (GQA groups of 7-8: Llama-3-70B, Qwen2; or Sq > 1 for speculative decoding) take
+# several blocks of up to DECODE_MAX_ROWS rows a (batch, kv head), each reading the same K/V
+# (the later ones from L2): up to this many groups.  Not timed on a GPU (2026-11-27b).
+DECODE_MAX_ROW_GROUPS = 4
 DECODE_BLOCKS_PER_SM = 4
 DECODE_MIN_KEYS = 32
 DECODE_HEAD_DIMS = (64, 128)

@@ -743,9 +743,11 @@ def decode_kernel(acc_np, vec, d, rows):
     """Split-KV attention for few query rows (decode), read in 16-byte vectors.
 
     q (B, Hq, Sq, d), k, v (B, Hkv, Skv, d) of an item size of 16 / vec bytes; the block of
-    grid x = (batch x kv head) x splits owns the (query head of the group, query position)
-    rows of one (batch, kv head), at most `rows` (DECODE_MAX_ROWS) of them, against the keys
-    of its split (a contiguous range of Skv / splits).  A key's row is read by L = d / vec
+    grid x = (batch x kv head) x splits x rgroups owns `rows` (DECODE_MAX_ROWS at most) of
+    the (query head of the group, query position) rows of one (batch, kv head), row group g
+    the rows g rows .. (rgroups groups cover the group x Sq rows; a group's blocks are
+    adjacent, so the K/V tiles the later ones read come from L2), against the keys of its
+    split (a contiguous range of Skv / splits).  A key's row is read by L = d / vec
     lanes, each its vec dims (lane l % L: dims vec (l % L) ..), so a warp takes 32 / L keys a
     step and DECODE_UNROLL steps at once (their K and V loads in flight together); the lanes
     of a key sum their partial q.k by xor-shuffles within the group of L.  Per row and lane
@@ -779,17 +781,19 @@ def decode_kernel(acc_np, vec, d, rows):
     # 108 / 156 registers at 1 / 2 / 4 rows, sm_80 95 / 154 / 226; 4 rows spilled 224 bytes
     # under 4 blocks' 128)
     @kernel(launch_bounds=(NT, {1: 4, 2: 3}.get(rows, 2)))
-    def attention_decode(q, k, v, causal, scale, splits, out, part_o, part_ml, lse, want_lse):
+    def attention_decode(q, k, v, causal, scale, splits, rgroups, out, part_o, part_ml, lse, want_lse):
         nb, hq, sq, dd = q.shape
         hkv = k.shape[1]
         skv = k.shape[2]
         # 32-bit divisions (udiv32): numba's int64 ones are subroutine calls in SASS, whose
         # registers spilled on sm_80
         group = udiv32(hq, hkv)
-        nrows = group * sq
         blk = cuda.blockIdx.x
-        bk = udiv32(blk, splits)
-        split = blk - bk * splits
+        bs = udiv32(blk, rgroups)  # the row group fastest: its blocks read the same K/V (from L2)
+        r0 = (blk - bs * rgroups) * rows
+        nrows = min(rows, group * sq - r0)  # this block's rows: r0 .. r0 + nrows - 1 of the kv head's
+        bk = udiv32(bs, splits)
+        split = bs - bk * splits
         b = udiv32(bk, hkv)
         kvh = bk - b * hkv
         per = udiv32(skv + splits - 1, splits)
@@ -821,9 +825,9 @@ def decode_kernel(acc_np, vec, d, rows):
                 o[r * vec + i] = zero
                 qv[r * vec + i] = zero
             if r < nrows:
-                hg = udiv32(r, sq)
+                hg = udiv32(r0 + r, sq)
                 h = kvh * group + hg
-                qi = r - hg * sq
+                qi = r0 + r - hg * sq
                 load_vec(q, (b, h, qi, c0), qv, r * vec)
                 for i in range(vec):
                     qv[r * vec + i] *= sca
@@ -898,9 +902,9 @@ def decode_kernel(acc_np, vec, d, rows):
                 w = math.exp(sm_m[gi, r] - mz)
                 den += sm_l[gi, r] * w
                 num += sm_o[gi, r, c] * w
-            hg = udiv32(r, sq)
+            hg = udiv32(r0 + r, sq)
             h = kvh * group + hg
-            qi = r - hg * sq
+            qi = r0 + r - hg * sq
             res = zero if den == zero else num / den
             if splits == 1:
                 out[b, h, qi, c] = res
@@ -924,8 +928,8 @@ def _flash_args(dt):
 
 def _decode_args(dt):
     acc = acc_type(dt)
-    return (arr(dt, 4), arr(dt, 4), arr(dt, 4), types.boolean, types.float64, types.int64, arr(dt, 4), arr(acc, 5),
-            arr(acc, 5), arr(dt, 3), types.boolean)
+    return (arr(dt, 4), arr(dt, 4), arr(dt, 4), types.boolean, types.float64, types.int64, types.int64, arr(dt, 4),
+            arr(acc, 5), arr(acc, 5), arr(dt, 3), types.boolean)
 
 
 def _fitting_dtypes(dmax):

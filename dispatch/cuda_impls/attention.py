@@ -26,8 +26,9 @@ from kernels_common import cuda_tiles
 from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_STAGES,
                                        tc_attn_async_kernel, tc_attn_async_shared_bytes)
 from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, DECODE_BLOCKS_PER_SM,
-                                       DECODE_HEAD_DIMS, DECODE_MAX_ROWS, DECODE_MIN_KEYS, DECODE_WARPS, STATIC_SMEM,
-                                       TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS, attn_shared_bytes, attn_tile_for)
+                                       DECODE_HEAD_DIMS, DECODE_MAX_ROW_GROUPS, DECODE_MAX_ROWS, DECODE_MIN_KEYS,
+                                       DECODE_WARPS, STATIC_SMEM, TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS,
+                                       attn_shared_bytes, attn_tile_for)
 
 from ..registry import Rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
@@ -87,8 +88,9 @@ def _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq):
         return "it takes no mask"
     if d not in DECODE_HEAD_DIMS:
         return f"head dim {d} is not one of {DECODE_HEAD_DIMS}"
-    if (hq // hkv) * sq > DECODE_MAX_ROWS:
-        return f"{(hq // hkv) * sq} rows per kv head (GQA group x Sq) > {DECODE_MAX_ROWS}"
+    if (hq // hkv) * sq > DECODE_MAX_ROWS * DECODE_MAX_ROW_GROUPS:
+        return (f"{(hq // hkv) * sq} rows per kv head (GQA group x Sq) > {DECODE_MAX_ROW_GROUPS} groups of "
+                f"{DECODE_MAX_ROWS}")
     vec, why = vector_width(q.dtype, q, k, v)
     return None if vec else why
 
@@ -117,10 +119,13 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     why_not = _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq)
     if why_not is None:  # few rows per kv head: the vector decode kernel, KV split over grid x
         rows = (hq // hkv) * sq
-        splits = max(1, min(cdiv(skv, DECODE_MIN_KEYS), cdiv(p.sm_count * DECODE_BLOCKS_PER_SM, nb * hkv)))
-        cfg = {"kernel": f"attention.decode_d{d}", "path": f"16-byte K/V loads, {rows} row(s) per kv head in registers",
-               "grid": (nb * hkv * splits, 1, 1), "block": 32 * DECODE_WARPS, "rows": pow2_at_least(rows), "splits": splits,
-               "device": p.name}
+        rgroups = cdiv(rows, DECODE_MAX_ROWS)
+        per = pow2_at_least(min(rows, DECODE_MAX_ROWS))
+        splits = max(1, min(cdiv(skv, DECODE_MIN_KEYS), cdiv(p.sm_count * DECODE_BLOCKS_PER_SM, nb * hkv * rgroups)))
+        cfg = {"kernel": f"attention.decode_d{d}",
+               "path": f"16-byte K/V loads, {rows} row(s) per kv head, {per} a block in registers",
+               "grid": (nb * hkv * splits * rgroups, 1, 1), "block": 32 * DECODE_WARPS, "rows": per,
+               "row_groups": rgroups, "splits": splits, "device": p.name}
         if splits > 1:
             cfg["reduce"] = {"kernel": "attention.combine", "block": 256}
         return cfg
@@ -179,7 +184,7 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
             po = device_empty((splits, nb, hq, sq, d), acc)
             pml = device_empty((splits, nb, hq, sq, 2), acc)
         K.decode_kernel(acc, vec_width(dt.itemsize), d, cfg["rows"])[cfg["grid"], cfg["block"]](
-            qd, kd, vd, bool(causal), float(scale), splits, res, po, pml, lse, bool(return_lse))
+            qd, kd, vd, bool(causal), float(scale), splits, cfg["row_groups"], res, po, pml, lse, bool(return_lse))
         if splits > 1:
             total = nb * hq * sq * d
             K.combine_kernel(acc)[max(1, min(cdiv(total, 256), 1024)), 256](po, pml, res, lse, bool(return_lse))

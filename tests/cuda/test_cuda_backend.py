@@ -644,12 +644,13 @@ def test_vector_elementwise_kernels(dt):
             assert_close(got[~nan], want[~nan], tol, name, cancel=True)
 
 
-@pytest.mark.parametrize("case", ["mha fp16 d128", "gqa causal fp32 d64", "three rows fp16 d64", "no key seen"])
+@pytest.mark.parametrize("case", ["mha fp16 d128", "gqa causal fp32 d64", "three rows fp16 d64", "no key seen",
+                                  "gqa 8 fp16 d128", "six rows causal fp32 d64"])
 def test_decode_kernel(case):
     """attention.decode_kernel (16-byte K/V loads, a split of the KV length per block, the
     combine pass): on a nominal 64-SM part, so the KV length splits several ways; rows
-    1, 4 and 3 (padded to 4) per kv head; a NaN key; causal rows that see no key (zeros,
-    lse -inf); lse against float64."""
+    1, 4 and 3 (padded to 4) per kv head, and 8 and 6 (two row groups, the second partial);
+    a NaN key; causal rows that see no key (zeros, lse -inf); lse against float64."""
     from tests.reference import attention as R
 
     g = rng()
@@ -658,6 +659,8 @@ def test_decode_kernel(case):
         "gqa causal fp32 d64": (1, 4, 2, 2, 203, 64, np.float32, True),
         "three rows fp16 d64": (1, 3, 1, 1, 97, 64, np.float16, True),
         "no key seen": (1, 2, 1, 2, 1, 64, np.float32, True),
+        "gqa 8 fp16 d128": (1, 16, 2, 1, 150, 128, np.float16, False),
+        "six rows causal fp32 d64": (1, 3, 1, 2, 77, 64, np.float32, True),
     }[case]
     q = g.standard_normal((nb, hq, sq, d)).astype(dt)
     k = g.standard_normal((nb, hkv, skv, d)).astype(dt)
@@ -668,7 +671,9 @@ def test_decode_kernel(case):
     with devices.assume(part), dispatch.use(attention="cuda-splitkv"):
         cfg = _launch_of("attention", _dev(q), _dev(k), _dev(v), causal=causal)
         assert cfg["kernel"] == f"attention.decode_d{d}", cfg
-        assert cfg["splits"] == min(-(-skv // 32), -(-64 * 4 // (nb * hkv))), cfg
+        groups = -(-(hq // hkv) * sq // 4)
+        assert cfg["row_groups"] == groups and cfg["grid"][0] == nb * hkv * groups * cfg["splits"], cfg
+        assert cfg["splits"] == min(-(-skv // 32), -(-64 * 4 // (nb * hkv * groups))), cfg
         out, lse = dispatch.attention(_dev(q), _dev(k), _dev(v), causal=causal, return_lse=True)
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
     want, want_lse = R.attention(q64, k64, v64, causal=causal), None
