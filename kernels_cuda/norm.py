@@ -22,8 +22,40 @@ import numpy as np
 from numba import cuda, types, uint64
 
 from ._jit import (BLOCK_ROWS_MAX_THREADS, VEC_ROW_DTYPES, VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS,
-                   PtxBuild, acc_np, acc_of, arr, kernel, row_unroll)
-from .primitives import block_sum, block_sum2, vec_io, vec_width, warp_sum, warp_sum2
+                   PtxBuild, acc_np, acc_of, arr, device, kernel, row_unroll)
+from .primitives import block_sum, block_sum2, row_owner, vec_io, vec_width, warp_sum, warp_sum2
+
+
+@lru_cache(maxsize=None)
+def _row_stats(acc_np, warp):
+    """The reductions both kernels (make, make_vec) turn a thread's partial sums into: the
+    row's sum over the warp (warp) or the block, then rms_norm's rstd, or layer_norm's m0
+    and its (mc, rstd) (the algorithm of the module docstring)."""
+    acc, _ = acc_of(acc_np)
+    zero, one = acc_np(0.0), acc_np(1.0)
+
+    @device
+    def row_sum(v, scratch):
+        return warp_sum(v) if warp else block_sum(v, scratch, zero)
+
+    @device
+    def rms_rstd(s1, inv_d, epsa, scratch):
+        return one / math.sqrt(row_sum(s1, scratch) * inv_d + epsa)
+
+    @device
+    def shifted_mean(s1, x0, inv_d, scratch):
+        return x0 + row_sum(s1, scratch) * inv_d  # m0
+
+    @device
+    def centered_rstd(sd, s2, inv_d, epsa, scratch, scratch2):
+        if warp:
+            sd, s2 = warp_sum2(sd, s2)
+        else:
+            sd, s2 = block_sum2(sd, s2, scratch, scratch2, zero)
+        mc = sd * inv_d
+        return mc, one / math.sqrt(max(s2 * inv_d - mc * mc, zero) + epsa)
+
+    return rms_rstd, shifted_mean, centered_rstd
 
 
 @lru_cache(maxsize=None)
@@ -32,6 +64,7 @@ def make(kind, rms, acc_np):
     acc, _ = acc_of(acc_np)
     zero, one = acc_np(0.0), acc_np(1.0)
     warp = kind == "warp"
+    rms_rstd, shifted_mean, centered_rstd = _row_stats(acc_np, warp)
     # fewer than a softmax's step: the residual, weight and bias paths hold more per element
     # (ptxas sm_80/90 under the 64-register cap: at 8 float32 elements every build spilled,
     # at 4 layer_norm's still did)
@@ -42,15 +75,9 @@ def make(kind, rms, acc_np):
     @kernel(launch_bounds=(WARP_ROWS_THREADS, 8) if warp else (BLOCK_ROWS_MAX_THREADS, 1))
     def norm_rows(x, residual, h, w, b, eps, out, has_w, has_b, has_res):
         rows, d = x.shape
-        if warp:
-            lane = cuda.threadIdx.x & 31
-            row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
-            start, step, row_step = lane, 32, rows  # one row per warp
-            if row >= rows:
-                return
-        else:
-            start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
-            row = cuda.blockIdx.x
+        row, start, step, row_step = row_owner(warp, rows)
+        if row >= rows:  # a warp past the last row leaves at once (its registers: 64 at most)
+            return
         scratch = cuda.shared.array(32, acc)
         scratch2 = cuda.shared.array(32, acc)
         vs = cuda.local.array(U, acc)
@@ -84,13 +111,12 @@ def make(kind, rms, acc_np):
                 for u in range(U):
                     if U == 1 or j + step * u < d:
                         s1 += vs[u] * vs[u] if rms else vs[u] - x0
-            s1 = warp_sum(s1) if warp else block_sum(s1, scratch, zero)
             mean = zero
             mc = zero
             if rms:
-                rstd = one / math.sqrt(s1 * inv_d + epsa)
+                rstd = rms_rstd(s1, inv_d, epsa, scratch)
             else:
-                mean = x0 + s1 * inv_d  # m0
+                mean = shifted_mean(s1, x0, inv_d, scratch)
                 s2 = zero
                 sd = zero
                 for j in range(start, d, step * U):
@@ -102,12 +128,7 @@ def make(kind, rms, acc_np):
                             dv = vs[u] - mean
                             sd += dv
                             s2 += dv * dv
-                if warp:
-                    sd, s2 = warp_sum2(sd, s2)
-                else:
-                    sd, s2 = block_sum2(sd, s2, scratch, scratch2, zero)
-                mc = sd * inv_d
-                rstd = one / math.sqrt(max(s2 * inv_d - mc * mc, zero) + epsa)
+                mc, rstd = centered_rstd(sd, s2, inv_d, epsa, scratch, scratch2)
             for j in range(start, d, step * U):
                 for u in range(U):
                     if U == 1 or j + step * u < d:
@@ -139,6 +160,7 @@ def make_vec(kind, rms, acc_np, vec):
     acc, _ = acc_of(acc_np)
     zero, one = acc_np(0.0), acc_np(1.0)
     warp = kind == "warp"
+    rms_rstd, shifted_mean, centered_rstd = _row_stats(acc_np, warp)
     NV = VEC_ROW_ELEMENTS // vec   # vectors per thread
     E = NV * vec
     load_vec, store_vec = vec_io(vec)
@@ -147,14 +169,9 @@ def make_vec(kind, rms, acc_np, vec):
     def norm_vec_rows(x, residual, h, w, b, eps, out, has_w, has_b, has_res):
         rows, d = x.shape
         nvec = d // vec
-        if warp:
-            start, step, row_step = cuda.threadIdx.x & 31, 32, rows  # one row per warp
-            row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
-            if row >= rows:
-                return
-        else:
-            start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
-            row = cuda.blockIdx.x
+        row, start, step, row_step = row_owner(warp, rows)
+        if row >= rows:  # a warp past the last row leaves at once (its registers: 64 at most)
+            return
         scratch = cuda.shared.array(32, acc)
         scratch2 = cuda.shared.array(32, acc)
         vs = cuda.local.array(E, acc)
@@ -181,13 +198,12 @@ def make_vec(kind, rms, acc_np, vec):
                         store_vec(h, (row, (start + k * step) * vec), vs, k * vec)  # vs: the stored h
                     for i in range(vec):
                         s1 += vs[k * vec + i] * vs[k * vec + i] if rms else vs[k * vec + i] - x0
-            s1 = warp_sum(s1) if warp else block_sum(s1, scratch, zero)
             mean = zero
             mc = zero
             if rms:
-                rstd = one / math.sqrt(s1 * inv_d + epsa)
+                rstd = rms_rstd(s1, inv_d, epsa, scratch)
             else:
-                mean = x0 + s1 * inv_d  # m0
+                mean = shifted_mean(s1, x0, inv_d, scratch)
                 s2 = zero
                 sd = zero
                 for k in range(NV):
@@ -196,12 +212,7 @@ def make_vec(kind, rms, acc_np, vec):
                             dv = vs[k * vec + i] - mean
                             sd += dv
                             s2 += dv * dv
-                if warp:
-                    sd, s2 = warp_sum2(sd, s2)
-                else:
-                    sd, s2 = block_sum2(sd, s2, scratch, scratch2, zero)
-                mc = sd * inv_d
-                rstd = one / math.sqrt(max(s2 * inv_d - mc * mc, zero) + epsa)
+                mc, rstd = centered_rstd(sd, s2, inv_d, epsa, scratch, scratch2)
             for k in range(NV):
                 v = start + k * step
                 if v < nvec:

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from numba import cuda
+from numba import cuda, int64
 
 from ._jit import FULL_MASK, device
 
@@ -65,6 +65,19 @@ def warp_sum2(a, b):
         a += cuda.shfl_xor_sync(FULL_MASK, a, off)
         b += cuda.shfl_xor_sync(FULL_MASK, b, off)
     return a, b
+
+
+@device
+def row_owner(warp, rows):
+    """(row, start, step, row_step) of this thread in a row kernel of `rows` rows: with warp
+    (a constant) one row per warp of the block, lanes start = 0..31 with step 32 and a row
+    loop that runs once (row_step = rows; a warp past the last row gets row = rows: its loop
+    does not run); else one row per block, threads start with step blockDim, grid-striding
+    over the rows."""
+    if warp:
+        row = int64(cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5))
+        return min(row, rows), int64(cuda.threadIdx.x & 31), int64(32), rows
+    return int64(cuda.blockIdx.x), int64(cuda.threadIdx.x), int64(cuda.blockDim.x), int64(cuda.gridDim.x)
 
 
 @device

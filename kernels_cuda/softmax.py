@@ -23,7 +23,7 @@ from numba import types, uint64
 
 from ._jit import (BLOCK_ROWS_MAX_THREADS, VEC_ROW_DTYPES, VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS,
                    PtxBuild, acc_np, acc_of, acc_type, arr, device, kernel, row_unroll)
-from .primitives import block_max_sumexp, block_sum2, vec_io, vec_width, warp_max_sumexp
+from .primitives import block_max_sumexp, block_sum2, row_owner, vec_io, vec_width, warp_max_sumexp
 
 
 @lru_cache(maxsize=None)
@@ -167,14 +167,9 @@ def vec_rows(kind, acc_np, vec):
     def softmax_vec_rows(x, out, log):
         rows, n = x.shape
         nvec = n // vec
-        if warp:
-            start, step, row_step = cuda.threadIdx.x & 31, 32, rows  # one row per warp
-            row = cuda.blockIdx.x * (cuda.blockDim.x >> 5) + (cuda.threadIdx.x >> 5)
-            if row >= rows:
-                return
-        else:
-            start, step, row_step = cuda.threadIdx.x, cuda.blockDim.x, cuda.gridDim.x
-            row = cuda.blockIdx.x
+        row, start, step, row_step = row_owner(warp, rows)
+        if row >= rows:  # a warp past the last row leaves at once (its registers: 64 at most)
+            return
         sm = cuda.shared.array(32, acc)
         ss = cuda.shared.array(32, acc)
         vs = cuda.local.array(VEC_ROW_ELEMENTS, acc)
