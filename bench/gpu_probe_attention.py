@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -36,10 +35,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
-DRY = os.environ.get("DRY", "0") not in ("", "0")
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-REPS = int(os.environ.get("REPS", "2" if DRY else "20"))
-WARMUP = 1 if DRY else 3
+from bench import gpu_probe_common as common  # noqa: E402
+from bench.gpu_probe_common import DRY, REPS, SIM  # noqa: E402,F401
 TOL = 4e-3
 
 if DRY:  # partial query and key tiles, more key tiles than stages, both head dims, causal or not
@@ -56,22 +53,11 @@ VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8
 def main():
     from numba import cuda
 
-    if SIM:
-        from tests.cuda import simwarp  # the warp primitives the mma / ldmatrix twins use
-
-        simwarp.install()
+    torch, has_torch = common.setup()
     from dispatch.cuda_impls._common import words
     from kernels_common.cuda_tiles import TC_ATTN_BQ, TC_ATTN_WARPS
     from kernels_cuda.attention import flash_tc_async_kernel, flash_tc_kernel
 
-    try:
-        import torch
-
-        has_torch = torch.cuda.is_available() and not SIM
-    except ImportError:
-        torch, has_torch = None, False
-    if not DRY and not has_torch:
-        raise SystemExit("needs a CUDA torch (or DRY=1 NUMBA_ENABLE_CUDASIM=1)")
 
     def kernels(d):
         """name -> (kernel, rows per block, threads)"""
@@ -84,23 +70,7 @@ def main():
         return {name: table[name]() for name in VARIANTS if name in table}
 
     def time_it(launch, sync):
-        """Median GPU microseconds of REPS launches (None under the simulator)."""
-        for _ in range(WARMUP):
-            launch()
-        sync()
-        if not has_torch:
-            for _ in range(REPS):
-                launch()
-            sync()
-            return None
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(REPS)]
-        torch.cuda._sleep(20_000_000)  # ~10 ms of one spinning thread: the launches queue up behind it
-        for s, e in evs:
-            s.record()
-            launch()
-            e.record()
-        torch.cuda.synchronize()
-        return 1e3 * statistics.median(s.elapsed_time(e) for s, e in evs)
+        return common.time_it(launch, sync, torch, has_torch)
 
     def reference_np(q, k, v, causal, scale):
         s = np.einsum("bhid,bhjd->bhij", q.astype(np.float32), k.astype(np.float32)) * scale

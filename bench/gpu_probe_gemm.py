@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
-DRY = os.environ.get("DRY", "0") not in ("", "0")
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-REPS = int(os.environ.get("REPS", "2" if DRY else "20"))
-WARMUP = 1 if DRY else 3
+from bench import gpu_probe_common as common  # noqa: E402
+from bench.gpu_probe_common import DRY, REPS, SIM  # noqa: E402,F401
 
 if DRY:  # partial row, column and K tiles; K tiles past the 3 stages; both layouts
     SHAPES = [(70, 24, 136, "kn"), (33, 40, 72, "nk")]
@@ -48,22 +44,11 @@ VARIANTS = os.environ.get("VARIANTS", "wide,async,async2").split(",")
 def main():
     from numba import cuda
 
-    if SIM:
-        from tests.cuda import simwarp  # the warp primitives the mma / ldmatrix twins use
-
-        simwarp.install()
+    torch, has_torch = common.setup()
     from dispatch.cuda_impls._common import words
     from kernels_common.cuda_tiles import TC_ASYNC_TILE, TC_ASYNC_WARPS, TC_WIDE_TILE, TC_WIDE_WARPS
     from kernels_cuda.gemm import gemm_tc_async_kernel, gemm_tc_wide_kernel
 
-    try:
-        import torch
-
-        has_torch = torch.cuda.is_available() and not SIM
-    except ImportError:
-        torch, has_torch = None, False
-    if not DRY and not has_torch:
-        raise SystemExit("needs a CUDA torch (or DRY=1 NUMBA_ENABLE_CUDASIM=1)")
 
     def kernels(trans_b):
         out = {}
@@ -76,24 +61,7 @@ def main():
         return out
 
     def time_it(launch, sync):
-        """Median GPU microseconds of REPS launches (None under the simulator)."""
-        for _ in range(WARMUP):
-            launch()
-        sync()
-        if not has_torch:
-            t0 = time.perf_counter()
-            for _ in range(REPS):
-                launch()
-            sync()
-            return None
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(REPS)]
-        torch.cuda._sleep(20_000_000)  # ~10 ms of one spinning thread: the launches queue up behind it
-        for s, e in evs:
-            s.record()
-            launch()
-            e.record()
-        torch.cuda.synchronize()
-        return 1e3 * statistics.median(s.elapsed_time(e) for s, e in evs)
+        return common.time_it(launch, sync, torch, has_torch)
 
     g = np.random.default_rng(0)
     rows = []
