@@ -221,6 +221,31 @@ def udiv32(a, b):
 
 
 @lru_cache(maxsize=None)
+def _tc_store_rows(dmax):
+    """The epilogue both tensor-core kernels end with: a lane's rows g and g + 8 (rw, rw + 8;
+    orow: row g's index among all (batch, head, query) rows) of O / l into the flat out (0 for
+    a row that saw no key), and with want_lse its m + log l (base-2 m, so times ln 2; -inf
+    for no key) into lse; rows past sq are not stored."""
+    ND = dmax // 8
+    zero, one, neg_inf = np.float32(0.0), np.float32(1.0), np.float32(-np.inf)
+    LN2 = np.float32(math.log(2.0))
+
+    @device
+    def store_rows(out, lse, o, m, ls, rw, orow, sq, tq, want_lse):
+        for hh in range(2):
+            if rw + 8 * hh < sq:
+                inv = one / ls[hh] if ls[hh] != zero else zero
+                obase = (orow + 8 * hh) * dmax
+                for i in range(ND):
+                    for e2 in range(2):
+                        out[uint64(obase + i * 8 + 2 * tq + e2)] = o[i, 2 * hh + e2] * inv
+                if want_lse and tq == 0:
+                    lse[uint64(orow + 8 * hh)] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
+
+    return store_rows
+
+
+@lru_cache(maxsize=None)
 def flash_tc_kernel(dmax):
     """float16 flash attention on tensor cores (mma.m16n8k16, float32 accumulation), no mask,
     head dim exactly dmax (64 or 128), one pass (no KV split).  A block of TC_ATTN_WARPS
@@ -254,8 +279,9 @@ def flash_tc_kernel(dmax):
     K_LOADS = BK // RSTEP
     V_PAIRS = (BK // 2) // RSTEP
     V_WORDS = 2 * V_PAIRS       # V words a thread holds between load_v and store_v
-    neg_inf, zero, one = np.float32(-np.inf), np.float32(0.0), np.float32(1.0)
-    LOG2E, LN2 = math.log2(math.e), np.float32(math.log(2.0))
+    neg_inf, zero = np.float32(-np.inf), np.float32(0.0)
+    LOG2E = math.log2(math.e)
+    store_rows = _tc_store_rows(dmax)
     LO = uint32(0xFFFF)
     HI = uint32(0xFFFF0000)
 
@@ -424,15 +450,7 @@ def flash_tc_kernel(dmax):
                     o[i, 1] = d1
                     o[i, 2] = d2
                     o[i, 3] = d3
-        for hh in range(2):
-            if rw + 8 * hh < sq:
-                inv = one / ls[hh] if ls[hh] != zero else zero
-                obase = (orow + 8 * hh) * dmax
-                for i in range(ND):
-                    for e2 in range(2):
-                        out[uint64(obase + i * 8 + 2 * tq + e2)] = o[i, 2 * hh + e2] * inv
-                if want_lse and tq == 0:
-                    lse[uint64(orow + 8 * hh)] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
+        store_rows(out, lse, o, m, ls, rw, orow, sq, tq, want_lse)
 
     return attention_tc
 
@@ -489,8 +507,9 @@ def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0):
     assert STAGES >= 2 and S_WORDS * 4 <= STATIC_SMEM
     WAIT = STAGES - 2           # groups left pending when tile j must be complete
     MINB = 1 if NWT >= 8 else 2  # blocks per SM of the launch bound: 255 registers either way
-    neg_inf, zero, one = np.float32(-np.inf), np.float32(0.0), np.float32(1.0)
-    LOG2E, LN2 = math.log2(math.e), np.float32(math.log(2.0))
+    neg_inf, zero = np.float32(-np.inf), np.float32(0.0)
+    LOG2E = math.log2(math.e)
+    store_rows = _tc_store_rows(dmax)
     TINY = np.float32(1e-30)
     SIGNS = uint32(0x80008000)
 
@@ -685,15 +704,7 @@ def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0):
         for hh in range(2):  # the row sums of the 4 lanes of each row
             lsum = ls[hh] + cuda.shfl_xor_sync(FULL_MASK, ls[hh], 1)
             ls[hh] = lsum + cuda.shfl_xor_sync(FULL_MASK, lsum, 2)
-        for hh in range(2):
-            if rw + 8 * hh < sq:
-                inv = one / ls[hh] if ls[hh] != zero else zero
-                obase = (orow + 8 * hh) * dmax
-                for i in range(ND):
-                    for e2 in range(2):
-                        out[uint64(obase + i * 8 + 2 * tq + e2)] = o[i, 2 * hh + e2] * inv
-                if want_lse and tq == 0:
-                    lse[uint64(orow + 8 * hh)] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
+        store_rows(out, lse, o, m, ls, rw, orow, sq, tq, want_lse)
 
     return attention_tc_async
 
