@@ -116,14 +116,12 @@ FILE_SECONDS = {
             "test_bench.py": 69, "test_threads.py": 69, "test_linalg_grad.py": 33,
             "test_autograd.py": 30, "test_attention_grad.py": 27, "test_quant.py": 26,
             "test_linalg.py": 20, "test_weight_only.py": 20, "test_warmup.py": 16},
-    # re-measured 2026-11-27 (Zen 5, the simulator step as CI runs it, 396 s wall for 756 s
-    # of test time): test_threads had grown from 16 to 83 s and went last; later that day
-    # test_tensor_core_paths (the cp.async GEMM and attention cases, 256-thread blocks) and
-    # test_cuda_backend (vector rows, decode, the float32 vector GEMM) grew to 132 and 58 s
-    "cuda": {"test_tensor_core_paths.py": 132, "test_attention.py": 89, "test_norm.py": 83,
-             "test_threads.py": 83, "test_linear_cross_entropy.py": 58, "test_linalg.py": 58,
-             "test_cuda_backend.py": 58, "test_quant.py": 44, "test_softmax.py": 43, "test_softmax_grad.py": 40,
-             "test_pool.py": 29, "test_contract.py": 29, "test_moe.py": 21, "test_norm_grad.py": 15},
+    # re-measured 2026-11-27 (Zen 5, the simulator step alone, 2 workers, 338 s wall for 650 s
+    # of test time, with tests/cuda/simwarp.py's lock-per-waiter barriers)
+    "cuda": {"test_tensor_core_paths.py": 136, "test_norm.py": 71, "test_attention.py": 61,
+             "test_cuda_backend.py": 53, "test_linalg.py": 43, "test_quant.py": 39, "test_softmax_grad.py": 38,
+             "test_softmax.py": 37, "test_pool.py": 28, "test_linear_cross_entropy.py": 25, "test_moe.py": 19,
+             "test_attention_grad.py": 12, "test_norm_grad.py": 12},
 }
 
 
