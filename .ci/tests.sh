@@ -28,12 +28,17 @@ step() {  # step NAME COMMAND...: run it, record "rc seconds", print its log whe
     local t0 rc
     t0=$(date +%s)
     set +e
-    "$@" > "$logs/$name.log" 2>&1
+    # in a subshell so that `times` gives this step's own CPU time (its children's user and
+    # system seconds): which steps compete for the two cores, not only how long each took
+    ( "$@" > "$logs/$name.log" 2>&1; rc=$?; times > "$logs/$name.cpu"; exit $rc )
     rc=$?
     set -e
-    echo "$rc $(( $(date +%s) - t0 ))" > "$logs/$name.status"
+    local cpu
+    cpu=$(awk 'NR == 2 {for (i = 1; i <= 2; i++) {split($i, a, /[ms]/); s += a[1] * 60 + a[2]}} END {printf "%d", s}' \
+        "$logs/$name.cpu")
+    echo "$rc $(( $(date +%s) - t0 )) $cpu" > "$logs/$name.status"
     flock "$logs/.print" bash -c "echo '== $name'; cat '$logs/$name.log'; \
-        echo '== $name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $(( $(date +%s) - t0 )) s'"
+        echo '== $name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $(( $(date +%s) - t0 )) s, $cpu s of CPU'"
 }
 
 pytest=(python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder --durations=15)
@@ -60,8 +65,8 @@ fi
 
 failed=""
 for s in "${steps[@]}"; do
-    read -r rc secs < "$logs/$s.status"
-    echo "$s: exit $rc, $secs s"
+    read -r rc secs cpu < "$logs/$s.status"
+    echo "$s: exit $rc, $secs s, $cpu s of CPU"
     [ "$rc" -eq 0 ] || failed="$failed $s"
 done
 if [ -n "$failed" ]; then
