@@ -21,7 +21,8 @@ dispatcher for a dtype its declaration does not build: a CI gate.
 microseconds} predicted by bench/cuda_model.py for the chip of that arch, for the cases that
 launch this kernel in this dtype); also the older names ``regs``, ``smem``, ``spill_st``,
 ``spill_ld`` and ``stack`` (bytes of local-memory stack frame), and ``compile_s`` / ``sass_s``
-(seconds for the whole build / its disassembly and reading).
+(seconds for the whole build / its share of its batch's disassembly and reading: the SASS
+of one arch is read 32 objects at a time, bench/sass.py's analyze_many).
 
 Must run WITHOUT the simulator (compile_ptx fails under NUMBA_ENABLE_CUDASIM=1).
 
@@ -205,6 +206,7 @@ def _assemble(ptx, stem, arch, ptxas, tmpdir, requires):
     info["smem"] += sum(int(x) for x in _SHARED.findall(ptx))
     info["missing"] = [r for r in requires if r not in ptx]
     info["object"] = path + ".o"
+    info["entry"] = sass.ptx_entry(ptx)
     return info
 
 
@@ -254,6 +256,7 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
                 rows.extend(chip_rows)
                 if verbose:
                     print("\n".join(_fmt(r) for r in chip_rows), flush=True)
+            _read_sass(rows, nvdisasm, tmp, pool)
         finally:
             if pool is not None:
                 pool.shutdown()
@@ -264,6 +267,36 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
 
 
 _JOBS = []  # run()'s build list, read by _build_row in the forked workers
+
+
+def _read_sass(rows, nvdisasm, tmp, pool):
+    """Each built row's hottest-loop counts (``inner_loop``) from its object's SASS, read
+    in batches per arch (sass.analyze_many: one nvdisasm call per batch, not per object;
+    nvdisasm's fixed cost was half of this step's CPU time); ``sass_s``: the row's share
+    of its batch's time."""
+    built = [r for r in rows if "_object" in r]
+    if nvdisasm.startswith("unavailable"):
+        for r in built:
+            r.pop("_object")
+            r.update(inner_loop={"error": f"nvdisasm {nvdisasm}"}, sass_s=0.0)
+        return
+    jobs = []
+    for arch in sorted({r["arch"] for r in built}):
+        mine = [r for r in built if r["arch"] == arch]
+        for b0 in range(0, len(mine), sass.BATCH):
+            jobs.append((arch, {i: r["_object"] for i, r in enumerate(mine[b0:b0 + sass.BATCH])}, mine[b0:b0 + sass.BATCH]))
+    args = ([a for a, _, _ in jobs], [o for _, o, _ in jobs], [nvdisasm] * len(jobs), [tmp] * len(jobs))
+    for (_, _, batch), (loops, secs) in zip(jobs, (pool.map if pool is not None else map)(_sass_batch, *args)):
+        for i, r in enumerate(batch):
+            r.pop("_object")
+            r["inner_loop"] = loops[i]
+            r["sass_s"] = round(secs / len(batch), 3)
+            r["compile_s"] = round(r["compile_s"] + r["sass_s"], 2)
+
+
+def _sass_batch(arch, objects, nvdisasm, tmp):
+    t0 = time.time()
+    return sass.analyze_many(objects, arch, nvdisasm, tmpdir=tmp), time.time() - t0
 
 
 def _build_row(k, tmp, ptxas, nvdisasm):
@@ -281,16 +314,12 @@ def _build_row(k, tmp, ptxas, nvdisasm):
         try:
             if isinstance(info, Exception):
                 raise info
-            obj = info.pop("object")
+            row["_object"] = (info.pop("object"), info.pop("entry"))
             row.update(info)
             row.update(registers=info["regs"], shared_bytes=info["smem"],
                        spill_bytes=info["spill_st"] + info["spill_ld"])
             row["threads"] = thr
             row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
-            t1 = time.time()
-            row["inner_loop"] = ({"error": f"nvdisasm {nvdisasm}"} if nvdisasm.startswith("unavailable")
-                                 else sass.analyze(obj, nvdisasm))
-            row["sass_s"] = round(time.time() - t1, 2)
             errors = []
             if info["spill_st"] or info["spill_ld"]:
                 errors.append("spills")

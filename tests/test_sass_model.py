@@ -378,3 +378,32 @@ def test_a_real_build_has_hot_loop_counts():
     assert loop["scope"] == "loop" and loop["ffma"] > 0 and loop["ld_shared"] > 0 and loop["total"] > loop["ffma"]
     assert row["registers"] == row["regs"] and row["shared_bytes"] >= 4224 and row["spill_bytes"] == 0
     assert 0 < row["occupancy"] <= 1 and math.isfinite(row["compile_s"])
+
+
+def test_batched_reading_gives_each_objects_own_counts(tmp_path):
+    """analyze_many (objects linked into one cubin per batch, disassembled once) gives each
+    kernel the counts analyze gives its object alone, finds each by its entry name, and
+    falls back to one by one for a batch that does not link (a kernel given twice)."""
+    pytest.importorskip("numba.cuda")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("compile_ptx needs the real CUDA target")
+    from bench import ptx
+
+    try:
+        ptxas, nvdisasm = ptx.ptxas_path(), sass.nvdisasm_path()
+        sass.cuda_tool("nvlink", "nvidia-cuda-nvcc")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    table = ptx.kernels()
+    objects = {}
+    for name in ("gemm.32x32x16/4x2", "layer_norm.warp_rows", "softmax.warp_rows"):
+        build = table[name]
+        info = ptx.compile_many(name, build.get, build.argtypes, "float32", ["sm_80"], ptxas, str(tmp_path))["sm_80"]
+        assert not isinstance(info, Exception), info
+        objects[name] = (info["object"], info["entry"])
+    alone = {k: sass.analyze(o, nvdisasm) for k, (o, _) in objects.items()}
+    assert all("error" not in v for v in alone.values()), alone
+    assert len({e for _, e in objects.values()}) == len(objects)
+    assert sass.analyze_many(objects, "sm_80", nvdisasm, tmpdir=str(tmp_path)) == alone
+    twice = {**objects, "again": objects["gemm.32x32x16/4x2"]}
+    assert sass.analyze_many(twice, "sm_80", nvdisasm, tmpdir=str(tmp_path)) == {**alone, "again": alone["gemm.32x32x16/4x2"]}
