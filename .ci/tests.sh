@@ -4,14 +4,18 @@
 # Five steps, ordered so that both cores stay busy and no kernel compiles twice:
 #   port  every CPU kernel compiled for AArch64 (tests/test_portability.py): its child
 #         compiles each CPU kernel once, fresh, and saves it to numba's cache | first, beside ptx
-#   ptx   PTX for sm_80/87/90, ptxas, the performance model                 | from the start
+#   ptx   PTX for sm_80/87/90, ptxas, the performance model (one process)   | from the start
 #   cpu   the other CPU tests (pytest-xdist), loading port's cached kernels | after port
 #   sim   CUDA tests under the simulator                                    | after cpu
 #   asv   asv smoke run + HTML render check (loads the cached kernels)      | after cpu, beside sim
 # Measured on a fresh clone, 2 cores (2026-11-25): in turn, the old four steps took 983 s
 # (CPU 310, simulator 282, PTX 205, asv 186); all four started together, 960 s (the CPU
 # tests then took 761 s and asv ran alone at the end); the CPU tests with a warm cache
-# take 168 s, 161 of them the portability child on one worker.
+# take 168 s, 161 of them the portability child on one worker.  2026-11-27 (Zen 5), wall /
+# CPU seconds: port 232 / 146 (its child, on the critical path, got 63% of a core beside
+# ptx's two processes), ptx 390 / 425, cpu 275 / 395, sim 372 / 477, asv 269 / 164: checks
+# 879 s.  So ptx now runs as one process (NK_PTX_JOBS=1), leaving port a core of its own,
+# and reads its SASS in batches (its CPU halved).
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
@@ -45,7 +49,7 @@ pytest=(python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder
 port=(python -m pytest -q --durations=5 tests/test_portability.py)
 cpu=("${pytest[@]}" --ignore=tests/test_portability.py tests)
 sim=(bash .ci/cuda_checks.sh sim)
-ptx=(bash .ci/cuda_checks.sh ptx)
+ptx=(env NK_PTX_JOBS=1 bash .ci/cuda_checks.sh ptx)
 asv=(bash .ci/bench_smoke.sh)
 steps=(port ptx cpu sim asv)
 
