@@ -157,6 +157,26 @@ def typed_array(shape, dtype, gpu_data, cls=None):
     return v
 
 
+def cp_async_refusal(params, p, switch: str, *arrays):
+    """The refusals every cp.async / ldmatrix kernel shares (the GEMM's and attention's),
+    None where none applies: switched off (params["tc_async"]; absent or None: the
+    kernels_common.cuda_tiles constant named `switch`, read per call so a probe can flip
+    it), a part before sm_80, or an array not on a 16-byte boundary (the copies move 16-byte
+    chunks)."""
+    from kernels_common import cuda_tiles
+
+    on = params.get("tc_async")
+    if on is None:
+        on = getattr(cuda_tiles, switch)
+    if not on:
+        return f"it is switched off (params['tc_async'] / cuda_tiles.{switch})"
+    if tuple(p.cc) < (8, 0):
+        return f"compute capability {p.cc[0]}.{p.cc[1]} < 8.0 has no cp.async / ldmatrix"
+    if not all(word_aligned(a, 16) for a in arrays):
+        return "an input does not start on a 16-byte boundary"
+    return None
+
+
 def word_aligned(x, boundary: int = 4) -> bool:
     """Whether the array a kernel will read or write (as_input / output: x itself when it is a
     C-contiguous device array, else a new, aligned one) starts on a `boundary`-byte boundary:

@@ -31,8 +31,9 @@ from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as 
                                        attn_shared_bytes, attn_tile_for)
 
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, device_empty, kernels, output,
-                      pow2_at_least, props, register_cuda, vec_width, vector_width, word_aligned, words)
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, cp_async_refusal, deliver, device_empty,
+                      kernels, output, pow2_at_least, props, register_cuda, vec_width, vector_width, word_aligned,
+                      words)
 
 SPLITKV_MAX_SQ = 16
 # blocks_per_sm: split-KV aims at two resident blocks per SM (not measured on a GPU yet).
@@ -63,20 +64,10 @@ def _tensor_cores(params, q, k, v, mask, d):
 
 
 def _async_refusal(params, p, q, k, v):
-    """None where a tensor-core call may run flash_tc_async_kernel, else why not: switched off
-    (params["tc_async"]; absent or None: kernels_common.cuda_tiles.TC_ATTN_ASYNC_ENABLED, read
-    per call), a part before sm_80 (no cp.async / ldmatrix), or q, k, v not 16-byte aligned
-    (its copies are 16-byte chunks of rows of 64 or 128 halves)."""
-    on = params.get("tc_async")
-    if on is None:
-        on = cuda_tiles.TC_ATTN_ASYNC_ENABLED
-    if not on:
-        return "it is switched off (params['tc_async'] / cuda_tiles.TC_ATTN_ASYNC_ENABLED)"
-    if tuple(p.cc) < (8, 0):
-        return f"compute capability {p.cc[0]}.{p.cc[1]} < 8.0 has no cp.async / ldmatrix"
-    if not (word_aligned(q, 16) and word_aligned(k, 16) and word_aligned(v, 16)):
-        return "q, k or v does not start on a 16-byte boundary"
-    return None
+    """None where a tensor-core call may run flash_tc_async_kernel, else why not: the shared
+    cp.async refusals (_common.cp_async_refusal, switch cuda_tiles.TC_ATTN_ASYNC_ENABLED);
+    its copies are 16-byte chunks of rows of 64 or 128 halves."""
+    return cp_async_refusal(params, p, "TC_ATTN_ASYNC_ENABLED", q, k, v)
 
 
 def _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq):

@@ -25,7 +25,6 @@ import math
 
 import numpy as np
 
-from kernels_common import cuda_tiles
 from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
 from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_ASYNC_KERNEL,
                                        TC_ASYNC_STAGES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, TC_WIDE_KERNEL,
@@ -36,7 +35,7 @@ from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
 from ..ops.linalg import dense_weight
 from ..registry import Rule, set_rule
-from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, deliver, dummy, kernels,
+from ._common import (DEVICE_COPY_NOTE, acc_dtype, as_input, c_view, cdiv, cp_async_refusal, deliver, dummy, kernels,
                       occupancy_blocks, output, props, register_cuda, vector_width, word_aligned, words)
 
 # (name, BM, BN, threads, shared bytes float32), largest tile first
@@ -128,24 +127,18 @@ def _vec_refusal(params, p, a, b, out, k, n, blocks):
 
 def _async_refusal(params, p, k, n, b_is_nk, a, b):
     """None where the cp.async tile (kernels_cuda.gemm.gemm_tc_async_kernel) may run, else
-    why not: switched off (params["tc_async"], None: kernels_common.cuda_tiles.TC_ASYNC_ENABLED,
-    read per call), a part before sm_80 (no cp.async / ldmatrix), or rows that are not whole
-    16-byte chunks (K % 8, a (K, N) b's N % 8) or inputs not 16-byte aligned."""
-    on = params.get("tc_async")
-    if on is None:
-        on = cuda_tiles.TC_ASYNC_ENABLED
-    if not on:
-        return "it is switched off (PARAMS['tc_async'] / cuda_tiles.TC_ASYNC_ENABLED)"
-    if tuple(p.cc) < (8, 0):
-        return f"compute capability {p.cc[0]}.{p.cc[1]} < 8.0 has no cp.async / ldmatrix"
+    why not: the shared cp.async refusals (_common.cp_async_refusal, switch
+    cuda_tiles.TC_ASYNC_ENABLED), a block over the device's limit, or rows that are not
+    whole 16-byte chunks (K % 8, a (K, N) b's N % 8)."""
+    why = cp_async_refusal(params, p, "TC_ASYNC_ENABLED", a, b)
+    if why:
+        return why
     if 32 * TC_ASYNC_WARPS > p.max_threads_per_block:
         return f"{32 * TC_ASYNC_WARPS}-thread blocks exceed the device's limit"
     if k % 8:
         return f"K = {k} is not a multiple of 8 (rows of 16-byte chunks)"
     if not b_is_nk and n % 8:
         return f"N = {n} of a (K, N) b is not a multiple of 8 (rows of 16-byte chunks)"
-    if not (word_aligned(a, 16) and word_aligned(b, 16)):
-        return "an input does not start on a 16-byte boundary"
     return None
 
 

@@ -242,7 +242,7 @@ def test_float16_attention_cp_async_fallbacks(monkeypatch):
     q, k or v not on a 16-byte boundary (under the simulator, whose arrays have no address,
     the alignment check is made to refuse; on a GPU a real view 4 bytes into its buffer), a
     part before sm_80; the results are the same."""
-    from dispatch.cuda_impls import attention as A
+    from dispatch.cuda_impls import _common as C
     from tests.reference import attention as R
 
     g = rng()
@@ -253,13 +253,13 @@ def test_float16_attention_cp_async_fallbacks(monkeypatch):
     args = (_dev(q), _dev(k), _dev(v))
     _expect_tc(dispatch.explain("attention", *args, causal=True), 128, "async")
     if SIM:
-        real = A.word_aligned
-        monkeypatch.setattr(A, "word_aligned", lambda x, boundary=4: boundary < 16 and real(x, boundary))
+        real = C.word_aligned  # the 16-byte check of the shared cp.async refusals (C.cp_async_refusal)
+        monkeypatch.setattr(C, "word_aligned", lambda x, boundary=4: boundary < 16 and real(x, boundary))
         e = dispatch.explain("attention", *args, causal=True)
         _expect_tc(e, 128, "flash_tc_kernel")
         assert "16-byte boundary" in str(e), str(e)
         assert_close(dispatch.attention(*args, causal=True).copy_to_host(), want, F16_TOL, "unaligned", cancel=True)
-        monkeypatch.setattr(A, "word_aligned", real)
+        monkeypatch.setattr(C, "word_aligned", real)
     else:
         big = _dev(np.concatenate([np.zeros(2, np.float16), k.ravel()]))
         kv = big[2:].reshape(k.shape)  # 4-byte aligned: 32-bit words, not 16-byte chunks
