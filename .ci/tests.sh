@@ -15,7 +15,8 @@
 # CPU seconds: port 232 / 146 (its child, on the critical path, got 63% of a core beside
 # ptx's two processes), ptx 390 / 425, cpu 275 / 395, sim 372 / 477, asv 269 / 164: checks
 # 879 s.  So ptx now runs as one process (NK_PTX_JOBS=1), leaving port a core of its own,
-# and reads its SASS in batches (its CPU halved).
+# and reads its SASS in batches (its CPU halved): port 144 / 140, ptx 348 / 275, cpu 269 /
+# 392, sim 359 / 472, asv 255 / 158, checks 772 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
@@ -48,7 +49,10 @@ step() {  # step NAME COMMAND...: run it, record "rc seconds", print its log whe
 pytest=(python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder --durations=15)
 port=(python -m pytest -q --durations=5 tests/test_portability.py)
 cpu=("${pytest[@]}" --ignore=tests/test_portability.py tests)
-sim=(bash .ci/cuda_checks.sh sim)
+# 3 simulator workers: each is GIL-bound (its simulated threads hand the GIL around, 0.8 of a
+# core), so 2 leave CPU idle beside asv: sim + asv side by side (Zen 5, 2026-11-27) with 2
+# workers 359-372 s / 255-269 s, with 3 330 s / 326 s
+sim=(env NK_TEST_WORKERS=3 bash .ci/cuda_checks.sh sim)
 ptx=(env NK_PTX_JOBS=1 bash .ci/cuda_checks.sh ptx)
 asv=(bash .ci/bench_smoke.sh)
 steps=(port ptx cpu sim asv)
