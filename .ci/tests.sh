@@ -52,7 +52,7 @@ cpu=("${pytest[@]}" --ignore=tests/test_portability.py tests)
 # 3 simulator workers: each is GIL-bound (its simulated threads hand the GIL around, 0.8 of a
 # core), so 2 leave CPU idle beside asv: sim + asv side by side (Zen 5, 2026-11-27) with 2
 # workers 359-372 s / 255-269 s, with 3 330 s / 326 s
-sim=(env NK_TEST_WORKERS=3 bash .ci/cuda_checks.sh sim)
+sim=(env NK_TEST_WORKERS="${NK_TEST_WORKERS:-3}" bash .ci/cuda_checks.sh sim)
 ptx=(env NK_PTX_JOBS=1 bash .ci/cuda_checks.sh ptx)
 asv=(bash .ci/bench_smoke.sh)
 steps=(port ptx cpu sim asv)
