@@ -16,7 +16,8 @@
 # ptx's two processes), ptx 390 / 425, cpu 275 / 395, sim 372 / 477, asv 269 / 164: checks
 # 879 s.  So ptx now runs as one process (NK_PTX_JOBS=1), leaving port a core of its own,
 # and reads its SASS in batches (its CPU halved): port 144 / 140, ptx 348 / 275, cpu 269 /
-# 392, sim 359 / 472, asv 255 / 158, checks 772 s.
+# 392, sim 359 / 472, asv 255 / 158, checks 772 s; with the simulator on 3 workers (below):
+# port 129 / 126, ptx 323 / 255, cpu 251 / 362, sim 326 / 460, asv 321 / 164, checks 706 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
