@@ -27,10 +27,10 @@ import math
 
 import numba
 import numpy as np
-from numba import carray, njit, prange
+from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import fetch_add, like_dtype, ptr_as, row_of, run_dynamic, run_workers, tasks_for, worker_address
+from .parallel import c_array_at, fetch_add, like_dtype, row_of, run_dynamic, run_workers, tasks_for, worker_address
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -227,15 +227,15 @@ def ce_grad_worker(w, params, is64):
     not a prange kernel: cold first call of linear_cross_entropy_with_grad (gpt-2 lm head
     512, empty cache, Sapphire Rapids host, 2026-11-26) 3.94-4.08 s with the prange
     kernel (1.32 s of it compiling that kernel)."""
-    p = carray(ptr_as(params, np.int64(0)), E_COUNT)
+    p = c_array_at(params, np.int64(0), (E_COUNT,))
     z = like_dtype(is64)
     n, c, tasks = p[E_ROWS], p[E_COLS], p[E_TASKS]
-    x = carray(ptr_as(p[E_X], z), (n, c))
-    grad = carray(ptr_as(p[E_G], z), (n, c))
-    targets = carray(ptr_as(p[E_T], np.int64(0)), n)
-    losses = carray(ptr_as(p[E_L], z), n)
-    scales = carray(ptr_as(p[E_S], z), p[E_NSCALES])
-    part = carray(ptr_as(p[E_PART], np.float64(0)), tasks)
+    x = c_array_at(p[E_X], z, (n, c))
+    grad = c_array_at(p[E_G], z, (n, c))
+    targets = c_array_at(p[E_T], np.int64(0), (n,))
+    losses = c_array_at(p[E_L], z, (n,))
+    scales = c_array_at(p[E_S], z, (p[E_NSCALES],))
+    part = c_array_at(p[E_PART], np.float64(0), (tasks,))
     base = bits_to_float(p[E_BASE])
     per_row = p[E_PER_ROW] != 0
     k = fetch_add(p, E_NEXT, 1)
