@@ -40,12 +40,12 @@ split-KV (cpu-splitkv)
 """
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
-from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, ptr_as, run_serial, run_workers, view_at,
+from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, run_serial, run_workers, view_at,
                        worker_address)
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
@@ -912,9 +912,9 @@ def splitkv_worker(w, params, is64, mkind, causal):
     R = G * Sq
     nsplit, split_len = p[F_NSPLIT], p[F_SPLIT_LEN]
     z = q.dtype.type(0)
-    pm = carray(ptr_as(p[F_PM], z), (B, Hkv, nsplit, R))
-    pl = carray(ptr_as(p[F_PL], z), (B, Hkv, nsplit, R))
-    pacc = carray(ptr_as(p[F_PACC], z), (B, Hkv, nsplit, R, D))
+    pm = c_array_at(p[F_PM], z, (B, Hkv, nsplit, R))
+    pl = c_array_at(p[F_PL], z, (B, Hkv, nsplit, R))
+    pacc = c_array_at(p[F_PACC], z, (B, Hkv, nsplit, R, D))
     if p[F_PHASE] == 0:
         nrc = (R + RC - 1) // RC
         qs = np.empty((RC, D), q.dtype)

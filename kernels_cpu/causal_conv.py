@@ -40,10 +40,11 @@ called by address (conv_worker, update_worker) take blocks of rows from an atomi
 import numba
 import numpy as np
 from numpy import uintp
-from numba import carray, njit
+from numba import njit
 
 from .approx import ACT_SILU, JIT, JIT_INNER, JIT_BY_ADDRESS, silu
-from .parallel import TASKS_PER_THREAD, addresses, fetch_add, like_dtype, ptr_as, row_of, run_serial, run_workers, worker_address
+from .parallel import (TASKS_PER_THREAD, addresses, c_array_at, fetch_add, like_dtype, row_of, run_serial,
+                       run_workers, worker_address)
 
 
 @njit(**JIT_INNER)
@@ -127,17 +128,17 @@ def conv_worker(wk, params, is64):
     (serial) and 8.1 s (parallel) with a serial and a prange kernel each compiling
     conv_rows, SiLU inside every width's loop; 2.8 s and 3.1 s as this worker with one
     SiLU loop (2026-11-23, a loaded host)."""
-    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
+    p = c_array_at(params, np.int64(0), (C_COUNT,))
     z = like_dtype(is64)
     rows, n, dim, width, per = p[C_ROWS], p[C_N], p[C_DIM], p[C_WIDTH], p[C_PER]
     h = width - 1
-    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
-    x = carray(ptr_as(p[C_X], z), (rows, n))
-    w = carray(ptr_as(p[C_W], z), (dim, width))
-    bias = carray(ptr_as(p[C_BIAS], z), dim)
-    init = carray(ptr_as(p[C_INIT], z), (rows, h))
-    y = carray(ptr_as(p[C_Y], z), (rows, n))
-    final = carray(ptr_as(p[C_FINAL], z), (rows, h))
+    sync = c_array_at(p[C_SYNC], np.int64(0), (1,))
+    x = c_array_at(p[C_X], z, (rows, n))
+    w = c_array_at(p[C_W], z, (dim, width))
+    bias = c_array_at(p[C_BIAS], z, (dim,))
+    init = c_array_at(p[C_INIT], z, (rows, h))
+    y = c_array_at(p[C_Y], z, (rows, n))
+    final = c_array_at(p[C_FINAL], z, (rows, h))
     while True:
         first = fetch_add(sync, 0, per)
         if first >= rows:
@@ -219,15 +220,15 @@ def update_worker(wk, params, is64):
     rows from the counter.  Called by address (parallel.run_workers): as a prange kernel,
     update_rows compiled a second time into the parallel region and the cold first call of
     a batch-16 step took 3.1 s, against 1.8 s for the serial kernel (2026-11-23)."""
-    p = carray(ptr_as(params, np.int64(0)), U_COUNT)
+    p = c_array_at(params, np.int64(0), (U_COUNT,))
     z = like_dtype(is64)
     rows, n, dim, width, slen, per = p[U_ROWS], p[U_N], p[U_DIM], p[U_WIDTH], p[U_SLEN], p[U_PER]
-    sync = carray(ptr_as(p[U_SYNC], np.int64(0)), 1)
-    state = carray(ptr_as(p[U_STATE], z), (rows, slen))
-    x = carray(ptr_as(p[U_X], z), (rows, n))
-    w = carray(ptr_as(p[U_W], z), (dim, width))
-    bias = carray(ptr_as(p[U_BIAS], z), dim)
-    y = carray(ptr_as(p[U_Y], z), (rows, n))
+    sync = c_array_at(p[U_SYNC], np.int64(0), (1,))
+    state = c_array_at(p[U_STATE], z, (rows, slen))
+    x = c_array_at(p[U_X], z, (rows, n))
+    w = c_array_at(p[U_W], z, (dim, width))
+    bias = c_array_at(p[U_BIAS], z, (dim,))
+    y = c_array_at(p[U_Y], z, (rows, n))
     while True:
         first = fetch_add(sync, 0, per)
         if first >= rows:

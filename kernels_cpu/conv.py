@@ -59,7 +59,7 @@ All run as workers called by address (parallel.run_workers / run_serial).
 """
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -70,8 +70,8 @@ from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, micro_tile_inde
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (ROUND, column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import TASKS_PER_THREAD, call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, \
-    worker_address
+from .parallel import (TASKS_PER_THREAD, c_array_at, call_address, fetch_add, like_dtype, run_serial, run_workers,
+                       worker_address)
 
 # K block (rows of col per step; conv_direct splits Kc into even blocks of at most KC): the
 # weight panel (MR x KC, 8 KiB) stays in L1 while it sweeps a task's tiles.  Sapphire Rapids,
@@ -149,7 +149,7 @@ def conv_direct_worker(w, params, is64, ti):
     adding (the rest) straight into the worker's accumulator block (C_ACC: a task's C_NC
     tiles per channel row); last, the task's part of each output row goes to out with bias +
     activation (conv_compact, by address at C_EPILOGUE)."""
-    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
+    p = c_array_at(params, np.int64(0), (C_COUNT,))
     z = like_dtype(is64)
     isz = 8 if is64 else 4
     nr = _tnr(z, ti)
@@ -170,17 +170,17 @@ def conv_direct_worker(w, params, is64, ti):
     nkb = (Kc + kc - 1) // kc
     kce = (Kc + nkb - 1) // nkb  # K blocks of even length
     seg = tpt * nr  # values per channel row of the accumulator block
-    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[C_X], z), nimg * cin * H * W)
+    sync = c_array_at(p[C_SYNC], np.int64(0), (1,))
+    xf = c_array_at(p[C_X], z, (nimg * cin * H * W,))
     xbn = cin_g * sh * sw * Hq * Wq
-    xb = carray(ptr_as(p[C_XB] + w * (xbn + nr) * isz, z), xbn + nr)  # + the slack the last tiles read
+    xb = c_array_at(p[C_XB] + w * (xbn + nr) * isz, z, (xbn + nr,))  # + the slack the last tiles read
     for i in range(xbn, xbn + nr):
         xb[i] = z
-    tab = carray(ptr_as(p[C_WS], np.int64(0)), 2 * Kc)
+    tab = c_array_at(p[C_WS], np.int64(0), (2 * Kc,))
     xdirect = p[C_XDIRECT] != 0
-    apf = carray(ptr_as(p[C_AP], z), G * mp * Kc * MR)
+    apf = c_array_at(p[C_AP], z, (G * mp * Kc * MR,))
     acc_addr = p[C_ACC] + w * mp * MR * seg * isz
-    acc = carray(ptr_as(acc_addr, z), mp * MR * seg)
+    acc = c_array_at(acc_addr, z, (mp * MR * seg,))
     while True:
         task = fetch_add(sync, 0, 1)
         if task >= ntasks:
@@ -228,9 +228,9 @@ def conv_compact(src, lds, dst, ldd, rows, n, bias, is64, code):
     literals: conv_direct_worker's store of one output row of every channel."""
     z = like_dtype(is64)
     isz = 8 if is64 else 4
-    bs = carray(ptr_as(bias, z), rows)
+    bs = c_array_at(bias, z, (rows,))
     for i in range(rows):
-        act_store_lit(carray(ptr_as(src + i * lds * isz, z), n), bs[i], carray(ptr_as(dst + i * ldd * isz, z), n),
+        act_store_lit(c_array_at(src + i * lds * isz, z, (n,)), bs[i], c_array_at(dst + i * ldd * isz, z, (n,)),
                       n, code)
 
 
@@ -241,9 +241,9 @@ def conv_epilogue(c, ldc, rows, n, bias, is64, code):
     literals: one small function per (dtype, activation)."""
     z = like_dtype(is64)
     isz = 8 if is64 else 4
-    bs = carray(ptr_as(bias, z), rows)
+    bs = c_array_at(bias, z, (rows,))
     for i in range(rows):
-        cs = carray(ptr_as(c + i * ldc * isz, z), n)
+        cs = c_array_at(c + i * ldc * isz, z, (n,))
         act_store_lit(cs, bs[i], cs, n, code)
 
 
@@ -440,13 +440,13 @@ def _dw_tile(typingctx, xf, xb, H, W, sh, wf, wb, KH, KW, dh, dw, iy0, c0, of, o
 @njit(inline="always")
 def _dw_setup(params, is64):
     """The slots a depthwise worker reads: (p, sync, xf, wf, of) as flat arrays."""
-    p = carray(ptr_as(params, np.int64(0)), C_COUNT)
+    p = c_array_at(params, np.int64(0), (C_COUNT,))
     z = like_dtype(is64)
     nimg, C, H, W, cout = p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_COUT]
-    sync = carray(ptr_as(p[C_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[C_X], z), nimg * C * H * W)
-    wf = carray(ptr_as(p[C_AP], z), cout * p[C_KH] * p[C_KW])
-    of = carray(ptr_as(p[C_OUT], z), nimg * cout * p[C_OH] * p[C_OW])
+    sync = c_array_at(p[C_SYNC], np.int64(0), (1,))
+    xf = c_array_at(p[C_X], z, (nimg * C * H * W,))
+    wf = c_array_at(p[C_AP], z, (cout * p[C_KH] * p[C_KW],))
+    of = c_array_at(p[C_OUT], z, (nimg * cout * p[C_OH] * p[C_OW],))
     return p, sync, xf, wf, of
 
 
@@ -485,7 +485,7 @@ def depthwise_direct_worker(w, params, is64, k, relu):
     nplanes = p[C_NIMG] * cout
     mult = cout // C
     L = vector_lanes(of)
-    bias = carray(ptr_as(p[C_BIAS], like_dtype(is64)), cout)
+    bias = c_array_at(p[C_BIAS], like_dtype(is64), (cout,))
     in_tile = p[C_EPILOGUE] == 0
     zrow = np.zeros(W, of.dtype)  # read for the rows above and below the plane
     nvec = (OW + L - 1) // L

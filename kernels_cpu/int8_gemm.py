@@ -67,13 +67,13 @@ drivers that compiled every activation, 1.73 s now.
 """
 import numpy as np
 from llvmlite import ir
-from numba import carray, literally, njit, prange, types
+from numba import literally, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import target
 from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
-from .parallel import addresses, fetch_add, ptr_as, run_serial, run_workers, worker_address
+from .parallel import addresses, c_array_at, fetch_add, run_serial, run_workers, worker_address
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
@@ -472,13 +472,13 @@ def pack_a_int(w, params, wide):
     zero points; c[m] = shift + za[m], rs[m] = sum_k (a - za) (float64, exact); the
     argument block's A_* slots give the addresses and sizes."""
     wide_loops()
-    p = carray(ptr_as(params, np.int64(0)), A_COUNT)
+    p = c_array_at(params, np.int64(0), (A_COUNT,))
     M, K, Mp, Kp, flip = p[A_M], p[A_K], p[A_MP], p[A_KP], np.int32(p[A_FLIP])
-    src = carray(ptr_as(p[A_SRC], np.uint8(0)), (max(M, 1), K))
-    dst = carray(ptr_as(p[A_DST], packed_zero(wide)), (Mp, Kp))
-    za = carray(ptr_as(p[A_ZA], np.float64(0)), M)
-    c = carray(ptr_as(p[A_C], np.float64(0)), M)
-    rs = carray(ptr_as(p[A_RS], np.float64(0)), M)
+    src = c_array_at(p[A_SRC], np.uint8(0), (max(M, 1), K))
+    dst = c_array_at(p[A_DST], packed_zero(wide), (Mp, Kp))
+    za = c_array_at(p[A_ZA], np.float64(0), (M,))
+    c = c_array_at(p[A_C], np.float64(0), (M,))
+    rs = c_array_at(p[A_RS], np.float64(0), (M,))
     shift = np.float64(flip)  # 128 or 0: the value the flip adds
     task = fetch_add(p, A_NEXT, 1)
     while task * PACK_ROWS < Mp:
@@ -584,13 +584,13 @@ def quant_pack_a(w, params, wide):
     of x), with its scale sa[m], c[m] = zp[m] and rs[m] = sum_k (q - zp).  A row holding
     NaN or inf gets scale NaN (the caller checks sa before running the GEMM)."""
     wide_loops()
-    p = carray(ptr_as(params, np.int64(0)), A_COUNT)
+    p = c_array_at(params, np.int64(0), (A_COUNT,))
     M, K, Mp, Kp = p[A_M], p[A_K], p[A_MP], p[A_KP]
-    src = carray(ptr_as(p[A_SRC], np.float32(0)), (max(M, 1), K))
-    dst = carray(ptr_as(p[A_DST], packed_zero(wide)), (Mp, Kp))
-    sa = carray(ptr_as(p[A_SA], np.float64(0)), M)
-    c = carray(ptr_as(p[A_C], np.float64(0)), M)
-    rs = carray(ptr_as(p[A_RS], np.float64(0)), M)
+    src = c_array_at(p[A_SRC], np.float32(0), (max(M, 1), K))
+    dst = c_array_at(p[A_DST], packed_zero(wide), (Mp, Kp))
+    sa = c_array_at(p[A_SA], np.float64(0), (M,))
+    c = c_array_at(p[A_C], np.float64(0), (M,))
+    rs = c_array_at(p[A_RS], np.float64(0), (M,))
     task = fetch_add(p, A_NEXT, 1)
     while task * PACK_ROWS < Mp:
         for m in range(task * PACK_ROWS, min(Mp, task * PACK_ROWS + PACK_ROWS)):
@@ -656,19 +656,19 @@ def gemm_packed(w, params, path, code):
     epilogue over those whole rows (one call per row, not per tile row: at 32-column tiles
     the per-call setup of the epilogue loop cost more than its arithmetic)."""
     wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512
-    p = carray(ptr_as(params, np.int64(0)), G_COUNT)
+    p = c_array_at(params, np.int64(0), (G_COUNT,))
     M, N, kq, mc, nc, ntasks = p[G_M], p[G_N], p[G_KQ], p[G_MC], p[G_NC], p[G_NTASKS]
     MR, NR = packed_tile(path)
-    ap = carray(ptr_as(p[G_AP], np.int32(0)), p[G_NAP])
-    bp = carray(ptr_as(p[G_BP], np.int32(0)), p[G_NBP])
-    sa = carray(ptr_as(p[G_SA], np.float64(0)), M)
-    c = carray(ptr_as(p[G_C], np.float64(0)), M)
-    rs = carray(ptr_as(p[G_RS], np.float64(0)), M)
-    sb = carray(ptr_as(p[G_SB], np.float64(0)), N)
-    colsum = carray(ptr_as(p[G_COLSUM], np.float64(0)), N)
-    zb = carray(ptr_as(p[G_ZB], np.float64(0)), N)
-    bias = carray(ptr_as(p[G_BIAS], np.float32(0)), N)
-    of = carray(ptr_as(p[G_OUT], np.float32(0)), M * N)
+    ap = c_array_at(p[G_AP], np.int32(0), (p[G_NAP],))
+    bp = c_array_at(p[G_BP], np.int32(0), (p[G_NBP],))
+    sa = c_array_at(p[G_SA], np.float64(0), (M,))
+    c = c_array_at(p[G_C], np.float64(0), (M,))
+    rs = c_array_at(p[G_RS], np.float64(0), (M,))
+    sb = c_array_at(p[G_SB], np.float64(0), (N,))
+    colsum = c_array_at(p[G_COLSUM], np.float64(0), (N,))
+    zb = c_array_at(p[G_ZB], np.float64(0), (N,))
+    bias = c_array_at(p[G_BIAS], np.float32(0), (N,))
+    of = c_array_at(p[G_OUT], np.float32(0), (M * N,))
     mp = (M + MR - 1) // MR
     npn = (N + NR - 1) // NR
     nnb = (npn + nc - 1) // nc

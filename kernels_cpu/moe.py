@@ -40,13 +40,13 @@ streams it from memory; measured beside the worker's loop).
 """
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, silu
 from .llvm_ir import hsum
-from .parallel import call_address, fetch_add, like_dtype, ptr_as, run_serial, run_workers, worker_address
+from .parallel import c_array_at, call_address, fetch_add, like_dtype, run_serial, run_workers, worker_address
 
 TA = 4   # rows (tokens) per dot tile
 TB = 3   # weight rows per dot tile: 12 vector accumulators + 3 weight vectors + 1 row vector = 16 ymm
@@ -169,7 +169,7 @@ def gated_epilogue(src, dst, n, up, is64, code):
     code literals: one small function per (dtype, activation), called by address from
     moe_worker, which is compiled per dtype only."""
     z = like_dtype(is64)
-    gated_lit(carray(ptr_as(src, z), up + n), up, carray(ptr_as(dst, z), n), n, code)
+    gated_lit(c_array_at(src, z, (up + n,)), up, c_array_at(dst, z, (n,)), n, code)
 
 
 # moe_worker's int64 argument block: addresses, then sizes, blocking and the phase.
@@ -191,22 +191,22 @@ def moe_worker(w, params, is64):
     each of the task's experts, K block, weight-row segment (gate and up, or down), group
     of TB weight rows and group of TA rows, a tile added into the task's accumulator acc
     (the expert's rows x the task's columns), then the phase's epilogue."""
-    p = carray(ptr_as(params, np.int64(0)), Q_COUNT)
+    p = c_array_at(params, np.int64(0), (Q_COUNT,))
     z = like_dtype(is64)
     isz = 8 if is64 else 4
     T, H, F, E, R = p[Q_T], p[Q_H], p[Q_F], p[Q_E], p[Q_ROWS]
     nact, nmax, fb, hb, kc, phase = p[Q_NACTIVE], p[Q_NMAX], p[Q_FB], p[Q_HB], p[Q_KC], p[Q_PHASE]
-    sync = carray(ptr_as(p[Q_SYNC], np.int64(0)), 2)
-    xf = carray(ptr_as(p[Q_X], z), T * H)
-    wgf = carray(ptr_as(p[Q_WG], z), E * F * H)
-    wuf = carray(ptr_as(p[Q_WU], z), E * F * H)
-    wdf = carray(ptr_as(p[Q_WD], z), E * H * F)
-    hid = carray(ptr_as(p[Q_HID], z), R * F)
-    of = carray(ptr_as(p[Q_OUT], z), T * H)
-    offs = carray(ptr_as(p[Q_OFFS], np.int64(0)), E + 1)
-    active = carray(ptr_as(p[Q_ACTIVE], np.int64(0)), max(nact, 1))
-    tok = carray(ptr_as(p[Q_TOK], np.int64(0)), R)
-    scale = carray(ptr_as(p[Q_SCALE], z), R)
+    sync = c_array_at(p[Q_SYNC], np.int64(0), (2,))
+    xf = c_array_at(p[Q_X], z, (T * H,))
+    wgf = c_array_at(p[Q_WG], z, (E * F * H,))
+    wuf = c_array_at(p[Q_WU], z, (E * F * H,))
+    wdf = c_array_at(p[Q_WD], z, (E * H * F,))
+    hid = c_array_at(p[Q_HID], z, (R * F,))
+    of = c_array_at(p[Q_OUT], z, (T * H,))
+    offs = c_array_at(p[Q_OFFS], np.int64(0), (E + 1,))
+    active = c_array_at(p[Q_ACTIVE], np.int64(0), (max(nact, 1),))
+    tok = c_array_at(p[Q_TOK], np.int64(0), (R,))
+    scale = c_array_at(p[Q_SCALE], z, (R,))
     gating = phase == 0
     # phase 0: A = x rows (through tok), K = H, weight rows of F (gate, then up);
     # phase 1: A = hid rows, K = F, weight rows of H (down)

@@ -42,7 +42,7 @@ import numpy as np
 
 import numba
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy import uintp
@@ -51,7 +51,7 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, run_dynamic, run_serial, run_workers,
+from .parallel import (TASKS_PER_THREAD, c_array_at, fetch_add, like_dtype, run_dynamic, run_serial, run_workers,
                        tasks_for, worker_address)
 
 
@@ -159,14 +159,14 @@ def window_worker(wk, params, is64):
          and a column factor, or divisor_override).
     Per output row and tap, as before, the loops were short (56 outputs) and strided: 0.75
     ms on one thread for ResNet-50's stem pool against onnxruntime's 0.27 ms on two."""
-    p = carray(ptr_as(params, np.int64(0)), S_COUNT)
+    p = c_array_at(params, np.int64(0), (S_COUNT,))
     z = like_dtype(is64)
     P, h, w, oh, ow = p[S_PLANES], p[S_H], p[S_W], p[S_OH], p[S_OW]
     kh, kw, sh, sw, ph, pw, dh, dw = p[S_KH], p[S_KW], p[S_SH], p[S_SW], p[S_PH], p[S_PW], p[S_DH], p[S_DW]
     avg, cip, divisor, per = p[S_AVG] != 0, p[S_CIP] != 0, p[S_DIV], p[S_PER]
-    sync = carray(ptr_as(p[S_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[S_X], z), P * h * w)
-    of = carray(ptr_as(p[S_OUT], z), P * oh * ow)
+    sync = c_array_at(p[S_SYNC], np.int64(0), (1,))
+    xf = c_array_at(p[S_X], z, (P * h * w,))
+    of = c_array_at(p[S_OUT], z, (P * oh * ow,))
     hq, wq = phase_shape(oh, ow, kh, kw, sh, sw, dh, dw)
     fill = like(z, 0.0) if avg else like(z, -math.inf)
     # the padding written once: split_plane writes only the image positions
@@ -387,15 +387,15 @@ def pool_direct_worker(wk, params, is64, avg, sw2, win):
     one vector of columns pooled in registers straight from the input plane (_pool_tile:
     masked loads, no padded copy, no phase split).  One compiled worker per (dtype, avg,
     sw2)."""
-    p = carray(ptr_as(params, np.int64(0)), S_COUNT)
+    p = c_array_at(params, np.int64(0), (S_COUNT,))
     z = like_dtype(is64)
     P, h, w, oh, ow = p[S_PLANES], p[S_H], p[S_W], p[S_OH], p[S_OW]
     kh, kw, sh, ph, pw, dh, dw = p[S_KH], p[S_KW], p[S_SH], p[S_PH], p[S_PW], p[S_DH], p[S_DW]
     cip, divisor, per = p[S_CIP] != 0, p[S_DIV], p[S_PER]
     sw = 2 if sw2 else 1
-    sync = carray(ptr_as(p[S_SYNC], np.int64(0)), 1)
-    xf = carray(ptr_as(p[S_X], z), P * h * w)
-    of = carray(ptr_as(p[S_OUT], z), P * oh * ow)
+    sync = c_array_at(p[S_SYNC], np.int64(0), (1,))
+    xf = c_array_at(p[S_X], z, (P * h * w,))
+    of = c_array_at(p[S_OUT], z, (P * oh * ow,))
     L = vector_lanes(of)
     nvec = (ow + L - 1) // L
     frow = np.full(w, like(z, 0.0) if avg else like(z, -math.inf))  # the rows above / below

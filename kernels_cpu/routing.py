@@ -21,11 +21,12 @@ from an atomic counter (parallel.run_workers).
 """
 import numba
 import numpy as np
-from numba import carray, njit
+from numba import njit
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like
-from .parallel import TASKS_PER_THREAD, addresses, fetch_add, like_dtype, ptr_as, row_of, run_workers, worker_address
+from .parallel import (TASKS_PER_THREAD, addresses, c_array_at, fetch_add, like_dtype, row_of, run_workers,
+                       worker_address)
 
 # Rows of at least PREFILTER_MIN logits first find a lower bound of their k-th largest: the
 # k-th largest of the maxima of GROUPS interleaved groups (logit j in group j % GROUPS; a
@@ -126,13 +127,13 @@ def topk_worker(wk, params, is64):
     R_PER rows taken from the counter.  Called by address (parallel.run_workers): as a
     prange kernel, topk_rows compiled a second time into the parallel region and the cold
     first call at 4096 x 160 took 3.8 s, against 2.0 s for the serial kernel (2026-11-23)."""
-    p = carray(ptr_as(params, np.int64(0)), R_COUNT)
+    p = c_array_at(params, np.int64(0), (R_COUNT,))
     z = like_dtype(is64)
     t, e, k, per = p[R_T], p[R_E], p[R_K], p[R_PER]
-    sync = carray(ptr_as(p[R_SYNC], np.int64(0)), 1)
-    x = carray(ptr_as(p[R_X], z), (t, e))
-    weights = carray(ptr_as(p[R_W], z), (t, k))
-    indices = carray(ptr_as(p[R_I], np.int64(0)), (t, k))
+    sync = c_array_at(p[R_SYNC], np.int64(0), (1,))
+    x = c_array_at(p[R_X], z, (t, e))
+    weights = c_array_at(p[R_W], z, (t, k))
+    indices = c_array_at(p[R_I], np.int64(0), (t, k))
     while True:
         first = fetch_add(sync, 0, per)
         if first >= t:

@@ -45,13 +45,14 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like, silu
 from .gemm import _transpose_block, _vw
-from .parallel import TASKS_PER_THREAD, fetch_add, like_dtype, ptr_as, row_of, run_serial, run_workers, worker_address
+from .parallel import (TASKS_PER_THREAD, c_array_at, fetch_add, like_dtype, row_of, run_serial, run_workers,
+                      worker_address)
 
 # Steps per chunk (a multiple of W).  Per block: five W x LC tiles of dtype plus two N x W
 # (about 10 KiB at float32, L1).  Measured 2026-11-23 (AMD znver3, one thread, float32,
@@ -257,20 +258,20 @@ def scan_worker(w, params, is64):
     """Worker w of a selective_scan call (the P_* slots; P_B / P_C: B and C as (batch, G,
     L, N)); takes (batch, group, channel block) tasks from the counter.  An absent optional
     array (its flag off) is never read."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
     z = like_dtype(is64)
     nb, dim, L, N, G, fl, per = p[P_BATCH], p[P_DIM], p[P_L], p[P_N], p[P_G], p[P_FLAGS], p[P_PER_TASK]
     isz = 8 if is64 else 4
-    u = carray(ptr_as(p[P_U], z), (nb * dim, L))
-    delta = carray(ptr_as(p[P_DELTA], z), (nb * dim, L))
-    y = carray(ptr_as(p[P_Y], z), (nb * dim, L))
-    A = carray(ptr_as(p[P_A], z), (dim, N))
-    D = carray(ptr_as(p[P_D], z), (dim,))
-    zz = carray(ptr_as(p[P_Z], z), (nb * dim, L))
-    bias = carray(ptr_as(p[P_BIAS], z), (dim,))
-    h0 = carray(ptr_as(p[P_INIT], z), (nb * dim, N))
-    hl = carray(ptr_as(p[P_LAST], z), (nb * dim, N))
-    sync = carray(ptr_as(p[P_SYNC], np.int64(0)), 1)
+    u = c_array_at(p[P_U], z, (nb * dim, L))
+    delta = c_array_at(p[P_DELTA], z, (nb * dim, L))
+    y = c_array_at(p[P_Y], z, (nb * dim, L))
+    A = c_array_at(p[P_A], z, (dim, N))
+    D = c_array_at(p[P_D], z, (dim,))
+    zz = c_array_at(p[P_Z], z, (nb * dim, L))
+    bias = c_array_at(p[P_BIAS], z, (dim,))
+    h0 = c_array_at(p[P_INIT], z, (nb * dim, N))
+    hl = c_array_at(p[P_LAST], z, (nb * dim, N))
+    sync = c_array_at(p[P_SYNC], np.int64(0), (1,))
     W = _vw(y)
     H = dim // G
     nblk = (H + W - 1) // W
@@ -365,20 +366,20 @@ def update_worker(w, params, is64):
     of up to UPDATE_ROWS consecutive channels of one batch row from the counter.  Per task,
     dt (bias, softplus) and the silu(z) gate for all its rows in vectorized loops, and per
     row the N states in one vectorized loop."""
-    p = carray(ptr_as(params, np.int64(0)), P_COUNT)
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
     z = like_dtype(is64)
     nb, dim, N, G, fl, per = p[P_BATCH], p[P_DIM], p[P_N], p[P_G], p[P_FLAGS], p[P_PER_TASK]
-    x = carray(ptr_as(p[P_U], z), nb * dim)
-    dt = carray(ptr_as(p[P_DELTA], z), nb * dim)
-    y = carray(ptr_as(p[P_Y], z), nb * dim)
-    state = carray(ptr_as(p[P_INIT], z), (nb * dim, N))
-    A = carray(ptr_as(p[P_A], z), (dim, N))
-    B = carray(ptr_as(p[P_B], z), (nb * G, N))
-    C = carray(ptr_as(p[P_C], z), (nb * G, N))
-    D = carray(ptr_as(p[P_D], z), (dim,))
-    zz = carray(ptr_as(p[P_Z], z), (nb * dim,))
-    bias = carray(ptr_as(p[P_BIAS], z), (dim,))
-    sync = carray(ptr_as(p[P_SYNC], np.int64(0)), 1)
+    x = c_array_at(p[P_U], z, (nb * dim,))
+    dt = c_array_at(p[P_DELTA], z, (nb * dim,))
+    y = c_array_at(p[P_Y], z, (nb * dim,))
+    state = c_array_at(p[P_INIT], z, (nb * dim, N))
+    A = c_array_at(p[P_A], z, (dim, N))
+    B = c_array_at(p[P_B], z, (nb * G, N))
+    C = c_array_at(p[P_C], z, (nb * G, N))
+    D = c_array_at(p[P_D], z, (dim,))
+    zz = c_array_at(p[P_Z], z, (nb * dim,))
+    bias = c_array_at(p[P_BIAS], z, (dim,))
+    sync = c_array_at(p[P_SYNC], np.int64(0), (1,))
     H = dim // G
     per_row = (dim + UPDATE_ROWS - 1) // UPDATE_ROWS
     ntasks = nb * per_row
