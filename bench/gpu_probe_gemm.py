@@ -5,9 +5,10 @@ torch.matmul.
     DRY=1 NUMBA_ENABLE_CUDASIM=1 python bench/gpu_probe_gemm.py   # tiny shapes, the simulator
 
 For each shape and B layout ("kn": matmul's (K, N) b; "nk": linear's (N, K) weight, trans_b)
-it runs kernels_cuda.gemm.gemm_tc_wide_kernel (the default: register-prefetched 32-bit loads)
-and gemm_tc_async_kernel (cp.async pipeline + ldmatrix) built with launch bounds of 1 and of
-2 blocks per SM (2 caps registers at 128), checks each result against an fp32-accumulated
+it runs kernels_cuda.gemm.gemm_tc_wide_kernel ("wide": register-prefetched 32-bit loads) and
+gemm_tc_async_kernel (cp.async pipeline + ldmatrix) in each build of
+kernels_common.cuda_tiles.TC_ASYNC_TILES (block tile, warps, stages, blocks per SM, grouped
+block order; dynamic shared memory above 48 KB), checks each result against an fp32-accumulated
 product (relative error: max |ours - ref| / max |ref|) and prints the median of REPS timed
 launches (CUDA events around each launch, queued behind torch.cuda._sleep so the GPU runs
 them back to back: GPU time, not the host's launch time), TFLOP/s and the speed relative to
@@ -15,7 +16,8 @@ torch.matmul (torch time / ours: 1.0 = as fast).  One JSON line per row on stdou
 $OUT is set, in $OUT/gpu_probe_gemm.json.
 
 Environment: DRY=1 tiny shapes, 2 reps, numpy reference (torch if it has CUDA); REPS=n;
-SHAPES="m,n,k,layout;..." to replace the list; VARIANTS="wide,async,async2" to pick kernels.
+SHAPES="m,n,k,layout;..." to replace the list; VARIANTS="wide,128x128x32,..." to pick kernels
+(default: wide and every TC_ASYNC_TILES build).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ else:
               (4096, 11008, 4096, "nk"), (2048, 4096, 11008, "nk"), (1000, 1000, 1000, "kn")]
 if os.environ.get("SHAPES"):
     SHAPES = [(int(m), int(n), int(k), lay) for m, n, k, lay in (s.split(",") for s in os.environ["SHAPES"].split(";"))]
-VARIANTS = os.environ.get("VARIANTS", "wide,async,async2").split(",")
+VARIANTS = os.environ.get("VARIANTS", "").split(",") if os.environ.get("VARIANTS") else None
 
 
 def main():
@@ -46,18 +48,22 @@ def main():
 
     torch, has_torch = common.setup()
     from dispatch.cuda_impls._common import words
-    from kernels_common.cuda_tiles import TC_ASYNC_TILE, TC_ASYNC_WARPS, TC_WIDE_TILE, TC_WIDE_WARPS
+    from kernels_common.cuda_tiles import TC_ASYNC_TILES, TC_WIDE_TILE, TC_WIDE_WARPS
+    from kernels_cuda._jit import launch_dynamic
     from kernels_cuda.gemm import gemm_tc_async_kernel, gemm_tc_wide_kernel
 
+    variants = VARIANTS or ["wide"] + list(TC_ASYNC_TILES)
 
     def kernels(trans_b):
+        """name -> (kernel, (BM, BN, BK), threads, dynamic shared bytes)"""
         out = {}
-        if "wide" in VARIANTS:
-            out["wide"] = (gemm_tc_wide_kernel(trans_b), TC_WIDE_TILE, 32 * TC_WIDE_WARPS)
-        if "async" in VARIANTS:
-            out["async"] = (gemm_tc_async_kernel(trans_b, 1), TC_ASYNC_TILE, 32 * TC_ASYNC_WARPS)
-        if "async2" in VARIANTS:
-            out["async2"] = (gemm_tc_async_kernel(trans_b, 2), TC_ASYNC_TILE, 32 * TC_ASYNC_WARPS)
+        for v in variants:
+            if v == "wide":
+                out["wide"] = (gemm_tc_wide_kernel(trans_b), TC_WIDE_TILE, 32 * TC_WIDE_WARPS, 0)
+            else:
+                t = TC_ASYNC_TILES[v]
+                out[v] = (gemm_tc_async_kernel(trans_b, v), (t.bm, t.bn, t.bk), t.threads,
+                          t.shared_bytes if t.dynamic else 0)
         return out
 
     def time_it(launch, sync):
@@ -65,7 +71,7 @@ def main():
 
     g = np.random.default_rng(0)
     rows = []
-    hdr = f"{'M':>5s} {'N':>5s} {'K':>5s} {'b':2s} {'kernel':7s} {'us':>9s} {'TFLOP/s':>8s} {'x torch':>7s} {'rel err':>8s}"
+    hdr = f"{'M':>5s} {'N':>5s} {'K':>5s} {'b':2s} {'kernel':15s} {'us':>9s} {'TFLOP/s':>8s} {'x torch':>7s} {'rel err':>8s}"
     print(f"device: {torch.cuda.get_device_name() if has_torch else 'simulator' if SIM else '?'}; reps {REPS}", flush=True)
     print(hdr, flush=True)
     for m, n, k, lay in SHAPES:
@@ -82,7 +88,7 @@ def main():
             row = {"m": m, "n": n, "k": k, "b": lay, "kernel": "torch", "us": t_torch,
                    "tflops": 2 * m * n * k / t_torch / 1e6, "x_torch": 1.0, "rel_err": err_t}
             rows.append(row)
-            print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {'torch':7s} {t_torch:9.1f} {row['tflops']:8.1f} {1.0:7.2f} {err_t:8.1e}",
+            print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {'torch':15s} {t_torch:9.1f} {row['tflops']:8.1f} {1.0:7.2f} {err_t:8.1e}",
                   flush=True)
             a_d, b_d = cuda.as_cuda_array(ta), cuda.as_cuda_array(tb)
         else:
@@ -92,20 +98,20 @@ def main():
         aw, bw = words(a_d), words(b_d)
         idx = cuda.to_device(np.zeros(1, np.int64))
         bias = cuda.to_device(np.zeros(1, np.float16))
-        for name, (kern, (bm, bn, _), threads) in kernels(nk).items():
+        for name, (kern, (bm, bn, _), threads, dyn) in kernels(nk).items():
             c = cuda.to_device(np.full((1, m, n), np.nan, np.float16))
             grid = ((m + bm - 1) // bm) * ((n + bn - 1) // bn)
             args = (aw, bw, idx, idx, bias, c, k // 2, k, n // 2, 0, False)
 
-            def launch(kern=kern, grid=grid, threads=threads, args=args):
-                kern[grid, threads](*args)
+            def launch(kern=kern, grid=grid, threads=threads, args=args, dyn=dyn):
+                launch_dynamic(kern, grid, threads, dyn, *args)
 
             try:
                 t = time_it(launch, cuda.synchronize)
                 got = c.copy_to_host()[0].astype(np.float32)
                 err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else float("nan")
             except Exception as exc:  # noqa: BLE001 - one kernel failing must not lose the others' rows
-                print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {name:7s} FAILED {type(exc).__name__}: {str(exc)[:300]}",
+                print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {name:15s} FAILED {type(exc).__name__}: {str(exc)[:300]}",
                       flush=True)
                 continue
             row = {"m": m, "n": n, "k": k, "b": lay, "kernel": name, "us": t, "rel_err": err,
@@ -115,7 +121,7 @@ def main():
             ts = "-" if t is None else f"{t:.1f}"
             tfs = "-" if t is None else f"{row['tflops']:.1f}"
             xs = "-" if row["x_torch"] is None else f"{row['x_torch']:.2f}"
-            print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {name:7s} {ts:>9s} {tfs:>8s} {xs:>7s} {err:8.1e}", flush=True)
+            print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {name:15s} {ts:>9s} {tfs:>8s} {xs:>7s} {err:8.1e}", flush=True)
             if not err <= 2e-3:
                 print(f"   ^ WRONG: relative error {err} > 2e-3", flush=True)
     for r in rows:

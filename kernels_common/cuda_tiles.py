@@ -2,6 +2,7 @@
 bounds and shared-array shapes) and the dispatcher launches with them, so both read this
 one table.  None of these was tuned on a GPU (none has been measured in this project yet);
 the sources of each choice are given beside it."""
+from typing import NamedTuple
 
 # CUDA's limits on every chip: static __shared__ arrays (more needs the dynamic opt-in), and
 # grid dimensions (x up to 2^31 - 1 blocks, y and z up to 65,535: launches put what can
@@ -100,22 +101,76 @@ TC_WIDE_KERNEL = "gemm.tc_128x128x32"
 # so 3 stages fill the 48 KB of static shared memory exactly (the common Ampere choice, e.g.
 # CUTLASS's sm80 128 x 128 x 32 f16 GEMM uses 3-5).  On the H200 (2026-11-27,
 # bench/gpu_results/2026-11-27-gemm-async-h200) it ran 4096^3 in 603-635 us against the wide
-# tile's 1602-1787 (torch 178), and beat it at every shape tried; built for 2 blocks per SM
-# (128 registers, spilling 16-72 bytes for now) in 473 us.  So the dispatcher runs it wherever
-# its inputs allow (TC_ASYNC_ENABLED; PARAMS["tc_async"] in dispatch/cuda_impls/linalg.py
-# overrides it per implementation).
-TC_ASYNC_TILE = (128, 128, 32)
-TC_ASYNC_WARPS = 8
-TC_ASYNC_STAGES = 3
-TC_ASYNC_MIN_BLOCKS = 1  # launch bounds' blocks per SM: 2 caps it at 128 registers (see gemm_tc_async_kernel)
-TC_ASYNC_KERNEL = "gemm.tc_async_128x128x32"
+# tile's 1602-1787 (torch 178), and beat it at every shape tried.  So the dispatcher runs it
+# wherever its inputs allow (TC_ASYNC_ENABLED; PARAMS["tc_async"] in
+# dispatch/cuda_impls/linalg.py overrides it per implementation), in the build
+# TC_ASYNC_DEFAULT names (2 blocks per SM since 2026-11-27c, see TC_ASYNC_TILES).
+
+
+class TcAsyncTile(NamedTuple):
+    """One build of the pipelined tensor-core GEMM (kernels_cuda.gemm.gemm_tc_async_kernel):
+    a bm x bn block tile over K tiles of bk, warps_m x warps_n warps (a warp tile of
+    bm / warps_m x bn / warps_n), `stages` shared buffers, launch bounds of `min_blocks`
+    blocks per SM, and `group_m` row blocks swept together column by column (the blocks
+    running at once then share their B panels in L2; 1: row-major block order)."""
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    min_blocks: int = 1
+    group_m: int = 1
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def shared_bytes(self) -> int:
+        """Every stage's A and B tiles of halves; above STATIC_SMEM the kernel declares its
+        buffers dynamic and the launch opts in (kernels_cuda._jit.launch_dynamic)."""
+        return self.stages * (self.bm + self.bn) * self.bk * 2
+
+    @property
+    def dynamic(self) -> bool:
+        return self.shared_bytes > STATIC_SMEM
+
+
+# Builds bench/gpu_probe_gemm.py compares on a GPU (name -> tile); TC_ASYNC_DEFAULT runs.
+# H200 GPU time (2026-11-27c call 1, bench/gpu_results/2026-11-27c-h200/call1/probe.log, us,
+# 4096^3 (K, N) b / (N, K) / 4096 x 11008 x 4096 (N, K) / 512 x 11008 x 4096 (N, K); torch
+# 184 / 184 / 509 / 66): one block of 8 warps per SM ("b1") 606 / 632 / 1737 / 254; two
+# (launch bounds of 2 blocks: 128 registers, then still spilling) 478 / 494 / 1300 / 213;
+# with 4 stages 478 / 492 / 1297 / 210; grouped order 611 / 628 / 1644 / 240; 128 x 256
+# tiles (8 warps of 64 x 64, 3 or 4 stages) 500-551 / 541-552 / 1459-1467 / 271-273;
+# 256 x 128 530 / 539 / 1440 / 269; 128 x 256 x 64 505 / 501 / 1363 / 252.  So neither L2
+# traffic (bigger tiles, grouping) nor copy latency (stages) held it back, but warps to
+# switch between: 2 blocks of 128 x 128 won everywhere but the 1000^3 tie.  The default
+# holds 2 blocks per SM since its registers fit 128 without spilling (the partial last K
+# tile's addresses computed after the main loop, copy places one register per operand).
+TC_ASYNC_TILES = {
+    "128x128x32": TcAsyncTile(128, 128, 32, 2, 4, 3, min_blocks=2),
+    "128x128x32.b1": TcAsyncTile(128, 128, 32, 2, 4, 3),
+    "128x128x32.s4b2": TcAsyncTile(128, 128, 32, 2, 4, 4, min_blocks=2),
+    "128x128x32.g8": TcAsyncTile(128, 128, 32, 2, 4, 3, min_blocks=2, group_m=8),
+    "128x256x32.s3": TcAsyncTile(128, 256, 32, 2, 4, 3),
+    "128x256x32.s4g8": TcAsyncTile(128, 256, 32, 2, 4, 4, group_m=8),
+    "256x128x32.s4g8": TcAsyncTile(256, 128, 32, 4, 2, 4, group_m=8),
+    "128x256x64.s3g8": TcAsyncTile(128, 256, 64, 2, 4, 3, group_m=8),
+}
+TC_ASYNC_DEFAULT = "128x128x32"
+_TCA = TC_ASYNC_TILES[TC_ASYNC_DEFAULT]
+TC_ASYNC_TILE = (_TCA.bm, _TCA.bn, _TCA.bk)
+TC_ASYNC_WARPS = _TCA.warps_m * _TCA.warps_n
+TC_ASYNC_STAGES = _TCA.stages
+TC_ASYNC_KERNEL = "gemm.tc_async_" + TC_ASYNC_DEFAULT
 TC_ASYNC_ENABLED = True
 
 
 def tc_async_shared_bytes() -> int:
-    """Static shared memory of the pipelined tile: every stage's A and B tiles of halves."""
-    bm, bn, bk = TC_ASYNC_TILE
-    return TC_ASYNC_STAGES * (bm + bn) * bk * 2
+    """Shared memory of the default pipelined tile: every stage's A and B tiles of halves."""
+    return _TCA.shared_bytes
 
 
 # The GEMV kernel for few rows (decode: M <= GEMV_MAX_M by the dispatcher's rule): each

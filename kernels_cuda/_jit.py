@@ -30,8 +30,8 @@ if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
         pass
 
 # Largest blocks the dispatcher launches per kernel kind: one table with dispatch.cuda_impls.
-from kernels_common.cuda_tiles import (BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, VEC_ROW_DTYPES,  # noqa: E402,F401
-                                      VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS)
+from kernels_common.cuda_tiles import (BLOCK_ROWS_MAX_THREADS, ELEMENTWISE_THREADS, STATIC_SMEM,  # noqa: E402,F401
+                                      VEC_ROW_DTYPES, VEC_ROW_ELEMENTS, VEC_ROWS_MAX_THREADS, WARP_ROWS_THREADS)
 from kernels_common import acc_dtype  # noqa: E402
 
 # Row kernels (softmax, norms) read ROW_UNROLL elements per thread at once, their loads in
@@ -65,6 +65,33 @@ def device(fn=None, **kw):
     if fn is None:
         return lambda f: cuda.jit(device=True, **kw)(f)
     return cuda.jit(device=True, **kw)(fn)
+
+
+_OPTED_IN: set = set()
+
+
+def launch_dynamic(kern, grid, block, shared_bytes, *args):
+    """kern[grid, block, 0, shared_bytes](*args) for a kernel whose shared buffer is dynamic
+    (cuda.shared.array(0, ...)).  A block may take more than 48 KB of it only after the
+    compiled kernel opts in (cudaFuncAttributeMaxDynamicSharedMemorySize): done once per
+    compiled kernel and size, from numba-cuda's pre-launch hook (it hands over the kernel
+    compiled for these arguments).  The simulator needs no opt-in."""
+    cfg = kern[grid, block, 0, shared_bytes]
+    if shared_bytes > STATIC_SMEM and not SIM:
+        cfg.pre_launch_callbacks.append(lambda compiled, _cfg: _opt_in(compiled, shared_bytes))
+    cfg(*args)
+
+
+def _opt_in(compiled, nbytes):
+    f = compiled._codelibrary.get_cufunc()
+    key = (f.handle, nbytes)
+    if key in _OPTED_IN:  # a set's membership test and add are atomic under the GIL; a race sets it twice
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, nbytes, f.handle, f.device.id)
+    _OPTED_IN.add(key)
 
 
 def acc_of(dtype):

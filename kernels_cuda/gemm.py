@@ -26,8 +26,8 @@ from numba import cuda, float32, int64, types, uint32, uint64
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
 from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
-from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, STATIC_SMEM, TC_ASYNC_KERNEL,
-                                       TC_ASYNC_MIN_BLOCKS, TC_ASYNC_STAGES, TC_ASYNC_TILE, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS,
+from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, STATIC_SMEM, TC_ASYNC_DEFAULT, TC_ASYNC_KERNEL,
+                                       TC_ASYNC_TILES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS,
                                        TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_threads, gemm_tile_dtypes,
                                        gemv_kn_columns, gemv_unroll)
 
@@ -532,32 +532,66 @@ def gemm_tc_wide_kernel(trans_b):
 
 
 @lru_cache(maxsize=None)
-def gemm_tc_async_kernel(trans_b, min_blocks=TC_ASYNC_MIN_BLOCKS):
-    """The float16 GEMM on tensor cores with a cp.async pipeline: gemm_tc_wide_kernel's
-    128 x 128 x 32 block tile, 8 warps of 64 x 32 (4 x 4 mma.m16n8k16 per K step of 16) and
-    arguments (a, b flat uint32 views; kw_total = K / 2, b_rows = K, b_cols = N / 2), for
-    K % 8 == 0, a (K, N) b's N % 8 == 0 and 16-byte aligned a and b (the dispatcher checks;
-    rows are then whole 16-byte chunks).
-      Loads: each thread copies 2 + 2 chunks of 16 bytes per K tile global -> shared with
-    cp.async (no registers staged, no stores); a chunk of absent rows, columns or K reads as
-    zero (source size 0, from a clamped in-range address).  TC_ASYNC_STAGES buffers of A and
+def _grouped_tile_of(BM, BN, GROUP):
+    """tile_of(m_total, n_total) -> (batch, m0, n0) with GROUP row blocks swept together,
+    column by column (grid x = batch x row blocks x column blocks): the blocks running at
+    once share GROUP rows of A and a few B panels, which stay in L2, where row-major order
+    streams all of B past every row of blocks (Triton's matmul tutorial, "L2 cache
+    optimizations")."""
+
+    @device
+    def tile_of(m_total, n_total):
+        nbn = (n_total + BN - 1) // BN
+        nbm = (m_total + BM - 1) // BM
+        blk = cuda.blockIdx.x
+        per = nbm * nbn
+        bz = blk // per
+        r = blk - bz * per
+        gid = r // (GROUP * nbn)
+        first = gid * GROUP
+        rows = min(nbm - first, GROUP)
+        w = r - gid * (GROUP * nbn)
+        col = w // rows
+        return bz, (first + w - col * rows) * BM, col * BN
+
+    return tile_of
+
+
+@lru_cache(maxsize=None)
+def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
+    """The float16 GEMM on tensor cores with a cp.async pipeline, built for `tile` (a name of
+    cuda_tiles.TC_ASYNC_TILES or a TcAsyncTile): a BM x BN block tile over K tiles of BK,
+    warps_m x warps_n warps of MT m16 x NT8 n8 mma tiles each (the default 128 x 128 x 32:
+    8 warps of 64 x 32, 4 x 4 mma.m16n8k16 per K step of 16), arguments (a, b flat uint32
+    views; kw_total = K / 2, b_rows = K, b_cols = N / 2), for K % 8 == 0, a (K, N) b's
+    N % 8 == 0 and 16-byte aligned a and b (the dispatcher checks; rows are then whole
+    16-byte chunks).
+      Loads: each thread copies A_CP + B_CP chunks of 16 bytes per K tile global -> shared
+    with cp.async (no registers staged, no stores); a chunk of absent rows, columns or K
+    reads as zero (source size 0, from a clamped in-range address).  STAGES buffers of A and
     B: the tiles kt + 1 .. kt + STAGES - 1 are in flight while the tensor cores work on
     tile kt.  Per K tile one barrier: wait for tile kt's group, __syncthreads (its chunks are
     visible to all and every warp is done with tile kt - 1), issue tile kt + STAGES - 1 into
-    tile kt - 1's buffer, then the mma.
-      Shared layout, no padding: A (and B with trans_b) row-major, a row of 32 halves = four
-    16-byte chunks, chunk c of row r stored at chunk c ^ ((r >> 1) & 3); a (K, N) B row of
-    128 halves = 16 chunks, chunk c of row k at c ^ (k & 7).  Eight rows an ldmatrix reads
-    (or eight chunks a quarter-warp's cp.async writes) then fall in eight different 16-byte
-    bank groups: no conflicts.
+    tile kt - 1's buffer, then the mma.  Buffers over 48 KB are dynamic shared memory
+    (launch with _jit.launch_dynamic and tile.shared_bytes).
+      Shared layout, no padding: A (and B with trans_b) row-major, a row of BK halves = CH
+    16-byte chunks, chunk c of row r stored at chunk c ^ ((r >> 1) & 3) for BK = 32 (two
+    rows per 128 bytes), c ^ (r & 7) for BK = 64; a (K, N) B row of BN halves, chunk c of
+    row k at c ^ (k & 7).  Eight rows an ldmatrix reads (or eight chunks a quarter-warp's
+    cp.async writes) then fall in eight different 16-byte bank groups: no conflicts.
       Fragments: ldmatrix.x4 per m16 tile of A (a0..a3) and per pair of n8 tiles of B (b0,
-    b1 of both: .x4 from B stored (N, K), .x4.trans from B stored (K, N)): 6 per K step of 16
-    for 16 mma.  bias and c are float16 (the wide kernel's epilogue)."""
-    BM, BN, BK = TC_ASYNC_TILE
-    STAGES = TC_ASYNC_STAGES
-    NT = 32 * TC_ASYNC_WARPS
+    b1 of both: .x4 from B stored (N, K), .x4.trans from B stored (K, N)): MT + NT8 / 2 per
+    K step of 16 for MT x NT8 mma.  bias and c are float16 (the wide kernel's epilogue)."""
+    cfg = TC_ASYNC_TILES[tile] if isinstance(tile, str) else tile
+    BM, BN, BK, STAGES = cfg.bm, cfg.bn, cfg.bk, cfg.stages
+    NT = cfg.threads
+    MT = BM // (16 * cfg.warps_m)
+    NT8 = BN // (8 * cfg.warps_n)
     KP = BK // 2                  # words per A row of a tile (and per B row with trans_b)
     CH = BK // 8                  # 16-byte chunks per A row
+    KS = BK // 16                 # mma K steps per tile
+    SWS = 1 if CH == 4 else 0     # chunk c of row r at c ^ ((r >> SWS) & SWM)
+    SWM = CH - 1
     A_STAGE = BM * KP             # words of a stage's A tile
     B_STAGE = BN * KP             # words of a stage's B tile ((K, N): BK rows of BN / 2 words)
     SW = A_STAGE + B_STAGE        # words per stage
@@ -567,63 +601,101 @@ def gemm_tc_async_kernel(trans_b, min_blocks=TC_ASYNC_MIN_BLOCKS):
     BNW = BN // 2                 # (K, N) B: words per row of the tile
     BNC = BN // 8                 #           chunks per row
     ROWS_PER_PASS = NT // BNC     #           rows one pass of the block's copies covers
-    B_DST = 2 * B_CP              # b_dst: places, then ((K, N) b) rows within the tile
-    MT, NT8 = 4, 4
-    assert A_CP == 2 and B_CP == 2  # load_stage's fast path names its four copies
-    assert STAGES >= 2 and BM * CH % NT == 0 and B_STAGE // 4 % NT == 0 and NT % CH == 0 and NT % BNC == 0
-    assert STAGES * SW * 4 <= STATIC_SMEM
+    DYN = cfg.dynamic
+    # a thread's copies are NT / CH rows apart (A, (N, K) B) or ROWS_PER_PASS rows ((K, N)
+    # B): multiples of the swizzle's period of 8 rows, so their places differ by constants
+    assert NT // CH % 8 == 0 and ROWS_PER_PASS % 8 == 0
+    A_DST_STEP = NT // CH * KP
+    B_DST_STEP = A_DST_STEP if trans_b else ROWS_PER_PASS * BNW
+    assert CH in (4, 8) and MT >= 1 and NT8 % 2 == 0 and BM == 16 * MT * cfg.warps_m and BN == 8 * NT8 * cfg.warps_n
+    assert STAGES >= 2 and A_CP >= 1 and B_CP >= 1 and A_CP + B_CP <= 32
+    assert BM * CH % NT == 0 and B_STAGE // 4 % NT == 0 and NT % CH == 0 and NT % BNC == 0 and BNC >= 8
+    assert DYN or S_WORDS * 4 <= STATIC_SMEM
     WAIT = STAGES - 2             # groups left pending when tile kt must be complete
     zero = np.float32(0.0)
-    tile_of, place, _, store = _tc_parts(BM, BN, MT, NT8)
+    _, place, _, store = _tc_parts(BM, BN, MT, NT8)
+    tile_of = _tc_parts(BM, BN, MT, NT8)[0] if cfg.group_m == 1 else _grouped_tile_of(BM, BN, cfg.group_m)
 
     @device
-    def load_stage(S, a, b, base, kw0, pa0, pa1, pb0, pb1, a_src, b_src, ok_rows, a_dst, b_dst, kq, kw_total,
-                   b_rows, b_cols):
-        """Issue the copies of the K tile at word kw0 into the stage at word base.
-        A tile wholly inside K (all but possibly the last) copies from fixed addresses plus
-        the tile's offset: pa0, pa1, pb0, pb1 the global_address of each copy's chunk in K
-        tile 0 (rows clamped in range).  The last, partial tile recomputes them clamped:
-        a_src / b_src each copy's row offset in words ((K, N) b: the offset of its row kr of
-        the tile in K row 0, plus its column), a_dst / b_dst its place in a stage (and,
-        (K, N) b, its row kr of the tile), ok_rows a bit per copy whose row ((K, N) b:
-        column) exists, kq this thread's word within a row of A (its chunk of K)."""
-        na0 = 16 if ok_rows & 1 == 1 else 0
-        na1 = 16 if (ok_rows >> 1) & 1 == 1 else 0
-        nb0 = 16 if (ok_rows >> 2) & 1 == 1 else 0
-        if kw0 + KP <= kw_total:
-            step = uint64(4 * kw0)
-            cp_async16_at(S, base + a_dst[0], pa0 + step, na0)
-            cp_async16_at(S, base + a_dst[1], pa1 + step, na1)
-            if trans_b:
-                nb1 = 16 if (ok_rows >> 3) & 1 == 1 else 0
-                cp_async16_at(S, base + A_STAGE + b_dst[0], pb0 + step, nb0)
-                cp_async16_at(S, base + A_STAGE + b_dst[1], pb1 + step, nb1)
-            else:  # K row 2 kw0 of b
-                bstep = uint64(8 * kw0 * b_cols)
-                cp_async16_at(S, base + A_STAGE + b_dst[0], pb0 + bstep, nb0)
-                cp_async16_at(S, base + A_STAGE + b_dst[1], pb1 + bstep, nb0)
-        else:  # the last, partial K tile: chunks past K read as zero from clamped addresses
-            kv = kw0 + kq
-            kok = kv < kw_total
-            kc = min(kv, kw_total - 4)
-            for l in range(A_CP):
-                ok = kok & ((ok_rows >> l) & 1 == 1)
-                cp_async16(S, base + a_dst[l], a, a_src[l] + kc, 16 if ok else 0)
-            if trans_b:
-                for l in range(B_CP):
-                    ok = kok & ((ok_rows >> (A_CP + l)) & 1 == 1)
-                    cp_async16(S, base + A_STAGE + b_dst[l], b, b_src[l] + kc, 16 if ok else 0)
-            else:
-                cok = (ok_rows >> A_CP) & 1 == 1
-                for l in range(B_CP):
-                    kr = b_dst[B_CP + l]
-                    gk = 2 * kw0 + kr  # this copy's row of K
-                    ok = cok & (gk < b_rows)
-                    # b_src[l] - kr * b_cols: the column's offset in K row 0
-                    cp_async16(S, base + A_STAGE + b_dst[l], b, b_src[l] + (min(gk, b_rows - 1) - kr) * b_cols,
-                               16 if ok else 0)
+    def load_full(S, base, kw0, pa, pb, a_dst, b_dst, ok_rows, b_cols):
+        """Issue the copies of the whole K tile at word kw0 into the stage at word base: from
+        fixed addresses plus the tile's offset (pa[l], pb[l]: the global_address of each
+        copy's chunk in K tile 0, rows clamped in range), to a_dst + l * A_DST_STEP (b_dst +
+        l * B_DST_STEP) in a stage; ok_rows a bit per copy whose row ((K, N) b: column)
+        exists, the others read zero."""
+        step = uint64(4 * kw0)
+        for l in range(A_CP):
+            cp_async16_at(S, base + a_dst + l * A_DST_STEP, pa[l] + step, 16 if (ok_rows >> l) & 1 == 1 else 0)
+        if trans_b:
+            for l in range(B_CP):
+                cp_async16_at(S, base + A_STAGE + b_dst + l * B_DST_STEP, pb[l] + step,
+                              16 if (ok_rows >> (A_CP + l)) & 1 == 1 else 0)
+        else:  # K row 2 kw0 of b; the thread's column is the same for all its copies
+            bstep = uint64(8 * kw0 * b_cols)
+            nb = 16 if (ok_rows >> A_CP) & 1 == 1 else 0
+            for l in range(B_CP):
+                cp_async16_at(S, base + A_STAGE + b_dst + l * B_DST_STEP, pb[l] + bstep, nb)
 
-    @kernel(launch_bounds=(NT, min_blocks))
+    @device
+    def load_partial(S, a, b, base, kw0, t, ab, bb, m0, n0, m_total, n_total, kw_total, b_rows, b_cols):
+        """The copies of the last, partial K tile (at word kw0) into the stage at word base:
+        chunks past K, or of absent rows / columns, read as zero from clamped addresses.
+        Their places recomputed here, so that nothing of this tile stays live through the
+        main loop (registers: the 2-blocks-per-SM build has 128)."""
+        ch = t % CH
+        kv = kw0 + 4 * ch  # this thread's word of K
+        kok = kv < kw_total
+        kc = min(kv, kw_total - 4)
+        for l in range(A_CP):
+            r = (t + l * NT) // CH
+            gm = m0 + r
+            src = (ab * m_total + min(gm, m_total - 1)) * kw_total + kc
+            cp_async16(S, base + r * KP + ((ch ^ ((r >> SWS) & SWM)) << 2), a, src, 16 if kok and gm < m_total else 0)
+        if trans_b:
+            for l in range(B_CP):
+                r = (t + l * NT) // CH
+                gn = n0 + r
+                src = (bb * n_total + min(gn, n_total - 1)) * kw_total + kc
+                cp_async16(S, base + A_STAGE + r * KP + ((ch ^ ((r >> SWS) & SWM)) << 2), b, src,
+                           16 if kok and gn < n_total else 0)
+        else:
+            cn = t % BNC
+            gw = n0 // 2 + 4 * cn
+            for l in range(B_CP):
+                kr = t // BNC + l * ROWS_PER_PASS
+                gk = 2 * kw0 + kr  # this copy's row of K
+                src = (bb * b_rows + min(gk, b_rows - 1)) * b_cols + min(gw, b_cols - 4)
+                cp_async16(S, base + A_STAGE + kr * BNW + ((cn ^ (kr & 7)) << 2), b, src,
+                           16 if gw < b_cols and gk < b_rows else 0)
+
+    @device
+    def mma_tile(S, rb, a_lane, b_lane, d, af, bf):
+        """The warp's MT x NT8 mma over the K tile in the stage at word rb, fragments by
+        ldmatrix from this lane's row addresses: a_lane / b_lane its A / B row and chunk at
+        K step 0 (and n8 pair 0); the chunk of K step ks (or pair jj of a (K, N) B) is that
+        chunk XOR 2 ks (2 jj), as the swizzle is an XOR of the low chunk bits (see below)."""
+        for ks in range(KS):
+            ao = rb + (a_lane ^ (ks << 3))
+            for i in range(MT):
+                af[i, 0], af[i, 1], af[i, 2], af[i, 3] = ldmatrix_x4(S, ao + i * 16 * KP)
+            if trans_b:
+                bo = rb + (b_lane ^ (ks << 3))
+                for jj in range(NT8 // 2):
+                    bf[2 * jj, 0], bf[2 * jj, 1], bf[2 * jj + 1, 0], bf[2 * jj + 1, 1] = ldmatrix_x4(S, bo + jj * 16 * KP)
+            else:
+                for jj in range(NT8 // 2):
+                    bo = rb + ks * 16 * BNW + (b_lane ^ (jj << 3))
+                    bf[2 * jj, 0], bf[2 * jj, 1], bf[2 * jj + 1, 0], bf[2 * jj + 1, 1] = ldmatrix_x4_trans(S, bo)
+            for i in range(MT):
+                for j in range(NT8):
+                    d0, d1, d2, d3 = mma_16816(af[i, 0], af[i, 1], af[i, 2], af[i, 3], bf[j, 0], bf[j, 1],
+                                               d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
+                    d[i, j, 0] = d0
+                    d[i, j, 1] = d1
+                    d[i, j, 2] = d2
+                    d[i, j, 3] = d3
+
+    @kernel(launch_bounds=(NT, cfg.min_blocks))
     def gemm_tc_async(a, b, a_idx, b_idx, bias, c, kw_total, b_rows, b_cols, code, has_bias):
         m_total = c.shape[1]
         n_total = c.shape[2]
@@ -632,7 +704,7 @@ def gemm_tc_async_kernel(trans_b, min_blocks=TC_ASYNC_MIN_BLOCKS):
         bb = b_idx[bz]
         t = cuda.threadIdx.x
         g, q, wm, wn = place()
-        S = cuda.shared.array(S_WORDS, uint32, alignment=128)
+        S = cuda.shared.array(0 if DYN else S_WORDS, uint32, alignment=128)
         d = cuda.local.array((MT, NT8, 4), float32)  # [m16 tile][n8 tile][fragment register]
         af = cuda.local.array((MT, 4), uint32)
         bf = cuda.local.array((NT8, 2), uint32)
@@ -640,104 +712,78 @@ def gemm_tc_async_kernel(trans_b, min_blocks=TC_ASYNC_MIN_BLOCKS):
             for j in range(NT8):
                 for r in range(4):
                     d[i, j, r] = zero
-        # ---- the copies of this thread: fixed for the whole K loop
-        a_src = cuda.local.array(A_CP, int64)
-        a_dst = cuda.local.array(A_CP, int64)
-        b_src = cuda.local.array(B_CP, int64)
-        b_dst = cuda.local.array(B_DST, int64)
+        # ---- the copies of this thread for the whole K tiles: fixed for the whole K loop
+        pa = cuda.local.array(A_CP, uint64)
+        pb = cuda.local.array(B_CP, uint64)
         ok_rows = uint32(0)
         ch = t % CH  # the thread's chunk of an A row: the same for all its copies (NT % CH == 0)
+        kq = 4 * ch  # its word of K within a tile's row
+        r = t // CH
+        a_dst = r * KP + ((ch ^ ((r >> SWS) & SWM)) << 2)  # copy l's: + l * A_DST_STEP
+        b_dst = a_dst
         for l in range(A_CP):
             r = (t + l * NT) // CH
             gm = m0 + r
-            a_src[l] = (ab * m_total + min(gm, m_total - 1)) * kw_total
-            a_dst[l] = r * KP + ((ch ^ ((r >> 1) & 3)) << 2)
             ok_rows |= uint32(gm < m_total) << l
+            # the copy's address in K tile 0 (the kernel's arrays need not be empty: clamped rows)
+            pa[l] = global_address(a, (ab * m_total + min(gm, m_total - 1)) * kw_total + kq)
         if trans_b:
-            kq = 4 * ch
             for l in range(B_CP):
                 r = (t + l * NT) // CH
                 gn = n0 + r
-                b_src[l] = (bb * n_total + min(gn, n_total - 1)) * kw_total
-                b_dst[l] = r * KP + ((ch ^ ((r >> 1) & 3)) << 2)
                 ok_rows |= uint32(gn < n_total) << (A_CP + l)
+                pb[l] = global_address(b, (bb * n_total + min(gn, n_total - 1)) * kw_total + kq)
         else:
-            kq = 4 * ch  # A's chunk of K
             cn = t % BNC  # the thread's chunk of a B row (NT % BNC == 0)
             gw = n0 // 2 + 4 * cn  # its first word in a row of b
             ok_rows |= uint32(gw < b_cols) << A_CP
+            kr = t // BNC
+            b_dst = kr * BNW + ((cn ^ (kr & 7)) << 2)
             for l in range(B_CP):
-                kr = t // BNC + l * ROWS_PER_PASS
-                b_src[l] = (bb * b_rows + kr) * b_cols + min(gw, b_cols - 4)
-                b_dst[l] = kr * BNW + ((cn ^ (kr & 7)) << 2)
-                b_dst[B_CP + l] = kr
-        # the copies' addresses in K tile 0 (the kernel's arrays need not be empty: clamped
-        # rows; a (K, N) b's column is clamped too)
-        if trans_b:
-            pb0 = global_address(b, b_src[0] + kq)
-            pb1 = global_address(b, b_src[1] + kq)
-        else:
-            pb0 = global_address(b, b_src[0])
-            pb1 = global_address(b, b_src[1])
-        pa0 = global_address(a, a_src[0] + kq)
-        pa1 = global_address(a, a_src[1] + kq)
-        # ---- ldmatrix row addresses of this lane (words within a stage), per K step / tile pair
+                kr = t // BNC + l * ROWS_PER_PASS  # < BK <= b_rows wherever a whole K tile exists
+                pb[l] = global_address(b, (bb * b_rows + min(kr, b_rows - 1)) * b_cols + min(gw, b_cols - 4))
+        # ---- ldmatrix row addresses of this lane (words within a stage); chunks per K step in mma_tile
         lane = t & 31
         mi = lane >> 3  # the matrix this lane addresses a row of
         r8 = lane & 7   # and the row
-        a_off0 = (wm + 8 * (mi & 1) + r8) * KP + (((mi >> 1) ^ (r8 >> 1)) << 2)
-        a_off1 = (wm + 8 * (mi & 1) + r8) * KP + (((2 + (mi >> 1)) ^ (r8 >> 1)) << 2)
+        sw = (r8 >> SWS) & SWM
+        # Chunk c of K step ks is 2 ks + (mi >> 1) (A) or + (mi & 1) (B as (N, K)), stored at
+        # (2 ks + x) ^ sw = (x ^ sw) ^ 2 ks (x < 2); a row's offset has no bits below its
+        # chunks, so the step is an XOR of the word offset by ks << 3.  A (K, N) B's pair jj
+        # of n8 tiles: chunk (wn >> 3) + 2 jj + (mi >> 1) of row k, stored at that ^ r8 =
+        # ((wn >> 3) + (mi >> 1)) ^ r8 ^ 2 jj (wn >> 3 a multiple of NT8 > 2 jj).
+        a_lane = (wm + 8 * (mi & 1) + r8) * KP + (((mi >> 1) ^ sw) << 2)
         if trans_b:  # rows n (16 per pair of n8 tiles), chunks of K
-            b_off0 = A_STAGE + (wn + 8 * (mi >> 1) + r8) * KP + (((mi & 1) ^ (r8 >> 1)) << 2)
-            b_off1 = A_STAGE + (wn + 8 * (mi >> 1) + r8) * KP + (((2 + (mi & 1)) ^ (r8 >> 1)) << 2)
-        else:  # rows k of the tile, chunks of N: b_off0 for n8 tiles 0, 1, b_off1 for 2, 3
-            b_off0 = A_STAGE + (8 * (mi & 1) + r8) * BNW + ((((wn >> 3) + (mi >> 1)) ^ r8) << 2)
-            b_off1 = A_STAGE + (8 * (mi & 1) + r8) * BNW + ((((wn >> 3) + 2 + (mi >> 1)) ^ r8) << 2)
-        # ---- prologue: tiles 0 .. STAGES - 2 in flight (a group each, empty past the last tile)
-        ktiles = (kw_total + KP - 1) // KP
+            b_lane = A_STAGE + (wn + 8 * (mi >> 1) + r8) * KP + (((mi & 1) ^ sw) << 2)
+        else:  # rows k of the tile, chunks of N
+            b_lane = A_STAGE + (8 * (mi & 1) + r8) * BNW + ((((wn >> 3) + (mi >> 1)) ^ r8) << 2)
+        # ---- prologue: whole tiles 0 .. STAGES - 2 in flight (a group each, empty past the last)
+        kfull = kw_total // KP        # whole K tiles; a partial last one follows the loop
         for s in range(STAGES - 1):
-            if s < ktiles:
-                load_stage(S, a, b, s * SW, s * KP, pa0, pa1, pb0, pb1, a_src, b_src, ok_rows, a_dst, b_dst, kq, kw_total, b_rows,
-                           b_cols)
+            if s < kfull:
+                load_full(S, s * SW, s * KP, pa, pb, a_dst, b_dst, ok_rows, b_cols)
             cp_async_commit()
         rb = 0                        # the stage read this iteration
-        wb = (STAGES - 1) * SW        # the stage written
-        for kt in range(ktiles):
+        for kt in range(kfull):
             cp_async_wait(WAIT)       # this thread's copies of tile kt are complete
             cuda.syncthreads()        # everyone's are; every warp is done with tile kt - 1
             nk = kt + STAGES - 1
-            if nk < ktiles:           # into tile kt - 1's buffer
-                load_stage(S, a, b, wb, nk * KP, pa0, pa1, pb0, pb1, a_src, b_src, ok_rows, a_dst, b_dst, kq, kw_total, b_rows,
-                           b_cols)
+            if nk < kfull:            # into tile kt - 1's buffer, the stage before rb
+                wb = rb - SW if rb >= SW else rb + (S_WORDS - SW)
+                load_full(S, wb, nk * KP, pa, pb, a_dst, b_dst, ok_rows, b_cols)
             cp_async_commit()
-            for ks in range(BK // 16):
-                ao = rb + (a_off0 if ks == 0 else a_off1)
-                for i in range(MT):
-                    af[i, 0], af[i, 1], af[i, 2], af[i, 3] = ldmatrix_x4(S, ao + i * 16 * KP)
-                if trans_b:
-                    bo = rb + (b_off0 if ks == 0 else b_off1)
-                    for jj in range(NT8 // 2):
-                        bf[2 * jj, 0], bf[2 * jj, 1], bf[2 * jj + 1, 0], bf[2 * jj + 1, 1] = ldmatrix_x4(
-                            S, bo + jj * 16 * KP)
-                else:
-                    for jj in range(NT8 // 2):
-                        bo = rb + ks * 16 * BNW + (b_off0 if jj == 0 else b_off1)
-                        bf[2 * jj, 0], bf[2 * jj, 1], bf[2 * jj + 1, 0], bf[2 * jj + 1, 1] = ldmatrix_x4_trans(
-                            S, bo)
-                for i in range(MT):
-                    for j in range(NT8):
-                        d0, d1, d2, d3 = mma_16816(af[i, 0], af[i, 1], af[i, 2], af[i, 3], bf[j, 0], bf[j, 1],
-                                                   d[i, j, 0], d[i, j, 1], d[i, j, 2], d[i, j, 3])
-                        d[i, j, 0] = d0
-                        d[i, j, 1] = d1
-                        d[i, j, 2] = d2
-                        d[i, j, 3] = d3
+            mma_tile(S, rb, a_lane, b_lane, d, af, bf)
             rb += SW
             if rb == S_WORDS:
                 rb = 0
-            wb += SW
-            if wb == S_WORDS:
-                wb = 0
+        if kfull * KP < kw_total:
+            # the partial last tile into stage rb (tile kfull's: no copies were issued into
+            # it, and every warp passed the last barrier after its tile kfull - STAGES)
+            load_partial(S, a, b, rb, kfull * KP, t, ab, bb, m0, n0, m_total, n_total, kw_total, b_rows, b_cols)
+            cp_async_commit()
+            cp_async_wait(0)
+            cuda.syncthreads()
+            mma_tile(S, rb, a_lane, b_lane, d, af, bf)
         cp_async_wait(0)  # nothing left in flight (the groups past the last tile are empty)
         store(c, bias, d, bz, m0 + wm, n0 + wn, g, q, code, has_bias, m_total, n_total)
 

@@ -341,27 +341,36 @@ else:
         for e in range(n):
             dst[di + e] = src[si + e] if e < keep else 0
 
-    class _SimAddress:
-        """Simulator twin of a global_address: the array and a byte offset into it; adding an
-        integer moves it (the only arithmetic kernels do on one)."""
+    import threading as _threading
 
-        def __init__(self, arr, offset):
-            self.arr, self.offset = arr, int(offset)
+    _SIM_GLOBAL: dict = {}  # base address -> the flat array there (global_address's twin)
+    _SIM_LOCK = _threading.Lock()
 
-        def __add__(self, nbytes):
-            return _SimAddress(self.arr, self.offset + int(nbytes))
-
-        __radd__ = __add__
+    def _flat(src):
+        ary = np.asarray(getattr(src, "_ary", src))
+        return ary.reshape(-1)
 
     def global_address(src, si):
-        """Simulator twin: (src, byte offset of src[si])."""
-        return _SimAddress(src, int(si) * src.dtype.itemsize)
+        """Simulator twin: the real address of src[si] (an integer, as on a GPU, so kernels
+        may keep it in uint64 arrays), its array remembered for cp_async16_at."""
+        ary = _flat(src)
+        base = ary.__array_interface__["data"][0]
+        with _SIM_LOCK:
+            _SIM_GLOBAL[base] = ary
+        return base + int(si) * ary.dtype.itemsize
 
     def cp_async16_at(dst, di, gaddr, nbytes):
-        """Simulator twin: cp_async16 from a global_address."""
-        size = gaddr.arr.dtype.itemsize
-        assert gaddr.offset % size == 0
-        cp_async16(dst, di, gaddr.arr, gaddr.offset // size, nbytes)
+        """Simulator twin: cp_async16 from a global_address (plus a byte offset)."""
+        gaddr = int(gaddr)
+        with _SIM_LOCK:
+            for base, ary in _SIM_GLOBAL.items():
+                if base <= gaddr < base + ary.nbytes:
+                    break
+            else:
+                raise AssertionError(f"address {gaddr:#x} is in no array a global_address named")
+        off = gaddr - base
+        assert off % ary.dtype.itemsize == 0
+        cp_async16(dst, di, ary, off // ary.dtype.itemsize, nbytes)
 
     def cp_async_commit():
         """Simulator twin: nothing to do (the copies completed when issued)."""

@@ -26,8 +26,8 @@ import math
 import numpy as np
 
 from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
-from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_ASYNC_KERNEL,
-                                       TC_ASYNC_STAGES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, TC_WIDE_KERNEL,
+from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_ASYNC_DEFAULT,
+                                       TC_ASYNC_KERNEL, TC_ASYNC_STAGES, TC_ASYNC_TILES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, TC_WIDE_KERNEL,
                                        TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes, gemm_threads,
                                        gemm_tile_dtypes, gemv_kn_columns, gemv_unroll, tc_async_shared_bytes)
 
@@ -189,9 +189,11 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
             k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
         elif cfg["kernel"].startswith(TC_ASYNC_KERNEL):  # flat 32-bit words, copied 16 bytes at a time
-            K.gemm_tc_async_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
-                words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,
-                bias is not None)
+            tile = TC_ASYNC_TILES[TC_ASYNC_DEFAULT]
+            kernels("_jit").launch_dynamic(K.gemm_tc_async_kernel(b_is_nk), cfg["grid"], cfg["block"],
+                                           tile.shared_bytes if tile.dynamic else 0,
+                                           words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k,
+                                           n // 2, code, bias is not None)
         elif cfg["kernel"].startswith(TC_WIDE_KERNEL):  # flat 32-bit words: pairs of halves
             K.gemm_tc_wide_kernel(b_is_nk)[cfg["grid"], cfg["block"]](
                 words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k, n // 2, code,

@@ -9,6 +9,7 @@ import pytest
 
 import dispatch
 from dispatch import devices
+from kernels_common.cuda_tiles import TC_ASYNC_DEFAULT, TC_ASYNC_TILES
 from tests.support import ON_CUDA, assert_close, rng
 
 pytestmark = pytest.mark.skipif(not ON_CUDA, reason="CUDA target only")
@@ -152,6 +153,72 @@ def _expect_tc(e, d, kernel, bq=64):
         assert f"'kernel': 'attention.tc_async_d{d}_bq{bq}'" in s and "cp.async K/V pipeline" in s, s
     else:
         assert f"'kernel': 'attention.tc_d{d}'" in s, s
+
+
+# every build of cuda_tiles.TC_ASYNC_TILES but the default (its dispatch test is above); on a
+# GPU at shapes of several blocks per dimension, under the simulator one partial block
+# (the simulator, at about 40 s a build: two that between them take every code path the
+# default does not: BK = 64 rows of 8 chunks, 4 B copies a thread, 64 x 64 warp tiles of 4 x 2
+# and 2 x 4 warps, grouped order, dynamic shared memory)
+_TILE_BUILDS = ([("128x256x64.s3g8", "kn"), ("256x128x32.s4g8", "nk")] if SIM else
+                [(n, lay) for n in TC_ASYNC_TILES if n != TC_ASYNC_DEFAULT for lay in ("kn", "nk")])
+
+
+@pytest.mark.parametrize("tile, layout", _TILE_BUILDS)
+def test_float16_cp_async_tile_builds(tile, layout):
+    """Each build bench/gpu_probe_gemm.py compares (kernels_cuda.gemm.gemm_tc_async_kernel
+    over cuda_tiles.TC_ASYNC_TILES), launched directly as the probe does (dynamic shared
+    memory through _jit.launch_dynamic above 48 KB): partial row, column and last K tiles,
+    K tiles past the stages, bias + relu, grouped block order, against float64."""
+    from dispatch.cuda_impls._common import words
+    from kernels_cuda._jit import launch_dynamic
+    from kernels_cuda.gemm import gemm_tc_async_kernel
+
+    cfg = TC_ASYNC_TILES[tile]
+    g = rng()
+    nk = layout == "nk"
+    # K: a partial last tile and more tiles than stages; M, N: partial blocks (and on a GPU,
+    # enough row blocks for two groups of group_m, the last one short)
+    k = cfg.bk * (cfg.stages + 1) + 24
+    m, n = (cfg.bm - 30, cfg.bn - 40) if SIM else (cfg.bm * 11 - 30, cfg.bn * 3 - 40)
+    x = (g.standard_normal((m, k)) / 4).astype(np.float16)
+    w = (g.standard_normal((n, k) if nk else (k, n)) / 4).astype(np.float16)
+    bias = g.standard_normal(n).astype(np.float16)
+    y = x.astype(np.float64) @ (w.astype(np.float64).T if nk else w.astype(np.float64)) + bias
+    c = cuda.to_device(np.full((1, m, n), np.nan, np.float16))
+    idx = cuda.to_device(np.zeros(1, np.int64))
+    grid = -(-m // cfg.bm) * -(-n // cfg.bn)
+    launch_dynamic(gemm_tc_async_kernel(nk, tile), grid, cfg.threads, cfg.shared_bytes if cfg.dynamic else 0,
+                   words(_dev(x)), words(_dev(w)), idx, idx, _dev(bias), c, k // 2, k, n // 2, 1, True)
+    assert_close(c.copy_to_host()[0], np.maximum(y, 0), F16_TOL, f"{tile} {layout}", cancel=True)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_grouped_tile_order_covers_every_tile_once(group):
+    """kernels_cuda.gemm._grouped_tile_of: every (batch, row block, column block) exactly
+    once, group row blocks per column sweep (the last group short), batches in order."""
+    from kernels_cuda._jit import kernel
+    from kernels_cuda.gemm import _grouped_tile_of
+
+    tile_of = _grouped_tile_of(16, 8, group)
+
+    @kernel
+    def where(m_total, n_total, out):
+        bz, m0, n0 = tile_of(m_total, n_total)
+        out[cuda.blockIdx.x, 0] = bz
+        out[cuda.blockIdx.x, 1] = m0
+        out[cuda.blockIdx.x, 2] = n0
+
+    m, n, batch = 16 * 7 - 3, 8 * 5, 2
+    nbm, nbn = 7, 5
+    out = cuda.to_device(np.full((batch * nbm * nbn, 3), -1, np.int64))
+    where[batch * nbm * nbn, 1](m, n, out)
+    got = [tuple(r) for r in out.copy_to_host()]
+    assert sorted(got) == sorted((b, 16 * i, 8 * j) for b in range(batch) for i in range(nbm) for j in range(nbn))
+    first = got[:min(group, nbm) * 2]  # the first two column steps of batch 0's first group
+    rows = min(group, nbm)
+    assert [r[1] // 16 for r in first] == list(range(rows)) * 2 and [r[2] // 8 for r in first] == [0] * rows + [1] * rows
+    assert all(r[0] == 0 for r in got[:nbm * nbn]) and all(r[0] == 1 for r in got[nbm * nbn:])
 
 
 @pytest.mark.parametrize("kernel", ["async", "flash_tc_kernel"])
