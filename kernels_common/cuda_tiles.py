@@ -148,7 +148,12 @@ class TcAsyncTile(NamedTuple):
 # traffic (bigger tiles, grouping) nor copy latency (stages) held it back, but warps to
 # switch between: 2 blocks of 128 x 128 won everywhere but the 1000^3 tie.  The default
 # holds 2 blocks per SM since its registers fit 128 without spilling (the partial last K
-# tile's addresses computed after the main loop, copy places one register per operand).
+# tile's addresses computed after the main loop, copy places one register per operand):
+# 459 / 454 / 1236 / 198 us in call 2.  Call 3: 16-warp blocks of 128 x 256 or 256 x 128
+# (the warps of two blocks, half the L2 traffic) 497-506 / 530-533 / 1426-1430 / 264: two
+# independent blocks, each waiting only on its own barrier, beat them.  Call 4: K tiles of
+# 64 at 2 blocks per SM (half the barriers per product) 409 / 412 / 1100 / 173, the fastest,
+# but it spills 24-184 bytes outside the main loop (bench.ptx's bar), so not yet the default.
 TC_ASYNC_TILES = {
     "128x128x32": TcAsyncTile(128, 128, 32, 2, 4, 3, min_blocks=2),
     "128x128x32.b1": TcAsyncTile(128, 128, 32, 2, 4, 3),
@@ -158,6 +163,11 @@ TC_ASYNC_TILES = {
     "128x256x32.s4g8": TcAsyncTile(128, 256, 32, 2, 4, 4, group_m=8),
     "256x128x32.s4g8": TcAsyncTile(256, 128, 32, 4, 2, 4, group_m=8),
     "128x256x64.s3g8": TcAsyncTile(128, 256, 64, 2, 4, 3, group_m=8),
+    # 16 warps of 64 x 32 in one block: the warps of 2 blocks, half the L2 traffic per product
+    "128x256x32.w16": TcAsyncTile(128, 256, 32, 2, 8, 3),
+    "256x128x32.w16": TcAsyncTile(256, 128, 32, 4, 4, 3),
+    # K tiles of 64: half the barriers per product, 2 blocks per SM in 2 x 96 KB
+    "128x128x64.s3b2": TcAsyncTile(128, 128, 64, 2, 4, 3, min_blocks=2),
 }
 TC_ASYNC_DEFAULT = "128x128x32"
 _TCA = TC_ASYNC_TILES[TC_ASYNC_DEFAULT]
