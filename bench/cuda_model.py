@@ -20,7 +20,8 @@ takes the longer of the two)
   they run (below), divided over the SMs as the grid's blocks are (the busiest SM: ceil(blocks
   / SMs) blocks), each SM retiring at most ISSUE_PER_SM_CLK warp instructions per clock
   (fewer when it holds fewer warps) and each pipe at its own rate: FFMA at the FP32 peak, HMMA
-  at the tensor-core peak, DFMA/DADD/DMUL at the FP64 peak, MUFU at MUFU_PER_SM_CLK, shared
+  at the rate mma.sync reaches (the tensor-core peak on Ampere; on Hopper a measured third of
+  it, SPECS), DFMA/DADD/DMUL at the FP64 peak, MUFU at MUFU_PER_SM_CLK, shared
   loads at SHARED_BYTES_PER_SM_CLK.  The slowest of these is the bound (``issue_pipe``).
 
 How often the loops run (``WORK``, one table keyed by kernel name; kernels_cuda does not
@@ -44,11 +45,13 @@ hot loop has FMAs, else "stream" over the largest input, one pass.
 What it leaves out, so read it as the best this machine code can do: instructions outside
 the counted loops (epilogues, prologues, per-row reductions of the stream kernels; the tile
 staging of the tensor-core GEMM, which is inside its hot loop, is counted), bank conflicts,
-dependency stalls beyond the warps' count, L2 effects, clocks below boost, and mma.sync
-reaching less than the tensor-core peak on Hopper (see SPECS).  A
+dependency stalls beyond the warps' count (the tensor-core kernels' barrier per K tile: a
+406-clock bubble a tile with one block per SM on the H200, see SPECS), L2 effects and clocks
+below boost.  A
 loop body counts both sides of every branch in it (bench/sass.py), so a loop holding every
-activation behind a run-time switch (activation.*) is charged for all of them.  No GPU was
-measured: calibrate against one when it is lent (bench/gpu.py prints measured / predicted).
+activation behind a run-time switch (activation.*) is charged for all of them.  Calibrated
+against the H200 (bench/gpu_results/*-h200/README.md give measured / predicted per bar;
+bench/gpu.py prints it for every case it times).
 
 ``predictions(cases, ptx_rows, dtype)`` returns rows {op, case, gpu, dtype, seconds,
 predicted_us, bound ("memory" / "issue" / "launch"), memory_s, issue_s, issue_pipe, inner_loop
@@ -66,6 +69,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels_common.cuda_tiles import TC_ASYNC_RUN, tc_async_kernel_name
+
 
 @dataclass(frozen=True)
 class Chip:
@@ -77,20 +82,37 @@ class Chip:
     fp32_flops: float     # non-tensor FP32 (an FFMA = 2 FLOPs)
     fp16_tc_flops: float  # dense FP16 tensor core, FP32 accumulation (mma.sync HMMA)
     fp64_flops: float     # non-tensor FP64
+    mma_sync_flops: float = 0.0  # what mma.sync (HMMA.16816) issues at: the tensor pipe here; 0: fp16_tc_flops
 
+    @property
+    def hmma_flops(self) -> float:
+        return self.mma_sync_flops or self.fp16_tc_flops
+
+
+# mma.sync on Hopper: 11.9 SM clocks per HMMA.16816 per SM partition, measured on the H200
+# (2026-11-27c, bench/gpu_results/2026-11-27c-h200), four per SM at 1.98 GHz: 132 x 4 / 11.9 x
+# 4096 FLOP x 1.98e9 = 360 TFLOP/s, 36% of the dense FP16 peak (reached with wgmma).  Fitted to
+# the float16 GEMM builds that ran 4096^3 with one block per SM: 8 warps of 128 x 128 x 32
+# tiles (64 HMMA per partition per K tile, 1170 clocks a tile) and of 128 x 256 x 32 (128 HMMA,
+# 1934 clocks): 11.9 clocks per HMMA plus a 406-clock barrier bubble per K tile.  No build ran
+# faster than 12.4 clocks per HMMA (K tiles of 64, two blocks per SM: 409 us), nor any
+# mma.sync kernel here.  Replace it with bench/gpu_probe_mma.py's figure (independent HMMA
+# chains, no memory) once a GPU runs it.
+HOPPER_MMA_SYNC_CLK_PER_HMMA = 11.9
+_HOPPER_MMA_SYNC = 132 * 4 / HOPPER_MMA_SYNC_CLK_PER_HMMA * 2 * 16 * 8 * 16 * 1.98e9
 
 SPECS = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TFLOPS, FP64 34 TFLOPS, FP16 Tensor Core
     # 1,979 TFLOPS with sparsity = 989.4 dense, HBM3 3.35 TB/s; 132 SMs; 67e12 / (132 SMs x 128
     # lanes x 2) = 1.98 GHz boost.  The dense tensor peak corresponds to 1.83 GHz (132 x 1024 FMA/clk
     # x 2 x 1.83e9): with it the HMMA pipe below runs at 0.92 of an HMMA.16816 per SM clock.
-    # Hopper reaches that peak with wgmma; mma.sync (HMMA) is reported to stay below it
-    # (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024): an
-    # optimistic pipe rate here.
-    "H100 SXM": Chip("sm_90", 1.98e9, 3.35e12, 67e12, 989.4e12, 34e12),
+    # Hopper reaches that peak with wgmma; mma.sync (HMMA) stays far below it (Luo et al.,
+    # "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024; measured here:
+    # HOPPER_MMA_SYNC_CLK_PER_HMMA), and the kernels' tensor pipe is that rate.
+    "H100 SXM": Chip("sm_90", 1.98e9, 3.35e12, 67e12, 989.4e12, 34e12, _HOPPER_MMA_SYNC),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): the H100's SM array and clocks (FP32 67, FP64
     # 34, FP16 Tensor Core 1,979 TFLOPS with sparsity) with 141 GB of HBM3e at 4.8 TB/s.
-    "H200 SXM": Chip("sm_90", 1.98e9, 4.8e12, 67e12, 989.4e12, 34e12),
+    "H200 SXM": Chip("sm_90", 1.98e9, 4.8e12, 67e12, 989.4e12, 34e12, _HOPPER_MMA_SYNC),
     # NVIDIA A100 datasheet (80GB SXM): FP32 19.5, FP64 9.7, FP16 Tensor Core 312 TFLOPS (dense),
     # 2,039 GB/s; 108 SMs at 1.41 GHz boost (A100 whitepaper).
     "A100 80GB SXM": Chip("sm_80", 1.41e9, 2.039e12, 19.5e12, 312e12, 9.7e12),
@@ -182,10 +204,11 @@ def _vec_step(cfg, call):
 
 def _tc_tile(cfg):
     """(BM, BN, BK) of the tensor-core GEMM kernel a launch names."""
-    from kernels_common.cuda_tiles import TC_ASYNC_KERNEL, TC_ASYNC_TILE, TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
+    from kernels_common.cuda_tiles import TC_ASYNC_PREFIX, TC_ASYNC_TILES, TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
 
-    if cfg["kernel"].startswith(TC_ASYNC_KERNEL):
-        return TC_ASYNC_TILE
+    if cfg["kernel"].startswith(TC_ASYNC_PREFIX):
+        t = TC_ASYNC_TILES[cfg["build"]]
+        return t.bm, t.bn, t.bk
     return TC_WIDE_TILE if cfg["kernel"].startswith(TC_WIDE_KERNEL) else TC_TILE
 
 
@@ -330,8 +353,6 @@ WORK = {
     "gemm.tc_64x64x16": ("fma", _gemm_tc, _tc_step),
     "gemm.tc_128x128x32": ("fma", _gemm_tc, _tc_step),
     "gemm.tc_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
-    "gemm.tc_async_128x128x32": ("fma", _gemm_tc, _tc_step),
-    "gemm.tc_async_128x128x32.nk": ("fma", _gemm_tc, _tc_step),
     "gemm.vec_128x128x8": ("fma", _gemm_vec, _vec_step),
     "gemm.vec_128x128x8.nk": ("fma", _gemm_vec, _vec_step),
     "gemm.gemv_nk": ("fma", _gemv),
@@ -373,6 +394,8 @@ WORK = {
     # passes, both charged the range loop's instructions per element; dequantize: one
     "quant": ("stream", lambda cfg, call: _elements(call) * (2 if cfg.get("reduce") else 1), 1),
 }
+WORK.update({tc_async_kernel_name(build, nk): ("fma", _gemm_tc, _tc_step)
+             for build in TC_ASYNC_RUN for nk in (False, True)})
 
 
 def _work_entry(kernel):
@@ -487,7 +510,7 @@ def bounds(chip: Chip, props, cfg, occupancy, nbytes, mix, units, inflight_bytes
     pipes = {
         "issue": sm["total"] / (min(ISSUE_PER_SM_CLK, warps) * clock),
         "fp32": sm["ffma"] * 64 / (chip.fp32_flops / sms),
-        "tensor": sm["hmma"] * 2 * 16 * 8 * 16 / (chip.fp16_tc_flops / sms),
+        "tensor": sm["hmma"] * 2 * 16 * 8 * 16 / (chip.hmma_flops / sms),
         "fp64": sm["fp64"] * 64 / (chip.fp64_flops / sms),
         "mufu": sm["mufu"] / (MUFU_PER_SM_CLK * clock),
         "shared": (sm["ld_shared_bytes"] + 4 * sm["st_shared"]) * 32 / (SHARED_BYTES_PER_SM_CLK * clock),
@@ -598,7 +621,7 @@ def predictions(cases=None, ptx_rows=None, dtype=np.float32):
             threads = cfg["block"] if isinstance(cfg["block"], int) else math.prod(cfg["block"])
             r = built.get((kname, chip.arch))
             if r is not None:
-                occupancy, occ_src = ptxmod.occupancy(chip.arch, threads, r["regs"], r["smem"]), "ptxas"
+                occupancy, occ_src = ptxmod.occupancy(chip.arch, threads, r["regs"], r.get("shared_bytes", r["smem"])), "ptxas"
             else:
                 occupancy, occ_src = DEFAULT_OCCUPANCY, "assumed"
             loop = (r or {}).get("inner_loop") or {"error": "no bench.ptx row with SASS counts"}

@@ -19,7 +19,8 @@ dispatcher for a dtype its declaration does not build: a CI gate.
 ``spill_bytes``, ``occupancy``, ``inner_loop`` ({"ffma", "hmma", "ld_shared", "ld_global",
 "st", "total", ...} per iteration, or {"error": why}) and ``predicted_us`` ({benchmark case id:
 microseconds} predicted by bench/cuda_model.py for the chip of that arch, for the cases that
-launch this kernel in this dtype); also the older names ``regs``, ``smem``, ``spill_st``,
+launch this kernel in this dtype); also the older names ``regs``, ``smem`` (static shared
+memory only, which the 48 KB gate reads; ``shared_bytes`` adds a block's dynamic shared memory), ``spill_st``,
 ``spill_ld`` and ``stack`` (bytes of local-memory stack frame), and ``compile_s`` / ``sass_s``
 (seconds for the whole build / its share of its batch's disassembly and reading: the SASS
 of one arch is read 32 objects at a time, bench/sass.py's analyze_many).
@@ -110,6 +111,17 @@ def launches_by_chip(chips, dtypes=DTYPES) -> dict:
     return out
 
 
+def _runs_on(build, arch) -> bool:
+    """Whether the dispatcher may run `build` on chip `arch` (its PtxBuild.fits rule with the
+    chip's shared memory; no rule: every chip)."""
+    if build.fits is None:
+        return True
+    from dispatch import devices
+
+    p = devices.CHIPS[arch]
+    return build.fits(p.smem_per_block_optin, p.smem_per_sm)
+
+
 def undeclared(table, launched) -> list:
     """Kernel names the dispatcher launches that no kernels_cuda module declares for the
     PTX report: such a kernel would escape the spill and shared-memory gates."""
@@ -128,12 +140,13 @@ def occupancy(chip: str, threads: int, regs: int, smem: int) -> float:
     """Theoretical occupancy (resident warps / max warps per SM), CUDA occupancy-calculator rules:
     registers allocated per warp in units of 256, 1 KB of shared memory reserved per block."""
     from dispatch import devices
+    from kernels_common.cuda_tiles import SMEM_RESERVED_PER_BLOCK
 
     p = devices.CHIPS[chip]
     warps = -(-threads // 32)
     regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
     by_regs = (p.regs_per_sm // regs_per_warp) // warps
-    by_smem = p.smem_per_sm // (smem + 1024)
+    by_smem = p.smem_per_sm // (smem + SMEM_RESERVED_PER_BLOCK)
     by_threads = p.max_threads_per_sm // threads
     blocks = min(by_regs, by_smem, by_threads, MAX_BLOCKS_PER_SM[chip])
     return blocks * warps * 32 / p.max_threads_per_sm
@@ -228,8 +241,11 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
                 rows.append({"kernel": name, "family": table[name].family, "dtype": dt, "arch": a, "ok": False,
                              "error": f"launched by the dispatcher for {dt}, which its PtxBuild does not build"})
     # one job per (kernel, dtype), all chips in it: they share numba's front end
-    jobs = [(name, build, dtype, tuple((arch, threads[arch].get(name, build.threads)) for arch in archs))
+    # (a build declares the chips it may run on: those whose shared memory holds its blocks)
+    jobs = [(name, build, dtype, chips)
             for name, build in table.items() if not only or any(o in name for o in only)
+            for chips in [tuple((arch, threads[arch].get(name, build.threads)) for arch in archs if _runs_on(build, arch))]
+            if chips
             for dtype in dtypes if dtype in build.dtypes]
     global _JOBS
     _JOBS = jobs
@@ -316,10 +332,11 @@ def _build_row(k, tmp, ptxas, nvdisasm):
                 raise info
             row["_object"] = (info.pop("object"), info.pop("entry"))
             row.update(info)
-            row.update(registers=info["regs"], shared_bytes=info["smem"],
+            # shared_bytes: what a block takes, dynamic included; smem: the static arrays (the gate)
+            row.update(registers=info["regs"], shared_bytes=info["smem"] + build.dynamic_shared,
                        spill_bytes=info["spill_st"] + info["spill_ld"])
             row["threads"] = thr
-            row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"])
+            row["occupancy"] = occupancy(arch, thr, info["regs"], info["smem"] + build.dynamic_shared)
             errors = []
             if info["spill_st"] or info["spill_ld"]:
                 errors.append("spills")
@@ -328,7 +345,7 @@ def _build_row(k, tmp, ptxas, nvdisasm):
             if info["smem"] > STATIC_SMEM:
                 errors.append(f"static shared memory {info['smem']} B > {STATIC_SMEM} B")
             biggest = max(thr, build.threads)  # the kernel's own largest launch
-            if occupancy(arch, biggest, info["regs"], info["smem"]) == 0:
+            if occupancy(arch, biggest, info["regs"], info["smem"] + build.dynamic_shared) == 0:
                 errors.append(f"{info['regs']} registers x {biggest} threads do not fit one SM: "
                               "the largest launch would fail")
             row["ok"] = not errors
@@ -348,7 +365,7 @@ def _fmt(r):
     if "regs" not in r:
         return f"{r['kernel']:28s} {r['dtype']:8s} {r['arch']:6s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>7s} {'-':>6s}  FAIL {r['error']}"
     spill = r["spill_st"] + r["spill_ld"]
-    return (f"{r['kernel']:28s} {r['dtype']:8s} {r['arch']:6s} {r['regs']:4d} {r['smem']:7d} {spill:7d} "
+    return (f"{r['kernel']:28s} {r['dtype']:8s} {r['arch']:6s} {r['regs']:4d} {r['shared_bytes']:7d} {spill:7d} "
             f"{r['threads']:7d} {r['occupancy']:6.0%}  {'ok' if r['ok'] else 'FAIL ' + r['error']}")
 
 

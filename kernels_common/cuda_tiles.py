@@ -95,7 +95,7 @@ TC_WIDE_KERNEL = "gemm.tc_128x128x32"
 # The pipelined tensor-core tile (kernels_cuda.gemm.gemm_tc_async_kernel): the wide tile's
 # 128 x 128 x 32 block and 64 x 32 warp tiles, its A and B tiles copied global -> shared by
 # cp.async (16 bytes a copy: K % 8 == 0, a (K, N) b's N % 8 == 0, 16-byte aligned data) into
-# TC_ASYNC_STAGES buffers, TC_ASYNC_STAGES - 1 K tiles in flight while the tensor cores work,
+# its stages of buffers, all but one K tile in flight while the tensor cores work,
 # one barrier per K tile; fragments by ldmatrix from rows whose 16-byte chunks are
 # XOR-swizzled instead of padded.  A stage: 128 rows x 64 bytes of A + as much of B = 16 KB,
 # so 3 stages fill the 48 KB of static shared memory exactly (the common Ampere choice, e.g.
@@ -104,7 +104,7 @@ TC_WIDE_KERNEL = "gemm.tc_128x128x32"
 # tile's 1602-1787 (torch 178), and beat it at every shape tried.  So the dispatcher runs it
 # wherever its inputs allow (TC_ASYNC_ENABLED; PARAMS["tc_async"] in
 # dispatch/cuda_impls/linalg.py overrides it per implementation), in the build
-# TC_ASYNC_DEFAULT names (2 blocks per SM since 2026-11-27c, see TC_ASYNC_TILES).
+# TC_ASYNC_RUN names (2 blocks per SM since 2026-11-27c, see TC_ASYNC_TILES).
 
 
 class TcAsyncTile(NamedTuple):
@@ -137,7 +137,7 @@ class TcAsyncTile(NamedTuple):
         return self.shared_bytes > STATIC_SMEM
 
 
-# Builds bench/gpu_probe_gemm.py compares on a GPU (name -> tile); TC_ASYNC_DEFAULT runs.
+# Builds bench/gpu_probe_gemm.py compares on a GPU (name -> tile); TC_ASYNC_RUN are run.
 # H200 GPU time (2026-11-27c call 1, bench/gpu_results/2026-11-27c-h200/call1/probe.log, us,
 # 4096^3 (K, N) b / (N, K) / 4096 x 11008 x 4096 (N, K) / 512 x 11008 x 4096 (N, K); torch
 # 184 / 184 / 509 / 66): one block of 8 warps per SM ("b1") 606 / 632 / 1737 / 254; two
@@ -166,21 +166,38 @@ TC_ASYNC_TILES = {
     # 16 warps of 64 x 32 in one block: the warps of 2 blocks, half the L2 traffic per product
     "128x256x32.w16": TcAsyncTile(128, 256, 32, 2, 8, 3),
     "256x128x32.w16": TcAsyncTile(256, 128, 32, 4, 4, 3),
-    # K tiles of 64: half the barriers per product, 2 blocks per SM in 2 x 96 KB
-    "128x128x64.s3b2": TcAsyncTile(128, 128, 64, 2, 4, 3, min_blocks=2),
+    # K tiles of 64: half the barriers per product, 2 blocks per SM in 2 x 96 KB (dynamic)
+    "128x128x64": TcAsyncTile(128, 128, 64, 2, 4, 3, min_blocks=2),
 }
-TC_ASYNC_DEFAULT = "128x128x32"
+# The builds the dispatcher runs, fastest first: the first whose blocks fit the device's
+# shared memory (tc_async_fits) runs.  128 x 128 x 64 ran the H200's bars 11% faster than
+# 128 x 128 x 32 (call 4 above: 409 / 412 / 1100 / 173 against 459 / 456 / 1226 / 198 us) but
+# needs 2 x 96 KB a SM (an H100's 228 KB; an A100's or Orin's 164 KB hold one block, which
+# would lose the second block's warps): those take 128 x 128 x 32 (2 x 48 KB).
+TC_ASYNC_RUN = ("128x128x64", "128x128x32")
+TC_ASYNC_DEFAULT = "128x128x32"  # static shared memory: fits every sm_80+ part
 _TCA = TC_ASYNC_TILES[TC_ASYNC_DEFAULT]
 TC_ASYNC_TILE = (_TCA.bm, _TCA.bn, _TCA.bk)
 TC_ASYNC_WARPS = _TCA.warps_m * _TCA.warps_n
-TC_ASYNC_STAGES = _TCA.stages
-TC_ASYNC_KERNEL = "gemm.tc_async_" + TC_ASYNC_DEFAULT
+TC_ASYNC_PREFIX = "gemm.tc_async_"
+TC_ASYNC_KERNEL = TC_ASYNC_PREFIX + TC_ASYNC_DEFAULT
 TC_ASYNC_ENABLED = True
+# shared memory the CUDA runtime keeps per resident block on compute capability 8.x / 9.0
+# (CUDA C++ Programming Guide, "Shared Memory" of those compute capabilities: 1 KB)
+SMEM_RESERVED_PER_BLOCK = 1024
 
 
-def tc_async_shared_bytes() -> int:
-    """Shared memory of the default pipelined tile: every stage's A and B tiles of halves."""
-    return _TCA.shared_bytes
+def tc_async_kernel_name(build: str, trans_b: bool = False) -> str:
+    """The kernel name of a TC_ASYNC_TILES build, as launches and bench.ptx give it."""
+    return TC_ASYNC_PREFIX + build + (".nk" if trans_b else "")
+
+
+def tc_async_fits(build: str, smem_per_block_optin: int, smem_per_sm: int) -> bool:
+    """Whether a device holds the build's min_blocks blocks per SM in shared memory (and
+    allows one block that much: the dynamic opt-in above 48 KB)."""
+    t = TC_ASYNC_TILES[build]
+    return (t.shared_bytes <= smem_per_block_optin
+            and t.min_blocks * (t.shared_bytes + SMEM_RESERVED_PER_BLOCK) <= smem_per_sm)
 
 
 # The GEMV kernel for few rows (decode: M <= GEMV_MAX_M by the dispatcher's rule): each
@@ -247,7 +264,7 @@ TC_ATTN_WARPS = 4
 # mma layout per warp (16 query rows, Q in registers) as flash_tc_kernel.  A stage is a K and
 # a V tile of BK x d halves: 16 KB for BK = 64 at d = 64 and BK = 32 at d = 128 (64 at d = 128
 # would be 32 KB a stage: two stages exceed the 48 KB of static shared memory), so 3 stages
-# fill 48 KB, as the GEMM's pipeline (TC_ASYNC_STAGES; CUTLASS's sm80 f16 kernels use 3-5).
+# fill 48 KB, as the GEMM's pipeline (TcAsyncTile.stages; CUTLASS's sm80 f16 kernels use 3-5).
 # Warps per block: a block's K/V tiles serve its BQ = 16 x warps rows, so 8 warps (128 rows,
 # FlashAttention-2's forward block) read half the K/V bytes per query row of 4 (causal
 # (1, 32, 4096, 128): 1.1 GB instead of 2.2 GB from L2), but 4 warps won at every shape

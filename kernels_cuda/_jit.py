@@ -114,12 +114,18 @@ class PtxBuild:
     dtypes    the input dtypes it is built for
     requires  strings its PTX must contain (the tensor-core GEMM: its mma instruction), so
               that a kernel silently built without them fails the report
+    fits      (smem_per_block_optin, smem_per_sm) of a chip -> whether the dispatcher may run
+              the kernel there (None: everywhere); the report builds it for those chips only
+              (the same rule the dispatcher applies, e.g. cuda_tiles.tc_async_fits)
+    dynamic_shared  bytes of dynamic shared memory a block is launched with (the report's
+              occupancy counts them beside the static arrays ptxas reports)
     """
 
     def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16", "float64"),
-                 requires=()):
+                 requires=(), fits=None, dynamic_shared=0):
         self.name, self.family, self.get, self.argtypes = name, family, get, argtypes
         self.threads, self.dtypes, self.requires = threads, tuple(dtypes), tuple(requires)
+        self.fits, self.dynamic_shared = fits, dynamic_shared
 
 
 def acc_np(numba_dtype):

@@ -26,15 +26,15 @@ from numba import cuda, float32, int64, types, uint32, uint64
 
 from kernels_common.cuda_tiles import GEMM_TILES as CONFIGS  # (BM, BN, BK, TM, TN) per tile name
 from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
-from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, STATIC_SMEM, TC_ASYNC_DEFAULT, TC_ASYNC_KERNEL,
-                                       TC_ASYNC_TILES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS,
+from kernels_common.cuda_tiles import (GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, STATIC_SMEM, TC_ASYNC_DEFAULT,
+                                       TC_ASYNC_RUN, TC_ASYNC_TILES, TC_KERNEL, TC_TILE, TC_WARPS,
                                        TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS, gemm_threads, gemm_tile_dtypes,
-                                       gemv_kn_columns, gemv_unroll)
+                                       gemv_kn_columns, gemv_unroll, tc_async_fits, tc_async_kernel_name)
 
 from ._jit import FULL_MASK, PtxBuild, acc_np, acc_of, arr, device, kernel
 from .activation import act_fn
-from .mma import (cp_async16, cp_async16_at, cp_async_commit, global_address, cp_async_wait, ldmatrix_x4,
-                  ldmatrix_x4_trans, mma_16816)
+from .mma import (cp_async16, cp_async16_at, cp_async_commit, ctaid_x_fresh, global_address, cp_async_wait,
+                  ldmatrix_x4, ldmatrix_x4_trans, mma_16816, tid_x_fresh)
 from .primitives import vec_io, warp_sum
 
 
@@ -276,22 +276,29 @@ def _tc_parts(BM, BN, MT, NT8):
     act = act_fn(np.float32)
 
     @device
-    def tile_of(m_total, n_total):
+    def tile_at(blk, m_total, n_total):
         nbn = (n_total + BN - 1) // BN
         nbm = (m_total + BM - 1) // BM
-        blk = cuda.blockIdx.x
         rest = blk // nbn
         bz = rest // nbm
         return bz, (rest - bz * nbm) * BM, (blk - rest * nbn) * BN
+
+    @device
+    def tile_of(m_total, n_total):
+        return tile_at(cuda.blockIdx.x, m_total, n_total)
 
     WARPS_ACROSS = BN // (NT8 * 8)  # a power of two
     SHIFT = WARPS_ACROSS.bit_length() - 1
 
     @device
-    def place():
-        lane = cuda.threadIdx.x & 31
-        warp = cuda.threadIdx.x >> 5
+    def place_at(t):
+        lane = t & 31
+        warp = t >> 5
         return lane >> 2, lane & 3, (warp >> SHIFT) * (MT * 16), (warp & (WARPS_ACROSS - 1)) * (NT8 * 8)
+
+    @device
+    def place():
+        return place_at(cuda.threadIdx.x)
 
     @device
     def mma_step(As, Bs, d, wm, wn, g, q, kw):
@@ -325,7 +332,7 @@ def _tc_parts(BM, BN, MT, NT8):
                                     v += float32(bias[gn])
                                 c[bz, gm, gn] = act(v, code)
 
-    return tile_of, place, mma_step, store
+    return tile_of, place, mma_step, store, tile_at, place_at
 
 
 @lru_cache(maxsize=None)
@@ -344,7 +351,7 @@ def gemm_tc_kernel():
     A_LOADS = BM * KP // NT
     B_LOADS = BN * KP // NT
     zero = np.float32(0.0)
-    tile_of, place, mma_step, store = _tc_parts(BM, BN, 2, 4)
+    tile_of, place, mma_step, store, _, _ = _tc_parts(BM, BN, 2, 4)
 
     @kernel(launch_bounds=(NT, 2))
     def gemm_tc(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
@@ -435,7 +442,7 @@ def gemm_tc_wide_kernel(trans_b):
     NCOLW = BN // 2               # (K, N) b: words per row of the tile
     MT, NT8 = 4, 4                # m16 and n8 tiles per warp
     zero = np.float32(0.0)
-    tile_of, place, mma_step, store = _tc_parts(BM, BN, MT, NT8)
+    tile_of, place, mma_step, store, _, _ = _tc_parts(BM, BN, MT, NT8)
     LO = uint32(0xFFFF)
     HI = uint32(0xFFFF0000)
 
@@ -532,18 +539,17 @@ def gemm_tc_wide_kernel(trans_b):
 
 
 @lru_cache(maxsize=None)
-def _grouped_tile_of(BM, BN, GROUP):
-    """tile_of(m_total, n_total) -> (batch, m0, n0) with GROUP row blocks swept together,
+def _grouped_tile_at(BM, BN, GROUP):
+    """tile_at(blk, m_total, n_total) -> (batch, m0, n0) of block blk, GROUP row blocks swept together,
     column by column (grid x = batch x row blocks x column blocks): the blocks running at
     once share GROUP rows of A and a few B panels, which stay in L2, where row-major order
     streams all of B past every row of blocks (Triton's matmul tutorial, "L2 cache
     optimizations")."""
 
     @device
-    def tile_of(m_total, n_total):
+    def tile_at(blk, m_total, n_total):
         nbn = (n_total + BN - 1) // BN
         nbm = (m_total + BM - 1) // BM
-        blk = cuda.blockIdx.x
         per = nbm * nbn
         bz = blk // per
         r = blk - bz * per
@@ -554,7 +560,7 @@ def _grouped_tile_of(BM, BN, GROUP):
         col = w // rows
         return bz, (first + w - col * rows) * BM, col * BN
 
-    return tile_of
+    return tile_at
 
 
 @lru_cache(maxsize=None)
@@ -613,8 +619,9 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
     assert DYN or S_WORDS * 4 <= STATIC_SMEM
     WAIT = STAGES - 2             # groups left pending when tile kt must be complete
     zero = np.float32(0.0)
-    _, place, _, store = _tc_parts(BM, BN, MT, NT8)
-    tile_of = _tc_parts(BM, BN, MT, NT8)[0] if cfg.group_m == 1 else _grouped_tile_of(BM, BN, cfg.group_m)
+    _, _, _, store, tile_at, place_at = _tc_parts(BM, BN, MT, NT8)
+    if cfg.group_m > 1:
+        tile_at = _grouped_tile_at(BM, BN, cfg.group_m)
 
     @device
     def load_full(S, base, kw0, pa, pb, a_dst, b_dst, ok_rows, b_cols):
@@ -699,11 +706,11 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
     def gemm_tc_async(a, b, a_idx, b_idx, bias, c, kw_total, b_rows, b_cols, code, has_bias):
         m_total = c.shape[1]
         n_total = c.shape[2]
-        bz, m0, n0 = tile_of(m_total, n_total)
+        bz, m0, n0 = tile_at(cuda.blockIdx.x, m_total, n_total)
         ab = a_idx[bz]
         bb = b_idx[bz]
         t = cuda.threadIdx.x
-        g, q, wm, wn = place()
+        _, _, wm, wn = place_at(t)
         S = cuda.shared.array(0 if DYN else S_WORDS, uint32, alignment=128)
         d = cuda.local.array((MT, NT8, 4), float32)  # [m16 tile][n8 tile][fragment register]
         af = cuda.local.array((MT, 4), uint32)
@@ -785,6 +792,10 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
             cuda.syncthreads()
             mma_tile(S, rb, a_lane, b_lane, d, af, bf)
         cp_async_wait(0)  # nothing left in flight (the groups past the last tile are empty)
+        # the block's tile and the warp's place again, from fresh reads of the indices: not
+        # held in registers through the K loop (the 2-blocks-per-SM builds have 128)
+        bz, m0, n0 = tile_at(ctaid_x_fresh(), m_total, n_total)
+        g, q, wm, wn = place_at(tid_x_fresh())
         store(c, bias, d, bz, m0 + wm, n0 + wn, g, q, code, has_bias, m_total, n_total)
 
     return gemm_tc_async
@@ -959,12 +970,15 @@ PTX = [
              threads=32 * TC_WIDE_WARPS, dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
     PtxBuild(TC_WIDE_KERNEL + ".nk", "linalg", lambda dt: gemm_tc_wide_kernel(True), _gemm_tc_wide_args,
              threads=32 * TC_WIDE_WARPS, dtypes=("float16",), requires=("mma.sync.aligned.m16n8k16",)),
-    PtxBuild(TC_ASYNC_KERNEL, "linalg", lambda dt: gemm_tc_async_kernel(False), _gemm_tc_wide_args,
-             threads=32 * TC_ASYNC_WARPS, dtypes=("float16",),
-             requires=("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans")),
-    PtxBuild(TC_ASYNC_KERNEL + ".nk", "linalg", lambda dt: gemm_tc_async_kernel(True), _gemm_tc_wide_args,
-             threads=32 * TC_ASYNC_WARPS, dtypes=("float16",),
-             requires=("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4")),
+] + [
+    PtxBuild(tc_async_kernel_name(build, nk), "linalg",
+             (lambda build, nk: lambda dt: gemm_tc_async_kernel(nk, build))(build, nk), _gemm_tc_wide_args, threads=TC_ASYNC_TILES[build].threads, dtypes=("float16",),
+             requires=("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global",
+                       "ldmatrix.sync.aligned.m8n8.x4" + ("" if nk else ".trans")),
+             fits=(lambda build: lambda optin, per_sm: tc_async_fits(build, optin, per_sm))(build),
+             dynamic_shared=TC_ASYNC_TILES[build].shared_bytes if TC_ASYNC_TILES[build].dynamic else 0)
+    for build in TC_ASYNC_RUN for nk in (False, True)
+] + [
     PtxBuild(GEMM_VEC_KERNEL, "linalg", lambda dt: gemm_vec_kernel(False), _gemm_vec_args, threads=256,
              dtypes=("float32",)),
     PtxBuild(GEMM_VEC_KERNEL + ".nk", "linalg", lambda dt: gemm_vec_kernel(True), _gemm_vec_args, threads=256,

@@ -244,6 +244,25 @@ if not SIM:
 
         return sig, codegen
 
+    def _fresh_sreg(reg):
+        def read(typingctx):
+            sig = types.uint32()
+
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), []), f"mov.u32 $0, %{reg};", "=r", side_effect=True)
+                return builder.call(asm, [])
+
+            return sig, codegen
+
+        read.__name__ = f"{reg.replace('.', '_')}_fresh"
+        return intrinsic(read)
+
+    # %ctaid.x / %tid.x read by a volatile mov: never merged with an earlier read, so a value
+    # derived from them is recomputed where it is read again instead of held in registers
+    # through a loop (the pipelined GEMM's epilogue: its block and warp places after the K loop)
+    ctaid_x_fresh = _fresh_sreg("ctaid.x")
+    tid_x_fresh = _fresh_sreg("tid.x")
+
     def _ldmatrix(trans):
         suffix = ".trans" if trans else ""
 
@@ -286,6 +305,16 @@ else:
     def max_skip_nan(a, b):
         """Simulator twin: np.fmax in float32 (a NaN operand ignored)."""
         return np.float32(np.fmax(np.float32(a), np.float32(b)))
+
+    @device
+    def ctaid_x_fresh():
+        """Simulator twin: cuda.blockIdx.x."""
+        return cuda.blockIdx.x
+
+    @device
+    def tid_x_fresh():
+        """Simulator twin: cuda.threadIdx.x."""
+        return cuda.threadIdx.x
 
     def _halves(u):
         u = int(u) & 0xFFFFFFFF

@@ -4,11 +4,12 @@ broadcast batch dims (folded into grid x with the row and column blocks), linear
 
 float16 runs on tensor cores: kernels_cuda.gemm.gemm_tc_wide_kernel's 128 x 128 x 32 tile
 where the inputs read as 32-bit pairs of halves (even K, a (K, N) b's N even, aligned data),
-else gemm_tc_kernel's 64 x 64 x 16 tile.  Where the wide tile runs, gemm_tc_async_kernel (the
-same tile with a cp.async pipeline and ldmatrix) replaces it when switched on
+else gemm_tc_kernel's 64 x 64 x 16 tile.  Where the wide tile runs, gemm_tc_async_kernel (128 x
+128 tiles with a cp.async pipeline and ldmatrix) replaces it when switched on
 (cuda_tiles.TC_ASYNC_ENABLED or PARAMS["tc_async"]) and the rows are whole 16-byte chunks
-(K % 8 == 0, a (K, N) b's N % 8 == 0) of 16-byte aligned inputs; the launch's "path" says
-which ran and why.  Tile
+(K % 8 == 0, a (K, N) b's N % 8 == 0) of 16-byte aligned inputs, in the first build of
+cuda_tiles.TC_ASYNC_RUN whose 2 blocks per SM fit the device's shared memory (K tiles of 64
+in 2 x 96 KB on an H100, else of 32 in 2 x 48 KB); the launch's "path" says which ran and why.  Tile
 rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
@@ -27,9 +28,10 @@ import numpy as np
 
 from kernels_common.cuda_tiles import GEMM_VEC_KERNEL, GEMM_VEC_TILE
 from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GEMV_WARPS, TC_ASYNC_DEFAULT,
-                                       TC_ASYNC_KERNEL, TC_ASYNC_STAGES, TC_ASYNC_TILES, TC_ASYNC_WARPS, TC_KERNEL, TC_TILE, TC_WARPS, TC_WIDE_KERNEL,
-                                       TC_WIDE_TILE, TC_WIDE_WARPS, gemm_shared_bytes, gemm_threads,
-                                       gemm_tile_dtypes, gemv_kn_columns, gemv_unroll, tc_async_shared_bytes)
+                                       TC_ASYNC_PREFIX, TC_ASYNC_RUN, TC_ASYNC_TILES, TC_ASYNC_WARPS, TC_KERNEL,
+                                       TC_TILE, TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS,
+                                       gemm_shared_bytes, gemm_threads, gemm_tile_dtypes, gemv_kn_columns,
+                                       gemv_unroll, tc_async_fits, tc_async_kernel_name)
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
@@ -84,11 +86,14 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
                 and k % 2 == 0 and (b_is_nk or n % 2 == 0) and word_aligned(a) and word_aligned(b)):
             why_not = _async_refusal(params, p, k, n, b_is_nk, a, b)
             if why_not is None:
-                return {"kernel": TC_ASYNC_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, cp.async",
-                        "path": f"{TC_ASYNC_STAGES}-stage cp.async pipeline + ldmatrix (K % 8 == 0"
+                build, why_build = _async_build(p)
+                t = TC_ASYNC_TILES[build]
+                return {"kernel": tc_async_kernel_name(build, b_is_nk), "build": build, "tile": "tensor cores, cp.async",
+                        "path": f"{t.bm} x {t.bn} x {t.bk} tiles, {t.stages}-stage cp.async pipeline + ldmatrix, "
+                                f"{t.min_blocks} blocks per SM{why_build} (K % 8 == 0"
                                 + ("" if b_is_nk else ", N % 8 == 0") + ", 16-byte aligned inputs)",
-                        "grid": (wide_blocks, 1, 1), "block": 32 * TC_ASYNC_WARPS,
-                        "shared_bytes": tc_async_shared_bytes(), "device": p.name}
+                        "grid": (cdiv(n, t.bn) * cdiv(m, t.bm) * batch, 1, 1), "block": t.threads,
+                        "shared_bytes": t.shared_bytes, "device": p.name}
             return {"kernel": TC_WIDE_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, wide",
                     "path": f"register-prefetched 32-bit loads: not the cp.async tile because {why_not}",
                     "grid": (wide_blocks, 1, 1), "block": 32 * TC_WIDE_WARPS,
@@ -123,6 +128,20 @@ def _vec_refusal(params, p, a, b, out, k, n, blocks):
     if blocks < p.sm_count * params["min_blocks_per_sm"]:
         return f"its {blocks} blocks of 128 x 128 would not fill the {p.sm_count} SMs"
     return None
+
+
+def _async_build(p):
+    """(build, why) of the cp.async tile for device p: the first of cuda_tiles.TC_ASYNC_RUN
+    whose blocks per SM fit its shared memory (cuda_tiles.tc_async_fits), and why the faster
+    ones do not ("" where the first runs)."""
+    why = ""
+    for build in TC_ASYNC_RUN:
+        t = TC_ASYNC_TILES[build]
+        if tc_async_fits(build, p.smem_per_block_optin, p.smem_per_sm):
+            return build, why
+        why += (f" (not {t.bm} x {t.bn} x {t.bk}: {t.min_blocks} blocks of {t.shared_bytes // 1024} KB exceed the"
+                f" device's {p.smem_per_sm // 1024} KB of shared memory per SM)")
+    return TC_ASYNC_DEFAULT, why
 
 
 def _async_refusal(params, p, k, n, b_is_nk, a, b):
@@ -188,9 +207,9 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
                       K.gemv_kernel(acc, False, cfg["columns_per_block"], cfg["rows_per_pass"], cfg["warps"]))
             k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
-        elif cfg["kernel"].startswith(TC_ASYNC_KERNEL):  # flat 32-bit words, copied 16 bytes at a time
-            tile = TC_ASYNC_TILES[TC_ASYNC_DEFAULT]
-            kernels("_jit").launch_dynamic(K.gemm_tc_async_kernel(b_is_nk), cfg["grid"], cfg["block"],
+        elif cfg["kernel"].startswith(TC_ASYNC_PREFIX):  # flat 32-bit words, copied 16 bytes at a time
+            tile = TC_ASYNC_TILES[cfg["build"]]
+            kernels("_jit").launch_dynamic(K.gemm_tc_async_kernel(b_is_nk, cfg["build"]), cfg["grid"], cfg["block"],
                                            tile.shared_bytes if tile.dynamic else 0,
                                            words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k,
                                            n // 2, code, bias is not None)

@@ -128,6 +128,38 @@ def test_float16_cp_async_tensor_core_tile(case, monkeypatch):
         assert f"'kernel': '{TC_WIDE_KERNEL}" in e and "switched off" in e, e
 
 
+def test_float16_cp_async_k64_tiles_where_shared_memory_holds_them(monkeypatch):
+    """The first build of cuda_tiles.TC_ASYNC_RUN (K tiles of 64, 2 blocks of 96 KB of dynamic
+    shared memory per SM) on a part with an H100's shared memory, through dispatch: more K
+    tiles than stages, a partial last one, partial row and column blocks, bias + gelu_tanh;
+    explain names it, and on a part of 164 KB per SM says why the 48 KB build runs instead."""
+    from kernels_common import cuda_tiles
+    from kernels_common.cuda_tiles import TC_ASYNC_RUN, tc_async_kernel_name
+
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", True)
+    g = rng()
+    big = devices.DeviceProps("nominal 2-SM part, H100 shared memory", (9, 0), 2, 1024, 48 * 1024, 227 * 1024,
+                              228 * 1024, 65536, 2048)
+    small = devices.DeviceProps("nominal 2-SM part", (8, 0), 2, 1024, 48 * 1024, 163 * 1024, 164 * 1024, 65536, 2048)
+    first = TC_ASYNC_RUN[0]
+    t = cuda_tiles.TC_ASYNC_TILES[first]
+    m, n, k = 70, 40, t.bk * (t.stages + 1) + 24
+    x = g.standard_normal((m, k)).astype(np.float16)
+    w = g.standard_normal((n, k)).astype(np.float16)
+    bias = g.standard_normal(n).astype(np.float16)
+    y = x.astype(np.float64) @ w.astype(np.float64).T + bias.astype(np.float64)
+    want = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    kw = {"bias": _dev(bias), "activation": "gelu_tanh"}
+    with devices.assume(big), dispatch.use(linear="cuda-gemm"):
+        e = str(dispatch.explain("linear", _dev(x), _dev(w), **kw))
+        assert f"'kernel': '{tc_async_kernel_name(first, True)}'" in e and "2 blocks per SM" in e, e
+        got = dispatch.linear(_dev(x), _dev(w), **kw).copy_to_host()
+    assert_close(got, want, F16_TOL, first, cancel=True)
+    with devices.assume(small), dispatch.use(linear="cuda-gemm"):
+        e = str(dispatch.explain("linear", _dev(x), _dev(w), **kw))
+        assert f"'kernel': '{tc_async_kernel_name(TC_ASYNC_RUN[-1], True)}'" in e and "exceed the device's 164 KB" in e, e
+
+
 ATTN_CASES = {  # (B, Hq, Hkv, Sq, Skv, D, causal, scale)
     "gqa": (1, 2, 1, 33, 70, 64, False, None), "causal": (1, 1, 1, 70, 90, 64, True, None),
     "causal sq > skv": (1, 1, 1, 40, 20, 64, True, None), "d128 scaled": (1, 1, 1, 33, 40, 128, False, 0.3),
@@ -157,10 +189,11 @@ def _expect_tc(e, d, kernel, bq=64):
 
 # every build of cuda_tiles.TC_ASYNC_TILES but the default (its dispatch test is above); on a
 # GPU at shapes of several blocks per dimension, under the simulator one partial block
-# (the simulator, at about 40 s a build: two that between them take every code path the
-# default does not: BK = 64 rows of 8 chunks, 4 B copies a thread, 64 x 64 warp tiles of 4 x 2
-# and 2 x 4 warps, grouped order, dynamic shared memory)
-_TILE_BUILDS = ([("128x256x64.s3g8", "kn"), ("256x128x32.s4g8", "nk")] if SIM else
+# (the simulator, at 40-50 s a build: two that between them take the code paths the dispatch
+# tests do not: a (K, N) b in K tiles of 64, 64 x 64 warp tiles of 4 x 2 warps, grouped order;
+# test_float16_cp_async_k64_tiles_where_shared_memory_holds_them takes K tiles of 64 of an
+# (N, K) b in dynamic shared memory)
+_TILE_BUILDS = ([("128x128x64", "kn"), ("256x128x32.s4g8", "nk")] if SIM else
                 [(n, lay) for n in TC_ASYNC_TILES if n != TC_ASYNC_DEFAULT for lay in ("kn", "nk")])
 
 
@@ -195,16 +228,16 @@ def test_float16_cp_async_tile_builds(tile, layout):
 
 @pytest.mark.parametrize("group", [1, 3, 8])
 def test_grouped_tile_order_covers_every_tile_once(group):
-    """kernels_cuda.gemm._grouped_tile_of: every (batch, row block, column block) exactly
+    """kernels_cuda.gemm._grouped_tile_at: every (batch, row block, column block) exactly
     once, group row blocks per column sweep (the last group short), batches in order."""
     from kernels_cuda._jit import kernel
-    from kernels_cuda.gemm import _grouped_tile_of
+    from kernels_cuda.gemm import _grouped_tile_at
 
-    tile_of = _grouped_tile_of(16, 8, group)
+    tile_at = _grouped_tile_at(16, 8, group)
 
     @kernel
     def where(m_total, n_total, out):
-        bz, m0, n0 = tile_of(m_total, n_total)
+        bz, m0, n0 = tile_at(cuda.blockIdx.x, m_total, n_total)
         out[cuda.blockIdx.x, 0] = bz
         out[cuda.blockIdx.x, 1] = m0
         out[cuda.blockIdx.x, 2] = n0
