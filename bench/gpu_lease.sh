@@ -6,8 +6,8 @@
 #
 #     bash bench/gpu_lease.sh [BUDGET_SECONDS [STEP ...]]   (default 540; all steps but overhead)
 #
-# STEPs run in the order given (default: tests bars key sanitize rest): tests, bars, key,
-# overhead, sanitize, rest.  Correctness first: a lease cut short still says whether the
+# STEPs run in the order given (default: tests mma bars key sanitize rest): tests, mma, bars,
+# key, overhead, sanitize, rest.  Correctness first: a lease cut short still says whether the
 # suite passes (the H200 sessions of 2026-11-26 ran it in 107-142 s).
 # with `bench_out/ptx.json` (python -m bench.ptx --json bench_out/ptx.json, made here: the
 # model's register and SASS counts) named in the call's carry.
@@ -22,11 +22,12 @@
 #                    the tests (small shapes: NK_TEST_SMALL_SHAPES=1)
 #   rest.json    bench.gpu on the remaining CUDA ops, while time is left
 #   overhead.log bench.gpu_overhead --profile: the host time per call of each layer
+#   mma.log      bench/gpu_probe_mma.py: mma.sync's issue rate alone (bench/cuda_model.py's tensor pipe)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${1:-540}"
 shift || true
-STEPS="${*:-tests bars key sanitize rest}"
+STEPS="${*:-tests mma bars key sanitize rest}"
 O="${OUT:-bench_out/gpu}"
 mkdir -p "$O"
 T0=$(date +%s)
@@ -91,6 +92,12 @@ timeout -k 5 "$(share 60 250)" $PY -m bench.gpu_overhead --profile > "$O/overhea
 echo "rc=$?"; grep "us/call" "$O/overhead.log"
 }
 
+step_mma() {
+step "mma.sync alone (bench/gpu_probe_mma.py: the model's tensor pipe rate)"
+timeout -k 5 "$(share 40 200)" $PY bench/gpu_probe_mma.py > "$O/mma.log" 2>&1
+echo "rc=$?"; grep -v "^{" "$O/mma.log" | tail -12
+}
+
 step_tests() {
 step "the test suite on the GPU"
 TO=""; $PY -c "import pytest_timeout" 2>/dev/null && TO="--timeout 120"
@@ -125,7 +132,7 @@ print(' '.join(n for n, op in registry.OPS.items() if n not in key and any(i.dev
 }
 
 for s in $STEPS; do
-  if declare -F "step_$s" > /dev/null; then "step_$s"; else echo "unknown step: $s (known: tests bars key overhead sanitize rest)"; fi
+  if declare -F "step_$s" > /dev/null; then "step_$s"; else echo "unknown step: $s (known: tests mma bars key overhead sanitize rest)"; fi
 done
 
 step "tables"

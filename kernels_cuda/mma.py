@@ -47,6 +47,10 @@ Asynchronous copies and matrix loads (sm_80+), the pipelined GEMM's (gemm_tc_asy
       (rows 8-15, k 8-15) of a row-major A, plain gives mma's a0..a3; from a B stored one
       row per column n (N, K), plain gives b0, b1 (k 0-7, k 8-15) of two n8 tiles; from a B
       stored (K, N), .trans does.  Every lane of the warp must call it together.
+Hopper's own instructions (wgmma, setmaxnreg) need sm_90a code: numba-cuda 0.30 builds it on
+a compute capability 9.0 device already (numba.cuda.codegen's _ensure_cc appends the "a"), and
+compile_ptx(..., cc=(9, 0, "a")) gives .target sm_90a, which ptxas -arch=sm_90a assembles with
+a wgmma.fence through inline assembly (checked 2026-11-27); bench.ptx builds plain sm_90.
 The simulator twins: cp_async16 copies at once (commit and wait do nothing); the ldmatrix
 twins exchange the row addresses through a per-warp table between warp barriers as the
 hardware does (tests/cuda/test_mma.py holds both to this layout, on a GPU the instructions).
