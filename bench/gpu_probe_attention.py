@@ -12,6 +12,10 @@ Kernels (VARIANTS, comma-separated; each a separate build):
   async8s2  8 warps, 2 stages (double buffering: 32 KB of shared memory)
   async4s2  4 warps, 2 stages
   async8k32 8 warps, 32-key tiles at d = 64 too (d = 128 already takes 32)
+  async4b3  4 warps, launch bounds of 3 blocks per SM (168 registers at d = 128, 161 at 64, no
+            spills, sm_90): 12 warps per SM instead of 8 (2 blocks per SM won the GEMM 1.27x,
+            bench/gpu_results/2026-11-27c-h200)
+  async4b4  4 warps, 4 blocks per SM (128 registers: spills at d = 128, none at d = 64)
 For each shape (B, H, S, D, causal; Sq = Skv, so PyTorch's top-left causal mask is the
 kernels' bottom-right one) it checks each result against a float32 SDPA (relative error:
 max |ours - ref| / max |ref|, limit 4e-3) and prints the median of REPS timed launches (CUDA
@@ -47,7 +51,7 @@ else:
 if os.environ.get("SHAPES"):
     SHAPES = [(int(b), int(h), int(s), int(d), c.strip() not in ("0", "", "False", "false"))
               for b, h, s, d, c in (x.split(",") for x in os.environ["SHAPES"].split(";"))]
-VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8k32").split(",")
+VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8k32,async4b3,async4b4").split(",")
 
 
 def main():
@@ -66,7 +70,9 @@ def main():
                  "async4": lambda: (flash_tc_async_kernel(d, 4), 64, 128),
                  "async8s2": lambda: (flash_tc_async_kernel(d, 8, 0, 2), 128, 256),
                  "async4s2": lambda: (flash_tc_async_kernel(d, 4, 0, 2), 64, 128),
-                 "async8k32": lambda: (flash_tc_async_kernel(d, 8, 32, 3), 128, 256)}
+                 "async8k32": lambda: (flash_tc_async_kernel(d, 8, 32, 3), 128, 256),
+                 "async4b3": lambda: (flash_tc_async_kernel(d, 4, 0, 0, 3), 64, 128),
+                 "async4b4": lambda: (flash_tc_async_kernel(d, 4, 0, 0, 4), 64, 128)}
         return {name: table[name]() for name in VARIANTS if name in table}
 
     def time_it(launch, sync):

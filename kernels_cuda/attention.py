@@ -456,14 +456,15 @@ def flash_tc_kernel(dmax):
 
 
 @lru_cache(maxsize=None)
-def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0):
+def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0, min_blocks=0):
     """flash_tc_kernel's float16 attention (same arguments, results, special values, causal
     rule, lse and NaN behaviour) with a cp.async pipeline and ldmatrix fragments, for q, k, v
     16-byte aligned (the dispatcher checks; rows of dmax = 64 or 128 halves are then whole
     16-byte chunks) on sm_80 and later.  A block of `warps` warps owns 16 x warps query rows
     of one (batch, query head), warp w rows 16w..16w+15 (Q's fragments in registers for the
     whole pass, as flash_tc_kernel); K/V tiles of bk keys (TC_ATTN_ASYNC_BK[dmax] when 0) in
-    `stages` buffers (TC_ATTN_ASYNC_STAGES when 0).
+    `stages` buffers (TC_ATTN_ASYNC_STAGES when 0), launch bounds of min_blocks blocks per SM
+    (when 0: 2 below 8 warps, else 1).
       Loads: each thread copies the same chunk of bk * dmax / (4 x 32 x warps) rows of K and
     of V per tile global -> shared by cp.async (16 bytes a copy, no registers staged); keys
     past Skv read as zeros (source size 0, from a clamped in-range address).  Tiles j + 1 ..
@@ -506,7 +507,9 @@ def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0):
     assert dmax in (64, 128) and NT % CH == 0 and RSTEP % 8 == 0 and BK % RSTEP == 0 and BK % 16 == 0
     assert STAGES >= 2 and S_WORDS * 4 <= STATIC_SMEM
     WAIT = STAGES - 2           # groups left pending when tile j must be complete
-    MINB = 1 if NWT >= 8 else 2  # blocks per SM of the launch bound: 255 registers either way
+    # blocks per SM of the launch bound: 255 registers either way by default; min_blocks (a
+    # probe's choice) caps them lower (3 blocks of 4 warps: 170)
+    MINB = min_blocks or (1 if NWT >= 8 else 2)
     neg_inf, zero = np.float32(-np.inf), np.float32(0.0)
     LOG2E = math.log2(math.e)
     store_rows = _tc_store_rows(dmax)
