@@ -29,7 +29,6 @@ SHAPES="b,h,s,d,causal;..." (causal 0/1) to replace the list; VARIANTS as above.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -159,11 +158,7 @@ def main():
             del tq, tk, tv, ref
             torch.cuda.empty_cache()
     print(f"total {time.time() - t_start:.1f} s", flush=True)
-    for r in rows:
-        print(json.dumps(r))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_probe_attention.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+    common.emit(rows, "gpu_probe_attention")
     bad = [r for r in rows if not r["rel_err"] <= TOL]
     return 1 if bad else 0
 

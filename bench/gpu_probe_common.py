@@ -5,6 +5,7 @@ DRY=1 (with NUMBA_ENABLE_CUDASIM=1): tiny shapes, 2 reps, a numpy reference; REP
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 
@@ -52,3 +53,13 @@ def time_it(launch, sync, torch, has_torch):
         e.record()
     torch.cuda.synchronize()
     return 1e3 * statistics.median(s.elapsed_time(e) for s, e in evs)
+
+
+def emit(rows, name):
+    """The rows as JSON lines on stdout and, where $OUT is set (the device tool's folder), in
+    $OUT/<name>.json."""
+    for r in rows:
+        print(json.dumps(r))
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"{name}.json"), "w") as f:
+            json.dump(rows, f, indent=1)

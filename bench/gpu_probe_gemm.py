@@ -21,7 +21,6 @@ SHAPES="m,n,k,layout;..." to replace the list; VARIANTS="wide,128x128x32,..." to
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -124,11 +123,7 @@ def main():
             print(f"{m:5d} {n:5d} {k:5d} {lay:2s} {name:15s} {ts:>9s} {tfs:>8s} {xs:>7s} {err:8.1e}", flush=True)
             if not err <= 2e-3:
                 print(f"   ^ WRONG: relative error {err} > 2e-3", flush=True)
-    for r in rows:
-        print(json.dumps(r))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_probe_gemm.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+    common.emit(rows, "gpu_probe_gemm")
     bad = [r for r in rows if not r["rel_err"] <= 2e-3]
     return 1 if bad else 0
 

@@ -17,7 +17,6 @@ per line on stdout and, with $OUT, $OUT/gpu_probe_mma.json.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -100,11 +99,7 @@ def main():
         tf = "-" if t is None else f"{row['tflops']:.1f}"
         cyc = "-" if t is None else f"{row['clk_per_hmma_per_smsp']:.2f}"
         print(f"{warps:5d} {chains:6d} {us:>9s} {tf:>8s} {cyc:>13s}", flush=True)
-    for r in rows:
-        print(json.dumps(r))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_probe_mma.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+    common.emit(rows, "gpu_probe_mma")
     return 0
 
 
