@@ -189,14 +189,13 @@ def _expect_tc(e, d, kernel, bq=64):
 
 # every build of cuda_tiles.TC_ASYNC_TILES but the default (its dispatch test is above); on a
 # GPU at shapes of several blocks per dimension, under the simulator one partial block
-# (the simulator, at 40-50 s a build: two that between them take the code paths the dispatch
-# tests do not: a (K, N) b in K tiles of 64, 64 x 64 warp tiles of 4 x 2 warps, grouped order;
-# test_float16_cp_async_k64_tiles_where_shared_memory_holds_them takes K tiles of 64 of an
-# (N, K) b in dynamic shared memory)
-_TILE_BUILDS = ([("128x128x64", "kn"), ("256x128x32.s4g8", "nk")] if SIM else
-                [(n, lay) for n in TC_ASYNC_TILES if n != TC_ASYNC_DEFAULT for lay in ("kn", "nk")])
+# On a GPU only: the simulator takes 40-50 s a build, and the code paths the dispatcher runs
+# are its dispatch tests' (above and test_float16_cp_async_k64_tiles_where_shared_memory_holds_them;
+# a (K, N) b in K tiles of 64: tests/cuda/test_probes.py's DRY probe run)
+_TILE_BUILDS = [(n, lay) for n in TC_ASYNC_TILES if n != TC_ASYNC_DEFAULT for lay in ("kn", "nk")]
 
 
+@pytest.mark.skipif(SIM, reason="GPU only (the probe builds; the simulator runs the dispatched ones)")
 @pytest.mark.parametrize("tile, layout", _TILE_BUILDS)
 def test_float16_cp_async_tile_builds(tile, layout):
     """Each build bench/gpu_probe_gemm.py compares (kernels_cuda.gemm.gemm_tc_async_kernel
