@@ -624,6 +624,16 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
         tile_at = _grouped_tile_at(BM, BN, cfg.group_m)
 
     @device
+    def row_place(r, c):
+        """Word of chunk c of row r in an A tile (or a B tile stored (N, K)): the swizzle."""
+        return r * KP + ((c ^ ((r >> SWS) & SWM)) << 2)
+
+    @device
+    def kn_place(kr, c):
+        """Word of chunk c of K row kr in a B tile stored (K, N)."""
+        return kr * BNW + ((c ^ (kr & 7)) << 2)
+
+    @device
     def load_full(S, base, kw0, pa, pb, a_dst, b_dst, ok_rows, b_cols):
         """Issue the copies of the whole K tile at word kw0 into the stage at word base: from
         fixed addresses plus the tile's offset (pa[l], pb[l]: the global_address of each
@@ -657,13 +667,13 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
             r = (t + l * NT) // CH
             gm = m0 + r
             src = (ab * m_total + min(gm, m_total - 1)) * kw_total + kc
-            cp_async16(S, base + r * KP + ((ch ^ ((r >> SWS) & SWM)) << 2), a, src, 16 if kok and gm < m_total else 0)
+            cp_async16(S, base + row_place(r, ch), a, src, 16 if kok and gm < m_total else 0)
         if trans_b:
             for l in range(B_CP):
                 r = (t + l * NT) // CH
                 gn = n0 + r
                 src = (bb * n_total + min(gn, n_total - 1)) * kw_total + kc
-                cp_async16(S, base + A_STAGE + r * KP + ((ch ^ ((r >> SWS) & SWM)) << 2), b, src,
+                cp_async16(S, base + A_STAGE + row_place(r, ch), b, src,
                            16 if kok and gn < n_total else 0)
         else:
             cn = t % BNC
@@ -672,7 +682,7 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
                 kr = t // BNC + l * ROWS_PER_PASS
                 gk = 2 * kw0 + kr  # this copy's row of K
                 src = (bb * b_rows + min(gk, b_rows - 1)) * b_cols + min(gw, b_cols - 4)
-                cp_async16(S, base + A_STAGE + kr * BNW + ((cn ^ (kr & 7)) << 2), b, src,
+                cp_async16(S, base + A_STAGE + kn_place(kr, cn), b, src,
                            16 if gw < b_cols and gk < b_rows else 0)
 
     @device
@@ -726,7 +736,7 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
         ch = t % CH  # the thread's chunk of an A row: the same for all its copies (NT % CH == 0)
         kq = 4 * ch  # its word of K within a tile's row
         r = t // CH
-        a_dst = r * KP + ((ch ^ ((r >> SWS) & SWM)) << 2)  # copy l's: + l * A_DST_STEP
+        a_dst = row_place(r, ch)  # copy l's: + l * A_DST_STEP
         b_dst = a_dst
         for l in range(A_CP):
             r = (t + l * NT) // CH
@@ -745,7 +755,7 @@ def gemm_tc_async_kernel(trans_b, tile=TC_ASYNC_DEFAULT):
             gw = n0 // 2 + 4 * cn  # its first word in a row of b
             ok_rows |= uint32(gw < b_cols) << A_CP
             kr = t // BNC
-            b_dst = kr * BNW + ((cn ^ (kr & 7)) << 2)
+            b_dst = kn_place(kr, cn)
             for l in range(B_CP):
                 kr = t // BNC + l * ROWS_PER_PASS  # < BK <= b_rows wherever a whole K tile exists
                 pb[l] = global_address(b, (bb * b_rows + min(kr, b_rows - 1)) * b_cols + min(gw, b_cols - 4))

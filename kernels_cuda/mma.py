@@ -389,7 +389,10 @@ else:
         ary = _flat(src)
         base = ary.__array_interface__["data"][0]
         with _SIM_LOCK:
-            _SIM_GLOBAL[base] = ary
+            _SIM_GLOBAL.pop(base, None)
+            _SIM_GLOBAL[base] = ary  # newest last; the oldest dropped: a kernel names a few arrays
+            while len(_SIM_GLOBAL) > 64:
+                del _SIM_GLOBAL[next(iter(_SIM_GLOBAL))]
         return base + int(si) * ary.dtype.itemsize
 
     def cp_async16_at(dst, di, gaddr, nbytes):
