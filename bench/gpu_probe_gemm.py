@@ -8,7 +8,8 @@ For each shape and B layout ("kn": matmul's (K, N) b; "nk": linear's (N, K) weig
 it runs kernels_cuda.gemm.gemm_tc_wide_kernel ("wide": register-prefetched 32-bit loads) and
 gemm_tc_async_kernel (cp.async pipeline + ldmatrix) in each build of
 kernels_common.cuda_tiles.TC_ASYNC_TILES (block tile, warps, stages, blocks per SM, grouped
-block order; dynamic shared memory above 48 KB), checks each result against an fp32-accumulated
+block order; dynamic shared memory above 48 KB) and, on Hopper, kernels_cuda.gemm_wgmma's
+builds (cuda_tiles.WGMMA_TILES: wgmma from shared memory), checks each result against an fp32-accumulated
 product (relative error: max |ours - ref| / max |ref|) and prints the median of REPS timed
 launches (CUDA events around each launch, queued behind torch.cuda._sleep so the GPU runs
 them back to back: GPU time, not the host's launch time), TFLOP/s and the speed relative to
@@ -17,7 +18,7 @@ $OUT is set, in $OUT/gpu_probe_gemm.json.
 
 Environment: DRY=1 tiny shapes, 2 reps, numpy reference (torch if it has CUDA); REPS=n;
 SHAPES="m,n,k,layout;..." to replace the list; VARIANTS="wide,128x128x32,..." to pick kernels
-(default: wide and every TC_ASYNC_TILES build).
+(default: wide, every TC_ASYNC_TILES build, and every WGMMA_TILES build on compute capability 9.0).
 """
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ def main():
 
     torch, has_torch = common.setup()
     from dispatch.cuda_impls._common import words
-    from kernels_common.cuda_tiles import TC_ASYNC_TILES, TC_WIDE_TILE, TC_WIDE_WARPS
+    from kernels_common.cuda_tiles import TC_ASYNC_TILES, TC_WIDE_TILE, TC_WIDE_WARPS, WGMMA_TILES
     from kernels_cuda._jit import launch_dynamic
     from kernels_cuda.gemm import gemm_tc_async_kernel, gemm_tc_wide_kernel
+    from kernels_cuda.gemm_wgmma import gemm_wgmma_kernel
 
-    variants = VARIANTS or ["wide"] + list(TC_ASYNC_TILES)
+    hopper = SIM or tuple(cuda.get_current_device().compute_capability) == (9, 0)
+    variants = VARIANTS or ["wide"] + list(TC_ASYNC_TILES) + (list(WGMMA_TILES) if hopper else [])
 
     def kernels(trans_b):
         """name -> (kernel, (BM, BN, BK), threads, dynamic shared bytes)"""
@@ -59,6 +62,9 @@ def main():
         for v in variants:
             if v == "wide":
                 out["wide"] = (gemm_tc_wide_kernel(trans_b), TC_WIDE_TILE, 32 * TC_WIDE_WARPS, 0)
+            elif v in WGMMA_TILES:  # Hopper only (sm_90a)
+                t = WGMMA_TILES[v]
+                out[v] = (gemm_wgmma_kernel(trans_b, v), (t.bm, t.bn, t.bk), t.threads, t.shared_bytes)
             else:
                 t = TC_ASYNC_TILES[v]
                 out[v] = (gemm_tc_async_kernel(trans_b, v), (t.bm, t.bn, t.bk), t.threads,

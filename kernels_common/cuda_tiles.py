@@ -187,6 +187,56 @@ TC_ASYNC_ENABLED = True
 SMEM_RESERVED_PER_BLOCK = 1024
 
 
+class WgmmaTile(NamedTuple):
+    """One build of the Hopper GEMM (kernels_cuda.gemm_wgmma.gemm_wgmma_kernel): a bm x bn
+    block tile over K tiles of 64 (one 128-byte swizzle row of halves), bm / 64 warpgroups
+    of 64 x bn each (one wgmma.m64n{bn}k16 per K step of 16), `stages` shared buffers filled
+    by cp.async, launch bounds of `min_blocks` blocks per SM, and `pending` wgmma groups
+    left in flight past a K tile (0: each tile's products complete before the next tile's
+    barrier; 1: they overlap the next tile's wait and barrier, the copies then reuse the
+    buffer of two tiles back)."""
+    bm: int
+    bn: int
+    stages: int
+    min_blocks: int = 1
+    pending: int = 0
+    bk: int = 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bm // 64)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Every stage's A and B tiles of halves, and 1 KB to start them on a 1024-byte
+        boundary (the swizzle is of absolute shared addresses); always dynamic."""
+        return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
+
+
+# Builds of the Hopper GEMM, compared on a GPU by bench/gpu_probe_gemm.py; WGMMA_RUN are run
+# where the device is compute capability 9.0 and the blocks fit (wgmma_fits).
+WGMMA_TILES = {
+    "wg128x128": WgmmaTile(128, 128, 4),
+    "wg128x128.b2": WgmmaTile(128, 128, 3, min_blocks=2),
+    "wg128x128.p1": WgmmaTile(128, 128, 4, pending=1),
+    "wg128x256": WgmmaTile(128, 256, 4),
+    "wg128x256.p1": WgmmaTile(128, 256, 4, pending=1),
+}
+WGMMA_RUN = ("wg128x128.b2",)
+WGMMA_PREFIX = "gemm.wgmma_"
+WGMMA_CC = (9, 0)  # wgmma is sm_90a's: Hopper only (not 8.x, not 10.x)
+
+
+def wgmma_kernel_name(build: str, trans_b: bool = False) -> str:
+    return WGMMA_PREFIX + build + (".nk" if trans_b else "")
+
+
+def wgmma_fits(build: str, smem_per_block_optin: int, smem_per_sm: int) -> bool:
+    t = WGMMA_TILES[build]
+    return (t.shared_bytes <= smem_per_block_optin
+            and t.min_blocks * (t.shared_bytes + SMEM_RESERVED_PER_BLOCK) <= smem_per_sm)
+
+
 def tc_async_kernel_name(build: str, trans_b: bool = False) -> str:
     """The kernel name of a TC_ASYNC_TILES build, as launches and bench.ptx give it."""
     return TC_ASYNC_PREFIX + build + (".nk" if trans_b else "")

@@ -16,7 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run(script, **env):
-    e = dict(os.environ, DRY="1", PYTHONPATH=ROOT, **env)
+    # the caller's PYTHONPATH stays behind the root: on the lent GPU it carries bench/gpu_shim
+    # (numpy 2.5 against numba-cuda 0.30), without which nothing compiles there
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    e = dict(os.environ, DRY="1", PYTHONPATH=path, **env)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script)], capture_output=True, text=True,
                        env=e, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

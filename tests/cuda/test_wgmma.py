@@ -1,0 +1,141 @@
+"""kernels_cuda.wgmma (Hopper's wgmma from shared memory through matrix descriptors) and the
+GEMM built on it (kernels_cuda.gemm_wgmma): on a compute capability 9.0 GPU the instructions,
+under the simulator their Python twins, both against numpy and the PTX ISA's layouts (the
+shared-memory images here are built from the ISA's formulas, independently of the kernels'
+copy code).  Elsewhere (no Hopper GPU) skipped: wgmma exists on sm_90a only."""
+import numpy as np
+import pytest
+
+from dispatch import devices
+from tests.support import ON_CUDA, assert_close, rng
+
+SIM = devices.simulator_enabled()
+F16_TOL = 2e-3
+
+if ON_CUDA:
+    from numba import cuda
+
+
+def _hopper():
+    if not ON_CUDA:
+        return False
+    return SIM or tuple(cuda.get_current_device().compute_capability) == (9, 0)
+
+
+pytestmark = pytest.mark.skipif(not _hopper(), reason="wgmma: Hopper (compute capability 9.0) or its simulator twin")
+
+
+def _swz(a):
+    return a ^ (((a >> 7) & 7) << 4)
+
+
+def k_major_image(x):
+    """x (rows, 64) float16 as a 128-byte-swizzled K-major operand: row r, k at byte
+    r * 128 + 2 k before the swizzle (8-row atoms 1024 bytes apart)."""
+    r, k = np.meshgrid(np.arange(x.shape[0]), np.arange(64), indexing="ij")
+    img = np.zeros(x.shape[0] * 64, np.float16)
+    img[_swz(r * 128 + 2 * k) // 2] = x
+    return img
+
+
+def n_major_image(b):
+    """b (64, n) float16 (K rows of N) as an N-major operand: panels of 64 columns, each 64
+    K rows of 128 bytes (panel p, row k, column c at p * 8192 + k * 128 + 2 c)."""
+    k, n = np.meshgrid(np.arange(64), np.arange(b.shape[1]), indexing="ij")
+    img = np.zeros(64 * b.shape[1], np.float16)
+    img[_swz((n // 64) * 8192 + k * 128 + 2 * (n % 64)) // 2] = b
+    return img
+
+
+@pytest.mark.parametrize("n, trans_b", [(128, 0), (128, 1), (64, 1), (256, 0)])
+def test_wgmma_fragment_layout(n, trans_b):
+    """One warpgroup: A (64 x 64) and B from shared memory images in the ISA's swizzled
+    layouts, 4 wgmma.m64n{n}k16 (K steps of 16 by descriptor advance), every accumulator
+    out through the documented fragment layout, against A @ B."""
+    from numba import float32, uint32
+
+    from kernels_cuda._jit import kernel, launch_dynamic
+    from kernels_cuda.wgmma import (fence_proxy_async, shared_address, smem_desc, wgmma_commit, wgmma_f16,
+                                    wgmma_fence, wgmma_wait)
+
+    g = rng()
+    a = (g.standard_normal((64, 64)) / 4).astype(np.float16)
+    b = (g.standard_normal((64, n)) / 4).astype(np.float16)  # (K, N)
+    img = np.concatenate([k_major_image(a), n_major_image(b) if trans_b else k_major_image(b.T.copy())])
+    words = img.view(np.uint32)
+    NW, AW, NT8 = words.size, 64 * 32, n // 8
+    PANEL_BYTES = 64 * 128
+
+    @kernel
+    def one(src, out):
+        S = cuda.shared.array(0, uint32, alignment=1024)
+        s0 = ((1024 - (shared_address(S, 0) & 1023)) & 1023) >> 2
+        t = cuda.threadIdx.x
+        for i in range(t, NW, 128):
+            S[s0 + i] = src[i]
+        acc = cuda.local.array((1, NT8, 4), float32)
+        for j in range(NT8):
+            for r in range(4):
+                acc[0, j, r] = 0.0
+        fence_proxy_async()
+        cuda.syncthreads()
+        wgmma_fence()
+        for ks in range(4):
+            da = smem_desc(S, s0 + ks * 8, 16, 1024)
+            if trans_b:
+                db = smem_desc(S, s0 + AW + ks * 16 * 32, PANEL_BYTES, 1024)
+            else:
+                db = smem_desc(S, s0 + AW + ks * 8, 16, 1024)
+            wgmma_f16(acc, S, da, db, n, trans_b)
+        wgmma_commit()
+        wgmma_wait(0)
+        for j in range(NT8):
+            for r in range(4):
+                out[t, 4 * j + r] = acc[0, j, r]
+
+    out = cuda.to_device(np.full((128, n // 2), np.nan, np.float32))
+    launch_dynamic(one, 1, 128, 4 * NW + 1024, cuda.to_device(words), out)
+    got = out.copy_to_host()
+    d = a.astype(np.float64) @ b.astype(np.float64)
+    t = np.arange(128)[:, None]
+    j = np.arange(n // 2)[None, :]
+    w, lane = t >> 5, t & 31
+    rows = 16 * w + (lane >> 2) + 8 * ((j >> 1) & 1)
+    cols = 8 * (j >> 2) + 2 * (lane & 3) + (j & 1)
+    assert_close(got, d[rows, cols], F16_TOL, f"m64n{n}k16 trans_b={trans_b}", cancel=True)
+
+
+# under the simulator one build (the dispatched one) at one partial block per layout; on a
+# GPU every build at several blocks
+def _builds():
+    from kernels_common.cuda_tiles import WGMMA_RUN, WGMMA_TILES
+
+    names = WGMMA_RUN if SIM else tuple(WGMMA_TILES)
+    return [(b, lay) for b in names for lay in ("kn", "nk")]
+
+
+@pytest.mark.parametrize("tile, layout", _builds())
+def test_gemm_wgmma_builds(tile, layout):
+    """kernels_cuda.gemm_wgmma.gemm_wgmma_kernel launched as the probe does: partial row,
+    column and last K tiles, more K tiles than stages, bias + relu, against float64."""
+    from dispatch.cuda_impls._common import words
+    from kernels_common.cuda_tiles import WGMMA_TILES
+    from kernels_cuda._jit import launch_dynamic
+    from kernels_cuda.gemm_wgmma import gemm_wgmma_kernel
+
+    cfg = WGMMA_TILES[tile]
+    g = rng()
+    nk = layout == "nk"
+    k = cfg.bk * (cfg.stages + 1) + 24
+    m, n = (cfg.bm - 30, cfg.bn - 40) if SIM else (cfg.bm * 11 - 30, cfg.bn * 3 - 40)
+    x = (g.standard_normal((m, k)) / 4).astype(np.float16)
+    w = (g.standard_normal((n, k) if nk else (k, n)) / 4).astype(np.float16)
+    bias = g.standard_normal(n).astype(np.float16)
+    y = x.astype(np.float64) @ (w.astype(np.float64).T if nk else w.astype(np.float64)) + bias
+    c = cuda.to_device(np.full((1, m, n), np.nan, np.float16))
+    idx = cuda.to_device(np.zeros(1, np.int64))
+    grid = -(-m // cfg.bm) * -(-n // cfg.bn)
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))  # noqa: E731
+    launch_dynamic(gemm_wgmma_kernel(nk, tile), grid, cfg.threads, cfg.shared_bytes,
+                   words(dev(x)), words(dev(w)), idx, idx, dev(bias), c, k // 2, k, n // 2, 1, True)
+    assert_close(c.copy_to_host()[0], np.maximum(y, 0), F16_TOL, f"{tile} {layout}", cancel=True)
