@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels_common.cuda_tiles import TC_ASYNC_RUN, tc_async_kernel_name
+from kernels_common.cuda_tiles import TC_ASYNC_RUN, WGMMA_RUN, tc_async_kernel_name, wgmma_kernel_name
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,8 @@ PTX_CACHE = os.path.join("bench_out", "ptx.json")
 
 # FMAs per thread of one instruction, for the "fma" work (every HMMA taken as HMMA.16816,
 # 16 x 8 x 16 per warp: the only shape these kernels emit)
-_FMA_PER_THREAD = {"ffma": 1, "dfma": 1, "hmma": 16 * 8 * 16 // 32}
-_MIX = ("total", "ffma", "hmma", "fp64", "mufu", "ld_shared_bytes", "st_shared", "ld_global", "st_global")
+_FMA_PER_THREAD = {"ffma": 1, "dfma": 1, "hmma": 16 * 8 * 16 // 32, "hgmma_fma": 1}
+_MIX = ("total", "ffma", "hmma", "hgmma_fma", "fp64", "mufu", "ld_shared_bytes", "st_shared", "ld_global", "st_global")
 
 
 # ---- work: how often the loops run, per kernel ---------------------------------------------
@@ -204,8 +204,12 @@ def _vec_step(cfg, call):
 
 def _tc_tile(cfg):
     """(BM, BN, BK) of the tensor-core GEMM kernel a launch names."""
-    from kernels_common.cuda_tiles import TC_ASYNC_PREFIX, TC_ASYNC_TILES, TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE
+    from kernels_common.cuda_tiles import (TC_ASYNC_PREFIX, TC_ASYNC_TILES, TC_TILE, TC_WIDE_KERNEL, TC_WIDE_TILE,
+                                           WGMMA_PREFIX, WGMMA_TILES)
 
+    if cfg["kernel"].startswith(WGMMA_PREFIX):
+        t = WGMMA_TILES[cfg["build"]]
+        return t.bm, t.bn, t.bk
     if cfg["kernel"].startswith(TC_ASYNC_PREFIX):
         t = TC_ASYNC_TILES[cfg["build"]]
         return t.bm, t.bn, t.bk
@@ -396,6 +400,8 @@ WORK = {
 }
 WORK.update({tc_async_kernel_name(build, nk): ("fma", _gemm_tc, _tc_step)
              for build in TC_ASYNC_RUN for nk in (False, True)})
+WORK.update({wgmma_kernel_name(build, nk): ("fma", _gemm_tc, _tc_step)
+             for build in WGMMA_RUN for nk in (False, True)})
 
 
 def _work_entry(kernel):
@@ -410,7 +416,7 @@ def _fma_loops(loop):
     # a tensor-core kernel's products are its HMMA loops: an epilogue loop of FFMA (bias and
     # activation, left rolled) would otherwise count as its FMAs (gemm.tc_async: 1312 FFMA
     # beside the K loop's 32 HMMA, predicted 5x too slow)
-    fma = [lp for lp in fma if lp.get("hmma")] or fma
+    fma = [lp for lp in fma if lp.get("hmma") or lp.get("hgmma")] or fma
     ls = [lp for lp in fma if lp.get("nested")] or [lp for lp in fma if not lp.get("fixed_trips")]
     return ls or ([loop] if any(loop.get(k) for k in _FMA_PER_THREAD) else [])
 
@@ -510,7 +516,9 @@ def bounds(chip: Chip, props, cfg, occupancy, nbytes, mix, units, inflight_bytes
     pipes = {
         "issue": sm["total"] / (min(ISSUE_PER_SM_CLK, warps) * clock),
         "fp32": sm["ffma"] * 64 / (chip.fp32_flops / sms),
-        "tensor": sm["hmma"] * 2 * 16 * 8 * 16 / (chip.hmma_flops / sms),
+        # mma.sync at its rate; wgmma (HGMMA) at the dense tensor peak it is built to reach
+        "tensor": (sm["hmma"] * 2 * 16 * 8 * 16 / (chip.hmma_flops / sms)
+                   + sm["hgmma_fma"] * 64 / (chip.fp16_tc_flops / sms)),
         "fp64": sm["fp64"] * 64 / (chip.fp64_flops / sms),
         "mufu": sm["mufu"] / (MUFU_PER_SM_CLK * clock),
         "shared": (sm["ld_shared_bytes"] + 4 * sm["st_shared"]) * 32 / (SHARED_BYTES_PER_SM_CLK * clock),
@@ -637,7 +645,7 @@ def predictions(cases=None, ptx_rows=None, dtype=np.float32):
             row.update(seconds=seconds, predicted_us=seconds * 1e6, bound=bound, memory_s=b["memory_s"],
                        issue_s=b["issue_s"], issue_pipe=b["issue_pipe"], pipes_s=b.get("pipes_s"),
                        bandwidth=b["bandwidth"], warps_per_sm=b["warps_per_sm"],
-                       inner_loop={k: loop.get(k) for k in ("scope", "ffma", "dfma", "hmma", "mufu", "ld_shared",
+                       inner_loop={k: loop.get(k) for k in ("scope", "ffma", "dfma", "hmma", "hgmma", "mufu", "ld_shared",
                                                             "ld_global", "st", "total", "outer") if k in loop},
                        work=dict(w, warp_instructions=b["warp_instructions"]),
                        roofline_s=roof, flops=flops, bytes=nbytes, impl=impl.name, kernel=kname, threads=threads,

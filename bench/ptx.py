@@ -113,7 +113,9 @@ def launches_by_chip(chips, dtypes=DTYPES) -> dict:
 
 def _runs_on(build, arch) -> bool:
     """Whether the dispatcher may run `build` on chip `arch` (its PtxBuild.fits rule with the
-    chip's shared memory; no rule: every chip)."""
+    chip's shared memory; no rule: every chip), and it exists there (PtxBuild.archs)."""
+    if build.archs is not None and arch not in build.archs:
+        return False
     if build.fits is None:
         return True
     from dispatch import devices
@@ -177,9 +179,10 @@ def _cc(arch: str) -> tuple:
     return int(arch[3]), int(arch[4])
 
 
-def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=()):
+def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=(), arch_specific=False):
     """ptxas -v results of one kernel in one dtype for several chips: {arch: info (registers,
-    shared memory, spills, the object's path), or the exception its build raised}."""
+    shared memory, spills, the object's path), or the exception its build raised};
+    arch_specific: for the chips' "a" targets (sm_90a), as PtxBuild.arch_specific."""
     from numba.cuda import compiler
     from numba import types as T
 
@@ -197,8 +200,9 @@ def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=()):
                 libs[front], _ = compiler._compile_pyfunc_with_fixup(
                     disp.py_func, argtypes(dt), device=False, abi="numba", cc=cc,
                     launch_bounds=opts.get("launch_bounds"), fastmath=bool(opts.get("fastmath", False)))
-            (ptx,) = libs[front].get_asm_strs(cc=cc)
-            out[arch] = _assemble(ptx, f"{name}.{dtype}.{arch}", arch, ptxas, tmpdir, requires)
+            (ptx,) = libs[front].get_asm_strs(cc=cc + ("a",) if arch_specific else cc)
+            out[arch] = _assemble(ptx, f"{name}.{dtype}.{arch}", arch + ("a" if arch_specific else ""), ptxas, tmpdir,
+                                  requires)
         except Exception as exc:  # noqa: BLE001 - reported per chip by the caller
             out[arch] = exc
     return out
@@ -320,7 +324,8 @@ def _build_row(k, tmp, ptxas, nvdisasm):
     the hot loop."""
     name, build, dtype, chips = _JOBS[k]
     t0 = time.time()
-    infos = compile_many(name, build.get, build.argtypes, dtype, [a for a, _ in chips], ptxas, tmp, build.requires)
+    infos = compile_many(name, build.get, build.argtypes, dtype, [a for a, _ in chips], ptxas, tmp, build.requires,
+                          build.arch_specific)
     share = (time.time() - t0) / len(chips)
     rows = []
     for arch, thr in chips:

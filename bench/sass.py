@@ -43,6 +43,8 @@ division, slow-path float division) are counted as one ``call`` each, not their 
     hfma2      HFMA2 (two fp16 per lane), not the HFMA2.MMA Rd, -RZ, RZ, ... constant moves
     fp64       DFMA + DADD + DMUL (the fp64 pipe)
     hmma       HMMA.* (tensor-core mma.sync; HMMA.16816 = one m16n8k16 per warp)
+    hgmma      HGMMA.* (Hopper's wgmma: each warp of the warpgroup issues it);
+    hgmma_fma  the FMAs per thread those do: HGMMA.64xNx16 is 64 x N x 16 over 128 threads = 8 N
     mufu       MUFU.* (exp2, rcp, rsqrt, sin...: the quarter-rate special-function unit)
     ld_shared  LDS* (LDS, LDS.64/.128, LDSM = ldmatrix)     st_shared  STS*
     ld_global  LDG, LDGSTS (cp.async) and generic LD         st_global  STG and generic ST
@@ -67,13 +69,23 @@ import subprocess
 _SECTION = re.compile(r"^//-+ \.text\.(\S+)\s+-+$")
 _ENTRY = re.compile(r'^\s*\.other\s+([^,\s]+),@"STO_CUDA_ENTRY')
 _LABEL = re.compile(r"^(\.L_\w+):")
-_INSTR = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s*(?:\{\s*)?(@!?U?P[T0-7]\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# (an opcode's modifiers may hold lowercase: HGMMA.64x128x16.F32)
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s*(?:\{\s*)?(@!?U?P[T0-7]\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 _TARGET = re.compile(r"`\((\.L_\w+)\)")
 
 # FLOPs per warp of one instruction, for picking the hottest loop
 _FLOPS = {"hmma16816": 16 * 8 * 16 * 2, "hmma1688": 16 * 8 * 8 * 2, "ffma": 64, "dfma": 64, "hfma2": 128}
 
-COUNTS = ("ffma", "dfma", "hfma2", "fp64", "hmma", "mufu", "ld_shared", "st_shared", "ld_global", "st_global", "st",
+_HGMMA_SHAPE = re.compile(r"\.(\d+)x(\d+)x(\d+)")
+
+
+def _hgmma_fma(op: str) -> int:
+    """FMAs per thread of one HGMMA.MxNxK (the warpgroup's 128 threads share M x N x K)."""
+    m = _HGMMA_SHAPE.search(op)
+    return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) // 128 if m else 0
+
+
+COUNTS = ("ffma", "dfma", "hfma2", "fp64", "hmma", "hgmma", "hgmma_fma", "mufu", "ld_shared", "st_shared", "ld_global", "st_global", "st",
           "ld_local", "st_local", "bar", "bra", "call", "total",
           "ld_global_bytes", "ld_shared_bytes", "st_global_bytes", "ld_local_bytes")
 
@@ -188,6 +200,9 @@ def count(instrs) -> dict:
             c["hfma2"] += 1
         elif base == "HMMA":
             c["hmma"] += 1
+        elif base == "HGMMA":
+            c["hgmma"] += 1
+            c["hgmma_fma"] += _hgmma_fma(i.op)
         elif base == "MUFU":
             c["mufu"] += 1
         if base in ("DFMA", "DADD", "DMUL"):
@@ -229,6 +244,8 @@ def _flops(instrs) -> int:
         base = i.op.split(".")[0]
         if base == "HMMA":
             f += _FLOPS["hmma16816"] if ".16816" in i.op else _FLOPS["hmma1688"]
+        elif base == "HGMMA":
+            f += 2 * 32 * _hgmma_fma(i.op)
         elif base in ("FFMA", "FFMA32I", "DFMA"):
             f += _FLOPS["ffma"]
         elif base == "HFMA2" and not _is_const_move(i):

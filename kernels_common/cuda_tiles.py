@@ -221,8 +221,13 @@ WGMMA_TILES = {
     "wg128x128.p1": WgmmaTile(128, 128, 4, pending=1),
     "wg128x256": WgmmaTile(128, 256, 4),
     "wg128x256.p1": WgmmaTile(128, 256, 4, pending=1),
+    # 4 warpgroups: 85 FLOP per byte of tile copied (128 x 128: 64), 16 warps a SM at 1 block
+    "wg256x128": WgmmaTile(256, 128, 4),
+    "wg256x128.s3": WgmmaTile(256, 128, 3),
+    "wg256x128.p1": WgmmaTile(256, 128, 4, pending=1),
 }
 WGMMA_RUN = ("wg128x128.b2",)
+WGMMA_ENABLED = True
 WGMMA_PREFIX = "gemm.wgmma_"
 WGMMA_CC = (9, 0)  # wgmma is sm_90a's: Hopper only (not 8.x, not 10.x)
 

@@ -119,13 +119,16 @@ class PtxBuild:
               (the same rule the dispatcher applies, e.g. cuda_tiles.tc_async_fits)
     dynamic_shared  bytes of dynamic shared memory a block is launched with (the report's
               occupancy counts them beside the static arrays ptxas reports)
+    archs     the chips it exists for (None: all); arch_specific: built for their "a" targets
+              (sm_90a: wgmma), as numba-cuda builds it on such a device
     """
 
     def __init__(self, name, family, get, argtypes, threads=256, dtypes=("float32", "float16", "float64"),
-                 requires=(), fits=None, dynamic_shared=0):
+                 requires=(), fits=None, dynamic_shared=0, archs=None, arch_specific=False):
         self.name, self.family, self.get, self.argtypes = name, family, get, argtypes
         self.threads, self.dtypes, self.requires = threads, tuple(dtypes), tuple(requires)
         self.fits, self.dynamic_shared = fits, dynamic_shared
+        self.archs, self.arch_specific = archs, arch_specific
 
 
 def acc_np(numba_dtype):

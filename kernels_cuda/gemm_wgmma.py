@@ -18,19 +18,21 @@ of K, or by 16 rows of a (K, N) b).  Per K tile one barrier: wait for tile kt's 
 fence them to the async proxy, __syncthreads, issue tile kt's products, then the copies of
 tile kt + stages - 1 - pending into the buffer of tile kt - 1 - pending (whose products
 every warpgroup waited for before this barrier), then wait until `pending` product groups
-remain.  Chunks of absent rows, columns or K read zero (cp.async of 0 bytes from clamped
-addresses).
+remain.  Whole K tiles copy from per-thread addresses fixed for the loop plus the tile's
+offset; a partial last K tile follows the loop with its indices recomputed (registers: 128 a
+thread at 2 blocks per SM, no spills on sm_90a).  Chunks of absent rows, columns or K read
+zero (cp.async of 0 bytes from clamped addresses).
 """
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, types, uint32
+from numba import cuda, float32, types, uint32, uint64
 
 from kernels_common.cuda_tiles import WGMMA_RUN, WGMMA_TILES, wgmma_fits, wgmma_kernel_name
 
 from ._jit import PtxBuild, arr, device, kernel
 from .gemm import _tc_parts
-from .mma import cp_async16, cp_async_commit, cp_async_wait, ctaid_x_fresh, tid_x_fresh
+from .mma import cp_async16, cp_async16_at, cp_async_commit, cp_async_wait, ctaid_x_fresh, global_address, tid_x_fresh
 from .wgmma import fence_proxy_async, shared_address, smem_desc, wgmma_commit, wgmma_f16, wgmma_fence, wgmma_wait
 
 
@@ -51,6 +53,11 @@ def gemm_wgmma_kernel(trans_b, tile):
     NCH = BN // 8                   # (K, N) b: 16-byte chunks per row of the tile
     PANEL = BK * KP                 # (K, N) b: words per panel of 64 columns
     assert NT % 8 == 0 and NT % NCH == 0 and A_CP * NT == BM * 8 and B_CP * NT * 4 == B_STAGE
+    # a thread's copies are 32 rows apart (A, (N, K) B) or NT / NCH rows ((K, N) B): multiples
+    # of the swizzle's 8, so their places differ by constants
+    assert (NT // 8) % 8 == 0 and (NT // NCH) % 8 == 0
+    A_DST_STEP = NT // 8 * KP
+    B_DST_STEP = A_DST_STEP if trans_b else NT // NCH * KP
     WAIT = STAGES - 2 - PENDING     # copy groups left pending when tile kt must be complete
     AHEAD = STAGES - 1 - PENDING    # tiles the copies run ahead of the products
     NT8 = BN // 8                   # n8 column tiles of the accumulator fragment
@@ -88,6 +95,26 @@ def gemm_wgmma_kernel(trans_b, tile):
                            16 if gw < b_cols and gk < b_rows else 0)
 
     @device
+    def load_full(S, base, kt, pa, pb, a_dst, b_dst, ok_rows, b_cols):
+        """Issue the copies of the whole K tile kt into the stage at word base, from each
+        copy's address in K tile 0 (pa[l], pb[l]: global_address, rows clamped in range)
+        plus the tile's offset, to a_dst + l * A_DST_STEP (b_dst + l * B_DST_STEP); ok_rows a
+        bit per copy whose row ((K, N) b: column) exists, the others read zero.  Fewer
+        registers through the K loop than load_tile's indices (128 at 2 blocks per SM)."""
+        step = uint64(128 * kt)  # bytes of a K tile along a row
+        for l in range(A_CP):
+            cp_async16_at(S, base + a_dst + l * A_DST_STEP, pa[l] + step, 16 if (ok_rows >> l) & 1 == 1 else 0)
+        if trans_b:
+            for l in range(B_CP):
+                cp_async16_at(S, base + A_STAGE + b_dst + l * B_DST_STEP, pb[l] + step,
+                              16 if (ok_rows >> (A_CP + l)) & 1 == 1 else 0)
+        else:  # 64 rows of b per K tile; the thread's column is the same for all its copies
+            bstep = uint64(4 * BK * kt) * uint64(b_cols)
+            nb = 16 if (ok_rows >> A_CP) & 1 == 1 else 0
+            for l in range(B_CP):
+                cp_async16_at(S, base + A_STAGE + b_dst + l * B_DST_STEP, pb[l] + bstep, nb)
+
+    @device
     def products(S, rb, wg, acc):
         """The warpgroup's 4 wgmma of the K tile in the stage at word rb, one group."""
         wgmma_fence()
@@ -117,28 +144,65 @@ def gemm_wgmma_kernel(trans_b, tile):
         for j in range(NT8):
             for r in range(4):
                 acc[0, j, r] = zero
-        ktiles = (kw_total + KP - 1) // KP
+        # ---- this thread's copies of whole K tiles: addresses in K tile 0, fixed for the loop
+        pa = cuda.local.array(A_CP, uint64)
+        pb = cuda.local.array(B_CP, uint64)
+        ok_rows = uint32(0)
+        ch = t & 7
+        r = t >> 3
+        a_dst = r * KP + ((ch ^ (r & 7)) << 2)
+        b_dst = a_dst
+        for l in range(A_CP):
+            gm = m0 + r + l * (NT // 8)
+            ok_rows |= uint32(gm < m_total) << l
+            pa[l] = global_address(a, (ab * m_total + min(gm, m_total - 1)) * kw_total + 4 * ch)
+        if trans_b:
+            for l in range(B_CP):
+                gn = n0 + r + l * (NT // 8)
+                ok_rows |= uint32(gn < n_total) << (A_CP + l)
+                pb[l] = global_address(b, (bb * n_total + min(gn, n_total - 1)) * kw_total + 4 * ch)
+        else:
+            cn = t % NCH
+            gw = n0 // 2 + 4 * cn
+            ok_rows |= uint32(gw < b_cols) << A_CP
+            kr = t // NCH
+            b_dst = (cn >> 3) * PANEL + kr * KP + (((cn & 7) ^ (kr & 7)) << 2)
+            for l in range(B_CP):  # rows < 64 <= b_rows wherever a whole K tile exists
+                pb[l] = global_address(b, (bb * b_rows + min(kr + l * (NT // NCH), b_rows - 1)) * b_cols
+                                       + min(gw, b_cols - 4))
+        kfull = kw_total // KP      # whole K tiles; a partial last one follows the loop
         for s in range(AHEAD):
-            if s < ktiles:
-                load_tile(S, s0 + s * SW, s, a, b, t, ab, bb, m0, n0, m_total, n_total, kw_total, b_rows, b_cols)
+            if s < kfull:
+                load_full(S, s0 + s * SW, s, pa, pb, a_dst, b_dst, ok_rows, b_cols)
             cp_async_commit()
         rb = 0                      # the stage of tile kt (words from s0)
-        for kt in range(ktiles):
+        for kt in range(kfull):
             cp_async_wait(WAIT)     # this thread's copies of tile kt are complete
             fence_proxy_async()     # and visible to wgmma's reads
             cuda.syncthreads()      # everyone's; every warpgroup's products of tile kt - 1 - pending done
             products(S, s0 + rb, wg, acc)
             nk = kt + AHEAD
-            if nk < ktiles:         # into the buffer of tile kt - 1 - pending
+            if nk < kfull:          # into the buffer of tile kt - 1 - pending
                 wb = rb + AHEAD * SW
                 if wb >= STAGES * SW:
                     wb -= STAGES * SW
-                load_tile(S, s0 + wb, nk, a, b, t, ab, bb, m0, n0, m_total, n_total, kw_total, b_rows, b_cols)
+                load_full(S, s0 + wb, nk, pa, pb, a_dst, b_dst, ok_rows, b_cols)
             cp_async_commit()
             wgmma_wait(PENDING)
             rb += SW
             if rb == STAGES * SW:
                 rb = 0
+        if kfull * KP < kw_total:
+            # the partial last tile into its stage rb (tile kfull - STAGES's: every warpgroup's
+            # products of it completed before the last barrier), indices recomputed here
+            bz, m0, n0 = tile_at(ctaid_x_fresh(), m_total, n_total)
+            load_tile(S, s0 + rb, kfull, a, b, tid_x_fresh(), a_idx[bz], b_idx[bz], m0, n0, m_total, n_total,
+                      kw_total, b_rows, b_cols)
+            cp_async_commit()
+            cp_async_wait(0)
+            fence_proxy_async()
+            cuda.syncthreads()
+            products(S, s0 + rb, wg, acc)
         wgmma_wait(0)
         cp_async_wait(0)
         bz, m0, n0 = tile_at(ctaid_x_fresh(), m_total, n_total)
@@ -161,6 +225,6 @@ PTX = [
              _args, threads=WGMMA_TILES[build].threads, dtypes=("float16",),
              requires=("wgmma.mma_async.sync.aligned", "cp.async.cg.shared.global"),
              fits=(lambda build: lambda optin, per_sm: wgmma_fits(build, optin, per_sm))(build),
-             dynamic_shared=WGMMA_TILES[build].shared_bytes)
+             dynamic_shared=WGMMA_TILES[build].shared_bytes, archs=("sm_90",), arch_specific=True)
     for build in WGMMA_RUN for nk in (False, True)
 ]

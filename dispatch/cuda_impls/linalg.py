@@ -32,6 +32,7 @@ from kernels_common.cuda_tiles import (GEMM_TILES, GEMV_KN_WARPS, GEMV_MAX_M, GE
                                        TC_TILE, TC_WARPS, TC_WIDE_KERNEL, TC_WIDE_TILE, TC_WIDE_WARPS,
                                        gemm_shared_bytes, gemm_threads, gemm_tile_dtypes, gemv_kn_columns,
                                        gemv_unroll, tc_async_fits, tc_async_kernel_name)
+from kernels_common.cuda_tiles import WGMMA_CC, WGMMA_PREFIX, WGMMA_RUN, WGMMA_TILES, wgmma_fits, wgmma_kernel_name
 
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 
@@ -50,7 +51,10 @@ TILES = [(name, t[0], t[1], gemm_threads(name), gemm_shared_bytes(name)) for nam
 # tc_async: whether the wide tile's inputs that allow it (K % 8 == 0, a (K, N) b's N % 8 == 0,
 # 16-byte aligned) take the cp.async + ldmatrix kernel of the same tile; None: follow
 # kernels_common.cuda_tiles.TC_ASYNC_ENABLED (on: 2.6-3.7x the wide tile's speed on the H200).
-PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 0.0, "tc_async": None}
+# wgmma: whether those inputs on a compute capability 9.0 part take the wgmma kernel
+# (kernels_cuda.gemm_wgmma) instead; None: follow kernels_common.cuda_tiles.WGMMA_ENABLED (on:
+# 1.11-1.21x the fastest cp.async build on the H200, bench/gpu_results/2026-11-27d-h200/call2).
+PARAMS = {"min_blocks_per_sm": 1, "wide_min_waves": 0.0, "tc_async": None, "wgmma": None}
 
 
 def _dims(a, b, b_is_nk):
@@ -86,12 +90,20 @@ def launch(params, a, b, bias, out, code, b_is_nk, packed=None):
                 and k % 2 == 0 and (b_is_nk or n % 2 == 0) and word_aligned(a) and word_aligned(b)):
             why_not = _async_refusal(params, p, k, n, b_is_nk, a, b)
             if why_not is None:
+                rows = " (K % 8 == 0" + ("" if b_is_nk else ", N % 8 == 0") + ", 16-byte aligned inputs)"
+                build, why_wg = _wgmma_build(params, p)
+                if build is not None:
+                    t = WGMMA_TILES[build]
+                    return {"kernel": wgmma_kernel_name(build, b_is_nk), "build": build, "tile": "tensor cores, wgmma",
+                            "path": f"wgmma from shared memory (Hopper), {t.bm} x {t.bn} x {t.bk} tiles, "
+                                    f"{t.stages}-stage cp.async pipeline, {t.min_blocks} blocks per SM" + rows,
+                            "grid": (cdiv(n, t.bn) * cdiv(m, t.bm) * batch, 1, 1), "block": t.threads,
+                            "shared_bytes": t.shared_bytes, "device": p.name}
                 build, why_build = _async_build(p)
                 t = TC_ASYNC_TILES[build]
                 return {"kernel": tc_async_kernel_name(build, b_is_nk), "build": build, "tile": "tensor cores, cp.async",
                         "path": f"{t.bm} x {t.bn} x {t.bk} tiles, {t.stages}-stage cp.async pipeline + ldmatrix, "
-                                f"{t.min_blocks} blocks per SM{why_build} (K % 8 == 0"
-                                + ("" if b_is_nk else ", N % 8 == 0") + ", 16-byte aligned inputs)",
+                                f"{t.min_blocks} blocks per SM{why_build}" + rows + f"; not wgmma: {why_wg}",
                         "grid": (cdiv(n, t.bn) * cdiv(m, t.bm) * batch, 1, 1), "block": t.threads,
                         "shared_bytes": t.shared_bytes, "device": p.name}
             return {"kernel": TC_WIDE_KERNEL + (".nk" if b_is_nk else ""), "tile": "tensor cores, wide",
@@ -142,6 +154,33 @@ def _async_build(p):
         why += (f" (not {t.bm} x {t.bn} x {t.bk}: {t.min_blocks} blocks of {t.shared_bytes // 1024} KB exceed the"
                 f" device's {p.smem_per_sm // 1024} KB of shared memory per SM)")
     return TC_ASYNC_DEFAULT, why
+
+
+def _wgmma_build(params, p):
+    """(build, None) of the wgmma GEMM for device p (the first of cuda_tiles.WGMMA_RUN whose
+    blocks fit its shared memory), or (None, why not): switched off (params["wgmma"]; None:
+    cuda_tiles.WGMMA_ENABLED), not compute capability 9.0 (wgmma is sm_90a's), blocks over
+    the device's thread limit, or shared memory that holds none of the builds."""
+    from kernels_common import cuda_tiles
+
+    on = params.get("wgmma")
+    if on is None:
+        on = cuda_tiles.WGMMA_ENABLED
+    if not on:
+        return None, "it is switched off (params['wgmma'] / cuda_tiles.WGMMA_ENABLED)"
+    if tuple(p.cc[:2]) != WGMMA_CC:
+        return None, f"compute capability {p.cc[0]}.{p.cc[1]} is not 9.0 (wgmma is Hopper's)"
+    why = []
+    for build in WGMMA_RUN:
+        t = WGMMA_TILES[build]
+        if t.threads > p.max_threads_per_block:
+            why.append(f"{build}: {t.threads}-thread blocks exceed the device's limit")
+        elif not wgmma_fits(build, p.smem_per_block_optin, p.smem_per_sm):
+            why.append(f"{build}: {t.min_blocks} blocks of {t.shared_bytes // 1024} KB exceed the device's "
+                       f"{p.smem_per_sm // 1024} KB of shared memory per SM")
+        else:
+            return build, None
+    return None, "; ".join(why)
 
 
 def _async_refusal(params, p, k, n, b_is_nk, a, b):
@@ -207,6 +246,11 @@ def _run(params, a, b, bias, out, code, b_is_nk, packed=None, gemv=False):
                       K.gemv_kernel(acc, False, cfg["columns_per_block"], cfg["rows_per_pass"], cfg["warps"]))
             k_gemv[cfg["grid"], cfg["block"]](
                 a3, b3, ai, bi, bias_d, c_view(res, batch, m, n), code, bias is not None, b_is_nk)
+        elif cfg["kernel"].startswith(WGMMA_PREFIX):  # flat 32-bit words, as the cp.async kernel's
+            kernels("_jit").launch_dynamic(kernels("gemm_wgmma").gemm_wgmma_kernel(b_is_nk, cfg["build"]), cfg["grid"],
+                                           cfg["block"], WGMMA_TILES[cfg["build"]].shared_bytes,
+                                           words(ad), words(bd), ai, bi, bias_d, c_view(res, batch, m, n), k // 2, k,
+                                           n // 2, code, bias is not None)
         elif cfg["kernel"].startswith(TC_ASYNC_PREFIX):  # flat 32-bit words, copied 16 bytes at a time
             tile = TC_ASYNC_TILES[cfg["build"]]
             kernels("_jit").launch_dynamic(K.gemm_tc_async_kernel(b_is_nk, cfg["build"]), cfg["grid"], cfg["block"],

@@ -137,6 +137,7 @@ def test_float16_cp_async_k64_tiles_where_shared_memory_holds_them(monkeypatch):
     from kernels_common.cuda_tiles import TC_ASYNC_RUN, tc_async_kernel_name
 
     monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", True)
+    monkeypatch.setattr(cuda_tiles, "WGMMA_ENABLED", False)  # else wgmma runs there (tests/cuda/test_wgmma.py)
     g = rng()
     big = devices.DeviceProps("nominal 2-SM part, H100 shared memory", (9, 0), 2, 1024, 48 * 1024, 227 * 1024,
                               228 * 1024, 65536, 2048)

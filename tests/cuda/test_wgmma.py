@@ -111,13 +111,14 @@ def _builds():
     from kernels_common.cuda_tiles import WGMMA_RUN, WGMMA_TILES
 
     names = WGMMA_RUN if SIM else tuple(WGMMA_TILES)
-    return [(b, lay) for b in names for lay in ("kn", "nk")]
+    return [(b, lay, k) for b in names for lay in ("kn", "nk") for k in ("tiles", "short")]
 
 
-@pytest.mark.parametrize("tile, layout", _builds())
-def test_gemm_wgmma_builds(tile, layout):
+@pytest.mark.parametrize("tile, layout, depth", _builds())
+def test_gemm_wgmma_builds(tile, layout, depth):
     """kernels_cuda.gemm_wgmma.gemm_wgmma_kernel launched as the probe does: partial row,
-    column and last K tiles, more K tiles than stages, bias + relu, against float64."""
+    column and last K tiles, more K tiles than stages (or K = 40: no whole K tile), bias +
+    relu, against float64."""
     from dispatch.cuda_impls._common import words
     from kernels_common.cuda_tiles import WGMMA_TILES
     from kernels_cuda._jit import launch_dynamic
@@ -126,7 +127,7 @@ def test_gemm_wgmma_builds(tile, layout):
     cfg = WGMMA_TILES[tile]
     g = rng()
     nk = layout == "nk"
-    k = cfg.bk * (cfg.stages + 1) + 24
+    k = cfg.bk * (cfg.stages + 1) + 24 if depth == "tiles" else 40
     m, n = (cfg.bm - 30, cfg.bn - 40) if SIM else (cfg.bm * 11 - 30, cfg.bn * 3 - 40)
     x = (g.standard_normal((m, k)) / 4).astype(np.float16)
     w = (g.standard_normal((n, k) if nk else (k, n)) / 4).astype(np.float16)
@@ -139,3 +140,47 @@ def test_gemm_wgmma_builds(tile, layout):
     launch_dynamic(gemm_wgmma_kernel(nk, tile), grid, cfg.threads, cfg.shared_bytes,
                    words(dev(x)), words(dev(w)), idx, idx, dev(bias), c, k // 2, k, n // 2, 1, True)
     assert_close(c.copy_to_host()[0], np.maximum(y, 0), F16_TOL, f"{tile} {layout}", cancel=True)
+
+
+H100_LIKE = devices.DeviceProps("nominal 2-SM part, H100 shared memory", (9, 0), 2, 1024, 48 * 1024, 227 * 1024,
+                                228 * 1024, 65536, 2048)
+A100_LIKE = devices.DeviceProps("nominal 2-SM part, A100 shared memory", (8, 0), 2, 1024, 48 * 1024, 163 * 1024,
+                                164 * 1024, 65536, 2048)
+
+
+@pytest.mark.parametrize("case", ["linear", "matmul (K, N), broadcast batch"])
+def test_dispatch_runs_wgmma_on_hopper(case, monkeypatch):
+    """Through dispatch on a compute capability 9.0 part: the wgmma kernel runs (explain says
+    so), partial tiles, bias + gelu_tanh, a broadcast batch; on an 8.0 part the cp.async
+    kernel runs and explain says why not wgmma; switched off, explain says that."""
+    import dispatch
+    from kernels_common import cuda_tiles
+    from kernels_common.cuda_tiles import TC_ASYNC_RUN, WGMMA_RUN, tc_async_kernel_name, wgmma_kernel_name
+
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", True)
+    g = rng()
+    nk = case == "linear"
+    m, n, k = 70, 40, 64 * 5 + 24
+    x = (g.standard_normal((m, k) if nk else (2, 1, m, k)) / 4).astype(np.float16)
+    w = (g.standard_normal((n, k) if nk else (1, k, n)) / 4).astype(np.float16)
+    bias = g.standard_normal(n).astype(np.float16)
+    y = x.astype(np.float64) @ (w.astype(np.float64).T if nk else w.astype(np.float64)) + bias.astype(np.float64)
+    want = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))  # noqa: E731
+    fn = dispatch.linear if nk else dispatch.matmul
+    name = fn.__name__
+    kw = {"bias": dev(bias), "activation": "gelu_tanh"}
+    with devices.assume(H100_LIKE), dispatch.use(**{name: "cuda-gemm"}):
+        e = str(dispatch.explain(name, dev(x), dev(w), **kw))
+        assert f"'kernel': '{wgmma_kernel_name(WGMMA_RUN[0], nk)}'" in e and "wgmma from shared memory" in e, e
+        got = fn(dev(x), dev(w), **kw).copy_to_host()
+    assert got.shape == want.shape and got.dtype == np.float16
+    assert_close(got, want, F16_TOL, case, cancel=True)
+    with devices.assume(A100_LIKE), dispatch.use(**{name: "cuda-gemm"}):
+        e = str(dispatch.explain(name, dev(x), dev(w), **kw))
+        assert f"'kernel': '{tc_async_kernel_name(TC_ASYNC_RUN[-1], nk)}'" in e, e
+        assert "not wgmma: compute capability 8.0 is not 9.0" in e, e
+    monkeypatch.setattr(cuda_tiles, "WGMMA_ENABLED", False)
+    with devices.assume(H100_LIKE), dispatch.use(**{name: "cuda-gemm"}):
+        e = str(dispatch.explain(name, dev(x), dev(w), **kw))
+        assert "not wgmma: it is switched off" in e, e
