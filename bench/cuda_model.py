@@ -20,8 +20,9 @@ takes the longer of the two)
   they run (below), divided over the SMs as the grid's blocks are (the busiest SM: ceil(blocks
   / SMs) blocks), each SM retiring at most ISSUE_PER_SM_CLK warp instructions per clock
   (fewer when it holds fewer warps) and each pipe at its own rate: FFMA at the FP32 peak, HMMA
-  at the rate mma.sync reaches (the tensor-core peak on Ampere; on Hopper a measured third of
-  it, SPECS), DFMA/DADD/DMUL at the FP64 peak, MUFU at MUFU_PER_SM_CLK, shared
+  at the rate mma.sync reaches (the tensor-core peak on Ampere; on Hopper the rate the
+  kernels here sustain, a measured 36% of it), HGMMA (wgmma, Hopper) at the share of the peak
+  the wgmma kernels sustain (42%, SPECS; both fitted, not first principles), DFMA/DADD/DMUL at the FP64 peak, MUFU at MUFU_PER_SM_CLK, shared
   loads at SHARED_BYTES_PER_SM_CLK.  The slowest of these is the bound (``issue_pipe``).
 
 How often the loops run (``WORK``, one table keyed by kernel name; kernels_cuda does not
@@ -83,10 +84,15 @@ class Chip:
     fp16_tc_flops: float  # dense FP16 tensor core, FP32 accumulation (mma.sync HMMA)
     fp64_flops: float     # non-tensor FP64
     mma_sync_flops: float = 0.0  # what mma.sync (HMMA.16816) issues at: the tensor pipe here; 0: fp16_tc_flops
+    wgmma_share: float = 0.0     # the share of fp16_tc_flops the wgmma kernels sustain (Hopper)
 
     @property
     def hmma_flops(self) -> float:
         return self.mma_sync_flops or self.fp16_tc_flops
+
+    @property
+    def hgmma_flops(self) -> float:
+        return self.fp16_tc_flops * (self.wgmma_share or 1.0)
 
 
 # mma.sync on Hopper: 11.9 SM clocks per HMMA.16816 per SM partition, measured on the H200
@@ -96,10 +102,22 @@ class Chip:
 # tiles (64 HMMA per partition per K tile, 1170 clocks a tile) and of 128 x 256 x 32 (128 HMMA,
 # 1934 clocks): 11.9 clocks per HMMA plus a 406-clock barrier bubble per K tile.  No build ran
 # faster than 12.4 clocks per HMMA (K tiles of 64, two blocks per SM: 409 us), nor any
-# mma.sync kernel here.  Replace it with bench/gpu_probe_mma.py's figure (independent HMMA
-# chains, no memory) once a GPU runs it.
+# mma.sync kernel here.  The pipe itself issues faster: bench/gpu_probe_mma.py (independent
+# HMMA chains, no memory; 2026-11-27d call 1) measured 6.73 clocks per HMMA per partition with
+# 8 chains in each of >= 8 warps (636 TFLOP/s, 64% of the dense peak), 7.1 with 4 warps, 9-10
+# with 4 chains.  So 11.9 is what these kernels sustain (ldmatrix-to-HMMA dependencies and a
+# barrier per K tile), not the pipe's limit: a fitted rate, kept because it predicts them.
 HOPPER_MMA_SYNC_CLK_PER_HMMA = 11.9
 _HOPPER_MMA_SYNC = 132 * 4 / HOPPER_MMA_SYNC_CLK_PER_HMMA * 2 * 16 * 8 * 16 * 1.98e9
+# wgmma (HGMMA) as kernels_cuda.gemm_wgmma runs it: 128 x 128 x 64 tiles at 2 blocks per SM
+# ran 4096^3 in 327 (N, K) / 347 (K, N) us on the H200 (2026-11-27d call 3, GPU time), 396-420
+# TFLOP/s = 40-42% of the dense peak, where its SASS bound is 97% of it (4 HGMMA.64x128x16 in
+# 162 instructions per K tile).  The gap is the kernel's synchronous structure: each warpgroup
+# waits for its K tile's products before the next tile's barrier, and 256 x 128 tiles (85 FLOPs
+# per byte copied from L2 against 64) ran no faster (334-350 us), so it is not L2 traffic.
+# Fitted like the mma.sync rate: the tensor pipe runs HGMMA at this share of the dense peak in
+# these kernels.  Replace it when a kernel keeps products in flight across its barriers.
+HOPPER_WGMMA_SHARE = 0.42
 
 SPECS = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TFLOPS, FP64 34 TFLOPS, FP16 Tensor Core
@@ -109,10 +127,10 @@ SPECS = {
     # Hopper reaches that peak with wgmma; mma.sync (HMMA) stays far below it (Luo et al.,
     # "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024; measured here:
     # HOPPER_MMA_SYNC_CLK_PER_HMMA), and the kernels' tensor pipe is that rate.
-    "H100 SXM": Chip("sm_90", 1.98e9, 3.35e12, 67e12, 989.4e12, 34e12, _HOPPER_MMA_SYNC),
+    "H100 SXM": Chip("sm_90", 1.98e9, 3.35e12, 67e12, 989.4e12, 34e12, _HOPPER_MMA_SYNC, HOPPER_WGMMA_SHARE),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): the H100's SM array and clocks (FP32 67, FP64
     # 34, FP16 Tensor Core 1,979 TFLOPS with sparsity) with 141 GB of HBM3e at 4.8 TB/s.
-    "H200 SXM": Chip("sm_90", 1.98e9, 4.8e12, 67e12, 989.4e12, 34e12, _HOPPER_MMA_SYNC),
+    "H200 SXM": Chip("sm_90", 1.98e9, 4.8e12, 67e12, 989.4e12, 34e12, _HOPPER_MMA_SYNC, HOPPER_WGMMA_SHARE),
     # NVIDIA A100 datasheet (80GB SXM): FP32 19.5, FP64 9.7, FP16 Tensor Core 312 TFLOPS (dense),
     # 2,039 GB/s; 108 SMs at 1.41 GHz boost (A100 whitepaper).
     "A100 80GB SXM": Chip("sm_80", 1.41e9, 2.039e12, 19.5e12, 312e12, 9.7e12),
@@ -516,9 +534,9 @@ def bounds(chip: Chip, props, cfg, occupancy, nbytes, mix, units, inflight_bytes
     pipes = {
         "issue": sm["total"] / (min(ISSUE_PER_SM_CLK, warps) * clock),
         "fp32": sm["ffma"] * 64 / (chip.fp32_flops / sms),
-        # mma.sync at its rate; wgmma (HGMMA) at the dense tensor peak it is built to reach
+        # mma.sync and wgmma (HGMMA) each at the rate these kernels sustain (SPECS)
         "tensor": (sm["hmma"] * 2 * 16 * 8 * 16 / (chip.hmma_flops / sms)
-                   + sm["hgmma_fma"] * 64 / (chip.fp16_tc_flops / sms)),
+                   + sm["hgmma_fma"] * 64 / (chip.hgmma_flops / sms)),
         "fp64": sm["fp64"] * 64 / (chip.fp64_flops / sms),
         "mufu": sm["mufu"] / (MUFU_PER_SM_CLK * clock),
         "shared": (sm["ld_shared_bytes"] + 4 * sm["st_shared"]) * 32 / (SHARED_BYTES_PER_SM_CLK * clock),
