@@ -9,7 +9,10 @@ else gemm_tc_kernel's 64 x 64 x 16 tile.  Where the wide tile runs, gemm_tc_asyn
 (cuda_tiles.TC_ASYNC_ENABLED or PARAMS["tc_async"]) and the rows are whole 16-byte chunks
 (K % 8 == 0, a (K, N) b's N % 8 == 0) of 16-byte aligned inputs, in the first build of
 cuda_tiles.TC_ASYNC_RUN whose 2 blocks per SM fit the device's shared memory (K tiles of 64
-in 2 x 96 KB on an H100, else of 32 in 2 x 48 KB); the launch's "path" says which ran and why.  Tile
+in 2 x 96 KB on an H100, else of 32 in 2 x 48 KB).  On compute capability 9.0 those inputs take
+kernels_cuda.gemm_wgmma instead (wgmma from swizzled shared memory, the first build of
+cuda_tiles.WGMMA_RUN that fits; switch: cuda_tiles.WGMMA_ENABLED or PARAMS["wgmma"]).  The
+launch's "path" says which ran and why.  Tile
 rule for float32 / float64: the largest tile of kernels_common.cuda_tiles.GEMM_TILES whose grid still gives
 at least one block per SM (128x64 > 64x64 > 32x32), so big products get the most reuse per
 loaded element and small or skinny ones (decode-like M) still spread over the SMs; tiles of
