@@ -50,7 +50,8 @@ Asynchronous copies and matrix loads (sm_80+), the pipelined GEMM's (gemm_tc_asy
 Hopper's own instructions (wgmma, setmaxnreg) need sm_90a code: numba-cuda 0.30 builds it on
 a compute capability 9.0 device already (numba.cuda.codegen's _ensure_cc appends the "a"), and
 compile_ptx(..., cc=(9, 0, "a")) gives .target sm_90a, which ptxas -arch=sm_90a assembles with
-a wgmma.fence through inline assembly (checked 2026-11-27); bench.ptx builds plain sm_90.
+a wgmma.fence through inline assembly (checked 2026-11-27); bench.ptx builds sm_90, and sm_90a for
+the kernels declared arch_specific (kernels_cuda/wgmma.py's, in gemm_wgmma.py).
 The simulator twins: cp_async16 copies at once (commit and wait do nothing); the ldmatrix
 twins exchange the row addresses through a per-warp table between warp barriers as the
 hardware does (tests/cuda/test_mma.py holds both to this layout, on a GPU the instructions).
