@@ -16,6 +16,10 @@ Kernels (VARIANTS, comma-separated; each a separate build):
             spills, sm_90): 12 warps per SM instead of 8 (2 blocks per SM won the GEMM 1.27x,
             bench/gpu_results/2026-11-27c-h200)
   async4b4  4 warps, 4 blocks per SM (128 registers: spills at d = 128, none at d = 64)
+  wg64      (Hopper only) kernels_cuda.attention_wgmma: wgmma for S = Q K^T (both from shared
+            memory) and O += P V (P from registers), 64-key tiles, 3 stages, one warpgroup
+  wg64s2    the same, 2 stages (2 blocks per SM at d = 128)
+  wg128k    128-key tiles, 2 stages
 For each shape (B, H, S, D, causal; Sq = Skv, so PyTorch's top-left causal mask is the
 kernels' bottom-right one) it checks each result against a float32 SDPA (relative error:
 max |ours - ref| / max |ref|, limit 4e-3) and prints the median of REPS timed launches (CUDA
@@ -50,7 +54,8 @@ else:
 if os.environ.get("SHAPES"):
     SHAPES = [(int(b), int(h), int(s), int(d), c.strip() not in ("0", "", "False", "false"))
               for b, h, s, d, c in (x.split(",") for x in os.environ["SHAPES"].split(";"))]
-VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8k32,async4b3,async4b4").split(",")
+VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8k32,async4b3,async4b4,"
+                                      "wg64,wg64s2,wg128k").split(",")
 
 
 def main():
@@ -59,11 +64,16 @@ def main():
     torch, has_torch = common.setup()
     from dispatch.cuda_impls._common import words
     from kernels_common.cuda_tiles import TC_ATTN_BQ, TC_ATTN_WARPS
+    from kernels_common.cuda_tiles import wgmma_attention_shared_bytes
+    from kernels_cuda._jit import launch_dynamic
     from kernels_cuda.attention import flash_tc_async_kernel, flash_tc_kernel
+    from kernels_cuda.attention_wgmma import WGMMA_ATTN_BUILDS, flash_wgmma_kernel
+
+    hopper = SIM or tuple(cuda.get_current_device().compute_capability) == (9, 0)
 
 
     def kernels(d):
-        """name -> (kernel, rows per block, threads)"""
+        """name -> (kernel, rows per block, threads, dynamic shared bytes)"""
         table = {"tc": lambda: (flash_tc_kernel(d), TC_ATTN_BQ, 32 * TC_ATTN_WARPS),
                  "async8": lambda: (flash_tc_async_kernel(d, 8), 128, 256),
                  "async4": lambda: (flash_tc_async_kernel(d, 4), 64, 128),
@@ -72,6 +82,11 @@ def main():
                  "async8k32": lambda: (flash_tc_async_kernel(d, 8, 32, 3), 128, 256),
                  "async4b3": lambda: (flash_tc_async_kernel(d, 4, 0, 0, 3), 64, 128),
                  "async4b4": lambda: (flash_tc_async_kernel(d, 4, 0, 0, 4), 64, 128)}
+        table = {name: (lambda f: lambda: f() + (0,))(f) for name, f in table.items()}
+        if hopper:  # wgmma: sm_90a
+            table.update({name: (lambda bk, st, nwg: lambda: (flash_wgmma_kernel(d, bk, st, nwg), 64 * nwg, 128 * nwg,
+                                                                wgmma_attention_shared_bytes(d, bk, st, nwg)))(*cfg)
+                          for name, cfg in WGMMA_ATTN_BUILDS.items()})
         return {name: table[name]() for name in VARIANTS if name in table}
 
     def time_it(launch, sync):
@@ -119,7 +134,7 @@ def main():
             qd, kd, vd = cuda.to_device(q_h), cuda.to_device(k_h), cuda.to_device(v_h)
         qw, kw, vw = words(qd), words(kd), words(vd)
         lse = cuda.to_device(np.zeros(1, np.float16))
-        for name, (kern, bq, threads) in kernels(d).items():
+        for name, (kern, bq, threads, dyn) in kernels(d).items():
             if has_torch:
                 out_t = torch.full((nb * h * s * d,), float("nan"), device="cuda", dtype=torch.float16)
                 out = cuda.as_cuda_array(out_t)
@@ -128,8 +143,8 @@ def main():
             grid = max(1, (s + bq - 1) // bq) * nb * h
             args = (qw, kw, vw, nb, h, s, h, s, causal, scale, out, lse, False)
 
-            def launch(kern=kern, grid=grid, threads=threads, args=args):
-                kern[grid, threads](*args)
+            def launch(kern=kern, grid=grid, threads=threads, args=args, dyn=dyn):
+                launch_dynamic(kern, grid, threads, dyn, *args)
 
             try:
                 t = time_it(launch, cuda.synchronize)

@@ -232,6 +232,12 @@ WGMMA_PREFIX = "gemm.wgmma_"
 WGMMA_CC = (9, 0)  # wgmma is sm_90a's: Hopper only (not 8.x, not 10.x)
 
 
+def wgmma_attention_shared_bytes(d: int, bk: int, stages: int, nwg: int) -> int:
+    """Dynamic shared memory of kernels_cuda.attention_wgmma's kernel: the block's Q tile (64
+    rows a warpgroup), `stages` K and V tiles of bk keys, and 1 KB to align them to 1024."""
+    return (64 * nwg + stages * 2 * bk) * d * 2 + 1024
+
+
 def wgmma_kernel_name(build: str, trans_b: bool = False) -> str:
     return WGMMA_PREFIX + build + (".nk" if trans_b else "")
 

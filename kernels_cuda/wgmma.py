@@ -139,6 +139,44 @@ if not SIM:
 
         return sig, codegen
 
+    @intrinsic
+    def wgmma_f16_rs(typingctx, acc, a0, a1, a2, a3, s, desc_b, n, trans_b):
+        """D += A @ B of the warpgroup with A from registers: a0..a3 this lane's part of its
+        warp's 16 rows of A (64 x 16), mma.sync's m16n8k16 A fragment (mma.py's docstring);
+        B from shared memory by its descriptor (see wgmma_f16)."""
+        regs = (a0, a1, a2, a3)
+        if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and acc.layout == "C"
+                and all(isinstance(r, types.Integer) for r in regs) and isinstance(desc_b, types.Integer)):
+            return None
+        if not (isinstance(n, types.IntegerLiteral) and isinstance(trans_b, (types.IntegerLiteral,
+                                                                            types.BooleanLiteral))):
+            return None
+        N, TB = int(n.literal_value), int(trans_b.literal_value)
+        assert N % 8 == 0 and 8 <= N <= 256, N
+        R = N // 2
+        sig = types.void(acc, a0, a1, a2, a3, s, desc_b, n, trans_b)
+
+        def codegen(context, builder, sig, args):
+            f, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptrs = [builder.gep(ary.data, [ir.Constant(i64, k)]) for k in range(R)]
+            vals = [builder.load(p) for p in ptrs]
+            av = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[1:5], sig.args[1:5])]
+            db = context.cast(builder, args[6], sig.args[6], types.uint64)
+            regs_ = ", ".join(f"${k}" for k in range(R))
+            text = ("{ .reg .pred p; setp.ne.b32 p, $" + str(R + 5) + ", 0; "
+                    f"wgmma.mma_async.sync.aligned.m64n{N}k16.f32.f16.f16 "
+                    "{" + regs_ + "}, {$" + str(R) + ", $" + str(R + 1) + ", $" + str(R + 2) + ", $" + str(R + 3)
+                    + "}, $" + str(R + 4) + f", p, 1, 1, {TB}; }}")
+            cons = ",".join(["=f"] * R + ["r", "r", "r", "r", "l", "r"] + [str(k) for k in range(R)] + ["~{memory}"])
+            fnty = ir.FunctionType(ir.LiteralStructType([f] * R), [i32] * 4 + [i64, i32] + [f] * R)
+            res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True), av + [db, ir.Constant(i32, 1)] + vals)
+            for k in range(R):
+                builder.store(builder.extract_value(res, k), ptrs[k])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
 else:
     def wgmma_fence():
         """Simulator twin: nothing to do (the twin of wgmma_f16 completes when called)."""
@@ -165,6 +203,22 @@ else:
         wgmma_reference(acc, s, desc_a, desc_b, int(n), int(trans_b), (t & 127) >> 5, t & 31)
 
 
+if SIM:
+    @device
+    def wgmma_f16_rs(acc, a0, a1, a2, a3, s, desc_b, n, trans_b):
+        """Simulator twin: the warp's A fragments meet in a per-warp table (as mma_16816's
+        twin), then this lane's accumulators as wgmma_reference's with A's rows given."""
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        table = cuda.shared.array((32, 32, 4), np.uint32)  # [warp][lane][a0..a3]
+        mine = table[warp, lane]
+        mine[0], mine[1], mine[2], mine[3] = a0, a1, a2, a3
+        cuda.syncwarp()
+        a = _a_rows_of(table[warp], lane >> 2)
+        cuda.syncwarp()
+        wgmma_rs_reference(acc, a, s, desc_b, int(n), int(trans_b), lane)
+
+
 @device
 def smem_desc(s, i, lbo, sbo):
     """The 128-byte-swizzle matrix descriptor of the operand at s[i] (module docstring);
@@ -183,27 +237,60 @@ def _field(desc, lo):
     return ((int(desc) >> lo) & 0x3FFF) << 4
 
 
+def _halves_of(s):
+    return np.asarray(s).reshape(-1).view(np.float16)
+
+
+def _a_rows_of(regs, g):
+    """Rows g and g + 8 (2 x 16, float32) of a warp's 16 x 16 A from its lanes' fragment
+    registers regs[lane][0..3] (mma.sync's A layout: lane 4 g + t holds A[g, 2t:2t+2],
+    A[g+8, 2t:2t+2], A[g, 2t+8:2t+10], A[g+8, 2t+8:2t+10])."""
+    a = np.zeros((2, 16), np.float32)
+    for t in range(4):
+        r = regs[4 * g + t]
+        for h in range(2):
+            lo = np.array([int(r[h]) & 0xFFFFFFFF, int(r[h + 2]) & 0xFFFFFFFF], np.uint32).view(np.float16)
+            a[h, 2 * t:2 * t + 2] = lo[0:2]
+            a[h, 2 * t + 8:2 * t + 10] = lo[2:4]
+    return a
+
+
+def _b_cols(halves, desc_b, n, trans_b, q):
+    """This lane's n / 4 columns of B (16 x n) through its descriptor (module docstring)."""
+    k = np.arange(16)
+    cols = (8 * np.arange(n // 8)[:, None] + 2 * q + np.arange(2)).reshape(-1)
+    sb, lbb, sbb = _field(desc_b, 0), _field(desc_b, 16), _field(desc_b, 32)
+    if trans_b:  # (K, N) panels of 64 columns
+        at = sb + (cols[None, :] // 64) * lbb + (k[:, None] // 8) * sbb + (k[:, None] % 8) * 128 + 2 * (cols[None, :] % 64)
+    else:        # (N, K) rows
+        at = sb + (cols[None, :] // 8) * sbb + (cols[None, :] % 8) * 128 + 2 * k[:, None]
+    return halves[_swizzled(at) // 2].astype(np.float32)   # (16, n / 4)
+
+
+def _accumulate(acc, a, b, n):
+    d = a @ b                                              # (2, n / 4): float32 sums of exact products
+    flat = np.asarray(acc).reshape(-1)
+    # acc[4 j + 2 h + e] = D[row h, column 8 j + 2 q + e] = d[h, 2 j + e]
+    flat[:n // 2] += d.reshape(2, n // 8, 2).transpose(1, 0, 2).reshape(-1).astype(np.float32)
+
+
 def wgmma_reference(acc, s, desc_a, desc_b, n, trans_b, w, lane):
     """acc += this lane's part of A @ B, read from s (its bytes, addresses as shared_address
     gives them) through the descriptors, for lane `lane` of warp `w` of the warpgroup: the
     simulator's twin of wgmma_f16, and the reference its test holds the GPU to."""
     assert int(desc_a) >> 62 == SWIZZLE_128B and int(desc_b) >> 62 == SWIZZLE_128B
-    halves = np.asarray(s).reshape(-1).view(np.float16)
+    halves = _halves_of(s)
     g, q = lane >> 2, lane & 3
     k = np.arange(16)
     rows = 16 * w + g + 8 * np.arange(2)                                     # this lane's 2 rows of D
-    cols = (8 * np.arange(n // 8)[:, None] + 2 * q + np.arange(2)).reshape(-1)  # and its n / 4 columns
     sa, sba = _field(desc_a, 0), _field(desc_a, 32)
     a_at = sa + (rows[:, None] // 8) * sba + (rows[:, None] % 8) * 128 + 2 * k[None, :]
-    sb, lbb, sbb = _field(desc_b, 0), _field(desc_b, 16), _field(desc_b, 32)
-    if trans_b:  # (K, N) panels of 64 columns
-        b_at = sb + (cols[None, :] // 64) * lbb + (k[:, None] // 8) * sbb + (k[:, None] % 8) * 128 + 2 * (cols[None, :] % 64)
-    else:        # (N, K) rows
-        b_at = sb + (cols[None, :] // 8) * sbb + (cols[None, :] % 8) * 128 + 2 * k[:, None]
     a = halves[_swizzled(a_at) // 2].astype(np.float32)   # (2, 16)
-    b = halves[_swizzled(b_at) // 2].astype(np.float32)   # (16, n / 4)
-    d = a @ b                                              # (2, n / 4): float32 sums of exact products
-    flat = np.asarray(acc).reshape(-1)
-    # acc[4 j + 2 h + e] = D[row h, column 8 j + 2 q + e] = d[h, 2 j + e]
-    dj = d.reshape(2, n // 8, 2).transpose(1, 0, 2).reshape(-1)
-    flat[:n // 2] += dj.astype(np.float32)
+    _accumulate(acc, a, _b_cols(halves, desc_b, n, trans_b, q), n)
+
+
+def wgmma_rs_reference(acc, a, s, desc_b, n, trans_b, lane):
+    """acc += this lane's part of A @ B with its rows of A given (a: 2 x 16 float32), B read
+    through its descriptor: the twin of wgmma_f16_rs."""
+    assert int(desc_b) >> 62 == SWIZZLE_128B
+    _accumulate(acc, a, _b_cols(_halves_of(s), desc_b, n, trans_b, lane & 3), n)

@@ -118,9 +118,9 @@ FILE_SECONDS = {
             "test_linalg.py": 20, "test_weight_only.py": 20, "test_warmup.py": 16},
     # re-measured 2026-11-27 (Zen 5, the simulator step alone, 2 workers, 338 s wall for 650 s
     # of test time, with tests/cuda/simwarp.py's lock-per-waiter barriers)
-    # (+ 2026-11-27c: the K-tile-64 GEMM dispatch test, 47 s; the probes, 38 s; 27d: wgmma 26 s)
+    # (+ 2026-11-27c: the K-tile-64 GEMM dispatch test, 47 s; the probes, 38 s; 27d: wgmma 40 s)
     "cuda": {"test_tensor_core_paths.py": 185, "test_norm.py": 71, "test_probes.py": 38, "test_attention.py": 61,
-             "test_wgmma.py": 26,
+             "test_wgmma.py": 40,
              "test_cuda_backend.py": 53, "test_linalg.py": 43, "test_quant.py": 39, "test_softmax_grad.py": 38,
              "test_softmax.py": 37, "test_pool.py": 28, "test_linear_cross_entropy.py": 25, "test_moe.py": 19,
              "test_attention_grad.py": 12, "test_norm_grad.py": 12},

@@ -184,3 +184,127 @@ def test_dispatch_runs_wgmma_on_hopper(case, monkeypatch):
     with devices.assume(H100_LIKE), dispatch.use(**{name: "cuda-gemm"}):
         e = str(dispatch.explain(name, dev(x), dev(w), **kw))
         assert "not wgmma: it is switched off" in e, e
+
+
+@pytest.mark.parametrize("n, trans_b", [(128, 1), (64, 0)])
+def test_wgmma_register_a_fragment_layout(n, trans_b):
+    """wgmma with A from registers (wgmma_f16_rs: mma.sync's A fragment per warp) and B from
+    a shared image, 4 K steps, against A @ B."""
+    from numba import float32, uint32
+
+    from kernels_cuda._jit import kernel, launch_dynamic
+    from kernels_cuda.wgmma import fence_proxy_async, shared_address, smem_desc, wgmma_commit, wgmma_f16_rs, wgmma_fence, wgmma_wait
+
+    g = rng()
+    a = (g.standard_normal((64, 64)) / 4).astype(np.float16)
+    b = (g.standard_normal((64, n)) / 4).astype(np.float16)
+    img = n_major_image(b) if trans_b else k_major_image(b.T.copy())
+    words = img.view(np.uint32)
+    NW, NT8 = words.size, n // 8
+    PANEL_BYTES = 64 * 128
+
+    @kernel
+    def one(src, aw, out):
+        S = cuda.shared.array(0, uint32, alignment=1024)
+        s0 = ((1024 - (shared_address(S, 0) & 1023)) & 1023) >> 2
+        t = cuda.threadIdx.x
+        for i in range(t, NW, 128):
+            S[s0 + i] = src[i]
+        acc = cuda.local.array((1, NT8, 4), float32)
+        for j in range(NT8):
+            for r in range(4):
+                acc[0, j, r] = 0.0
+        fence_proxy_async()
+        cuda.syncthreads()
+        w, lane = t >> 5, t & 31
+        row = 16 * w + (lane >> 2)
+        c = lane & 3
+        wgmma_fence()
+        for ks in range(4):  # aw: A as words (64 rows x 32 words)
+            a0 = aw[row * 32 + ks * 8 + c]
+            a1 = aw[(row + 8) * 32 + ks * 8 + c]
+            a2 = aw[row * 32 + ks * 8 + c + 4]
+            a3 = aw[(row + 8) * 32 + ks * 8 + c + 4]
+            if trans_b:
+                db = smem_desc(S, s0 + ks * 16 * 32, PANEL_BYTES, 1024)
+            else:
+                db = smem_desc(S, s0 + ks * 8, 16, 1024)
+            wgmma_f16_rs(acc, a0, a1, a2, a3, S, db, n, trans_b)
+        wgmma_commit()
+        wgmma_wait(0)
+        for j in range(NT8):
+            for r in range(4):
+                out[t, 4 * j + r] = acc[0, j, r]
+
+    out = cuda.to_device(np.full((128, n // 2), np.nan, np.float32))
+    launch_dynamic(one, 1, 128, 4 * NW + 1024, cuda.to_device(words), cuda.to_device(a.view(np.uint32).ravel()), out)
+    got = out.copy_to_host()
+    d = a.astype(np.float64) @ b.astype(np.float64)
+    t = np.arange(128)[:, None]
+    j = np.arange(n // 2)[None, :]
+    w, lane = t >> 5, t & 31
+    rows = 16 * w + (lane >> 2) + 8 * ((j >> 1) & 1)
+    cols = 8 * (j >> 2) + 2 * (lane & 3) + (j & 1)
+    assert_close(got, d[rows, cols], F16_TOL, f"register A, m64n{n}k16 trans_b={trans_b}", cancel=True)
+
+
+WG_ATTN_CASES = {  # (B, Hq, Hkv, Sq, Skv, D, causal, scale)
+    "gqa": (1, 2, 1, 33, 70, 64, False, None),
+    "causal sq < skv, several tiles": (1, 1, 1, 40, 200, 64, True, None),
+    "causal sq > skv, a block that sees no key": (1, 1, 1, 100, 20, 64, True, None),
+    "d128 negative scale": (1, 1, 1, 33, 90, 128, False, -0.2),
+}
+
+
+def _attention_reference(q, k, v, causal, scale):
+    """float64 softmax(q k^T scale) v, causal bottom-right aligned (key j seen by query i when
+    j <= i + Skv - Sq), rows that see no key 0; and their lse (-inf there)."""
+    nb, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    k = np.repeat(k.astype(np.float64), hq // hkv, axis=1)
+    v = np.repeat(v.astype(np.float64), hq // hkv, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k) * scale
+    if causal:
+        s = np.where(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq), s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    seen = np.isfinite(mx)
+    p = np.exp(s - np.where(seen, mx, 0))
+    ssum = p.sum(-1, keepdims=True)
+    o = np.where(seen, (p @ v) / np.where(seen, ssum, 1), 0)
+    lse = np.where(seen[..., 0], (np.where(seen, mx, 0) + np.log(np.where(seen, ssum, 1)))[..., 0], -np.inf)
+    return o, lse
+
+
+@pytest.mark.parametrize("build", ["wg64", "wg128k"])
+@pytest.mark.parametrize("case", list(WG_ATTN_CASES))
+def test_flash_wgmma_attention(case, build):
+    """kernels_cuda.attention_wgmma (S = Q K^T from shared memory, O += P V with P from
+    registers), launched as bench/gpu_probe_attention.py does: GQA, causal with Sq < Skv and
+    Sq > Skv (rows and a whole block that see no key: 0 and lse -inf), key tiles past the
+    stages, a partial last tile, d = 128 with a negative scale; output and lse against float64."""
+    import math
+
+    from dispatch.cuda_impls._common import words
+    from kernels_common.cuda_tiles import wgmma_attention_shared_bytes
+    from kernels_cuda._jit import launch_dynamic
+    from kernels_cuda.attention_wgmma import WGMMA_ATTN_BUILDS, flash_wgmma_kernel
+
+    nb, hq, hkv, sq, skv, d, causal, scale = WG_ATTN_CASES[case]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    bk, stages, nwg = WGMMA_ATTN_BUILDS[build]
+    g = rng()
+    q = g.standard_normal((nb, hq, sq, d)).astype(np.float16)
+    k = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
+    v = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
+    out = cuda.to_device(np.full(nb * hq * sq * d, np.nan, np.float16))
+    lse = cuda.to_device(np.full(nb * hq * sq, np.nan, np.float16))
+    grid = -(-sq // (64 * nwg)) * nb * hq
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))  # noqa: E731
+    launch_dynamic(flash_wgmma_kernel(d, bk, stages, nwg), grid, 128 * nwg, wgmma_attention_shared_bytes(d, bk, stages, nwg),
+                   words(dev(q)), words(dev(k)), words(dev(v)), nb, hq, sq, hkv, skv, causal, scale, out, lse, True)
+    want, want_lse = _attention_reference(q, k, v, causal, scale)
+    assert_close(out.copy_to_host().reshape(want.shape), want, F16_TOL, f"{case} {build}", cancel=True)
+    got_lse = lse.copy_to_host().reshape(want_lse.shape).astype(np.float64)
+    assert np.array_equal(np.isneginf(got_lse), np.isneginf(want_lse)), case
+    fin = np.isfinite(want_lse)
+    assert_close(got_lse[fin], want_lse[fin], 4e-3, f"{case} {build} lse")
