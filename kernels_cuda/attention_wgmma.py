@@ -46,7 +46,6 @@ def flash_wgmma_kernel(dmax, bk=64, stages=3, nwg=1, min_blocks=1):
     NT = 128 * NWG
     CH = dmax // 8              # 16-byte chunks per row
     ROWB = dmax * 2             # bytes per row in global memory
-    PAN = dmax // 64            # panels of 64 columns
     Q_WORDS = BQ * dmax // 2
     KVW = BK * dmax // 2        # words of a K (or V) tile
     SW = 2 * KVW                # words of a stage

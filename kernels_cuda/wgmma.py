@@ -21,6 +21,9 @@ the "a"), so these assemble there; bench.ptx builds them with compile_ptx(cc=(9,
       N-major: (K, N) rows).  Asynchronous: issue wgmma_fence() before the first of a batch
       (after the accumulators or the operands in shared memory were written), wgmma_commit()
       after the batch, and wgmma_wait(n) before touching acc or overwriting the operands.
+  wgmma_f16_rs(acc, a0, a1, a2, a3, s, desc_b, n, trans_b): the same with A from registers:
+      a0..a3 this lane's part of its warp's 16 rows of A, in mma.sync's m16n8k16 A fragment
+      (kernels_cuda/mma.py), so flash attention's P goes from its score registers straight in.
   fence_proxy_async(): fence.proxy.async.shared::cta: this thread's writes to shared memory
       (stores, cp.async once waited for) visible to the async proxy wgmma reads through;
       then a barrier makes everyone's visible.
@@ -202,8 +205,6 @@ else:
         t = cuda.threadIdx.x
         wgmma_reference(acc, s, desc_a, desc_b, int(n), int(trans_b), (t & 127) >> 5, t & 31)
 
-
-if SIM:
     @device
     def wgmma_f16_rs(acc, a0, a1, a2, a3, s, desc_b, n, trans_b):
         """Simulator twin: the warp's A fragments meet in a per-warp table (as mma_16816's
