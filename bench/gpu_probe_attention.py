@@ -20,6 +20,7 @@ Kernels (VARIANTS, comma-separated; each a separate build):
             memory) and O += P V (P from registers), 64-key tiles, 3 stages, one warpgroup
   wg64s2    the same, 2 stages (2 blocks per SM at d = 128)
   wg128k    128-key tiles, 2 stages
+  wg64x2    2 warpgroups (128 query rows) sharing each K/V tile, 2 stages
 For each shape (B, H, S, D, causal; Sq = Skv, so PyTorch's top-left causal mask is the
 kernels' bottom-right one) it checks each result against a float32 SDPA (relative error:
 max |ours - ref| / max |ref|, limit 4e-3) and prints the median of REPS timed launches (CUDA
@@ -55,7 +56,7 @@ if os.environ.get("SHAPES"):
     SHAPES = [(int(b), int(h), int(s), int(d), c.strip() not in ("0", "", "False", "false"))
               for b, h, s, d, c in (x.split(",") for x in os.environ["SHAPES"].split(";"))]
 VARIANTS = os.environ.get("VARIANTS", "tc,async8,async4,async8s2,async4s2,async8k32,async4b3,async4b4,"
-                                      "wg64,wg64s2,wg128k").split(",")
+                                      "wg64,wg64s2,wg128k,wg64x2").split(",")
 
 
 def main():

@@ -230,7 +230,9 @@ def _args(dt):
 
 
 # Probe builds (not launched by the dispatcher): what bench/gpu_probe_attention.py runs
-WGMMA_ATTN_BUILDS = {"wg64": (64, 3, 1), "wg64s2": (64, 2, 1), "wg128k": (128, 2, 1)}
+# (bk, stages, warpgroups): one warpgroup of 64 rows (2 blocks per SM at d = 128 with 2
+# stages), 128-key tiles, or 2 warpgroups sharing each K/V tile (FlashAttention-3's choice)
+WGMMA_ATTN_BUILDS = {"wg64": (64, 3, 1), "wg64s2": (64, 2, 1), "wg128k": (128, 2, 1), "wg64x2": (64, 2, 2)}
 
 PTX = [
     PtxBuild(f"attention.wgmma_d{d}_{name}", "attention",

@@ -275,7 +275,7 @@ def _attention_reference(q, k, v, causal, scale):
     return o, lse
 
 
-@pytest.mark.parametrize("build", ["wg64", "wg128k"])
+@pytest.mark.parametrize("build", ["wg64", "wg128k", "wg64x2"])
 @pytest.mark.parametrize("case", list(WG_ATTN_CASES))
 def test_flash_wgmma_attention(case, build):
     """kernels_cuda.attention_wgmma (S = Q K^T from shared memory, O += P V with P from
