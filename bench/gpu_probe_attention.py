@@ -65,10 +65,10 @@ def main():
     torch, has_torch = common.setup()
     from dispatch.cuda_impls._common import words
     from kernels_common.cuda_tiles import TC_ATTN_BQ, TC_ATTN_WARPS
-    from kernels_common.cuda_tiles import wgmma_attention_shared_bytes
+    from kernels_common.cuda_tiles import WGMMA_ATTN_BUILDS, wgmma_attention_shared_bytes
     from kernels_cuda._jit import launch_dynamic
     from kernels_cuda.attention import flash_tc_async_kernel, flash_tc_kernel
-    from kernels_cuda.attention_wgmma import WGMMA_ATTN_BUILDS, flash_wgmma_kernel
+    from kernels_cuda.attention_wgmma import flash_wgmma_kernel
 
     hopper = SIM or tuple(cuda.get_current_device().compute_capability) == (9, 0)
 

@@ -232,6 +232,21 @@ WGMMA_PREFIX = "gemm.wgmma_"
 WGMMA_CC = (9, 0)  # wgmma is sm_90a's: Hopper only (not 8.x, not 10.x)
 
 
+# Builds of the wgmma flash attention (kernels_cuda.attention_wgmma), name -> (keys per K/V
+# tile, stages, warpgroups of 64 query rows): one warpgroup (2 blocks per SM at d = 128 with 2
+# stages), 128-key tiles, or 2 warpgroups sharing each K/V tile (FlashAttention-3's choice).
+# Prepared 2026-11-27d and checked under the simulator and ptxas only: bench/gpu_probe_attention.py
+# times them (variants of these names) on a Hopper GPU.  Off in the dispatcher until then
+# (TC_ATTN_WGMMA_ENABLED, or params["wgmma"] per call); TC_ATTN_WGMMA_BUILD is what it runs.
+WGMMA_ATTN_BUILDS = {"wg64": (64, 3, 1), "wg64s2": (64, 2, 1), "wg128k": (128, 2, 1), "wg64x2": (64, 2, 2)}
+TC_ATTN_WGMMA_ENABLED = False
+TC_ATTN_WGMMA_BUILD = "wg64s2"
+
+
+def wgmma_attention_kernel_name(d: int, build: str) -> str:
+    return f"attention.wgmma_d{d}_{build}"
+
+
 def wgmma_attention_shared_bytes(d: int, bk: int, stages: int, nwg: int) -> int:
     """Dynamic shared memory of kernels_cuda.attention_wgmma's kernel: the block's Q tile (64
     rows a warpgroup), `stages` K and V tiles of bk keys, and 1 KB to align them to 1024."""

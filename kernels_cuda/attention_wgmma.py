@@ -1,8 +1,8 @@
 """Flash attention (float16, head dim 64 or 128) on Hopper's warpgroup tensor cores (wgmma,
 sm_90a): the arguments, results, special values, causal rule, lse and NaN behaviour of
-kernels_cuda.attention.flash_tc_async_kernel.  Not dispatched yet: bench/gpu_probe_attention.py
-times it ("wg*" variants) on a Hopper GPU; the dispatcher keeps the cp.async kernel until a
-GPU has measured this one faster.
+kernels_cuda.attention.flash_tc_async_kernel.  Off in the dispatcher until a GPU has timed it
+(cuda_tiles.TC_ATTN_WGMMA_ENABLED); bench/gpu_probe_attention.py times its builds
+(cuda_tiles.WGMMA_ATTN_BUILDS, "wg*" variants) on a Hopper GPU.
 
 A block of NWG warpgroups owns 64 NWG query rows of one (batch, query head); warpgroup w rows
 64 w .. 64 w + 63 (its warp v rows 16 v .., the layout of wgmma's fragments, which is the
@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, types, uint32, uint64
 
-from kernels_common.cuda_tiles import wgmma_attention_shared_bytes
+from kernels_common.cuda_tiles import WGMMA_ATTN_BUILDS, wgmma_attention_kernel_name, wgmma_attention_shared_bytes
 
 from ._jit import FULL_MASK, PtxBuild, arr, device, kernel
 from .attention import _tc_store_rows, udiv32
@@ -229,13 +229,8 @@ def _args(dt):
             arr(dt, 1), arr(dt, 1), types.boolean)
 
 
-# Probe builds (not launched by the dispatcher): what bench/gpu_probe_attention.py runs
-# (bk, stages, warpgroups): one warpgroup of 64 rows (2 blocks per SM at d = 128 with 2
-# stages), 128-key tiles, or 2 warpgroups sharing each K/V tile (FlashAttention-3's choice)
-WGMMA_ATTN_BUILDS = {"wg64": (64, 3, 1), "wg64s2": (64, 2, 1), "wg128k": (128, 2, 1), "wg64x2": (64, 2, 2)}
-
 PTX = [
-    PtxBuild(f"attention.wgmma_d{d}_{name}", "attention",
+    PtxBuild(wgmma_attention_kernel_name(d, name), "attention",
              (lambda d, cfg: lambda dt: flash_wgmma_kernel(d, *cfg))(d, cfg), _args, threads=128 * cfg[2],
              dtypes=("float16",), requires=("wgmma.mma_async.sync.aligned",), archs=("sm_90",), arch_specific=True,
              dynamic_shared=wgmma_attention_shared_bytes(d, *cfg))

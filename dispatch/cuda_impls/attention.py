@@ -23,8 +23,9 @@ import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_common import cuda_tiles
-from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_STAGES,
-                                       tc_attn_async_kernel, tc_attn_async_shared_bytes)
+from kernels_common.cuda_tiles import (TC_ATTN_ASYNC_BK, TC_ATTN_ASYNC_STAGES, WGMMA_ATTN_BUILDS, WGMMA_CC,
+                                       tc_attn_async_kernel, tc_attn_async_shared_bytes, wgmma_attention_kernel_name,
+                                       wgmma_attention_shared_bytes)
 from kernels_common.cuda_tiles import (ATTN_BK as BK, ATTN_TILES, ATTN_WARPS as NW, DECODE_BLOCKS_PER_SM,
                                        DECODE_HEAD_DIMS, DECODE_MAX_ROW_GROUPS, DECODE_MAX_ROWS, DECODE_MIN_KEYS,
                                        DECODE_WARPS, STATIC_SMEM, TC_ATTN_BK, TC_ATTN_BQ, TC_ATTN_WARPS,
@@ -70,6 +71,26 @@ def _async_refusal(params, p, q, k, v):
     return cp_async_refusal(params, p, "TC_ATTN_ASYNC_ENABLED", q, k, v)
 
 
+def _wgmma_build(params, p, d):
+    """(build, None) where a cp.async-eligible call runs the wgmma kernel
+    (kernels_cuda.attention_wgmma, build cuda_tiles.TC_ATTN_WGMMA_BUILD), else (None, why
+    not): switched off (params["wgmma"]; None: cuda_tiles.TC_ATTN_WGMMA_ENABLED, off until a
+    GPU has timed it), not compute capability 9.0, or more shared memory than a block may opt
+    in to."""
+    on = params.get("wgmma")
+    if on is None:
+        on = cuda_tiles.TC_ATTN_WGMMA_ENABLED
+    if not on:
+        return None, "it is switched off (params['wgmma'] / cuda_tiles.TC_ATTN_WGMMA_ENABLED: not yet timed on a GPU)"
+    if tuple(p.cc[:2]) != WGMMA_CC:
+        return None, f"compute capability {p.cc[0]}.{p.cc[1]} is not 9.0 (wgmma is Hopper's)"
+    build = cuda_tiles.TC_ATTN_WGMMA_BUILD
+    need = wgmma_attention_shared_bytes(d, *WGMMA_ATTN_BUILDS[build])
+    if need > p.smem_per_block_optin:
+        return None, f"its {need} B of shared memory exceed the device's {p.smem_per_block_optin} B a block"
+    return build, None
+
+
 def _decode_refusal(params, q, k, v, mask, d, hq, hkv, sq):
     """None where the split-KV call runs on the decode kernel (kernels_cuda.attention.
     decode_kernel), else why not."""
@@ -93,11 +114,21 @@ def launch(params, q, k, v, mask, causal, scale, out, return_lse=False):
     if _tensor_cores(params, q, k, v, mask, d):
         why_not = _async_refusal(params, p, q, k, v)
         if why_not is None:
+            build, why_wg = _wgmma_build(params, p, d)
+            if build is not None:
+                bk, stages, nwg = WGMMA_ATTN_BUILDS[build]
+                bq = 64 * nwg
+                return {"kernel": wgmma_attention_kernel_name(d, build), "build": build, "tile": "tensor cores, wgmma",
+                        "path": f"wgmma (Hopper): S = Q K^T from shared memory, O += P V with P from registers, "
+                                f"{bk}-key tiles in a {stages}-stage cp.async pipeline, {bq}-row blocks",
+                        "grid": (max(1, cdiv(sq, bq)) * nb * hq, 1, 1), "block": 128 * nwg, "rows_per_block": bq,
+                        "kv_tile": bk, "shared_bytes": wgmma_attention_shared_bytes(d, bk, stages, nwg),
+                        "device": p.name}
             w = cuda_tiles.TC_ATTN_ASYNC_WARPS  # read per call (a test builds 128-row blocks)
             bq = 16 * w
             return {"kernel": tc_attn_async_kernel(d, w), "tile": "tensor cores, cp.async",
                     "path": f"flash_tc_async_kernel: {TC_ATTN_ASYNC_STAGES}-stage cp.async K/V pipeline + ldmatrix "
-                            f"(head dim {d}, 16-byte aligned q, k, v, sm_80+), {bq}-row blocks",
+                            f"(head dim {d}, 16-byte aligned q, k, v, sm_80+), {bq}-row blocks; not wgmma: {why_wg}",
                     "grid": (max(1, cdiv(sq, bq)) * nb * hq, 1, 1), "block": 32 * w, "rows_per_block": bq,
                     "kv_tile": TC_ATTN_ASYNC_BK[d], "shared_bytes": tc_attn_async_shared_bytes(d), "device": p.name}
         bk = TC_ATTN_BK[d]
@@ -155,6 +186,14 @@ def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         md = c_view(md, *((1,) * (4 - len(md.shape)) + tuple(md.shape)))
         mkind = MASK_BOOL if np.dtype(mask.dtype) == np.bool_ else MASK_ADD
     cfg = launch(params, q, k, v, mask, causal, scale, out)
+    if cfg["kernel"].startswith("attention.wgmma_"):
+        hkv, skv = int(k.shape[1]), int(k.shape[2])
+        kernels("_jit").launch_dynamic(
+            kernels("attention_wgmma").flash_wgmma_kernel(d, *WGMMA_ATTN_BUILDS[cfg["build"]]), cfg["grid"],
+            cfg["block"], cfg["shared_bytes"], words(qd), words(kd), words(vd), nb, hq, sq, hkv, skv, bool(causal),
+            float(scale), c_view(res, nb * hq * sq * d), c_view(lse, nb * hq * sq if return_lse else 1),
+            bool(return_lse))
+        return _result(deliver(res, od, out), lse, return_lse)
     if cfg["kernel"].startswith("attention.tc_async_"):
         hkv, skv = int(k.shape[1]), int(k.shape[2])
         K.flash_tc_async_kernel(d, cfg["block"] // 32)[cfg["grid"], cfg["block"]](

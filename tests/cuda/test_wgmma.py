@@ -285,9 +285,9 @@ def test_flash_wgmma_attention(case, build):
     import math
 
     from dispatch.cuda_impls._common import words
-    from kernels_common.cuda_tiles import wgmma_attention_shared_bytes
+    from kernels_common.cuda_tiles import WGMMA_ATTN_BUILDS, wgmma_attention_shared_bytes
     from kernels_cuda._jit import launch_dynamic
-    from kernels_cuda.attention_wgmma import WGMMA_ATTN_BUILDS, flash_wgmma_kernel
+    from kernels_cuda.attention_wgmma import flash_wgmma_kernel
 
     nb, hq, hkv, sq, skv, d, causal, scale = WG_ATTN_CASES[case]
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -308,3 +308,35 @@ def test_flash_wgmma_attention(case, build):
     assert np.array_equal(np.isneginf(got_lse), np.isneginf(want_lse)), case
     fin = np.isfinite(want_lse)
     assert_close(got_lse[fin], want_lse[fin], 4e-3, f"{case} {build} lse")
+
+
+def test_dispatch_runs_wgmma_attention_where_switched_on(monkeypatch):
+    """Through dispatch on a compute capability 9.0 part: off by default (explain says so and
+    why: not yet timed on a GPU); switched on, the wgmma kernel runs causal GQA attention with
+    its lse; on an 8.0 part explain says why not."""
+    import math
+
+    import dispatch
+    from kernels_common import cuda_tiles
+
+    g = rng()
+    nb, hq, hkv, sq, skv, d = 1, 2, 1, 40, 150, 64
+    q = g.standard_normal((nb, hq, sq, d)).astype(np.float16)
+    k = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
+    v = g.standard_normal((nb, hkv, skv, d)).astype(np.float16)
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))  # noqa: E731
+    args = (dev(q), dev(k), dev(v))
+    with devices.assume(H100_LIKE), dispatch.use(attention="cuda-flash"):
+        e = str(dispatch.explain("attention", *args, causal=True))
+        assert "not wgmma: it is switched off" in e and "not yet timed on a GPU" in e, e
+    monkeypatch.setattr(cuda_tiles, "TC_ATTN_WGMMA_ENABLED", True)
+    with devices.assume(H100_LIKE), dispatch.use(attention="cuda-flash"):
+        e = str(dispatch.explain("attention", *args, causal=True))
+        assert "'kernel': 'attention.wgmma_d64_" in e and "wgmma (Hopper)" in e, e
+        got, got_lse = dispatch.attention(*args, causal=True, return_lse=True)
+    want, want_lse = _attention_reference(q, k, v, True, 1 / math.sqrt(d))
+    assert_close(got.copy_to_host(), want, F16_TOL, "dispatched wgmma attention", cancel=True)
+    assert_close(got_lse.copy_to_host().astype(np.float64), want_lse, 4e-3, "its lse")
+    with devices.assume(A100_LIKE), dispatch.use(attention="cuda-flash"):
+        e = str(dispatch.explain("attention", *args, causal=True))
+        assert "not wgmma: compute capability 8.0 is not 9.0" in e, e
