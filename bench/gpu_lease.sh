@@ -6,8 +6,8 @@
 #
 #     bash bench/gpu_lease.sh [BUDGET_SECONDS [STEP ...]]   (default 540; all steps but overhead)
 #
-# STEPs run in the order given (default: tests mma bars key sanitize rest): tests, mma, bars,
-# key, overhead, sanitize, rest.  Correctness first: a lease cut short still says whether the
+# STEPs run in the order given (default: tests wgmma mma bars key sanitize rest): tests, wgmma,
+# mma, bars, key, overhead, sanitize, rest.  Correctness first: a lease cut short still says whether the
 # suite passes (the H200 sessions of 2026-11-26 ran it in 107-142 s).
 # with `bench_out/ptx.json` (python -m bench.ptx --json bench_out/ptx.json, made here: the
 # model's register and SASS counts) named in the call's carry.
@@ -23,11 +23,14 @@
 #   rest.json    bench.gpu on the remaining CUDA ops, while time is left
 #   overhead.log bench.gpu_overhead --profile: the host time per call of each layer
 #   mma.log      bench/gpu_probe_mma.py: mma.sync's issue rate alone (bench/cuda_model.py's tensor pipe)
+#   wgmma_attention.log, wgmma_gemm.log   on Hopper: the wgmma attention builds (off in the
+#                dispatcher until timed: cuda_tiles.TC_ATTN_WGMMA_ENABLED) against the cp.async
+#                kernels, and the wgmma GEMM builds
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${1:-540}"
 shift || true
-STEPS="${*:-tests mma bars key sanitize rest}"
+STEPS="${*:-tests wgmma mma bars key sanitize rest}"
 O="${OUT:-bench_out/gpu}"
 mkdir -p "$O"
 T0=$(date +%s)
@@ -98,6 +101,18 @@ timeout -k 5 "$(share 40 200)" $PY bench/gpu_probe_mma.py > "$O/mma.log" 2>&1
 echo "rc=$?"; grep -v "^{" "$O/mma.log" | tail -12
 }
 
+step_wgmma() {
+step "wgmma builds (Hopper): attention against the cp.async kernels, the GEMM builds"
+SHAPES="1,32,4096,128,1;1,32,4096,128,0;1,12,2048,64,1;4,32,1024,128,1" REPS=15 \
+  VARIANTS="async4,async4b3,wg64,wg64s2,wg128k,wg64x2" timeout -k 5 "$(share 90 250)" $PY bench/gpu_probe_attention.py \
+  > "$O/wgmma_attention.log" 2>&1
+echo "rc=$?"; grep -v "^{" "$O/wgmma_attention.log" | tail -30
+SHAPES="4096,4096,4096,kn;4096,4096,4096,nk;4096,11008,4096,nk;512,11008,4096,nk" REPS=15 \
+  VARIANTS="128x128x64,wg128x128.b2,wg256x128" timeout -k 5 "$(share 60 200)" $PY bench/gpu_probe_gemm.py \
+  > "$O/wgmma_gemm.log" 2>&1
+echo "rc=$?"; grep -v "^{" "$O/wgmma_gemm.log" | tail -16
+}
+
 step_tests() {
 step "the test suite on the GPU"
 TO=""; $PY -c "import pytest_timeout" 2>/dev/null && TO="--timeout 120"
@@ -132,7 +147,7 @@ print(' '.join(n for n, op in registry.OPS.items() if n not in key and any(i.dev
 }
 
 for s in $STEPS; do
-  if declare -F "step_$s" > /dev/null; then "step_$s"; else echo "unknown step: $s (known: tests mma bars key overhead sanitize rest)"; fi
+  if declare -F "step_$s" > /dev/null; then "step_$s"; else echo "unknown step: $s (known: tests wgmma mma bars key overhead sanitize rest)"; fi
 done
 
 step "tables"
