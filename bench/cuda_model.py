@@ -155,7 +155,11 @@ SHARED_BYTES_PER_SM_CLK = 128
 # DRAM latency seen by a load under load, for Little's law: an assumption (the previous model's
 # figure).  Pointer-chasing microbenchmarks put unloaded latency at several hundred ns on
 # V100 / A100 / H100 (Jia et al. 2018; Chips and Cheese 2023) and it rises with load.
-# Calibrate it when a GPU is lent.
+# Calibrate it when a GPU is lent.  2026-11-27d: it is not what holds the row kernels' ratios at
+# 1.4-1.8 (layer_norm float16 (4096, 4096) 25.3 us on the H200 against 14.0 predicted at 4.8
+# TB/s): sweeping it from 0.6 to 1.5 us left every bar row's bandwidth at the datasheet's (their
+# rows sit in registers, much in flight).  bench/gpu_probe_stream.py measures what streaming
+# reaches, to tell the chip's shortfall from the kernels'.
 DRAM_LATENCY_S = 600e-9
 # Host time of one kernel launch from Python: numba-cuda 0.30.4's kernel[grid, block](...)
 # with its arguments already on the device, 29.4 us per call back to back on the lent H200

@@ -23,6 +23,8 @@
 #   rest.json    bench.gpu on the remaining CUDA ops, while time is left
 #   overhead.log bench.gpu_overhead --profile: the host time per call of each layer
 #   mma.log      bench/gpu_probe_mma.py: mma.sync's issue rate alone (bench/cuda_model.py's tensor pipe)
+#   stream.log   bench/gpu_probe_stream.py: the DRAM bandwidth a copy / add reaches (the model's
+#                memory bound divides by the datasheet figure)
 #   wgmma_attention.log, wgmma_gemm.log   on Hopper: the wgmma attention builds (off in the
 #                dispatcher until timed: cuda_tiles.TC_ATTN_WGMMA_ENABLED) against the cp.async
 #                kernels, and the wgmma GEMM builds
@@ -96,9 +98,11 @@ echo "rc=$?"; grep "us/call" "$O/overhead.log"
 }
 
 step_mma() {
-step "mma.sync alone (bench/gpu_probe_mma.py: the model's tensor pipe rate)"
+step "mma.sync alone and DRAM streaming (bench/gpu_probe_mma.py, gpu_probe_stream.py: the model's pipes)"
 timeout -k 5 "$(share 40 200)" $PY bench/gpu_probe_mma.py > "$O/mma.log" 2>&1
 echo "rc=$?"; grep -v "^{" "$O/mma.log" | tail -12
+timeout -k 5 "$(share 30 190)" $PY bench/gpu_probe_stream.py > "$O/stream.log" 2>&1
+echo "rc=$?"; grep -v "^{" "$O/stream.log" | tail -8
 }
 
 step_wgmma() {

@@ -40,3 +40,8 @@ def test_gemm_probe_runs_a_dynamic_shared_memory_build():
     build = next(b for b in TC_ASYNC_RUN if TC_ASYNC_TILES[b].dynamic)
     rows = _run("gpu_probe_gemm.py", VARIANTS=build, SHAPES="40,24,72,kn")
     assert [r["kernel"] for r in rows if r["kernel"] != "torch"] == [build] and rows[-1]["rel_err"] <= 2e-3
+
+
+def test_stream_probe_runs():
+    rows = _run("gpu_probe_stream.py")
+    assert rows and rows[0]["op"] == "copy"
