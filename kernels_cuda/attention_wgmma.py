@@ -27,7 +27,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, types, uint32, uint64
 
-from kernels_common.cuda_tiles import WGMMA_ATTN_BUILDS, wgmma_attention_kernel_name, wgmma_attention_shared_bytes
+from kernels_common.cuda_tiles import (TC_ATTN_WGMMA_BUILD, WGMMA_ATTN_BUILDS, wgmma_attention_kernel_name,
+                                       wgmma_attention_shared_bytes)
 
 from ._jit import FULL_MASK, PtxBuild, arr, device, kernel
 from .attention import _tc_store_rows, udiv32
@@ -229,10 +230,12 @@ def _args(dt):
             arr(dt, 1), arr(dt, 1), types.boolean)
 
 
+# The build the dispatcher may run (the others are the probe's: each costs CI's PTX step ~11 s;
+# `python -m bench.ptx` gates what can be launched)
 PTX = [
     PtxBuild(wgmma_attention_kernel_name(d, name), "attention",
              (lambda d, cfg: lambda dt: flash_wgmma_kernel(d, *cfg))(d, cfg), _args, threads=128 * cfg[2],
              dtypes=("float16",), requires=("wgmma.mma_async.sync.aligned",), archs=("sm_90",), arch_specific=True,
              dynamic_shared=wgmma_attention_shared_bytes(d, *cfg))
-    for d in (64, 128) for name, cfg in WGMMA_ATTN_BUILDS.items()
+    for d in (64, 128) for name, cfg in WGMMA_ATTN_BUILDS.items() if name == TC_ATTN_WGMMA_BUILD
 ]
