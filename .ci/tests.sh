@@ -20,6 +20,8 @@
 # port 129 / 126, ptx 323 / 255, cpu 251 / 362, sim 326 / 460, asv 321 / 164, checks 706 s.
 # 2026-11-27 evening, a Zen 4-class EPYC (every step about 1.9x the CPU seconds of the Zen 5):
 # port 214 / 210, ptx 584 / 450, cpu 458 / 649, sim 717 / 1027, asv 657 / 314, checks 1389 s.
+# Session 19 on it (the wgmma GEMM and attention builds added: ptx's largest growth): port
+# 246 / 239, ptx 742 / 565, cpu 539 / 724, sim 667 / 958, asv 637 / 317, checks 1452 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
