@@ -340,3 +340,78 @@ def test_dispatch_runs_wgmma_attention_where_switched_on(monkeypatch):
     with devices.assume(A100_LIKE), dispatch.use(attention="cuda-flash"):
         e = str(dispatch.explain("attention", *args, causal=True))
         assert "not wgmma: compute capability 8.0 is not 9.0" in e, e
+
+
+def test_wgmma_paths_propagate_nan(monkeypatch):
+    """The wgmma GEMM and attention through dispatch on a 9.0 part: a NaN in x's row r makes
+    row r of linear's output NaN and no other; a NaN in a key makes exactly the attention rows
+    that see it (causal) NaN, the others still match float64."""
+    import math
+
+    import dispatch
+    from kernels_common import cuda_tiles
+
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", True)
+    monkeypatch.setattr(cuda_tiles, "TC_ATTN_WGMMA_ENABLED", True)
+    g = rng()
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))  # noqa: E731
+    x = (g.standard_normal((20, 72)) / 4).astype(np.float16)
+    w = (g.standard_normal((24, 72)) / 4).astype(np.float16)
+    x[3, 5] = np.nan
+    q, kk, v = (g.standard_normal((1, 1, 70, 64)).astype(np.float16) for _ in range(3))
+    kk[0, 0, 30, 7] = np.nan  # key 30: seen (causal, Sq = Skv) by queries 30..69
+    with devices.assume(H100_LIKE), dispatch.use(linear="cuda-gemm", attention="cuda-flash"):
+        assert "wgmma" in str(dispatch.explain("linear", dev(x), dev(w)))
+        assert "wgmma" in str(dispatch.explain("attention", dev(q), dev(kk), dev(v), causal=True))
+        y = dispatch.linear(dev(x), dev(w)).copy_to_host()
+        o = dispatch.attention(dev(q), dev(kk), dev(v), causal=True).copy_to_host()
+    bad = np.isnan(y).any(axis=1)
+    assert bad[3] and bad.sum() == 1 and np.isnan(y[3]).all()
+    rows_nan = np.isnan(o[0, 0]).any(axis=1)
+    assert not rows_nan[:30].any() and rows_nan[30:].all()
+    want_o, _ = _attention_reference(q, np.nan_to_num(kk), v, True, 1 / math.sqrt(64))
+    assert_close(o[0, 0, :30], want_o[0, 0, :30], F16_TOL, "rows before the NaN key", cancel=True)
+
+
+@pytest.mark.skipif(SIM, reason="the simulator cannot run launches from several threads at once")
+def test_wgmma_paths_from_threads(monkeypatch):
+    """4 Python threads calling the wgmma GEMM and attention at once with different inputs
+    (each assuming the 9.0 part: per thread) get exactly their single-threaded results."""
+    import threading
+
+    import dispatch
+    from kernels_common import cuda_tiles
+
+    monkeypatch.setattr(cuda_tiles, "TC_ASYNC_ENABLED", True)
+    monkeypatch.setattr(cuda_tiles, "TC_ATTN_WGMMA_ENABLED", True)
+    g = rng()
+    dev = lambda a: cuda.to_device(np.ascontiguousarray(a))  # noqa: E731
+    w = (g.standard_normal((136, 200)) / 4).astype(np.float16)
+    kt, vt = (g.standard_normal((1, 1, 300, 128)).astype(np.float16) for _ in range(2))
+    inputs = [((g.standard_normal((150, 200)) / 4).astype(np.float16),
+               g.standard_normal((1, 2, 170, 128)).astype(np.float16)) for _ in range(4)]
+
+    def call(i):
+        with devices.assume(H100_LIKE), dispatch.use(linear="cuda-gemm", attention="cuda-flash"):
+            xi, qi = inputs[i]
+            return (dispatch.linear(dev(xi), dev(w)).copy_to_host(),
+                    dispatch.attention(dev(qi), dev(kt), dev(vt), causal=True).copy_to_host())
+
+    alone = [call(i) for i in range(4)]
+    got, errs = [None] * 4, []
+
+    def run(i):
+        try:
+            for _ in range(5):
+                got[i] = call(i)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errs.append(e)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(300)
+    assert not errs, errs
+    for i in range(4):
+        assert np.array_equal(got[i][0], alone[i][0]) and np.array_equal(got[i][1], alone[i][1]), i
