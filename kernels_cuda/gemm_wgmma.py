@@ -209,7 +209,7 @@ def gemm_wgmma_kernel(trans_b, tile):
         g, q, wm, wn = place_at(tid_x_fresh())
         store(c, bias, acc, bz, m0 + wm, n0 + wn, g, q, code, has_bias, m_total, n_total)
 
-    _ = S_WORDS  # the launch's shared bytes: cfg.shared_bytes (kernels_common.cuda_tiles)
+    assert cfg.shared_bytes >= 4 * S_WORDS  # the launch's bytes (cuda_tiles) hold this layout
     return gemm_wgmma
 
 
