@@ -1,56 +1,57 @@
-"""Test-only warp primitives for numba's CUDA simulator, and three fixes to it (a race in
-its shared-memory allocation, host-side shapes, a block manager that busy-polls).
+"""Test-only warp primitives for numba's CUDA simulator, and three changes to it (a race in
+its shared-memory allocation, host-side shapes, a block's threads as greenlets).
 
 The simulator runs every thread of a block as a Python thread but has no warp-level
 primitives (``shfl_*_sync``, ``syncwarp``, ``ballot_sync``, ``activemask`` raise
 AttributeError).  ``install()`` adds them to the simulator's fake ``cuda`` module,
 emulated lane by lane: the lanes named in the mask publish their value in a per-warp slot
 table, meet at a per-warp barrier and read the source lane's slot (two tables used
-alternately, so the slots of one primitive are never overwritten while being read).  Semantics follow the PTX ISA for width 32: a source lane outside
-[0, 32) (shfl_up/down) returns the lane's own value.  Reading a lane that is not in the
-mask, or naming lanes that do not exist in the block, raises (it is undefined on
-hardware), so a kernel that shuffles with exited lanes fails here instead of passing.
+alternately, so the slots of one primitive are never overwritten while being read).
+Semantics follow the PTX ISA for width 32: a source lane outside [0, 32) (shfl_up/down)
+returns the lane's own value.  Reading a lane that is not in the mask, or naming lanes
+that do not exist in the block, raises (it is undefined on hardware), so a kernel that
+shuffles with exited lanes fails here instead of passing; lanes waiting for lanes that
+have exited are reported as a deadlock.
+
+``install()`` also runs each block's threads as greenlets in one OS thread
+(``_greenlet_blocks``): the simulator step of CI went from <see README> to a fraction of
+it, the barriers' GIL hand-offs gone.  greenlet is a test dependency (pyproject's `test`
+extra) for this alone.
 """
 from __future__ import annotations
 
+import collections
 import threading
 
-_lock = threading.Lock()
-TIMEOUT_S = 120.0
+import greenlet
+import numpy as np
 
 
 class _Barrier:
-    """threading.Barrier's wait for `parties` threads, at about half its cost under the GIL.
+    """A barrier for `parties` simulated threads of one block (a warp primitive's lanes).
 
-    threading.Barrier is a Condition: every woken waiter re-acquires the condition's lock
-    (31 lanes queue on it, a futex hand-off each) and takes it again to leave.  Here each
-    waiter blocks on a lock of its own, which the last arrival releases: one wake-up per
-    waiter.  tests/test_norm.py's 72 block-per-row float32 cases under the simulator
-    (2026-11-27, Zen 5): 33.3 s (13.6 user, 25.1 system) -> 24.4 s (11.6, 15.8); the whole
-    simulator step with the per-thread syncthreads gate below, 2 workers: 477 -> 338 s.
-    A lane left waiting TIMEOUT_S (a kernel whose lanes exited before the primitive) raises.
-    """
+    The block's threads are greenlets run by one scheduler (``_greenlet_blocks``): a lane
+    that arrives early goes back to the scheduler; the last arrival puts the others back
+    on the block's ready queue and goes on.  A barrier whose lanes never all come (lanes
+    that exited before a warp primitive) leaves the block with nothing to run, which the
+    scheduler reports as a deadlock."""
 
-    def __init__(self, parties):
+    def __init__(self, parties, manager):
         self.parties = parties
-        self.count = 0
-        self.lock = threading.Lock()
+        self.manager = manager
         self.waiters = []
 
     def wait(self):
-        with self.lock:
-            self.count += 1
-            if self.count == self.parties:
-                self.count = 0
-                waiters, self.waiters = self.waiters, []
-                for w in waiters:
-                    w.release()
-                return
-            w = threading.Lock()
-            w.acquire()
-            self.waiters.append(w)
-        if not w.acquire(timeout=TIMEOUT_S):
-            raise RuntimeError(f"a warp primitive waited {TIMEOUT_S} s for lanes that never came")
+        waiters = self.waiters
+        if len(waiters) + 1 == self.parties:
+            self.waiters = []
+            self.manager._nk_ready.extend(waiters)
+            return
+        me = greenlet.getcurrent()
+        waiters.append(me)
+        me.parent.switch()
+        if self.manager._nk_abort:
+            raise RuntimeError("abort flag set on a warp barrier")
 
 
 class _Warp:
@@ -59,8 +60,8 @@ class _Warp:
     primitive suffices (a lane can only overwrite table p after every lane has passed the
     next barrier, i.e. finished reading it)."""
 
-    def __init__(self, parties):
-        self.barrier = _Barrier(parties)
+    def __init__(self, parties, manager):
+        self.barrier = _Barrier(parties, manager)
         self.slots = ([None] * 32, [None] * 32)
         self.phase = [0] * 32
 
@@ -71,7 +72,7 @@ class _Warp:
 
 
 def _lane_warp():
-    t = threading.current_thread()
+    t = greenlet.getcurrent()
     tid = t.thread_id
     return t, tid & 31, tid >> 5
 
@@ -93,14 +94,11 @@ def _state(mod, mask):
     # one launched block shares): a table kept across launches leaked a lane-phase or
     # barrier left inconsistent by an earlier launch that raised midway, and later kernels
     # with the same blockIdx then read stale slots (a wrong result seen once in CI).
-    key = (tuple(t.blockIdx), warp, mask)
-    with _lock:
-        owner = getattr(t, "_manager", None)  # one BlockManager per launched block
-        holder = owner.__dict__ if owner is not None else mod.__dict__
-        table = holder.setdefault("_nk_warps", {})
-        st = table.get(key)
-        if st is None:
-            st = table[key] = _Warp(bin(mask).count("1"))
+    key = (warp, mask)
+    table = t._manager._nk_warps  # one BlockManager per launched block, one OS thread
+    st = table.get(key)
+    if st is None:
+        st = table[key] = _Warp(bin(mask).count("1"), t._manager)
     return st, lane, mask
 
 
@@ -206,99 +204,143 @@ def _aligned_empty(shape, dtype, alignment):
     return buf[skip:skip + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
-def _event_driven_blocks(simkernel):
-    """The simulator's BlockManager.run without its busy loop.
-
-    numba-cuda's block manager polls every thread of the block (is_alive, a flag per
-    thread) in a loop that never sleeps: it competes for the GIL with the threads it
-    waits for, so every barrier costs a GIL hand-off to the poller.  Profiled on
-    test_norm's block-per-row view test: 7.2 million is_alive calls, 10 of its 12 s.  Here
-    the last thread to reach a syncthreads releases the others itself (a lock and a count
-    per launched block), and the manager sleeps until the block's threads have ended or
-    one raised.  Same semantics:
-    when every live thread of the block waits in syncthreads they are all released; a
-    thread that raised aborts the others and its exception is re-raised with its
-    traceback.  tests/test_softmax.py under the simulator, alone: 102 s before, 44 s with
-    this (51 s if the earlier cure, a 0.5 ms GIL switch interval, is kept as well: dropped).
-    A thread blocked in syncthreads waits on a lock of its own (``_nk_gate``), released by
-    the last arrival or an abort, not on the simulator's Event (a Condition, whose wake-up
-    re-takes a shared lock).  tests/cuda/test_cuda_backend.py checks the barrier semantics
-    and the re-raise."""
-    import numpy as np
-
-    BlockThread, BlockManager = simkernel.BlockThread, simkernel.BlockManager
-    if getattr(BlockManager, "_nk_event_driven", False):
-        return
-    thread_run = BlockThread.run
-
-    def release(m):  # under m._nk_cond: every live thread waits in syncthreads
-        for t in m._nk_threads:
-            if t.syncthreads_blocked:
-                t.syncthreads_blocked = False
-                t._nk_gate.release()
-        m._nk_blocked = 0
-
-    def run_thread(self):
-        try:
-            thread_run(self)  # records an exception on self.exception, as before
-        finally:
-            m = self._manager
-            with m._nk_cond:
-                m._nk_live -= 1
-                if m._nk_blocked and m._nk_blocked == m._nk_live:
-                    release(m)  # the others wait in syncthreads for no one else
-                if m._nk_live == 0 or self.exception is not None:
-                    m._nk_cond.notify()
+class _SimThread(greenlet.greenlet):
+    """One simulated CUDA thread: a greenlet carrying what the simulator's BlockThread
+    carries (threadIdx, blockIdx, thread_id, its block's manager, syncthreads*)."""
 
     def syncthreads(self):
-        if self.abort:
-            raise RuntimeError("abort flag set on syncthreads call")
+        self._manager._nk_sync(self)
+
+    def _reduce(self, value, fold):
         m = self._manager
-        with m._nk_cond:
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads call")
-            m._nk_blocked += 1
-            if m._nk_blocked == m._nk_live:  # the last to arrive releases the others
-                release(m)
-                return
-            self.syncthreads_blocked = True
-            gate = self._nk_gate = threading.Lock()
-            gate.acquire()
-        gate.acquire()
-        if self.abort:
+        m.block_state[self.threadIdx.x, self.threadIdx.y, self.threadIdx.z] = value
+        self.syncthreads()
+        r = fold(m.block_state)
+        self.syncthreads()
+        return r
+
+    def syncthreads_count(self, value):
+        return self._reduce(value, np.count_nonzero)
+
+    def syncthreads_and(self, value):
+        return self._reduce(value, lambda s: 1 if np.all(s) else 0)
+
+    def syncthreads_or(self, value):
+        return self._reduce(value, lambda s: 1 if np.any(s) else 0)
+
+    def __str__(self):
+        return "Thread <<<%s, %s>>>" % (self.blockIdx, self.threadIdx)
+
+
+def current_thread():
+    """The simulated thread running now (inside a simulated block), else the OS thread."""
+    g = greenlet.getcurrent()
+    return g if isinstance(g, _SimThread) else threading.current_thread()
+
+
+class _ThreadingForSimulator:
+    """The `threading` module as the simulator's kernel API sees it: the same, except that
+    current_thread() is the simulated thread (it reads threadIdx, blockIdx and syncthreads
+    from there)."""
+
+    current_thread = staticmethod(current_thread)
+
+    def __getattr__(self, name):
+        return getattr(threading, name)
+
+
+def _greenlet_blocks(simkernel, kernelapi):
+    """The simulator's BlockManager.run with the block's threads as greenlets in one OS
+    thread, switched at barriers, instead of one OS thread each.
+
+    numba-cuda runs every CUDA thread as a Python thread: each barrier is a GIL hand-off
+    and a futex wake-up per thread, and the threads' GIL contention cost more than the
+    kernels' own Python code.  Profiled (py-spy --gil, 2026-11-28, Zen 4-class EPYC):
+    test_tensor_core_paths' cp.async tile test held the GIL for 37 s of its 82 s wall (65 s
+    user, 26 s system).  Here a scheduler switches to each ready thread in turn; a thread
+    runs until it reaches a barrier (syncthreads, or a warp primitive's ``_Barrier``) or
+    ends; the last arrival at a barrier puts the others back on the ready queue.
+
+    Same semantics as the simulator's manager: every phase sees all writes of the one
+    before; threads that return early do not hold the others at later barriers (a
+    syncthreads completes when every live thread waits in it); a thread that raises aborts
+    the others (they unwind, so the simulator's module swaps are undone) and its exception
+    is re-raised with the thread and block named, and its traceback.  A block with live
+    threads and none ready (a barrier that can never complete) raises at once, where the
+    threaded simulator hung.  Threads run in order of thread index to the next barrier,
+    deterministically: a missing barrier shows on every run (a thread reading what a later
+    thread writes gets the old value), not by chance.  tests/cuda/test_cuda_backend.py
+    checks the barrier semantics, the deadlock report and the re-raise."""
+    BlockManager = simkernel.BlockManager
+    if getattr(BlockManager, "_nk_greenlets", False):
+        return
+
+    def sync(self, t):  # syncthreads of simulated thread t
+        if self._nk_abort:
+            raise RuntimeError("abort flag set on syncthreads call")
+        blocked = self._nk_blocked
+        blocked.append(t)
+        if len(blocked) == self._nk_live:  # the last to arrive releases the others
+            blocked.pop()
+            self._nk_ready.extend(blocked)
+            self._nk_blocked = []
+            return
+        t.parent.switch()
+        if self._nk_abort:
             raise RuntimeError("abort flag set on syncthreads clear")
 
     def run_block(self, grid_point, *args):
-        self._nk_cond = threading.Condition()
-        self._nk_blocked = 0
-        threads = self._nk_threads = []
-        for block_point in np.ndindex(*self._block_dim):
-            def target():
-                self._f(*args)
-
-            threads.append(BlockThread(target, self, grid_point, block_point, self._debug))
+        f = self._f
+        bdim = self._block_dim
+        block_idx = kernelapi.Dim3(*grid_point)
+        self._nk_abort = False
+        self._nk_blocked = []
+        self._nk_warps = {}
+        threads = []
+        for block_point in np.ndindex(*bdim):
+            t = _SimThread(run=lambda: f(*args))
+            t._manager = self
+            t.blockIdx = block_idx
+            t.threadIdx = kernelapi.Dim3(*block_point)
+            t.thread_id = block_point[0] + bdim[0] * (block_point[1] + bdim[1] * block_point[2])
+            threads.append(t)
         self._nk_live = len(threads)
-        for t in threads:
-            t.start()
-        with self._nk_cond:
-            while True:
-                failed = next((t for t in threads if t.exception), None)
-                if failed is not None:
-                    # abort the others, do not join them (as the simulator does)
-                    for t in threads:
-                        t.abort = True
-                        if t.syncthreads_blocked:
-                            t.syncthreads_blocked = False
-                            t._nk_gate.release()
-                    raise failed.exception[0].with_traceback(failed.exception[1])
-                if self._nk_live == 0:
-                    break
-                self._nk_cond.wait()
+        ready = self._nk_ready = collections.deque(threads)
+        while ready:
+            t = ready.popleft()
+            try:
+                t.switch()
+            except BaseException as e:
+                self._nk_abort = True
+                for other in threads:  # unwind the others (their finally blocks run)
+                    if not other.dead:
+                        other.throw()
+                msg = f"tid={list(t.threadIdx)} ctaid={list(t.blockIdx)}" + (f": {e}" if str(e) else "")
+                try:
+                    err = type(e)(msg)
+                except Exception:  # an exception type that takes other arguments
+                    raise e
+                raise err.with_traceback(e.__traceback__) from None
+            if t.dead:
+                self._nk_live -= 1
+                blocked = self._nk_blocked
+                if blocked and len(blocked) == self._nk_live:  # they wait for no one else
+                    ready.extend(blocked)
+                    self._nk_blocked = []
+        if self._nk_live:
+            waiting = [t for t in threads if not t.dead]
+            self._nk_abort = True
+            for t in waiting:
+                t.throw()
+            raise RuntimeError(
+                f"deadlock in block {list(block_idx)}: {len(waiting)} threads wait at barriers that "
+                f"can never complete (threads exited before a syncthreads or warp primitive "
+                f"they were named in?), first {list(waiting[0].threadIdx)}")
 
-    BlockThread.run = run_thread
-    BlockThread.syncthreads = syncthreads
+    BlockManager._nk_sync = sync
     BlockManager.run = run_block
-    BlockManager._nk_event_driven = True
+    BlockManager._nk_greenlets = True
+    kernelapi.threading = _ThreadingForSimulator()
 
 
 _NAMES = ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "syncwarp",
@@ -334,5 +376,5 @@ def install() -> bool:
 
     devicearray.FakeCUDAArray.shape = property(shape)
 
-    _event_driven_blocks(simkernel)
+    _greenlet_blocks(simkernel, kernelapi)
     return True

@@ -125,6 +125,27 @@ def test_simulator_reraises_a_failing_thread_and_releases_the_block():
     assert np.all(out == 1.0)
 
 
+@pytest.mark.skipif(not SIM, reason="the simulator's deadlock report (tests/cuda/simwarp.py)")
+def test_simulator_reports_lanes_waiting_for_exited_lanes():
+    """Lanes that shuffle with lanes which have returned wait forever on hardware (undefined
+    behaviour); the simulator's greenlet blocks report it at once, and the simulator
+    works after it (the aborted threads' module swaps were undone)."""
+
+    @cuda.jit
+    def k(out):
+        t = cuda.threadIdx.x
+        if t >= 16:
+            return
+        out[t] = cuda.shfl_down_sync(0xFFFFFFFF, t, 1)
+
+    with pytest.raises(RuntimeError, match="deadlock in block"):
+        k[1, 32](np.zeros(32, np.int64))
+    out = np.zeros(64)
+    k2 = cuda.jit(lambda o: o.__setitem__(cuda.threadIdx.x, 1.0))
+    k2[1, 64](out)
+    assert np.all(out == 1.0)
+
+
 @pytest.mark.skipif(not SIM, reason="checks the simulator fix (tests/cuda/simwarp.py)")
 def test_simulator_shared_array_is_one_array_per_block():
     """Every thread of a block that reaches a cuda.shared.array line at the same moment
