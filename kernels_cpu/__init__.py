@@ -8,6 +8,9 @@ kernels' compilation only (that warning class and message).
 import warnings
 
 from . import runtime  # noqa: F401 - picks the threading layer before any kernel runs
+from . import cache_safety
+
+cache_safety.install()  # before any kernel is compiled and saved: numba's save races across processes
 
 from numba.core.errors import NumbaIRAssumptionWarning
 

@@ -61,14 +61,19 @@ def test_beats_after_a_call_stops_after_the_window_and_starts_again(window):
     kw = _keepwarm()
     window(150)
     _call()
+    called = time.monotonic()
     assert _wait_for(lambda: _beating(kw)), f"no heartbeat after a CPU call: {kw.describe()}"
     if kw._notes:
         pytest.skip(f"SCHED_IDLE refused here: {kw._notes}")
     assert len(kw._threads) == len(os.sched_getaffinity(0))
     assert _wait_for(lambda: not _beating(kw), timeout=5.0), "still beating long after the window"
+    time.sleep(max(0.0, called + 0.2 - time.monotonic()))  # the window surely over (a starved thread looks parked)
     parked = kw.beats()
     time.sleep(0.1)
-    assert kw.beats() == parked, "beats while parked"
+    # a SCHED_IDLE thread starved by a busy host (CI's other steps) may finish the beat it
+    # was in (its usleep) after the window: at most one per thread, where a live heartbeat
+    # adds about 500 per thread in 0.1 s (one every 200 us)
+    assert kw.beats() - parked <= len(kw._threads), "beats while parked"
     _call()
     assert _wait_for(lambda: _beating(kw), timeout=5.0), "a call after the window did not start it again"
 
