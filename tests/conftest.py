@@ -115,15 +115,14 @@ FILE_SECONDS = {
     "cpu": {"test_portability.py": 148, "test_attention.py": 104, "test_contract.py": 83,
             "test_bench.py": 69, "test_threads.py": 69, "test_linalg_grad.py": 33,
             "test_autograd.py": 30, "test_attention_grad.py": 27, "test_quant.py": 26,
-            "test_linalg.py": 20, "test_weight_only.py": 20, "test_warmup.py": 16},
-    # re-measured 2026-11-27 (Zen 5, the simulator step alone, 2 workers, 338 s wall for 650 s
-    # of test time, with tests/cuda/simwarp.py's lock-per-waiter barriers)
-    # (+ 2026-11-27c: the K-tile-64 GEMM dispatch test, 47 s; the probes, 38 s; 27d: wgmma 40 s)
-    "cuda": {"test_tensor_core_paths.py": 185, "test_norm.py": 71, "test_probes.py": 38, "test_attention.py": 61,
-             "test_wgmma.py": 40,
-             "test_cuda_backend.py": 53, "test_linalg.py": 43, "test_quant.py": 39, "test_softmax_grad.py": 38,
-             "test_softmax.py": 37, "test_pool.py": 28, "test_linear_cross_entropy.py": 25, "test_moe.py": 19,
-             "test_attention_grad.py": 12, "test_norm_grad.py": 12},
+            "test_linalg.py": 20, "test_weight_only.py": 20, "test_warmup.py": 16,
+            "test_cache_safety.py": 15},
+    # re-measured 2026-11-28 (Zen 4-class EPYC, one process, --durations=0 summed per file:
+    # 307 s of test time, with tests/cuda/simwarp.py's greenlet blocks; 2026-11-27's weights,
+    # with a thread per simulated thread, summed to about 700 s on a Zen 5)
+    "cuda": {"test_tensor_core_paths.py": 41, "test_probes.py": 32, "test_softmax.py": 28,
+             "test_cuda_backend.py": 24, "test_arena.py": 22, "test_wgmma.py": 18, "test_norm.py": 15,
+             "test_contract.py": 13, "test_linalg.py": 13, "test_softmax_grad.py": 12, "test_attention.py": 12},
 }
 
 
