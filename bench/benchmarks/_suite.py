@@ -127,7 +127,9 @@ def op_benchmark(op: str):
     first_quick = next((c.name for c in op_cases if c.quick), case_names[0] if case_names else None)
 
     class Bench:
-        params = [_impls(op), case_names]
+        # quick: the one case as the whole grid (asv forks a child per parameter combination,
+        # 30-40 ms each from the fork server: skipped combinations cost as much as run ones)
+        params = [_impls(op), [first_quick] if QUICK and first_quick else case_names]
         param_names = ["impl", "case"]
         timeout = 300
         # time_op: a few samples are plenty for these run times
@@ -319,7 +321,9 @@ def op_classes() -> dict:
     ops = [name for name in _registry().OPS if any(c.op == name for c in C.CASES)]
     out = {}
     for op in ops:
-        for cls in (op_benchmark(op), first_call_benchmark(op)):
+        # quick: first-call classes only for the ops timed there (the others' would only skip)
+        first = () if QUICK and op not in QUICK_FIRST_CALL_OPS else (first_call_benchmark(op),)
+        for cls in (op_benchmark(op), *first):
             out[cls.__name__] = cls
     if _in_asv_forkserver():
         _preload([cls for name, cls in out.items() if not name.endswith("FirstCall")])
