@@ -22,6 +22,9 @@
 # port 214 / 210, ptx 584 / 450, cpu 458 / 649, sim 717 / 1027, asv 657 / 314, checks 1389 s.
 # Session 19 on it (the wgmma GEMM and attention builds added: ptx's largest growth): port
 # 246 / 239, ptx 742 / 565, cpu 539 / 724, sim 667 / 958, asv 637 / 317, checks 1452 s.
+# 2026-11-28, same host kind, the simulator's blocks as greenlets (tests/cuda/simwarp.py):
+# port 240 / 234, ptx 651 / 499, cpu 466 / 644, sim 154 / 249, asv 327 / 258, checks 1033 s;
+# asv is now the last step to end (sim beside it ends first).
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
