@@ -134,25 +134,21 @@ def _longest_files_first(items):
 def pytest_collection_modifyitems(config, items):
     """Longest test files first (FILE_SECONDS).  tests/cuda/ holds CUDA-only tests: skipped on the CPU target.  Under the simulator,
     float64 runs the first case of each test function per implementation, every float32
-    and float16 case runs: each simulated block is Python threads (a barrier costs
-    milliseconds), the kernels are dtype-generic code (the dtype picks the accumulation
-    type, which the first float64 case exercises), and bench.ptx compiles every float64
-    kernel for the real chips.  The block-per-row kernels run no float64 case there (their
-    code is the warp-per-row kernels' reduction, whose float64 cases run).  On a real GPU
+    and float16 case runs: each simulated thread is Python code, the kernels are
+    dtype-generic code (the dtype picks the accumulation type, which the first float64 case
+    exercises), and bench.ptx compiles every float64 kernel for the real chips.  The
+    block-per-row kernels too (until 2026-11-28 they ran no float64 case there; with the
+    greenlet blocks of tests/cuda/simwarp.py their first case costs seconds).  On a real GPU
     everything runs.  (Measured 2026-11-23: float64 was about 40% of the simulator step's
     530 s.)"""
     _check_impl_params_keep_marks(items)
     _longest_files_first(items)
     if TARGET == "cuda":
         if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-            block_skip = pytest.mark.skip(reason="simulator: block-per-row float64 covered by its float32 cases")
             f64_skip = pytest.mark.skip(reason="simulator: float64 runs the first case of this test and impl")
             first_f64 = set()
             for item in items:
                 if "float64" not in item.name:
-                    continue
-                if "cuda-block-row" in item.name:
-                    item.add_marker(block_skip)
                     continue
                 params = getattr(getattr(item, "callspec", None), "params", {})
                 key = (str(item.fspath), item.originalname, str(params.get("impl")))
