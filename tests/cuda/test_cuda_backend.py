@@ -73,7 +73,7 @@ def test_emulation_rejects_lanes_outside_mask():
 
 
 def test_syncthreads_with_early_exits_and_repeated_barriers():
-    """Barrier semantics the simulator's event-driven block manager (tests/cuda/simwarp.py)
+    """Barrier semantics the simulator's greenlet block manager (tests/cuda/simwarp.py)
     must keep: every phase sees all writes of the one before; threads that return early
     do not hold the others at later barriers; syncthreads_count counts the live threads."""
     from numba import int32
