@@ -67,13 +67,13 @@ drivers that compiled every activation, 1.73 s now.
 """
 import numpy as np
 from llvmlite import ir
-from numba import literally, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import target
 from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
-from .parallel import addresses, c_array_at, fetch_add, run_serial, run_workers, worker_address
+from .parallel import addresses, c_array_at, call_literal, fetch_add, run_serial, run_workers, worker_address
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
@@ -738,8 +738,7 @@ PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row 
 def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code, out, ntasks):
     """The portable path: a2 (M, K) integer activations (int8 / uint8 / int32 quantized
     rows), used as a + shift; b2 (K, N) int8.  Same epilogue; prange over (row x column
-    block) tasks; the activation compiled for the call's code only (numba.literally)."""
-    lit_code = literally(code)
+    block) tasks; code a literal (run_portable calls it so): only its activation compiles."""
     nnb = (N + PORTABLE_NB - 1) // PORTABLE_NB
     for task in prange(ntasks):
         m = task // nnb
@@ -752,4 +751,10 @@ def gemm_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code,
             brow = b2[k]
             for j in range(nl):
                 acc[j] += av * np.int32(brow[j0 + j])
-        epi_row(acc, 0, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, out.reshape(M * N), m * N + j0, nl, lit_code)
+        epi_row(acc, 0, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, out.reshape(M * N), m * N + j0, nl, code)
+
+
+def run_portable(a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code, out, ntasks):
+    """gemm_portable (same arguments) with code passed as a literal."""
+    call_literal(gemm_portable, ("code",), a2, shift, b2, M, N, K, sa, c, rs, sb, colsum, zb, bias, code, out,
+                 ntasks)

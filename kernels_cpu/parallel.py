@@ -255,6 +255,46 @@ def worker_address(dispatcher, variant, nargs=2):
     return addr
 
 
+_ENTRIES = {}
+_LITERAL_AT = {}
+_ENTRIES_LOCK = threading.Lock()
+
+
+def _arg_key(a):
+    """What numba's typeof of a kernel argument depends on, cheaply (about 1 us an array
+    against several for numba.typeof): an array's dtype, rank, layout, writability and
+    alignment; a scalar's Python type."""
+    if isinstance(a, np.ndarray):
+        f = a.flags
+        return a.dtype.str, a.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned
+    return type(a)
+
+
+def call_literal(dispatcher, literal, *args):
+    """dispatcher(*args) compiled with the parameters named in literal (plain Python ints /
+    bools there) as numba literals: one machine code per value, so a kernel whose flags
+    choose among many inlined variants compiles only the variant a call takes (numba's own
+    `literally` re-types the function on every call with a non-literal int: 13 ms a call of
+    the portable int8 GEMM, 2026-11-28).  The compiled entry point is kept per (values,
+    argument types); it is saved to and loaded from numba's cache like any signature."""
+    at = _LITERAL_AT.get((dispatcher, literal))
+    if at is None:
+        code = dispatcher.py_func.__code__
+        names = code.co_varnames[:code.co_argcount]
+        at = _LITERAL_AT.setdefault((dispatcher, literal), tuple(names.index(n) for n in literal))
+    key = (dispatcher, tuple(args[i] for i in at), tuple(_arg_key(a) for a in args))
+    entry = _ENTRIES.get(key)
+    if entry is None:
+        with _ENTRIES_LOCK:
+            entry = _ENTRIES.get(key)
+            if entry is None:
+                sig = tuple(types.literal(a) if i in at else dispatcher.typeof_pyval(a) for i, a in enumerate(args))
+                dispatcher.compile(sig)
+                entry = dispatcher.overloads[sig].entry_point
+                _ENTRIES[key] = entry
+    return entry(*args)
+
+
 @intrinsic
 def fetch_add(typingctx, arr, idx, val):
     """Atomically arr[idx] += val and return the old value (int64 array, no bounds check);

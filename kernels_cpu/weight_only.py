@@ -17,8 +17,10 @@ raw integers q; the zero point enters through the row sum of x and the per-row s
 after the dot product: out[m, n] = scale[n] * (sum_k x[m, k] q[n, k] - zp[n] sum_k x[m, k]).
 
 Vector width: 16 float32 lanes (zmm) where the target has avx512f, else 8 (ymm: AVX2 +
-F16C + FMA, every x86-64 host with AVX2 has F16C).  Both widths are compiled into the same
-kernel and chosen by its `wide` argument, so tests run the 8-lane path on an AVX-512 host.
+F16C + FMA, every x86-64 host with AVX2 has F16C), chosen by wo_gemv's `wide` argument, so
+tests run the 8-lane path on an AVX-512 host too.  fmt, wide and the activation code are
+numba literals (run_gemv): a call compiles only its format's and width's tiles and its
+activation (one kernel holding every variant took 11.8 s to compile, 2026-11-28).
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
@@ -35,7 +37,8 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
 from .approx import OVERLOAD, JIT
-from .gemm import act_store
+from .gemm import act_store_lit
+from .parallel import call_literal
 from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
@@ -152,73 +155,36 @@ def wo_tile(typingctx, fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3,
 
 
 def _tile(fmt, wide, ta, kl, x, xo, w, wo, q, t):
-    """wo_tile for a runtime fmt / wide / ta (one inlined copy per combination that the
-    weight's dtype allows: the int8 kernel holds only the int8 tiles)."""
+    """wo_tile for the literal fmt / wide of the call and a runtime ta (1, 2 or 4 rows of
+    x): one inlined copy per ta, so a kernel holds only its format's and width's tiles."""
 
 
 @overload(_tile, inline="always", **OVERLOAD)
 def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
-    if not isinstance(w, types.Array):
+    if not (isinstance(w, types.Array) and isinstance(fmt, types.IntegerLiteral)
+            and isinstance(wide, types.BooleanLiteral)):
         return None
-    if w.dtype == types.int8:
-        def tile8(fmt, wide, ta, kl, x, xo, w, wo, q, t):
-            if wide:
-                if ta == 1:
-                    wo_tile(3, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                elif ta == 2:
-                    wo_tile(3, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                else:
-                    wo_tile(3, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
+    if wide.literal_value:
+        def tile_wide(fmt, wide, ta, kl, x, xo, w, wo, q, t):
+            if ta == 1:
+                wo_tile(fmt, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                    q[0], q[1], q[2], q[3], t)
+            elif ta == 2:
+                wo_tile(fmt, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                    q[0], q[1], q[2], q[3], t)
             else:
-                if ta == 1:
-                    wo_tile(3, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                else:
-                    wo_tile(3, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-        return tile8
+                wo_tile(fmt, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                    q[0], q[1], q[2], q[3], t)
+        return tile_wide
 
-    def tile16(fmt, wide, ta, kl, x, xo, w, wo, q, t):
-        if fmt == 2:  # WEIGHT_BF16
-            if wide:
-                if ta == 1:
-                    wo_tile(2, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                elif ta == 2:
-                    wo_tile(2, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                else:
-                    wo_tile(2, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-            else:
-                if ta == 1:
-                    wo_tile(2, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                else:
-                    wo_tile(2, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
+    def tile_narrow(fmt, wide, ta, kl, x, xo, w, wo, q, t):
+        if ta == 1:
+            wo_tile(fmt, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                    q[0], q[1], q[2], q[3], t)
         else:
-            if wide:
-                if ta == 1:
-                    wo_tile(1, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                elif ta == 2:
-                    wo_tile(1, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                else:
-                    wo_tile(1, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-            else:
-                if ta == 1:
-                    wo_tile(1, 8, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-                else:
-                    wo_tile(1, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                            q[0], q[1], q[2], q[3], t)
-    return tile16
+            wo_tile(fmt, 8, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
+                    q[0], q[1], q[2], q[3], t)
+    return tile_narrow
 
 
 @njit(parallel=True, **JIT)
@@ -226,7 +192,8 @@ def wo_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
     """out2 = act(x2 @ dequant(w2).T + bias): x2 (M, K) float32, w2 (N, K) uint16 (fmt
     WEIGHT_F16 / WEIGHT_BF16 bits) or int8 (fmt WEIGHT_INT8, scale / zp (N,) float32 per
     output row, unused otherwise), bias (N,) float32, code an ACT_*, out2 (M, N) float32;
-    all C-contiguous.  wide: 16-lane vectors (AVX-512 targets only), else 8."""
+    all C-contiguous.  wide: 16-lane vectors (AVX-512 targets only), else 8.  fmt, code and
+    wide are literals: call it through run_gemv."""
     M, K = x2.shape
     N = w2.shape[0]
     tamax = TA_WIDE if wide else TA_NARROW
@@ -268,7 +235,12 @@ def wo_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
                     n = n0 + j
                     acc[m, j] = np.float32(scale[n] * (np.float64(acc[m, j]) - np.float64(zp[n]) * xsum[m]))
         for m in range(M):
-            act_store(acc[m], bias[n0:n0 + nl], out2[m, n0:n0 + nl], nl, code)
+            act_store_lit(acc[m], bias[n0:n0 + nl], out2[m, n0:n0 + nl], nl, code)
+
+
+def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
+    """wo_gemv (same arguments) with fmt, code and wide passed as literals."""
+    call_literal(wo_gemv, ("fmt", "code", "wide"), x2, w2, fmt, scale, zp, bias, code, wide, out2)
 
 
 @njit(parallel=True, **JIT)

@@ -379,7 +379,7 @@ def _run_portable(params, a, w, bias, out, code, transposed):
     rs = a2.astype(np.int64).sum(axis=1).astype(np.float64) + kdim * (shift - c)
     bias_v = _zeros(n) if bias is None else kernel_input(bias)
     ntasks = rows * -(-n // K.PORTABLE_NB)
-    K.gemm_portable(a2, shift, pw.bp, rows, n, kdim, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, code,
+    K.run_portable(a2, shift, pw.bp, rows, n, kdim, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, code,
                     res.reshape(rows, n), ntasks)
     return deliver(res, out)
 

@@ -194,7 +194,7 @@ def _run_gemv(params, x, weight, bias, out, code, b_is_nk, packed=None):
         if k == 0:
             L._degenerate(out2.reshape(1, m, n), bias_v, code)
         else:
-            KW.wo_gemv(x2, w2, fmt, sc, zp, bias_v, code, KW.active_lanes() == 16, out2)
+            KW.run_gemv(x2, w2, fmt, sc, zp, bias_v, code, KW.active_lanes() == 16, out2)
     return deliver(res, out)
 
 
