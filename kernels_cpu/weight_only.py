@@ -1,10 +1,10 @@
 """Weight-only low precision linear: out = act(x @ dequant(W).T + bias), x float32 (M, K),
 W (N, K) stored as float16, bfloat16 (its 16-bit patterns, uint16) or int8 with a float32
 scale (and zero point) per output row; float32 accumulation.  The weight is widened in
-registers inside the loop: no float32 copy of it is ever made (wo_gemv), or only one block
+registers inside the loop: no float32 copy of it is ever made (run_gemv), or only one block
 of rows at a time into a per-call buffer (widen_rows, the GEMM path for many rows).
 
-wo_gemv (decode, M = 1..~8): prange over blocks of NB output rows.  A task walks its rows in
+run_gemv (decode, M = 1..~8): workers take blocks of NB output rows.  A task walks its rows in
 groups of TB = 4 weight rows; for each group and each group of up to TA rows of x, the
 `wo_tile` intrinsic computes the TA x TB dot products over K with TA * TB vector
 accumulators: per step, TB loads of W vectors of 16-bit / 8-bit weights, widened in
@@ -17,16 +17,17 @@ raw integers q; the zero point enters through the row sum of x and the per-row s
 after the dot product: out[m, n] = scale[n] * (sum_k x[m, k] q[n, k] - zp[n] sum_k x[m, k]).
 
 Vector width: 16 float32 lanes (zmm) where the target has avx512f, else 8 (ymm: AVX2 +
-F16C + FMA, every x86-64 host with AVX2 has F16C), chosen by wo_gemv's `wide` argument, so
+F16C + FMA, every x86-64 host with AVX2 has F16C), chosen by run_gemv's `wide` argument, so
 tests run the 8-lane path on an AVX-512 host too.  fmt, wide and the activation code are
-numba literals (run_gemv): a call compiles only its format's and width's tiles and its
-activation (one kernel holding every variant took 11.8 s to compile, 2026-11-28).
+numba literals of the worker (wo_worker): a call compiles only its format's and width's
+tiles and its activation.
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
 widen_rows (many rows, M >= ~8): rows n0:n1 of W dequantized into a float32 (n1 - n0, K)
 buffer (the caller then runs the dense GEMM on it: dispatch/ops/weight_only.py).
 """
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -36,9 +37,9 @@ from numba.extending import intrinsic, overload
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
-from .approx import OVERLOAD, JIT
+from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
 from .gemm import act_store_lit
-from .parallel import call_literal
+from .parallel import c_array_at, fetch_add, run_serial, run_workers, worker_address
 from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
@@ -55,7 +56,7 @@ def host_has_avx512() -> bool:
 
 
 def host_lanes() -> int:
-    """float32 lanes of the vectors wo_gemv uses on this host by default."""
+    """float32 lanes of the vectors run_gemv uses on this host by default."""
     return 16 if host_has_avx512() else 8
 
 
@@ -187,34 +188,50 @@ def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
     return tile_narrow
 
 
-@njit(parallel=True, **JIT)
-def wo_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
-    """out2 = act(x2 @ dequant(w2).T + bias): x2 (M, K) float32, w2 (N, K) uint16 (fmt
-    WEIGHT_F16 / WEIGHT_BF16 bits) or int8 (fmt WEIGHT_INT8, scale / zp (N,) float32 per
-    output row, unused otherwise), bias (N,) float32, code an ACT_*, out2 (M, N) float32;
-    all C-contiguous.  wide: 16-lane vectors (AVX-512 targets only), else 8.  fmt, code and
-    wide are literals: call it through run_gemv."""
-    M, K = x2.shape
-    N = w2.shape[0]
+# The int64 argument block of wo_worker: addresses, sizes, the task counter.
+(W_X, W_W, W_SCALE, W_ZP, W_BIAS, W_OUT, W_XSUM, W_M, W_N, W_K, W_NEXT, W_COUNT) = range(12)
+
+
+def _weight_zero(fmt):
+    return np.uint16(0)
+
+
+@overload(_weight_zero, **OVERLOAD)
+def _weight_zero_overload(fmt):
+    """A zero of the weight's element type for the literal fmt (int8, else 16-bit patterns)."""
+    if not isinstance(fmt, types.IntegerLiteral):
+        return None
+    if fmt.literal_value == WEIGHT_INT8:
+        return lambda fmt: np.int8(0)
+    return lambda fmt: np.uint16(0)
+
+
+@njit(**JIT_BY_ADDRESS)
+def wo_worker(wk, params, fmt, wide, code):
+    """A worker (parallel.run_workers) of run_gemv: tasks of NB output rows taken from the
+    W_NEXT counter.  fmt, wide and code are literals: a worker holds one format's and
+    width's tiles and one activation (one kernel holding every variant took 11.8 s to
+    compile; as a prange kernel with literal flags 4.6 s, parfor lowering 1.9 s of it)."""
+    p = c_array_at(params, np.int64(0), (W_COUNT,))
+    M, N, K = p[W_M], p[W_N], p[W_K]
+    xf = c_array_at(p[W_X], np.float32(0), (M * K,))
+    wf = c_array_at(p[W_W], _weight_zero(fmt), (N * K,))
+    scale = c_array_at(p[W_SCALE], np.float32(0), (N,))
+    zp = c_array_at(p[W_ZP], np.float32(0), (N,))
+    bias = c_array_at(p[W_BIAS], np.float32(0), (N,))
+    out2 = c_array_at(p[W_OUT], np.float32(0), (M, N))
+    xsum = c_array_at(p[W_XSUM], np.float64(0), (M,))
     tamax = TA_WIDE if wide else TA_NARROW
-    xf = x2.ravel()
-    wf = w2.ravel()
-    xsum = np.zeros(M, np.float64)
-    if fmt == WEIGHT_INT8:
-        for m in range(M):
-            s = 0.0
-            for k in range(K):
-                s += x2[m, k]
-            xsum[m] = s
     ntask = (N + NB - 1) // NB
-    for task in prange(ntask):
+    acc = np.empty((M, NB), np.float32)
+    t = np.empty(4 * TB, np.float32)
+    xo = np.zeros(4, np.int64)
+    wo = np.zeros(TB, np.int64)
+    q = np.zeros(TB, np.int64)
+    task = fetch_add(p, W_NEXT, 1)
+    while task < ntask:
         n0 = task * NB
         nl = min(NB, N - n0)
-        acc = np.empty((M, NB), np.float32)
-        t = np.empty(4 * TB, np.float32)
-        xo = np.zeros(4, np.int64)
-        wo = np.zeros(TB, np.int64)
-        q = np.zeros(TB, np.int64)
         for g in range(0, nl, TB):
             for j in range(TB):
                 wo[j] = (n0 + min(g + j, nl - 1)) * K       # an edge group repeats its last row
@@ -236,17 +253,39 @@ def wo_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
                     acc[m, j] = np.float32(scale[n] * (np.float64(acc[m, j]) - np.float64(zp[n]) * xsum[m]))
         for m in range(M):
             act_store_lit(acc[m], bias[n0:n0 + nl], out2[m, n0:n0 + nl], nl, code)
+        task = fetch_add(p, W_NEXT, 1)
 
 
 def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
-    """wo_gemv (same arguments) with fmt, code and wide passed as literals."""
-    call_literal(wo_gemv, ("fmt", "code", "wide"), x2, w2, fmt, scale, zp, bias, code, wide, out2)
+    """out2 = act(x2 @ dequant(w2).T + bias): x2 (M, K) float32, w2 (N, K) uint16 (fmt
+    WEIGHT_F16 / WEIGHT_BF16 bits) or int8 (fmt WEIGHT_INT8, scale / zp (N,) float32 per
+    output row, unused otherwise), bias (N,) float32, code an ACT_*, out2 (M, N) float32;
+    all C-contiguous.  wide: 16-lane vectors (AVX-512 targets only), else 8.  On numba's
+    threads (wo_worker), the calling thread alone when there is one task."""
+    M, K = x2.shape
+    N = w2.shape[0]
+    int8 = fmt == WEIGHT_INT8
+    # int8: the zero point enters through the row sums of x (module docstring)
+    xsum = x2.sum(axis=1, dtype=np.float64) if int8 else np.zeros(1)
+    if not int8:
+        scale = zp = xsum.astype(np.float32)  # unused placeholders
+    p = np.zeros(W_COUNT, np.int64)
+    # ctypes.data: 9 us for the seven (parallel.addresses would save those and cost a 0.6 s
+    # compile on a cold first call: the cold call is the bar here, the GEMV takes ms)
+    p[:W_M] = [a.ctypes.data for a in (x2, w2, scale, zp, bias, out2, xsum)]
+    p[W_M], p[W_N], p[W_K] = M, N, K
+    fn = worker_address(wo_worker, (int(fmt), bool(wide), int(code)))
+    n = min(numba.get_num_threads(), -(-N // NB))
+    if n > 1:
+        run_workers(fn, p, n)
+    else:
+        run_serial(fn, p)
 
 
 @njit(parallel=True, **JIT)
 def widen_rows(w2, fmt, scale, zp, n0, dst):
     """dst[r, :] = dequant(w2[n0 + r, :]) in float32 for r < dst.shape[0] (w2, fmt, scale,
-    zp as wo_gemv)."""
+    zp as run_gemv)."""
     R, K = dst.shape
     for r in prange(R):
         src = w2[n0 + r]
@@ -296,12 +335,12 @@ _LANES = [host_lanes()]
 
 
 def active_lanes() -> int:
-    """The float32 lanes wo_gemv runs with now (16: zmm, 8: ymm)."""
+    """The float32 lanes run_gemv runs with now (16: zmm, 8: ymm)."""
     return _LANES[0]
 
 
 def use_lanes(lanes) -> int:
-    """Run wo_gemv with 8- or 16-lane vectors ("auto": the host's) from now on in this
+    """Run the GEMV path (run_gemv) with 8- or 16-lane vectors ("auto": the host's) from now on in this
     process and return the previous setting: the tests run the AVX2 path on an AVX-512 host
     with it.  16 lanes on a host without avx512f is refused (LLVM would split every vector
     in two: correct but never what a caller wants).  Not thread-safe against concurrent

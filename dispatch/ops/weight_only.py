@@ -26,7 +26,7 @@ object, cached on it).
 This module registers implementations of the existing op "linear" (dispatch/ops/linalg.py
 builds the key: GemmKey.weight_format, a kernels_common.quant.WEIGHT_* code; the dense
 implementations refuse a low-precision key and these refuse a dense one):
-  cpu-wo-gemv   kernels_cpu.weight_only.wo_gemv: dot products over weight rows widened in
+  cpu-wo-gemv   kernels_cpu.weight_only.run_gemv: dot products over weight rows widened in
                 registers, each weight byte read once for up to 4 rows of x (decode);
   cpu-wo-gemm   blocks of WO_GEMM_ELEMS / K weight rows widened into a float32 buffer, then the
                 dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) on each block;
