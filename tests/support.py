@@ -255,6 +255,34 @@ def assert_no_new_specialization(modules, call, what=""):
         f"{w.category.__name__}: {w.message}" for w in caught)
 
 
+
+class compile_events:
+    """``with compile_events() as seen:`` collects numba's "numba:compile" events of the
+    block (every compile, cache load and typing attempt, also those that add no signature:
+    numba's literally() re-types a function on each call without one)."""
+
+    def __enter__(self):
+        import numba.core.event as ev
+
+        seen = self.seen = []
+
+        class _Listener(ev.Listener):
+            def on_start(self, event):
+                seen.append(event.data.get("dispatcher"))
+
+            def on_end(self, event):
+                pass
+
+        self._listener = _Listener()
+        ev.register("numba:compile", self._listener)
+        return seen
+
+    def __exit__(self, *exc):
+        import numba.core.event as ev
+
+        ev.unregister("numba:compile", self._listener)
+        return False
+
 # ---- error measures --------------------------------------------------------------------------
 #
 # assert_close(got, ref, tol) checks two bounds (ref is the float64 reference):

@@ -11,7 +11,8 @@ import pytest
 import dispatch
 from dispatch.quantized import QuantizedArray
 from tests.reference import int8_linalg as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, assert_close, impl_params, poisoned, rng, run, to_host, to_target
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, compile_events, impl_params, poisoned, rng, run, to_host,
+                           to_target)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -355,6 +356,22 @@ def test_weight_is_packed_once_and_explain_says_so():
     first = b.cached(keys[0], lambda: None)
     dispatch.matmul_int8(a, b)
     assert b.cached_keys() == keys and b.cached(keys[0], lambda: None) is first
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU kernels")
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_portable_path_calls_compile_nothing_once_warm(activation):
+    """The portable kernel takes the activation as a numba literal without re-typing itself on
+    each call (numba's literally() did: 13 ms a call at 4x64x32, 2026-11-28)."""
+    g = rng()
+    x = g.standard_normal((4, 64)).astype(np.float32)
+    w = dispatch.quantize(g.standard_normal((32, 64)).astype(np.float32), axis=0)
+    with dispatch.use(dynamic_quant_linear="cpu-portable"):
+        first = dispatch.dynamic_quant_linear(x, w, activation=activation)
+        with compile_events() as seen:
+            again = dispatch.dynamic_quant_linear(x, w, activation=activation)
+    assert not seen, f"compiles / typings on a warm call: {seen}"
+    np.testing.assert_array_equal(again, first)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU rule")

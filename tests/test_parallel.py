@@ -2,11 +2,12 @@
 without reference counts, functions called by address, the shared worker driver)."""
 import numpy as np
 import pytest
-from numba import carray, njit
+from numba import carray, njit, types
+from numba.extending import overload
 
-from kernels_cpu.parallel import (c_array_at, call_address, fetch_add, ptr_as, row_of, run_serial, run_workers, view_at,
-                                  worker_address)
-from tests.support import ON_CUDA, rng
+from kernels_cpu.parallel import (c_array_at, call_address, call_literal, fetch_add, ptr_as, row_of, run_serial,
+                                  run_workers, view_at, worker_address)
+from tests.support import ON_CUDA, compile_events, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
 
@@ -126,3 +127,47 @@ def test_run_serial_runs_worker_zero():
     p = np.zeros(64, np.int64)
     run_serial(worker_address(_count, ()), p)
     assert p[0] == 1 and p[1] == 1 and not p[2:].any()
+
+
+def _typed_literal(x):
+    return x
+
+
+@overload(_typed_literal)
+def _typed_literal_overload(x):
+    """Compiles only for a literal int: its value, baked into the machine code."""
+    if isinstance(x, types.IntegerLiteral):
+        v = x.literal_value
+        return lambda x: v
+    return None
+
+
+@njit
+def _scaled(a, out, k):
+    for i in range(a.shape[0]):
+        out[i] = a[i] * _typed_literal(k)
+
+
+def test_call_literal_compiles_once_per_value_and_never_retypes():
+    """call_literal passes `k` as a numba literal: one signature per value; a repeat call
+    with a value or argument types already seen compiles (and types) nothing, where numba's
+    literally() re-typed the function on every call (13 ms a call of the portable int8 GEMM)."""
+    g = rng()
+    a = g.standard_normal(17)
+    outs = {k: np.full(17, np.nan) for k in (2, 3)}
+    for k, out in outs.items():
+        call_literal(_scaled, ("k",), a, out, k)
+        np.testing.assert_array_equal(out, a * k)
+    assert sorted(str(sig[-1]) for sig in _scaled.overloads) == ["Literal[int](2)", "Literal[int](3)"]
+    with compile_events() as seen:
+        for k, out in outs.items():
+            out[:] = np.nan
+            call_literal(_scaled, ("k",), a, out, k)
+            np.testing.assert_array_equal(out, a * k)
+    assert not seen, f"{len(seen)} compile events on calls already compiled"
+    # other argument types: a signature of their own (a float32 array here), still literal
+    a32 = a.astype(np.float32)
+    out32 = np.full(17, np.nan, np.float32)
+    call_literal(_scaled, ("k",), a32, out32, 3)
+    np.testing.assert_array_equal(out32, a32 * 3)
+    assert len(_scaled.overloads) == 3
