@@ -378,7 +378,6 @@ def test_portable_path_calls_compile_nothing_once_warm(activation):
 def test_rule_follows_the_host_features(monkeypatch):
     from dispatch import select
     from dispatch.ops import int8_linalg as M
-    from kernels_cpu import int8_gemm as K
 
     g = rng()
     a = make_a(g, (9, 40), np.int8, "row")
