@@ -169,13 +169,13 @@ def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
         def tile_wide(fmt, wide, ta, kl, x, xo, w, wo, q, t):
             if ta == 1:
                 wo_tile(fmt, 16, 1, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                    q[0], q[1], q[2], q[3], t)
+                        q[0], q[1], q[2], q[3], t)
             elif ta == 2:
                 wo_tile(fmt, 16, 2, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                    q[0], q[1], q[2], q[3], t)
+                        q[0], q[1], q[2], q[3], t)
             else:
                 wo_tile(fmt, 16, 4, kl, x, xo[0], xo[1], xo[2], xo[3], w, wo[0], wo[1], wo[2], wo[3],
-                    q[0], q[1], q[2], q[3], t)
+                        q[0], q[1], q[2], q[3], t)
         return tile_wide
 
     def tile_narrow(fmt, wide, ta, kl, x, xo, w, wo, q, t):
