@@ -24,7 +24,9 @@
 # 246 / 239, ptx 742 / 565, cpu 539 / 724, sim 667 / 958, asv 637 / 317, checks 1452 s.
 # 2026-11-28, same host kind, the simulator's blocks as greenlets (tests/cuda/simwarp.py):
 # port 240 / 234, ptx 651 / 499, cpu 466 / 644, sim 154 / 249, asv 327 / 258, checks 1033 s;
-# asv is now the last step to end (sim beside it ends first).
+# asv is now the last step to end (sim beside it ends first).  2026-11-28 later (same host
+# kind; asv times LCE at T = 128, the portable int8 GEMM no longer re-typed per call): port
+# 221 / 215, ptx 670 / 508, cpu 511 / 702, sim 180 / 306, asv 309 / 191, checks 1041 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
