@@ -39,7 +39,7 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 from . import target
 from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
 from .gemm import act_store_lit
-from .parallel import c_array_at, fetch_add, run_serial, run_workers, worker_address
+from .parallel import _run_serial, _run_workers, c_array_at, fetch_add, keep_alive, worker_address
 from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
@@ -256,30 +256,40 @@ def wo_worker(wk, params, fmt, wide, code):
         task = fetch_add(p, W_NEXT, 1)
 
 
+@njit(cache=True, nogil=True)
+def _launch_gemv(fn, nworkers, x2, w2, scale, zp, bias, out2, xsum):
+    """wo_worker fn on nworkers threads (the calling thread alone for 1) over an argument
+    block filled here: in numba an array's address costs nothing, in Python 1.6-1.9 us
+    (ctypes), which made a 1x768x768 GEMV 8 us slower than the prange kernel it replaced."""
+    p = np.zeros(W_COUNT, np.int64)
+    p[W_X], p[W_W], p[W_SCALE], p[W_ZP] = x2.ctypes.data, w2.ctypes.data, scale.ctypes.data, zp.ctypes.data
+    p[W_BIAS], p[W_OUT], p[W_XSUM] = bias.ctypes.data, out2.ctypes.data, xsum.ctypes.data
+    p[W_M], p[W_N], p[W_K] = x2.shape[0], w2.shape[0], x2.shape[1]
+    if nworkers > 1:
+        _run_workers(fn, p.ctypes.data, nworkers)
+    else:
+        _run_serial(fn, p.ctypes.data)
+    keep_alive((p,))
+
+
+# scale, zero point and row sums of the 16-bit formats: never read (writeable, as every
+# caller's arrays are: a read-only one would type, and compile, _launch_gemv again)
+_NO_ROWS = np.zeros(1, np.float32)
+
+
 def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
     """out2 = act(x2 @ dequant(w2).T + bias): x2 (M, K) float32, w2 (N, K) uint16 (fmt
     WEIGHT_F16 / WEIGHT_BF16 bits) or int8 (fmt WEIGHT_INT8, scale / zp (N,) float32 per
     output row, unused otherwise), bias (N,) float32, code an ACT_*, out2 (M, N) float32;
     all C-contiguous.  wide: 16-lane vectors (AVX-512 targets only), else 8.  On numba's
     threads (wo_worker), the calling thread alone when there is one task."""
-    M, K = x2.shape
-    N = w2.shape[0]
-    int8 = fmt == WEIGHT_INT8
-    # int8: the zero point enters through the row sums of x (module docstring)
-    xsum = x2.sum(axis=1, dtype=np.float64) if int8 else np.zeros(1)
-    if not int8:
-        scale = zp = xsum.astype(np.float32)  # unused placeholders
-    p = np.zeros(W_COUNT, np.int64)
-    # ctypes.data: 9 us for the seven (parallel.addresses would save those and cost a 0.6 s
-    # compile on a cold first call: the cold call is the bar here, the GEMV takes ms)
-    p[:W_M] = [a.ctypes.data for a in (x2, w2, scale, zp, bias, out2, xsum)]
-    p[W_M], p[W_N], p[W_K] = M, N, K
-    fn = worker_address(wo_worker, (int(fmt), bool(wide), int(code)))
-    n = min(numba.get_num_threads(), -(-N // NB))
-    if n > 1:
-        run_workers(fn, p, n)
+    if fmt == WEIGHT_INT8:
+        # the zero point enters through the row sums of x (module docstring)
+        xsum = x2.sum(axis=1, dtype=np.float64)
     else:
-        run_serial(fn, p)
+        scale = zp = xsum = _NO_ROWS
+    fn = worker_address(wo_worker, (int(fmt), bool(wide), int(code)))
+    _launch_gemv(fn, min(numba.get_num_threads(), -(-w2.shape[0] // NB)), x2, w2, scale, zp, bias, out2, xsum)
 
 
 @njit(parallel=True, **JIT)
