@@ -39,7 +39,7 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 from . import target
 from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
 from .gemm import act_store_lit
-from .parallel import _run_serial, _run_workers, c_array_at, fetch_add, keep_alive, worker_address
+from .parallel import c_array_at, fetch_add, run_at, worker_address
 from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
@@ -257,23 +257,19 @@ def wo_worker(wk, params, fmt, wide, code):
 
 
 @njit(cache=True, nogil=True)
-def _launch_gemv(fn, nworkers, x2, w2, scale, zp, bias, out2, xsum):
-    """wo_worker fn on nworkers threads (the calling thread alone for 1) over an argument
-    block filled here: in numba an array's address costs nothing, in Python 1.6-1.9 us
-    (ctypes), which made a 1x768x768 GEMV 8 us slower than the prange kernel it replaced."""
-    p = np.zeros(W_COUNT, np.int64)
+def _gemv_params(p, x2, w2, scale, zp, bias, out2, xsum):
+    """Fill wo_worker's argument block p; its address back.  In numba an array's address costs nothing, in
+    Python 1.6-1.9 us (ctypes), which made a 1x768x768 GEMV 8 us slower than the prange
+    kernel it replaced.  No calls and no allocation here: a launcher that also ran the
+    workers added 0.6-1.0 s to the cold first call."""
     p[W_X], p[W_W], p[W_SCALE], p[W_ZP] = x2.ctypes.data, w2.ctypes.data, scale.ctypes.data, zp.ctypes.data
     p[W_BIAS], p[W_OUT], p[W_XSUM] = bias.ctypes.data, out2.ctypes.data, xsum.ctypes.data
-    p[W_M], p[W_N], p[W_K] = x2.shape[0], w2.shape[0], x2.shape[1]
-    if nworkers > 1:
-        _run_workers(fn, p.ctypes.data, nworkers)
-    else:
-        _run_serial(fn, p.ctypes.data)
-    keep_alive((p,))
+    p[W_M], p[W_N], p[W_K], p[W_NEXT] = x2.shape[0], w2.shape[0], x2.shape[1], 0
+    return p.ctypes.data
 
 
 # scale, zero point and row sums of the 16-bit formats: never read (writeable, as every
-# caller's arrays are: a read-only one would type, and compile, _launch_gemv again)
+# caller's arrays are: a read-only one would type, and compile, _gemv_params again)
 _NO_ROWS = np.zeros(1, np.float32)
 
 
@@ -288,8 +284,10 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
         xsum = x2.sum(axis=1, dtype=np.float64)
     else:
         scale = zp = xsum = _NO_ROWS
-    fn = worker_address(wo_worker, (int(fmt), bool(wide), int(code)))
-    _launch_gemv(fn, min(numba.get_num_threads(), -(-w2.shape[0] // NB)), x2, w2, scale, zp, bias, out2, xsum)
+    p = np.empty(W_COUNT, np.int64)  # alive until the workers are done
+    addr = _gemv_params(p, x2, w2, scale, zp, bias, out2, xsum)
+    run_at(worker_address(wo_worker, (int(fmt), bool(wide), int(code))), addr,
+           min(numba.get_num_threads(), -(-w2.shape[0] // NB)))
 
 
 @njit(parallel=True, **JIT)
