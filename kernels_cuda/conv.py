@@ -27,22 +27,19 @@ from kernels_common.cuda_tiles import gemm_threads, gemm_tile_dtypes
 
 from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
 from .activation import act_fn
+from .simt_tile import geometry, tile_clear, tile_fma
 
 
 @lru_cache(maxsize=None)
 def conv_kernel(acc_np, cfg):
-    BM, BN, BK, TM, TN = CONFIGS[cfg]
-    NTX = BN // TN
-    NTY = BM // TM
-    NT = NTX * NTY
-    A_LOADS = (BM * BK) // NT
-    B_LOADS = (BN * BK) // NT
+    T = geometry(cfg)
+    BM, BN, BK, TM, TN = T.bm, T.bn, T.bk, T.tm, T.tn
+    NTX, NTY, NT, A_LOADS, B_LOADS = T.ntx, T.nty, T.nt, T.a_loads, T.b_loads
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     act = act_fn(acc_np)
-    AS_SHAPE = (BK, BM + 1)
-    BS_SHAPE = (BK, BN + 1)
-    ACC_SHAPE = (TM, TN)
+    AS_SHAPE, BS_SHAPE, ACC_SHAPE = T.as_shape, T.bs_shape, T.acc_shape
+    fma, clear = tile_fma(cfg), tile_clear(cfg)
 
     @kernel(launch_bounds=(NT, 2))
     def conv_igemm(xf, C, H, W, w, tap_off, tap_dy, tap_dx, bias, out, groups, sh, sw, ph, pw, code, has_bias):
@@ -82,9 +79,7 @@ def conv_kernel(acc_np, cfg):
             oy = gp // OW
             iy0[l] = oy * sh - ph if gp < P else -(1 << 30)
             ix0[l] = (gp - oy * OW) * sw - pw
-        for i in range(TM):
-            for j in range(TN):
-                accr[i, j] = zero
+        clear(accr, zero)
         for k0 in range(0, kc_total, BK):
             for l in range(A_LOADS):  # weight tile as As[k][m]; consecutive threads: consecutive k
                 e = t + l * NT
@@ -108,14 +103,7 @@ def conv_kernel(acc_np, cfg):
                         v = acc(xf[xbase + tap_off[gk] + iy0[l] * W + ix0[l]])
                 Bs[kk, e % BN] = v
             cuda.syncthreads()
-            for kk in range(BK):
-                for i in range(TM):
-                    af[i] = As[kk, ty + i * NTY]
-                for j in range(TN):
-                    bf[j] = Bs[kk, tx + j * NTX]
-                for i in range(TM):
-                    for j in range(TN):
-                        accr[i, j] += af[i] * bf[j]
+            fma(As, Bs, accr, af, bf, tx, ty)
             cuda.syncthreads()
         # epilogue: + bias, activation, store (coalesced over tx: consecutive pixels)
         for j in range(TN):

@@ -36,22 +36,19 @@ from .activation import act_fn
 from .mma import (cp_async16, cp_async16_at, cp_async_commit, ctaid_x_fresh, global_address, cp_async_wait,
                   ldmatrix_x4, ldmatrix_x4_trans, mma_16816, tid_x_fresh)
 from .primitives import vec_io, warp_sum
+from .simt_tile import geometry, tile_clear, tile_fma
 
 
 @lru_cache(maxsize=None)
 def gemm_kernel(acc_np, cfg):
-    BM, BN, BK, TM, TN = CONFIGS[cfg]
-    NTX = BN // TN
-    NTY = BM // TM
-    NT = NTX * NTY
-    A_LOADS = (BM * BK) // NT
-    B_LOADS = (BN * BK) // NT
+    T = geometry(cfg)
+    BM, BN, BK, TM, TN = T.bm, T.bn, T.bk, T.tm, T.tn
+    NTX, NTY, NT, A_LOADS, B_LOADS = T.ntx, T.nty, T.nt, T.a_loads, T.b_loads
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     act = act_fn(acc_np)
-    AS_SHAPE = (BK, BM + 1)  # +1: the transposing stores spread over the banks
-    BS_SHAPE = (BK, BN + 1)
-    ACC_SHAPE = (TM, TN)
+    AS_SHAPE, BS_SHAPE, ACC_SHAPE = T.as_shape, T.bs_shape, T.acc_shape
+    fma, clear = tile_fma(cfg), tile_clear(cfg)
 
     @kernel(launch_bounds=(NT, 2))
     def gemm_tiled(a, b, a_idx, b_idx, bias, c, code, has_bias, trans_b):
@@ -79,9 +76,7 @@ def gemm_kernel(acc_np, cfg):
         accr = cuda.local.array(ACC_SHAPE, acc)
         af = cuda.local.array(TM, acc)
         bf = cuda.local.array(TN, acc)
-        for i in range(TM):
-            for j in range(TN):
-                accr[i, j] = zero
+        clear(accr, zero)
         for k0 in range(0, k_total, BK):
             # stage A[m0:m0+BM, k0:k0+BK] as As[k][m]; consecutive threads: consecutive k
             for l in range(A_LOADS):
@@ -118,14 +113,7 @@ def gemm_kernel(acc_np, cfg):
                         v = acc(b[bb, gk, gn])
                     Bs[kk, nn] = v
             cuda.syncthreads()
-            for kk in range(BK):
-                for i in range(TM):
-                    af[i] = As[kk, ty + i * NTY]
-                for j in range(TN):
-                    bf[j] = Bs[kk, tx + j * NTX]
-                for i in range(TM):
-                    for j in range(TN):
-                        accr[i, j] += af[i] * bf[j]
+            fma(As, Bs, accr, af, bf, tx, ty)
             cuda.syncthreads()
         # epilogue: + bias, activation, store (coalesced over tx)
         for i in range(TM):

@@ -28,26 +28,23 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS, gemm_threads, gemm_ti
 
 from ._jit import PtxBuild, acc_np, acc_of, arr, kernel
 from .activation_grad import grad_input_fn
+from .simt_tile import geometry, tile_clear, tile_fma
 
 G_SIDES = ("none", "a", "b")
 
 
 @lru_cache(maxsize=None)
 def gemm_grad_kernel(acc_np, cfg, g_side):
-    BM, BN, BK, TM, TN = CONFIGS[cfg]
-    NTX = BN // TN
-    NTY = BM // TM
-    NT = NTX * NTY
-    A_LOADS = (BM * BK) // NT
-    B_LOADS = (BN * BK) // NT
+    T = geometry(cfg)
+    BM, BN, BK, TM, TN = T.bm, T.bn, T.bk, T.tm, T.tn
+    NTX, NTY, NT, A_LOADS, B_LOADS = T.ntx, T.nty, T.nt, T.a_loads, T.b_loads
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     gi = grad_input_fn(acc_np)
     GA = g_side == "a"
     GB = g_side == "b"
-    AS_SHAPE = (BK, BM + 1)
-    BS_SHAPE = (BK, BN + 1)
-    ACC_SHAPE = (TM, TN)
+    AS_SHAPE, BS_SHAPE, ACC_SHAPE = T.as_shape, T.bs_shape, T.acc_shape
+    fma, clear = tile_fma(cfg), tile_clear(cfg)
 
     # one block per SM guaranteed (the forward asks for 2): with the prologue's derivative
     # (erfc, exp) and the dbias sums, the 128x64 and 64x64 tiles spilled under the forward's
@@ -80,9 +77,7 @@ def gemm_grad_kernel(acc_np, cfg, g_side):
         sums = (GA and has_dbias and bn == 0) or (GB and has_dbias and bmi == 0)
         colsum = zero
         colsum2 = zero  # BM / BN may be twice the thread count: a second column per thread
-        for i in range(TM):
-            for j in range(TN):
-                accr[i, j] = zero
+        clear(accr, zero)
         for k0 in range(0, k_total, BK):
             for l in range(A_LOADS):
                 e = t + l * NT
@@ -142,14 +137,7 @@ def gemm_grad_kernel(acc_np, cfg, g_side):
                     if t + NT < BN:
                         for kk in range(BK):
                             colsum2 += Bs[kk, t + NT]
-            for kk in range(BK):
-                for i in range(TM):
-                    af[i] = As[kk, ty + i * NTY]
-                for j in range(TN):
-                    bf[j] = Bs[kk, tx + j * NTX]
-                for i in range(TM):
-                    for j in range(TN):
-                        accr[i, j] += af[i] * bf[j]
+            fma(As, Bs, accr, af, bf, tx, ty)
             cuda.syncthreads()
         if sums:
             if GA:

@@ -40,6 +40,7 @@ from kernels_common.cuda_tiles import gemm_threads, gemm_tile_dtypes
 from ._jit import PtxBuild, acc_np, acc_of, acc_type, arr, kernel
 from .activation import act_fn
 from .primitives import warp_sum
+from .simt_tile import geometry, tile_clear, tile_fma
 
 
 @lru_cache(maxsize=None)
@@ -49,20 +50,16 @@ def grouped_kernel(acc_np, cfg):
     reads A rows hid[r] (K = F) and B rows w0 = w_down (w1 unused; N = H), writes ybuf = dst.
     Grid: one dimension, column block fastest, then the row tile (blocks past the tile
     table's end return at once: the grid is sized from shapes, the table from the data)."""
-    BM, BN, BK, TM, TN = CONFIGS[cfg]
-    NTX = BN // TN
-    NTY = BM // TM
-    NT = NTX * NTY
-    A_LOADS = (BM * BK) // NT
-    B_LOADS = (BN * BK) // NT
+    T = geometry(cfg)
+    BN, BK, TM, TN = T.bn, T.bk, T.tm, T.tn
+    NTX, NTY, NT, A_LOADS, B_LOADS = T.ntx, T.nty, T.nt, T.a_loads, T.b_loads
     HALF = BN // 2
     THALF = TN // 2
     acc, _ = acc_of(acc_np)
     zero = acc_np(0.0)
     act = act_fn(acc_np)
-    AS_SHAPE = (BK, BM + 1)  # +1: the transposing stores spread over the banks
-    BS_SHAPE = (BK, BN + 1)
-    ACC_SHAPE = (TM, TN)
+    AS_SHAPE, BS_SHAPE, ACC_SHAPE = T.as_shape, T.bs_shape, T.acc_shape
+    fma, clear = tile_fma(cfg), tile_clear(cfg)
 
     @kernel(launch_bounds=(NT, 2))
     def grouped(x, hid, w0, w1, tiles, tok, dst, code, gated):
@@ -87,9 +84,7 @@ def grouped_kernel(acc_np, cfg):
         accr = cuda.local.array(ACC_SHAPE, acc)
         af = cuda.local.array(TM, acc)
         bf = cuda.local.array(TN, acc)
-        for i in range(TM):
-            for j in range(TN):
-                accr[i, j] = zero
+        clear(accr, zero)
         for k0 in range(0, k_total, BK):
             # A tile as As[k][m]; consecutive threads: consecutive k of one row
             for l in range(A_LOADS):
@@ -121,14 +116,7 @@ def grouped_kernel(acc_np, cfg):
                         v = acc(w0[e, gn, gk])
                 Bs[kk, nn] = v
             cuda.syncthreads()
-            for kk in range(BK):
-                for i in range(TM):
-                    af[i] = As[kk, ty + i * NTY]
-                for j in range(TN):
-                    bf[j] = Bs[kk, tx + j * NTX]
-                for i in range(TM):
-                    for j in range(TN):
-                        accr[i, j] += af[i] * bf[j]
+            fma(As, Bs, accr, af, bf, tx, ty)
             cuda.syncthreads()
         # epilogue (coalesced over tx): act(gate) * up, or the plain product
         for i in range(TM):
