@@ -27,6 +27,7 @@ at a masked key still counts), keys past the causal limit never get a score.
 """
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, int32, int64, types, uint32, uint64
@@ -243,6 +244,78 @@ def _tc_store_rows(dmax):
                     lse[uint64(orow + 8 * hh)] = m[hh] * LN2 + math.log(ls[hh]) if ls[hh] != zero else neg_inf
 
     return store_rows
+
+
+class _TcSoftmax(NamedTuple):
+    """The device functions of _tc_softmax."""
+    mask: object
+    update: object
+    row_sums: object
+
+
+@lru_cache(maxsize=None)
+def _tc_softmax(bk, dmax):
+    """The online softmax on m16n8 accumulator fragments that attention_tc_async and
+    attention_wgmma run per key tile: a warp's 16 query rows x bk keys of base-2 raw scores
+    in sacc (NS = bk / 8 n8 tiles x 4), its 16 rows x dmax of O in o (ND = dmax / 8 x 4);
+    lane (g, tq) holds rows rw = rw0 + g (hh = 0) and rw + 8 (hh = 1), columns 8j + 2tq + e2.
+      mask(sacc, j0, rw0, rw, off, skv, causal, tq): -inf at keys j0 + 8j + 2tq + e2 past skv
+        or above the causal diagonal (key > row + off, off = skv - sq), only in a tile that
+        has such keys for some row of the warp (row rw0 has the lowest causal limit);
+      update(sacc, m, ls, o, sc): per row, the tile's max of the raw scores (a NaN takes no
+        part) times sc (scale x log2 e) against the running max m, p = 2^(s sc - m) in place
+        of the scores, the lane's partial row sums ls and O rescaled by 2^(m_old - m_new);
+      row_sums(ls): the 4 lanes' partial sums of each row added (once, at the end)."""
+    BK, NS, ND = bk, bk // 8, dmax // 8
+    neg_inf, zero = np.float32(-np.inf), np.float32(0.0)
+
+    @device
+    def mask(sacc, j0, rw0, rw, off, skv, causal, tq):
+        if j0 + BK > skv or (causal and j0 + BK > rw0 + off + 1):
+            for hh in range(2):
+                limit = skv
+                if causal:
+                    limit = min(skv, rw + 8 * hh + off + 1)
+                # key j0 + 8j + 2tq + e2 >= limit, as 32-bit compares with constants
+                rel = int32(max(-1, min(BK, limit - j0 - 2 * tq)))
+                for j in range(NS):
+                    for e2 in range(2):
+                        if j * 8 + e2 >= rel:
+                            sacc[j, 2 * hh + e2] = neg_inf
+
+    @device
+    def update(sacc, m, ls, o, sc):
+        for hh in range(2):
+            mx = neg_inf  # the tile's raw row max (a NaN score takes no part)
+            for j in range(NS):
+                for e2 in range(2):
+                    mx = max_skip_nan(mx, sacc[j, 2 * hh + e2])
+            mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
+            mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
+            mn = max_skip_nan(mx * sc, m[hh])
+            # no key seen yet (mn = -inf): subtract 0 instead, so that every p and the
+            # rescale of the (empty) state are 2^-inf = 0, without a branch
+            mz = mn if mn != neg_inf else zero
+            alpha = ex2_approx_ftz(m[hh] - mz)
+            rs = zero
+            for j in range(NS):
+                for e2 in range(2):
+                    pv = ex2_approx_ftz(sacc[j, 2 * hh + e2] * sc - mz)
+                    sacc[j, 2 * hh + e2] = pv
+                    rs += pv
+            ls[hh] = ls[hh] * alpha + rs
+            m[hh] = mn
+            for i in range(ND):
+                o[i, 2 * hh] *= alpha
+                o[i, 2 * hh + 1] *= alpha
+
+    @device
+    def row_sums(ls):
+        for hh in range(2):
+            lsum = ls[hh] + cuda.shfl_xor_sync(FULL_MASK, ls[hh], 1)
+            ls[hh] = lsum + cuda.shfl_xor_sync(FULL_MASK, lsum, 2)
+
+    return _TcSoftmax(mask, update, row_sums)
 
 
 @lru_cache(maxsize=None)
@@ -513,6 +586,8 @@ def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0, min_b
     neg_inf, zero = np.float32(-np.inf), np.float32(0.0)
     LOG2E = math.log2(math.e)
     store_rows = _tc_store_rows(dmax)
+    smx = _tc_softmax(BK, dmax)
+    mask_tile, softmax_update, row_sums = smx.mask, smx.update, smx.row_sums
     TINY = np.float32(1e-30)
     SIGNS = uint32(0x80008000)
 
@@ -640,43 +715,9 @@ def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0, min_b
                         sacc[j + 1, 1] = d1
                         sacc[j + 1, 2] = d2
                         sacc[j + 1, 3] = d3
-                # -inf past Skv and above the diagonal, only where the tile has such keys for
-                # some row of the warp (row rw0 has the lowest causal limit)
-                if j0 + BK > skv or (causal and j0 + BK > rw0 + off + 1):
-                    for hh in range(2):
-                        limit = skv
-                        if causal:
-                            limit = min(skv, rw + 8 * hh + off + 1)
-                        # key j0 + 8j + 2tq + e2 >= limit, as 32-bit compares with constants
-                        rel = int32(max(-1, min(BK, limit - j0 - 2 * tq)))
-                        for j in range(NS):
-                            for e2 in range(2):
-                                if j * 8 + e2 >= rel:
-                                    sacc[j, 2 * hh + e2] = neg_inf
-                # online softmax of rows rw (hh = 0) and rw + 8 (hh = 1)
-                for hh in range(2):
-                    mx = neg_inf  # the tile's raw row max (a NaN score takes no part)
-                    for j in range(NS):
-                        for e2 in range(2):
-                            mx = max_skip_nan(mx, sacc[j, 2 * hh + e2])
-                    mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
-                    mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
-                    mn = max_skip_nan(mx * sc, m[hh])
-                    # no key seen yet (mn = -inf): subtract 0 instead, so that every p and the
-                    # rescale of the (empty) state are 2^-inf = 0, without a branch
-                    mz = mn if mn != neg_inf else zero
-                    alpha = ex2_approx_ftz(m[hh] - mz)
-                    rs = zero
-                    for j in range(NS):
-                        for e2 in range(2):
-                            pv = ex2_approx_ftz(sacc[j, 2 * hh + e2] * sc - mz)
-                            sacc[j, 2 * hh + e2] = pv
-                            rs += pv
-                    ls[hh] = ls[hh] * alpha + rs
-                    m[hh] = mn
-                    for i in range(ND):
-                        o[i, 2 * hh] *= alpha
-                        o[i, 2 * hh + 1] *= alpha
+                # -inf past Skv and above the diagonal; the online softmax of rows rw and rw + 8
+                mask_tile(sacc, j0, rw0, rw, off, skv, causal, tq)
+                softmax_update(sacc, m, ls, o, sc)
                 # O += P V: P's A fragments from S's registers, k-step kk = keys 16kk..16kk + 15
                 for kk in range(BK // 16):
                     a0 = pack_f16x2(sacc[2 * kk, 0], sacc[2 * kk, 1])
@@ -704,9 +745,7 @@ def flash_tc_async_kernel(dmax, warps=TC_ATTN_ASYNC_WARPS, bk=0, stages=0, min_b
             if wb == S_WORDS:
                 wb = 0
         cp_async_wait(0)  # nothing left in flight (the groups past the last tile are empty)
-        for hh in range(2):  # the row sums of the 4 lanes of each row
-            lsum = ls[hh] + cuda.shfl_xor_sync(FULL_MASK, ls[hh], 1)
-            ls[hh] = lsum + cuda.shfl_xor_sync(FULL_MASK, lsum, 2)
+        row_sums(ls)
         store_rows(out, lse, o, m, ls, rw, orow, sq, tq, want_lse)
 
     return attention_tc_async

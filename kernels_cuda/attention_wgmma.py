@@ -25,15 +25,14 @@ from functools import lru_cache
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, types, uint32, uint64
+from numba import cuda, float32, types, uint32, uint64
 
 from kernels_common.cuda_tiles import (TC_ATTN_WGMMA_BUILD, WGMMA_ATTN_BUILDS, wgmma_attention_kernel_name,
                                        wgmma_attention_shared_bytes)
 
-from ._jit import FULL_MASK, PtxBuild, arr, device, kernel
-from .attention import _tc_store_rows, udiv32
-from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, ex2_approx_ftz, global_address, max_skip_nan,
-                  pack_f16x2)
+from ._jit import PtxBuild, arr, device, kernel
+from .attention import _tc_softmax, _tc_store_rows, udiv32
+from .mma import cp_async16_at, cp_async_commit, cp_async_wait, global_address, pack_f16x2
 from .wgmma import fence_proxy_async, shared_address, smem_desc, wgmma_commit, wgmma_f16, wgmma_f16_rs, wgmma_fence, wgmma_wait
 
 
@@ -62,6 +61,8 @@ def flash_wgmma_kernel(dmax, bk=64, stages=3, nwg=1, min_blocks=1):
     LOG2E = math.log2(math.e)
     TINY = np.float32(1e-30)
     store_rows = _tc_store_rows(dmax)
+    smx = _tc_softmax(BK, dmax)
+    mask_tile, softmax_update, row_sums = smx.mask, smx.update, smx.row_sums
 
     @device
     def place(rows, r, c):
@@ -166,37 +167,8 @@ def flash_wgmma_kernel(dmax, bk=64, stages=3, nwg=1, min_blocks=1):
                     for j in range(NS):
                         for r in range(4):
                             sacc[j, r] = -sacc[j, r]
-                if j0 + BK > skv or (causal and j0 + BK > rw0 + off + 1):
-                    for hh in range(2):
-                        limit = skv
-                        if causal:
-                            limit = min(skv, rw + 8 * hh + off + 1)
-                        rel = int32(max(-1, min(BK, limit - j0 - 2 * tq)))
-                        for j in range(NS):
-                            for e2 in range(2):
-                                if j * 8 + e2 >= rel:
-                                    sacc[j, 2 * hh + e2] = neg_inf
-                for hh in range(2):
-                    mx = neg_inf
-                    for j in range(NS):
-                        for e2 in range(2):
-                            mx = max_skip_nan(mx, sacc[j, 2 * hh + e2])
-                    mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
-                    mx = max_skip_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
-                    mn = max_skip_nan(mx * sc, m[hh])
-                    mz = mn if mn != neg_inf else zero
-                    alpha = ex2_approx_ftz(m[hh] - mz)
-                    rs = zero
-                    for j in range(NS):
-                        for e2 in range(2):
-                            pv = ex2_approx_ftz(sacc[j, 2 * hh + e2] * sc - mz)
-                            sacc[j, 2 * hh + e2] = pv
-                            rs += pv
-                    ls[hh] = ls[hh] * alpha + rs
-                    m[hh] = mn
-                    for i in range(ND):
-                        o[i, 2 * hh] *= alpha
-                        o[i, 2 * hh + 1] *= alpha
+                mask_tile(sacc, j0, rw0, rw, off, skv, causal, tq)
+                softmax_update(sacc, m, ls, o, sc)
                 wgmma_fence()  # o was rescaled in registers
                 for kk in range(BK // 16):
                     a0 = pack_f16x2(sacc[2 * kk, 0], sacc[2 * kk, 1])
@@ -214,9 +186,7 @@ def flash_wgmma_kernel(dmax, bk=64, stages=3, nwg=1, min_blocks=1):
             if wb == STAGES * SW:
                 wb = 0
         cp_async_wait(0)
-        for hh in range(2):
-            lsum = ls[hh] + cuda.shfl_xor_sync(FULL_MASK, ls[hh], 1)
-            ls[hh] = lsum + cuda.shfl_xor_sync(FULL_MASK, lsum, 2)
+        row_sums(ls)
         store_rows(out, lse, o, m, ls, rw, orow, sq, tq, want_lse)
 
     assert wgmma_attention_shared_bytes(dmax, BK, STAGES, NWG) >= 4 * (Q_WORDS + STAGES * SW)
