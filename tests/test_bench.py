@@ -58,6 +58,41 @@ def test_interleaved_pauses_only_when_the_library_changes(monkeypatch):
     assert pauses == expected > 0
 
 
+def _scripted(monkeypatch, script):
+    """Candidates whose batch times come from script[name] (a list, repeated at its end)."""
+    cands = {n: (lambda: None) for n in script}
+    names = {id(f): n for n, f in cands.items()}
+    seen = {n: 0 for n in script}
+
+    def batch(fn, number):
+        n = names[id(fn)]
+        seq = script[n]
+        v = seq[min(seen[n], len(seq) - 1)]
+        seen[n] += 1
+        return v
+
+    monkeypatch.setattr(timing, "_batch", batch)
+    return cands
+
+
+def test_interleaved_adds_rounds_only_while_a_spread_is_high(monkeypatch):
+    # quiet candidates: exactly `rounds` rounds
+    cands = _scripted(monkeypatch, {"a": [1.0], "b": [2.0]})
+    res = timing.interleaved(cands, rounds=3, warmup=0, batch_s=0.0, pause_s=0.0, max_rounds=9)
+    assert [r.rounds for r in res.values()] == [3, 3]
+    # one burst in the second round: rounds are added until the interquartile spread of
+    # [1, 4, 1, 1, 1, 1, 1] is 0 (seven rounds), for every candidate alike
+    cands = _scripted(monkeypatch, {"a": [1.0, 4.0, 1.0], "b": [2.0]})
+    res = timing.interleaved(cands, rounds=3, warmup=0, batch_s=0.0, pause_s=0.0, max_rounds=9)
+    assert res["a"].rounds == res["b"].rounds == 7
+    assert res["a"].median == 1.0 and res["a"].spread <= timing.MAX_SPREAD
+    # noise that never settles stops at max_rounds; without max_rounds nothing is added
+    cands = _scripted(monkeypatch, {"a": [1.0, 3.0] * 20})
+    assert timing.interleaved(cands, rounds=3, warmup=0, batch_s=0.0, pause_s=0.0, max_rounds=6)["a"].rounds == 6
+    cands = _scripted(monkeypatch, {"a": [1.0, 3.0] * 20})
+    assert timing.interleaved(cands, rounds=3, warmup=0, batch_s=0.0, pause_s=0.0)["a"].rounds == 3
+
+
 def test_calibrate_batches_fast_calls():
     assert timing.calibrate(lambda: None, 0.001) > 1
     assert timing.calibrate(lambda: None, 0.0) == 1
