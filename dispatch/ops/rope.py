@@ -42,21 +42,30 @@ class RopeArgs(NamedTuple):
     out: object
 
 
-def _describe(x, cos, sin, *, interleaved=False, out=None):
-    """Call.args = RopeArgs, key RopeKey."""
-    V.required(x=x, cos=cos, sin=sin)
-    dev = V.device_of(x=x, cos=cos, sin=sin, out=out)
-    dt = V.float_dtype("x", x)
-    V.same_dtype("cos", cos, "x", dt)
-    V.same_dtype("sin", sin, "x", dt)
-    V.rank("x", x, (2, 64), " (..., S, D)")
+def check_rotation(name, x, cos, sin, interleaved, out):
+    """(device, dtype, interleaved as a bool) of a rotation of x (the argument called `name`:
+    x for rope, grad_out for rope_backward) by the tables cos / sin, after every check of
+    rope's contract: x (..., S, D) with D even, cos and sin (S, D/2) of x's dtype, out."""
+    V.required(**{name: x}, cos=cos, sin=sin)
+    dev = V.device_of(**{name: x}, cos=cos, sin=sin, out=out)
+    dt = V.float_dtype(name, x)
+    V.same_dtype("cos", cos, name, dt)
+    V.same_dtype("sin", sin, name, dt)
+    V.rank(name, x, (2, 64), " (..., S, D)")
     s, d = x.shape[-2], x.shape[-1]
     if d % 2:
-        raise ValueError(f"x must have an even last dimension D (pairs are rotated), got shape {tuple(x.shape)}")
-    V.shape("cos", cos, (s, d // 2), " (S, D/2) for x of shape (..., S, D)")
-    V.shape("sin", sin, (s, d // 2), " (S, D/2) for x of shape (..., S, D)")
+        raise ValueError(f"{name} must have an even last dimension D (pairs are rotated), got shape "
+                         f"{tuple(x.shape)}")
+    V.shape("cos", cos, (s, d // 2), f" (S, D/2) for {name} of shape (..., S, D)")
+    V.shape("sin", sin, (s, d // 2), f" (S, D/2) for {name} of shape (..., S, D)")
     interleaved = V.flag("interleaved", interleaved)
-    V.out(out, x.shape, dt, x=x, cos=cos, sin=sin)
+    V.out(out, x.shape, dt, **{name: x}, cos=cos, sin=sin)
+    return dev, dt, interleaved
+
+
+def _describe(x, cos, sin, *, interleaved=False, out=None):
+    """Call.args = RopeArgs, key RopeKey."""
+    dev, dt, interleaved = check_rotation("x", x, cos, sin, interleaved, out)
     return Call(RopeKey("rope", dev, dt, size_bucket(*x.shape), interleaved), RopeArgs(x, cos, sin, interleaved, out))
 
 

@@ -14,10 +14,9 @@ import numpy as np
 
 from kernels_cpu import rope as K
 
-from .. import validate as V
 from ..registry import Call, Implementation, Op, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
-from .rope import tables
+from .rope import check_rotation, tables
 
 # rope's threshold (dispatch/ops/rope.py: crossover 2^13..2^14 elements, float32, D=128, S=64, the
 # same loop with the signs of sin flipped).  Measured for this kernel (float32 rotate-half, D=128,
@@ -53,21 +52,8 @@ class RopeGradArgs(NamedTuple):
 
 
 def _describe(grad_out, cos, sin, *, interleaved=False, out=None):
-    """Call.args = RopeGradArgs, key RopeGradKey."""
-    V.required(grad_out=grad_out, cos=cos, sin=sin)
-    dev = V.device_of(grad_out=grad_out, cos=cos, sin=sin, out=out)
-    dt = V.float_dtype("grad_out", grad_out)
-    V.same_dtype("cos", cos, "grad_out", dt)
-    V.same_dtype("sin", sin, "grad_out", dt)
-    V.rank("grad_out", grad_out, (2, 64), " (..., S, D)")
-    s, d = grad_out.shape[-2], grad_out.shape[-1]
-    if d % 2:
-        raise ValueError(f"grad_out must have an even last dimension D (pairs are rotated), got shape "
-                         f"{tuple(grad_out.shape)}")
-    V.shape("cos", cos, (s, d // 2), " (S, D/2) for grad_out of shape (..., S, D)")
-    V.shape("sin", sin, (s, d // 2), " (S, D/2) for grad_out of shape (..., S, D)")
-    interleaved = V.flag("interleaved", interleaved)
-    V.out(out, grad_out.shape, dt, grad_out=grad_out, cos=cos, sin=sin)
+    """Call.args = RopeGradArgs, key RopeGradKey (rope's checks, naming grad_out)."""
+    dev, dt, interleaved = check_rotation("grad_out", grad_out, cos, sin, interleaved, out)
     return Call(RopeGradKey("rope_backward", dev, dt, size_bucket(*grad_out.shape), interleaved),
                 RopeGradArgs(grad_out, cos, sin, interleaved, out))
 
