@@ -49,8 +49,9 @@ VNNI kernel):
                 Register tile MR_A x NR_A = 6 x 16 (12 ymm accumulators, 2 B, 1 A).  A
                 rows as int16 (words of 2), B as [panel][k/2][NR][2] int16.
   PATH_PORTABLE plain numba int32 loops on the unpacked operands (any host).
-The packed paths run one worker, gemm_packed (path and activation literal arguments: a
-variant holds one path's instructions and one activation), on numba's threads through
+The packed paths run one worker, gemm_packed (the path a literal argument: a variant holds
+one path's instructions; the activation is act_rows, called by address per output row, one
+small function per activation), on numba's threads through
 parallel.run_workers: the workers take (row block x column block) tasks from a counter,
 each task running the micro-kernel over the whole K (no K blocking: a 48-column B panel of
 K = 4096 is 192 KiB, in L2) into a small int32 buffer (a row panel across the task's
@@ -72,8 +73,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import target
-from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, gelu, gelu_tanh, relu, silu, wide_loops
-from .parallel import addresses, c_array_at, call_literal, fetch_add, run_serial, run_workers, worker_address
+from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh,
+                     relu, silu, wide_loops)
+from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, run_serial, run_workers,
+                       worker_address)
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
@@ -390,29 +393,34 @@ def _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n):
         dst[do + j] = np.float32(sa * sb[j0 + j] * x + bias[j0 + j])
 
 
-def epi_row(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
-    """_epi_scale, then the activation `code` (a literal: only its loop is compiled) in a
-    second loop over the float32 row (all float32: 16 lanes on AVX-512, where inside the
-    float64 loop it ran 8 wide: the gelu_tanh part of the AMX GEMM at 128x768x768 on one
-    thread, 100 -> 50 us, 2026-11-25, loaded host, min of 200)."""
+def act_in_place(d, o, n, code):
+    """d[o + j] = act(d[o + j]) for j < n, act the activation `code` (a literal: only its
+    loop is compiled; ACT_NONE: nothing).  A loop of its own after _epi_scale's, all
+    float32: 16 lanes on AVX-512, where inside the float64 loop it ran 8 wide (the
+    gelu_tanh part of the AMX GEMM at 128x768x768 on one thread, 100 -> 50 us, 2026-11-25,
+    loaded host, min of 200)."""
 
 
-@overload(epi_row, inline="always", **OVERLOAD)
-def _epi_row_overload(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+@overload(act_in_place, inline="always", **OVERLOAD)
+def _act_in_place_overload(d, o, n, code):
     if not isinstance(code, types.IntegerLiteral):
         return None
     act = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}.get(code.literal_value)
     if act is None:
-        def scaled(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
-            _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n)
-        return scaled
+        return lambda d, o, n, code: None
 
-    def activated(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
-        _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n)
-        du = _U(do)
+    def apply(d, o, n, code):
+        ou = _U(o)
         for j in range(_U(n)):
-            dst[du + j] = act(dst[du + j])
-    return activated
+            d[ou + j] = act(d[ou + j])
+    return apply
+
+
+@njit(inline="always")
+def epi_row(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n, code):
+    """_epi_scale, then the activation `code` (a literal) in place (act_in_place)."""
+    _epi_scale(acc, ao, sa, c, rs, sb, colsum, zb, bias, j0, dst, do, n)
+    act_in_place(dst, do, n, code)
 
 
 _U = np.uint64
@@ -625,7 +633,7 @@ def quant_rows(x2, q, sa, zp):
 # gemm_packed's argument block: int64 slots (addresses, then sizes); G_NEXT is the task
 # counter the workers take tasks from.
 (G_AP, G_BP, G_SA, G_C, G_RS, G_SB, G_COLSUM, G_ZB, G_BIAS, G_OUT, G_NAP, G_NBP,
- G_M, G_N, G_KQ, G_MC, G_NC, G_NTASKS, G_NEXT, G_COUNT) = range(20)
+ G_M, G_N, G_KQ, G_MC, G_NC, G_NTASKS, G_NEXT, G_ACT, G_COUNT) = range(21)
 
 
 def packed_tile(path):
@@ -641,11 +649,23 @@ def _packed_tile_overload(path):
     return lambda path: (mr, nr)
 
 
+@njit(**JIT_BY_ADDRESS)
+def act_rows(dst, n, code):
+    """dst[j] = act(dst[j]) for j < n float32 at address dst, act the activation `code` (a
+    literal): the packed paths' activation, called by address once per output row, so
+    that gemm_packed compiles once per path rather than per (path, activation): each
+    further activation of dynamic_quant_linear cost 1.0-1.2 s of first call (a whole
+    worker, Zen 4 VM, 2026-12-01).  16 lanes on AVX-512 (act_in_place's note)."""
+    wide_loops()
+    act_in_place(c_array_at(dst, np.float32(0), (n,)), 0, n, code)
+
+
 @njit(cache=True, error_model="numpy", nogil=True)
-def gemm_packed(w, params, path, code):
+def gemm_packed(w, params, path):
     """A worker (parallel.run_workers) of the packed paths: out (M, N) float32 = the module
-    docstring's epilogue of the packed product.  path and code (approx.ACT_*) are literals:
-    each variant holds one path's micro-kernel and one activation.
+    docstring's epilogue of the packed product.  path is a literal: each variant holds one
+    path's micro-kernel; the activation is the block's G_ACT (act_rows' address, 0 for
+    none), applied to each output row after its scaling.
 
     The argument block's G_* slots: ap / bp packed A / B (int32 words, TILES[path], G_NAP /
     G_NBP words); sa, c, rs per-row float64 (M,); sb, colsum, zb per-column float64 (N,);
@@ -689,7 +709,9 @@ def gemm_packed(w, params, path, code):
                 micro(path, kq, ap, pn * MR * kq, kq, bp, q * kq * NR, t, (q - q0) * NR, ldt)
             for i in range(min(MR, M - i0)):  # the epilogue over whole rows of the task's columns
                 m = i0 + i
-                epi_row(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width, code)
+                _epi_scale(t, i * ldt, sa[m], c[m], rs[m], sb, colsum, zb, bias, j0, of, m * N + j0, width)
+                if p[G_ACT] != 0:
+                    call_address(p[G_ACT], (p[G_OUT] + (m * N + j0) * 4, width))
         task = fetch_add(p, G_NEXT, 1)
     tiles_end(path)
 
@@ -728,7 +750,8 @@ def gemm(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntask
     addresses(p, (ap, bp, sa, c, rs, sb, colsum, zb, bias, out))
     p[G_NAP], p[G_NBP], p[G_M], p[G_N], p[G_KQ] = ap.size, bp.size, M, N, kq
     p[G_MC], p[G_NC], p[G_NTASKS] = mc, nc, ntasks
-    _run(gemm_packed, (int(path), int(code)), p, ntasks, nworkers)
+    p[G_ACT] = 0 if code == ACT_NONE else worker_address(act_rows, (int(code),))
+    _run(gemm_packed, (int(path),), p, ntasks, nworkers)
 
 
 PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row in L1)
