@@ -755,13 +755,14 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
                          f"needs {math.prod(sa)} / {math.prod(sb)}")
     p[P_PACK_A] = _packer("a", transa, out3.dtype, ti) if pack_a is None else pack_a
     p[P_PACK_B] = 0 if b_packed else (_packer("b", transb, out3.dtype, ti) if pack_b is None else pack_b)
-    p[P_EPILOGUE] = _epilogue(out3.dtype, code) if epilogue else 0
+    p[P_EPILOGUE] = epilogue_address(out3.dtype, code) if epilogue else 0
     run_workers(worker_address(gemm_worker, (bool(out3.dtype == np.float64), ti)), p,
                 min(nworkers, max(ntasks, 1)))
 
 
-def _epilogue(dtype, code):
-    """The address of gemm_epilogue for (dtype, activation code)."""
+def epilogue_address(dtype, code):
+    """The address of gemm_epilogue for (dtype, activation code): call_address(it, (c, ldc,
+    rows, n, bias)) applies bias + activation in place (the weight-only GEMV's too)."""
     return worker_address(gemm_epilogue, (bool(np.dtype(dtype) == np.float64), int(code)), nargs=5)
 
 
@@ -994,7 +995,7 @@ def gemm_rows(x2, w2, bias, epilogue, code, out2, xp, nworkers):
     npan = -(-N // ROWS_MR)
     ntasks = min(max(min(-(-npan // ROWS_PANELS), npan), nworkers), npan)
     p = np.array([0, w2.ctypes.data, xp.ctypes.data, out2.ctypes.data, bias.ctypes.data,
-                  _epilogue(out2.dtype, code) if epilogue else 0, N, K, M, nr, ntasks], np.int64)
+                  epilogue_address(out2.dtype, code) if epilogue else 0, N, K, M, nr, ntasks], np.int64)
     fn = worker_address(rows_worker, (bool(out2.dtype == np.float64),))
     run_workers(fn, p, max(1, min(nworkers, ntasks)))
 

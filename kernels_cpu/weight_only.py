@@ -18,9 +18,13 @@ after the dot product: out[m, n] = scale[n] * (sum_k x[m, k] q[n, k] - zp[n] sum
 
 Vector width: 16 float32 lanes (zmm) where the target has avx512f, else 8 (ymm: AVX2 +
 F16C + FMA, every x86-64 host with AVX2 has F16C), chosen by run_gemv's `wide` argument, so
-tests run the 8-lane path on an AVX-512 host too.  fmt, wide and the activation code are
-numba literals of the worker (wo_worker): a call compiles only its format's and width's
-tiles and its activation.
+tests run the 8-lane path on an AVX-512 host too.  fmt and wide are numba literals of the
+worker (wo_worker): a call compiles only its format's and width's tiles.  The bias and
+activation run after each task's rows are stored, in place, by the GEMM's epilogue
+(gemm.gemm_epilogue, one small function per activation, called by address): with the
+activation a literal of the worker too, each activation compiled a whole worker again
+(a float16 decode GEMV with none, relu, gelu, gelu_tanh and silu in turn: 1.2-1.8 s of
+first call for each after the first, Zen 4 VM, 2026-12-01).
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
@@ -38,8 +42,8 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
 from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
-from .gemm import act_store_lit
-from .parallel import c_array_at, fetch_add, run_at, worker_address
+from .gemm import epilogue_address
+from .parallel import c_array_at, call_address, fetch_add, run_at, worker_address
 from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
@@ -189,7 +193,7 @@ def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
 
 
 # The int64 argument block of wo_worker: addresses, sizes, the task counter.
-(W_X, W_W, W_SCALE, W_ZP, W_BIAS, W_OUT, W_XSUM, W_M, W_N, W_K, W_NEXT, W_COUNT) = range(12)
+(W_X, W_W, W_SCALE, W_ZP, W_BIAS, W_OUT, W_XSUM, W_M, W_N, W_K, W_NEXT, W_EPI, W_COUNT) = range(13)
 
 
 def _weight_zero(fmt):
@@ -207,18 +211,18 @@ def _weight_zero_overload(fmt):
 
 
 @njit(**JIT_BY_ADDRESS)
-def wo_worker(wk, params, fmt, wide, code):
+def wo_worker(wk, params, fmt, wide):
     """A worker (parallel.run_workers) of run_gemv: tasks of NB output rows taken from the
-    W_NEXT counter.  fmt, wide and code are literals: a worker holds one format's and
-    width's tiles and one activation (one kernel holding every variant took 11.8 s to
-    compile; as a prange kernel with literal flags 4.6 s, parfor lowering 1.9 s of it)."""
+    W_NEXT counter.  fmt and wide are literals: a worker holds one format's and width's
+    tiles (one kernel holding every variant took 11.8 s to compile; as a prange kernel with
+    literal flags 4.6 s, parfor lowering 1.9 s of it); bias + activation by the W_EPI
+    epilogue (gemm_epilogue's address) on the task's block of out, in place."""
     p = c_array_at(params, np.int64(0), (W_COUNT,))
     M, N, K = p[W_M], p[W_N], p[W_K]
     xf = c_array_at(p[W_X], np.float32(0), (M * K,))
     wf = c_array_at(p[W_W], _weight_zero(fmt), (N * K,))
     scale = c_array_at(p[W_SCALE], np.float32(0), (N,))
     zp = c_array_at(p[W_ZP], np.float32(0), (N,))
-    bias = c_array_at(p[W_BIAS], np.float32(0), (N,))
     out2 = c_array_at(p[W_OUT], np.float32(0), (M, N))
     xsum = c_array_at(p[W_XSUM], np.float64(0), (M,))
     tamax = TA_WIDE if wide else TA_NARROW
@@ -252,7 +256,9 @@ def wo_worker(wk, params, fmt, wide, code):
                     n = n0 + j
                     acc[m, j] = np.float32(scale[n] * (np.float64(acc[m, j]) - np.float64(zp[n]) * xsum[m]))
         for m in range(M):
-            act_store_lit(acc[m], bias[n0:n0 + nl], out2[m, n0:n0 + nl], nl, code)
+            for j in range(nl):
+                out2[m, n0 + j] = acc[m, j]
+        call_address(p[W_EPI], (p[W_OUT] + n0 * 4, N, M, nl, p[W_BIAS] + n0 * 4))
         task = fetch_add(p, W_NEXT, 1)
 
 
@@ -286,7 +292,8 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
         scale = zp = xsum = _NO_ROWS
     p = np.empty(W_COUNT, np.int64)  # alive until the workers are done
     addr = _gemv_params(p, x2, w2, scale, zp, bias, out2, xsum)
-    run_at(worker_address(wo_worker, (int(fmt), bool(wide), int(code))), addr,
+    p[W_EPI] = epilogue_address(np.float32, code)
+    run_at(worker_address(wo_worker, (int(fmt), bool(wide))), addr,
            min(numba.get_num_threads(), -(-w2.shape[0] // NB)))
 
 
