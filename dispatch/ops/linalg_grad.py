@@ -373,7 +373,8 @@ def _sig_matmul(i):
 
 
 def _act_variants():
-    """warmup: the prologue packers are compiled per activation (and with / without dbias)."""
+    """warmup: each activation compiles its derivative loop (kernels_cpu.linalg_grad.grad_chunk),
+    and with / without dbias the packers differ."""
     def variant(activation):
         def make(args, kwargs):
             args = list(args)
