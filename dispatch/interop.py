@@ -42,9 +42,20 @@ def has_tensor(args: tuple, kwargs: dict) -> bool:
     """Whether any argument is a PyTorch tensor (False at once when torch is not imported):
     the check every op call makes before converting anything."""
     torch = sys.modules.get("torch")
-    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
-    return tensor_type is not None and (any(isinstance(a, tensor_type) for a in args)
-                                        or any(isinstance(v, tensor_type) for v in kwargs.values()))
+    if torch is None:
+        return False
+    tensor_type = getattr(torch, "Tensor", None)
+    if tensor_type is None:
+        return False
+    # plain loops: any() over generators cost 1.2 us a call with torch imported, most of
+    # dispatch.relu(1 element)'s 8 us (2 cores, Zen 4, 2026-12-02); these loops 0.2 us
+    for a in args:
+        if isinstance(a, tensor_type):
+            return True
+    for v in kwargs.values():
+        if isinstance(v, tensor_type):
+            return True
+    return False
 
 
 def from_torch(args: tuple, kwargs: dict) -> Converted:
