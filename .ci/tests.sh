@@ -6,8 +6,8 @@
 #         compiles each CPU kernel once, fresh, and saves it to numba's cache | first, beside ptx
 #   ptx   PTX for sm_80/87/90, ptxas, the performance model (one process)   | from the start
 #   cpu   the other CPU tests (pytest-xdist), loading port's cached kernels | after port
-#   asv   asv smoke run + HTML render check (loads the cached kernels)      | after port, beside cpu
 #   sim   CUDA tests under the simulator                                    | after cpu
+#   asv   asv smoke run + HTML render check (loads the cached kernels)      | after cpu, beside sim
 # Measured on a fresh clone, 2 cores (2026-11-25): in turn, the old four steps took 983 s
 # (CPU 310, simulator 282, PTX 205, asv 186); all four started together, 960 s (the CPU
 # tests then took 761 s and asv ran alone at the end); the CPU tests with a warm cache
@@ -29,8 +29,8 @@
 # 221 / 215, ptx 670 / 508, cpu 511 / 702, sim 180 / 306, asv 309 / 191, checks 1041 s.
 # 2026-12-02 (same host kind; the asv children no longer import numba.cuda on a host without
 # a GPU): port 200 / 195, ptx 564 / 428, cpu 387 / 510, sim 163 / 271, asv 243 / 126, checks
-# 830 s (.ci/run 885 s with set-up), but asv (one process) ran its last 80 s alone on two
-# cores.  So asv now runs beside cpu and the simulator (3 workers) fills both cores at the end.
+# 830 s (.ci/run 885 s with set-up).  asv started beside cpu instead (sim last) was worse:
+# cpu 550 / 621, asv 620 / 165, checks 939 s, .ci/run 1004 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
@@ -76,12 +76,12 @@ if [ "${NK_CI_SERIAL:-0}" = 1 ]; then
         eval "step $s \"\${$s[@]}\""
     done
 else
-    echo "port and ptx first; cpu and asv after port; sim after cpu (logs: $logs/)"
+    echo "port and ptx first; cpu after port; then sim and asv side by side (logs: $logs/)"
     step ptx "${ptx[@]}" &
     step port "${port[@]}"
-    step asv "${asv[@]}" &
     step cpu "${cpu[@]}"
-    step sim "${sim[@]}"
+    step sim "${sim[@]}" &
+    step asv "${asv[@]}"
     wait
 fi
 
