@@ -7,6 +7,8 @@
 #   ptx   PTX for sm_80/87/90, ptxas, the performance model (one process)   | from the start
 #   cpu   the other CPU tests (pytest-xdist), loading port's cached kernels | after port
 #   sim   CUDA tests under the simulator                                    | after cpu
+#   late  the CPU tests that compile in child processes (warmup, cache     | after cpu, beside sim
+#         safety, the Haswell target)
 #   asv   asv smoke run + HTML render check (loads the cached kernels)      | after cpu, beside sim
 # Measured on a fresh clone, 2 cores (2026-11-25): in turn, the old four steps took 983 s
 # (CPU 310, simulator 282, PTX 205, asv 186); all four started together, 960 s (the CPU
@@ -30,7 +32,9 @@
 # 2026-12-02 (same host kind; the asv children no longer import numba.cuda on a host without
 # a GPU): port 200 / 195, ptx 564 / 428, cpu 387 / 510, sim 163 / 271, asv 243 / 126, checks
 # 830 s (.ci/run 885 s with set-up).  asv started beside cpu instead (sim last) was worse:
-# cpu 550 / 621, asv 620 / 165, checks 939 s, .ci/run 1004 s.
+# cpu 550 / 621, asv 620 / 165, checks 939 s, .ci/run 1004 s.  Another run of da88e79's
+# order: port 200 / 194, ptx 634 / 476, cpu 463 / 606, sim 149 / 235, asv 228 / 115, checks
+# 891 s, .ci/run 946 s.  So the tests that compile in child processes moved to "late".
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
@@ -62,25 +66,34 @@ step() {  # step NAME COMMAND...: run it, record "rc seconds", print its log whe
 
 pytest=(python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder --durations=15)
 port=(python -m pytest -q --durations=5 tests/test_portability.py)
-cpu=("${pytest[@]}" --ignore=tests/test_portability.py tests)
+# CPU tests whose work is in child processes compiling from an empty cache (or for another
+# CPU): they need nothing from port, so they run at the end beside sim and asv, where asv
+# (one process) otherwise had the last ~80 s to itself on two cores (2026-12-02); on the
+# critical path they were ~140 s of one xdist worker (Haswell 58-79 s, warmup 40-46 s).
+late=(python -m pytest -q --durations=5 tests/test_warmup.py tests/test_cache_safety.py
+      "tests/test_attention.py::test_narrow_vector_path_on_a_haswell_target")
+cpu=("${pytest[@]}" --ignore=tests/test_portability.py --ignore=tests/test_warmup.py
+     --ignore=tests/test_cache_safety.py
+     --deselect "tests/test_attention.py::test_narrow_vector_path_on_a_haswell_target" tests)
 # 3 simulator workers: each is GIL-bound (its simulated threads hand the GIL around, 0.8 of a
 # core), so 2 leave CPU idle beside asv: sim + asv side by side (Zen 5, 2026-11-27) with 2
 # workers 359-372 s / 255-269 s, with 3 330 s / 326 s
 sim=(env NK_TEST_WORKERS="${NK_TEST_WORKERS:-3}" bash .ci/cuda_checks.sh sim)
 ptx=(env NK_PTX_JOBS=1 bash .ci/cuda_checks.sh ptx)
 asv=(bash .ci/bench_smoke.sh)
-steps=(port ptx cpu sim asv)
+steps=(port ptx cpu sim late asv)
 
 if [ "${NK_CI_SERIAL:-0}" = 1 ]; then
     for s in "${steps[@]}"; do
         eval "step $s \"\${$s[@]}\""
     done
 else
-    echo "port and ptx first; cpu after port; then sim and asv side by side (logs: $logs/)"
+    echo "port and ptx first; cpu after port; then sim, late and asv side by side (logs: $logs/)"
     step ptx "${ptx[@]}" &
     step port "${port[@]}"
     step cpu "${cpu[@]}"
     step sim "${sim[@]}" &
+    step late "${late[@]}" &
     step asv "${asv[@]}"
     wait
 fi
