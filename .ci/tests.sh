@@ -37,7 +37,9 @@
 # 891 s, .ci/run 946 s.  So the tests that compile in child processes moved to "late":
 # port 193 / 188, ptx 627 / 455, cpu 377 / 484, late 228 / 103, sim 229 / 273, asv 326 /
 # 123, checks 896 s, .ci/run 957 s: the CPU tests lost 86 s, but asv, sharing the last
-# phase with five processes, took 98 s longer.  So sim and late run niced.
+# phase with five processes, took 98 s longer.  So sim and late run niced: port 196 / 191,
+# ptx 549 / 429, cpu 315 / 412, asv 191 / 119, late 262 / 100, sim 265 / 262, checks 776 s,
+# .ci/run 847 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
