@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything CI checks. Called by ./run.sh test (which set up .venv).
 #
-# Five steps, ordered so that both cores stay busy and no kernel compiles twice:
+# Six steps, ordered so that both cores stay busy and no kernel compiles twice:
 #   port  every CPU kernel compiled for AArch64 (tests/test_portability.py): its child
 #         compiles each CPU kernel once, fresh, and saves it to numba's cache | first, beside ptx
 #   ptx   PTX for sm_80/87/90, ptxas, the performance model (one process)   | from the start
