@@ -173,6 +173,11 @@ _SHARED = re.compile(r"\.shared\s+\.align\s+\d+\s+\.b8\s+\w+\[(\d+)\]")
 # kernels on a busy host: front end 0.42 s once, then per chip NVVM 0.11 s, ptxas 0.16 s,
 # SASS reading 0.32 s).
 SHARED_FRONT_END_FROM = (7, 5)
+# NVVM's PTX for chips of one major compute capability differs only in its ".target" line
+# (sm_80 against sm_87 compared whole, 2026-12-02: layer_norm.block_rows, gemm.128x64x8/8x4,
+# attention.tc_d64, moe.grouped_128x64x8/8x4; NVVM 0.15-0.6 s a call on a busy host), so it
+# runs once per major and the others take that PTX retargeted.  sm_90 keeps its own run:
+# the NVPTX back end may select instructions that only sm_90 has.
 
 
 def _cc(arch: str) -> tuple:
@@ -189,10 +194,11 @@ def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=(), 
     dt = {"float32": T.float32, "float16": T.float16, "float64": T.float64}[dtype]
     disp = get(dt)
     opts = getattr(disp, "targetoptions", {}) or {}
-    out, libs = {}, {}
+    out, libs, ptxs = {}, {}, {}
     for arch in archs:
         cc = _cc(arch)
         front = SHARED_FRONT_END_FROM if cc >= SHARED_FRONT_END_FROM else cc
+        target = arch + ("a" if arch_specific else "")
         try:
             if front not in libs:
                 # what cuda.compile_ptx does, with the library kept for the other chips;
@@ -200,9 +206,16 @@ def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=(), 
                 libs[front], _ = compiler._compile_pyfunc_with_fixup(
                     disp.py_func, argtypes(dt), device=False, abi="numba", cc=cc,
                     launch_bounds=opts.get("launch_bounds"), fastmath=bool(opts.get("fastmath", False)))
-            (ptx,) = libs[front].get_asm_strs(cc=cc + ("a",) if arch_specific else cc)
-            out[arch] = _assemble(ptx, f"{name}.{dtype}.{arch}", arch + ("a" if arch_specific else ""), ptxas, tmpdir,
-                                  requires)
+            same = (front, cc[0], arch_specific)  # NVVM's output the same but for .target
+            if same in ptxs:
+                done, done_target = ptxs[same]
+                ptx = done.replace(f".target {done_target}\n", f".target {target}\n", 1)
+                if ptx == done:
+                    raise RuntimeError(f"no '.target {done_target}' line in the PTX to retarget")
+            else:
+                (ptx,) = libs[front].get_asm_strs(cc=cc + ("a",) if arch_specific else cc)
+                ptxs[same] = ptx, target
+            out[arch] = _assemble(ptx, f"{name}.{dtype}.{arch}", target, ptxas, tmpdir, requires)
         except Exception as exc:  # noqa: BLE001 - reported per chip by the caller
             out[arch] = exc
     return out
