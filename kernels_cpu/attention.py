@@ -361,20 +361,23 @@ def _exp_nan(t):
 
 
 @njit(inline="always", **JIT)
-def _mask_row(mrow, j0, jn, mkind, mb):
-    """mb[:jn] = the additive form of mask row mrow at keys j0..j0+jn-1: a bool mask's
+def _mask_row(masks, b, h, i, j0, jn, mkind, mb):
+    """mb[:jn] = the additive form of mask row (b, h, i) at keys j0..j0+jn-1: a bool mask's
     False becomes -inf (as PyTorch adds it: a NaN score at a masked key stays NaN), True
-    0.  mrow is a row of the broadcast mask view (any strides, bool or float): converting
-    it into a contiguous float row once, then adding that with unit stride, is what lets
-    the add vectorize; callers convert once per K tile for all rows that share a mask row
-    (a padding mask broadcast over heads and queries), which took the bool mask's cost in
+    0.  masks: the (bool, float) views of the broadcast mask (any strides; _views), of
+    which the run-time mkind says which one is the mask.  Converting the row into a
+    contiguous float row once, then adding that with unit stride, is what lets the add
+    vectorize; callers convert once per K tile for all rows that share a mask row (a
+    padding mask broadcast over heads and queries), which took the bool mask's cost in
     the MiniLM shape (16x12x198x32) from 6.8 ms to 2 ms of 31 ms (one thread)."""
     ninf = -np.inf
     zero = mb.dtype.type(0)
     if mkind == MASK_BOOL:
+        mrow = masks[0][b, h, i]
         for j in range(jn):
             mb[j] = zero if mrow[j0 + j] else ninf
     else:
+        mrow = masks[1][b, h, i]
         for j in range(jn):
             mb[j] = mrow[j0 + j]
 
@@ -382,7 +385,7 @@ def _mask_row(mrow, j0, jn, mkind, mb):
 @njit(inline="always", **JIT)
 def _row_softmax_update(srow, jn, lim, mb, mask, m_old, l_old):
     """Turn scores srow[:jn] into exp(s - m_new) in place, after adding the additive mask
-    row mb[:jn] (see _mask_row; unused when mask, the caller's mask view, is None) and masking keys >= lim
+    row mb[:jn] (see _mask_row; unused when mask, the caller's mask views, is None) and masking keys >= lim
     (causal); returns (m_new, l_new, alpha) of the online softmax (alpha rescales the
     accumulator).  A row with nothing visible so far keeps m = -inf, l = 0 and
     contributes zeros.  A NaN score (NaN in q, k or an additive mask; +inf - inf) gives
@@ -458,7 +461,7 @@ def flash_tile(skv):
 
 
 @njit(**JIT_INNER)
-def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh, mb):
+def _flash_item(q, kph, vh, Hkv, masks, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh, mb):
     """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
     rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
     the query heads sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv
@@ -469,10 +472,11 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
     lse (B, Hq, Sq), or an empty array: when not empty, each row's log-sum-exp of its
     scores, m + log(l) from the online softmax's running max and sum (-inf for a row that
     sees no key, NaN where the output is NaN): what attention_backward recomputes P from.
-    mask and causal are None when there is no mask / no causal limit (_mask_arg,
-    _causal_arg): numba's dead-branch pruning then drops that code before it is typed and
-    compiled (it prunes tests against None of an argument, not of a literal int or bool).
-    BERT-base 1x12x128x64's cold first call (Zen 5, 2026-11-27): 2.92-2.98 -> about 2.7 s."""
+    masks: None when there is no mask (_mask_arg): numba's dead-branch pruning then drops
+    the mask code before it is typed and compiled (it prunes tests against None of an
+    argument, not of a literal int or bool; BERT-base 1x12x128x64's cold first call, Zen 5,
+    2026-11-27: 2.92-2.98 -> about 2.7 s), else the mask's (bool, float) views, of which
+    the run-time mkind picks one.  causal: a run-time bool (see _variant)."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Skv = vh.shape[0]
     bk = st.shape[1]
@@ -491,7 +495,7 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
         ri[r] = rr % Sq
         rh[r] = hk * G + rr // Sq
         last = max(last, ri[r])
-    if causal is not None:
+    if causal:
         kv_end = min(Skv, last + off + 1)
     for r in range(nqr):
         qrow = qs[r]
@@ -533,16 +537,15 @@ def _flash_item(q, kph, vh, Hkv, mask, mkind, causal, scale, out, lse, b, hk, qt
         for r in range(nq):
             i = ri[r]
             lim = jn
-            if causal is not None:
+            if causal:
                 lim = min(jn, i + off + 1 - j0)
-            if mask is not None:
-                mrow = mask[b, rh[r], i]
-                mp = mrow.ctypes.data
+            if masks is not None:
+                mp = masks[0][b, rh[r], i].ctypes.data
                 if mp != mprev:  # rows that share a mask row (a broadcast mask) convert it once per tile
-                    _mask_row(mrow, j0, jn, mkind, mb)
+                    _mask_row(masks, b, rh[r], i, j0, jn, mkind, mb)
                     mprev = mp
             mo = mv[r]
-            mn, ln, alpha = _row_softmax_update(st[r], jp, lim, mb, mask, mo, lv[r])
+            mn, ln, alpha = _row_softmax_update(st[r], jp, lim, mb, masks, mo, lv[r])
             mv[r] = mn
             lv[r] = ln
             if alpha != dt(1) and j0 > 0:  # on the first tile acc is still all zeros
@@ -596,16 +599,17 @@ def _item_coords(t, BH, nqt):
 
 # The workers' arguments, read from an int64 block (_params): addresses, sizes, byte
 # strides (numpy's), the item counter and how many items a worker takes at once
-# (F_CHUNK), and for split-KV its partials and phase.
+# (F_CHUNK), the mask kind and causal (F_MKIND, F_CAUSAL: read at run time, see _variant),
+# and for split-KV its partials and phase.
 (F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
- F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK) = range(22)
-F_STRIDES = 22            # then 4 byte strides each of q, k, v, mask, out
+ F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK, F_MKIND, F_CAUSAL) = range(24)
+F_STRIDES = 24            # then 4 byte strides each of q, k, v, mask, out
 F_COUNT = F_STRIDES + 20
 
 
-def _params(q, k, v, mask, out, scale, lse=None):
+def _params(q, k, v, mask, mkind, causal, out, scale, lse=None):
     """The int64 block a worker reads q, k, v, mask (the 4-D broadcast view, or a dummy
-    for MASK_NONE) and out from; q/k/v/out rows must have unit stride, all strides be
+    for MASK_NONE), its kind, causal and out from; q/k/v/out rows must have unit stride, all strides be
     non-negative (the worker rebuilds each view from its first element).  lse: None, or a
     C-contiguous (B, Hq, Sq) array of q's dtype for the rows' log-sum-exp."""
     B, Hq, Sq, D = q.shape
@@ -625,6 +629,7 @@ def _params(q, k, v, mask, out, scale, lse=None):
     p[F_SCALE] = int(np.float64(scale).view(np.int64))
     p[F_VROWS] = int(v.strides[2] != D * v.itemsize)  # V rows not adjacent: each head is copied
     p[F_CHUNK] = 1
+    p[F_MKIND], p[F_CAUSAL] = int(mkind), int(bool(causal))
     if lse is not None:
         if not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == (B, Hq, Sq)):
             raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
@@ -633,9 +638,15 @@ def _params(q, k, v, mask, out, scale, lse=None):
     return p
 
 
-def _variant(q, mkind, causal):
-    """The literals a worker is compiled for: (float64?, mask kind, causal)."""
-    return bool(q.dtype == np.float64), int(mkind), bool(causal)
+def _variant(q, mkind):
+    """The literals a worker is compiled for: (float64?, masked?).  The mask's kind (bool
+    or additive) and causal are read at run time (F_MKIND, F_CAUSAL): as literals they made
+    twelve compiled variants of each of flash, split-KV and the backward, of which the
+    attention tests compiled 36 (190 s of their 197 s on one core with the variants that
+    CI's portability step leaves in the cache; Zen 4, 2026-12-02); a test per row and
+    per key tile is all they cost at run time.  No mask at all stays a variant of its
+    own: _mask_arg's None prunes the mask code from the compile."""
+    return bool(q.dtype == np.float64), mkind != MASK_NONE
 
 
 def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
@@ -644,15 +655,15 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     mask view (a dummy for MASK_NONE); lse: None or a C-contiguous (B, Hq, Sq) array that
     receives each row's log-sum-exp (see _flash_item).
 
-    flash_worker runs by address (parallel.run_workers), compiled per (dtype, mask kind,
-    causal) for every input layout at once (it rebuilds the views from addresses and
+    flash_worker runs by address (parallel.run_workers), compiled per (dtype, masked or
+    not: _variant) for every input layout at once (it rebuilds the views from addresses and
     strides): no parfor gufunc and kernel recompiling its code, and contiguous inputs
     and fused-QKV views share one compiled worker.  Workers take items from an atomic
     counter one at a time (dynamic: a thread the OS pauses does not hold back the call)."""
     B, Hq, Sq, D = q.shape
     Hkv = v.shape[1]
-    p = _params(q, k, v, mask, out, scale, lse)
-    fn = worker_address(flash_worker, _variant(q, mkind, causal))
+    p = _params(q, k, v, mask, mkind, causal, out, scale, lse)
+    fn = worker_address(flash_worker, _variant(q, mkind))
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     nitems = B * Hkv * nqt
     if B * Hkv >= HEADS_PER_WORKER * nworkers:
@@ -663,60 +674,34 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
         run_workers(fn, p, min(nworkers, nitems))
 
 
-def _mask_like(mkind, z):
-    return z
-
-
-@overload(_mask_like, **OVERLOAD)
-def _mask_like_overload(mkind, z):
-    """An element of the mask's type for the literal mkind: bool, or the input's float."""
-    if not isinstance(mkind, types.Literal):
-        return None
-    if mkind.literal_value == MASK_BOOL:
-        return lambda mkind, z: False
-    return lambda mkind, z: z
-
-
-def _mask_arg(mkind, mask):
-    return mask
+def _mask_arg(masked, masks):
+    return masks
 
 
 @overload(_mask_arg, **OVERLOAD)
-def _mask_arg_overload(mkind, mask):
-    """The mask view for the literal mkind, or None for MASK_NONE (see _flash_item)."""
-    if not isinstance(mkind, types.Literal):
+def _mask_arg_overload(masked, masks):
+    """The mask's views for a literal True, None for a literal False (see _flash_item)."""
+    if not isinstance(masked, types.Literal):
         return None
-    if mkind.literal_value == MASK_NONE:
-        return lambda mkind, mask: None
-    return lambda mkind, mask: mask
-
-
-def _causal_arg(causal):
-    return causal
-
-
-@overload(_causal_arg, **OVERLOAD)
-def _causal_arg_overload(causal):
-    """True for a literal True, None for a literal False (see _flash_item)."""
-    if not isinstance(causal, types.Literal):
-        return None
-    if causal.literal_value:
-        return lambda causal: True
-    return lambda causal: None
+    if not masked.literal_value:
+        return lambda masked, masks: None
+    return lambda masked, masks: masks
 
 
 @njit(inline="always")
-def _views(p, z, mkind):
-    """(q, k, v, mask, out, scale) rebuilt from the int64 block p (see _params) as
-    strided views; z: a zero of the element type."""
+def _views(p, z):
+    """(q, k, v, masks, out, scale) rebuilt from the int64 block p (see _params) as
+    strided views; z: a zero of the element type; masks: the mask as a bool and as a float
+    view (_mask_row reads the one its run-time kind names; a dummy for no mask)."""
     B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
     s = F_STRIDES
     q = view_at(p[F_Q], z, (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
     k = view_at(p[F_K], z, (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
     v = view_at(p[F_V], z, (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
-    mask = view_at(p[F_MASK], _mask_like(mkind, z), (B, Hq, Sq, Skv), (p[s + 12], p[s + 13], p[s + 14], p[s + 15]))
+    mstrides = (p[s + 12], p[s + 13], p[s + 14], p[s + 15])
+    masks = (view_at(p[F_MASK], False, (B, Hq, Sq, Skv), mstrides), view_at(p[F_MASK], z, (B, Hq, Sq, Skv), mstrides))
     out = view_at(p[F_OUT], z, (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
-    return q, k, v, mask, out, like(z, bits_to_float(p[F_SCALE]))
+    return q, k, v, masks, out, like(z, bits_to_float(p[F_SCALE]))
 
 
 @njit(inline="always")
@@ -729,7 +714,7 @@ def _lse_view(p, z):
 
 
 @njit(**JIT_BY_ADDRESS)
-def flash_worker(w, params, is64, mkind, causal):
+def flash_worker(w, params, is64, masked):
     """Worker w of a flash() call: rebuilds q, k, v, mask and out as strided views of the
     addresses in the int64 block at params (so every layout compiles the same worker),
     then takes work items from the block's counter until none are left.  Scratch is its
@@ -739,8 +724,9 @@ def flash_worker(w, params, is64, mkind, causal):
     that head's V: 64 V rows 4.6 KB apart span 72 pages, more than the L1 TLB holds (the
     views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape 16x12x198x32)."""
     p = c_array_at(params, np.int64(0), (F_COUNT,))
-    q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
+    q, k, v, masks, out, scale = _views(p, like_dtype(is64))
     lse = _lse_view(p, like_dtype(is64))
+    mkind, causal = p[F_MKIND], p[F_CAUSAL] != 0
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     vrows = p[F_VROWS] != 0
@@ -772,7 +758,7 @@ def flash_worker(w, params, is64, mkind, causal):
                 held = bh
             if vrows:
                 vh = vb
-            _flash_item(q, kph, vh, Hkv, _mask_arg(mkind, mask), mkind, _causal_arg(causal), scale, out, lse,
+            _flash_item(q, kph, vh, Hkv, _mask_arg(masked, masks), mkind, causal, scale, out, lse,
                         bh // Hkv, bh % Hkv, qt,
                         qs, st, acc, mv, lv, ri, rh, mb)
     keep_alive(owned)
@@ -781,12 +767,11 @@ def flash_worker(w, params, is64, mkind, causal):
 # ---- split-KV --------------------------------------------------------------------------
 
 @njit(**JIT_INNER)
-def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, pm, pl, pacc,
+def _split_item(q, k, v, masks, mkind, causal, scale, b, hk, sp, rc, split_len, pm, pl, pacc,
                 qs, st, acc):
     """Keys [sp*split_len, ...) for query rows rc*RC .. of kv group hk; rows enumerate
     (head in group, query): row rr -> head hk*G + rr // Sq, query rr % Sq.  Writes the
-    unnormalized partial (m, l, acc) of split sp.  mask / causal: None when absent (see
-    _flash_item)."""
+    unnormalized partial (m, l, acc) of split sp.  masks, mkind, causal: as _flash_item's."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Hkv, Skv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -806,7 +791,7 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
         ri[r] = rr % Sq
         rh[r] = hk * G + rr // Sq
         last = max(last, ri[r])
-    if causal is not None:
+    if causal:
         je = min(je, last + off + 1)
     mb = np.empty(BK, q.dtype)
     kh, vh = k[b, hk], v[b, hk]
@@ -842,11 +827,11 @@ def _split_item(q, k, v, mask, mkind, causal, scale, b, hk, sp, rc, split_len, p
             rr = r0 + r
             i = ri[r]
             lim = jn
-            if causal is not None:
+            if causal:
                 lim = min(jn, i + off + 1 - j0)
-            if mask is not None:
-                _mask_row(mask[b, rh[r], i], j0, jn, mkind, mb)
-            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mb, mask, mvals[rr], lvals[rr])
+            if masks is not None:
+                _mask_row(masks, b, rh[r], i, j0, jn, mkind, mb)
+            mn, ln, alpha = _row_softmax_update(st[r], jn, lim, mb, masks, mvals[rr], lvals[rr])
             mvals[rr] = mn
             lvals[rr] = ln
             if alpha != dt(1):
@@ -886,26 +871,27 @@ def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl,
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     R = (Hq // Hkv) * Sq
-    p = _params(q, k, v, mask, out, scale, lse)
+    p = _params(q, k, v, mask, mkind, causal, out, scale, lse)
     for slot, arr in ((F_PM, pm), (F_PL, pl), (F_PACC, pacc)):
         if not (arr.flags.c_contiguous and arr.dtype == q.dtype):
             raise ValueError("splitkv: the partials must be C-contiguous arrays of q's dtype")
         p[slot] = arr.ctypes.data
     p[F_NSPLIT], p[F_SPLIT_LEN] = nsplit, split_len
-    fn = worker_address(splitkv_worker, _variant(q, mkind, causal))
+    fn = worker_address(splitkv_worker, _variant(q, mkind))
     for phase, nitems in ((0, B * Hkv * nsplit * ((R + RC - 1) // RC)), (1, B * Hkv * R)):
         p[F_PHASE], p[F_NEXT] = phase, 0
         run_workers(fn, p, max(1, min(nworkers, nitems)))
 
 
 @njit(**JIT_BY_ADDRESS)
-def splitkv_worker(w, params, is64, mkind, causal):
+def splitkv_worker(w, params, is64, masked):
     """Worker w of one splitkv() pass (the block's F_PHASE): 0, split items (batch, kv
     head, split, chunk of RC query rows) writing the partials; 1, rows combining them.
     Items are taken from the block's counter one at a time."""
     p = c_array_at(params, np.int64(0), (F_COUNT,))
-    q, k, v, mask, out, scale = _views(p, like_dtype(is64), mkind)
+    q, k, v, masks, out, scale = _views(p, like_dtype(is64))
     lse = _lse_view(p, like_dtype(is64))
+    mkind, causal = p[F_MKIND], p[F_CAUSAL] != 0
     B, Hq, Sq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -928,7 +914,7 @@ def splitkv_worker(w, params, is64, mkind, causal):
             u = t // nrc
             sp = u % nsplit
             bh = u // nsplit
-            _split_item(q, k, v, _mask_arg(mkind, mask), mkind, _causal_arg(causal), scale, bh // Hkv, bh % Hkv,
+            _split_item(q, k, v, _mask_arg(masked, masks), mkind, causal, scale, bh // Hkv, bh % Hkv,
                         sp, rc, split_len,
                         pm, pl, pacc, qs, st, acc)
     else:

@@ -40,17 +40,17 @@ import numpy as np
 from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, bits_to_float, like
-from .attention import BK, BQ, MR, NC, _exp_nan, _mask_like, _mask_row, micro, unit_row
+from .attention import BK, BQ, MR, NC, _exp_nan, _mask_row, _variant, micro, unit_row
 from .parallel import (borrow, c_array_at, call_address, fetch_add, keep_alive, like_dtype, run_serial, run_workers,
                        view_at, worker_address)
 
-from kernels_common.attention import MASK_NONE  # noqa: F401
 
 # The worker's argument block (int64): addresses, sizes, byte strides (numpy's), the item
-# counter, the phase and backward_item's address.
+# counter, the phase, backward_item's address, the mask kind and causal (read at run time:
+# attention._variant).
 (P_NEXT, P_Q, P_K, P_V, P_MASK, P_GO, P_O, P_LSE, P_DQ, P_DK, P_DV, P_DQP,
- P_B, P_HQ, P_HKV, P_SQ, P_SKV, P_D, P_SCALE, P_NCHUNK, P_CHUNK, P_PHASE, P_ITEM) = range(23)
-P_STRIDES = 23               # then 4 byte strides each of q, k, v, mask, grad_out, out
+ P_B, P_HQ, P_HKV, P_SQ, P_SKV, P_D, P_SCALE, P_NCHUNK, P_CHUNK, P_PHASE, P_ITEM, P_MKIND, P_CAUSAL) = range(25)
+P_STRIDES = 25               # then 4 byte strides each of q, k, v, mask, grad_out, out
 P_COUNT = P_STRIDES + 24
 
 
@@ -89,7 +89,8 @@ def backward(q, k, v, mask, mkind, causal, scale, grad_out, out, lse, dq, dk, dv
     Hkv = k.shape[1]
     parts = np.empty((nchunk, B, Hq, Sq, D), q.dtype) if nchunk > 1 else None
     p = params(q, k, v, mask, grad_out, out, lse, scale, dq, dk, dv, parts, nchunk, chunk)
-    variant = (bool(q.dtype == np.float64), int(mkind), bool(causal))
+    p[P_MKIND], p[P_CAUSAL] = int(mkind), int(bool(causal))
+    variant = _variant(q, mkind)
     fn = worker_address(backward_worker, variant)
     p[P_ITEM] = worker_address(backward_item, variant)
     phases = ((0, B * Hkv * nchunk), (1, -(-B * Hq * Sq // BQ))) if nchunk > 1 else ((0, B * Hkv),)
@@ -102,16 +103,17 @@ def backward(q, k, v, mask, mkind, causal, scale, grad_out, out, lse, dq, dk, dv
 
 
 @njit(inline="always")
-def _views(p, z, mkind):
+def _views(p, z):
+    """(q, k, v, masks, grad_out, out) from the block p; masks as attention._views'."""
     B, Hq, Hkv, Sq, Skv, D = p[P_B], p[P_HQ], p[P_HKV], p[P_SQ], p[P_SKV], p[P_D]
     s = P_STRIDES
     q = _as4(p, P_Q, z, (B, Hq, Sq, D), s)
     k = _as4(p, P_K, z, (B, Hkv, Skv, D), s + 4)
     v = _as4(p, P_V, z, (B, Hkv, Skv, D), s + 8)
-    mask = _as4(p, P_MASK, _mask_like(mkind, z), (B, Hq, Sq, Skv), s + 12)
+    masks = (_as4(p, P_MASK, False, (B, Hq, Sq, Skv), s + 12), _as4(p, P_MASK, z, (B, Hq, Sq, Skv), s + 12))
     go = _as4(p, P_GO, z, (B, Hq, Sq, D), s + 16)
     o = _as4(p, P_O, z, (B, Hq, Sq, D), s + 20)
-    return q, k, v, mask, go, o
+    return q, k, v, masks, go, o
 
 
 @njit(inline="always")
@@ -120,7 +122,7 @@ def _as4(p, slot, z, shape, s):
 
 
 @njit(**JIT_BY_ADDRESS)
-def backward_worker(w, params, is64, mkind, causal):
+def backward_worker(w, params, is64, masked):
     """Worker w of one backward() pass: phase 0 takes (batch x kv head, chunk) items from the
     block's counter and runs each through backward_item (at p[P_ITEM]) with its own scratch;
     phase 1 sums the dq parts of blocks of BQ query rows."""
@@ -209,7 +211,7 @@ def _pack(src, c0, c1, ph, pad):
 
 
 @njit(**JIT_BY_ADDRESS)
-def backward_item(w, block, is64, mkind, causal):
+def backward_item(w, block, is64, masked):
     """One phase-0 item, called by address from backward_worker (compiled once, alone:
     linked into the worker its code was optimized and turned into machine code twice,
     1.0 s of the cold first call on Zen 5, 2026-11-27).  block: the item block (I_*).
@@ -220,7 +222,8 @@ def backward_item(w, block, is64, mkind, causal):
     ip = c_array_at(block, np.int64(0), (I_COUNT,))
     p = c_array_at(ip[I_PARAMS], np.int64(0), (P_COUNT,))
     z = like_dtype(is64)
-    q, k, v, mask, go, o = _views(p, z, mkind)
+    q, k, v, masks, go, o = _views(p, z)
+    mkind, causal = p[P_MKIND], p[P_CAUSAL] != 0
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     nchunk, chunk = p[P_NCHUNK], p[P_CHUNK]
@@ -326,11 +329,10 @@ def backward_item(w, block, is64, mkind, causal):
                 if causal:
                     lim = min(jn, i + off + 1 - j0)
                 srow, prow = st[r], dp[r]
-                if mkind != MASK_NONE:
-                    mrow = mask[b, rh[r], i]
-                    mp = mrow.ctypes.data
+                if masked:
+                    mp = masks[0][b, rh[r], i].ctypes.data
                     if mp != mprev:  # rows sharing a (broadcast) mask row convert it once per tile
-                        _mask_row(mrow, j0, jn, mkind, mb)
+                        _mask_row(masks, b, rh[r], i, j0, jn, mkind, mb)
                         mprev = mp
                     for j in range(jn):
                         srow[j] = srow[j] + mb[j]
