@@ -12,7 +12,11 @@ import pytest
 from hypothesis import given, settings
 
 from tests import support
-from tests.support import SEEDS, assert_close, impl_params, reduction_tol, rel_err, rng
+from tests.support import ON_CUDA, SEEDS, assert_close, impl_params, reduction_tol, rel_err, rng
+
+# the harness itself, device-independent: the CPU step runs it (under the simulator its
+# pytest child alone took 6.2 s of CI's simulator step, 2026-12-02)
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="the test harness (the CPU step runs it)")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
