@@ -609,9 +609,10 @@ F_COUNT = F_STRIDES + 20
 
 def _params(q, k, v, mask, mkind, causal, out, scale, lse=None):
     """The int64 block a worker reads q, k, v, mask (the 4-D broadcast view, or a dummy
-    for MASK_NONE), its kind, causal and out from; q/k/v/out rows must have unit stride, all strides be
-    non-negative (the worker rebuilds each view from its first element).  lse: None, or a
-    C-contiguous (B, Hq, Sq) array of q's dtype for the rows' log-sum-exp."""
+    for MASK_NONE), the mask's kind, causal and out from; q/k/v/out rows must have unit
+    stride, all strides be non-negative (the worker rebuilds each view from its first
+    element).  lse: None, or a C-contiguous (B, Hq, Sq) array of q's dtype for the rows'
+    log-sum-exp."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = v.shape[1], v.shape[2]
     # built as a Python list and converted once: with per-element numpy stores and slices
@@ -656,8 +657,8 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     receives each row's log-sum-exp (see _flash_item).
 
     flash_worker runs by address (parallel.run_workers), compiled per (dtype, masked or
-    not: _variant) for every input layout at once (it rebuilds the views from addresses and
-    strides): no parfor gufunc and kernel recompiling its code, and contiguous inputs
+    not: _variant) for every input layout at once (it rebuilds the views from addresses
+    and strides): no parfor gufunc and kernel recompiling its code, and contiguous inputs
     and fused-QKV views share one compiled worker.  Workers take items from an atomic
     counter one at a time (dynamic: a thread the OS pauses does not hold back the call)."""
     B, Hq, Sq, D = q.shape
