@@ -39,7 +39,11 @@
 # 123, checks 896 s, .ci/run 957 s: the CPU tests lost 86 s, but asv, sharing the last
 # phase with five processes, took 98 s longer.  So sim and late run niced: port 196 / 191,
 # ptx 549 / 429, cpu 315 / 412, asv 191 / 119, late 262 / 100, sim 265 / 262, checks 776 s,
-# .ci/run 847 s.
+# .ci/run 847 s.  Later that day, with attention's CPU workers compiled per (dtype, masked)
+# instead of per (dtype, mask kind, causal), NVVM run once for sm_80 and sm_87, and the
+# harness / host-arena tests no longer repeated under the simulator: port 225 / 220, ptx
+# 580 / 461, cpu 289 / 377, asv 238 / 149, late 297 / 107, sim 325 / 310, checks 839 s,
+# .ci/run 903 s.  Every step is CPU-bound: 1624 CPU s on 2 cores is 812 s of the 839.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
