@@ -106,6 +106,7 @@ def test_rows_per_chunk_spreads_rows_without_adding_chunks(t, v, chunk_bytes):
         assert rows == 128
 
 
+@HOST_ONLY  # host arrays: under the simulator it ran the CPU kernels again (16 s, 2026-12-02)
 def test_per_row_backward_matches_reference():
     rng = support.rng()
     x, w, t, b = _inputs(rng, 21, 8, 50, np.float64, True, True)
