@@ -43,7 +43,10 @@
 # instead of per (dtype, mask kind, causal), NVVM run once for sm_80 and sm_87, and the
 # harness / host-arena tests no longer repeated under the simulator: port 225 / 220, ptx
 # 580 / 461, cpu 289 / 377, asv 238 / 149, late 297 / 107, sim 325 / 310, checks 839 s,
-# .ci/run 903 s.  Every step is CPU-bound: 1624 CPU s on 2 cores is 812 s of the 839.
+# .ci/run 903 s.  Every step is CPU-bound: 1624 CPU s on 2 cores is 812 s of the 839.  With
+# test_contract's host-input tests no longer repeated under the simulator: port 227 / 222,
+# ptx 593 / 473, cpu 302 / 392, asv 235 / 147, late 283 / 100, sim 307 / 285, checks 836 s,
+# .ci/run 908 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
