@@ -19,15 +19,21 @@ rows_per_block(n, D) rows, a number fixed by the shape alone (never the thread c
 sums its rows into its own row of a (n_blocks, D) scratch (in the dtype, rows in order),
 then reduce_blocks adds the block rows in block order (float64 accumulator, rounded once).
 Which thread runs a block changes nothing, so every run, every thread count and the
-serial and parallel kernels (the same block function) give the same bits.
+serial and parallel kernels give the same bits: both call the one compiled block function
+by address (layer_norm_grad_block / rms_norm_grad_block, parallel.call_address).  As a
+plain callee it was linked into each driver and optimized again there, and which copy ran
+depended on whether the driver was compiled in the process or loaded from numba's cache:
+a cached serial driver and a freshly compiled parallel one differed in the last bit of
+2.6% of dx at (700, 768) float32 (2026-12-02; tests/test_norm_grad.py's determinism
+test, run after tests/test_autograd.py had filled an empty cache).
 """
 import math
 
 import numpy as np
 from numba import njit, prange
 
-from .approx import JIT, JIT_INNER, like
-from .parallel import row_of, run_dynamic
+from .approx import JIT, JIT_BY_ADDRESS, bits_to_float, float_to_bits, like
+from .parallel import c_array_at, call_address, keep_alive, like_dtype, row_of, run_dynamic, worker_address
 
 # Row blocks: at most BLOCK_ELEMENTS elements, and at least MIN_BLOCKS blocks when there are
 # that many rows.  Both depend on the shape only, never on the thread count (see the module
@@ -53,7 +59,7 @@ def n_blocks(n, d):
     return (n + r - 1) // r
 
 
-@njit(**JIT_INNER)
+@njit(inline="always")
 def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi):
     """Blocks blo..bhi-1 (rows [k * rpb, (k + 1) * rpb)): dx rows and the blocks' partial
     sums pw[k] = sum grad_out * xhat, pb[k] = sum grad_out.  Per row, the forward's
@@ -124,7 +130,7 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
                     dxr[j] = rstd * (gj * w[j] - a - xh * b)
 
 
-@njit(**JIT_INNER)
+@njit(inline="always")
 def rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, blo, bhi):
     """As layer_norm_grad_blocks for rms_norm: one pass sums q = sum(x^2) and
     gx = sum(g * x) (mean(g * xhat) = rstd * gx / D), the second writes dx and pw.
@@ -178,35 +184,92 @@ def reduce_blocks(p, out):
         out[j] = acc[j]
 
 
+# ---- the block functions, called by address --------------------------------------------
+
+# Their argument block (int64): addresses of grad_out, x, w, grad_residual, dx and the
+# partial sums (pb: layer_norm only), rows, row length, blocks, eps (float64 bits), whether
+# there is a grad_residual, rows per block.
+(B_GO, B_X, B_W, B_GR, B_DX, B_PW, B_PB, B_N, B_D, B_NB, B_EPS, B_HAS_GR, B_RPB) = range(13)
+B_COUNT = 13
+
+
+@njit(inline="always")
+def _block_params(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
+    """The argument block of a call (pb: pw again for rms_norm)."""
+    p = np.empty(B_COUNT, np.int64)
+    p[B_GO], p[B_X], p[B_W], p[B_GR] = go.ctypes.data, x.ctypes.data, w.ctypes.data, gr.ctypes.data
+    p[B_DX], p[B_PW], p[B_PB] = dx.ctypes.data, pw.ctypes.data, pb.ctypes.data
+    p[B_N], p[B_D], p[B_NB] = x.shape[0], x.shape[1], pw.shape[0]
+    p[B_EPS] = float_to_bits(np.float64(eps))
+    p[B_HAS_GR], p[B_RPB] = has_gr, rpb
+    return p
+
+
+@njit(inline="always")
+def _block_views(params, is64):
+    p = c_array_at(params, np.int64(0), (B_COUNT,))
+    z = like_dtype(is64)
+    n, d, nb = p[B_N], p[B_D], p[B_NB]
+    return (c_array_at(p[B_GO], z, (n, d)), c_array_at(p[B_X], z, (n, d)), c_array_at(p[B_W], z, (d,)),
+            c_array_at(p[B_GR], z, (n, d)), like(z, bits_to_float(p[B_EPS])), c_array_at(p[B_DX], z, (n, d)),
+            c_array_at(p[B_PW], z, (nb, d)), c_array_at(p[B_PB], z, (nb, d)), p[B_HAS_GR] != 0, p[B_RPB])
+
+
+@njit(**JIT_BY_ADDRESS)
+def layer_norm_grad_block(k, params, is64):
+    """Block k of a layer_norm backward (layer_norm_grad_blocks) from the argument block."""
+    go, x, w, gr, eps, dx, pw, pb, has_gr, rpb = _block_views(params, is64)
+    layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, k, k + 1)
+
+
+@njit(**JIT_BY_ADDRESS)
+def rms_norm_grad_block(k, params, is64):
+    """Block k of an rms_norm backward (rms_norm_grad_blocks) from the argument block."""
+    go, x, w, gr, eps, dx, pw, _, has_gr, rpb = _block_views(params, is64)
+    rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, k, k + 1)
+
+
+def _address(block_fn, x):
+    return worker_address(block_fn, (bool(x.dtype == np.float64),))
+
+
 # ---- serial and parallel drivers: the same block function, blocks in a loop or over threads ----
 
 @njit(**JIT)
-def layer_norm_grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
-    layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, 0, pw.shape[0])
+def _grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn):
+    p = _block_params(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb)
+    addr = p.ctypes.data
+    for k in range(pw.shape[0]):
+        call_address(fn, (k, addr))
+    keep_alive((p,))
 
 
 @njit(parallel=True, **JIT)
-def _layer_norm_grad_parallel(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, tasks):
+def _grad_parallel(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn, tasks):
+    p = _block_params(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb)
+    addr = p.ctypes.data
     for k in prange(tasks):
-        layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, k, k + 1)
+        call_address(fn, (k, addr))
+    keep_alive((p,))
+
+
+def layer_norm_grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
+    """dx and the block partials pw, pb (module doc), the blocks in order on this thread."""
+    _grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, _address(layer_norm_grad_block, x))
 
 
 def layer_norm_grad_parallel(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
     """layer_norm_grad_serial's result (bit for bit): one block per task, handed out dynamically."""
-    run_dynamic(_layer_norm_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pb, has_gr, rpb)
+    run_dynamic(_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pb, has_gr, rpb,
+                _address(layer_norm_grad_block, x))
 
 
-@njit(**JIT)
 def rms_norm_grad_serial(go, x, w, gr, eps, dx, pw, has_gr, rpb):
-    rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, 0, pw.shape[0])
-
-
-@njit(parallel=True, **JIT)
-def _rms_norm_grad_parallel(go, x, w, gr, eps, dx, pw, has_gr, rpb, tasks):
-    for k in prange(tasks):
-        rms_norm_grad_blocks(go, x, w, gr, eps, dx, pw, has_gr, rpb, k, k + 1)
+    """dx and the block partials pw (module doc), the blocks in order on this thread."""
+    _grad_serial(go, x, w, gr, eps, dx, pw, pw, has_gr, rpb, _address(rms_norm_grad_block, x))
 
 
 def rms_norm_grad_parallel(go, x, w, gr, eps, dx, pw, has_gr, rpb):
     """rms_norm_grad_serial's result (bit for bit): one block per task, handed out dynamically."""
-    run_dynamic(_rms_norm_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, has_gr, rpb)
+    run_dynamic(_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pw, has_gr, rpb,
+                _address(rms_norm_grad_block, x))
