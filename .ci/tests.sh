@@ -46,7 +46,9 @@
 # .ci/run 903 s.  Every step is CPU-bound: 1624 CPU s on 2 cores is 812 s of the 839.  With
 # test_contract's host-input tests no longer repeated under the simulator: port 227 / 222,
 # ptx 593 / 473, cpu 302 / 392, asv 235 / 147, late 283 / 100, sim 307 / 285, checks 836 s,
-# .ci/run 908 s.
+# .ci/run 908 s; and with the norm backward's blocks called by address (19fb640): port 226 /
+# 219, ptx 603 / 481, cpu 293 / 381, asv 243 / 152, late 303 / 105, sim 326 / 294, checks 845 s,
+# .ci/run 922 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
