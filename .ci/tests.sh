@@ -121,6 +121,17 @@ for s in "${steps[@]}"; do
     [ "$rc" -eq 0 ] || failed="$failed $s"
 done
 if [ -n "$failed" ]; then
+    # CI shows only the tail of this output, where the last step's log (often a passing
+    # one) would hide why another failed: repeat each failed step's summary here, last
+    for s in $failed; do
+        echo "== $s failed; the end of $logs/$s.log, from pytest's summary (or its last 60 lines):"
+        if grep -q "short test summary info" "$logs/$s.log"; then
+            sed -n '/short test summary info/,$p' "$logs/$s.log" | cut -c1-400 | tail -n 80
+        else
+            tail -n 60 "$logs/$s.log" | cut -c1-400
+        fi
+        grep -oE "NK_TEST_SEED=[0-9]+.{0,120}" "$logs/$s.log" | sort -u | head -n 20 || true
+    done
     echo "== FAILED:$failed (after $(( $(date +%s) - start )) s)"
     exit 1
 fi
