@@ -293,11 +293,12 @@ def backward_item(w, block, is64, masked):
                 gsrc = unit_row(go[b, h, i])
                 osrc = unit_row(o[b, h, i])
                 s = zero
+                for d in range(D):  # no store here: tests/ir_checks.py
+                    s += gsrc[d] * osrc[d]
+                di[r] = s
                 for d in range(D):
                     qrow[d] = src[d] * scale
                     grow[d] = gsrc[d]
-                    s += gsrc[d] * osrc[d]
-                di[r] = s
                 li = lse[b, h, i]
                 lr[r] = pinf if li == ninf else li  # saw no key: exp(s - inf) = 0 for every key
                 for d in range(D, Dp):

@@ -68,7 +68,9 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
       mc = sd / D the needed means are mean(g) = gs / D and
       mean(g * xhat) = rstd * (gd - mc * gs) / D  (sum g * (x - m0 - mc) = gd - mc * gs);
       x - m0 goes through dx (as the forward's d goes through out, so that fastmath
-      cannot fold m0 + mc into one rounded mean);
+      cannot fold m0 + mc into one rounded mean), written in a loop of its own after
+      the sums: a loop that both sums and stores gives bits that depend on where the
+      arrays lie (tests/ir_checks.py);
       pass 3 forms xhat = (d - mc) * rstd, the dx row and the block's partial rows."""
     n, d = x.shape
     inv_d = like(eps, 1.0 / d)
@@ -93,14 +95,15 @@ def layer_norm_grad_blocks(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, blo, bhi)
             q = zero
             gs = zero
             gd = zero
-            for j in range(d):
+            for j in range(d):  # no store here: tests/ir_checks.py
                 c = xr[j] - m0
-                dxr[j] = c
                 g = gor[j] * w[j]
                 sd += c
                 q += c * c
                 gs += g
                 gd += g * c
+            for j in range(d):
+                dxr[j] = xr[j] - m0
             mc = sd * inv_d
             rstd = one / math.sqrt(max(q * inv_d - mc * mc, zero) + eps)
             a = gs * inv_d

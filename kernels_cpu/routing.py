@@ -98,9 +98,9 @@ def topk_rows(x, k, renormalize, weights, indices, lo, hi):
         s = like(m, 0.0)
         if renormalize:
             for i in range(k):
-                e = fexp(vals[i] - m)
-                wr[i] = e
-                s += e
+                wr[i] = fexp(vals[i] - m)
+            for i in range(k):  # apart from the stores: tests/ir_checks.py
+                s += wr[i]
         else:
             for j in range(n):
                 s += fexp(xr[j] - m)
