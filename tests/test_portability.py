@@ -13,7 +13,9 @@ A call to an ``llvm.x86.*`` intrinsic is reported without handing it to LLVM (it
 instruction selection would abort the process).  Kernels that are x86-only by design are
 declared in kernels_cpu/target.py's X86_ONLY (the int8 AMX / VNNI / AVX2 paths) and
 skipped; their implementations refuse non-x86 targets (checked below with a simulated
-aarch64 host).  New ops and kernels are included without an edit.
+aarch64 host).  New ops and kernels are included without an edit.  The same IR is
+scanned for loops whose floating-point sums depend on where the arrays lie in memory
+(tests/ir_checks.py).
 
     python -m tests.test_portability      # the child's work, printable on its own
 """
@@ -130,19 +132,32 @@ def _compile_fresh_and_save():
     caching.Cache.load_overload = lambda self, sig, target_context: None
 
 
+def _readable(symbol: str) -> str:
+    """module.function of a numba symbol (_ZN11kernels_cpu9norm_grad21layer_norm_grad_blockB2v1...)."""
+    parts, i = [], symbol.find("_ZN") + 3
+    while 0 < i < len(symbol) and symbol[i].isdigit():
+        j = i
+        while symbol[j].isdigit():
+            j += 1
+        n = int(symbol[i:j])
+        parts.append(symbol[j:j + n])
+        i = j + n
+    return ".".join(parts) or symbol
+
+
 def check(dtypes=("float32", "float64")) -> dict:
     """Run every CPU implementation once, then compile every kernel signature for AArch64."""
     _compile_fresh_and_save()
     import dispatch  # noqa: F401
     from kernels_cpu import target
-    from tests import edge_run
+    from tests import edge_run, ir_checks
 
     t0 = time.process_time()
     runs = [edge_run.run_one(*t, compare=False) for t in edge_run.plan(None, dtypes)]
     not_run = [f"{r['op']} {r['impl']} {r['dtype']}: {r['status']} {r['note']}" for r in runs
                if r["status"] == "FAIL"]  # a refusal: the host lacks the path (AMX on a non-AMX CI host)
     t_run = time.process_time() - t0
-    compiled, skipped, failures, neon = 0, [], [], {}
+    compiled, skipped, failures, neon, address_dependent = 0, [], [], {}, {}
     for disp in _kernel_dispatchers():
         mod, name = disp.py_func.__module__, disp.py_func.__name__
         if name in target.X86_ONLY.get(mod, {}):
@@ -155,6 +170,8 @@ def check(dtypes=("float32", "float64")) -> dict:
             except Exception as exc:  # noqa: BLE001 - a cache-loaded kernel hides its IR
                 failures.append(f"{what}: no IR ({exc.__class__.__name__}: {exc})")
                 continue
+            for fn, block in ir_checks.address_dependent_reductions(ir):
+                address_dependent.setdefault(_readable(fn), set()).add(f"{mod}.{name}")
             try:
                 if name == "gemm_worker":  # (w, params, is64, tile): the float32 ones use .4s
                     text = compile_aarch64(ir, asm=True)
@@ -167,19 +184,26 @@ def check(dtypes=("float32", "float64")) -> dict:
                 failures.append(f"{what}: {exc.__class__.__name__}: {str(exc)[:400]}")
     return {"runs": len(runs), "not_run": not_run, "compiled": compiled, "skipped_x86_only": sorted(set(skipped)),
             "failures": failures, "neon_fmla": neon, "run_cpu_s": t_run,
+            "address_dependent": {k: sorted(v) for k, v in sorted(address_dependent.items())},
             "compile_cpu_s": time.process_time() - t0 - t_run}
 
 
-def test_every_cpu_kernel_compiles_for_aarch64(tmp_path):
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    """The result of check() in a child process (the module doc)."""
     env = dict(os.environ)  # numba's own cache: the child compiles everything and saves it
     env.pop("NK_USE", None)
     env.pop("NK_EXCLUDE", None)
-    env["NK_TUNING_CACHE"] = str(tmp_path / "no-tuning.json")
+    env["NK_TUNING_CACHE"] = str(tmp_path_factory.mktemp("port") / "no-tuning.json")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     p = subprocess.run([sys.executable, "-m", "tests.test_portability"], cwd=root, env=env,
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, f"child failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
-    res = json.loads(p.stdout.strip().splitlines()[-1])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_every_cpu_kernel_compiles_for_aarch64(child):
+    res = child
     print(f"{res['runs']} runs, {res['compiled']} kernel signatures compiled for AArch64, x86-only skipped: "
           f"{res['skipped_x86_only']}, NEON: {res['neon_fmla']}, CPU s: run {res['run_cpu_s']:.0f}, "
           f"compile {res['compile_cpu_s']:.0f}")
@@ -189,6 +213,46 @@ def test_every_cpu_kernel_compiles_for_aarch64(tmp_path):
     # the GEMM's 8-lane float32 IR vectors become 4-lane NEON fused multiply-adds: the 6x16
     # tile's 6 x 4 accumulators at least
     assert res["neon_fmla"].get("gemm_worker float32", 0) >= 24, res["neon_fmla"]
+
+
+def test_no_reduction_depends_on_where_arrays_lie(child):
+    """No kernel has a vectorized floating-point sum whose loop also stores, guarded by a
+    diff check (tests/ir_checks.py): its bits would change with the arrays' placement, so
+    serial / parallel / threaded results that should be identical could differ."""
+    found = child["address_dependent"]
+    assert not found, ("loops that sum and store, vectorized behind a run-time alias check "
+                       "(function: the kernels whose IR holds it):\n  "
+                       + "\n  ".join(f"{k}: {v}" for k, v in found.items()))
+
+
+def test_the_ir_check_finds_a_summing_loop_that_stores():
+    """ir_checks finds the pattern in IR that LLVM's vectorizer wrote for the layer_norm
+    backward before its fix (abridged), and not once the branch tests only range overlaps."""
+    from tests import ir_checks
+    ir = """define void @f(ptr %a) {
+entry:
+  %diff.check = icmp ult i64 %d, 256
+  br label %iter.check
+iter.check:
+  %or.cond = select i1 %small, i1 true, i1 %diff.check
+  br i1 %or.cond, label %scalar, label %vector.ph
+vector.ph:
+  br label %vector.body
+vector.body:
+  %vec.phi = phi reassoc nsz arcp contract <16 x float> [ zeroinitializer, %vector.ph ], [ %s, %vector.body ]
+  br i1 %done, label %middle.block, label %vector.body
+middle.block:
+  br label %scalar
+scalar:
+  ret void
+}
+"""
+    assert ir_checks.address_dependent_reductions(ir) == [("f", "iter.check")]
+    overlap = ir.replace("%diff.check = icmp ult i64 %d, 256", "%found.conflict = and i1 %b0, %b1") \
+                .replace("i1 %diff.check", "i1 %found.conflict")
+    assert ir_checks.address_dependent_reductions(overlap) == []
+    no_sum = ir.replace("<16 x float>", "<16 x i32>")
+    assert ir_checks.address_dependent_reductions(no_sum) == []
 
 
 def test_an_x86_intrinsic_is_caught():
