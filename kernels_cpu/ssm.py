@@ -49,7 +49,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like, silu
+from .approx import OVERLOAD, JIT_INNER, JIT_BY_ADDRESS, fexp, like, silu
 from .gemm import _transpose_block, _vw
 from .parallel import (TASKS_PER_THREAD, c_array_at, fetch_add, like_dtype, row_of, run_serial, run_workers,
                       worker_address)

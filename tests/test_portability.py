@@ -29,7 +29,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from tests.support import ON_CUDA

@@ -3,6 +3,8 @@ shape rule, and the default benchmark signature.  Kernels take C-contiguous, wri
 arrays; these helpers make the copies (stated in `explain`) and route results into ``out=``."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..registry import Rule, bucket
@@ -46,6 +48,16 @@ def kernel_input(x, *, rows=False):
 
 
 contiguous = kernel_input
+
+
+@functools.lru_cache(maxsize=64)
+def const_vector(n, dtype, value):
+    """A length-n vector of value (a norm's absent weight or bias), made once per (n, dtype,
+    value) and shared: read-only, passed as a writeable-typed alias so that the kernel
+    compiled for a user's weight serves it too (the kernels never write their weight)."""
+    v = np.full(n, value, dtype)
+    v.flags.writeable = False
+    return contiguous(v)
 
 
 def _unit_stride_rows(x):

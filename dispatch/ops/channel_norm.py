@@ -14,7 +14,6 @@ running_var gives NaN in its channel, as PyTorch.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -24,7 +23,7 @@ from kernels_cpu import channel_norm as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured 2026-11-23 (AMD znver3, 2 cores; cpu-serial vs cpu-parallel, medians of 7
 # alternating rounds, back to back / after 0.2 s idle, float32): batch_norm + relu on
@@ -137,13 +136,6 @@ def _describe_gn(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation=
     return Call(key, GroupNormArgs(x, g, weight, bias, eps, code, out))
 
 
-@functools.lru_cache(maxsize=64)
-def _const_vector(d, dtype, value):
-    v = np.full(d, value, dtype)
-    v.flags.writeable = False
-    return contiguous(v)  # a writeable-typed alias: the same kernel specialization as a user's weight
-
-
 def fold(running_mean, running_var, weight, bias, eps, dtype):
     """(scale, shift) in dtype, computed in float64: scale = weight / sqrt(var + eps),
     shift = bias - mean * scale, so batch_norm is x * scale + shift (as PyTorch's CPU
@@ -180,8 +172,8 @@ def _gn_host(kernel):
             n, c, s = _nc_s(x.shape)
             cg = c // num_groups
             rows, row_len = n * num_groups, cg * s
-            w = _const_vector(c, dt, 1.0) if weight is None else contiguous(weight)
-            b = _const_vector(c, dt, 0.0) if bias is None else contiguous(bias)
+            w = const_vector(c, dt, 1.0) if weight is None else contiguous(weight)
+            b = const_vector(c, dt, 0.0) if bias is None else contiguous(bias)
             kernel(contiguous(x).reshape(rows, row_len), w, b, dt.type(eps), res.reshape(rows, row_len), cg, s, code)
         return deliver(res, out)
 

@@ -7,7 +7,6 @@ float32 or float64; mixed dtypes are a TypeError.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -17,7 +16,7 @@ from kernels_cpu import norm as K
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
 # tbb layer, float32, D = 768, no residual; medians, 2026-11-26, quiet host; /tmp/xover.py
@@ -90,13 +89,6 @@ def _describe_rms(x, weight=None, *, eps=1e-6, residual=None, out=None):
     return _check("rms_norm", x, weight, None, eps, residual, out)
 
 
-@functools.lru_cache(maxsize=64)
-def _const_vector(d, dtype, value):
-    v = np.full(d, value, dtype)
-    v.flags.writeable = False
-    return contiguous(v)  # a writeable-typed alias: the same kernel specialization as a user's weight
-
-
 def _host(kernel, with_bias):
     def run(params, x, weight, bias, residual, eps, out):
         d = x.shape[-1]
@@ -108,13 +100,13 @@ def _host(kernel, with_bias):
             if xc.ndim != 2:
                 xc = xc.reshape(-1, d)
             res2 = res if res.ndim == 2 else res.reshape(-1, d)
-            w = _const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
+            w = const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
             if residual is None:
                 r = hc = xc  # not touched when has_res is False
             else:
                 r, hc = contiguous(residual).reshape(-1, d), h.reshape(-1, d)
             if with_bias:
-                b = _const_vector(d, dt, 0.0) if bias is None else contiguous(bias)
+                b = const_vector(d, dt, 0.0) if bias is None else contiguous(bias)
                 kernel(xc, r, hc, w, b, dt.type(eps), res2, residual is not None)
             else:
                 kernel(xc, r, hc, w, dt.type(eps), res2, residual is not None)

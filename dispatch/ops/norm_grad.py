@@ -30,8 +30,7 @@ from kernels_cpu import norm_grad as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
-from ._common import HOST_COPY_NOTE, contiguous, serial_parallel_rule, size_bucket
-from .norm import _const_vector
+from ._common import HOST_COPY_NOTE, const_vector, contiguous, serial_parallel_rule, size_bucket
 
 # Serial vs parallel: measured on this machine kind (2 cores, float32, D = 768, weight and
 # bias; medians of 15 interleaved rounds of the ops, 2026-11-25) while other jobs kept the
@@ -138,7 +137,7 @@ def _host(kernel, ln):
             goc = contiguous(grad_out).reshape(-1, d)
             has_gr = grad_residual is not None
             gr = contiguous(grad_residual).reshape(-1, d) if has_gr else xc  # not read without it
-            w = _const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
+            w = const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
             rpb = K.rows_per_block(xc.shape[0], d)
             nb = K.n_blocks(xc.shape[0], d)
             pw = _empty((nb, d), dt)   # per-block partial sums: this call's own scratch
