@@ -48,7 +48,10 @@
 # ptx 593 / 473, cpu 302 / 392, asv 235 / 147, late 283 / 100, sim 307 / 285, checks 836 s,
 # .ci/run 908 s; and with the norm backward's blocks called by address (19fb640): port 226 /
 # 219, ptx 603 / 481, cpu 293 / 381, asv 243 / 152, late 303 / 105, sim 326 / 294, checks 845 s,
-# .ci/run 922 s.
+# .ci/run 922 s.  Session 25 (b877a53: the IR check, same host kind): port 217 / 212, ptx 581 /
+# 462, cpu 295 / 379, asv 214 / 131, late 254 / 90, sim 273 / 246, checks 785 s, .ci/run 848 s;
+# a later run (af62dea + README, nearly the same code): port 236 / 230, ptx 681 / 539, cpu 337 / 433, asv 267 / 157,
+# late 334 / 113, sim 355 / 315, checks 928 s, .ci/run 997 s (the host, not the code).
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
