@@ -34,17 +34,17 @@ def setup():
 
 
 def time_it(launch, sync, torch, has_torch):
-    """Median GPU microseconds of REPS launches after WARMUP (None without a CUDA torch: the
-    launches still run).  The launches queue behind torch.cuda._sleep, so CUDA events around
+    """Median GPU microseconds of REPS launches after WARMUP (None without a CUDA torch: one
+    launch runs, whose result the probe checks; more would only repeat the simulator's
+    slowest part).  The launches queue behind torch.cuda._sleep, so CUDA events around
     each time the GPU's work, not the host's launch."""
+    if not has_torch:
+        launch()
+        sync()
+        return None
     for _ in range(WARMUP):
         launch()
     sync()
-    if not has_torch:
-        for _ in range(REPS):
-            launch()
-        sync()
-        return None
     evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(REPS)]
     torch.cuda._sleep(20_000_000)  # ~10 ms of one spinning thread: the launches queue up behind it
     for s, e in evs:
