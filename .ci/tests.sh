@@ -51,7 +51,10 @@
 # .ci/run 922 s.  Session 25 (b877a53: the IR check, same host kind): port 217 / 212, ptx 581 /
 # 462, cpu 295 / 379, asv 214 / 131, late 254 / 90, sim 273 / 246, checks 785 s, .ci/run 848 s;
 # a later run (af62dea + README, nearly the same code): port 236 / 230, ptx 681 / 539, cpu 337 / 433, asv 267 / 157,
-# late 334 / 113, sim 355 / 315, checks 928 s, .ci/run 997 s (the host, not the code).
+# late 334 / 113, sim 355 / 315, checks 928 s, .ci/run 997 s (the host, not the code); with
+# the GPU probes launching once under the simulator (04be1b3) and the pool-size parse test
+# in the CPU step only: port 218 / 213, ptx 623 / 492, cpu 312 / 405, asv 245 / 147, late
+# 294 / 101, sim 316 / 276, checks 846 s, .ci/run 915 s.
 # Each step writes bench_out/ci/<step>.log, printed whole when the step ends, with its time;
 # the script fails if any step fails.  NK_CI_SERIAL=1 runs them one after another instead.
 set -euo pipefail
