@@ -82,12 +82,16 @@ def test_zero_window_turns_it_off(window):
     kw = _keepwarm()
     window(0)
     assert "off" in kw.describe() and kw.ENV in kw.describe()
-    time.sleep(0.05)  # any loop still running sees the zero window at its next wake-up
+    # any loop still running sees the zero window at its next wake-up
+    assert _wait_for(lambda: not _beating(kw), timeout=5.0), "still beating with a zero window"
     b = kw.beats()
     for _ in range(3):
         _call()
     time.sleep(0.05)
-    assert kw.beats() == b
+    # a SCHED_IDLE thread starved by a busy host (CI's other steps) may finish the beat it
+    # was in more than 20 ms later: at most one per thread (CI, 2026-12-02: 11125 == 11124),
+    # where a heartbeat the calls restarted adds about 250 per thread in 0.05 s
+    assert kw.beats() - b <= len(kw._threads)
 
 
 def test_bad_settings_are_refused_and_change_nothing(window):
