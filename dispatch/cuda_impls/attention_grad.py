@@ -52,7 +52,7 @@ def _run(params, grad_out, q, k, v, output, lse, mask, causal, scale):
     K = kernels("attention_grad")
     dt = np.dtype(q.dtype)
     nb, hq, sq, d = (int(s) for s in q.shape)
-    hkv, skv = int(k.shape[1]), int(k.shape[2])
+    skv = int(k.shape[2])
     dq = device_empty(q.shape, dt)
     dk = device_empty(k.shape, dt)
     dv = device_empty(k.shape, dt)

@@ -30,8 +30,6 @@ def _dims(a, w, transposed):
 
 
 def launch(params, a, w, bias, out, code, transposed):
-    from kernels_common.cuda_tiles import GEMV_MAX_M  # noqa: F401  (same decode bound family)
-
     rows, n, k = _dims(a, w, transposed)
     K = _kernel_consts()
     if rows <= K["GEMV_MAX_ROWS"]:
