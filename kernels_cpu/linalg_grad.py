@@ -14,7 +14,7 @@ array and no elementwise pass over memory before the GEMMs.
 
 One packer per side for both layouts of g' (an (M, N) row-major array, M the rows of the
 forward's output), a panel being R rows of the operand:
-  by rows (A not transposed: dA = g' @ B^T, dx = g' @ W; X_BY_ROWS): per block of
+  by rows (A not transposed: dA = g' @ B^T, dx = g' @ W; X_PACK_ROWS set): per block of
     GRAD_CHUNK columns each of the R rows' g' is computed by one contiguous vector loop
     into an L1 buffer, which gemm's plain packer _pack_a_n (by address, X_PACK_ROWS: the
     forward's register transposes, compiled once for both) packs into the panel.
@@ -40,9 +40,8 @@ _pack_a_n compiles in place of it); the dx GEMM's time is unchanged (interleaved
 Argument block: gemm_parallel's P_* slots, then (its `extra`) X_PRE: the address of pre
 (laid out as grad_out; with no activation any valid address, it is not read), X_DBIAS: the
 address of the dbias output ((operand batches, columns)) or 0, X_GRAD: the address of
-grad_chunk for the call's dtype and activation, X_BY_ROWS: 1 for g' read by rows,
-X_PACK_ROWS: then the address of gemm's _pack_a_n for the dtype and tile (all set by
-grad_extra).
+grad_chunk for the call's dtype and activation, X_PACK_ROWS: for g' read by rows the
+address of gemm's _pack_a_n for the dtype and tile, else 0 (all set by grad_extra).
 """
 import numpy as np
 from numba import njit
@@ -52,8 +51,8 @@ from .approx import JIT_BY_ADDRESS, wide_loops
 from .gemm import P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _packer, _panel, _prefetch, _tmr, _tnr
 from .parallel import c_array_at, call_address, like_dtype, worker_address
 
-X_PRE, X_DBIAS, X_GRAD, X_BY_ROWS, X_PACK_ROWS = P_COUNT, P_COUNT + 1, P_COUNT + 2, P_COUNT + 3, P_COUNT + 4
-X_COUNT = P_COUNT + 5
+X_PRE, X_DBIAS, X_GRAD, X_PACK_ROWS = P_COUNT, P_COUNT + 1, P_COUNT + 2, P_COUNT + 3
+X_COUNT = P_COUNT + 4
 
 # Columns (by rows) or rows (by columns) of g' formed per block into the L1 buffers: R x
 # 256 float32 is 8 KiB for the 8x48 tile's 8 rows (48 x 256 x 2 buffers of the B side: 96
@@ -82,7 +81,7 @@ def _grad_panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
     src, dst, rows, K, base, r0 = _panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot)
     count = p[count_slot]
     pre = c_array_at(p[X_PRE], z, (count * rows * K,))
-    by_rows = p[X_BY_ROWS] != 0
+    by_rows = p[X_PACK_ROWS] != 0  # g' read by rows: its panels go through the plain packer
     nrows = min(R, rows - r0)
     isz = dst.itemsize
     gt = np.empty(R * GRAD_CHUNK, dst.dtype)
@@ -137,7 +136,7 @@ def _grad_panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
 
 @njit(**JIT_BY_ADDRESS)
 def pack_grad_a(i, params, is64, ti):
-    """A panel i of g' for A stored (M, K) (X_BY_ROWS: gemm's _pack_a_n with the prologue)
+    """A panel i of g' for A stored (M, K) (X_PACK_ROWS set: gemm's _pack_a_n with the prologue)
     or (K, M) (g' read by columns, i.e. A = g'^T: gemm's _pack_a_t with the prologue, and
     dbias of the panel's columns)."""
     wide_loops()
@@ -165,11 +164,11 @@ def grad_packer(kind, dtype, ti):
 
 def grad_extra(kind, pre, dbias, dtype, code, ti):
     """The X_* slots (gemm_parallel's `extra`) for packer `kind`: the addresses of pre and of
-    dbias (0: none), the grad_chunk for (dtype, activation code), and the layout flag."""
+    dbias (0: none), the grad_chunk for (dtype, activation code), and for g' by rows the
+    plain A packer."""
     x = [0] * (X_COUNT - P_COUNT)
     x[X_PRE - P_COUNT] = pre.ctypes.data
     x[X_DBIAS - P_COUNT] = 0 if dbias is None else dbias.ctypes.data
     x[X_GRAD - P_COUNT] = worker_address(grad_chunk, (bool(np.dtype(dtype) == np.float64), int(code)), nargs=4)
-    x[X_BY_ROWS - P_COUNT] = int(kind == "rows")
     x[X_PACK_ROWS - P_COUNT] = _packer("a", False, dtype, ti) if kind == "rows" else 0
     return tuple(x)
