@@ -42,10 +42,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
 import dispatch
+from dispatch import interop
 
 _NS = "nk"
 _ACT_BACKWARD = {"relu": ("relu_backward", {}), "silu": ("silu_backward", {}),
@@ -70,9 +72,18 @@ class _Op:
         self.custom.register_fake(fake)
         self.function = None
 
+    def eager(self, args):
+        """raw on args outside torch.compile: on numpy views of CPU tensors, made once here
+        and turned back into tensors once (dispatch's own conversion of tensor arguments
+        then has nothing to do); other tensors (CUDA, bfloat16) go to raw as they are."""
+        arrays = _host_arrays(args)
+        if arrays is None:
+            return self.raw(*args)
+        return _tensors(self.raw(*arrays))
+
     def register_autograd(self, backward, *, setup_context):
         self.custom.register_autograd(backward, setup_context=setup_context)
-        raw = self.raw
+        eager = self.eager
 
         class Function(torch.autograd.Function):
             @staticmethod
@@ -80,7 +91,7 @@ class _Op:
                 # unused outputs' gradients arrive as None (cross_entropy's second output is
                 # logits-sized: no zeros of that size are made), except the first, main output's
                 ctx.set_materialize_grads(False)
-                output = raw(*inputs)
+                output = eager(inputs)
                 setup_context(ctx, inputs, output)
                 main = output[0] if isinstance(output, tuple) else output
                 ctx.main_meta = (main.shape, main.dtype, main.device)   # not the tensor: kept alive otherwise
@@ -102,7 +113,7 @@ class _Op:
         if self.function is not None and torch.is_grad_enabled() and any(
                 isinstance(a, Tensor) and a.requires_grad for a in args):
             return self.function.apply(*args)
-        return self.raw(*args)
+        return self.eager(args)
 
 
 def _op(name, fake):
@@ -117,8 +128,27 @@ def _like(x, *_a, **_k):
 
 def _absent(like):
     """Placeholder output for a gradient that does not exist (custom ops cannot return
-    None): an empty tensor, turned back into None by `_given`."""
+    None): an empty tensor (array, under _Op.eager), turned back into None by `_given`."""
+    if isinstance(like, np.ndarray):
+        return np.empty(0, like.dtype)
     return like.new_empty((0,))
+
+
+def _host_arrays(args):
+    """args with every tensor replaced by its numpy view (no copy), or None when one is not
+    a CPU tensor of a numpy dtype: dispatch.interop's general conversion then does it."""
+    out = list(args)
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            if not a.is_cpu or a.dtype is torch.bfloat16:
+                return None
+            out[i] = a.numpy(force=True)   # detached; conj / neg views resolved (copied)
+    return out
+
+
+def _tensors(result):
+    """An op's arrays (alone or in a tuple) as tensors over the same memory."""
+    return interop.to_torch(torch, result)
 
 
 def _given(t):
@@ -219,7 +249,7 @@ def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], res
                 eps: float) -> tuple[Tensor, Tensor]:
     if residual is None:
         y = dispatch.layer_norm(x, weight, bias, eps=eps)
-        return y, x.new_empty((0,))
+        return y, _absent(x)
     return dispatch.layer_norm(x, weight, bias, eps=eps, residual=residual)
 
 
@@ -228,7 +258,7 @@ def _rms_norm(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor],
               eps: float) -> tuple[Tensor, Tensor]:
     if residual is None:
         y = dispatch.rms_norm(x, weight, eps=eps)
-        return y, x.new_empty((0,))
+        return y, _absent(x)
     return dispatch.rms_norm(x, weight, eps=eps, residual=residual)
 
 
@@ -603,10 +633,9 @@ def _lce_per_row(x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tens
 def _lce_per_row_backward(g: Tensor, x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor],
                           ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
     from .ops.linear_cross_entropy import backward_per_row
-    dx, dw, db = backward_per_row(g.numpy(), x.numpy(), weight.numpy(), targets.numpy(),
-                                  None if bias is None else bias.numpy(), ignore_index=ignore_index)
-    return (torch.from_numpy(dx), torch.from_numpy(dw),
-            _absent(x) if db is None else torch.from_numpy(db))
+    conv = interop.from_torch((g, x, weight, targets, bias), {})   # tensors under torch.compile
+    dx, dw, db = backward_per_row(*conv.args, ignore_index=ignore_index)
+    return conv.back((dx, dw, _absent(conv.args[1]) if db is None else db))
 
 
 def _lce_row_setup(ctx, inputs, output):

@@ -133,6 +133,11 @@ def _to_array(torch, name, t, originals):
     return arr
 
 
+def to_torch(torch, result):
+    """result (an array, or a tuple or list of them) as tensors over the same memory."""
+    return _to_torch(torch, result, {})
+
+
 def _to_torch(torch, res, originals):
     if type(res) is np.ndarray:  # the common case first: one type test, not four
         orig = originals.get(id(res))
