@@ -302,6 +302,31 @@ def test_sgd_prenorm_mlp_matches_pytorch():
     assert np.max(np.abs(ours - ref)) <= 1e-3, f"losses differ: {np.abs(ours - ref).max():.3g}"
 
 
+@pytest.mark.parametrize("view", ["transposed", "sliced", "negative"])
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_views_of_tensors(gen, view, op):
+    """The ops read tensors through numpy views made once per call (_Op.eager): a
+    transposed, a sliced and a lazily negated tensor (torch's neg bit, which numpy cannot
+    see: resolved by a copy) give PyTorch's outputs and gradients, and the output does
+    not share the input's memory."""
+    base = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    make = {"transposed": lambda t: t.t(), "sliced": lambda t: t[1:5, ::3],
+            "negative": lambda t: t._neg_view()}[view]
+    ours = {"softmax": nka.softmax, "layer_norm": nka.layer_norm}[op]
+    ref = {"softmax": lambda t: torch.softmax(t, -1),
+           "layer_norm": lambda t: F.layer_norm(t, t.shape[-1:])}[op]
+    leaf, leaf_ref = base.clone().requires_grad_(), base.clone().requires_grad_()
+    x, x_ref = make(leaf), make(leaf_ref)
+    assert x.is_neg() if view == "negative" else not x.is_contiguous()
+    y, y_ref = ours(x), ref(x_ref)
+    up = torch.randn(y.shape, generator=gen, dtype=y.dtype)
+    y.backward(up)
+    y_ref.backward(up)
+    assert _rel(y, y_ref) <= 1e-12
+    assert _rel(leaf.grad, leaf_ref.grad) <= 1e-12
+    assert y.data_ptr() != leaf.data_ptr()
+
+
 def test_no_grad_uses_plain_ops():
     x = torch.randn(3, 4)
     w = torch.randn(5, 4, requires_grad=True)
