@@ -184,6 +184,27 @@ def _cc(arch: str) -> tuple:
     return int(arch[3]), int(arch[4])
 
 
+import contextlib
+
+
+@contextlib.contextmanager
+def _device_cc(cc):
+    """Device functions compiled for `cc` without a driver.  numba-cuda compiles a called
+    device function for the current device's compute capability (CUDADispatcher
+    .compile_device asks the driver); here the chip being built stands in for it."""
+    from numba.cuda import dispatcher
+
+    class _Chip:
+        compute_capability = cc[:2]
+
+    real = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _Chip
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = real
+
+
 def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=(), arch_specific=False):
     """ptxas -v results of one kernel in one dtype for several chips: {arch: info (registers,
     shared memory, spills, the object's path), or the exception its build raised};
@@ -203,9 +224,10 @@ def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=(), 
             if front not in libs:
                 # what cuda.compile_ptx does, with the library kept for the other chips;
                 # the dispatcher's own options (launch bounds, fastmath) apply here too
-                libs[front], _ = compiler._compile_pyfunc_with_fixup(
-                    disp.py_func, argtypes(dt), device=False, abi="numba", cc=cc,
-                    launch_bounds=opts.get("launch_bounds"), fastmath=bool(opts.get("fastmath", False)))
+                with _device_cc(cc):
+                    libs[front], _ = compiler._compile_pyfunc_with_fixup(
+                        disp.py_func, argtypes(dt), device=False, abi="numba", cc=cc,
+                        launch_bounds=opts.get("launch_bounds"), fastmath=bool(opts.get("fastmath", False)))
             same = (front, cc[0], arch_specific)  # NVVM's output the same but for .target
             if same in ptxs:
                 done, done_target = ptxs[same]
