@@ -11,9 +11,9 @@ Same names and signatures as the plain ops.  Each forward and each backward is a
 autograd formula, so `torch.compile` sees opaque ops instead of breaking the graph; in
 eager mode the same forward, context and backward functions run through a
 torch.autograd.Function, which costs far less per call than the custom-op machinery (see
-_Op).  The
-forward ops call the plain `dispatch` ops on the tensors' memory (dispatch.interop, no
-copies); the backward ops call the registered backward ops (``dispatch.softmax_backward``,
+_Op).  The forward ops call the plain `dispatch` ops on the tensors' memory (numpy views
+made once per call by _Op.eager, no copies; CUDA tensors through dispatch.interop); the
+backward ops call the registered backward ops (``dispatch.softmax_backward``,
 ``dispatch.layer_norm_backward``, ...), which the tests, the report and asv cover like any
 op.
 
