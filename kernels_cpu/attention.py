@@ -91,84 +91,70 @@ SPLIT_MIN = 256  # fewest keys per split-KV split
 # ---- the register-blocked micro-kernel -------------------------------------------------
 
 def _make_micro(fir, width, rows, nvec, vstride=False):
-    """C[r, 0:width*nvec] (+)= sum_k A[r*a_rs + k*a_ks] * B[k*ldb + 0:width*nvec] for r < rows.
+    """An emitter of C[r, 0:width*nvec] (+)= sum_k A[r*a_rs + k*a_ks] * B[k*ldb + 0:width*nvec]
+    for r < rows: emit(builder, args) writes the block's LLVM IR where the builder stands.
 
-    All arguments are int64: element pointers (from ``arr.ctypes.data``) and strides in
-    elements.  accumulate != 0 adds to C, else C is overwritten.  The rows x nvec vector
-    accumulators live in registers for the whole k loop (allocas promoted by LLVM).
-    vstride: B's vector v is at B[k*ldb + v*b_vs] (a last argument b_vs) instead of
-    B[k*ldb + v*width]: blocks of two K^T panels (pack_k_head) in one call."""
+    args are int64 LLVM values: element pointers (from ``arr.ctypes.data``) and strides in
+    elements, (a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate[, b_vs]).
+    accumulate != 0 adds to C, else C is overwritten.  The rows x nvec vector accumulators
+    live in registers for the whole k loop (allocas promoted by LLVM).  vstride: B's vector
+    v is at B[k*ldb + v*b_vs] (a last argument b_vs) instead of B[k*ldb + v*width]: blocks of
+    two K^T panels (pack_k_head) in one call."""
     vty = ir.VectorType(fir, width)
     suffix = "v%d%s" % (width, "f32" if isinstance(fir, ir.FloatType) else "f64")
     isz = 4 if isinstance(fir, ir.FloatType) else 8
 
-    def micro_typer(typingctx, *argtys):
-        sig = types.none(*([types.intp] * (10 if vstride else 9)))
+    def emit(builder, args):
+        a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf = args[:9]
+        b_vs = args[9] if vstride else ir.Constant(ir.IntType(64), width)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        pty, vpty = fir.as_pointer(), vty.as_pointer()
+        A = builder.inttoptr(a_ptr, pty)
+        B = builder.inttoptr(b_ptr, pty)
+        C = builder.inttoptr(c_ptr, pty)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma." + suffix)
+        zero = ir.Constant(vty, None)
+        doacc = builder.icmp_signed("!=", accf, ir.Constant(i64, 0))
 
-        def codegen(context, builder, sig, args):
-            a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf = args[:9]
-            b_vs = args[9] if vstride else ir.Constant(ir.IntType(64), width)
-            i64, i32 = ir.IntType(64), ir.IntType(32)
-            pty, vpty = fir.as_pointer(), vty.as_pointer()
-            A = builder.inttoptr(a_ptr, pty)
-            B = builder.inttoptr(b_ptr, pty)
-            C = builder.inttoptr(c_ptr, pty)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma." + suffix)
-            zero = ir.Constant(vty, None)
-            doacc = builder.icmp_signed("!=", accf, ir.Constant(i64, 0))
+        def c_addr(r, v):
+            off = builder.add(builder.mul(ir.Constant(i64, r), ldc), ir.Constant(i64, v * width))
+            return builder.bitcast(builder.gep(C, [off]), vpty)
 
-            def c_addr(r, v):
-                off = builder.add(builder.mul(ir.Constant(i64, r), ldc), ir.Constant(i64, v * width))
-                return builder.bitcast(builder.gep(C, [off]), vpty)
-
-            accs = []
-            for r in range(rows):
-                row = []
-                for v in range(nvec):
-                    slot = cgutils.alloca_once(builder, vty)
-                    builder.store(zero, slot)
-                    row.append(slot)
-                accs.append(row)
-            with builder.if_then(doacc):
-                for r in range(rows):
-                    for v in range(nvec):
-                        builder.store(builder.load(c_addr(r, v), align=isz), accs[r][v])
-            bcast = ir.Constant(ir.VectorType(i32, width), [0] * width)
-            undef = ir.Constant(vty, ir.Undefined)
-            with cgutils.for_range(builder, kdim) as loop:
-                k = loop.index
-                bp = builder.gep(B, [builder.mul(k, ldb)])
-                bvs = [builder.load(builder.bitcast(builder.gep(bp, [builder.mul(b_vs, ir.Constant(i64, v))]), vpty),
-                                    align=isz) for v in range(nvec)]
-                kofs = builder.mul(k, a_ks)
-                for r in range(rows):
-                    ap = builder.gep(A, [builder.add(kofs, builder.mul(ir.Constant(i64, r), a_rs))])
-                    a = builder.insert_element(undef, builder.load(ap, align=isz), ir.Constant(i32, 0))
-                    a = builder.shuffle_vector(a, undef, bcast)
-                    for v in range(nvec):
-                        builder.store(builder.call(fma, [a, bvs[v], builder.load(accs[r][v])]), accs[r][v])
+        accs = []
+        for r in range(rows):
+            row = []
+            for v in range(nvec):
+                slot = cgutils.alloca_once(builder, vty)
+                builder.store(zero, slot)
+                row.append(slot)
+            accs.append(row)
+        with builder.if_then(doacc):
             for r in range(rows):
                 for v in range(nvec):
-                    builder.store(builder.load(accs[r][v]), c_addr(r, v), align=isz)
-            return context.get_dummy_value()
+                    builder.store(builder.load(c_addr(r, v), align=isz), accs[r][v])
+        bcast = ir.Constant(ir.VectorType(i32, width), [0] * width)
+        undef = ir.Constant(vty, ir.Undefined)
+        with cgutils.for_range(builder, kdim) as loop:
+            k = loop.index
+            bp = builder.gep(B, [builder.mul(k, ldb)])
+            bvs = [builder.load(builder.bitcast(builder.gep(bp, [builder.mul(b_vs, ir.Constant(i64, v))]), vpty),
+                                align=isz) for v in range(nvec)]
+            kofs = builder.mul(k, a_ks)
+            for r in range(rows):
+                ap = builder.gep(A, [builder.add(kofs, builder.mul(ir.Constant(i64, r), a_rs))])
+                a = builder.insert_element(undef, builder.load(ap, align=isz), ir.Constant(i32, 0))
+                a = builder.shuffle_vector(a, undef, bcast)
+                for v in range(nvec):
+                    builder.store(builder.call(fma, [a, bvs[v], builder.load(accs[r][v])]), accs[r][v])
+        for r in range(rows):
+            for v in range(nvec):
+                builder.store(builder.load(accs[r][v]), c_addr(r, v), align=isz)
 
-        return sig, codegen
-
-    if vstride:
-        @intrinsic
-        def micro_vs(typingctx, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate, b_vs):
-            return micro_typer(typingctx)
-        return micro_vs
-
-    @intrinsic
-    def micro(typingctx, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-        return micro_typer(typingctx)
-
-    return micro
+    return emit
 
 
-_micro_f32 = _make_micro(ir.FloatType(), 16, 8, 1) if WIDE else _make_micro(ir.FloatType(), 8, 4, 2)  # 8 accumulators
+_emit_micro_f32 = _make_micro(ir.FloatType(), 16, 8, 1) if WIDE else _make_micro(ir.FloatType(), 8, 4, 2)  # 8 accumulators
 # Two 16-column blocks at once on AVX-512 (16 zmm accumulators: 8 broadcasts and 2 B loads
 # feed 16 FMAs, where the one-block kernel issues 9 loads for 8): the flash item's S = Q K^T
 # over pairs of K^T panels and acc += P V over 32 of V's columns.  Sapphire Rapids, float32,
@@ -178,8 +164,8 @@ _micro_f32 = _make_micro(ir.FloatType(), 16, 8, 1) if WIDE else _make_micro(ir.F
 # 0.45-0.47, 4.87-4.95 -> 4.11-4.34, 7.97-8.04 -> 7.32-7.74.  Cold first call of bert-base
 # attention: 4.13-4.40 s -> 4.41-4.52 s (noisy; on a Haswell target, where pairs are two
 # one-block calls, 3.88-3.95 -> 3.85-4.11).
-_micro2_f32 = _make_micro(ir.FloatType(), 16, 8, 2, vstride=True) if WIDE else None
-_micro_f64 = _make_micro(ir.DoubleType(), 4, 2, 4)  # 2 x 16: 8 accumulators
+_emit_micro2_f32 = _make_micro(ir.FloatType(), 16, 8, 2, vstride=True) if WIDE else None
+_emit_micro_f64 = _make_micro(ir.DoubleType(), 4, 2, 4)  # 2 x 16: 8 accumulators
 # One row of C, ROW_NC float32 columns (8 vector accumulators): split-KV's acc += p V for a
 # query row, which the 8-row block above would compute 8 times over; the plain loop sent
 # the row through memory once per key.  Decode, 1 query, causal, float32, 2 threads,
@@ -189,65 +175,92 @@ _micro_f64 = _make_micro(ir.DoubleType(), 4, 2, 4)  # 2 x 16: 8 accumulators
 # the columns past the last block (a run-time start) took twice as long, so D that is not
 # a multiple of the block runs the plain loop whole.
 ROW_NC = 128 if WIDE else 64
-_row_micro_f32 = _make_micro(ir.FloatType(), ROW_NC // 8, 1, 8)
-_row_micro_f64 = _make_micro(ir.DoubleType(), ROW_NC // 16, 1, 8)
+_emit_row_micro_f32 = _make_micro(ir.FloatType(), ROW_NC // 8, 1, 8)
+_emit_row_micro_f64 = _make_micro(ir.DoubleType(), ROW_NC // 16, 1, 8)
+
+# micro, micro_pair and row_micro are intrinsics that pick the element type's block from
+# their first argument's type and write its code in place.  As @overload(inline="always")
+# wrappers around per-dtype intrinsics, numba typed a copy of the wrapper at every call site:
+# bert-base attention's cold first call spent 0.72 s typing micro (39 resolutions) and
+# 0.42 s micro_pair (6) of its 10 s (Zen 3, 2026-12-02); as plain calls LLVM left them out
+# of line and 1x12x512x64 causal ran 6.1-6.5 -> 8.6-9.9 ms.
+_I64 = ir.IntType(64)
 
 
-def micro(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
+def _plus(builder, ptr, k, stride):
+    """ptr + k * stride (int64 LLVM values; k a Python int)."""
+    return builder.add(ptr, builder.mul(ir.Constant(_I64, k), stride))
+
+
+def _emit_micro(builder, is32, args):
+    """MR x 16 block of `micro` (args as _make_micro's emitters take them, without b_vs)."""
+    if is32:
+        _emit_micro_f32(builder, args)
+        return
+    a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf = args
+    for h in range(MR // 2):  # 2-row float64 blocks
+        _emit_micro_f64(builder, [_plus(builder, a_ptr, h * 2 * 8, a_rs), a_rs, a_ks, b_ptr, ldb,
+                                  _plus(builder, c_ptr, h * 2 * 8, ldc), ldc, kdim, accf])
+
+
+def _float_type(x):
+    """True for float32, False for float64, None for anything else (the intrinsics' typing)."""
+    return {types.float32: True, types.float64: False}.get(x)
+
+
+@intrinsic
+def micro(typingctx, x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
     """MR x 16 block: C[0:MR, 0:16] (+)= A(MR x kdim, strides a_rs, a_ks) B(kdim x 16, row stride
     ldb).  x: any scalar of the element type (selects float32 / float64)."""
+    is32 = _float_type(x)
+    if is32 is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        _emit_micro(builder, is32, list(args[1:]))
+        return context.get_dummy_value()
+
+    return types.none(x, *([types.intp] * 9)), codegen
 
 
-@overload(micro, inline="always", **OVERLOAD)
-def _micro_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-    if x == types.float32:
-        def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-            _micro_f32(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
-        return f32
-
-    if MR == 8:  # four 2-row float64 blocks
-        def f64x4(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-            for h in range(4):
-                _micro_f64(a_ptr + h * 2 * 8 * a_rs, a_rs, a_ks, b_ptr, ldb, c_ptr + h * 2 * 8 * ldc, ldc, kdim,
-                           accumulate)
-        return f64x4
-
-    def f64(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate):
-        _micro_f64(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
-        _micro_f64(a_ptr + 2 * 8 * a_rs, a_rs, a_ks, b_ptr, ldb, c_ptr + 2 * 8 * ldc, ldc, kdim, accumulate)
-    return f64
-
-
-def micro_pair(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
+@intrinsic
+def micro_pair(typingctx, x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
     """Two MR x 16 blocks, C[0:MR, 0:32] (+)= A B0 | A B1, B1 b_vs elements after B0: one
-    register block on AVX-512 float32 (_micro2_f32), two micro calls elsewhere."""
+    register block on AVX-512 float32 (_emit_micro2_f32), two micro blocks elsewhere."""
+    is32 = _float_type(x)
+    if is32 is None:
+        return None
+    isz = 4 if is32 else 8
+
+    def codegen(context, builder, sig, args):
+        a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accf = args[1:]
+        if is32 and WIDE:
+            _emit_micro2_f32(builder, [a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf, b_vs])
+        else:
+            _emit_micro(builder, is32, [a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accf])
+            _emit_micro(builder, is32, [a_ptr, a_rs, a_ks, _plus(builder, b_ptr, isz, b_vs), ldb,
+                                        builder.add(c_ptr, ir.Constant(_I64, NC * isz)), ldc, kdim, accf])
+        return context.get_dummy_value()
+
+    return types.none(x, *([types.intp] * 10)), codegen
 
 
-@overload(micro_pair, inline="always", **OVERLOAD)
-def _micro_pair_overload(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
-    if x == types.float32 and WIDE:
-        def f32(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
-            _micro2_f32(a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate, b_vs)
-        return f32
-
-    isz = 4 if x == types.float32 else 8
-
-    def two(x, a_ptr, a_rs, a_ks, b_ptr, ldb, b_vs, c_ptr, ldc, kdim, accumulate):
-        micro(x, a_ptr, a_rs, a_ks, b_ptr, ldb, c_ptr, ldc, kdim, accumulate)
-        micro(x, a_ptr, a_rs, a_ks, b_ptr + b_vs * isz, ldb, c_ptr + NC * isz, ldc, kdim, accumulate)
-    return two
-
-
-def row_micro(x, a_ptr, b_ptr, ldb, c_ptr, kdim):
+@intrinsic
+def row_micro(typingctx, x, a_ptr, b_ptr, ldb, c_ptr, kdim):
     """C[0, 0:ROW_NC (float32) or ROW_NC/2 (float64)] += sum_k A[k] * B[k*ldb + ...]: one
     row, eight independent vector accumulators.  x: a scalar of the element type."""
+    is32 = _float_type(x)
+    if is32 is None:
+        return None
+    emit = _emit_row_micro_f32 if is32 else _emit_row_micro_f64
 
+    def codegen(context, builder, sig, args):
+        a_ptr, b_ptr, ldb, c_ptr, kdim = args[1:]
+        zero, one = ir.Constant(_I64, 0), ir.Constant(_I64, 1)
+        emit(builder, [a_ptr, zero, one, b_ptr, ldb, c_ptr, zero, kdim, one])
+        return context.get_dummy_value()
 
-@overload(row_micro, inline="always", **OVERLOAD)
-def _row_micro_overload(x, a_ptr, b_ptr, ldb, c_ptr, kdim):
-    if x == types.float32:
-        return lambda x, a_ptr, b_ptr, ldb, c_ptr, kdim: _row_micro_f32(a_ptr, 0, 1, b_ptr, ldb, c_ptr, 0, kdim, 1)
-    return lambda x, a_ptr, b_ptr, ldb, c_ptr, kdim: _row_micro_f64(a_ptr, 0, 1, b_ptr, ldb, c_ptr, 0, kdim, 1)
+    return types.none(x, *([types.intp] * 5)), codegen
 
 
 # ---- shared pieces ---------------------------------------------------------------------
@@ -276,78 +289,76 @@ def unit_row(typingctx, row):
 
 
 def _make_rowmax(fir, width, nacc=4):
+    """An emitter of max(init, x[0:n]) for the n elements at address ptr, in `width`-wide
+    vectors with `nacc` independent accumulators, then a shuffle tree: emit(builder, ptr,
+    n, init) writes the code and returns the LLVM value.  numba's max() loop stays scalar
+    (LLVM does not vectorize a compare+select reduction without nnan), which cost ~80 cycles
+    per 64-key row.  NaN inputs give an unspecified max (the row's output is NaN either
+    way)."""
     vty = ir.VectorType(fir, width)
     isz = 4 if isinstance(fir, ir.FloatType) else 8
 
-    @intrinsic
-    def rowmax(typingctx, ptr, n, init):
-        """max(init, x[0:n]) for the n elements at address ptr, in `width`-wide vectors with
-        `nacc` independent accumulators, then a shuffle tree.  numba's max() loop stays
-        scalar (LLVM does not vectorize a compare+select reduction without nnan), which
-        cost ~80 cycles per 64-key row.  NaN inputs give an unspecified max (the row's
-        output is NaN either way)."""
-        sig = init(types.intp, types.intp, init)
+    def emit(builder, ptr, n, init):
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        P = builder.inttoptr(ptr, fir.as_pointer())
 
-        def codegen(context, builder, sig, args):
-            ptr, n, init = args
-            i64, i32 = ir.IntType(64), ir.IntType(32)
-            P = builder.inttoptr(ptr, fir.as_pointer())
+        def vmax(x, y):
+            return builder.select(builder.fcmp_ordered(">", x, y), x, y)
 
-            def vmax(x, y):
-                return builder.select(builder.fcmp_ordered(">", x, y), x, y)
+        undef = ir.Constant(vty, ir.Undefined)
+        splat = builder.insert_element(undef, init, ir.Constant(i32, 0))
+        splat = builder.shuffle_vector(splat, undef, ir.Constant(ir.VectorType(i32, width), [0] * width))
+        accs = []
+        for _ in range(nacc):
+            slot = cgutils.alloca_once(builder, vty)
+            builder.store(splat, slot)
+            accs.append(slot)
+        step = width * nacc
+        nblk = builder.sdiv(n, ir.Constant(i64, step))
+        with cgutils.for_range(builder, nblk) as loop:
+            base = builder.mul(loop.index, ir.Constant(i64, step))
+            for t in range(nacc):
+                p = builder.gep(P, [builder.add(base, ir.Constant(i64, t * width))])
+                x = builder.load(builder.bitcast(p, vty.as_pointer()), align=isz)
+                builder.store(vmax(builder.load(accs[t]), x), accs[t])
+        v = builder.load(accs[0])
+        for t in range(1, nacc):
+            v = vmax(v, builder.load(accs[t]))
+        h = width // 2
+        while h >= 1:
+            sh = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(i32, width),
+                                                              [(t + h) % width for t in range(width)]))
+            v = vmax(v, sh)
+            h //= 2
+        sacc = cgutils.alloca_once(builder, fir)
+        builder.store(builder.extract_element(v, ir.Constant(i32, 0)), sacc)
+        start = builder.mul(nblk, ir.Constant(i64, step))
+        with cgutils.for_range_slice(builder, start, n, ir.Constant(i64, 1), inc=True) as (idx, _):
+            x = builder.load(builder.gep(P, [idx]))
+            m = builder.load(sacc)
+            builder.store(builder.select(builder.fcmp_ordered(">", x, m), x, m), sacc)
+        return builder.load(sacc)
 
-            undef = ir.Constant(vty, ir.Undefined)
-            splat = builder.insert_element(undef, init, ir.Constant(i32, 0))
-            splat = builder.shuffle_vector(splat, undef, ir.Constant(ir.VectorType(i32, width), [0] * width))
-            accs = []
-            for _ in range(nacc):
-                slot = cgutils.alloca_once(builder, vty)
-                builder.store(splat, slot)
-                accs.append(slot)
-            step = width * nacc
-            nblk = builder.sdiv(n, ir.Constant(i64, step))
-            with cgutils.for_range(builder, nblk) as loop:
-                base = builder.mul(loop.index, ir.Constant(i64, step))
-                for t in range(nacc):
-                    p = builder.gep(P, [builder.add(base, ir.Constant(i64, t * width))])
-                    x = builder.load(builder.bitcast(p, vty.as_pointer()), align=isz)
-                    builder.store(vmax(builder.load(accs[t]), x), accs[t])
-            v = builder.load(accs[0])
-            for t in range(1, nacc):
-                v = vmax(v, builder.load(accs[t]))
-            h = width // 2
-            while h >= 1:
-                sh = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(i32, width),
-                                                                  [(t + h) % width for t in range(width)]))
-                v = vmax(v, sh)
-                h //= 2
-            sacc = cgutils.alloca_once(builder, fir)
-            builder.store(builder.extract_element(v, ir.Constant(i32, 0)), sacc)
-            start = builder.mul(nblk, ir.Constant(i64, step))
-            with cgutils.for_range_slice(builder, start, n, ir.Constant(i64, 1), inc=True) as (idx, _):
-                x = builder.load(builder.gep(P, [idx]))
-                m = builder.load(sacc)
-                builder.store(builder.select(builder.fcmp_ordered(">", x, m), x, m), sacc)
-            return builder.load(sacc)
-
-        return sig, codegen
-
-    return rowmax
+    return emit
 
 
-_rowmax_f32 = _make_rowmax(ir.FloatType(), 8, 2)
-_rowmax_f64 = _make_rowmax(ir.DoubleType(), 4, 2)
+_emit_rowmax_f32 = _make_rowmax(ir.FloatType(), 8, 2)
+_emit_rowmax_f64 = _make_rowmax(ir.DoubleType(), 4, 2)
 
 
-def rowmax(ptr, n, init):
-    """max(init, the n elements at address ptr); float32 or float64 after init's type."""
+@intrinsic
+def rowmax(typingctx, ptr, n, init):
+    """max(init, the n elements at address ptr); float32 or float64 after init's type (an
+    intrinsic for the reason micro is one)."""
+    is32 = _float_type(init)
+    if is32 is None:
+        return None
+    emit = _emit_rowmax_f32 if is32 else _emit_rowmax_f64
 
+    def codegen(context, builder, sig, args):
+        return emit(builder, *args)
 
-@overload(rowmax, inline="always", **OVERLOAD)
-def _rowmax_overload(ptr, n, init):
-    if init == types.float32:
-        return lambda ptr, n, init: _rowmax_f32(ptr, n, init)
-    return lambda ptr, n, init: _rowmax_f64(ptr, n, init)
+    return init(types.intp, types.intp, init), codegen
 
 
 @njit(inline="always", **JIT)
