@@ -32,6 +32,7 @@ Must run WITHOUT the simulator (compile_ptx fails under NUMBA_ENABLE_CUDASIM=1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -184,14 +185,14 @@ def _cc(arch: str) -> tuple:
     return int(arch[3]), int(arch[4])
 
 
-import contextlib
-
-
 @contextlib.contextmanager
 def _device_cc(cc):
     """Device functions compiled for `cc` without a driver.  numba-cuda compiles a called
     device function for the current device's compute capability (CUDADispatcher
-    .compile_device asks the driver); here the chip being built stands in for it."""
+    .compile_device asks the driver); here the chip being built stands in for it.  The
+    device function keeps that compile for the rest of the process (its dispatcher caches
+    it by argument types): the same typed code for every chip from SHARED_FRONT_END_FROM
+    up, which NVVM then compiles for the kernel's own chip."""
     from numba.cuda import dispatcher
 
     class _Chip:
