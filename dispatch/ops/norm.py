@@ -30,6 +30,11 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_b
 # Under tbb a parallel call costs ~10 us more than a serial one at these sizes (16 rows:
 # 18.3 vs 10.4 us); the earlier thresholds (2^15 / 2^16, from 2026-11-22 under another
 # threading layer, 3-4 us per hand-out) sent 64-256 rows to the slower kernel.
+# On an AVX2 Zen 3 VM (2026-12-02) the verdict at 512 rows (2^18.6) depended on what ran
+# between calls: the forward alone in a loop, serial / parallel 128-189 / 178-263 us, and
+# right after a PyTorch linear 597-744 / 737-898 us; but batches of 20 autograd forward +
+# backward calls 1276-1438 / 1011-1083 us.  2^18 stays (git log of this line: 5c32445 and
+# its revert).
 PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
 _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
                            "tie at 2^18.6 elements",

@@ -49,6 +49,9 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, serial_parallel_r
 #   512 rows (a) 198 / 115 (e) 208 / 216;  1024 rows (a) 417 / 245 (e) 428 / 268.
 # Crossovers between 2^17.6 and 2^18.6 elements: 2^18 for both (the tuner, python -m
 # bench tune, overrides the rule per shape where it measures otherwise).
+# (On an AVX2 Zen 3 VM, 2026-12-02, layer_norm_backward at 512 rows: serial / parallel 239 /
+# 288 us in a loop, but the autograd forward + backward pair ran faster parallel: see
+# dispatch/ops/norm.py.)
 PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 18, "rms_norm_backward": 1 << 18}
 _MEASURED = {op: f"{op} float32 serial vs parallel (tbb, loop and paced): crossover between 2^17.6 and 2^18.6 "
                  "elements (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
