@@ -301,6 +301,17 @@ def _blocks(mp, npn):
 # 768x768 21.7 / 22.2, 1024x1024 27.9 / 24.5, 768x3072 43.3 / 33.0, 4096x4096 193.5 / 118.1.
 ONE_ROW_PATH_MAX = 1
 ROWS_SERIAL_MAX = 1 << 20
+# A is packed on the calling thread up to this many elements (rows x K), on the workers
+# above: waking a sleeping worker for a few microseconds of packing cost more than it
+# saved (the GEMM wakes the workers anyway).  Time with A packed on the calling thread /
+# on the workers, matmul_int8 (int8 A: pack_a_int) and dynamic_quant_linear (float32 A,
+# quantized while packed: more work per element), 2 threads, AMX host (Sapphire
+# Rapids-class Xeon), paired medians of 11 x 20 calls (2026-12-02): 32x64x32 0.51 / 0.50,
+# 8x768x768 0.85 / 0.89, 32x768x768 0.89 / 0.90, 64x768x768 0.93 / 1.04, 64x1024x1024
+# 1.02 / 1.08, 128x768x768 0.99 / 1.09, 32x4096x1024 0.91 / 1.03, 128x3072x768 0.99 /
+# 1.23, 512x768x768 1.02 / 1.18.
+PACK_INT_SERIAL_MAX = 1 << 17
+PACK_QUANT_SERIAL_MAX = 1 << 15
 
 
 def _run_packed(path):
@@ -333,13 +344,14 @@ def _run_packed(path):
         if transposed:
             x2 = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
             sa = np.empty(rows)
-            K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=threads)
+            K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=1 if rows * kdim <= PACK_QUANT_SERIAL_MAX else threads)
             if not np.all(np.isfinite(sa)):
                 raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
         else:
             a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
             sa, za = _row_params(a, rows, a.shape[-2])
-            K.pack_a(a2, abuf, c, rs, za=kernel_input(za), nworkers=threads)
+            K.pack_a(a2, abuf, c, rs, za=kernel_input(za),
+                     nworkers=1 if rows * kdim <= PACK_INT_SERIAL_MAX else threads)
         bias_v = _zeros(n) if bias is None else kernel_input(bias)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
