@@ -75,8 +75,8 @@ from numba.extending import intrinsic, overload
 from . import target
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh,
                      relu, silu, wide_loops)
-from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, run_serial, run_workers,
-                       worker_address)
+from .parallel import (addresses, aligned_empty, c_array_at, call_address, call_literal, fetch_add, run_serial,
+                       run_workers, worker_address)
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",
@@ -444,7 +444,8 @@ def pack_b(b, transposed, path):
     pad = np.zeros((kq * kg, npn * nr), et)
     pad[:k, :n] = bk
     # (kq, kg, npn, nr) -> (npn, kq, nr, kg)
-    packed = np.ascontiguousarray(pad.reshape(kq, kg, npn, nr).transpose(2, 0, 3, 1))
+    packed = aligned_empty((npn, kq, nr, kg), et)  # its panels on cache lines (tile / zmm rows)
+    packed[...] = pad.reshape(kq, kg, npn, nr).transpose(2, 0, 3, 1)
     colsum = bk.astype(np.int64).sum(axis=0).astype(np.float64)
     return packed.reshape(-1).view(np.int32), colsum
 

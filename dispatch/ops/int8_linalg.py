@@ -337,7 +337,7 @@ def _run_packed(path):
         mr, nr, kg = K.TILES[kpath]
         kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
-        abuf = np.empty((mp * mr, kq * kg), et)
+        abuf = K.aligned_empty((mp * mr, kq * kg), et)  # rows on cache lines: AMX tile / zmm rows
         c = np.empty(rows)
         rs = np.empty(rows)
         threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else numba.get_num_threads()
