@@ -72,11 +72,13 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from kernels_common.memory import aligned_empty
+
 from . import target
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh,
                      relu, silu, wide_loops)
-from .parallel import (addresses, aligned_empty, c_array_at, call_address, call_literal, fetch_add, run_serial,
-                       run_workers, worker_address)
+from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, run_serial, run_workers,
+                       worker_address)
 
 PATH_VNNI512, PATH_AVX2, PATH_PORTABLE, PATH_AMX, PATH_AMX_ROWS, PATH_VNNI_ROWS = 0, 1, 2, 3, 4, 5
 PATH_NAMES = {PATH_AMX: "amx-int8 tdpbusd (16x64 tiles, u8 x s8)",

@@ -30,6 +30,8 @@ import threading
 
 import numpy as np
 
+from kernels_common.memory import ALIGN as LINE
+
 __public__ = ("empty_cache",)
 
 # Results from 128 KiB (glibc's initial mmap threshold) up: below that malloc's bins serve
@@ -119,10 +121,14 @@ def empty(shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     cls = -(-n // ALIGN) * ALIGN
     with _LOCK:
-        raw = take(_BUFS, _KEPT, cls, cls, KEEP_BYTES, PER_CLASS, idle, lambda: np.empty(cls, np.uint8), _drop_idle)
+        raw = take(_BUFS, _KEPT, cls, cls, KEEP_BYTES, PER_CLASS, idle, lambda: np.empty(cls + LINE, np.uint8),
+                   _drop_idle)
     if raw is None:
         return np.empty(shape, dtype)
-    return raw[:n].view(dtype).reshape(shape)
+    # the result starts on a cache line (kernels_common.memory: vector stores not split); a
+    # view of the kept buffer itself, whose reference count is the idle test
+    off = -raw.ctypes.data % LINE
+    return raw[off:off + n].view(dtype).reshape(shape)
 
 
 def take(store: dict, kept: list, key, size: int, limit: int, per_key: int, is_idle, allocate, drop):

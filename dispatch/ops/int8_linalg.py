@@ -47,6 +47,7 @@ import numba
 import numpy as np
 
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
+from kernels_common.memory import aligned_empty
 from kernels_cpu import int8_gemm as K
 
 from .. import validate as V
@@ -337,7 +338,7 @@ def _run_packed(path):
         mr, nr, kg = K.TILES[kpath]
         kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
-        abuf = K.aligned_empty((mp * mr, kq * kg), et)  # rows on cache lines: AMX tile / zmm rows
+        abuf = aligned_empty((mp * mr, kq * kg), et)  # rows on cache lines: AMX tile / zmm rows
         c = np.empty(rows)
         rs = np.empty(rows)
         threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else numba.get_num_threads()

@@ -30,6 +30,7 @@ import numba
 import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
+from kernels_common.memory import ALIGN, aligned_empty
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 from kernels_cpu import gemm as K
 
@@ -115,7 +116,7 @@ def _prepack_gemm(weight, dt, op, groups):
         b3, transb = np.ascontiguousarray(weight).reshape(1, k, n), False
     tile = K.active_tile()
     _, sb = K.pack_shapes(1, 1, 1, n, k, dt, tile)
-    panels = np.empty(sb, dt)
+    panels = aligned_empty(sb, dt)  # B rows on cache lines: 1.5-5% faster GEMMs (kernels_common.memory)
     if n and k:
         K.pack_b(kernel_input(b3), transb, panels, tile)
     return PackedWeight(op, _readonly_source(weight), panels, tile.nr(dt), tile=tile.name)
@@ -337,10 +338,20 @@ def _workspace(n, dtype):
         bufs = _WORKSPACE.by_dtype = {}
     buf = bufs.get(dtype)
     if buf is None or buf.size < n:
-        buf = np.empty(n, dtype)
+        buf = aligned_empty(n, dtype)  # the micro-kernel's B rows on cache lines (kernels_common.memory)
         if n <= WORKSPACE_KEEP:
             bufs[dtype] = buf
     return buf[:n]
+
+
+def _panel_buffers(sa, sb, dtype):
+    """Workspace for packed A panels of shape sa and B panels of shape sb (K.pack_shapes),
+    each starting on a cache line."""
+    line = ALIGN // np.dtype(dtype).itemsize
+    na, nb = math.prod(sa), math.prod(sb)
+    skip = -(-na // line) * line
+    ws = _workspace(skip + nb, dtype)
+    return ws[:na].reshape(sa), ws[skip:skip + nb].reshape(sb)
 
 
 def _degenerate(out3, bias, code):
@@ -395,8 +406,7 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(out3.dtype), tile)
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype, tile)
     if packed is None:
-        ws = _workspace(math.prod(sa) + math.prod(sb), out3.dtype)
-        ap, bp = ws[:math.prod(sa)].reshape(sa), ws[math.prod(sa):].reshape(sb)
+        ap, bp = _panel_buffers(sa, sb, out3.dtype)
     else:
         ap, bp = _workspace(math.prod(sa), out3.dtype).reshape(sa), kernel_input(packed)
     K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, has_epilogue, code, out3, ap, bp, packed is not None,

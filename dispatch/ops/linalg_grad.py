@@ -43,7 +43,7 @@ from kernels_cpu import linalg_grad as KG
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, kernel_input
-from .linalg import GEMV_ROWS, SMALL_PRODUCT, _batch_index, _gemm_blocks, _workspace, _zeros
+from .linalg import GEMV_ROWS, SMALL_PRODUCT, _batch_index, _gemm_blocks, _panel_buffers, _zeros
 
 _KERNELS = ("kernels_cpu.linalg_grad", "kernels_cpu.gemm", "kernels_cpu.activation_grad", "kernels_cpu.approx",
             "kernels_cpu.parallel")
@@ -177,9 +177,7 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
     dt = out3.dtype
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(dt), tile)
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, dt, tile)
-    na, nb = math.prod(sa), math.prod(sb)
-    ws = _workspace(na + nb, dt)
-    ap, bp = ws[:na].reshape(sa), ws[na:].reshape(sb)
+    ap, bp = _panel_buffers(sa, sb, dt)
     packer, extra = None, ()
     if kind is not None:
         packer = KG.grad_packer(kind, dt, ti)
