@@ -10,6 +10,7 @@ import pytest
 
 import dispatch
 from dispatch.ops import _arena
+from kernels_common.memory import ALIGN
 from tests.support import ON_CUDA, TOL, assert_close, rng
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +53,20 @@ def test_reused_only_when_unreferenced():
     y4 = dispatch.softmax(x)           # every earlier buffer is free now: one is reused
     assert _addr(y4) in seen
     assert_close(y4, _ref_softmax(x), TOL[np.dtype(np.float32)], "softmax in a reused buffer")
+
+
+def test_results_start_on_a_cache_line():
+    """The arena offsets each result into its buffer so that it starts on a 64-byte line
+    (kernels_common.memory.ALIGN), and the buffer it keeps is still what a result refers to
+    (the idle test counts references to it)."""
+    x = rng().standard_normal(SHAPE).astype(np.float32)
+    dispatch.empty_cache()
+    ys = [dispatch.softmax(x) for _ in range(3)]
+    for y in ys:
+        assert _addr(y) % ALIGN == 0
+        assert any(y.base is buf for bufs in _arena._BUFS.values() for buf in bufs)
+    del ys
+    assert dispatch.empty_cache() > 0  # all three idle again, so freed
 
 
 def test_live_results_never_share_memory_across_threads():

@@ -410,6 +410,39 @@ def test_prepacked_views_and_explain():
     assert not pw.weight.flags.writeable
 
 
+@pytest.mark.parametrize("shape, dtype", [((0,), np.float32), ((7,), np.int8), ((3, 5), np.float64),
+                                          ((2, 3, 4), np.float32)], ids=str)
+def test_aligned_empty(shape, dtype):
+    """kernels_common.memory.aligned_empty: the requested array, on a 64-byte line, writable
+    without touching the bytes around it."""
+    from kernels_common.memory import ALIGN, aligned_empty
+    a = aligned_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    assert a.size == 0 or a.__array_interface__["data"][0] % ALIGN == 0  # (an empty slice keeps no offset)
+    base = a.base
+    base[...] = 7
+    a[...] = 0
+    assert (base == 7).sum() == base.size - a.nbytes
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's panels")
+@pytest.mark.parametrize("k", [1, 5, 64, 333])
+def test_panels_start_on_cache_lines(k):
+    """Packed A and B panels (each GEMM call's workspace) and a prepacked weight's panels
+    start on 64-byte lines: the micro-kernel's B row loads are not split (dispatch/ops/linalg.py)."""
+    from dispatch.ops import linalg as LA
+    from kernels_common.memory import ALIGN
+    from kernels_cpu import gemm as KG
+    for dtype in (np.float32, np.float64):
+        sa, sb = KG.pack_shapes(1, 1, 13, 50, k, dtype)
+        ap, bp = LA._panel_buffers(sa, sb, dtype)
+        assert ap.shape == sa and bp.shape == sb and not np.shares_memory(ap, bp)
+        for arr in (ap, bp):
+            assert arr.__array_interface__["data"][0] % ALIGN == 0
+        pw = dispatch.prepack(randn(rng(), (50, k), dtype))
+        assert pw.panels.__array_interface__["data"][0] % ALIGN == 0
+
+
 @pytest.mark.skipif(ON_CUDA, reason="prepack packs for the CPU GEMM")
 @pytest.mark.parametrize("call, err, match", [
     (lambda w, p: dispatch.linear(np.ones((3, 5), np.float32), p), ValueError, "K=5"),
