@@ -324,13 +324,14 @@ def test_explain_picks_gemv_for_one_row_with_epilogue():
 
 
 @host_only
-@pytest.mark.parametrize("core, lanes, want", [("Haswell", 16, "cpu-gemm"), ("SkylakeX", 16, "blas"),
-                                               ("Haswell", 8, "blas"), (None, 16, "blas")])
-def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want):
-    """A large plain product goes to our GEMM only where numpy's OpenBLAS runs a core
-    without AVX-512 kernels on a host whose GEMM tile has 16-lane vectors; small or narrow
-    products stay on OpenBLAS.  With a prepacked weight the same holds from a smaller
-    product (128x384x384) on."""
+@pytest.mark.parametrize("core, lanes, want", [("Haswell", 16, "cpu-gemm"), ("SkylakeX", 16, "cpu-gemm"),
+                                               ("Haswell", 8, "blas"), (None, 16, "cpu-gemm")])
+def test_plain_product_rule_follows_the_tile(monkeypatch, core, lanes, want):
+    """A large plain product goes to our GEMM on a host whose GEMM tile has 16-lane vectors
+    (whatever OpenBLAS's core: its threads left spinning slow our next kernel), to OpenBLAS
+    with the 8-lane tile; small or narrow products stay on OpenBLAS.  With a prepacked
+    weight the same holds from a smaller product (128x384x384) on; the linear_backward of
+    a plain linear follows the tile too."""
     from dispatch.ops import linalg as L
     monkeypatch.setattr(L, "blas_core", lambda: core)
     monkeypatch.setattr(L.K, "active_tile", lambda: L.K.TILES[1 if lanes == 16 else 0])
@@ -344,6 +345,11 @@ def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want
     packed = describe(a, dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
     assert packed.prepacked and L._order(packed)[0][0] == want
     assert L._order(describe(a, np.ones((384, 384), F32)).key)[0][0] == "blas"      # the same, not prepacked
+    from dispatch.ops import linalg_grad as LG
+    g = np.ones((128, 768), F32)
+    plain_backward = dispatch.registry.OPS["linear_backward"].describe(g, np.ones((128, 768), F32),
+                                                                        np.ones((768, 768), F32), has_bias=True).key
+    assert LG._order(plain_backward)[0][0] == ("cpu-gemm" if lanes == 16 else "blas")
     tiny = describe(np.ones((32, 384), F32), dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
     narrow_packed = describe(a, dispatch.prepack(np.ones((384, 64), F32), op="matmul")).key
     assert L._order(tiny)[0][0] == "blas" and L._order(narrow_packed)[0][0] == "blas"

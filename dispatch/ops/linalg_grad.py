@@ -43,7 +43,8 @@ from kernels_cpu import linalg_grad as KG
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
 from ._common import HOST_COPY_NOTE, kernel_input
-from .linalg import GEMV_ROWS, SMALL_PRODUCT, _batch_index, _gemm_blocks, _panel_buffers, _zeros
+from .linalg import (GEMV_ROWS, SMALL_PRODUCT, WIDE_GEMM_MIN_N, WIDE_GEMM_PRODUCT, _batch_index, _gemm_blocks,
+                     _panel_buffers, _zeros)
 
 _KERNELS = ("kernels_cpu.linalg_grad", "kernels_cpu.gemm", "kernels_cpu.activation_grad", "kernels_cpu.approx",
             "kernels_cpu.parallel")
@@ -331,6 +332,11 @@ def _bytes(call):
 # lose ~20% of CPU time on one thread); without one, the plain products go to OpenBLAS as
 # linalg's rule sends plain forward products there (faster in CPU time), dbias a numpy sum.
 # Tiny or decode-like products (linalg's thresholds): packing and a parallel region cost more.
+# Without an activation on the 16-lane tiles' hosts our GEMM after all, as linalg's plain
+# products there (same size rule): a 2-layer MLP's backward (128 tokens, 768 -> 3072 -> 768; linear_backward
+# without activation, then with gelu), Sapphire Rapids-class Xeon, 2 threads, medians of 11 x 5
+# after 0.25 s pauses (2026-12-02): the no-activation layer alone blas 5.69 / cpu-gemm 5.90 ms,
+# the two layers 15.33 / 12.59 ms (OpenBLAS's spinning threads slow the gelu layer's GEMMs).
 def _order(key):
     m, n, k = key.m, key.n, key.k
     if m < GEMV_ROWS:
@@ -341,6 +347,9 @@ def _order(key):
     if key.act != ACT_NONE:
         return ("cpu-gemm", "blas"), ("activation: act'(pre) * grad_out formed in the backward GEMMs' packing "
                                       "(no elementwise pass, no (M, N) g' array), dbias from the same panels")
+    if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and K.active_tile().lanes32 == 16:
+        return ("cpu-gemm", "blas"), (f"no activation, {K.active_tile().name} tile: as fast as OpenBLAS alone, and no "
+                                      "OpenBLAS threads left spinning to slow the next parallel kernel")
     return ("blas", "cpu-gemm"), "no activation: two plain products, OpenBLAS as fast or faster (linalg's rule)"
 
 
