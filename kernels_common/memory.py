@@ -1,5 +1,7 @@
 """Buffers the kernels stream, placed on cache lines (no numba import: kernels_cpu and
 dispatch both allocate them)."""
+import math
+
 import numpy as np
 
 # Byte alignment of the buffers the micro-kernels stream: a 64-byte vector (zmm) or AMX
@@ -15,7 +17,7 @@ def aligned_empty(shape, dtype, align=ALIGN):
     """np.empty(shape, dtype) whose data starts on an `align`-byte boundary (a view of a
     slightly larger buffer, which it keeps alive as its base)."""
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    n = math.prod(shape if isinstance(shape, (tuple, list)) else (shape,)) * dtype.itemsize  # (np.prod: 2.5 us)
     raw = np.empty(n + align, np.uint8)
     off = -raw.ctypes.data % align
     return raw[off:off + n].view(dtype).reshape(shape)
