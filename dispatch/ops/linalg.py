@@ -570,9 +570,9 @@ WIDE_GEMM_MIN_N = 128
 # such a host a prepacked weight goes to cpu-gemm from M*N*K buckets of 2^23 (N bucket >= 128).
 PREPACKED_GEMM_PRODUCT = 1 << 23
 # On hosts with the 16-lane tiles a plain product (M*N*K bucket >= 2^25, N bucket >= 128: the
-# Zen 5 crossover above) goes to our GEMM whatever OpenBLAS's core: alone they are close, and OpenBLAS's threads keep
-# spinning after its call (for ~0.1 s), taking the second core from the next parallel
-# kernel.  Sapphire Rapids-class Xeon, OpenBLAS SkylakeX kernels, 2 threads, medians of 9 x 5
+# Zen 5 crossover above) goes to our GEMM whatever OpenBLAS's core: alone they are close,
+# and OpenBLAS's threads keep spinning after its call (for ~0.1 s), taking the second core
+# from the next parallel kernel.  Sapphire Rapids-class Xeon, OpenBLAS SkylakeX kernels, 2 threads, medians of 9 x 5
 # calls after 0.25 s pauses (2026-12-02), ms, blas / cpu-gemm: alone 128x768x768 1.01-1.21 /
 # 1.12-1.17, 512x768x768 2.43-2.62 / 2.60-2.64, 128x3072x768 2.95-3.13 / 3.47-3.54,
 # 128x768x3072 3.10 / 3.23, 1024^3 7.66 / 7.72, 3168x384x384 3.83 / 3.66; followed by our
