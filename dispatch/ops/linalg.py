@@ -569,16 +569,18 @@ WIDE_GEMM_MIN_N = 128
 # 695/690 -> 375/398; with N = 64 blas keeps it (3136x576x64 975/1014 -> 1016/1051).  So on
 # such a host a prepacked weight goes to cpu-gemm from M*N*K buckets of 2^23 (N bucket >= 128).
 PREPACKED_GEMM_PRODUCT = 1 << 23
-# On hosts with the 16-lane tiles a plain product (M*N*K bucket >= 2^25, N bucket >= 128: the
-# Zen 5 crossover above) goes to our GEMM whatever OpenBLAS's core: alone they are close,
-# and OpenBLAS's threads keep spinning after its call (for ~0.1 s), taking the second core
-# from the next parallel kernel.  Sapphire Rapids-class Xeon, OpenBLAS SkylakeX kernels, 2 threads, medians of 9 x 5
-# calls after 0.25 s pauses (2026-12-02), ms, blas / cpu-gemm: alone 128x768x768 1.01-1.21 /
-# 1.12-1.17, 512x768x768 2.43-2.62 / 2.60-2.64, 128x3072x768 2.95-3.13 / 3.47-3.54,
-# 128x768x3072 3.10 / 3.23, 1024^3 7.66 / 7.72, 3168x384x384 3.83 / 3.66; followed by our
-# layer_norm and linear 768 -> 3072 + gelu (a transformer's next ops): 128x768x768 5.89 /
-# 4.68, 512x768x768 15.28 / 12.04, 128x3072x768 7.98 / 7.38.  A prepacked weight moves it to
-# 2^23 on these hosts, as on Zen 5 above.  (8-lane hosts: not measured so; blas keeps it there.)
+# Measured, not adopted: a plain product on our GEMM where OpenBLAS has AVX-512 kernels too.
+# Alone they are close, and OpenBLAS's threads keep spinning after its call (~0.1 s), taking
+# the second core from the next parallel kernel.  Sapphire Rapids-class Xeon, OpenBLAS
+# SkylakeX kernels, 2 threads, medians of 9 x 5 calls after 0.25 s pauses (2026-12-02), ms,
+# blas / cpu-gemm: alone 128x768x768 1.01-1.21 / 1.12-1.17, 512x768x768 2.43-2.62 /
+# 2.60-2.64, 128x3072x768 2.95-3.13 / 3.47-3.54, 128x768x3072 3.10 / 3.23, 1024^3 7.66 /
+# 7.72, 3168x384x384 3.83 / 3.66; followed by our layer_norm and linear 768 -> 3072 + gelu:
+# 128x768x768 5.89 / 4.68, 512x768x768 15.28 / 12.04, 128x3072x768 7.98 / 7.38.  But a plain
+# matmul's cold first call then compiles the GEMM (0.02 -> 2.0 s), and
+# linear_cross_entropy_with_grad's (its dx products are plain matmuls) went 3.1 -> 4.4 s, over
+# issue #8's 3 s: compile fewer GEMM variants first.  (linalg_grad's plain backward products
+# did move: see its rule.)
 # OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
 _BLAS_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 
@@ -626,11 +628,11 @@ def _order(key):
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
         return ("blas", "cpu-gemv", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}, no epilogue: OpenBLAS's gemv reads b faster than ours"
-    wide = K.active_tile().lanes32 == 16
-    if key.prepacked and m * n * k >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and wide:
+    if (key.prepacked and m * n * k >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N
+            and blas_narrower_than_host()):
         return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^23, N bucket >= {WIDE_GEMM_MIN_N}: "
-                                                  f"our {K.active_tile().name} GEMM skips packing the weight, and leaves "
-                                                  "no OpenBLAS threads spinning")
+                                                  f"numpy's OpenBLAS runs its {blas_core()} kernels on this AVX-512 host, "
+                                                  f"our {K.active_tile().name} GEMM skips packing the weight")
     if m * n * k < SMALL_PRODUCT:
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
@@ -638,10 +640,6 @@ def _order(key):
     if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and blas_narrower_than_host():
         return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}: numpy's OpenBLAS "
                                                   f"runs its {blas_core()} kernels on this AVX-512 host, our {K.active_tile().name} GEMM is faster")
-    if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and wide:
-        return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}, no epilogue, "
-                                                  f"{K.active_tile().name} tile: as fast as OpenBLAS alone, and no "
-                                                  "OpenBLAS threads left spinning to slow the next parallel kernel")
     return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
 

@@ -332,12 +332,13 @@ def _bytes(call):
 # lose ~20% of CPU time on one thread); without one, the plain products go to OpenBLAS as
 # linalg's rule sends plain forward products there (faster in CPU time), dbias a numpy sum.
 # Tiny or decode-like products (linalg's thresholds): packing and a parallel region cost more.
-# Without an activation, on the 16-lane tiles' hosts, our GEMM after all, as for linalg's
-# plain products there (the same size rule): a 2-layer MLP's backward (128 tokens, 768 ->
+# Without an activation, on the 16-lane tiles' hosts, our GEMM after all (from linalg's
+# wide-product size, WIDE_GEMM_PRODUCT / WIDE_GEMM_MIN_N): a 2-layer MLP's backward (128 tokens, 768 ->
 # 3072 -> 768; linear_backward without activation, then with gelu), Sapphire Rapids-class
 # Xeon, 2 threads, medians of 11 x 5 after 0.25 s pauses (2026-12-02): the no-activation
 # layer alone blas 5.69 / cpu-gemm 5.90 ms, the two layers 15.33 / 12.59 ms (OpenBLAS's
-# spinning threads slow the gelu layer's GEMMs).
+# spinning threads slow the gelu layer's GEMMs).  Cold first call of matmul_backward
+# 128x768x768 then 0.02 -> 2.6 s (it compiles the GEMM; under issue #8's 3 s).
 def _order(key):
     m, n, k = key.m, key.n, key.k
     if m < GEMV_ROWS:
