@@ -3,7 +3,8 @@
 kernels_cpu, kernels_cuda and dispatch all read these modules instead of keeping copies in
 sync by comment: the activation codes and their FLOP counts (`activation`), the CUDA tile
 and launch shapes the kernels are compiled for and the dispatcher launches (`cuda_tiles`),
-the attention mask kinds (`attention`), and the accumulation-dtype rule below.  Importing
+the attention mask kinds (`attention`), the cache-line alignment of the buffers the CPU
+micro-kernels stream (`memory`), and the accumulation-dtype rule below.  Importing
 this package never imports numba, so the dispatcher can decide launches without loading
 numba.cuda.
 """
