@@ -18,6 +18,12 @@ def aligned_empty(shape, dtype, align=ALIGN):
     slightly larger buffer, which it keeps alive as its base)."""
     dtype = np.dtype(dtype)
     n = math.prod(shape if isinstance(shape, (tuple, list)) else (shape,)) * dtype.itemsize  # (np.prod: 2.5 us)
-    raw = np.empty(n + align, np.uint8)
+    return on_line(np.empty(n + align, np.uint8), n, align).view(dtype).reshape(shape)
+
+
+def on_line(raw, nbytes, align=ALIGN):
+    """The first `nbytes` of the uint8 buffer raw (of at least nbytes + align - 1 bytes) from
+    its first `align`-byte boundary: a view whose base is raw (the result arena counts
+    references to raw to know when a buffer is free again)."""
     off = -raw.ctypes.data % align
-    return raw[off:off + n].view(dtype).reshape(shape)
+    return raw[off:off + nbytes]

@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-from kernels_common.memory import ALIGN as LINE
+from kernels_common.memory import ALIGN as LINE, on_line
 
 __public__ = ("empty_cache",)
 
@@ -125,10 +125,9 @@ def empty(shape, dtype) -> np.ndarray:
                    _drop_idle)
     if raw is None:
         return np.empty(shape, dtype)
-    # the result starts on a cache line (kernels_common.memory: vector stores not split); a
-    # view of the kept buffer itself, whose reference count is the idle test
-    off = -raw.ctypes.data % LINE
-    return raw[off:off + n].view(dtype).reshape(shape)
+    # the result starts on a cache line (vector stores not split), a view of the kept buffer
+    # itself, whose reference count is the idle test
+    return on_line(raw, n).view(dtype).reshape(shape)
 
 
 def take(store: dict, kept: list, key, size: int, limit: int, per_key: int, is_idle, allocate, drop):

@@ -342,17 +342,17 @@ def _run_packed(path):
         c = np.empty(rows)
         rs = np.empty(rows)
         threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else numba.get_num_threads()
+        pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) else threads
         if transposed:
             x2 = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
             sa = np.empty(rows)
-            K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=1 if rows * kdim <= PACK_QUANT_SERIAL_MAX else threads)
+            K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=pack_threads)
             if not np.all(np.isfinite(sa)):
                 raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
         else:
             a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
             sa, za = _row_params(a, rows, a.shape[-2])
-            K.pack_a(a2, abuf, c, rs, za=kernel_input(za),
-                     nworkers=1 if rows * kdim <= PACK_INT_SERIAL_MAX else threads)
+            K.pack_a(a2, abuf, c, rs, za=kernel_input(za), nworkers=pack_threads)
         bias_v = _zeros(n) if bias is None else kernel_input(bias)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
