@@ -17,11 +17,12 @@ consecutive pixels (a tile, running on across rows) is NR consecutive values of 
 zero-padded, stride-phase-split image at a per-k offset (tab): the micro-kernel reads B
 straight from there (micro_tile_indexed), no packing.  A task, a run of tiles of one
 image's pixels, copies the input rows it reads into that layout in its worker's buffer
-(_task_rows; an unpadded stride-1 1x1's B rows are x's channel planes themselves and are
-read in place), accumulates its tiles over the K blocks in the worker's accumulator block,
-and writes its part of each output row once, bias + activation on the way (conv_compact).
-Extra memory per thread: a task's input rows and its output (SD U-Net 3x3 320ch 64x64,
-float32: 0.8 + 0.7 MiB).
+(_task_rows; an unpadded stride-1 1x1 packs each tile's B rows from x's channel planes
+instead, nr values of each, a K block at a time), accumulates its tiles over the K blocks
+in the worker's accumulator block, and writes its part of each output row once, bias +
+activation on the way (conv_compact).
+Extra memory per thread: a task's input rows (the unpadded 1x1: one packed tile) and its
+output (SD U-Net 3x3 320ch 64x64, float32: 0.8 + 0.7 MiB).
 
 Measurements (2 threads, prepacked + bias + ReLU, interleaved medians).  Before the direct
 form, a packed im2col block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3
@@ -40,6 +41,18 @@ with tiles inside one row -> the 8x48 tile with pitched tiles (Sapphire Rapids, 
 - the unpadded 1x1 read in place instead of packed per task (conv_gemm, now gone):
   1x1 256->64 56x56 0.57 / 0.31 -> 0.52 / 0.285 ms, 1024->256 14x14 0.65 / 0.42 ->
   0.59 / 0.38, 2048->512 7x7 0.51 ms either way;
+- then (Sapphire Rapids, 2026-12-02, 1 / 2 threads, prepacked + bias + relu, medians of 7
+  x 20 calls, old / new trees alternating twice): each tile's B packed (KC rows of nr, from
+  the 1x1's channel planes, zero past the image) instead of read in place: 1x1 256->64
+  56x56 1193-1203 / 705-758 -> 944-1017 / 625-628 us, 1024->256 14x14 1018-1057 / 712-726
+  -> 942-960 / 663-668, 2048->512 7x7 1481-1524 / 908-946 -> 1408-1414 / 849-853, 128->512
+  28x28 960-1015 / 622-628 -> 901-923 / 609-614, 64->256 4x56x56 4668-4788 / 2382-2464 ->
+  3961-3972 / 2109-2144.  In place, each B row of a tile lies in another channel plane (12.5
+  KB apart at 56x56): the micro-kernel alone ran 105-110 GF/s on such rows against 180 on
+  packed ones (one thread), and the old path also copied the last task's whole input (its
+  last tile's junk lanes would read past x);  packing a tile costs one strided read instead
+  of one per weight panel.  Packing runs of 2-8 tiles at once (longer reads of each plane):
+  no better (1005-1054 / 633-674 us);
 - tile loop inside the panel loop (B tile in L1, A panels from L2) or outside it, KC 256 /
   640 / 1024: within noise.
 
@@ -64,6 +77,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels_common.activation import ACT_NONE, ACT_RELU
+from kernels_common.memory import aligned_empty
 
 from .approx import JIT_BY_ADDRESS, wide_loops
 from .gemm import TILES, _tile_index, _tmr, _tnr, act_store_lit, micro_tile_indexed, tile_m, tile_n
@@ -143,7 +157,7 @@ def conv_direct_worker(w, params, is64, ti):
     whatever the rows, and the Wq - OW columns past each row's end are computed and dropped:
     2 of 58 for a 3x3 at 56 wide, where tiles inside one row would round every row up to
     whole tiles).  It copies the C_HQ input rows it reads into the worker's buffer at C_XB
-    (_task_rows; C_XDIRECT: read x's channel planes in place instead), then per K block of
+    (_task_rows; C_XDIRECT: pack each tile's K block from x's channel planes instead), then per K block of
     at most C_KC every tile sweeps the weight panels, B row k of the tile at o read at
     tab[k] + o (C_WS; micro_tile_indexed), the micro-kernel storing (first K block) or
     adding (the rest) straight into the worker's accumulator block (C_ACC: a task's C_NC
@@ -172,12 +186,12 @@ def conv_direct_worker(w, params, is64, ti):
     seg = tpt * nr  # values per channel row of the accumulator block
     sync = c_array_at(p[C_SYNC], np.int64(0), (1,))
     xf = c_array_at(p[C_X], z, (nimg * cin * H * W,))
-    xbn = cin_g * sh * sw * Hq * Wq
+    xdirect = p[C_XDIRECT] != 0
+    xbn = min(kc, cin_g) * nr if xdirect else cin_g * sh * sw * Hq * Wq  # conv_direct's xb per worker
     xb = c_array_at(p[C_XB] + w * (xbn + nr) * isz, z, (xbn + nr,))  # + the slack the last tiles read
     for i in range(xbn, xbn + nr):
         xb[i] = z
     tab = c_array_at(p[C_WS], np.int64(0), (2 * Kc,))
-    xdirect = p[C_XDIRECT] != 0
     apf = c_array_at(p[C_AP], z, (G * mp * Kc * MR,))
     acc_addr = p[C_ACC] + w * mp * MR * seg * isz
     acc = c_array_at(acc_addr, z, (mp * MR * seg,))
@@ -197,19 +211,32 @@ def conv_direct_worker(w, params, is64, ti):
         oy1 = (oe - 1) // Wq + 1
         b0 = o0 - oy0 * Wq  # the first tile's offset in the task's input (from row oy0)
         xbase = (img * cin + g * cin_g) * H * W
-        # B straight from x where a tile's junk lanes cannot read past its end
-        inplace = xdirect and (oe == o0 + ntl * nr or img_g < nimg * G - 1)
-        if inplace:
-            src, bb, toff = xf, xbase + o0, 0
+        if xdirect:
+            # each tile's K block of B packed from x's channel planes (pixel o of channel k
+            # at xbase + k*H*W + o) into xb as kl rows of nr, zero past the image's L pixels
+            for k0 in range(0, Kc, kce):
+                kl = min(kce, Kc - k0)
+                for tl in range(ntl):
+                    ob = o0 + tl * nr
+                    nv = min(nr, L - ob)
+                    for k in range(kl):
+                        s = xbase + (k0 + k) * H * W + ob
+                        d = k * nr
+                        for j in range(nv):
+                            xb[_U(d + j)] = xf[_U(s + j)]
+                        for j in range(nv, nr):
+                            xb[_U(d + j)] = z
+                    for pa in range(mp):
+                        micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, xb, 0, tab, 0, acc,
+                                           pa * MR * seg + tl * nr, seg, k0 > 0)
         else:
             _task_rows(xf, xbase, H, W, cin_g, sh, sw, ph, pw, oy0, Hq, Wq, xb, z)
-            src, bb, toff = xb, b0, Kc
-        for k0 in range(0, Kc, kce):
-            kl = min(kce, Kc - k0)
-            for tl in range(ntl):
-                for pa in range(mp):
-                    micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, src, bb + tl * nr, tab, toff + k0, acc,
-                                       pa * MR * seg + tl * nr, seg, k0 > 0)
+            for k0 in range(0, Kc, kce):
+                kl = min(kce, Kc - k0)
+                for tl in range(ntl):
+                    for pa in range(mp):
+                        micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, xb, b0 + tl * nr, tab, Kc + k0,
+                                           acc, pa * MR * seg + tl * nr, seg, k0 > 0)
         # the task's part of each output row it touches, all channels of the group: out
         # (pitch OW) from acc
         obase = (img * cout + g * cout_g) * P
@@ -301,14 +328,15 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     # a task's input (_task_rows): the most output rows a run of tpt tiles touches, plus the
     # taps' reach, per phase
     Hq = min(OH, 1 + (tpt * nr - 1 + Wq - 1) // Wq) + (kh - 1) * dh // sh
-    # the k -> offset table of the task's copy, after the one of x itself (C_XDIRECT: an
-    # unpadded stride-1 1x1 reads its B rows, channel planes, in place)
+    # the k -> offset table of a packed tile (row k at k*nr; C_XDIRECT: an unpadded
+    # stride-1 1x1 packs its tiles from x's channel planes), then the one of the task's copy
     xdirect = kh == 1 and kw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
-    tab = np.concatenate((ci * H * W, ((ci * sh + py) * sw + px) * Hq * Wq + qy * Wq + qx))
-    xb = np.empty(nw * (cin_g * sh * sw * Hq * Wq + nr), dt)
+    tab = np.concatenate((k * nr, ((ci * sh + py) * sw + px) * Hq * Wq + qy * Wq + qx))
+    xbn = min(KC, cin_g) * nr if xdirect else cin_g * sh * sw * Hq * Wq
+    xb = aligned_empty(nw * (xbn + nr), dt)
     p, sync = _params(x, ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
     # a worker's accumulator block: a task's tiles for every panel row of the group
-    acc = np.empty(nw * mp * tile_m(ti) * tpt * nr, dt)
+    acc = aligned_empty(nw * mp * tile_m(ti) * tpt * nr, dt)
     p[C_KC], p[C_NC], p[C_ACC] = KC, tpt, acc.ctypes.data
     p[C_XB], p[C_HQ], p[C_WQ], p[C_XDIRECT] = xb.ctypes.data, Hq, Wq, xdirect
     is64 = bool(dt == np.float64)

@@ -48,8 +48,8 @@ GEOMETRIES_FULL = [
     ((1, 3, 8, 8), (4, 3, 3, 3), dict(padding="valid", stride=(1, 3))),
     ((1, 16, 40, 3), (6, 16, 3, 3), dict(padding=1)),                            # K > KC would need 256+: below
     ((1, 40, 6, 30), (9, 40, 3, 3), dict(padding=1, stride=(2, 1))),             # Kc = 360 > KC = 256 blocks
-    ((1, 300, 20, 21), (10, 300, 1, 1), dict()),       # 1x1 read in place: K blocks, tasks of several tiles
-    ((2, 6, 11, 13), (8, 3, 1, 1), dict(groups=2)),    # 1x1 in place across groups; the last one copied
+    ((1, 300, 20, 21), (10, 300, 1, 1), dict()),       # 1x1 tiles packed: K blocks, tasks of several tiles
+    ((2, 6, 11, 13), (8, 3, 1, 1), dict(groups=2)),    # 1x1 packed across groups; the last tile past x's end
 ]
 GEOMETRIES = GEOMETRIES_SMALL if SMALL_SHAPES else GEOMETRIES_FULL
 

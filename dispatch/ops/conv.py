@@ -264,8 +264,9 @@ register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "
                         "fused; each task (a run of output tiles) copies the input rows it reads, zero-padded and "
                         "phase-split (stride), and reads B from there through a k -> offset table (an unpadded "
-                        "stride-1 1x1 reads x in place); extra memory per thread: a task's input rows and output; "
-                        "the weight's panels packed per call, or once when given as a PackedWeight"))
+                        "stride-1 1x1 packs each tile's B rows from x's channel planes instead); extra memory per "
+                        "thread: a task's input rows and output; the weight's panels packed per call, or once when given "
+                        "as a PackedWeight"))
 register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
                         supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; blocks of planes over threads; per plane register tiles of 7 rows x one "
