@@ -19,10 +19,10 @@ straight from there (micro_tile_indexed), no packing.  A task, a run of tiles of
 image's pixels, copies the input rows it reads into that layout in its worker's buffer
 (_task_rows; an unpadded stride-1 1x1 packs each tile's B rows from x's channel planes
 instead, nr values of each, a K block at a time), accumulates its tiles over the K blocks
-in the worker's accumulator block, and writes its part of each output row once, bias +
-activation on the way (conv_compact).
-Extra memory per thread: a task's input rows (the unpadded 1x1: one packed tile) and its
-output (SD U-Net 3x3 320ch 64x64, float32: 0.8 + 0.7 MiB).
+in the worker's accumulator block, CHUNK_TILES tiles at a time, and writes each chunk's
+part of the output rows once, bias + activation on the way (conv_compact).  Extra memory
+per thread: a task's input rows (the unpadded 1x1: one packed tile) and a chunk's output
+(SD U-Net 3x3 320ch 64x64, float32: 0.8 MiB + 240 KiB).
 
 Measurements (2 threads, prepacked + bias + ReLU, interleaved medians).  Before the direct
 form, a packed im2col block per task cost 35-45% of a 3x3 convolution's time (ResNet-50 3x3
@@ -94,12 +94,23 @@ from .parallel import (TASKS_PER_THREAD, c_array_at, call_address, fetch_add, li
 # against 25.8-26.5), uneven 256 + 256 + 64 1.76 ms; Zen 5: 256 / 640 / 1024 within noise.
 KC = 256
 
+# Tiles a task finishes (every K block) and writes out before the next ones, so that their
+# part of the accumulator block is still in cache when conv_compact reads it.  Sapphire
+# Rapids, 2026-12-02, 1 / 2 threads, prepacked + bias + relu, medians of 7 x 20 calls, two
+# alternating pairs, a task's whole run of tiles before (us): 7x7/2 stem 1965-1994 / 971-1036
+# -> 4 tiles 1800-1926 / 927-1019 (8: 1765-1900 / 966-1002); 3x3 64ch 56x56 and 1x1 256->64
+# within noise (1591-1722 / 873-944 against 1695-1715 / 885-940); SD U-Net 3x3 320ch 64x64,
+# 2 threads, 23.5-23.6 against 23.7-24.4 ms.  The accumulator block per thread shrinks from
+# a task's tiles (5.3 MB for the SD U-Net's on 2 threads) to 4 tiles (240 KB).
+CHUNK_TILES = 4
+
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 
 # The int64 argument block of the workers (C_AP: the packed weight for conv_direct, the plain
 # weight for depthwise; C_MC: depthwise's planes per task).
 (C_SYNC, C_X, C_AP, C_OUT, C_BIAS, C_WS, C_NIMG, C_CIN, C_H, C_W, C_GROUPS, C_COUT, C_KH, C_KW, C_SH, C_SW,
- C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_ACC, C_XB, C_HQ, C_WQ, C_XDIRECT, C_COUNT) = range(32)
+ C_PH, C_PW, C_DH, C_DW, C_OH, C_OW, C_KC, C_NC, C_MC, C_EPILOGUE, C_ACC, C_XB, C_HQ, C_WQ, C_XDIRECT, C_CH,
+ C_COUNT) = range(33)
 
 
 def pack_weight(weight, groups, tile=None):
@@ -157,12 +168,13 @@ def conv_direct_worker(w, params, is64, ti):
     whatever the rows, and the Wq - OW columns past each row's end are computed and dropped:
     2 of 58 for a 3x3 at 56 wide, where tiles inside one row would round every row up to
     whole tiles).  It copies the C_HQ input rows it reads into the worker's buffer at C_XB
-    (_task_rows; C_XDIRECT: pack each tile's K block from x's channel planes instead), then per K block of
-    at most C_KC every tile sweeps the weight panels, B row k of the tile at o read at
-    tab[k] + o (C_WS; micro_tile_indexed), the micro-kernel storing (first K block) or
-    adding (the rest) straight into the worker's accumulator block (C_ACC: a task's C_NC
-    tiles per channel row); last, the task's part of each output row goes to out with bias +
-    activation (conv_compact, by address at C_EPILOGUE)."""
+    (_task_rows; C_XDIRECT: packs each tile's K block from x's channel planes instead).
+    Then per chunk of C_CH tiles, per K block of at most C_KC, every tile sweeps the weight
+    panels, B row k of the tile at o read at tab[k] + o (C_WS; micro_tile_indexed), the
+    micro-kernel storing (first K block) or adding (the rest) straight into the worker's
+    accumulator block (C_ACC: C_CH tiles per channel row); last, the chunk's part of each
+    output row goes to out with bias + activation (conv_compact, by address at
+    C_EPILOGUE)."""
     p = c_array_at(params, np.int64(0), (C_COUNT,))
     z = like_dtype(is64)
     isz = 8 if is64 else 4
@@ -183,7 +195,8 @@ def conv_direct_worker(w, params, is64, ti):
     ntasks = nimg * G * nbr
     nkb = (Kc + kc - 1) // kc
     kce = (Kc + nkb - 1) // nkb  # K blocks of even length
-    seg = tpt * nr  # values per channel row of the accumulator block
+    nch = min(tpt, p[C_CH])
+    seg = nch * nr  # values per channel row of the accumulator block
     sync = c_array_at(p[C_SYNC], np.int64(0), (1,))
     xf = c_array_at(p[C_X], z, (nimg * cin * H * W,))
     xdirect = p[C_XDIRECT] != 0
@@ -208,44 +221,48 @@ def conv_direct_worker(w, params, is64, ti):
         o0 = t0 * nr  # the task's pixels: o0 up to oe (in the copy's pitch)
         oe = min(o0 + ntl * nr, L)
         oy0 = o0 // Wq
-        oy1 = (oe - 1) // Wq + 1
         b0 = o0 - oy0 * Wq  # the first tile's offset in the task's input (from row oy0)
         xbase = (img * cin + g * cin_g) * H * W
-        if xdirect:
-            # each tile's K block of B packed from x's channel planes (pixel o of channel k
-            # at xbase + k*H*W + o) into xb as kl rows of nr, zero past the image's L pixels
-            for k0 in range(0, Kc, kce):
-                kl = min(kce, Kc - k0)
-                for tl in range(ntl):
-                    ob = o0 + tl * nr
-                    nv = min(nr, L - ob)
-                    for k in range(kl):
-                        s = xbase + (k0 + k) * H * W + ob
-                        d = k * nr
-                        for j in range(nv):
-                            xb[_U(d + j)] = xf[_U(s + j)]
-                        for j in range(nv, nr):
-                            xb[_U(d + j)] = z
-                    for pa in range(mp):
-                        micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, xb, 0, tab, 0, acc,
-                                           pa * MR * seg + tl * nr, seg, k0 > 0)
-        else:
-            _task_rows(xf, xbase, H, W, cin_g, sh, sw, ph, pw, oy0, Hq, Wq, xb, z)
-            for k0 in range(0, Kc, kce):
-                kl = min(kce, Kc - k0)
-                for tl in range(ntl):
-                    for pa in range(mp):
-                        micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, xb, b0 + tl * nr, tab, Kc + k0,
-                                           acc, pa * MR * seg + tl * nr, seg, k0 > 0)
-        # the task's part of each output row it touches, all channels of the group: out
-        # (pitch OW) from acc
         obase = (img * cout + g * cout_g) * P
-        for oy in range(oy0, oy1):
-            a = max(oy * Wq, o0)
-            n = min(oy * Wq + OW, oe) - a
-            if n > 0:
-                call_address(compact, (acc_addr + (a - o0) * isz, seg, p[C_OUT] + (obase + a - oy * (Wq - OW)) * isz,
-                                       P, cout_g, n, p[C_BIAS] + g * cout_g * isz))
+        if not xdirect:
+            _task_rows(xf, xbase, H, W, cin_g, sh, sw, ph, pw, oy0, Hq, Wq, xb, z)
+        # chunks of nch tiles: each finished (all K blocks) and written out while its part of
+        # the accumulator block is still in cache
+        for c0 in range(0, ntl, nch):
+            nc = min(nch, ntl - c0)
+            for k0 in range(0, Kc, kce):
+                kl = min(kce, Kc - k0)
+                for tl in range(nc):
+                    if xdirect:
+                        # the tile's K block of B packed from x's channel planes (pixel o of
+                        # channel k at xbase + k*H*W + o) into xb as kl rows of nr, zero past
+                        # the image's L pixels
+                        ob = o0 + (c0 + tl) * nr
+                        nv = min(nr, L - ob)
+                        for k in range(kl):
+                            s = xbase + (k0 + k) * H * W + ob
+                            d = k * nr
+                            for j in range(nv):
+                                xb[_U(d + j)] = xf[_U(s + j)]
+                            for j in range(nv, nr):
+                                xb[_U(d + j)] = z
+                        bb, toff = 0, 0
+                    else:
+                        bb, toff = b0 + (c0 + tl) * nr, Kc + k0
+                    for pa in range(mp):
+                        micro_tile_indexed(ti, kl, apf, ((g * mp + pa) * Kc + k0) * MR, xb, bb, tab, toff, acc,
+                                           pa * MR * seg + tl * nr, seg, k0 > 0)
+            # the chunk's part of each output row it touches, all channels of the group:
+            # out (pitch OW) from acc
+            co0 = o0 + c0 * nr
+            coe = min(co0 + nc * nr, oe)
+            for oy in range(co0 // Wq, (coe - 1) // Wq + 1):
+                a = max(oy * Wq, co0)
+                n = min(oy * Wq + OW, coe) - a
+                if n > 0:
+                    dst = p[C_OUT] + (obase + a - oy * (Wq - OW)) * isz
+                    call_address(compact, (acc_addr + (a - co0) * isz, seg, dst, P, cout_g, n,
+                                           p[C_BIAS] + g * cout_g * isz))
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -336,8 +353,9 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     xb = aligned_empty(nw * (xbn + nr), dt)
     p, sync = _params(x, ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
     # a worker's accumulator block: a task's tiles for every panel row of the group
-    acc = aligned_empty(nw * mp * tile_m(ti) * tpt * nr, dt)
-    p[C_KC], p[C_NC], p[C_ACC] = KC, tpt, acc.ctypes.data
+    nch = min(tpt, CHUNK_TILES)
+    acc = aligned_empty(nw * mp * tile_m(ti) * nch * nr, dt)
+    p[C_KC], p[C_NC], p[C_ACC], p[C_CH] = KC, tpt, acc.ctypes.data, nch
     p[C_XB], p[C_HQ], p[C_WQ], p[C_XDIRECT] = xb.ctypes.data, Hq, Wq, xdirect
     is64 = bool(dt == np.float64)
     p[C_EPILOGUE] = worker_address(conv_compact, (is64, int(code) if epilogue else ACT_NONE), nargs=7)
