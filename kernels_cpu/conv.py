@@ -70,6 +70,8 @@ it per tap, 22-24 us now.  Larger column strides (depthwise_phase_worker): the p
 split into its stride phases (planes.py) and the taps run as long vector loops over them.
 All run as workers called by address (parallel.run_workers / run_serial).
 """
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -301,6 +303,13 @@ def _addresses(p, sync, x, ap, out, bias, ws):
     p[C_WS] = ws.ctypes.data
 
 
+@njit(cache=True)
+def _direct_addresses(p, sync, x, ap, out, bias, tab, xb, acc):
+    _addresses(p, sync, x, ap, out, bias, tab)
+    p[C_XB] = xb.ctypes.data
+    p[C_ACC] = acc.ctypes.data
+
+
 def _check_panels(ap, ti, who):
     """ap (pack_weight's panels) must have the rows of the tile TILES[ti] the call runs."""
     if ap.shape[3] != tile_m(ti):
@@ -319,21 +328,42 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     _, cout, OH, OW = out.shape
     dt = out.dtype
     ti = _tile_index(None)
-    nr = tile_n(dt, ti)
     mp = ap.shape[1]
     _check_panels(ap, ti, "conv_direct")
+    for arr in (x, ap, bias, out):
+        if not (arr.flags.c_contiguous and arr.dtype == dt):
+            raise ValueError(f"conv_direct: arrays must be C-contiguous {dt}, got {arr.dtype}")
     if nimg * groups == 0 or mp == 0 or OH * OW == 0:
         return
+    plan = _direct_plan(x.shape, out.shape, dt.str, ti, mp, groups, kh, kw, tuple(stride), tuple(pad), tuple(dilation),
+                        nworkers)
+    tab, p0, nw, xb_each, acc_each = plan
+    p = p0.copy()
+    sync = np.zeros(1, np.int64)
+    xb = aligned_empty(nw * xb_each, dt)
+    acc = aligned_empty(nw * acc_each, dt)
+    _direct_addresses(p, sync, x, ap, out, bias, tab, xb, acc)
+    is64 = bool(dt == np.float64)
+    p[C_EPILOGUE] = worker_address(conv_compact, (is64, int(code) if epilogue else ACT_NONE), nargs=7)
+    run_workers(worker_address(conv_direct_worker, (is64, ti)), p, nw)
+
+
+@functools.lru_cache(maxsize=256)
+def _direct_plan(xshape, oshape, dtype, ti, mp, groups, kh, kw, stride, pad, dilation, nworkers):
+    """What a conv_direct call computes from its shapes alone (cached: 20-25 us of numpy a
+    call): (tab, the int64 argument block without its addresses, the workers, each one's
+    input buffer and accumulator block in elements); tab and the block read-only."""
+    nimg, cin, H, W = xshape
+    _, cout, OH, OW = oshape
+    dt = np.dtype(dtype)
+    nr = tile_n(dt, ti)
     (sh, sw), (dh, dw) = stride, dilation
     cin_g = cin // groups
     k = np.arange(cin_g * kh * kw, dtype=np.int64)
     ci, r = np.divmod(k, kh * kw)
     ky, kx = np.divmod(r, kw)
     (qy, py), (qx, px) = np.divmod(ky * dh, sh), np.divmod(kx * dw, sw)
-    for arr in (x, ap, bias, out):
-        if not (arr.flags.c_contiguous and arr.dtype == dt):
-            raise ValueError(f"conv_direct: arrays must be C-contiguous {dt}, got {arr.dtype}")
-    # tasks: about 4 per thread, each a run of tpt tiles of an image's output pixels in the
+    # tasks: about 2 per thread, each a run of tpt tiles of an image's output pixels in the
     # pitch Wq (the tiles split evenly, whatever the rows: whole rows per task rounded each
     # task up to whole tiles, 7 rows of the 3x3 64ch at 56 wide 432 pixels for 392)
     Wq = OW + (kw - 1) * dw // sw
@@ -347,19 +377,19 @@ def conv_direct(x, ap, bias, out, groups, kh, kw, stride, pad, dilation, epilogu
     Hq = min(OH, 1 + (tpt * nr - 1 + Wq - 1) // Wq) + (kh - 1) * dh // sh
     # the k -> offset table of a packed tile (row k at k*nr; C_XDIRECT: an unpadded
     # stride-1 1x1 packs its tiles from x's channel planes), then the one of the task's copy
-    xdirect = kh == 1 and kw == 1 and tuple(stride) == (1, 1) and tuple(pad) == (0, 0)
+    xdirect = kh == 1 and kw == 1 and stride == (1, 1) and pad == (0, 0)
     tab = np.concatenate((k * nr, ((ci * sh + py) * sw + px) * Hq * Wq + qy * Wq + qx))
     xbn = min(KC, cin_g) * nr if xdirect else cin_g * sh * sw * Hq * Wq
-    xb = aligned_empty(nw * (xbn + nr), dt)
-    p, sync = _params(x, ap, bias, out, tab, groups, kh, kw, stride, pad, dilation)
-    # a worker's accumulator block: a task's tiles for every panel row of the group
+    # a worker's accumulator block: a chunk's tiles for every panel row of the group
     nch = min(tpt, CHUNK_TILES)
-    acc = aligned_empty(nw * mp * tile_m(ti) * nch * nr, dt)
-    p[C_KC], p[C_NC], p[C_ACC], p[C_CH] = KC, tpt, acc.ctypes.data, nch
-    p[C_XB], p[C_HQ], p[C_WQ], p[C_XDIRECT] = xb.ctypes.data, Hq, Wq, xdirect
-    is64 = bool(dt == np.float64)
-    p[C_EPILOGUE] = worker_address(conv_compact, (is64, int(code) if epilogue else ACT_NONE), nargs=7)
-    run_workers(worker_address(conv_direct_worker, (is64, ti)), p, nw)
+    p = np.zeros(C_COUNT, np.int64)
+    p[C_NIMG], p[C_CIN], p[C_H], p[C_W], p[C_GROUPS], p[C_COUT] = nimg, cin, H, W, groups, cout
+    p[C_KH], p[C_KW], p[C_SH], p[C_SW], p[C_PH], p[C_PW] = kh, kw, sh, sw, pad[0], pad[1]
+    p[C_DH], p[C_DW], p[C_OH], p[C_OW] = dh, dw, OH, OW
+    p[C_KC], p[C_NC], p[C_CH] = KC, tpt, nch
+    p[C_HQ], p[C_WQ], p[C_XDIRECT] = Hq, Wq, xdirect
+    tab.flags.writeable = p.flags.writeable = False
+    return tab, p, nw, xbn + nr, mp * tile_m(ti) * nch * nr
 
 
 def _params(x, w, bias, out, ws, groups, kh, kw, stride, pad, dilation):
