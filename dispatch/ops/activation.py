@@ -61,7 +61,8 @@ class GatedArgs(NamedTuple):
 def _describe_unary(name, code):
     def describe(x, *, out=None):
         """Call.args = UnaryArgs(x, out, code)."""
-        dev = V.device_of(x=x, out=out)
+        # a host array and no out=: the device without device_of's general walk (0.3 us)
+        dev = "cpu" if out is None and type(x) is np.ndarray else V.device_of(x=x, out=out)
         dt = V.float_dtype("x", x)
         V.out(out, x.shape, dt, x=x)
         return Call(Key(name, dev, dt, size_bucket(*x.shape), code), UnaryArgs(x, out, code))
@@ -87,7 +88,7 @@ def _unary_host(kernel):
     def run(params, x, out, code):
         xc = contiguous(x)
         res = result_buffer(out, x.shape, x.dtype)
-        kernel(xc.reshape(-1), res.reshape(-1), code)
+        kernel(xc if xc.ndim == 1 else xc.reshape(-1), res if res.ndim == 1 else res.reshape(-1), code)
         return deliver(res, out)
 
     return run
@@ -97,7 +98,7 @@ def _gated_host(kernel):
     def run(params, gate, up, out, code):
         g, u = contiguous(gate), contiguous(up)
         res = result_buffer(out, gate.shape, gate.dtype)
-        kernel(g.reshape(-1), u.reshape(-1), res.reshape(-1), code)
+        kernel(g.reshape(-1), u.reshape(-1), res if res.ndim == 1 else res.reshape(-1), code)
         return deliver(res, out)
 
     return run
