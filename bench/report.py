@@ -246,7 +246,11 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, max_rounds=None,
     packed = _prepacked(case.op, fn, args, kwargs)
     if packed is not None:  # the weight packed once (dispatch.prepack), as onnxruntime does
         candidates[PREPACKED] = packed
-        library[PREPACKED], convert[PREPACKED] = "numba", (lambda r: r)
+        # a library of its own: it too runs after a pause, as every peer does.  Right after
+        # ours (same library, no pause) it skipped the ramp after idle that the others pay:
+        # the 7x7/2 stem timed 1.01 ms prepacked against 1.72 ms for ours in one report
+        # (Sapphire Rapids, 2026-12-02), where back to back in a loop they differ by 20-30 us
+        library[PREPACKED], convert[PREPACKED] = "numba (prepacked)", (lambda r: r)
     for peer in peers:
         try:
             run, conv = P.prepare(peer, case, inputs)
