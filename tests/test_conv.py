@@ -50,6 +50,9 @@ GEOMETRIES_FULL = [
     ((1, 40, 6, 30), (9, 40, 3, 3), dict(padding=1, stride=(2, 1))),             # Kc = 360 > KC = 256 blocks
     ((1, 300, 20, 21), (10, 300, 1, 1), dict()),       # 1x1 tiles packed: K blocks, tasks of several tiles
     ((2, 6, 11, 13), (8, 3, 1, 1), dict(groups=2)),    # 1x1 packed across groups; the last tile past x's end
+    ((3, 10, 15, 12), (19, 10, 3, 3), dict(padding=(1, 2))),  # Winograd: odd output rows, uneven padding, batch 3
+    ((1, 40, 23, 30), (9, 40, 3, 3), dict()),          # Winograd: odd output columns, runs of several tile blocks
+    ((2, 7, 5, 4), (5, 7, 3, 3), dict(padding=2)),     # Winograd: padding past a whole patch
 ]
 GEOMETRIES = GEOMETRIES_SMALL if SMALL_SHAPES else GEOMETRIES_FULL
 
@@ -62,6 +65,9 @@ def _geo_id(geo):
 def _supports(impl, wshape, kw):
     groups = kw.get("groups", 1)
     depthwise = groups > 1 and wshape[1] == 1
+    if "winograd" in impl:  # F(2x2, 3x3): dense 3x3, stride and dilation 1
+        return (groups == 1 and tuple(wshape[2:]) == (3, 3) and kw.get("stride", 1) in (1, (1, 1))
+                and kw.get("dilation", 1) in (1, (1, 1)))
     return depthwise or "depthwise" not in impl
 
 
@@ -199,6 +205,13 @@ def test_rule_picks_depthwise_and_gemm():
     assert "chosen: cpu-depthwise" in dw, dw
     dense = str(dispatch.explain("conv2d", x, np.ones((4, 8, 3, 3), np.float32)))
     assert "chosen: cpu-gemm" in dense and "cpu-depthwise: refused" in dense, dense
+    # Winograd for a 3x3 stride-1 layer of 64 channels at 56x56; refused for stride 2
+    x = np.ones((1, 64, 56, 56), np.float32)
+    w = np.ones((64, 64, 3, 3), np.float32)
+    wino = str(dispatch.explain("conv2d", x, w, padding=1))
+    assert "chosen: cpu-winograd" in wino and "Winograd F(2x2, 3x3)" in wino, wino
+    s2 = str(dispatch.explain("conv2d", x, w, padding=1, stride=2))
+    assert "chosen: cpu-gemm" in s2 and "cpu-winograd: refused: stride (2, 2)" in s2, s2
 
 
 @host_only
@@ -347,3 +360,31 @@ def test_depthwise_forms(impl, dtype):
         got = run(impl, dispatch.conv2d, xn, w, b, groups=xs[1], activation="relu", **kw)
         want = ref.conv2d(xn, w, b, groups=xs[1], activation="relu", **kw)
         assert np.array_equal(np.isnan(got), np.isnan(want)), f"depthwise NaN {xs} {ws} {kw}"
+
+
+@host_only
+def test_winograd_from_threads():
+    """4 threads run the Winograd kernel at once (its per-worker buffers, the plan cache) on
+    their own inputs, each result bitwise equal to the single-threaded one."""
+    import threading
+    g = rng()
+    cases = [_inputs(g, (1 + i % 2, 8 + 8 * i, 12 + i, 9 + 2 * i), (5 + 3 * i, 8 + 8 * i, 3, 3), np.float32)
+             for i in range(4)]
+    with dispatch.use(conv2d="cpu-winograd"):
+        want = [dispatch.conv2d(x, w, b, padding=1, activation="relu") for x, w, b in cases]
+    bad = []
+
+    def worker(i):
+        x, w, b = cases[i]
+        with dispatch.use(conv2d="cpu-winograd"):
+            for _ in range(20):
+                got = dispatch.conv2d(x, w, b, padding=1, activation="relu")
+                if not np.array_equal(got, want[i]):
+                    bad.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, f"threads {sorted(set(bad))} got results that differ from the single-threaded ones"

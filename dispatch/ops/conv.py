@@ -21,6 +21,7 @@ import numpy as np
 
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import conv as K
+from kernels_cpu import conv_winograd as KW
 from kernels_cpu.gemm import active_tile
 
 from .. import validate as V
@@ -30,6 +31,19 @@ from ._spatial import out_size, pair
 from .linalg import PackedWeight, _readonly_source, _zeros, register_prepacker
 
 _KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_WINOGRAD_KERNELS = _KERNELS + ("kernels_cpu.conv_winograd",)
+
+# Winograd F(2x2, 3x3) (kernels_cpu/conv_winograd.py) for 3x3 stride-1 dense convolutions
+# from these channel and output-pixel buckets; the implicit GEMM below them.  Measured
+# 2026-12-02 (Sapphire Rapids, 2 threads, C -> C channels, pad 1, prepacked + bias + relu,
+# medians of 7 interleaved batches; direct / Winograd us): 64 at 112x112 3126 / 2099, 64 at
+# 56x56 922 / 736, 128 at 28x28 1030 / 879, 64 at 28x28 310 / 302, 32 at 112x112 975 / 911,
+# 32 at 56x56 293 / 276, 256 at 14x14 1232 / 968; Winograd slower: 16 at 56x56 138 / 171, 16
+# at 112x112 327 / 438, 32 at 28x28 143 / 154, 64 at 14x14 150 / 164, 128 at 14x14 364 / 399,
+# 32 at 16x16 102 / 111, 512 at 7x7 1613 / 4277 (16 tiles: one task, one thread).  The rule
+# keeps the clear wins; small images wait for tasks split over output channels.
+WINOGRAD_MIN_CHANNELS = 64
+WINOGRAD_MIN_PIXELS = 512
 
 # Depthwise planes: serial below this many output elements (compared as the bucket, a power
 # of two <= the size).  Measured 2026-11-26 (Sapphire Rapids, 2 cores, the register-tiled
@@ -51,6 +65,7 @@ class ConvKey(NamedTuple):
     kind: str           # "dense" (groups 1), "grouped", "depthwise" (groups == C > 1)
     kernel: tuple       # (KH, KW)
     stride: tuple       # (sh, sw)
+    dilation: tuple     # (dh, dw)
     pixels: int         # bucket of OH * OW
     size: int           # bucket of the output's element count
     act: int            # kernels_common.activation.ACT_*
@@ -69,7 +84,7 @@ class ConvArgs(NamedTuple):
     act: int
     out_hw: tuple       # (OH, OW)
     out: object
-    packed: object      # the PackedWeight's panels, or None
+    packed: object      # the PackedWeight, or None
 
 
 def _padding(padding, kh, kw, dil, stride):
@@ -98,7 +113,7 @@ def _unpack(weight, groups):
     if weight.tile != tile.name or weight._nr != tile.mr:  # packed for another register tile
         raise ValueError(f"weight: PackedWeight was packed for the {weight.tile} GEMM tile ({weight._nr}-row "
                          f"panels); the active tile is {tile.name}: prepack it again")
-    return weight.weight, weight.panels
+    return weight.weight, weight
 
 
 def describe(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, out=None):
@@ -141,7 +156,7 @@ def describe(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     out_shape = ((n,) if x.ndim == 4 else ()) + (cout, oh, ow)
     V.out(out, out_shape, dt, x=x, weight=weight, bias=bias)
     kind = "dense" if groups == 1 else ("depthwise" if groups == c else "grouped")
-    key = ConvKey("conv2d", dev, dt, bucket(n), bucket(c), bucket(cout), kind, (kh, kw), st, bucket(oh * ow),
+    key = ConvKey("conv2d", dev, dt, bucket(n), bucket(c), bucket(cout), kind, (kh, kw), st, dil, bucket(oh * ow),
                   bucket(n * cout * oh * ow), code, bias is not None, packed is not None)
     return Call(key, ConvArgs(x, weight, bias, st, (pt, pl), dil, groups, code, (oh, ow), out, packed))
 
@@ -160,7 +175,7 @@ def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_h
     dt = x.dtype
     cout, _, kh, kw = weight.shape
     x4, res, res4, b = _host_arrays(x, bias, out, cout, out_hw, dt)
-    ap = contiguous(packed) if packed is not None else K.pack_weight(contiguous(weight), groups)
+    ap = packed.panels if packed is not None else K.pack_weight(contiguous(weight), groups)
     epi = bias is not None or act != 0
     K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
     return deliver(res, out)
@@ -177,13 +192,41 @@ def _depthwise(parallel):
     return run
 
 
+def _run_winograd(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+    dt = x.dtype
+    x4, res, res4, b = _host_arrays(x, bias, out, weight.shape[0], out_hw, dt)
+    up = packed.winograd if packed is not None else None
+    if up is None:
+        up = KW.pack_winograd(contiguous(weight))
+    KW.conv_winograd(x4, up, b, res4, pad, act, numba.get_num_threads())
+    return deliver(res, out)
+
+
+def _winograd_refusals(key):
+    """Why cpu-winograd cannot run a call (empty: it can)."""
+    why = []
+    if key.kind != "dense":
+        why.append(f"{key.kind} convolution (Winograd here: groups 1)")
+    if key.kernel != (3, 3):
+        why.append(f"kernel {key.kernel[0]}x{key.kernel[1]} (F(2x2, 3x3): 3x3 only)")
+    if key.stride != (1, 1) or key.dilation != (1, 1):
+        why.append(f"stride {key.stride}, dilation {key.dilation} (1 only)")
+    return why
+
+
 def _depthwise_only(key):
     return [] if key.kind == "depthwise" else [f"groups is not the channel count ({key.kind} convolution)"]
 
 
 def _choose(key):
     if key.kind != "depthwise":
-        return ("cpu-gemm",), f"{key.kind} convolution: the implicit GEMM"
+        if not _winograd_refusals(key) and min(key.cin, key.cout) >= WINOGRAD_MIN_CHANNELS \
+                and key.pixels >= WINOGRAD_MIN_PIXELS:
+            return (("cpu-winograd", "cpu-gemm"),
+                    f"3x3 stride 1, channels bucket {min(key.cin, key.cout)} >= {WINOGRAD_MIN_CHANNELS}, output "
+                    f"pixels bucket {key.pixels} >= {WINOGRAD_MIN_PIXELS}: Winograd F(2x2, 3x3) (2.25x fewer "
+                    "multiply-adds)")
+        return ("cpu-gemm", "cpu-winograd"), f"{key.kind} convolution: the implicit GEMM"
     if key.size < DEPTHWISE_PARALLEL_THRESHOLD:
         return (("cpu-depthwise-serial", "cpu-depthwise", "cpu-gemm"),
                 f"depthwise, output size bucket {key.size} < {DEPTHWISE_PARALLEL_THRESHOLD}: one thread "
@@ -250,15 +293,17 @@ def _prepack_conv(weight, dt, op, groups):
         raise ValueError(f"groups={groups} must divide weight's output channels Cout={weight.shape[0]}")
     src = _readonly_source(weight)
     tile = active_tile()
-    return PackedWeight(op, src, K.pack_weight(np.ascontiguousarray(weight), groups, tile), tile.mr, groups,
-                        tile=tile.name)
+    w = np.ascontiguousarray(weight)
+    wino = KW.pack_winograd(w, tile) if groups == 1 and w.shape[2:] == (3, 3) else None
+    return PackedWeight(op, src, K.pack_weight(w, groups, tile), tile.mr, groups, tile=tile.name, winograd=wino)
 
 
 register_prepacker("conv2d", _prepack_conv, options=("groups",))
 
 _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
-                         bytes=_bytes, rules={"cpu": Rule(("cpu-gemm", "cpu-depthwise", "cpu-depthwise-serial"),
-                                                          _choose)},
+                         bytes=_bytes,
+                         rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial"),
+                                            _choose)},
                          synthesize=_synthesize))
 register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_KERNELS,
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "
@@ -267,6 +312,12 @@ register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_
                         "stride-1 1x1 packs each tile's B rows from x's channel planes instead); extra memory per "
                         "thread: a task's input rows and output; the weight's panels packed per call, or once when given "
                         "as a PackedWeight"))
+register(Implementation("conv2d", "cpu-winograd", "cpu", _run_winograd, kernel_modules=_WINOGRAD_KERNELS,
+                        supports=_winograd_refusals,
+                        notes=HOST_COPY_NOTE + "; 3x3 stride 1 by Winograd F(2x2, 3x3): 16 GEMMs of the transformed "
+                        "filters and input tiles on the register-tiled micro-kernel, bias + activation fused into the "
+                        "output transform; extra memory per thread: a task's input rows, 16 x C x NR transformed "
+                        "tiles, 16 x MR x NR products; the filters transformed per call, or once by prepack"))
 register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
                         supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; blocks of planes over threads; per plane register tiles of 7 rows x one "

@@ -74,17 +74,19 @@ class PackedWeight:
 
     Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
     panels of the GEMM), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
-    (op="conv2d": MR-row panels of the implicit GEMM, per group).  ``weight`` is the source
+    (op="conv2d": MR-row panels of the implicit GEMM, per group; a 3x3 weight with groups 1
+    also its Winograd-transformed filters' panels, 16/9 of its size more).  ``weight`` is the source
     array (read-only view), which the other implementations (OpenBLAS, gemv, depthwise;
     CUDA refuses host weights) still use; the panels are a snapshot: writing into the
     source afterwards is not seen by the packed kernel, so pack again after changing a
     weight.  Attributes: op, weight, shape, dtype, panels, groups (conv2d; 1 otherwise)."""
 
-    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile")
+    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile", "winograd")
 
-    def __init__(self, op, weight, panels, nr, groups=1, tile=None):
+    def __init__(self, op, weight, panels, nr, groups=1, tile=None, winograd=None):
         self.op, self.weight, self.panels, self._nr, self.groups = op, weight, panels, nr, groups
         self.tile = tile  # the GEMM register tile the panels are for (kernels_cpu.gemm.TILE_NAMES)
+        self.winograd = winograd  # conv2d 3x3, groups 1: the transformed filters' panels too
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
 
     def __repr__(self):
