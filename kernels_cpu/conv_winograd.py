@@ -20,15 +20,17 @@ A task is a run of blocks of NR tiles (tiles numbered ty*TW + tx) of one image. 
 the padded input rows it reads into its worker's buffer split into even and odd columns
 (conv._task_rows with column phase 2), so that a row of patches is read with unit stride;
 per block: the input transform (wino_in: vectors of patches along a tile row) into V
-(row c of V_e at (c*16 + e)*NR: the 16 rows of one channel together, where V_e's rows
-NR apart put 16 store streams 12 KB apart on one cache set: 2.7 ms against 0.09 ms for
-64 channels 56x56), then per weight panel the 16 GEMMs into M (16 x MR x NR) and the
-output transform with bias + activation into out.
+(V_e as C rows of NR, V_e's start ES = C*NR + one cache line apart: with V_e exactly C*NR
+apart the transform's 16 store streams sat 12 KB apart on one cache set, 2.7 ms against
+0.09 ms for 64 channels 56x56), then per weight panel the 16 GEMMs (gemm.micro_tile) into
+M (16 x MR x NR) and the output transform with bias + activation into out (wino_store:
+each output row's two columns of the tiles interleaved in registers).
 
-Measured (Sapphire Rapids, 1 thread, float32, 2026-12-02, prototype of this code): 64
-channels 56x56 pad 1 + bias + ReLU 1037 us (input transform 85, GEMMs 645, output
-transform 145, copies and set-up 175) against 1392 us direct; 320 channels 64x64 25.1 ms
-against 42.5 ms.
+Measured (Sapphire Rapids, float32, 2026-12-02): 64 channels 56x56 pad 1 + bias + ReLU,
+prepacked, one thread, 1.0-1.07 ms (GEMMs about 0.7, input transform 0.09-0.14, output
+transform and its stores 0.1, copies and set-up the rest) against 1.39 ms direct; 320
+channels 64x64 25.1 ms against 42.5 ms (a prototype of this code).  The GEMMs run at 147
+GF/s there, the micro-kernel alone at 176-183: with C = 64 each call is 64 steps long.
 """
 import functools
 
@@ -42,7 +44,7 @@ from kernels_common.memory import aligned_empty
 
 from .approx import JIT_BY_ADDRESS, activate
 from .conv import _task_rows
-from .gemm import _tile_index, _tmr, _tnr, micro_tile_indexed, tile_m, tile_n
+from .gemm import _tile_index, _tmr, _tnr, micro_tile, tile_m, tile_n
 from .llvm_ir import lane_mask, masked_ops
 from .parallel import c_array_at, fetch_add, like_dtype, run_workers, worker_address
 from .planes import vector_type
@@ -50,8 +52,8 @@ from .planes import vector_type
 _U = np.uint64
 
 # The worker's int64 argument block.
-(W_SYNC, W_X, W_UP, W_OUT, W_BIAS, W_TAB, W_NIMG, W_C, W_H, W_W, W_K, W_OH, W_OW, W_PT, W_PL, W_BPT,
- W_HQ, W_XB, W_VB, W_MB, W_YB, W_COUNT) = range(22)
+(W_SYNC, W_X, W_UP, W_OUT, W_BIAS, W_NIMG, W_C, W_H, W_W, W_K, W_OH, W_OW, W_PT, W_PL, W_BPT, W_HQ,
+ W_XB, W_VB, W_MB, W_YB, W_COUNT) = range(21)
 
 
 def pack_winograd(weight, tile=None):
@@ -118,6 +120,46 @@ def wino_in(typingctx, xb, e0, o0, wh, n, vb, ob, es):
     return types.none(xb, e0, o0, wh, n, vb, ob, es), codegen
 
 
+@intrinsic
+def wino_store(typingctx, yb, ya, yc, n, of, row, cnt):
+    """of[row + 2t] = yb[ya + t], of[row + 2t + 1] = yb[yc + t] for t < n, the first cnt
+    of those 2n values only (an odd output width drops the last tile's second column):
+    one output row of a run of tiles, interleaved in registers (masked vector stores)."""
+    if not (isinstance(yb, types.Array) and isinstance(of, types.Array) and yb.dtype == of.dtype
+            and yb.dtype in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        width, _, vty = vector_type(context, sig.args[0].dtype)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        load, store = masked_ops(builder, vty)
+
+        def val(k):
+            return context.cast(builder, args[k], sig.args[k], types.int64)
+
+        yd = context.make_array(sig.args[0])(context, builder, args[0]).data
+        od = context.make_array(sig.args[4])(context, builder, args[4]).data
+        ya, yc, n, row, cnt = val(1), val(2), val(3), val(5), val(6)
+        half = width // 2
+        lo_idx = ir.Constant(ir.VectorType(i32, width), [k // 2 + (width if k % 2 else 0) for k in range(width)])
+        hi_idx = ir.Constant(ir.VectorType(i32, width),
+                             [half + k // 2 + (width if k % 2 else 0) for k in range(width)])
+        zero32 = ir.Constant(i32, 0)
+        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), n, ir.Constant(i64, width)) as (i, _):
+            m = lane_mask(builder, zero32, builder.trunc(builder.sub(n, i), i32), width)
+            y0 = load(builder.gep(yd, [builder.add(ya, i)]), m)
+            y1 = load(builder.gep(yd, [builder.add(yc, i)]), m)
+            left = builder.sub(cnt, builder.mul(i, ir.Constant(i64, 2)))  # values left to store
+            at = builder.add(row, builder.mul(i, ir.Constant(i64, 2)))
+            store(builder.shuffle_vector(y0, y1, lo_idx), builder.gep(od, [at]),
+                  lane_mask(builder, zero32, builder.trunc(left, i32), width))
+            store(builder.shuffle_vector(y0, y1, hi_idx), builder.gep(od, [builder.add(at, ir.Constant(i64, width))]),
+                  lane_mask(builder, zero32, builder.trunc(builder.sub(left, ir.Constant(i64, width)), i32), width))
+        return context.get_dummy_value()
+
+    return types.none(yb, ya, yc, n, of, row, cnt), codegen
+
+
 @njit(inline="always")
 def _wino_out(mb, i, nr, mr, bk, code, yb):
     """Y = act(A^T M A + bias) of output channel row i of the panel's 16 M_e
@@ -161,10 +203,10 @@ def winograd_worker(w, params, is64, ti, code):
     of = c_array_at(p[W_OUT], z, (nimg * K * OH * OW,))
     up = c_array_at(p[W_UP], z, (16 * mp * C * MR,))
     bias = c_array_at(p[W_BIAS], z, (K,))
-    tab = c_array_at(p[W_TAB], np.int64(0), (C,))
     xbn = 2 * C * Hq * Wh
     xb = c_array_at(p[W_XB] + w * xbn * isz, z, (xbn,))
-    vbn = 16 * C * nr
+    es = C * nr + 64 // isz  # V_e's start, a line past a multiple of 4 KiB apart
+    vbn = 16 * es
     vb = c_array_at(p[W_VB] + w * vbn * isz, z, (vbn,))
     mb = c_array_at(p[W_MB] + w * 16 * MR * nr * isz, z, (16 * MR * nr,))
     yb = c_array_at(p[W_YB] + w * 4 * nr * isz, z, (4 * nr,))
@@ -185,19 +227,18 @@ def winograd_worker(w, params, is64, ti, code):
             ty0 = t0 // TW
             ty1 = (t0 + nt - 1) // TW
             for c in range(C):
-                ob = c * 16 * nr
+                ob = c * nr
                 for ty in range(ty0, ty1 + 1):
                     txa = max(0, t0 - ty * TW)
                     txb = min(TW, t0 + nt - ty * TW)
                     e0 = (2 * c * rows + 2 * (ty - tty0)) * Wh  # even columns, the patch's first row
-                    wino_in(xb, e0 + txa, e0 + rows * Wh + txa, Wh, txb - txa, vb, ob + ty * TW - t0 + txa, nr)
+                    wino_in(xb, e0 + txa, e0 + rows * Wh + txa, Wh, txb - txa, vb, ob + ty * TW - t0 + txa, es)
                 for e in range(16):  # the block's missing tiles: zeros (their results are dropped)
                     for j in range(nt, nr):
-                        vb[ob + e * nr + j] = z
+                        vb[ob + e * es + j] = z
             for pa in range(mp):
                 for e in range(16):
-                    micro_tile_indexed(ti, C, up, (e * mp + pa) * C * MR, vb, e * nr, tab, 0, mb, e * MR * nr, nr,
-                                       False)
+                    micro_tile(ti, C, up, (e * mp + pa) * C * MR, vb, e * es, mb, e * MR * nr, nr, False)
                 for i in range(min(MR, K - pa * MR)):
                     k = pa * MR + i
                     _wino_out(mb, i, nr, MR, bias[k], code, yb)
@@ -205,26 +246,20 @@ def winograd_worker(w, params, is64, ti, code):
                     for ty in range(ty0, ty1 + 1):
                         txa = max(0, t0 - ty * TW)
                         txb = min(TW, t0 + nt - ty * TW)
-                        jb = ty * TW - t0
-                        full = min(txb, OW // 2)  # tiles with both columns inside the image
+                        jb = ty * TW - t0 + txa
+                        cnt = min(2 * (txb - txa), OW - 2 * txa)  # an odd width: the last tile's column 0 only
                         for r in range(min(2, OH - 2 * ty)):
-                            row = obase + (2 * ty + r) * OW
-                            ya, yc = 2 * r * nr + jb, (2 * r + 1) * nr + jb
-                            for tx in range(txa, full):
-                                of[_U(row + 2 * tx)] = yb[_U(ya + tx)]
-                                of[_U(row + 2 * tx + 1)] = yb[_U(yc + tx)]
-                            if full < txb:
-                                of[_U(row + 2 * full)] = yb[_U(ya + full)]
+                            wino_store(yb, 2 * r * nr + jb, (2 * r + 1) * nr + jb, txb - txa, of,
+                                       obase + (2 * ty + r) * OW + 2 * txa, cnt)
 
 
 @njit(cache=True)
-def _addresses(p, sync, x, up, out, bias, tab, xb, vb, mb, yb):
+def _addresses(p, sync, x, up, out, bias, xb, vb, mb, yb):
     p[W_SYNC] = sync.ctypes.data
     p[W_X] = x.ctypes.data
     p[W_UP] = up.ctypes.data
     p[W_OUT] = out.ctypes.data
     p[W_BIAS] = bias.ctypes.data
-    p[W_TAB] = tab.ctypes.data
     p[W_XB] = xb.ctypes.data
     p[W_VB] = vb.ctypes.data
     p[W_MB] = mb.ctypes.data
@@ -248,19 +283,18 @@ def conv_winograd(x, up, bias, out, pad, code, nworkers):
             raise ValueError(f"conv_winograd: arrays must be C-contiguous {dt}, got {arr.dtype}")
     if nimg == 0 or K == 0 or OH * OW == 0:
         return
-    tab, p0, nw, each = _plan(x.shape, out.shape, dt.str, ti, tuple(pad), nworkers)
+    p0, nw, each = _plan(x.shape, out.shape, dt.str, ti, tuple(pad), nworkers)
     p = p0.copy()
     sync = np.zeros(1, np.int64)
     bufs = [aligned_empty(nw * n, dt) for n in each]
-    _addresses(p, sync, x, up, out, bias, tab, *bufs)
+    _addresses(p, sync, x, up, out, bias, *bufs)
     run_workers(worker_address(winograd_worker, (bool(dt == np.float64), ti, int(code)), nargs=2), p, nw)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(xshape, oshape, dtype, ti, pad, nworkers):
-    """(tab, the argument block without its addresses, the workers, each one's buffer
-    sizes in elements (input rows, V, M, Y)), from the shapes alone; tab and the block
-    read-only."""
+    """(the argument block without its addresses (read-only), the workers, each one's
+    buffer sizes in elements (input rows, V, M, Y)), from the shapes alone."""
     nimg, C, H, W = xshape
     _, K, OH, OW = oshape
     nr = tile_n(np.dtype(dtype), ti)
@@ -273,10 +307,10 @@ def _plan(xshape, oshape, dtype, ti, pad, nworkers):
     # a task's tile rows: bpt*nr tiles touch at most this many, plus one (a run starting
     # mid-row); 2 padded rows each plus the 3x3's 2
     hq = 2 * min(TH, (bpt * nr - 1) // TW + 2) + 2
-    tab = np.arange(C, dtype=np.int64) * 16 * nr
     p = np.zeros(W_COUNT, np.int64)
     p[W_NIMG], p[W_C], p[W_H], p[W_W], p[W_K], p[W_OH], p[W_OW] = nimg, C, H, W, K, OH, OW
     p[W_PT], p[W_PL], p[W_BPT], p[W_HQ] = pad[0], pad[1], bpt, hq
-    tab.flags.writeable = p.flags.writeable = False
+    p.flags.writeable = False
     mr = tile_m(ti)
-    return tab, p, nw, (2 * C * hq * (TW + 1), 16 * C * nr, 16 * mr * nr, 4 * nr)
+    es = C * nr + 64 // np.dtype(dtype).itemsize  # as the worker's
+    return p, nw, (2 * C * hq * (TW + 1), 16 * es, 16 * mr * nr, 4 * nr)
