@@ -236,6 +236,8 @@ def _choose(key):
 
 
 def _flops(call):
+    # the direct form's multiply-adds whatever runs it: cpu-winograd does 2.25x fewer, so its
+    # GFLOP/s are effective ones (as cuDNN's for its Winograd algorithms)
     a = call.args
     cout, cin_g, kh, kw = a.weight.shape
     n = a.x.shape[0] if a.x.ndim == 4 else 1
@@ -310,8 +312,8 @@ register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_
                         "fused; each task (a run of output tiles) copies the input rows it reads, zero-padded and "
                         "phase-split (stride), and reads B from there through a k -> offset table (an unpadded "
                         "stride-1 1x1 packs each tile's B rows from x's channel planes instead); extra memory per "
-                        "thread: a task's input rows and output; the weight's panels packed per call, or once when given "
-                        "as a PackedWeight"))
+                        "thread: a task's input rows and 4 tiles of output; the weight's panels packed per call, or "
+                        "once when given as a PackedWeight"))
 register(Implementation("conv2d", "cpu-winograd", "cpu", _run_winograd, kernel_modules=_WINOGRAD_KERNELS,
                         supports=_winograd_refusals,
                         notes=HOST_COPY_NOTE + "; 3x3 stride 1 by Winograd F(2x2, 3x3): 16 GEMMs of the transformed "
