@@ -98,6 +98,21 @@ def test_calibrate_batches_fast_calls():
     assert timing.calibrate(lambda: None, 0.0) == 1
 
 
+def test_calibrate_is_not_decided_by_a_slow_first_call():
+    """A first call 8x slower than the rest (the ramp after a pause) must not shrink the
+    batches: the batch size follows the median call."""
+    import time
+
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+        time.sleep(0.008 if calls[0] == 1 else 0.001)
+
+    n = timing.calibrate(fn, 0.02)
+    assert n >= 10, f"{n} calls a batch: decided by the slow first call"
+
+
 def test_roofline_floor():
     ceil = {"gflops": 100.0, "gbs": 10.0}
     assert roofline.floor_seconds(1e9, 1e6, ceil) == pytest.approx(0.01)  # compute-bound
