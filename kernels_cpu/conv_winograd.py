@@ -47,7 +47,7 @@ from .conv import _task_rows
 from .gemm import _tile_index, _tmr, _tnr, micro_tile, tile_m, tile_n
 from .llvm_ir import lane_mask, masked_ops
 from .parallel import c_array_at, fetch_add, like_dtype, run_workers, worker_address
-from .planes import vector_type
+from .planes import arg_access, vector_type
 
 _U = np.uint64
 
@@ -116,27 +116,27 @@ def _transform_filters(w, out):
                         out[e, pa, c0 + cc, i] = t[i, cc, e]
 
 
+def _float_arrays(a, b):
+    """Whether the numba types a and b are arrays of one float type (float32 / float64)."""
+    return (isinstance(a, types.Array) and isinstance(b, types.Array) and a.dtype == b.dtype
+            and a.dtype in (types.float32, types.float64))
+
+
 @intrinsic
 def wino_in(typingctx, xb, e0, o0, wh, n, vb, ob, es):
     """The input transform of n patches along a tile row: patch t's rows r < 4 have their
     even padded columns 2t, 2t+2 at xb[e0 + r*wh + t (+1)] and their odd ones 2t+1, 2t+3
     at xb[o0 + r*wh + t (+1)]; V = B^T d B goes to vb[ob + e*es + t], e = 4*row + col.
     Vectors of the patches, the last one masked (nothing read or written past n)."""
-    if not (isinstance(xb, types.Array) and isinstance(vb, types.Array) and xb.dtype == vb.dtype
-            and xb.dtype in (types.float32, types.float64)):
+    if not _float_arrays(xb, vb):
         return None
 
     def codegen(context, builder, sig, args):
         width, _, vty = vector_type(context, sig.args[0].dtype)
         i64, i32 = ir.IntType(64), ir.IntType(32)
         load, store = masked_ops(builder, vty)
-
-        def val(k):
-            return context.cast(builder, args[k], sig.args[k], types.int64)
-
-        xd = context.make_array(sig.args[0])(context, builder, args[0]).data
-        vd = context.make_array(sig.args[5])(context, builder, args[5]).data
-        e0, o0, wh, n, ob, es = val(1), val(2), val(3), val(4), val(6), val(7)
+        i64_of, at = arg_access(context, builder, sig, args)
+        e0, o0, wh, n, ob, es = (i64_of(k) for k in (1, 2, 3, 4, 6, 7))
         one = ir.Constant(i64, 1)
         sub, add = builder.fsub, builder.fadd
         with cgutils.for_range_slice(builder, ir.Constant(i64, 0), n, ir.Constant(i64, width)) as (i, _):
@@ -145,16 +145,15 @@ def wino_in(typingctx, xb, e0, o0, wh, n, vb, ob, es):
             for r in range(4):
                 pe = builder.add(builder.add(e0, builder.mul(wh, ir.Constant(i64, r))), i)
                 po = builder.add(builder.add(o0, builder.mul(wh, ir.Constant(i64, r))), i)
-                rows.append([load(builder.gep(xd, [pe]), mask), load(builder.gep(xd, [po]), mask),
-                             load(builder.gep(xd, [builder.add(pe, one)]), mask),
-                             load(builder.gep(xd, [builder.add(po, one)]), mask)])
+                rows.append([load(at(0, pe), mask), load(at(0, po), mask), load(at(0, builder.add(pe, one)), mask),
+                             load(at(0, builder.add(po, one)), mask)])
             bt = [[sub(rows[0][j], rows[2][j]) for j in range(4)], [add(rows[1][j], rows[2][j]) for j in range(4)],
                   [sub(rows[2][j], rows[1][j]) for j in range(4)], [sub(rows[1][j], rows[3][j]) for j in range(4)]]
             for a in range(4):
                 p = bt[a]
                 for b, v in enumerate((sub(p[0], p[2]), add(p[1], p[2]), sub(p[2], p[1]), sub(p[1], p[3]))):
                     off = builder.add(builder.add(ob, builder.mul(es, ir.Constant(i64, 4 * a + b))), i)
-                    store(v, builder.gep(vd, [off]), mask)
+                    store(v, at(5, off), mask)
         return context.get_dummy_value()
 
     return types.none(xb, e0, o0, wh, n, vb, ob, es), codegen
@@ -165,21 +164,15 @@ def wino_store(typingctx, yb, ya, yc, n, of, row, cnt):
     """of[row + 2t] = yb[ya + t], of[row + 2t + 1] = yb[yc + t] for t < n, the first cnt
     of those 2n values only (an odd output width drops the last tile's second column):
     one output row of a run of tiles, interleaved in registers (masked vector stores)."""
-    if not (isinstance(yb, types.Array) and isinstance(of, types.Array) and yb.dtype == of.dtype
-            and yb.dtype in (types.float32, types.float64)):
+    if not _float_arrays(yb, of):
         return None
 
     def codegen(context, builder, sig, args):
         width, _, vty = vector_type(context, sig.args[0].dtype)
         i64, i32 = ir.IntType(64), ir.IntType(32)
         load, store = masked_ops(builder, vty)
-
-        def val(k):
-            return context.cast(builder, args[k], sig.args[k], types.int64)
-
-        yd = context.make_array(sig.args[0])(context, builder, args[0]).data
-        od = context.make_array(sig.args[4])(context, builder, args[4]).data
-        ya, yc, n, row, cnt = val(1), val(2), val(3), val(5), val(6)
+        i64_of, at = arg_access(context, builder, sig, args)
+        ya, yc, n, row, cnt = (i64_of(k) for k in (1, 2, 3, 5, 6))
         half = width // 2
         lo_idx = ir.Constant(ir.VectorType(i32, width), [k // 2 + (width if k % 2 else 0) for k in range(width)])
         hi_idx = ir.Constant(ir.VectorType(i32, width),
@@ -187,13 +180,13 @@ def wino_store(typingctx, yb, ya, yc, n, of, row, cnt):
         zero32 = ir.Constant(i32, 0)
         with cgutils.for_range_slice(builder, ir.Constant(i64, 0), n, ir.Constant(i64, width)) as (i, _):
             m = lane_mask(builder, zero32, builder.trunc(builder.sub(n, i), i32), width)
-            y0 = load(builder.gep(yd, [builder.add(ya, i)]), m)
-            y1 = load(builder.gep(yd, [builder.add(yc, i)]), m)
+            y0 = load(at(0, builder.add(ya, i)), m)
+            y1 = load(at(0, builder.add(yc, i)), m)
             left = builder.sub(cnt, builder.mul(i, ir.Constant(i64, 2)))  # values left to store
-            at = builder.add(row, builder.mul(i, ir.Constant(i64, 2)))
-            store(builder.shuffle_vector(y0, y1, lo_idx), builder.gep(od, [at]),
+            dst = builder.add(row, builder.mul(i, ir.Constant(i64, 2)))
+            store(builder.shuffle_vector(y0, y1, lo_idx), at(4, dst),
                   lane_mask(builder, zero32, builder.trunc(left, i32), width))
-            store(builder.shuffle_vector(y0, y1, hi_idx), builder.gep(od, [builder.add(at, ir.Constant(i64, width))]),
+            store(builder.shuffle_vector(y0, y1, hi_idx), at(4, builder.add(dst, ir.Constant(i64, width))),
                   lane_mask(builder, zero32, builder.trunc(builder.sub(left, ir.Constant(i64, width)), i32), width))
         return context.get_dummy_value()
 
