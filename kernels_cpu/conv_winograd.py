@@ -32,6 +32,7 @@ transform and its stores 0.1, copies and set-up the rest) against 1.39 ms direct
 channels 64x64 25.1 ms against 42.5 ms (a prototype of this code).  The GEMMs run at 147
 GF/s there, the micro-kernel alone at 176-183: with C = 64 each call is 64 steps long.
 """
+import contextlib
 import functools
 
 import numpy as np
@@ -122,6 +123,23 @@ def _float_arrays(a, b):
             and a.dtype in (types.float32, types.float64))
 
 
+def _vector_access(context, builder, sig, args):
+    """(lanes, masked load, masked store, i64_of, at) for an intrinsic whose first argument is
+    a float array (planes.vector_type, llvm_ir.masked_ops, planes.arg_access)."""
+    width, _, vty = vector_type(context, sig.args[0].dtype)
+    load, store = masked_ops(builder, vty)
+    return (width, load, store) + arg_access(context, builder, sig, args)
+
+
+@contextlib.contextmanager
+def _vector_steps(builder, n, width):
+    """Loop i = 0, width, 2*width, ... < n (an i64): yields (i, the mask of the lanes below
+    n - i), so the last step is masked and nothing is touched past n."""
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    with cgutils.for_range_slice(builder, ir.Constant(i64, 0), n, ir.Constant(i64, width)) as (i, _):
+        yield i, lane_mask(builder, ir.Constant(i32, 0), builder.trunc(builder.sub(n, i), i32), width)
+
+
 @intrinsic
 def wino_in(typingctx, xb, e0, o0, wh, n, vb, ob, es):
     """The input transform of n patches along a tile row: patch t's rows r < 4 have their
@@ -132,15 +150,12 @@ def wino_in(typingctx, xb, e0, o0, wh, n, vb, ob, es):
         return None
 
     def codegen(context, builder, sig, args):
-        width, _, vty = vector_type(context, sig.args[0].dtype)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
-        load, store = masked_ops(builder, vty)
-        i64_of, at = arg_access(context, builder, sig, args)
+        width, load, store, i64_of, at = _vector_access(context, builder, sig, args)
         e0, o0, wh, n, ob, es = (i64_of(k) for k in (1, 2, 3, 4, 6, 7))
+        i64 = ir.IntType(64)
         one = ir.Constant(i64, 1)
         sub, add = builder.fsub, builder.fadd
-        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), n, ir.Constant(i64, width)) as (i, _):
-            mask = lane_mask(builder, ir.Constant(i32, 0), builder.trunc(builder.sub(n, i), i32), width)
+        with _vector_steps(builder, n, width) as (i, mask):
             rows = []  # per row: padded columns 2t, 2t+1, 2t+2, 2t+3 of the patches
             for r in range(4):
                 pe = builder.add(builder.add(e0, builder.mul(wh, ir.Constant(i64, r))), i)
@@ -168,18 +183,15 @@ def wino_store(typingctx, yb, ya, yc, n, of, row, cnt):
         return None
 
     def codegen(context, builder, sig, args):
-        width, _, vty = vector_type(context, sig.args[0].dtype)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
-        load, store = masked_ops(builder, vty)
-        i64_of, at = arg_access(context, builder, sig, args)
+        width, load, store, i64_of, at = _vector_access(context, builder, sig, args)
         ya, yc, n, row, cnt = (i64_of(k) for k in (1, 2, 3, 5, 6))
+        i64, i32 = ir.IntType(64), ir.IntType(32)
         half = width // 2
         lo_idx = ir.Constant(ir.VectorType(i32, width), [k // 2 + (width if k % 2 else 0) for k in range(width)])
         hi_idx = ir.Constant(ir.VectorType(i32, width),
                              [half + k // 2 + (width if k % 2 else 0) for k in range(width)])
         zero32 = ir.Constant(i32, 0)
-        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), n, ir.Constant(i64, width)) as (i, _):
-            m = lane_mask(builder, zero32, builder.trunc(builder.sub(n, i), i32), width)
+        with _vector_steps(builder, n, width) as (i, m):
             y0 = load(at(0, builder.add(ya, i)), m)
             y1 = load(at(0, builder.add(yc, i)), m)
             left = builder.sub(cnt, builder.mul(i, ir.Constant(i64, 2)))  # values left to store
