@@ -228,8 +228,8 @@ def _wino_out(mb, i, nr, mr, bk, code, yb):
 @njit(**JIT_BY_ADDRESS)
 def winograd_worker(w, params, is64, ti, code):
     """Worker w of a conv_winograd call (the W_* slots of the int64 block at params; is64,
-    ti, the register tile, and code, the activation, literals): tasks of W_BPT blocks of NR tiles of one image from
-    the counter at W_SYNC (the module docstring)."""
+    ti, the register tile, and code, the activation, literals): tasks of W_BPT blocks of
+    NR tiles of one image from the counter at W_SYNC (the module docstring)."""
     p = c_array_at(params, np.int64(0), (W_COUNT,))
     z = like_dtype(is64)
     isz = 8 if is64 else 4
@@ -264,8 +264,8 @@ def winograd_worker(w, params, is64, ti, code):
         b1 = min(b0 + bpt, nblk)
         tty0 = b0 * nr // TW  # the task's first and last tile rows
         tty1 = (min(b1 * nr, T) - 1) // TW
-        _task_rows(xf, img * C * H * W, H, W, C, 1, 2, pt, pl, 2 * tty0, 2 * (tty1 - tty0) + 4, Wh, xb, z)
         rows = 2 * (tty1 - tty0) + 4  # the copy's rows per channel and phase
+        _task_rows(xf, img * C * H * W, H, W, C, 1, 2, pt, pl, 2 * tty0, rows, Wh, xb, z)
         for blk in range(b0, b1):
             t0 = blk * nr
             nt = min(nr, T - t0)
