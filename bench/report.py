@@ -600,6 +600,7 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
                 if r.get("flops") and r.get("bytes") and t.get("gflops"):
                     pts.append({"op": r["op"], "impl_kind": name, "intensity": r["flops"] / r["bytes"], "gflops": t["gflops"]})
         try:
+            os.makedirs(os.path.dirname(os.path.abspath(plot_path)), exist_ok=True)
             roofline.plot(pts, ceilings, plot_path, title=f"roofline ({mode}): ours filled, peers open; {info['cpu']}")
             out(f"roofline plot: {plot_path}")
         except Exception as exc:  # noqa: BLE001 - no matplotlib: say so, the rest stands
