@@ -455,3 +455,35 @@ def test_tuning_cache_read_once_when_threads_start_together(tmp_path, monkeypatc
     _run_threads(8, worker)
     assert len(loads) == 1, f"the tuning file was read {len(loads)} times"
     assert seen == [(other, "tuned")] * 8
+
+
+def test_same_override_shares_its_decisions_and_clear_cache_empties_them():
+    """Blocks that set the same override share one state and its decision cache (a fresh
+    state per block re-decided every call); a thread using the same override reuses the
+    decisions, and clear_cache() (after the tuning cache changes) empties every shared one."""
+    op = registry.OPS["softmax"]
+    x = S.inputs(op, "large", seed=5)["x"]
+    other = next(n for n in S.cpu_impls(op) if n != dispatch.explain("softmax", x).chosen)
+    states = []
+
+    def run():
+        with dispatch.use(softmax=other):
+            assert dispatch.explain("softmax", x).chosen == other
+            dispatch.softmax(x)
+            states.append(select.current())
+
+    run()
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert len(states) == 2 and states[0] is states[1]
+    assert states[0].cache, "the block's decision was not kept"
+    select.clear_cache()
+    assert not states[0].cache
+    assert select.current() is not states[0]  # outside the blocks: no override left
+    with pytest.raises(ValueError, match="no implementation"):  # a bad name still raises, each time
+        with dispatch.use(softmax="no-such-impl"):
+            pass
+    with pytest.raises(ValueError, match="no implementation"):
+        with dispatch.use(softmax="no-such-impl"):
+            pass
