@@ -201,8 +201,9 @@ def measure(cases=None, *, rounds=9, progress=None) -> list[dict]:
         args, kwargs = case.build(np.random.default_rng(0))
         for label, force in _variants(case).items():
             # the override is entered once around the measurement (and once in each thread
-            # of (d)), not per call: dispatch.use costs ~20 us a call, which made the forced
-            # serial kernel look slower than the same kernel chosen by the rules
+            # of (d)), not per call: dispatch.use cost ~20 us a call before its states were
+            # shared (select._STATES; ~3 us since), which made the forced serial kernel look
+            # slower than the same kernel chosen by the rules
             ctx = (lambda f=force, op=case.op: dispatch.use(**{op: f})) if force else contextlib.nullcontext
 
             def call(a=args, k=kwargs):
