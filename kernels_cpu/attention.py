@@ -412,7 +412,15 @@ def _row_softmax_update(srow, jn, lim, mb, mask, m_old, l_old):
         srow[j] = ninf
     m_new = rowmax(srow.ctypes.data, jn, m_old)
     mu = m_new if m_new > ninf else srow.dtype.type(0)
-    alpha = _exp_nan(m_old - mu) if m_new != m_old else srow.dtype.type(1)
+    if m_new == m_old:
+        alpha = srow.dtype.type(1)
+    elif m_old == ninf:
+        # exp(-inf - mu) is 0 for every mu this can be (finite, +inf, or 0 for a NaN max):
+        # the first tile of every row lands here, and a scalar exp a row was 5% of
+        # BERT-base 1x12x128x64 (perf, one thread, Sapphire Rapids, 2026-12-03)
+        alpha = srow.dtype.type(0)
+    else:
+        alpha = _exp_nan(m_old - mu)
     s = _exp_shift_sum(srow, jn, mu)
     return m_new, l_old * alpha + s, alpha
 
@@ -436,20 +444,30 @@ def _exp_shift_sum(srow, n, mu):
 
 @njit(**JIT_INNER)
 def pack_k_head(kh, kph):
-    """kph[c, d, t] = kh[16c + t, d] (zeros past the last key): K^T in 16-key panels."""
+    """kph[c, d, t] = kh[16c + t, d] (zeros past the last key): K^T in 16-key panels.
+    A whole panel is written a 16-key row of K^T at a time (contiguous stores, strided
+    loads): 128x64 float32 in cache, one thread, Sapphire Rapids (2026-12-03), 2.4 us with
+    the loops the other way round (scattered stores), 1.5 us so."""
     S, D = kh.shape
     z = kh.dtype.type(0)
     for c in range(kph.shape[0]):
         panel = kph[c]
-        for t in range(NC):
-            j = c * NC + t
-            if j < S:
-                row = unit_row(kh[j])
-                for d in range(D):
-                    panel[d, t] = row[d]
-            else:
-                for d in range(D):
-                    panel[d, t] = z
+        if (c + 1) * NC <= S:
+            blk = kh[c * NC:(c + 1) * NC]
+            for d in range(D):
+                prow = panel[d]
+                for t in range(NC):
+                    prow[t] = blk[t, d]
+        else:
+            for t in range(NC):
+                j = c * NC + t
+                if j < S:
+                    row = unit_row(kh[j])
+                    for d in range(D):
+                        panel[d, t] = row[d]
+                else:
+                    for d in range(D):
+                        panel[d, t] = z
 
 
 @njit(**JIT_INNER)
