@@ -38,6 +38,8 @@ split-KV (cpu-splitkv)
   (vectorized), P V updates accumulator rows; each split writes a partial (m, l, acc) and
   a second parallel pass combines the splits.
 """
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -45,8 +47,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
-from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, run_serial, run_workers, view_at,
-                       worker_address)
+from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, run_serial, run_workers,
+                       view_at, worker_address)
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
@@ -641,30 +643,45 @@ def _params(q, k, v, mask, mkind, causal, out, scale, lse=None):
     for MASK_NONE), the mask's kind, causal and out from; q/k/v/out rows must have unit
     stride, all strides be non-negative (the worker rebuilds each view from its first
     element).  lse: None, or a C-contiguous (B, Hq, Sq) array of q's dtype for the rows'
-    log-sum-exp."""
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = v.shape[1], v.shape[2]
-    # built as a Python list and converted once: with per-element numpy stores and slices
-    # this took 11.9 us a call, 9.6 us so (BERT's 1x12x128x64 attention: 164 us; Zen 5,
-    # 2026-11-27); the five .ctypes.data reads are 3.7 us of what is left
-    p = [0] * F_COUNT
-    for slot, arr in ((F_Q, q), (F_K, k), (F_V, v), (F_MASK, mask), (F_OUT, out)):
-        strides = arr.strides
-        if arr.size and (min(strides) < 0 or (arr is not mask and strides[-1] != arr.itemsize)):
+    log-sum-exp.  A fresh, writable copy of the cached block for these shapes and
+    strides (_plan) with the addresses filled in.  Built whole for every call it took
+    9.6 us of a 29 us call (1x1x16x16, Sapphire Rapids, 2026-12-03), 5.8 us so.  Filling
+    the addresses in numba (parallel.addresses: 2.0 us) would add a compile of its own to
+    the cold first call (3.16 -> 3.4 s, empty cache, same host), which the 3 s bar has no
+    room for."""
+    if lse is not None and not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == q.shape[:3]):
+        raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
+    p = _plan(q.shape, v.shape, q.itemsize, (q.strides, k.strides, v.strides, mask.strides, out.strides),
+              mask.itemsize, (q.size > 0, k.size > 0, v.size > 0, mask.size > 0, out.size > 0),
+              int(mkind), bool(causal), float(scale)).copy()
+    p[F_Q], p[F_K], p[F_V] = q.ctypes.data, k.ctypes.data, v.ctypes.data
+    p[F_MASK], p[F_OUT] = mask.ctypes.data, out.ctypes.data
+    if lse is not None:
+        p[F_LSE] = lse.ctypes.data
+    return p
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(qshape, vshape, itemsize, strides_all, mitemsize, nonempty, mkind, causal, scale):
+    """_params' block without addresses, read-only (each call copies it); strides_all and
+    nonempty: the strides of q, k, v, mask and out, and whether each has elements."""
+    B, Hq, Sq, D = qshape
+    Hkv, Skv = vshape[1], vshape[2]
+    vs = strides_all[2]
+    p = np.zeros(F_COUNT, np.int64)
+    for i, slot in enumerate((F_Q, F_K, F_V, F_MASK, F_OUT)):
+        strides = strides_all[i]
+        isz = mitemsize if slot == F_MASK else itemsize
+        if nonempty[i] and (min(strides) < 0 or (slot != F_MASK and strides[-1] != isz)):
             raise ValueError("attention kernels: strides must be non-negative, and q/k/v/out rows unit-stride")
-        p[slot] = arr.ctypes.data
         base = F_STRIDES + 4 * (slot - F_Q)
         p[base:base + 4] = strides
     p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
-    p[F_SCALE] = int(np.float64(scale).view(np.int64))
-    p[F_VROWS] = int(v.strides[2] != D * v.itemsize)  # V rows not adjacent: each head is copied
+    p[F_SCALE] = np.float64(scale).view(np.int64)
+    p[F_VROWS] = int(vs[2] != D * itemsize)  # V rows not adjacent: each head is copied
     p[F_CHUNK] = 1
-    p[F_MKIND], p[F_CAUSAL] = int(mkind), int(bool(causal))
-    if lse is not None:
-        if not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == (B, Hq, Sq)):
-            raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
-        p[F_LSE] = lse.ctypes.data
-    p = np.array(p, np.int64)
+    p[F_MKIND], p[F_CAUSAL] = mkind, int(causal)
+    p.flags.writeable = False
     return p
 
 
