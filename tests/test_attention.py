@@ -421,6 +421,31 @@ def test_explain_names_a_cpu_kernel():
     assert dispatch.explain("attention", q, k, v, causal=True).chosen == "cpu-flash"
 
 
+
+def test_kernel_argument_block_is_cached_per_layout_and_still_checks_strides():
+    """kernels_cpu.attention._params caches the shape/stride part of the workers' block:
+    a second call with other arrays of the same layout gets their addresses, not the first
+    call's, and a layout the workers cannot read is refused on every call (an error is
+    never cached)."""
+    if ON_CUDA:
+        pytest.skip("CPU kernel module")
+    from kernels_cpu import attention as K
+    g = rng()
+    q, k, v = _qkv(g, 1, 2, 2, 5, 7, 4, np.float32)
+    dummy = np.ndarray((1, 2, 5, 7), np.float32, buffer=bytes(8), strides=(0, 0, 0, 0))
+    outs = [np.full(q.shape, np.nan, np.float32) for _ in range(2)]
+    ps = [K._params(q, k, v, dummy, K.MASK_NONE, False, o, 0.5) for o in outs]
+    assert ps[0][K.F_OUT] == outs[0].ctypes.data and ps[1][K.F_OUT] == outs[1].ctypes.data
+    assert ps[0].flags.writeable and ps[1].flags.writeable and ps[0] is not ps[1]
+    for o in outs:
+        K.flash(q, k, v, dummy, K.MASK_NONE, False, 0.5, o, 1)
+    assert np.array_equal(outs[0], outs[1]) and np.isfinite(outs[0]).all()
+    flipped = q[:, :, ::-1]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="strides must be non-negative"):
+            K._params(flipped, k, v, dummy, K.MASK_NONE, False, outs[0], 0.5)
+
+
 # ---- NaN / inf in, NaN out ---------------------------------------------------------
 
 NONFINITE = ["q_nan", "k_nan", "v_nan", "mask_nan", "q_posinf", "q_neginf", "mask_posinf", "mask_neginf",
