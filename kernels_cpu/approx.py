@@ -250,6 +250,25 @@ def _fexp_overload(x):
     return lambda x: exp64(x)
 
 
+@njit(**HELPER)
+def _exp_nonpos_f32(x):
+    y = _exp_in_range_f32(max(x, _EXP_LO))
+    return y if x >= _EXP_LO else _ZERO
+
+
+def fexp_nonpos(x):
+    """fexp(x) for x <= 0 (or -inf, or NaN: 0, like fexp): the shifted scores x - max of a
+    softmax.  float32 skips fexp's overflow clamp and test, two of its vector operations."""
+    return math.exp(x)
+
+
+@overload(fexp_nonpos, **OVERLOAD)
+def _fexp_nonpos_overload(x):
+    if x == types.float32:
+        return lambda x: _exp_nonpos_f32(x)
+    return lambda x: exp64(x)
+
+
 @intrinsic
 def inline_into_callers(typingctx):
     """Call first in a scalar helper: marks the function LLVM "alwaysinline".  LLVM's own

@@ -46,7 +46,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, like, wide_loops
+from .approx import (OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, fexp_nonpos,
+                     like, wide_loops)
 from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, run_serial, run_workers,
                        view_at, worker_address)
 
@@ -438,7 +439,9 @@ def _exp_shift_sum(srow, n, mu):
     wide_loops()
     s = srow.dtype.type(0)
     for j in range(n):
-        p = _exp_nan(srow[j] - mu)
+        t = srow[j] - mu  # <= 0 or NaN: mu is the row's max (or 0 when that is -inf)
+        p = fexp_nonpos(t)
+        p = p if t == t else t
         srow[j] = p
         s += p
     return s
