@@ -531,6 +531,7 @@ def _flash_item(q, kph, vh, Hkv, masks, mkind, causal, scale, out, lse, b, hk, q
         last = max(last, ri[r])
     if causal:
         kv_end = min(Skv, last + off + 1)
+    d16 = D // NC * NC
     for r in range(nqr):
         qrow = qs[r]
         if r < nq:
@@ -541,14 +542,13 @@ def _flash_item(q, kph, vh, Hkv, masks, mkind, causal, scale, out, lse, b, hk, q
             for d in range(D):
                 qrow[d] = zero
         arow = acc[r]
-        for d in range(D):
+        for d in range(d16, D):  # the first tile's P V overwrites columns < d16 (accumulate 0)
             arow[d] = zero
         mv[r] = ninf
         lv[r] = zero
     ldv = vh.strides[0] // isz
     qs_p, st_p, acc_p = qs.ctypes.data, st.ctypes.data, acc.ctypes.data
     kp_p, v_p = kph.ctypes.data, vh.ctypes.data
-    d16 = D // NC * NC
     for j0 in range(0, kv_end, bk):
         jn = min(bk, kv_end - j0)
         ncb = (jn + NC - 1) // NC
@@ -586,18 +586,19 @@ def _flash_item(q, kph, vh, Hkv, masks, mkind, causal, scale, out, lse, b, hk, q
                 arow = acc[r]
                 for d in range(D):
                     arow[d] *= alpha
-        # acc += P V, 32 of V's columns at once, then 16
+        # acc += P V (acc = P V on the first tile), 32 of V's columns at once, then 16
         d32 = D // (2 * NC) * 2 * NC
+        accum = 1 if j0 > 0 else 0
         for d0 in range(0, d32, 2 * NC):
             bptr = v_p + (j0 * ldv + d0) * isz
             for rb in range(0, nqr, MR):
                 micro_pair(zero, st_p + rb * bk * isz, bk, 1, bptr, ldv, NC,
-                           acc_p + (rb * D + d0) * isz, D, jn, 1)
+                           acc_p + (rb * D + d0) * isz, D, jn, accum)
         for d0 in range(d32, d16, NC):
             bptr = v_p + (j0 * ldv + d0) * isz
             for rb in range(0, nqr, MR):
                 micro(zero, st_p + rb * bk * isz, bk, 1, bptr, ldv,
-                      acc_p + (rb * D + d0) * isz, D, jn, 1)
+                      acc_p + (rb * D + d0) * isz, D, jn, accum)
         if d16 < D:
             for r in range(nq):
                 arow = acc[r]
