@@ -571,18 +571,25 @@ WIDE_GEMM_MIN_N = 128
 # 695/690 -> 375/398; with N = 64 blas keeps it (3136x576x64 975/1014 -> 1016/1051).  So on
 # such a host a prepacked weight goes to cpu-gemm from M*N*K buckets of 2^23 (N bucket >= 128).
 PREPACKED_GEMM_PRODUCT = 1 << 23
-# Measured, not adopted: a plain product on our GEMM where OpenBLAS has AVX-512 kernels too.
-# Alone they are close, and OpenBLAS's threads keep spinning after its call (~0.1 s), taking
-# the second core from the next parallel kernel.  Sapphire Rapids-class Xeon, OpenBLAS
-# SkylakeX kernels, 2 threads, medians of 9 x 5 calls after 0.25 s pauses (2026-12-02), ms,
-# blas / cpu-gemm: alone 128x768x768 1.01-1.21 / 1.12-1.17, 512x768x768 2.43-2.62 /
-# 2.60-2.64, 128x3072x768 2.95-3.13 / 3.47-3.54, 128x768x3072 3.10 / 3.23, 1024^3 7.66 /
-# 7.72, 3168x384x384 3.83 / 3.66; followed by our layer_norm and linear 768 -> 3072 + gelu:
-# 128x768x768 5.89 / 4.68, 512x768x768 15.28 / 12.04, 128x3072x768 7.98 / 7.38.  But a plain
-# matmul's cold first call then compiles the GEMM (0.02 -> 2.0 s), and
-# linear_cross_entropy_with_grad's (its dx products are plain matmuls) went 3.1 -> 4.4 s, over
-# issue #8's 3 s: compile fewer GEMM variants first.  (linalg_grad's plain backward products
-# did move: see its rule.)
+# A plain product on our GEMM where OpenBLAS has AVX-512 kernels too (the rule's last
+# 16-lane case): alone they are close, and OpenBLAS's threads keep spinning after its call
+# (~0.1 s), taking the second core from the next parallel kernel. Our 1024^3 GEMM in a
+# process that never called OpenBLAS: 267-281 GFLOP/s on 2 threads (numpy alone 263); the
+# same GEMM called right after numpy's: 163-174 (Sapphire Rapids-class Xeon, medians of 5,
+# 2026-12-03). Same host kind, OpenBLAS SkylakeX kernels, 2 threads, medians of 9 x 5 calls
+# after 0.25 s pauses (2026-12-02), ms, blas / cpu-gemm: alone 128x768x768 1.01-1.21 /
+# 1.12-1.17, 512x768x768 2.43-2.62 / 2.60-2.64, 128x3072x768 2.95-3.13 / 3.47-3.54,
+# 128x768x3072 3.10 / 3.23, 1024^3 7.66 / 7.72, 3168x384x384 3.83 / 3.66; followed by our
+# layer_norm and linear 768 -> 3072 + gelu: 128x768x768 5.89 / 4.68, 512x768x768 15.28 /
+# 12.04, 128x3072x768 7.98 / 7.38. A plain matmul's cold first call then compiles the GEMM
+# (0.02 -> 2.0 s, under issue #8's 3 s), and linear_cross_entropy keeps its plain products
+# on OpenBLAS for its own cold first call (see its _plain_products_on_blas). (linalg_grad's
+# plain backward products moved first: see its rule.)  A user's sequence, matmul 128x768x768
+# -> layer_norm -> attention 1x12x128x64 -> linear 768 -> 3072 + bias + gelu, one process
+# per rule, medians of 25 (2026-12-03): back to back 6.5-7.5 ms with the matmul on OpenBLAS,
+# 4.6-5.1 on ours (attention 714-750 -> 420-456 us, the linear 4.6-5.5 -> 3.1-3.5 ms); each
+# sequence after 0.2 s idle 10.7-10.8 -> 7.0-7.1 ms, although the matmul alone then takes
+# 1.35-1.39 ms on OpenBLAS and 1.70 on ours.
 # OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
 _BLAS_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 
@@ -642,6 +649,11 @@ def _order(key):
     if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and blas_narrower_than_host():
         return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}: numpy's OpenBLAS "
                                                   f"runs its {blas_core()} kernels on this AVX-512 host, our {K.active_tile().name} GEMM is faster")
+    if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and K.active_tile().lanes32 >= 16:
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}, "
+                                                  f"{K.active_tile().name} tile: as fast as OpenBLAS alone, and no "
+                                                  "OpenBLAS threads left spinning to take a core from the next "
+                                                  "parallel kernel")
     return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
 
