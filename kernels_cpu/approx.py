@@ -238,16 +238,19 @@ def _exp_in_range_f32(xc):
     return p * scale
 
 
+def _exp_by_dtype(stub, f32):
+    """Register stub's numba overload: f32 for a float32 argument, exp64 otherwise."""
+    @overload(stub, **OVERLOAD)
+    def _impl(x):
+        if x == types.float32:
+            return lambda x: f32(x)
+        return lambda x: exp64(x)
+    return stub
+
+
 def fexp(x):
     """exp(x), vectorizable: float32 rel. error < 1.2e-7, float64 < 1e-15 (exp64)."""
     return math.exp(x)
-
-
-@overload(fexp, **OVERLOAD)
-def _fexp_overload(x):
-    if x == types.float32:
-        return lambda x: _exp_f32(x)
-    return lambda x: exp64(x)
 
 
 @njit(**HELPER)
@@ -262,11 +265,8 @@ def fexp_nonpos(x):
     return math.exp(x)
 
 
-@overload(fexp_nonpos, **OVERLOAD)
-def _fexp_nonpos_overload(x):
-    if x == types.float32:
-        return lambda x: _exp_nonpos_f32(x)
-    return lambda x: exp64(x)
+_exp_by_dtype(fexp, _exp_f32)
+_exp_by_dtype(fexp_nonpos, _exp_nonpos_f32)
 
 
 @intrinsic
