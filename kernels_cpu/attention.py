@@ -649,7 +649,7 @@ def _params(q, k, v, mask, mkind, causal, out, scale, lse=None):
     element).  lse: None, or a C-contiguous (B, Hq, Sq) array of q's dtype for the rows'
     log-sum-exp.  A fresh, writable copy of the cached block for these shapes and
     strides (_plan) with the addresses filled in.  Built whole for every call it took
-    9.6 us of a 29 us call (1x1x16x16, Sapphire Rapids, 2026-12-03), 5.8 us so.  Filling
+    9.6 us of a 29 us call (1x1x16x16, Sapphire Rapids, 2026-12-03), 6.2 us so.  Filling
     the addresses in numba (parallel.addresses: 2.0 us) would add a compile of its own to
     the cold first call (3.16 -> 3.4 s, empty cache, same host), which the 3 s bar has no
     room for."""

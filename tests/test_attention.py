@@ -421,7 +421,6 @@ def test_explain_names_a_cpu_kernel():
     assert dispatch.explain("attention", q, k, v, causal=True).chosen == "cpu-flash"
 
 
-
 def test_kernel_argument_block_is_cached_per_layout_and_still_checks_strides():
     """kernels_cpu.attention._params caches the shape/stride part of the workers' block:
     a second call with other arrays of the same layout gets their addresses, not the first

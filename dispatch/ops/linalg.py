@@ -646,14 +646,12 @@ def _order(key):
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 with bias/activation: cache-blocked GEMM with the epilogue fused (no second pass)"
-    if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and blas_narrower_than_host():
-        return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}: numpy's OpenBLAS "
-                                                  f"runs its {blas_core()} kernels on this AVX-512 host, our {K.active_tile().name} GEMM is faster")
     if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and K.active_tile().lanes32 >= 16:
-        return ("cpu-gemm", "blas", "cpu-gemv"), (f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}, "
-                                                  f"{K.active_tile().name} tile: as fast as OpenBLAS alone, and no "
-                                                  "OpenBLAS threads left spinning to take a core from the next "
-                                                  "parallel kernel")
+        why = (f"numpy's OpenBLAS runs its {blas_core()} kernels on this AVX-512 host, our {K.active_tile().name} "
+               "GEMM is faster" if blas_narrower_than_host() else
+               f"{K.active_tile().name} tile: as fast as OpenBLAS alone, and no OpenBLAS threads left spinning to "
+               "take a core from the next parallel kernel")
+        return ("cpu-gemm", "blas", "cpu-gemv"), f"M*N*K bucket >= 2^25, N bucket >= {WIDE_GEMM_MIN_N}: {why}"
     return ("blas", "cpu-gemm", "cpu-gemv"), "M >= 8, no epilogue: OpenBLAS is as fast or faster for a plain product"
 
 

@@ -231,7 +231,21 @@ def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_g
     grads = _Grads(mem, x, weight, bias) if with_grad else None
     total = 0.0
     with _plain_products_on_blas(d, bias, host=mem is HostArrays):
-        total = _sweep(d, x, weight, targets, bias, ignore_index, with_grad, mem, rows, per_row, losses, grads)
+        for r0 in range(0, t, rows):
+            r1 = min(t, r0 + rows)
+            logits = d.linear(x[r0:r1], weight, bias)
+            tc = targets[r0:r1]
+            if with_grad:
+                loss, g = d.cross_entropy_with_grad(logits, tc, reduction="sum", ignore_index=ignore_index,
+                                                    grad_out=logits)
+                grads.add_chunk(d, g, x, weight, r0, r1)
+                total += mem.scalar(loss)
+                del g
+            elif per_row:
+                mem.copy(losses[r0:r1], d.cross_entropy(logits, tc, reduction="none", ignore_index=ignore_index))
+            else:
+                total += mem.scalar(d.cross_entropy(logits, tc, reduction="sum", ignore_index=ignore_index))
+            del logits   # before the next chunk's are made: one chunk alive at a time
     if per_row:
         return losses
     scale = 1.0
@@ -240,28 +254,6 @@ def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_g
         scale = 1.0 / n if n else float("nan")
     loss = np.asarray(total * scale, dtype=dt)
     return (loss, *grads.scaled(scale)) if with_grad else loss
-
-
-def _sweep(d, x, weight, targets, bias, ignore_index, with_grad, mem, rows, per_row, losses, grads):
-    """run_chunks' loop over the row chunks; returns the summed loss (0 per_row: losses)."""
-    t = x.shape[0]
-    total = 0.0
-    for r0 in range(0, t, rows):
-        r1 = min(t, r0 + rows)
-        logits = d.linear(x[r0:r1], weight, bias)
-        tc = targets[r0:r1]
-        if with_grad:
-            loss, g = d.cross_entropy_with_grad(logits, tc, reduction="sum", ignore_index=ignore_index,
-                                                grad_out=logits)
-            grads.add_chunk(d, g, x, weight, r0, r1)
-            total += mem.scalar(loss)
-            del g
-        elif per_row:
-            mem.copy(losses[r0:r1], d.cross_entropy(logits, tc, reduction="none", ignore_index=ignore_index))
-        else:
-            total += mem.scalar(d.cross_entropy(logits, tc, reduction="sum", ignore_index=ignore_index))
-        del logits   # before the next chunk's are made: one chunk alive at a time
-    return total
 
 
 def backward_per_row(grad_loss, x, weight, targets, bias=None, *, ignore_index=-100, chunk_bytes=CHUNK_BYTES):
