@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, like, relu, silu
 from .norm import centered_stats
-from .parallel import row_of, run_dynamic, tasks_for
+from .parallel import claim, row_claims, row_of
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
 # to a multiple of ALIGN elements (whole cache lines between tasks, aligned vector loops).
@@ -135,17 +135,18 @@ def batch_norm_serial(x, scale, shift, out, s, code):
 
 
 @njit(parallel=True, **JIT)
-def _batch_norm_parallel(x, scale, shift, out, s, code, tasks):
-    n = x.shape[0]
-    for k in prange(tasks):
-        lo = (k * n // tasks) // ALIGN * ALIGN
-        hi = n if k == tasks - 1 else ((k + 1) * n // tasks) // ALIGN * ALIGN
-        batch_norm_range(x, scale, shift, out, s, code, lo, hi)
+def _batch_norm_parallel(x, scale, shift, out, s, code, least, workers, counter):
+    n = -(-x.shape[0] // ALIGN)  # claimed in blocks of ALIGN elements
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            batch_norm_range(x, scale, shift, out, s, code, lo * ALIGN, min(hi * ALIGN, x.shape[0]))
+            lo, hi = claim(counter, n, workers, least)
 
 
 def batch_norm_parallel(x, scale, shift, out, s, code):
-    """batch_norm_serial's result, even element ranges over numba's threads (dynamic hand-out)."""
-    run_dynamic(_batch_norm_parallel, tasks_for(-(-x.shape[0] // MIN_TASK)), x, scale, shift, out, s, code)
+    """batch_norm_serial's result, element ranges claimed by numba's threads (parallel.claim)."""
+    _batch_norm_parallel(x, scale, shift, out, s, code, *row_claims(-(-x.shape[0] // ALIGN), MIN_TASK // ALIGN))
 
 
 @njit(**JIT_INNER)
@@ -178,12 +179,15 @@ def group_norm_serial(x, w, b, eps, out, cg, s, code):
 
 
 @njit(parallel=True, **JIT)
-def _group_norm_parallel(x, w, b, eps, out, cg, s, code, tasks):
+def _group_norm_parallel(x, w, b, eps, out, cg, s, code, least, workers, counter):
     n = x.shape[0]
-    for k in prange(tasks):
-        group_norm_rows(x, w, b, eps, out, cg, s, code, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def group_norm_parallel(x, w, b, eps, out, cg, s, code):
     """group_norm_serial's result, blocks of (sample, group) rows over numba's threads."""
-    run_dynamic(_group_norm_parallel, tasks_for(x.shape[0]), x, w, b, eps, out, cg, s, code)
+    _group_norm_parallel(x, w, b, eps, out, cg, s, code, *row_claims(x.shape[0]))

@@ -13,7 +13,7 @@ tolerance.  rms_norm has no cancellation to guard against (a sum of squares).
 
 Each kernel runs a range of rows in one function, with the residual branch outside the
 row loop: a per-row helper call cost ~30% at D = 768 (0.22 vs 0.16 ns/element in cache).
-The parallel kernels hand out blocks of rows dynamically (see parallel.tasks_for).
+The parallel kernels let their threads claim ranges of rows (see parallel.claim).
 weight / bias are always arrays here (dispatch passes ones / zeros for None).  Without a
 residual, pass has_res=False and any arrays of x's shape for r and h (they are not touched).
 """
@@ -22,7 +22,7 @@ import math
 from numba import njit, prange
 
 from .approx import JIT, JIT_INNER, like
-from .parallel import row_of, run_dynamic, tasks_for
+from .parallel import claim, row_claims, row_of
 
 
 @njit(inline="always")
@@ -129,15 +129,18 @@ def layer_norm_serial(x, r, h, w, b, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, tasks):
+def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, least, workers, counter):
     n = x.shape[0]
-    for k in prange(tasks):
-        layer_norm_rows(x, r, h, w, b, eps, out, has_res, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
-    """layer_norm_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
-    run_dynamic(_layer_norm_parallel, tasks_for(x.shape[0]), x, r, h, w, b, eps, out, has_res)
+    """layer_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
+    _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, *row_claims(x.shape[0]))
 
 
 @njit(**JIT)
@@ -146,12 +149,15 @@ def rms_norm_serial(x, r, h, w, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def _rms_norm_parallel(x, r, h, w, eps, out, has_res, tasks):
+def _rms_norm_parallel(x, r, h, w, eps, out, has_res, least, workers, counter):
     n = x.shape[0]
-    for k in prange(tasks):
-        rms_norm_rows(x, r, h, w, eps, out, has_res, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def rms_norm_parallel(x, r, h, w, eps, out, has_res):
-    """rms_norm_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
-    run_dynamic(_rms_norm_parallel, tasks_for(x.shape[0]), x, r, h, w, eps, out, has_res)
+    """rms_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
+    _rms_norm_parallel(x, r, h, w, eps, out, has_res, *row_claims(x.shape[0]))

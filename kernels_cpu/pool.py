@@ -34,7 +34,7 @@ signed indexes around (idx < 0 -> idx + n), a select per element that LLVM canno
 for an index that does not count up from 0, and that kept these loops scalar.
 
 Sums accumulate in the input's dtype (windows are small; the global pool of a 7x7 plane
-adds 49 terms).  The parallel kernels hand out blocks of output rows (parallel.tasks_for).
+adds 49 terms).  The parallel kernels let their threads claim ranges of output rows (parallel.claim).
 """
 import math
 
@@ -51,8 +51,8 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (TASKS_PER_THREAD, c_array_at, fetch_add, like_dtype, run_dynamic, run_serial, run_workers,
-                       tasks_for, worker_address)
+from .parallel import (TASKS_PER_THREAD, c_array_at, claim, fetch_add, like_dtype, row_claims, run_serial, run_workers,
+                       worker_address)
 
 
 @njit(**JIT_INNER)
@@ -473,10 +473,13 @@ def _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):
 
 
 @njit(parallel=True, **JIT)
-def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, tasks):
+def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, least, workers, counter):
     n = x.shape[0] * oh_n
-    for k in prange(tasks):
-        adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def _tiles(h, w, oh_n, ow_n):
@@ -496,7 +499,7 @@ def _adaptive(x, out, h, w, oh_n, ow_n, nworkers):
     elif nworkers <= 1:
         _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n)
     else:
-        run_dynamic(_adaptive_avg_pool_parallel, tasks_for(x.shape[0] * oh_n), x, out, h, w, oh_n, ow_n)
+        _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, *row_claims(x.shape[0] * oh_n))
 
 
 def adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):

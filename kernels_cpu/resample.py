@@ -17,8 +17,8 @@ bilinear, weights in x's dtype), so the kernels do no coordinate arithmetic.
   (contiguous, vectorized), then out[j] = lw0[j] * tmp[iw0[j]] + lw1[j] * tmp[iw1[j]].
   Both weights multiply, zero included, so a NaN (or inf) neighbour gives NaN as in PyTorch.
 
-Parallel variants split the output rows of all planes into blocks handed out dynamically
-(parallel.run_dynamic / tasks_for).
+Parallel variants let numba's threads claim ranges of the output rows of all planes
+(parallel.claim).
 """
 import numpy as np
 from llvmlite import ir
@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from .approx import JIT, JIT_INNER
 from .llvm_ir import lane_mask, masked_ops
-from .parallel import row_of, run_dynamic, tasks_for
+from .parallel import claim, row_claims, row_of
 from .planes import arg_access, vector_type
 
 
@@ -133,15 +133,18 @@ def nearest_serial(x, out, h, ho, ih, iw, w2x):
 
 
 @njit(parallel=True, **JIT)
-def _nearest_parallel(x, out, h, ho, ih, iw, w2x, tasks):
+def _nearest_parallel(x, out, h, ho, ih, iw, w2x, least, workers, counter):
     n = out.shape[0]
-    for k in prange(tasks):
-        nearest_rows(x, out, h, ho, ih, iw, w2x, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def nearest_parallel(x, out, h, ho, ih, iw, w2x):
     """nearest_serial's result, blocks of output rows split over numba's threads."""
-    run_dynamic(_nearest_parallel, tasks_for(out.shape[0]), x, out, h, ho, ih, iw, w2x)
+    _nearest_parallel(x, out, h, ho, ih, iw, w2x, *row_claims(out.shape[0]))
 
 
 @njit(**JIT)
@@ -150,12 +153,15 @@ def bilinear_serial(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
 
 
 @njit(parallel=True, **JIT)
-def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, tasks):
+def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, least, workers, counter):
     n = out.shape[0]
-    for k in prange(tasks):
-        bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
     """bilinear_serial's result, blocks of output rows split over numba's threads."""
-    run_dynamic(_bilinear_parallel, tasks_for(out.shape[0]), x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1)
+    _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, *row_claims(out.shape[0]))

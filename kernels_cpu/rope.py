@@ -15,7 +15,7 @@ form (a plain copy: 0.10), the call and its alias checks dominating such short r
 from numba import njit, prange
 
 from .approx import JIT, JIT_INNER
-from .parallel import row_of, run_dynamic, tasks_for
+from .parallel import claim, row_claims, row_of
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
@@ -63,14 +63,15 @@ def rope_serial(x, cos, sin, out, interleaved):
 
 
 @njit(parallel=True, **JIT)
-def _rope_parallel(x, cos, sin, out, interleaved, tasks):
+def _rope_parallel(x, cos, sin, out, interleaved, least, workers, counter):
     n = x.shape[0]
-    for k in prange(tasks):
-        rope_rows(x, cos, sin, out, k * n // tasks, (k + 1) * n // tasks, interleaved)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            rope_rows(x, cos, sin, out, lo, hi, interleaved)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def rope_parallel(x, cos, sin, out, interleaved):
-    """rope_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
-    n = x.shape[0]
-    tasks = min(tasks_for(n), max((n + ROWS_PER_TASK - 1) // ROWS_PER_TASK, 1))
-    run_dynamic(_rope_parallel, tasks, x, cos, sin, out, interleaved)
+    """rope_serial's result, rows claimed by numba's threads (parallel.claim)."""
+    _rope_parallel(x, cos, sin, out, interleaved, *row_claims(x.shape[0], ROWS_PER_TASK))

@@ -26,7 +26,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .approx import OVERLOAD, HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp_nonpos, like, wide_loops
-from .parallel import row_of, run_dynamic, tasks_for
+from .parallel import claim, row_claims, row_of, run_dynamic, tasks_for
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -155,15 +155,18 @@ def softmax_serial(x, out, log):
 
 
 @njit(parallel=True, **JIT)
-def _softmax_parallel(x, out, log, tasks):
+def _softmax_parallel(x, out, log, least, workers, counter):
     n = x.shape[0]
-    for k in prange(tasks):
-        softmax_rows(x, out, log, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            softmax_rows(x, out, log, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def softmax_parallel(x, out, log):
-    """softmax_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
-    run_dynamic(_softmax_parallel, tasks_for(x.shape[0]), x, out, log)
+    """softmax_serial's result, rows claimed by numba's threads (parallel.claim)."""
+    _softmax_parallel(x, out, log, *row_claims(x.shape[0]))
 
 
 @njit(**JIT)

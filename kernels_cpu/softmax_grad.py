@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import c_array_at, fetch_add, like_dtype, row_of, run_dynamic, run_workers, tasks_for, worker_address
+from .parallel import c_array_at, claim, fetch_add, like_dtype, row_claims, row_of, run_workers, tasks_for, worker_address
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -78,15 +78,18 @@ def rows_serial(g, y, dx, log):
 
 
 @njit(parallel=True, **JIT)
-def _rows_parallel(g, y, dx, log, tasks):
+def _rows_parallel(g, y, dx, log, least, workers, counter):
     n = g.shape[0]
-    for k in prange(tasks):
-        rows(g, y, dx, log, k * n // tasks, (k + 1) * n // tasks)
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            rows(g, y, dx, log, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def rows_parallel(g, y, dx, log):
-    """rows_serial's result, row blocks split over numba's threads (dynamic hand-out)."""
-    run_dynamic(_rows_parallel, tasks_for(g.shape[0]), g, y, dx, log)
+    """rows_serial's result, rows claimed by numba's threads (parallel.claim)."""
+    _rows_parallel(g, y, dx, log, *row_claims(g.shape[0]))
 
 
 @njit(**JIT)
@@ -141,14 +144,17 @@ def cols_serial(g, y, dx, log, ntasks):
 
 
 @njit(parallel=True, **JIT)
-def _cols_parallel(g, y, dx, log, ntasks, tasks):
-    for k in prange(tasks):
-        cols(g, y, dx, log, k * ntasks // tasks, (k + 1) * ntasks // tasks)
+def _cols_parallel(g, y, dx, log, n, least, workers, counter):
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            cols(g, y, dx, log, lo, hi)
+            lo, hi = claim(counter, n, workers, least)
 
 
 def cols_parallel(g, y, dx, log, ntasks):
-    """cols_serial's result, column tasks split over numba's threads."""
-    run_dynamic(_cols_parallel, tasks_for(ntasks), g, y, dx, log, ntasks)
+    """cols_serial's result, column tasks claimed by numba's threads (parallel.claim)."""
+    _cols_parallel(g, y, dx, log, ntasks, *row_claims(ntasks))
 
 
 # ---- cross-entropy with its gradient ------------------------------------------------------

@@ -2,11 +2,12 @@
 without reference counts, functions called by address, the shared worker driver)."""
 import numpy as np
 import pytest
-from numba import carray, njit, types
+import numba
+from numba import carray, njit, prange, types
 from numba.extending import overload
 
-from kernels_cpu.parallel import (c_array_at, call_address, call_literal, fetch_add, ptr_as, row_of, run_serial,
-                                  run_workers, view_at, worker_address)
+from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, fetch_add, ptr_as, row_claims, row_of,
+                                  run_serial, run_workers, view_at, worker_address)
 from tests.support import ON_CUDA, compile_events, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
@@ -121,6 +122,47 @@ def test_run_workers_runs_each_task_once(n):
     assert p[0] == n
     np.testing.assert_array_equal(p[1:1 + n], 1)
     assert not p[1 + n:].any()
+
+
+@njit(parallel=True)
+def _claim_rows(hits, least, workers, counter):
+    """hits[i] += 1 for every row a claim hands out (prange over workers, as a row kernel)."""
+    n = hits.shape[0]
+    for _ in prange(workers):
+        lo, hi = claim(counter, n, workers, least)
+        while lo < hi:
+            for i in range(lo, hi):
+                hits[i] += 1
+            lo, hi = claim(counter, n, workers, least)
+
+
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 1000, 100003])
+@pytest.mark.parametrize("least", [1, 7, 64])
+def test_claims_hand_out_every_row_once(n, least):
+    """Whichever thread runs which prange iteration (numba may run both on one thread),
+    each row goes to exactly one claim, and the claims stop at n."""
+    hits = np.zeros(n, np.int64)
+    args = row_claims(n, least)
+    assert args[0] >= least and 1 <= args[1] <= max(numba.get_num_threads(), 1)
+    _claim_rows(hits, *args)
+    np.testing.assert_array_equal(hits, 1)
+
+
+def test_claims_shrink_towards_the_end():
+    """Guided: the first claim takes n / (2 * workers), later ones less, never under least."""
+    counter = np.zeros(1, np.int64)
+    sizes = []
+    lo, hi = _claim_one(counter, 1000, 2, 10)
+    while lo < hi:
+        sizes.append(hi - lo)
+        lo, hi = _claim_one(counter, 1000, 2, 10)
+    assert sizes[0] == 250 and sum(sizes) == 1000
+    assert all(a >= b for a, b in zip(sizes, sizes[1:])) and min(sizes[:-1]) >= 10
+
+
+@njit
+def _claim_one(counter, n, workers, least):
+    return claim(counter, n, workers, least)
 
 
 def test_run_serial_runs_worker_zero():
