@@ -113,7 +113,7 @@ def _unpack(weight, groups):
     if weight.tile != tile.name or weight._nr != tile.mr:  # packed for another register tile
         raise ValueError(f"weight: PackedWeight was packed for the {weight.tile} GEMM tile ({weight._nr}-row "
                          f"panels); the active tile is {tile.name}: prepack it again")
-    return weight.weight, weight
+    return weight.kernel_weight, weight
 
 
 def describe(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, out=None):

@@ -81,13 +81,16 @@ class PackedWeight:
     source afterwards is not seen by the packed kernel, so pack again after changing a
     weight.  Attributes: op, weight, shape, dtype, panels, groups (conv2d; 1 otherwise)."""
 
-    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile", "winograd")
+    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile", "winograd", "kernel_weight")
 
     def __init__(self, op, weight, panels, nr, groups=1, tile=None, winograd=None):
         self.op, self.weight, self.panels, self._nr, self.groups = op, weight, panels, nr, groups
         self.tile = tile  # the GEMM register tile the panels are for (kernels_cpu.gemm.TILE_NAMES)
         self.winograd = winograd  # conv2d 3x3, groups 1: the transformed filters' panels too
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
+        # the source as the kernels take it (a writeable-typed alias of the read-only view),
+        # made once: kernel_input makes it in 1.9 us, on every call otherwise
+        self.kernel_weight = kernel_input(weight)
 
     def __repr__(self):
         g = (f", groups={self.groups}" if self.op == "conv2d" else "") + f", tile={self.tile}"
@@ -175,7 +178,7 @@ def _unpack(name, w, op):
     if w.tile != tile.name or w._nr != tile.nr(w.dtype):  # packed for another register tile
         raise ValueError(f"{name}: PackedWeight was packed for the {w.tile} GEMM tile ({w._nr}-column panels); "
                          f"this process runs the {tile.name} tile ({tile.nr(w.dtype)} columns): prepack the weight again")
-    return w.weight, w.panels
+    return w.kernel_weight, w.panels
 
 
 def _common_checks(first_name, first, second_name, second, bias, out, activation):
