@@ -37,13 +37,12 @@ Inner-loop indexes are cast to uintp (>= 0 by construction): numba's wraparound 
 negative signed indexes otherwise keeps a shifted loop scalar.  In parallel, workers
 called by address (conv_worker, update_worker) take blocks of rows from an atomic counter.
 """
-import numba
 import numpy as np
 from numpy import uintp
 from numba import njit
 
 from .approx import ACT_SILU, JIT, JIT_INNER, JIT_BY_ADDRESS, silu
-from .parallel import (TASKS_PER_THREAD, addresses, c_array_at, fetch_add, like_dtype, row_of, run_serial,
+from .parallel import (TASKS_PER_THREAD, addresses, c_array_at, fetch_add, like_dtype, num_threads, row_of, run_serial,
                        run_workers, worker_address)
 
 
@@ -240,7 +239,7 @@ def update_parallel(state, x, w, bias, y, code):
     """update_serial's result, blocks of rows handed to numba's threads (dynamic:
     TASKS_PER_THREAD blocks per thread)."""
     rows = x.shape[0]
-    nw = min(numba.get_num_threads(), rows)
+    nw = min(num_threads(), rows)
     sync = np.zeros(1, np.int64)
     p = np.zeros(U_COUNT, np.int64)
     addresses(p, (sync, state, x, w, bias, y))

@@ -697,7 +697,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     fresh pages are faulted in per call);
     b_packed: bp already holds B's panels (a weight packed once by pack_b): only A is packed;
     mc_panels / nc_panels: MR-row / NR-column panels per task; kc: K block length;
-    nworkers: numba's thread count (numba.get_num_threads());
+    nworkers: numba's thread count (parallel.num_threads());
     tile: the register tile (a TILES index, name or Tile; default active_tile()): ap, bp
     and mc_panels / nc_panels are in its panels;
     pack_a / pack_b: addresses of other packers (same (panel, params) calling convention and

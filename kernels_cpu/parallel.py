@@ -13,6 +13,7 @@ import threading
 
 import numba
 import numpy as np
+from numba.np.ufunc import parallel as _numba_parallel
 from llvmlite import ir
 from numba import literal_unroll, njit, prange, types
 from numba.core import cgutils
@@ -28,9 +29,21 @@ from .approx import HELPER, OVERLOAD
 TASKS_PER_THREAD = 8
 
 
+def num_threads():
+    """numba.get_num_threads(): the calling thread's thread count (numba.set_num_threads),
+    read without the process-wide lock that numba takes on every call: 0.08 us instead of
+    0.59 (Sapphire Rapids, 2026-12-03), paid on every parallel kernel call.  The public call
+    until numba's pool has started, or where numba's internals differ."""
+    if getattr(_numba_parallel, "_is_initialized", False) is True:
+        get = getattr(_numba_parallel, "_get_num_threads", None)
+        if get is not None:
+            return get()
+    return numba.get_num_threads()
+
+
 def tasks_for(n):
     """Number of row blocks for n rows (at least 1, at most n)."""
-    return max(min(numba.get_num_threads() * TASKS_PER_THREAD, n), 1)
+    return max(min(num_threads() * TASKS_PER_THREAD, n), 1)
 
 
 # Claims (row_claims / claim): a claim takes what is left over twice the worker count, and
@@ -47,7 +60,7 @@ MIN_SHARES = 16
 def row_claims(n, least=1):
     """(least, workers, counter): the last arguments of a row kernel over n rows that
     claims its rows with claim(); least: the fewest rows a claim takes."""
-    nw = numba.get_num_threads()
+    nw = num_threads()
     least = max(least, n // (nw * MIN_SHARES), 1)
     return least, max(min(nw, -(-n // least)), 1), np.zeros(1, np.int64)
 

@@ -40,7 +40,6 @@ import math
 
 import numpy as np
 
-import numba
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
@@ -51,8 +50,8 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (TASKS_PER_THREAD, c_array_at, claim, fetch_add, like_dtype, row_claims, run_serial, run_workers,
-                       worker_address)
+from .parallel import (TASKS_PER_THREAD, c_array_at, claim, fetch_add, like_dtype, num_threads, row_claims, run_serial,
+                       run_workers, worker_address)
 
 
 @njit(**JIT_INNER)
@@ -453,7 +452,7 @@ def max_pool_serial(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw):
 
 def max_pool_parallel(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw):
     """max_pool_serial's result, blocks of planes over numba's threads (dynamic hand-out)."""
-    _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, 0, 0, 0, numba.get_num_threads())
+    _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, 0, 0, 0, num_threads())
 
 
 def avg_pool_serial(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, count_include_pad, divisor):
@@ -464,7 +463,7 @@ def avg_pool_serial(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, count_incl
 def avg_pool_parallel(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, count_include_pad, divisor):
     """avg_pool_serial's result, blocks of planes over numba's threads."""
     _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, 1, 1, 1, bool(count_include_pad), divisor,
-            numba.get_num_threads())
+            num_threads())
 
 
 @njit(**JIT)
@@ -511,4 +510,4 @@ def adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):
 def adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n):
     """adaptive_avg_pool_serial's result, over numba's threads: blocks of planes (tiling
     windows) or of output rows."""
-    _adaptive(x, out, h, w, oh_n, ow_n, numba.get_num_threads())
+    _adaptive(x, out, h, w, oh_n, ow_n, num_threads())

@@ -19,13 +19,12 @@ gives NaN): its weights are NaN and its indices 0..k-1.
 The parallel version runs topk_rows in workers called by address that take blocks of rows
 from an atomic counter (parallel.run_workers).
 """
-import numba
 import numpy as np
 from numba import njit
 from numpy import uintp
 
 from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, fexp, like
-from .parallel import (TASKS_PER_THREAD, addresses, c_array_at, fetch_add, like_dtype, row_of, run_workers,
+from .parallel import (TASKS_PER_THREAD, addresses, c_array_at, fetch_add, like_dtype, num_threads, row_of, run_workers,
                        worker_address)
 
 # Rows of at least PREFILTER_MIN logits first find a lower bound of their k-th largest: the
@@ -145,7 +144,7 @@ def topk_parallel(x, k, renormalize, weights, indices):
     """topk_serial's result, blocks of rows handed to numba's threads (dynamic:
     TASKS_PER_THREAD blocks per thread)."""
     t = x.shape[0]
-    nw = min(numba.get_num_threads(), t)
+    nw = min(num_threads(), t)
     sync = np.zeros(1, np.int64)
     p = np.zeros(R_COUNT, np.int64)
     addresses(p, (sync, x, weights, indices))

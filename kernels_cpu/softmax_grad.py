@@ -25,12 +25,12 @@ or all -inf, gives a NaN loss and a NaN gradient row.
 """
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import c_array_at, claim, fetch_add, like_dtype, row_claims, row_of, run_workers, tasks_for, worker_address
+from .parallel import (c_array_at, claim, fetch_add, like_dtype, num_threads, row_claims, row_of, run_workers,
+                       tasks_for, worker_address)
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -267,5 +267,5 @@ def ce_grad_parallel(x, targets, ignore_index, grad, losses, scales, per_row, ba
     p[E_ROWS], p[E_COLS], p[E_NSCALES], p[E_IGNORE] = n, x.shape[1], scales.shape[0], ignore_index
     p[E_PER_ROW], p[E_BASE], p[E_TASKS] = bool(per_row), np.float64(base).view(np.int64), tasks
     run_workers(worker_address(ce_grad_worker, (bool(x.dtype == np.float64),)), p,
-                min(numba.get_num_threads(), tasks))
+                min(num_threads(), tasks))
     return float(part.sum())

@@ -31,7 +31,6 @@ registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 widen_rows (many rows, M >= ~8): rows n0:n1 of W dequantized into a float32 (n1 - n0, K)
 buffer (the caller then runs the dense GEMM on it: dispatch/ops/weight_only.py).
 """
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -43,7 +42,7 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 from . import target
 from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
 from .gemm import epilogue_address
-from .parallel import c_array_at, call_address, fetch_add, run_at, worker_address
+from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
 from .llvm_ir import hsum
 
 TB = 4        # weight rows per tile
@@ -294,7 +293,7 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
     addr = _gemv_params(p, x2, w2, scale, zp, bias, out2, xsum)
     p[W_EPI] = epilogue_address(np.float32, code)
     run_at(worker_address(wo_worker, (int(fmt), bool(wide))), addr,
-           min(numba.get_num_threads(), -(-w2.shape[0] // NB)))
+           min(num_threads(), -(-w2.shape[0] // NB)))
 
 
 @njit(parallel=True, **JIT)

@@ -1,13 +1,15 @@
 """kernels_cpu/parallel.py: the pieces the parallel kernels are built from (row views
 without reference counts, functions called by address, the shared worker driver)."""
+import threading
+
+import numba
 import numpy as np
 import pytest
-import numba
 from numba import carray, njit, prange, types
 from numba.extending import overload
 
-from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, fetch_add, ptr_as, row_claims, row_of,
-                                  run_serial, run_workers, view_at, worker_address)
+from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, fetch_add, num_threads, ptr_as, row_claims,
+                                  row_of, run_serial, run_workers, view_at, worker_address)
 from tests.support import ON_CUDA, compile_events, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
@@ -163,6 +165,23 @@ def test_claims_shrink_towards_the_end():
 @njit
 def _claim_one(counter, n, workers, least):
     return claim(counter, n, workers, least)
+
+
+def test_num_threads_is_numbas_per_thread_count():
+    """num_threads() reads numba's count without its lock: the same answer, per thread."""
+    _claim_rows(np.zeros(4, np.int64), *row_claims(4))  # numba's pool has started
+    assert num_threads() == numba.get_num_threads()
+    seen = []
+
+    def one_thread():
+        numba.set_num_threads(1)
+        seen.append((num_threads(), numba.get_num_threads()))
+
+    t = threading.Thread(target=one_thread)
+    t.start()
+    t.join()
+    assert seen == [(1, 1)]
+    assert num_threads() == numba.get_num_threads()
 
 
 def test_run_serial_runs_worker_zero():

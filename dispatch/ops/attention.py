@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_cpu import attention as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, bucket_up, register, register_op
@@ -213,7 +213,7 @@ def _run_flash(parallel):
         qc, kc, vc, m4, mkind, res = _prepare(q, k, v, mask, out)
         lse = _lse_buffer(q, return_lse)
         if res.size:
-            K.flash(qc, kc, vc, m4, mkind, causal, scale, res, numba.get_num_threads() if parallel else 1, lse)
+            K.flash(qc, kc, vc, m4, mkind, causal, scale, res, num_threads() if parallel else 1, lse)
         return _result(res, out, lse)
 
     return run
@@ -227,7 +227,7 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out, return_lse=False):
         Hkv, Skv = k.shape[1], k.shape[2]
         R = (Hq // Hkv) * Sq
         items = B * Hkv * ((R + K.RC - 1) // K.RC)
-        want = params.get("items_per_thread", 4) * numba.get_num_threads()
+        want = params.get("items_per_thread", 4) * num_threads()
         nsplit = max(1, min((Skv + K.SPLIT_MIN - 1) // K.SPLIT_MIN, -(-want // items)))
         split_len = -(-max(Skv, 1) // nsplit)
         split_len = -(-split_len // K.BK) * K.BK
@@ -235,7 +235,7 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out, return_lse=False):
         pm = np.empty((B, Hkv, nsplit, R), q.dtype)
         pl = np.empty((B, Hkv, nsplit, R), q.dtype)
         pacc = np.empty((B, Hkv, nsplit, R, D), q.dtype)
-        K.splitkv(qc, kc, vc, m4, mkind, causal, scale, res, nsplit, split_len, pm, pl, pacc, numba.get_num_threads(),
+        K.splitkv(qc, kc, vc, m4, mkind, causal, scale, res, nsplit, split_len, pm, pl, pacc, num_threads(),
                   lse)
     return _result(res, out, lse)
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_cpu import attention_grad as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, register, register_op
@@ -122,7 +122,7 @@ def _host(parallel):
         nchunk, chunk = chunks(B, Hkv, Skv)
         K.backward(rows_input(q), rows_input(k), rows_input(v), m4, mkind, causal, scale, rows_input(grad_out),
                    rows_input(output), kernel_input(lse), dq, dk, dv, nchunk, chunk,
-                   numba.get_num_threads() if parallel else 1)
+                   num_threads() if parallel else 1)
         return dq, dk, dv
 
     return run

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACT_SILU, FLOPS_PER_ELEMENT
 from kernels_cpu import causal_conv as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
@@ -190,7 +190,7 @@ def _conv_host(parallel):
         init = (_zeros(rows * h, dt) if initial_state is None else contiguous(initial_state)).reshape(rows, h)
         bvec = _zeros(d, dt) if bias is None else contiguous(bias)
         K.conv(contiguous(x).reshape(rows, n), contiguous(weight), bvec, init, res.reshape(rows, n),
-               fin.reshape(rows, h), code, numba.get_num_threads() if parallel else 1)
+               fin.reshape(rows, h), code, num_threads() if parallel else 1)
         y = deliver(res, out)
         return (y, fin) if final else y
 

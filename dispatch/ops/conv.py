@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import conv as K
+from kernels_cpu.parallel import num_threads
 from kernels_cpu import conv_winograd as KW
 from kernels_cpu.gemm import active_tile
 
@@ -177,7 +177,7 @@ def _run_gemm(params, x, weight, bias, stride, pad, dilation, groups, act, out_h
     x4, res, res4, b = _host_arrays(x, bias, out, cout, out_hw, dt)
     ap = packed.panels if packed is not None else K.pack_weight(contiguous(weight), groups)
     epi = bias is not None or act != 0
-    K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, numba.get_num_threads())
+    K.conv_direct(x4, ap, b, res4, groups, kh, kw, stride, pad, dilation, epi, act, num_threads())
     return deliver(res, out)
 
 
@@ -186,7 +186,7 @@ def _depthwise(parallel):
         dt = x.dtype
         x4, res, res4, b = _host_arrays(x, bias, out, weight.shape[0], out_hw, dt)
         K.depthwise(x4, contiguous(weight), b, res4, stride, pad, dilation, bias is not None or act != 0, act,
-                    numba.get_num_threads() if parallel else 1)
+                    num_threads() if parallel else 1)
         return deliver(res, out)
 
     return run
@@ -198,7 +198,7 @@ def _run_winograd(params, x, weight, bias, stride, pad, dilation, groups, act, o
     up = packed.winograd if packed is not None else None
     if up is None:
         up = KW.pack_winograd(contiguous(weight))
-    KW.conv_winograd(x4, up, b, res4, pad, act, numba.get_num_threads())
+    KW.conv_winograd(x4, up, b, res4, pad, act, num_threads())
     return deliver(res, out)
 
 

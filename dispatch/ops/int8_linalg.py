@@ -43,12 +43,12 @@ import functools
 import math
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_common.memory import aligned_empty
 from kernels_cpu import int8_gemm as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..quantized import QuantizedArray
@@ -341,7 +341,7 @@ def _run_packed(path):
         abuf = aligned_empty((mp * mr, kq * kg), et)  # rows on cache lines: AMX tile / zmm rows
         c = np.empty(rows)
         rs = np.empty(rows)
-        threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else numba.get_num_threads()
+        threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else num_threads()
         pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) else threads
         if transposed:
             x2 = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))

@@ -26,13 +26,13 @@ import math
 import threading
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_common.memory import ALIGN, aligned_empty
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 from kernels_cpu import gemm as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..quantized import QuantizedArray
@@ -406,7 +406,7 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     tile = K.active_tile()  # a PackedWeight's tile was checked against it in describe
     if _rows_in_place(m, n, k, nbatch, ta, tb, out3.dtype, tile, packed):
         xp = _workspace(K.rows_workspace(m, k, out3.dtype), out3.dtype)
-        K.gemm_rows(a3[0], b3[0], bias_v, has_epilogue, code, out3[0], xp, numba.get_num_threads())
+        K.gemm_rows(a3[0], b3[0], bias_v, has_epilogue, code, out3[0], xp, num_threads())
         return
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(out3.dtype), tile)
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype, tile)
@@ -415,7 +415,7 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     else:
         ap, bp = _workspace(math.prod(sa), out3.dtype).reshape(sa), kernel_input(packed)
     K.gemm_parallel(a3, b3, ai, bi, ta, tb, bias_v, has_epilogue, code, out3, ap, bp, packed is not None,
-                    mc, nc, kc, numba.get_num_threads(), tile=tile)
+                    mc, nc, kc, num_threads(), tile=tile)
 
 
 def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):

@@ -31,12 +31,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES
 from kernels_common.activation_grad import DERIVATIVE_FLOPS_PER_ELEMENT
 from kernels_cpu import activation_grad as KA
+from kernels_cpu.parallel import num_threads
 from kernels_cpu import gemm as K
 from kernels_cpu import linalg_grad as KG
 
@@ -184,7 +184,7 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
         packer = KG.grad_packer(kind, dt, ti)
         extra = KG.grad_extra(kind, pre3, dbias, dt, code, ti)
     K.gemm_parallel(a3, b3, ai, bi, transa, transb, _zeros(n, dt), False, ACT_NONE, out3, ap, bp, False, mc, nc, kc,
-                    numba.get_num_threads(), tile=tile, pack_a=packer if g_side == "a" else None,
+                    num_threads(), tile=tile, pack_a=packer if g_side == "a" else None,
                     pack_b=packer if g_side == "b" else None, extra=extra, accumulate=accumulate)
 
 

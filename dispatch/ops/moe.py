@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common.activation import ACT_GELU, ACT_GELU_TANH, ACT_SILU, FLOPS_PER_ELEMENT
 from kernels_cpu import moe as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
@@ -125,7 +125,7 @@ def _host(parallel):
         offs, active, order = route(indices, w_gate.shape[0])
         scale = np.ascontiguousarray(np.asarray(weights).reshape(-1)[order], dtype=dt)
         K.moe_ffn(contiguous(x), contiguous(w_gate), contiguous(w_up), contiguous(w_down), offs, active,
-                  order // k if k else order, scale, act, res, numba.get_num_threads() if parallel else 1)
+                  order // k if k else order, scale, act, res, num_threads() if parallel else 1)
         return deliver(res, out)
 
     return run

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from kernels_common import acc_dtype
 from kernels_cpu import ssm as K
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
@@ -218,7 +218,7 @@ def _scan_host(parallel):
         K.selective_scan(contiguous(u), contiguous(delta), contiguous(A), _transposed(B, grouped),
                          _transposed(C, grouped), contiguous(D), contiguous(z), contiguous(delta_bias),
                          contiguous(initial_state), y, last, delta_softplus,
-                         numba.get_num_threads() if parallel else 1)
+                         num_threads() if parallel else 1)
         y = deliver(y, out)
         return (y, last) if return_last_state else y
 
@@ -235,7 +235,7 @@ def _update_host(parallel):
         K.selective_state_update(s, contiguous(x), contiguous(dt), contiguous(A),
                                  contiguous(B).reshape(batch, G, N), contiguous(C).reshape(batch, G, N),
                                  contiguous(D), contiguous(z), contiguous(dt_bias), y, dt_softplus,
-                                 numba.get_num_threads() if parallel else 1)
+                                 num_threads() if parallel else 1)
         if not np.may_share_memory(s, state):  # a non-contiguous state was updated as a copy
             state[...] = s
         return deliver(y, out)
