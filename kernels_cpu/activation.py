@@ -1,13 +1,14 @@
 """Elementwise activations and gated linear units on flat contiguous arrays.
 
 Shapes: every kernel takes 1-D C-contiguous arrays of equal length (dispatch flattens).
-``*_serial`` runs on the calling thread; ``*_parallel`` splits the array into chunks of
-CHUNK elements over numba's threads.  The activation is chosen by an integer code
+``*_serial`` runs on the calling thread; ``*_parallel`` lets numba's threads claim ranges of
+chunks of CHUNK elements (parallel.claim).  The activation is chosen by an integer code
 (approx.ACT_*) outside the loop so that each loop body is branch-free and vectorizes.
 """
 from numba import njit, prange
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, relu, silu, wide_loops
+from .parallel import claim, claims_for, num_threads
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).
@@ -61,13 +62,19 @@ def activation_serial(x, out, code):
 
 
 @njit(parallel=True, **JIT)
+def _activation_parallel(x, out, code, nw):
+    n = (x.shape[0] + CHUNK - 1) // CHUNK
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        while lo < hi:
+            activation_block(x[lo * CHUNK:hi * CHUNK], out[lo * CHUNK:hi * CHUNK], code)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+
+
 def activation_parallel(x, out, code):
-    n = x.shape[0]
-    chunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(chunks):
-        lo = c * CHUNK
-        hi = min(lo + CHUNK, n)
-        activation_block(x[lo:hi], out[lo:hi], code)
+    """activation_serial's result, chunks of CHUNK elements claimed by numba's threads."""
+    _activation_parallel(x, out, code, num_threads())
 
 
 @njit(**JIT)
@@ -76,10 +83,16 @@ def gated_serial(gate, up, out, code):
 
 
 @njit(parallel=True, **JIT)
+def _gated_parallel(gate, up, out, code, nw):
+    n = (gate.shape[0] + CHUNK - 1) // CHUNK
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        while lo < hi:
+            gated_block(gate[lo * CHUNK:hi * CHUNK], up[lo * CHUNK:hi * CHUNK], out[lo * CHUNK:hi * CHUNK], code)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+
+
 def gated_parallel(gate, up, out, code):
-    n = gate.shape[0]
-    chunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(chunks):
-        lo = c * CHUNK
-        hi = min(lo + CHUNK, n)
-        gated_block(gate[lo:hi], up[lo:hi], out[lo:hi], code)
+    """gated_serial's result, chunks of CHUNK elements claimed by numba's threads."""
+    _gated_parallel(gate, up, out, code, num_threads())

@@ -22,7 +22,7 @@ import math
 from numba import njit, prange
 
 from .approx import JIT, JIT_INNER, like
-from .parallel import claim, row_claims, row_of
+from .parallel import claim, claims_for, num_threads, row_of
 
 
 @njit(inline="always")
@@ -129,18 +129,19 @@ def layer_norm_serial(x, r, h, w, b, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, least, workers, counter):
+def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, nw):
     n = x.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
     """layer_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, *row_claims(x.shape[0]))
+    _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, num_threads())
 
 
 @njit(**JIT)
@@ -149,15 +150,16 @@ def rms_norm_serial(x, r, h, w, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def _rms_norm_parallel(x, r, h, w, eps, out, has_res, least, workers, counter):
+def _rms_norm_parallel(x, r, h, w, eps, out, has_res, nw):
     n = x.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def rms_norm_parallel(x, r, h, w, eps, out, has_res):
     """rms_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rms_norm_parallel(x, r, h, w, eps, out, has_res, *row_claims(x.shape[0]))
+    _rms_norm_parallel(x, r, h, w, eps, out, has_res, num_threads())

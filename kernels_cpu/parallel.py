@@ -1,7 +1,7 @@
 """How the parallel CPU kernels hand out work.
 
-Row kernels run one prange iteration per thread, and each iteration claims ranges of rows
-from a counter shared by the call (claim(): guided self-scheduling).  Kernels whose blocks
+Row kernels run one prange iteration per thread, and each iteration claims rows from a
+range of its own, then from the others' (claim()).  Kernels whose blocks
 need their own index split the rows into blocks that numba's prange hands out one at a
 time (run_dynamic: chunk size 1), set from Python because numba.get_num_threads /
 set_parallel_chunksize inside a kernel make it uncacheable ("dynamic globals").
@@ -46,35 +46,58 @@ def tasks_for(n):
     return max(min(num_threads() * TASKS_PER_THREAD, n), 1)
 
 
-# Claims (row_claims / claim): a claim takes what is left over twice the worker count, and
-# at least a 1 / (workers * MIN_SHARES) share of the rows, so claims shrink towards the
-# end and the threads finish together, and a thread slowed by another process leaves
-# the others little to wait for.  The claims cost two atomics each, not a task of numba's
-# scheduler.  Replaced TASKS_PER_THREAD blocks handed out by prange (chunk size 1) in the
-# row kernels: softmax rows of 128, 2 threads, loop medians (Sapphire Rapids, 2026-12-03):
-# 1536 rows 53.5 -> 49-50 us (a static half per thread 48-49), 384 rows 24.0 -> 18.4
-# (static 17.8); least 8 / 24 / 48 rows for 1536 within 1 us of each other.
+# Claims (claims_for / claim): prange iteration `me` of `workers` owns the range
+# [me * n / workers, (me + 1) * n / workers) and claims it front to back, each claim half of
+# what is left of the range (at least `least` rows), then claims what is left of the other
+# ranges the same way.  Each row goes to one claim whichever thread runs which iteration
+# (numba may run two on one thread), a thread slowed by another process leaves the others
+# little to wait for, and the claims shrink towards the end so the threads finish
+# together.  Owning a range means a thread reads the same rows on every call of the same
+# shape, which stay in its core's L2 between calls.  Each claim costs two atomics, not a
+# task of numba's scheduler.  Replaced TASKS_PER_THREAD blocks handed out by prange (chunk
+# size 1) in the row kernels: softmax rows of 128, 2 threads, loop medians, one shared
+# counter (no ranges; Sapphire Rapids, 2026-12-03): 1536 rows 53.5 -> 49-50 us (a static
+# half per thread 48-49), 384 rows 24.0 -> 18.4 (static 17.8).  Activations, where a
+# static half per thread had kept each core's half of the arrays in its L2: 128x3072
+# relu 34 -> 47 us with one shared counter (see kernels_cpu/activation.py for ranges).
 MIN_SHARES = 16
-
-
-def row_claims(n, least=1):
-    """(least, workers, counter): the last arguments of a row kernel over n rows that
-    claims its rows with claim(); least: the fewest rows a claim takes."""
-    nw = num_threads()
-    least = max(least, n // (nw * MIN_SHARES), 1)
-    return least, max(min(nw, -(-n // least)), 1), np.zeros(1, np.int64)
+LINE_INT64 = 8  # each range's counter on a cache line of its own (64 bytes)
 
 
 @njit(**HELPER)
-def claim(counter, n, workers, least):
-    """The next rows [lo, hi) of n for the calling thread (lo >= hi: none left).  A row
-    kernel (x, ..., least, workers, counter) runs `for _ in prange(workers)`, claiming
-    until none is left; every row goes to exactly one claim whichever thread runs which
-    iteration (numba may run both on one thread)."""
-    left = n - fetch_add(counter, 0, 0)
-    chunk = max(least, left // (2 * workers))
-    lo = fetch_add(counter, 0, chunk)
-    return lo, min(lo + chunk, n)
+def claims_for(n, nw, least):
+    """(least, workers, counters) of a row kernel over n rows on nw threads (nw: parallel.
+    num_threads(), passed in: numba's thread count read inside a kernel makes it
+    uncacheable) that claims its rows with claim(); least: the fewest rows a claim takes.
+    Made inside the kernel: in Python it cost 0.8 us a call."""
+    least = max(least, n // (nw * MIN_SHARES), 1)
+    workers = max(min(nw, (n + least - 1) // least), 1)
+    return least, workers, np.zeros(workers * LINE_INT64, np.int64)
+
+
+@njit(**HELPER)
+def claim(counters, n, workers, least, me, pos):
+    """(lo, hi, pos): the next rows [lo, hi) of n for prange iteration `me` (lo >= hi: none
+    left), taken from range `pos` (start with pos = me, then pass back the pos returned).
+    A row kernel (x, ..., nw) makes (least, workers, counters) with claims_for, then runs
+    `for me in prange(workers)`, claiming until none is left."""
+    # a prange index may be typed uint64 in numba's parfor gufunc, and uint64 with int64
+    # arithmetic gives float64 in numba: everything here is int64
+    me, pos, n, workers, least = np.int64(me), np.int64(pos), np.int64(n), np.int64(workers), np.int64(least)
+    while True:
+        r0 = pos * n // workers
+        r1 = (pos + 1) * n // workers
+        left = r1 - r0 - fetch_add(counters, pos * LINE_INT64, 0)
+        # another's range: its last `least` rows are left to its owner (whose iteration
+        # claims its own range to the end before it ends), which has them in its L2
+        if pos == me or left > least:
+            chunk = max(least, left // 2)
+            lo = r0 + fetch_add(counters, pos * LINE_INT64, chunk)
+            if lo < r1:
+                return lo, min(lo + chunk, r1), pos
+        pos = pos + 1 if pos + 1 < workers else 0
+        if pos == me:
+            return n, n, pos
 
 
 def run_dynamic(kernel, tasks, *args):

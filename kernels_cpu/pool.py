@@ -50,7 +50,7 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (TASKS_PER_THREAD, c_array_at, claim, fetch_add, like_dtype, num_threads, row_claims, run_serial,
+from .parallel import (TASKS_PER_THREAD, c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, run_serial,
                        run_workers, worker_address)
 
 
@@ -472,13 +472,14 @@ def _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):
 
 
 @njit(parallel=True, **JIT)
-def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, least, workers, counter):
+def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, nw):
     n = x.shape[0] * oh_n
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def _tiles(h, w, oh_n, ow_n):
@@ -498,7 +499,7 @@ def _adaptive(x, out, h, w, oh_n, ow_n, nworkers):
     elif nworkers <= 1:
         _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n)
     else:
-        _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, *row_claims(x.shape[0] * oh_n))
+        _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, num_threads())
 
 
 def adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):

@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from .approx import JIT, JIT_INNER
 from .llvm_ir import lane_mask, masked_ops
-from .parallel import claim, row_claims, row_of
+from .parallel import claim, claims_for, num_threads, row_of
 from .planes import arg_access, vector_type
 
 
@@ -133,18 +133,19 @@ def nearest_serial(x, out, h, ho, ih, iw, w2x):
 
 
 @njit(parallel=True, **JIT)
-def _nearest_parallel(x, out, h, ho, ih, iw, w2x, least, workers, counter):
+def _nearest_parallel(x, out, h, ho, ih, iw, w2x, nw):
     n = out.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def nearest_parallel(x, out, h, ho, ih, iw, w2x):
     """nearest_serial's result, blocks of output rows split over numba's threads."""
-    _nearest_parallel(x, out, h, ho, ih, iw, w2x, *row_claims(out.shape[0]))
+    _nearest_parallel(x, out, h, ho, ih, iw, w2x, num_threads())
 
 
 @njit(**JIT)
@@ -153,15 +154,16 @@ def bilinear_serial(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
 
 
 @njit(parallel=True, **JIT)
-def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, least, workers, counter):
+def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, nw):
     n = out.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
     """bilinear_serial's result, blocks of output rows split over numba's threads."""
-    _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, *row_claims(out.shape[0]))
+    _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, num_threads())

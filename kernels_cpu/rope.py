@@ -15,7 +15,7 @@ form (a plain copy: 0.10), the call and its alias checks dominating such short r
 from numba import njit, prange
 
 from .approx import JIT, JIT_INNER
-from .parallel import claim, row_claims, row_of
+from .parallel import claim, claims_for, num_threads, row_of
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
@@ -63,15 +63,16 @@ def rope_serial(x, cos, sin, out, interleaved):
 
 
 @njit(parallel=True, **JIT)
-def _rope_parallel(x, cos, sin, out, interleaved, least, workers, counter):
+def _rope_parallel(x, cos, sin, out, interleaved, nw):
     n = x.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, ROWS_PER_TASK)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             rope_rows(x, cos, sin, out, lo, hi, interleaved)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def rope_parallel(x, cos, sin, out, interleaved):
     """rope_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rope_parallel(x, cos, sin, out, interleaved, *row_claims(x.shape[0], ROWS_PER_TASK))
+    _rope_parallel(x, cos, sin, out, interleaved, num_threads())

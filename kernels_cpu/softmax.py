@@ -26,7 +26,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .approx import OVERLOAD, HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp_nonpos, like, wide_loops
-from .parallel import claim, row_claims, row_of, run_dynamic, tasks_for
+from .parallel import claim, claims_for, num_threads, row_of, run_dynamic, tasks_for
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -155,18 +155,19 @@ def softmax_serial(x, out, log):
 
 
 @njit(parallel=True, **JIT)
-def _softmax_parallel(x, out, log, least, workers, counter):
+def _softmax_parallel(x, out, log, nw):
     n = x.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             softmax_rows(x, out, log, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def softmax_parallel(x, out, log):
     """softmax_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _softmax_parallel(x, out, log, *row_claims(x.shape[0]))
+    _softmax_parallel(x, out, log, num_threads())
 
 
 @njit(**JIT)

@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import (c_array_at, claim, fetch_add, like_dtype, num_threads, row_claims, row_of, run_workers,
+from .parallel import (c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, row_of, run_workers,
                        tasks_for, worker_address)
 from .softmax import row_max
 
@@ -78,18 +78,19 @@ def rows_serial(g, y, dx, log):
 
 
 @njit(parallel=True, **JIT)
-def _rows_parallel(g, y, dx, log, least, workers, counter):
+def _rows_parallel(g, y, dx, log, nw):
     n = g.shape[0]
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             rows(g, y, dx, log, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def rows_parallel(g, y, dx, log):
     """rows_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rows_parallel(g, y, dx, log, *row_claims(g.shape[0]))
+    _rows_parallel(g, y, dx, log, num_threads())
 
 
 @njit(**JIT)
@@ -144,17 +145,18 @@ def cols_serial(g, y, dx, log, ntasks):
 
 
 @njit(parallel=True, **JIT)
-def _cols_parallel(g, y, dx, log, n, least, workers, counter):
-    for _ in prange(workers):
-        lo, hi = claim(counter, n, workers, least)
+def _cols_parallel(g, y, dx, log, n, nw):
+    least, workers, counters = claims_for(n, nw, 1)
+    for me in prange(workers):
+        lo, hi, pos = claim(counters, n, workers, least, me, me)
         while lo < hi:
             cols(g, y, dx, log, lo, hi)
-            lo, hi = claim(counter, n, workers, least)
+            lo, hi, pos = claim(counters, n, workers, least, me, pos)
 
 
 def cols_parallel(g, y, dx, log, ntasks):
     """cols_serial's result, column tasks claimed by numba's threads (parallel.claim)."""
-    _cols_parallel(g, y, dx, log, ntasks, *row_claims(ntasks))
+    _cols_parallel(g, y, dx, log, ntasks, num_threads())
 
 
 # ---- cross-entropy with its gradient ------------------------------------------------------
