@@ -8,7 +8,7 @@ chunks of CHUNK elements (parallel.claim).  The activation is chosen by an integ
 from numba import njit, prange
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, relu, silu, wide_loops
-from .parallel import claim, claims_for, num_threads
+from .parallel import claim, claims_for, row_split
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).
@@ -62,19 +62,19 @@ def activation_serial(x, out, code):
 
 
 @njit(parallel=True, **JIT)
-def _activation_parallel(x, out, code, nw):
+def _activation_parallel(x, out, code, nw, fn, counters):
     n = (x.shape[0] + CHUNK - 1) // CHUNK
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             activation_block(x[lo * CHUNK:hi * CHUNK], out[lo * CHUNK:hi * CHUNK], code)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def activation_parallel(x, out, code):
     """activation_serial's result, chunks of CHUNK elements claimed by numba's threads."""
-    _activation_parallel(x, out, code, num_threads())
+    _activation_parallel(x, out, code, *row_split())
 
 
 @njit(**JIT)
@@ -83,16 +83,16 @@ def gated_serial(gate, up, out, code):
 
 
 @njit(parallel=True, **JIT)
-def _gated_parallel(gate, up, out, code, nw):
+def _gated_parallel(gate, up, out, code, nw, fn, counters):
     n = (gate.shape[0] + CHUNK - 1) // CHUNK
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             gated_block(gate[lo * CHUNK:hi * CHUNK], up[lo * CHUNK:hi * CHUNK], out[lo * CHUNK:hi * CHUNK], code)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def gated_parallel(gate, up, out, code):
     """gated_serial's result, chunks of CHUNK elements claimed by numba's threads."""
-    _gated_parallel(gate, up, out, code, num_threads())
+    _gated_parallel(gate, up, out, code, *row_split())

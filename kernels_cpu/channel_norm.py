@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, like, relu, silu
 from .norm import centered_stats
-from .parallel import claim, claims_for, num_threads, row_of
+from .parallel import claim, claims_for, row_of, row_split
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
 # to a multiple of ALIGN elements (whole cache lines between tasks, aligned vector loops).
@@ -135,20 +135,20 @@ def batch_norm_serial(x, scale, shift, out, s, code):
 
 
 @njit(parallel=True, **JIT)
-def _batch_norm_parallel(x, scale, shift, out, s, code, nw):
+def _batch_norm_parallel(x, scale, shift, out, s, code, nw, fn, counters):
     total = x.shape[0]
     n = (total + ALIGN - 1) // ALIGN  # claimed in blocks of ALIGN elements
-    least, workers, counters = claims_for(n, nw, MIN_TASK // ALIGN)
+    least, workers = claims_for(n, nw, MIN_TASK // ALIGN)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             batch_norm_range(x, scale, shift, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def batch_norm_parallel(x, scale, shift, out, s, code):
     """batch_norm_serial's result, element ranges claimed by numba's threads (parallel.claim)."""
-    _batch_norm_parallel(x, scale, shift, out, s, code, num_threads())
+    _batch_norm_parallel(x, scale, shift, out, s, code, *row_split())
 
 
 @njit(**JIT_INNER)
@@ -181,16 +181,16 @@ def group_norm_serial(x, w, b, eps, out, cg, s, code):
 
 
 @njit(parallel=True, **JIT)
-def _group_norm_parallel(x, w, b, eps, out, cg, s, code, nw):
+def _group_norm_parallel(x, w, b, eps, out, cg, s, code, nw, fn, counters):
     n = x.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def group_norm_parallel(x, w, b, eps, out, cg, s, code):
     """group_norm_serial's result, blocks of (sample, group) rows over numba's threads."""
-    _group_norm_parallel(x, w, b, eps, out, cg, s, code, num_threads())
+    _group_norm_parallel(x, w, b, eps, out, cg, s, code, *row_split())

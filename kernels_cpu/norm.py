@@ -22,7 +22,7 @@ import math
 from numba import njit, prange
 
 from .approx import JIT, JIT_INNER, like
-from .parallel import claim, claims_for, num_threads, row_of
+from .parallel import claim, claims_for, row_of, row_split
 
 
 @njit(inline="always")
@@ -129,19 +129,19 @@ def layer_norm_serial(x, r, h, w, b, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, nw):
+def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, nw, fn, counters):
     n = x.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
     """layer_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, num_threads())
+    _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, *row_split())
 
 
 @njit(**JIT)
@@ -150,16 +150,16 @@ def rms_norm_serial(x, r, h, w, eps, out, has_res):
 
 
 @njit(parallel=True, **JIT)
-def _rms_norm_parallel(x, r, h, w, eps, out, has_res, nw):
+def _rms_norm_parallel(x, r, h, w, eps, out, has_res, nw, fn, counters):
     n = x.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def rms_norm_parallel(x, r, h, w, eps, out, has_res):
     """rms_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rms_norm_parallel(x, r, h, w, eps, out, has_res, num_threads())
+    _rms_norm_parallel(x, r, h, w, eps, out, has_res, *row_split())

@@ -19,7 +19,7 @@ from numba import literal_unroll, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import HELPER, OVERLOAD
+from .approx import HELPER, JIT_BY_ADDRESS, OVERLOAD
 
 # Parallel kernels split the rows into TASKS_PER_THREAD contiguous blocks per thread, handed
 # out dynamically (parallel chunk size 1): when another process takes a core, the other
@@ -61,43 +61,76 @@ def tasks_for(n):
 # static half per thread had kept each core's half of the arrays in its L2: 128x3072
 # relu 34 -> 47 us with one shared counter (see kernels_cpu/activation.py for ranges).
 MIN_SHARES = 16
-LINE_INT64 = 8  # each range's counter on a cache line of its own (64 bytes)
+LINE_INT64 = 8  # int64 per cache line: each range's counter, and each worker's claim, on lines of their own
+CLAIM_LO, CLAIM_HI, CLAIM_STEP = 0, 1, 2  # a worker's claim, on its second line (_claim_next)
 
 
 @njit(**HELPER)
 def claims_for(n, nw, least):
-    """(least, workers, counters) of a row kernel over n rows on nw threads (nw: parallel.
-    num_threads(), passed in: numba's thread count read inside a kernel makes it
-    uncacheable) that claims its rows with claim(); least: the fewest rows a claim takes.
-    Made inside the kernel: in Python it cost 0.8 us a call."""
+    """(least, workers) of a row kernel over n rows on nw threads (see claim); least: the
+    fewest rows a claim takes.  Worked out inside the kernel: in Python it cost 0.8 us a
+    call (with the counters' allocation)."""
     least = max(least, n // (nw * MIN_SHARES), 1)
-    workers = max(min(nw, (n + least - 1) // least), 1)
-    return least, workers, np.zeros(workers * LINE_INT64, np.int64)
+    return least, max(min(nw, (n + least - 1) // least), 1)
+
+
+@njit(**JIT_BY_ADDRESS)
+def _claim_next(addr, n, workers, least, me):
+    """Worker me's next claim, written to its claim line of the counters at addr (see
+    claim): lo >= hi when none is left.  Called by address, so its code is compiled once,
+    not again into every row kernel's parfor (which cost 0.35-0.5 s of each kernel's cold
+    compile, softmax 0.69 -> 1.07-1.24 s)."""
+    counters = c_array_at(addr, np.int64(0), (workers * 2 * LINE_INT64,))
+    mine = (2 * me + 1) * LINE_INT64
+    step = counters[mine + CLAIM_STEP]  # how many ranges past its own it has emptied
+    while step < workers:
+        pos = me + step if me + step < workers else me + step - workers
+        r0 = pos * n // workers
+        r1 = (pos + 1) * n // workers
+        left = r1 - r0 - fetch_add(counters, 2 * pos * LINE_INT64, 0)
+        # another's range: its last `least` rows are left to its owner (whose iteration
+        # claims its own range to the end before it ends), which has them in its L2
+        if step == 0 or left > least:
+            chunk = max(least, left // 2)
+            lo = r0 + fetch_add(counters, 2 * pos * LINE_INT64, chunk)
+            if lo < r1:
+                counters[mine + CLAIM_LO] = lo
+                counters[mine + CLAIM_HI] = min(lo + chunk, r1)
+                counters[mine + CLAIM_STEP] = step
+                return
+        step += 1
+    counters[mine + CLAIM_LO] = n
+    counters[mine + CLAIM_HI] = n
+    counters[mine + CLAIM_STEP] = step
+
+
+def row_split():
+    """(nw, fn, counters): the last arguments of a row kernel (see claim).  nw is passed
+    in because numba's thread count read inside a kernel makes it uncacheable; the
+    counters are allocated here because np.zeros inside a parallel kernel is made a parfor
+    of its own (0.2 s more of its cold compile)."""
+    global _claim_fn
+    if _claim_fn == 0:
+        _claim_fn = worker_address(_claim_next, (), nargs=5)
+    nw = num_threads()
+    return nw, _claim_fn, np.zeros(nw * 2 * LINE_INT64, np.int64)
+
+
+_claim_fn = 0  # _claim_next's address, once compiled or loaded (any thread may set it: the same value)
 
 
 @njit(**HELPER)
-def claim(counters, n, workers, least, me, pos):
-    """(lo, hi, pos): the next rows [lo, hi) of n for prange iteration `me` (lo >= hi: none
-    left), taken from range `pos` (start with pos = me, then pass back the pos returned).
-    A row kernel (x, ..., nw) makes (least, workers, counters) with claims_for, then runs
-    `for me in prange(workers)`, claiming until none is left."""
+def claim(fn, counters, n, workers, least, me):
+    """(lo, hi): the next rows [lo, hi) of n for prange iteration `me` (lo >= hi: none
+    left).  A row kernel (x, ..., nw, fn, counters), called with row_split()'s values,
+    works out (least, workers) = claims_for(n, nw, least), then runs `for me in
+    prange(workers)`, claiming until none is left: its own range first, then the others'."""
     # a prange index may be typed uint64 in numba's parfor gufunc, and uint64 with int64
-    # arithmetic gives float64 in numba: everything here is int64
-    me, pos, n, workers, least = np.int64(me), np.int64(pos), np.int64(n), np.int64(workers), np.int64(least)
-    while True:
-        r0 = pos * n // workers
-        r1 = (pos + 1) * n // workers
-        left = r1 - r0 - fetch_add(counters, pos * LINE_INT64, 0)
-        # another's range: its last `least` rows are left to its owner (whose iteration
-        # claims its own range to the end before it ends), which has them in its L2
-        if pos == me or left > least:
-            chunk = max(least, left // 2)
-            lo = r0 + fetch_add(counters, pos * LINE_INT64, chunk)
-            if lo < r1:
-                return lo, min(lo + chunk, r1), pos
-        pos = pos + 1 if pos + 1 < workers else 0
-        if pos == me:
-            return n, n, pos
+    # arithmetic gives float64 in numba
+    me = np.int64(me)
+    call_address(fn, (counters.ctypes.data, n, workers, least, me))
+    mine = (2 * me + 1) * LINE_INT64
+    return counters[mine + CLAIM_LO], counters[mine + CLAIM_HI]
 
 
 def run_dynamic(kernel, tasks, *args):

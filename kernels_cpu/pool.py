@@ -50,8 +50,8 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (TASKS_PER_THREAD, c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, run_serial,
-                       run_workers, worker_address)
+from .parallel import (TASKS_PER_THREAD, c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, row_split,
+                       run_serial, run_workers, worker_address)
 
 
 @njit(**JIT_INNER)
@@ -472,14 +472,14 @@ def _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):
 
 
 @njit(parallel=True, **JIT)
-def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, nw):
+def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, nw, fn, counters):
     n = x.shape[0] * oh_n
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def _tiles(h, w, oh_n, ow_n):
@@ -499,7 +499,7 @@ def _adaptive(x, out, h, w, oh_n, ow_n, nworkers):
     elif nworkers <= 1:
         _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n)
     else:
-        _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, num_threads())
+        _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, *row_split())
 
 
 def adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):

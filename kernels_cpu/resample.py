@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from .approx import JIT, JIT_INNER
 from .llvm_ir import lane_mask, masked_ops
-from .parallel import claim, claims_for, num_threads, row_of
+from .parallel import claim, claims_for, row_of, row_split
 from .planes import arg_access, vector_type
 
 
@@ -133,19 +133,19 @@ def nearest_serial(x, out, h, ho, ih, iw, w2x):
 
 
 @njit(parallel=True, **JIT)
-def _nearest_parallel(x, out, h, ho, ih, iw, w2x, nw):
+def _nearest_parallel(x, out, h, ho, ih, iw, w2x, nw, fn, counters):
     n = out.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def nearest_parallel(x, out, h, ho, ih, iw, w2x):
     """nearest_serial's result, blocks of output rows split over numba's threads."""
-    _nearest_parallel(x, out, h, ho, ih, iw, w2x, num_threads())
+    _nearest_parallel(x, out, h, ho, ih, iw, w2x, *row_split())
 
 
 @njit(**JIT)
@@ -154,16 +154,16 @@ def bilinear_serial(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
 
 
 @njit(parallel=True, **JIT)
-def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, nw):
+def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, nw, fn, counters):
     n = out.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
     """bilinear_serial's result, blocks of output rows split over numba's threads."""
-    _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, num_threads())
+    _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, *row_split())

@@ -15,7 +15,7 @@ form (a plain copy: 0.10), the call and its alias checks dominating such short r
 from numba import njit, prange
 
 from .approx import JIT, JIT_INNER
-from .parallel import claim, claims_for, num_threads, row_of
+from .parallel import claim, claims_for, row_of, row_split
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
@@ -63,16 +63,16 @@ def rope_serial(x, cos, sin, out, interleaved):
 
 
 @njit(parallel=True, **JIT)
-def _rope_parallel(x, cos, sin, out, interleaved, nw):
+def _rope_parallel(x, cos, sin, out, interleaved, nw, fn, counters):
     n = x.shape[0]
-    least, workers, counters = claims_for(n, nw, ROWS_PER_TASK)
+    least, workers = claims_for(n, nw, ROWS_PER_TASK)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             rope_rows(x, cos, sin, out, lo, hi, interleaved)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def rope_parallel(x, cos, sin, out, interleaved):
     """rope_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rope_parallel(x, cos, sin, out, interleaved, num_threads())
+    _rope_parallel(x, cos, sin, out, interleaved, *row_split())

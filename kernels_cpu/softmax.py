@@ -26,7 +26,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .approx import OVERLOAD, HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp_nonpos, like, wide_loops
-from .parallel import claim, claims_for, num_threads, row_of, run_dynamic, tasks_for
+from .parallel import claim, claims_for, row_of, row_split, run_dynamic, tasks_for
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -155,19 +155,19 @@ def softmax_serial(x, out, log):
 
 
 @njit(parallel=True, **JIT)
-def _softmax_parallel(x, out, log, nw):
+def _softmax_parallel(x, out, log, nw, fn, counters):
     n = x.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             softmax_rows(x, out, log, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def softmax_parallel(x, out, log):
     """softmax_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _softmax_parallel(x, out, log, num_threads())
+    _softmax_parallel(x, out, log, *row_split())
 
 
 @njit(**JIT)

@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import (c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, row_of, run_workers,
-                       tasks_for, worker_address)
+from .parallel import (c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, row_of, row_split,
+                       run_workers, tasks_for, worker_address)
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -78,19 +78,19 @@ def rows_serial(g, y, dx, log):
 
 
 @njit(parallel=True, **JIT)
-def _rows_parallel(g, y, dx, log, nw):
+def _rows_parallel(g, y, dx, log, nw, fn, counters):
     n = g.shape[0]
-    least, workers, counters = claims_for(n, nw, 1)
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             rows(g, y, dx, log, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def rows_parallel(g, y, dx, log):
     """rows_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rows_parallel(g, y, dx, log, num_threads())
+    _rows_parallel(g, y, dx, log, *row_split())
 
 
 @njit(**JIT)
@@ -145,18 +145,18 @@ def cols_serial(g, y, dx, log, ntasks):
 
 
 @njit(parallel=True, **JIT)
-def _cols_parallel(g, y, dx, log, n, nw):
-    least, workers, counters = claims_for(n, nw, 1)
+def _cols_parallel(g, y, dx, log, n, nw, fn, counters):
+    least, workers = claims_for(n, nw, 1)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             cols(g, y, dx, log, lo, hi)
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
 
 
 def cols_parallel(g, y, dx, log, ntasks):
     """cols_serial's result, column tasks claimed by numba's threads (parallel.claim)."""
-    _cols_parallel(g, y, dx, log, ntasks, num_threads())
+    _cols_parallel(g, y, dx, log, ntasks, *row_split())
 
 
 # ---- cross-entropy with its gradient ------------------------------------------------------

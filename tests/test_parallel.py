@@ -8,8 +8,8 @@ import pytest
 from numba import carray, njit, prange, types
 from numba.extending import overload
 
-from kernels_cpu.parallel import (LINE_INT64, c_array_at, call_address, call_literal, claim, claims_for, fetch_add,
-                                  num_threads, ptr_as, row_of, run_serial, run_workers, view_at, worker_address)
+from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, claims_for, fetch_add, num_threads,
+                                  ptr_as, row_of, row_split, run_serial, run_workers, view_at, worker_address)
 from tests.support import ON_CUDA, compile_events, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
@@ -127,17 +127,17 @@ def test_run_workers_runs_each_task_once(n):
 
 
 @njit(parallel=True)
-def _claim_rows(hits, nw, least):
+def _claim_rows(hits, nw, fn, counters, least):
     """hits[i] += 1 for every row a claim hands out (as a row kernel does); the claims'
     (least, workers) are returned."""
     n = hits.shape[0]
-    least, workers, counters = claims_for(n, nw, least)
+    least, workers = claims_for(n, nw, least)
     for me in prange(workers):
-        lo, hi, pos = claim(counters, n, workers, least, me, me)
+        lo, hi = claim(fn, counters, n, workers, least, me)
         while lo < hi:
             for i in range(lo, hi):
                 hits[i] += 1
-            lo, hi, pos = claim(counters, n, workers, least, me, pos)
+            lo, hi = claim(fn, counters, n, workers, least, me)
     return least, workers
 
 
@@ -149,7 +149,8 @@ def test_claims_hand_out_every_row_once(n, least, nw):
     and more iterations than threads here), each row goes to exactly one claim, and the
     claims stop at n."""
     hits = np.zeros(n, np.int64)
-    got_least, workers = _claim_rows(hits, nw, least)
+    fn = row_split()[1]
+    got_least, workers = _claim_rows(hits, nw, fn, np.zeros(nw * 16, np.int64), least)
     assert got_least >= least and 1 <= workers <= nw
     np.testing.assert_array_equal(hits, 1)
 
@@ -158,19 +159,21 @@ def test_claims_take_the_own_range_first_then_the_others():
     """Iteration 0 first (iteration 1 late): its own range front to back in halving claims
     (never under least but for the last), then iteration 1's range but for its last
     `least` rows, which iteration 1 takes when it runs."""
-    counters = np.zeros(2 * LINE_INT64, np.int64)
+    fn = row_split()[1]
+    assert _claims_for(1000, 2, 10) == (31, 2)  # at least 1000 / (2 * MIN_SHARES)
+    counters, workers = np.zeros(2 * 16, np.int64), 2
 
     def claims_of(me):
         out = []
-        lo, hi, pos = _claim_one(counters, 1000, 2, 10, me, me)
+        lo, hi = _claim_one(fn, counters, 1000, workers, 10, me)
         while lo < hi:
-            out.append((lo, hi, pos))
-            lo, hi, pos = _claim_one(counters, 1000, 2, 10, me, pos)
+            out.append((lo, hi))
+            lo, hi = _claim_one(fn, counters, 1000, workers, 10, me)
         return out
 
     first, late = claims_of(0), claims_of(1)
     assert all(a[1] == b[0] for a, b in zip(first, first[1:])) and first[0][0] == 0  # in order, contiguous
-    own = [h - lo for lo, h, p in first if p == 0]
+    own = [h - lo for lo, h in first if h <= 500]
     assert own[0] == 250 and sum(own) == 500 and min(own[:-1]) >= 10
     assert all(a >= b for a, b in zip(own, own[1:]))
     assert len(late) == 1 and late[0][1] == 1000 and 0 < late[0][1] - late[0][0] <= 10  # the owner's tail
@@ -178,13 +181,18 @@ def test_claims_take_the_own_range_first_then_the_others():
 
 
 @njit
-def _claim_one(counters, n, workers, least, me, pos):
-    return claim(counters, n, workers, least, me, pos)
+def _claims_for(n, nw, least):
+    return claims_for(n, nw, least)
+
+
+@njit
+def _claim_one(fn, counters, n, workers, least, me):
+    return claim(fn, counters, n, workers, least, me)
 
 
 def test_num_threads_is_numbas_per_thread_count():
     """num_threads() reads numba's count without its lock: the same answer, per thread."""
-    _claim_rows(np.zeros(4, np.int64), 2, 1)  # numba's pool has started
+    _claim_rows(np.zeros(4, np.int64), *row_split(), 1)  # numba's pool has started
     assert num_threads() == numba.get_num_threads()
     seen = []
 
