@@ -13,11 +13,11 @@ import threading
 
 import numba
 import numpy as np
-from numba.np.ufunc import parallel as _numba_parallel
 from llvmlite import ir
 from numba import literal_unroll, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+from numba.np.ufunc import parallel as _numba_parallel
 
 from .approx import HELPER, JIT_BY_ADDRESS, OVERLOAD
 
@@ -46,7 +46,7 @@ def tasks_for(n):
     return max(min(num_threads() * TASKS_PER_THREAD, n), 1)
 
 
-# Claims (claims_for / claim): prange iteration `me` of `workers` owns the range
+# Claims (row_split / claims_for / claim): prange iteration `me` of `workers` owns the range
 # [me * n / workers, (me + 1) * n / workers) and claims it front to back, each claim half of
 # what is left of the range (at least `least` rows), then claims what is left of the other
 # ranges the same way.  Each row goes to one claim whichever thread runs which iteration
@@ -54,12 +54,12 @@ def tasks_for(n):
 # little to wait for, and the claims shrink towards the end so the threads finish
 # together.  Owning a range means a thread reads the same rows on every call of the same
 # shape, which stay in its core's L2 between calls.  Each claim costs two atomics, not a
-# task of numba's scheduler.  Replaced TASKS_PER_THREAD blocks handed out by prange (chunk
-# size 1) in the row kernels: softmax rows of 128, 2 threads, loop medians, one shared
-# counter (no ranges; Sapphire Rapids, 2026-12-03): 1536 rows 53.5 -> 49-50 us (a static
-# half per thread 48-49), 384 rows 24.0 -> 18.4 (static 17.8).  Activations, where a
-# static half per thread had kept each core's half of the arrays in its L2: 128x3072
-# relu 34 -> 47 us with one shared counter (see kernels_cpu/activation.py for ranges).
+# task of numba's scheduler.  2 threads, loop medians (Sapphire Rapids, 2026-12-03), against
+# TASKS_PER_THREAD blocks handed out by prange (chunk size 1), which the row kernels used
+# before: softmax rows of 128, 384 rows 22.0-23.2 -> 18.9-19.7 us, 1536 rows 49.4-50.1 ->
+# 46.9-47.2; layer_norm 128x768 37.6-37.9 -> 34.8-35.1.  One shared counter (no ranges)
+# lost what a static half per thread had kept in each core's L2: relu 128x3072 34 -> 47
+# us; with ranges 35 (static halves 31.6-32.5, which a busy core would hold up).
 MIN_SHARES = 16
 LINE_INT64 = 8  # int64 per cache line: each range's counter, and each worker's claim, on lines of their own
 CLAIM_LO, CLAIM_HI, CLAIM_STEP = 0, 1, 2  # a worker's claim, on its second line (_claim_next)
@@ -68,8 +68,8 @@ CLAIM_LO, CLAIM_HI, CLAIM_STEP = 0, 1, 2  # a worker's claim, on its second line
 @njit(**HELPER)
 def claims_for(n, nw, least):
     """(least, workers) of a row kernel over n rows on nw threads (see claim); least: the
-    fewest rows a claim takes.  Worked out inside the kernel: in Python it cost 0.8 us a
-    call (with the counters' allocation)."""
+    fewest rows a claim takes.  Worked out inside the kernel: in Python, with the
+    counters, it cost 0.8 us a call."""
     least = max(least, n // (nw * MIN_SHARES), 1)
     return least, max(min(nw, (n + least - 1) // least), 1)
 
