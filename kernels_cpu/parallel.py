@@ -21,9 +21,11 @@ from numba.np.ufunc import parallel as _numba_parallel
 
 from .approx import HELPER, JIT_BY_ADDRESS, OVERLOAD
 
-# Parallel kernels split the rows into TASKS_PER_THREAD contiguous blocks per thread, handed
-# out dynamically (parallel chunk size 1): when another process takes a core, the other
-# thread takes more blocks instead of waiting for a fixed half.  Measured on (4096, 1024)
+# Kernels that hand out blocks (run_dynamic, and the workers' counters of the conv, pool,
+# routing, SSM and causal-conv workers) split the rows into TASKS_PER_THREAD contiguous
+# blocks per thread, handed out dynamically: when another process takes a core, the other
+# thread takes more blocks instead of waiting for a fixed half (the row kernels' claims do
+# the same with MIN_SHARES, below).  Measured on (4096, 1024)
 # softmax with other jobs running: best of 15 9.9 ms for a static half per thread, 2.5-2.7
 # ms for 8-32 dynamic blocks per thread (medians 28 vs 18-21 ms; the machine was loaded).
 TASKS_PER_THREAD = 8
