@@ -1,14 +1,15 @@
 """Elementwise activations and gated linear units on flat contiguous arrays.
 
 Shapes: every kernel takes 1-D C-contiguous arrays of equal length (dispatch flattens).
-``*_serial`` runs on the calling thread; ``*_parallel`` lets numba's threads claim ranges of
-chunks of CHUNK elements (parallel.claim).  The activation is chosen by an integer code
+``*_serial`` runs on the calling thread; ``*_parallel`` lets the team's threads claim ranges of
+chunks of CHUNK elements (parallel.row_run).  The activation is chosen by an integer code
 (approx.ACT_*) outside the loop so that each loop body is branch-free and vectorizes.
 """
-from numba import njit, prange
+import numpy as np
+from numba import njit
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, relu, silu, wide_loops
-from .parallel import claim, claims_for, row_split
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu, gelu_tanh, relu, silu, wide_loops
+from .parallel import RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run, worker_address
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).
@@ -61,20 +62,39 @@ def activation_serial(x, out, code):
     activation_block(x, out, code)
 
 
-@njit(parallel=True, **JIT)
-def _activation_parallel(x, out, code, nw, fn, counters):
-    n = (x.shape[0] + CHUNK - 1) // CHUNK
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            activation_block(x[lo * CHUNK:hi * CHUNK], out[lo * CHUNK:hi * CHUNK], code)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def activation_worker(me, params, is64, gated):
+    """Chunks of CHUNK elements claimed from the block (parallel.row_block: units = chunks,
+    d = elements, i = the activation code; arrays x, up (gated only), out)."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    n = p[RW_D]
+    x = c_array_at(p[0], z, (n,))
+    up = c_array_at(p[1], z, (n,))
+    out = c_array_at(p[2], z, (n,))
+    code = p[RW_I]
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        a, b = lo * CHUNK, min(hi * CHUNK, n)
+        if gated:
+            gated_block(x[a:b], up[a:b], out[a:b], code)
+        else:
+            activation_block(x[a:b], out[a:b], code)
+        lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _launch(x, up, out, code, worker, nw, fn, buf, team_run, team_state):
+    n = x.shape[0]
+    workers = row_block(buf, (n + CHUNK - 1) // CHUNK, n, 0.0, code, 1, nw, fn)
+    buf[0], buf[1], buf[2] = x.ctypes.data, up.ctypes.data, out.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def activation_parallel(x, out, code):
-    """activation_serial's result, chunks of CHUNK elements claimed by numba's threads."""
-    _activation_parallel(x, out, code, *row_split())
+    """activation_serial's result, chunks of CHUNK elements claimed by the team's threads
+    (parallel.row_run)."""
+    row_run(_launch, worker_address(activation_worker, (bool(x.dtype == np.float64), False)), x, x, out, code)
 
 
 @njit(**JIT)
@@ -82,17 +102,6 @@ def gated_serial(gate, up, out, code):
     gated_block(gate, up, out, code)
 
 
-@njit(parallel=True, **JIT)
-def _gated_parallel(gate, up, out, code, nw, fn, counters):
-    n = (gate.shape[0] + CHUNK - 1) // CHUNK
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            gated_block(gate[lo * CHUNK:hi * CHUNK], up[lo * CHUNK:hi * CHUNK], out[lo * CHUNK:hi * CHUNK], code)
-            lo, hi = claim(fn, counters, n, workers, least, me)
-
-
 def gated_parallel(gate, up, out, code):
-    """gated_serial's result, chunks of CHUNK elements claimed by numba's threads."""
-    _gated_parallel(gate, up, out, code, *row_split())
+    """gated_serial's result, chunks of CHUNK elements claimed by the team's threads."""
+    row_run(_launch, worker_address(activation_worker, (bool(gate.dtype == np.float64), True)), gate, up, out, code)

@@ -19,10 +19,12 @@ residual, pass has_res=False and any arrays of x's shape for r and h (they are n
 """
 import math
 
-from numba import njit, prange
+import numpy as np
+from numba import njit
 
-from .approx import JIT, JIT_INNER, like
-from .parallel import claim, claims_for, row_of, row_split
+from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, like
+from .parallel import (RW_D, RW_I, RW_N, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_of,
+                       row_run, worker_address)
 
 
 @njit(inline="always")
@@ -128,20 +130,42 @@ def layer_norm_serial(x, r, h, w, b, eps, out, has_res):
     layer_norm_rows(x, r, h, w, b, eps, out, has_res, 0, x.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, nw, fn, counters):
-    n = x.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
+@njit(**JIT_BY_ADDRESS)
+def norm_worker(me, params, is64, rms):
+    """Rows claimed from the block (parallel.row_block: f = eps, i = has_res; arrays x, r,
+    h, w, b (layer_norm only), out)."""
+    p, eps64 = row_args(params)
+    z = like_dtype(is64)
+    n, d = p[RW_N], p[RW_D]
+    x = c_array_at(p[0], z, (n, d))
+    r = c_array_at(p[1], z, (n, d))
+    h = c_array_at(p[2], z, (n, d))
+    w = c_array_at(p[3], z, (d,))
+    b = c_array_at(p[4], z, (d,))
+    out = c_array_at(p[5], z, (n, d))
+    eps = like(z, eps64)
+    has_res = p[RW_I] != 0
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        if rms:
+            rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi)
+        else:
             layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+        lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _norm_launch(x, r, h, w, b, eps, out, has_res, worker, nw, fn, buf, team_run, team_state):
+    workers = row_block(buf, x.shape[0], x.shape[1], eps, has_res, 1, nw, fn)
+    buf[0], buf[1], buf[2] = x.ctypes.data, r.ctypes.data, h.ctypes.data
+    buf[3], buf[4], buf[5] = w.ctypes.data, b.ctypes.data, out.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
-    """layer_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _layer_norm_parallel(x, r, h, w, b, eps, out, has_res, *row_split())
+    """layer_norm_serial's result, rows claimed by the team's threads (parallel.row_run)."""
+    row_run(_norm_launch, worker_address(norm_worker, (bool(x.dtype == np.float64), False)),
+            x, r, h, w, b, eps, out, has_res)
 
 
 @njit(**JIT)
@@ -149,17 +173,7 @@ def rms_norm_serial(x, r, h, w, eps, out, has_res):
     rms_norm_rows(x, r, h, w, eps, out, has_res, 0, x.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _rms_norm_parallel(x, r, h, w, eps, out, has_res, nw, fn, counters):
-    n = x.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
-
-
 def rms_norm_parallel(x, r, h, w, eps, out, has_res):
-    """rms_norm_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rms_norm_parallel(x, r, h, w, eps, out, has_res, *row_split())
+    """rms_norm_serial's result, rows claimed by the team's threads (parallel.row_run)."""
+    row_run(_norm_launch, worker_address(norm_worker, (bool(x.dtype == np.float64), True)),
+            x, r, h, w, w, eps, out, has_res)

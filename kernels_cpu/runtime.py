@@ -118,9 +118,9 @@ def describe() -> str:
     """One line for ``explain`` and the report's machine header."""
     req = requested()
     how = "numba default" if req == "default" else f"NUMBA_THREADING_LAYER={req}"
-    from . import keepwarm
-    return (f"{layer()} layer, {numba.get_num_threads()} threads ({how}; tbb: {TBB_NOTE}); "
-            f"{keepwarm.describe()}")
+    from . import keepwarm, team
+    return (f"{team.describe()}; numba's {layer()} layer for the rest, {numba.get_num_threads()} threads ({how}; "
+            f"tbb: {TBB_NOTE}); {keepwarm.describe()}")
 
 
 def vectors() -> str:

@@ -25,8 +25,9 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .approx import OVERLOAD, HELPER, JIT, JIT_INNER, bits_to_float, fence, fexp_nonpos, like, wide_loops
-from .parallel import claim, claims_for, row_of, row_split, run_dynamic, tasks_for
+from .approx import OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like, wide_loops
+from .parallel import (RW_D, RW_I, RW_N, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_of,
+                       row_run, run_dynamic, tasks_for, worker_address)
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -154,20 +155,30 @@ def softmax_serial(x, out, log):
     softmax_rows(x, out, log, 0, x.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _softmax_parallel(x, out, log, nw, fn, counters):
-    n = x.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            softmax_rows(x, out, log, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def softmax_worker(me, params, is64):
+    """Rows claimed from the block (parallel.row_block: i = log; arrays x, out)."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    x = c_array_at(p[0], z, (p[RW_N], p[RW_D]))
+    out = c_array_at(p[1], z, (p[RW_N], p[RW_D]))
+    log = p[RW_I] != 0
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        softmax_rows(x, out, log, lo, hi)
+        lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _softmax_launch(x, out, log, worker, nw, fn, buf, team_run, team_state):
+    workers = row_block(buf, x.shape[0], x.shape[1], 0.0, log, 1, nw, fn)
+    buf[0], buf[1] = x.ctypes.data, out.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def softmax_parallel(x, out, log):
-    """softmax_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _softmax_parallel(x, out, log, *row_split())
+    """softmax_serial's result, rows claimed by the team's threads (parallel.row_run)."""
+    row_run(_softmax_launch, worker_address(softmax_worker, (bool(x.dtype == np.float64),)), x, out, log)
 
 
 @njit(**JIT)

@@ -69,10 +69,11 @@ def test_concurrent_calls_from_threads_are_correct_on_every_layer(layer):
 
 def test_explain_names_the_threading_layer():
     import dispatch
-    from kernels_cpu import runtime
+    from kernels_cpu import runtime, team
     x = np.ones((4, 8), np.float32)
     text = str(dispatch.explain("softmax", x))
-    assert f"threading: {runtime.layer()} layer" in text, text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("threading:"))
+    assert f"numba's {runtime.layer()} layer" in line and team.describe() in line, line
 
 
 def test_explain_and_report_say_which_vector_width_runs():
