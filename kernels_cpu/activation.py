@@ -86,7 +86,7 @@ def activation_worker(me, params, is64, gated):
 @njit(**JIT)
 def _launch(x, up, out, code, worker, nw, fn, buf, team_run, team_state):
     n = x.shape[0]
-    workers = row_block(buf, (n + CHUNK - 1) // CHUNK, n, 0.0, code, 1, nw, fn)
+    workers = row_block(buf, (n + CHUNK - 1) // CHUNK, n, 0.0, code, 0, 0, 1, nw, fn)
     buf[0], buf[1], buf[2] = x.ctypes.data, up.ctypes.data, out.ctypes.data
     return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 

@@ -25,17 +25,21 @@ x gives NaN through an explicit select at the end (approx.fexp maps NaN to 0).
 
 Kernels: every kernel takes 1-D C-contiguous arrays of equal length (dispatch flattens);
 ``*_serial`` runs on the calling thread, ``*_parallel`` splits the array into chunks of
-activation.CHUNK elements over numba's threads.  The activation code is branched on outside
-each loop, so every loop body is branch-free (selects) and vectorizes.
+activation.CHUNK elements claimed by the team's threads (parallel.row_run).  The activation
+code is branched on outside each loop, so every loop body is branch-free (selects) and
+vectorizes.
 """
-from numba import njit, prange, types
+import numpy as np
+from numba import njit, types
 from numba.extending import overload
 
 from kernels_common.activation_grad import X_CLAMP
 
 from .activation import CHUNK
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT,
-                     JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
+                     JIT_BY_ADDRESS, JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
+from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run,
+                       worker_address)
 
 INV_SQRT_2PI = 0.3989422804014327
 
@@ -255,14 +259,41 @@ def unary_grad_serial(g, x, out, code):
     unary_grad_block(g, x, out, code)
 
 
-@njit(parallel=True, **JIT)
+@njit(**JIT_BY_ADDRESS)
+def grad_worker(me, params, is64, gated):
+    """Chunks of CHUNK elements claimed from the block (parallel.row_block: units = chunks,
+    d = elements, i = code).  Unary: arrays g, x, out.  Gated: g, gate, up, dgate, dup."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    n = p[RW_D]
+    g = c_array_at(p[0], z, (n,))
+    a1 = c_array_at(p[1], z, (n,))
+    a2 = c_array_at(p[2], z, (n,))
+    a3 = c_array_at(p[3], z, (n,))
+    a4 = c_array_at(p[4], z, (n,))
+    code = p[RW_I]
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        a, b = lo * CHUNK, min(hi * CHUNK, n)
+        if gated:
+            gated_grad_block(g[a:b], a1[a:b], a2[a:b], a3[a:b], a4[a:b], code)
+        else:
+            unary_grad_block(g[a:b], a1[a:b], a2[a:b], code)
+        lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _launch(g, a1, a2, a3, a4, code, worker, nw, fn, buf, team_run, team_state):
+    n = g.shape[0]
+    workers = row_block(buf, (n + CHUNK - 1) // CHUNK, n, 0.0, code, 0, 0, 1, nw, fn)
+    buf[0], buf[1], buf[2], buf[3], buf[4] = g.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
+
+
 def unary_grad_parallel(g, x, out, code):
-    n = x.shape[0]
-    chunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(chunks):
-        lo = c * CHUNK
-        hi = min(lo + CHUNK, n)
-        unary_grad_block(g[lo:hi], x[lo:hi], out[lo:hi], code)
+    """unary_grad_serial's result, chunks of CHUNK elements claimed by the team's threads
+    (parallel.row_run)."""
+    row_run(_launch, worker_address(grad_worker, (bool(x.dtype == np.float64), False)), g, x, out, out, out, code)
 
 
 @njit(**JIT)
@@ -270,11 +301,6 @@ def gated_grad_serial(g, gate, up, dgate, dup, code):
     gated_grad_block(g, gate, up, dgate, dup, code)
 
 
-@njit(parallel=True, **JIT)
 def gated_grad_parallel(g, gate, up, dgate, dup, code):
-    n = gate.shape[0]
-    chunks = (n + CHUNK - 1) // CHUNK
-    for c in prange(chunks):
-        lo = c * CHUNK
-        hi = min(lo + CHUNK, n)
-        gated_grad_block(g[lo:hi], gate[lo:hi], up[lo:hi], dgate[lo:hi], dup[lo:hi], code)
+    """gated_grad_serial's result, chunks claimed by the team's threads."""
+    row_run(_launch, worker_address(grad_worker, (bool(gate.dtype == np.float64), True)), g, gate, up, dgate, dup, code)

@@ -30,11 +30,12 @@ passes ones / zeros for None).
 """
 import numpy as np
 from numpy import uintp
-from numba import njit, prange
+from numba import njit
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_INNER, gelu, gelu_tanh, like, relu, silu
+from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu, gelu_tanh, like, relu, silu
 from .norm import centered_stats
-from .parallel import claim, claims_for, row_of, row_split
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, like_dtype, row_args, row_block,
+                       row_claim, row_of, row_run, worker_address)
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
 # to a multiple of ALIGN elements (whole cache lines between tasks, aligned vector loops).
@@ -134,21 +135,52 @@ def batch_norm_serial(x, scale, shift, out, s, code):
     batch_norm_range(x, scale, shift, out, s, code, np.int64(0), x.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _batch_norm_parallel(x, scale, shift, out, s, code, nw, fn, counters):
-    total = x.shape[0]
-    n = (total + ALIGN - 1) // ALIGN  # claimed in blocks of ALIGN elements
-    least, workers = claims_for(n, nw, MIN_TASK // ALIGN)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def channel_norm_worker(me, params, is64, group):
+    """Claims from the block (parallel.row_block).  group_norm: rows of (N*G, cg*s), f = eps,
+    i = cg, i2 = s, i3 = code, i4 = C; arrays x, w, b, out.  batch_norm: blocks of ALIGN
+    elements of the flat x (d elements), i2 = s, i3 = code, i4 = C; arrays x, scale, shift,
+    out."""
+    p, eps64 = row_args(params)
+    z = like_dtype(is64)
+    nc = p[RW_I4]
+    w = c_array_at(p[1], z, (nc,))
+    b = c_array_at(p[2], z, (nc,))
+    s, code = p[RW_I2], p[RW_I3]
+    lo, hi = row_claim(p, me)
+    if group:
+        n, d = p[RW_N], p[RW_D]
+        x = c_array_at(p[0], z, (n, d))
+        out = c_array_at(p[3], z, (n, d))
+        eps = like(z, eps64)
         while lo < hi:
-            batch_norm_range(x, scale, shift, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
-            lo, hi = claim(fn, counters, n, workers, least, me)
+            group_norm_rows(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
+            lo, hi = row_claim(p, me)
+    else:
+        total = p[RW_D]
+        x = c_array_at(p[0], z, (total,))
+        out = c_array_at(p[3], z, (total,))
+        while lo < hi:
+            batch_norm_range(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
+            lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _launch(x, w, b, out, eps, cg, s, code, worker, nw, fn, buf, team_run, team_state):
+    if x.ndim == 2:  # group_norm's (N*G, cg*s) rows
+        workers = row_block(buf, x.shape[0], x.shape[1], eps, cg, s, code, 1, nw, fn)
+    else:  # batch_norm's flat elements, claimed in blocks of ALIGN
+        total = x.shape[0]
+        workers = row_block(buf, (total + ALIGN - 1) // ALIGN, total, eps, cg, s, code, MIN_TASK // ALIGN, nw, fn)
+    buf[RW_I4] = w.shape[0]
+    buf[0], buf[1], buf[2], buf[3] = x.ctypes.data, w.ctypes.data, b.ctypes.data, out.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def batch_norm_parallel(x, scale, shift, out, s, code):
-    """batch_norm_serial's result, element ranges claimed by numba's threads (parallel.claim)."""
-    _batch_norm_parallel(x, scale, shift, out, s, code, *row_split())
+    """batch_norm_serial's result, element ranges claimed by the team's threads (parallel.row_run)."""
+    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), False)),
+            x, scale, shift, out, 0.0, 0, s, code)
 
 
 @njit(**JIT_INNER)
@@ -180,17 +212,7 @@ def group_norm_serial(x, w, b, eps, out, cg, s, code):
     group_norm_rows(x, w, b, eps, out, cg, s, code, np.int64(0), x.shape[0])  # see batch_norm_serial
 
 
-@njit(parallel=True, **JIT)
-def _group_norm_parallel(x, w, b, eps, out, cg, s, code, nw, fn, counters):
-    n = x.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
-
-
 def group_norm_parallel(x, w, b, eps, out, cg, s, code):
-    """group_norm_serial's result, blocks of (sample, group) rows over numba's threads."""
-    _group_norm_parallel(x, w, b, eps, out, cg, s, code, *row_split())
+    """group_norm_serial's result, (sample, group) rows claimed by the team's threads."""
+    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), True)),
+            x, w, b, out, eps, cg, s, code)

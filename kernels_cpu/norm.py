@@ -156,7 +156,7 @@ def norm_worker(me, params, is64, rms):
 
 @njit(**JIT)
 def _norm_launch(x, r, h, w, b, eps, out, has_res, worker, nw, fn, buf, team_run, team_state):
-    workers = row_block(buf, x.shape[0], x.shape[1], eps, has_res, 1, nw, fn)
+    workers = row_block(buf, x.shape[0], x.shape[1], eps, has_res, 0, 0, 1, nw, fn)
     buf[0], buf[1], buf[2] = x.ctypes.data, r.ctypes.data, h.ctypes.data
     buf[3], buf[4], buf[5] = w.ctypes.data, b.ctypes.data, out.ctypes.data
     return launch(worker, buf.ctypes.data, workers, team_run, team_state)

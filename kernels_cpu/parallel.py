@@ -149,8 +149,9 @@ def claim(fn, counters, n, workers, least, me):
 # threads, 2 threads, loop medians (2026-12-03, Xeon with AVX-512, 2 MiB L2 a core): relu
 # 128x3072 32.9-35.8 -> 27.6-28.9 us (onnxruntime 25.9 us).
 RW_ARRAYS = 6   # slots 0..5: the kernel's arrays' addresses
-RW_N, RW_D, RW_F, RW_I, RW_CLAIM, RW_COUNTERS, RW_WORKERS, RW_LEAST = range(RW_ARRAYS, RW_ARRAYS + 8)
-RW_BLOCK = 2 * LINE_INT64   # the block's slots, then the claim counters (claim) on lines of their own
+RW_N, RW_D, RW_F, RW_I, RW_I2, RW_I3, RW_CLAIM, RW_COUNTERS, RW_WORKERS, RW_LEAST = range(RW_ARRAYS, RW_ARRAYS + 10)
+RW_I4 = RW_LEAST + 1        # one more int (group_norm's channel count)
+RW_BLOCK = 3 * LINE_INT64   # the block's slots, then the claim counters (claim) on lines of their own
 
 
 def row_run(launcher, worker, *args):
@@ -166,14 +167,14 @@ def row_run(launcher, worker, *args):
 
 
 @njit(**HELPER)
-def row_block(buf, n, d, f, i, least, nw, fn):
+def row_block(buf, n, d, f, i, i2, i3, least, nw, fn):
     """The workers of a row kernel claiming over n units (rows, or chunks) on nw threads, at
     least `least` a claim, having written its argument block into buf's first RW_BLOCK
-    slots: d, f (a float: eps) and i (an int or bool flag) are the kernel's; the launcher
+    slots: d, f (a float: eps) and i, i2, i3 (ints or bool flags) are the kernel's; the launcher
     writes its arrays' addresses into slots 0..5.  (The float goes in as its bits: numba's
     array.view cost 0.24 s of a cold first call.)"""
     least, workers = claims_for(n, nw, least)
-    buf[RW_N], buf[RW_D], buf[RW_I] = n, d, i
+    buf[RW_N], buf[RW_D], buf[RW_I], buf[RW_I2], buf[RW_I3] = n, d, i, i2, i3
     buf[RW_F] = float_to_bits(np.float64(f))
     buf[RW_CLAIM], buf[RW_COUNTERS] = fn, buf.ctypes.data + RW_BLOCK * 8
     buf[RW_WORKERS], buf[RW_LEAST] = workers, least

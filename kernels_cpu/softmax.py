@@ -171,7 +171,7 @@ def softmax_worker(me, params, is64):
 
 @njit(**JIT)
 def _softmax_launch(x, out, log, worker, nw, fn, buf, team_run, team_state):
-    workers = row_block(buf, x.shape[0], x.shape[1], 0.0, log, 1, nw, fn)
+    workers = row_block(buf, x.shape[0], x.shape[1], 0.0, log, 0, 0, 1, nw, fn)
     buf[0], buf[1] = x.ctypes.data, out.ctypes.data
     return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 

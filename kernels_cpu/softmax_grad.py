@@ -26,11 +26,11 @@ or all -inf, gives a NaN loss and a NaN gradient row.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import (c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, row_of, row_split,
-                       run_workers, tasks_for, worker_address)
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
+                       row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -77,20 +77,39 @@ def rows_serial(g, y, dx, log):
     rows(g, y, dx, log, 0, g.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _rows_parallel(g, y, dx, log, nw, fn, counters):
-    n = g.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def grad_worker(me, params, is64, by_cols):
+    """Claims from the block (parallel.row_block; arrays g, y, dx; i = log).  Rows: n rows
+    of d.  Columns: n column tasks of (outer, d, inner) arrays, i2 = outer, i3 = inner."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    log = p[RW_I] != 0
+    lo, hi = row_claim(p, me)
+    if by_cols:
+        shape = (p[RW_I2], p[RW_D], p[RW_I3])
+        g3, y3, d3 = c_array_at(p[0], z, shape), c_array_at(p[1], z, shape), c_array_at(p[2], z, shape)
+        while lo < hi:
+            cols(g3, y3, d3, log, lo, hi)
+            lo, hi = row_claim(p, me)
+    else:
+        shape2 = (p[RW_N], p[RW_D])
+        g, y, dx = c_array_at(p[0], z, shape2), c_array_at(p[1], z, shape2), c_array_at(p[2], z, shape2)
         while lo < hi:
             rows(g, y, dx, log, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+            lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _launch(g, y, dx, log, n, d, outer, inner, worker, nw, fn, buf, team_run, team_state):
+    workers = row_block(buf, n, d, 0.0, log, outer, inner, 1, nw, fn)
+    buf[0], buf[1], buf[2] = g.ctypes.data, y.ctypes.data, dx.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def rows_parallel(g, y, dx, log):
-    """rows_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rows_parallel(g, y, dx, log, *row_split())
+    """rows_serial's result, rows claimed by the team's threads (parallel.row_run)."""
+    row_run(_launch, worker_address(grad_worker, (bool(g.dtype == np.float64), False)),
+            g, y, dx, log, g.shape[0], g.shape[1], 0, 0)
 
 
 @njit(**JIT)
@@ -144,19 +163,10 @@ def cols_serial(g, y, dx, log, ntasks):
     cols(g, y, dx, log, 0, ntasks)
 
 
-@njit(parallel=True, **JIT)
-def _cols_parallel(g, y, dx, log, n, nw, fn, counters):
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            cols(g, y, dx, log, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
-
-
 def cols_parallel(g, y, dx, log, ntasks):
-    """cols_serial's result, column tasks claimed by numba's threads (parallel.claim)."""
-    _cols_parallel(g, y, dx, log, ntasks, *row_split())
+    """cols_serial's result, column tasks claimed by the team's threads (parallel.row_run)."""
+    row_run(_launch, worker_address(grad_worker, (bool(g.dtype == np.float64), True)),
+            g, y, dx, log, ntasks, g.shape[1], g.shape[0], g.shape[2])
 
 
 # ---- cross-entropy with its gradient ------------------------------------------------------
