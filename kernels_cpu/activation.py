@@ -8,8 +8,10 @@ chunks of CHUNK elements (parallel.row_run).  The activation is chosen by an int
 import numpy as np
 from numba import njit
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu, gelu_tanh, relu, silu, wide_loops
-from .parallel import RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run, worker_address
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu, gelu_tanh, relu,
+                     silu, wide_loops)
+from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run,
+                       worker_address)
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).

@@ -37,7 +37,8 @@ from kernels_common.activation_grad import X_CLAMP
 
 from .activation import CHUNK
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT,
-                     JIT_BY_ADDRESS, JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like, wide_loops)
+                     JIT_BY_ADDRESS, JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like,
+                     wide_loops)
 from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run,
                        worker_address)
 
@@ -286,7 +287,8 @@ def grad_worker(me, params, is64, gated):
 def _launch(g, a1, a2, a3, a4, code, worker, nw, fn, buf, team_run, team_state):
     n = g.shape[0]
     workers = row_block(buf, (n + CHUNK - 1) // CHUNK, n, 0.0, code, 0, 0, 1, nw, fn)
-    buf[0], buf[1], buf[2], buf[3], buf[4] = g.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data
+    buf[0], buf[1], buf[2] = g.ctypes.data, a1.ctypes.data, a2.ctypes.data
+    buf[3], buf[4] = a3.ctypes.data, a4.ctypes.data
     return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 

@@ -32,7 +32,8 @@ import numpy as np
 from numpy import uintp
 from numba import njit
 
-from .approx import ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu, gelu_tanh, like, relu, silu
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu,
+                     gelu_tanh, like, relu, silu)
 from .norm import centered_stats
 from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, like_dtype, row_args, row_block,
                        row_claim, row_of, row_run, worker_address)

@@ -25,7 +25,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .approx import OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like, wide_loops
+from .approx import (OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like,
+                     wide_loops)
 from .parallel import (RW_D, RW_I, RW_N, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_of,
                        row_run, run_dynamic, tasks_for, worker_address)
 
