@@ -71,23 +71,29 @@ _CLOCK_MONOTONIC = 1  # Linux's clockid for CLOCK_MONOTONIC (time.monotonic_ns r
 
 
 def _usable_ms(ms) -> bool:
-    """A window both settings accept: a non-negative, finite number of milliseconds."""
+    """A window both settings accept: a non-negative, finite number (of milliseconds here)."""
     return ms >= 0.0 and ms != float("inf")
 
 
-def _window_from_env(value):
-    """Window in ms from the NK_KEEP_WARM_MS string (unset or empty: the default); anything
-    but a non-negative number is an error naming the variable."""
+def amount_from_env(env, value, default, unit, zero):
+    """A non-negative, finite number from the environment variable env's string value
+    (unset or empty: default); anything else is a ValueError naming the variable, the unit
+    and what 0 does (`zero`).  Shared with team.NK_SPIN_US."""
     if value is None or not value.strip():
-        return float(DEFAULT_WINDOW_MS)
+        return float(default)
     try:
-        ms = float(value)
+        amount = float(value)
     except ValueError:
-        ms = float("nan")
-    if not _usable_ms(ms):
-        raise ValueError(f"{ENV}={value!r}: expected a non-negative number of milliseconds "
-                         f"(0 turns the heartbeat off; default {DEFAULT_WINDOW_MS})")
-    return ms
+        amount = float("nan")
+    if not _usable_ms(amount):
+        raise ValueError(f"{env}={value!r}: expected a non-negative number of {unit} "
+                         f"(0 {zero}; default {default})")
+    return amount
+
+
+def _window_from_env(value):
+    """Window in ms from the NK_KEEP_WARM_MS string (see amount_from_env)."""
+    return amount_from_env(ENV, value, DEFAULT_WINDOW_MS, "milliseconds", "turns the heartbeat off")
 
 
 def _unsupported():

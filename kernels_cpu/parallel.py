@@ -219,6 +219,22 @@ def run_dynamic(kernel, tasks, *args):
 # worker through its C entry point's address: one small parallel driver, compiled once for
 # every kernel that uses it, and each worker compiled once, alone.
 
+def _address_call(ret):
+    """The codegen of a call to the C function at an int64 address, with the integers of a
+    tuple as int64 arguments, returning ret (types.void or types.int64)."""
+    def codegen(context, builder, sig, llargs):
+        i64 = ir.IntType(64)
+        tup = sig.args[1]
+        vals = [context.cast(builder, builder.extract_value(llargs[1], i), tup[i], types.int64)
+                for i in range(len(tup))]
+        lret = ir.VoidType() if ret == types.void else i64
+        fnptr = builder.inttoptr(llargs[0], ir.FunctionType(lret, [i64] * len(vals)).as_pointer())
+        out = builder.call(fnptr, vals)
+        return context.get_dummy_value() if ret == types.void else out
+
+    return codegen
+
+
 @intrinsic
 def call_address(typingctx, fn, args):
     """Call the C function at address fn as void(int64, ...) with the integers of the tuple
@@ -226,18 +242,7 @@ def call_address(typingctx, fn, args):
     sizes).  The callee is not linked into the caller: its code is compiled once, alone."""
     if not (isinstance(args, types.BaseTuple) and all(isinstance(t, types.Integer) for t in args)):
         return None
-    sig = types.void(types.int64, args)
-
-    def codegen(context, builder, sig, llargs):
-        i64 = ir.IntType(64)
-        tup = sig.args[1]
-        vals = [context.cast(builder, builder.extract_value(llargs[1], i), tup[i], types.int64)
-                for i in range(len(tup))]
-        fnptr = builder.inttoptr(llargs[0], ir.FunctionType(ir.VoidType(), [i64] * len(vals)).as_pointer())
-        builder.call(fnptr, vals)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return types.void(types.int64, args), _address_call(types.void)
 
 
 @intrinsic
@@ -245,17 +250,7 @@ def call_address_i64(typingctx, fn, args):
     """call_address for a C function returning int64 (the team's nk_team_run)."""
     if not (isinstance(args, types.BaseTuple) and all(isinstance(t, types.Integer) for t in args)):
         return None
-    sig = types.int64(types.int64, args)
-
-    def codegen(context, builder, sig, llargs):
-        i64 = ir.IntType(64)
-        tup = sig.args[1]
-        vals = [context.cast(builder, builder.extract_value(llargs[1], i), tup[i], types.int64)
-                for i in range(len(tup))]
-        fnptr = builder.inttoptr(llargs[0], ir.FunctionType(i64, [i64] * len(vals)).as_pointer())
-        return builder.call(fnptr, vals)
-
-    return sig, codegen
+    return types.int64(types.int64, args), _address_call(types.int64)
 
 
 @njit(**HELPER)

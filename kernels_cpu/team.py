@@ -45,6 +45,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core.compiler_lock import global_compiler_lock
 
+from .keepwarm import amount_from_env
+
 ENV = "NK_SPIN_US"
 # Idle team threads spin this long after each call.  A probe of 10 us of work per thread
 # after busy gaps (2026-12-03): numba's tbb threads were still awake after 300 us gaps (the
@@ -77,16 +79,7 @@ _CLOCK_MONOTONIC = 1
 def _spin_from_env(value):
     """Spin window in us from the NK_SPIN_US string (unset or empty: the default); anything
     but a non-negative number is an error naming the variable."""
-    if value is None or not value.strip():
-        return float(DEFAULT_SPIN_US)
-    try:
-        us = float(value)
-    except ValueError:
-        us = float("nan")
-    if not (us >= 0.0 and us != float("inf")):
-        raise ValueError(f"{ENV}={value!r}: expected a non-negative number of microseconds "
-                         f"(0 turns the thread team off; default {DEFAULT_SPIN_US})")
-    return us
+    return amount_from_env(ENV, value, DEFAULT_SPIN_US, "microseconds", "turns the thread team off")
 
 
 def _unsupported():
