@@ -297,8 +297,8 @@ def _thread(worker, state):
 
 
 def size() -> int:
-    """Threads a call can use: the caller and TEAM_SIZE - 1 team threads (numba's thread
-    count: NUMBA_NUM_THREADS)."""
+    """Threads a call can use: the caller and size() - 1 team threads (numba's thread
+    count, NUMBA_NUM_THREADS)."""
     return numba.config.NUMBA_NUM_THREADS
 
 
@@ -348,7 +348,7 @@ def run(fn: int, params: int, n: int) -> bool:
 def entry():
     """(run, state): nk_team_run's address and the team's state address, for compiled
     launchers (parallel.launch) that call the team without returning to Python; (0, 0)
-    when the team is off (they then run every index on the calling thread)."""
+    when the team is off (parallel.row_run then runs the workers on numba's threads)."""
     if _run is None and not _start():
         return 0, 0
     if not _on:
