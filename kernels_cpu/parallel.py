@@ -151,6 +151,7 @@ def claim(fn, counters, n, workers, least, me):
 RW_ARRAYS = 6   # slots 0..5: the kernel's arrays' addresses
 RW_N, RW_D, RW_F, RW_I, RW_I2, RW_I3, RW_CLAIM, RW_COUNTERS, RW_WORKERS, RW_LEAST = range(RW_ARRAYS, RW_ARRAYS + 10)
 RW_I4 = RW_LEAST + 1        # one more int (group_norm's channel count)
+RW_MORE = RW_I4 + 1         # slots RW_MORE..RW_BLOCK-1: more arrays' addresses (resample's tables)
 RW_BLOCK = 3 * LINE_INT64   # the block's slots, then the claim counters (claim) on lines of their own
 
 

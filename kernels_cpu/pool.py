@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy import uintp
@@ -50,8 +50,8 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (TASKS_PER_THREAD, c_array_at, claim, claims_for, fetch_add, like_dtype, num_threads, row_split,
-                       run_serial, run_workers, worker_address)
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, TASKS_PER_THREAD, c_array_at, fetch_add, launch, like_dtype,
+                       num_threads, row_args, row_block, row_claim, row_run, run_serial, run_workers, worker_address)
 
 
 @njit(**JIT_INNER)
@@ -471,15 +471,27 @@ def _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):
     adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, 0, x.shape[0] * oh_n)
 
 
-@njit(parallel=True, **JIT)
-def _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, nw, fn, counters):
-    n = x.shape[0] * oh_n
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def adaptive_worker(me, params, is64):
+    """(plane, output row) rows claimed from the block (parallel.row_block: n rows, d = h,
+    i = w, i2 = oh_n, i3 = ow_n; arrays x (P, h*w), out (P, oh_n*ow_n))."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    h, w, oh_n, ow_n = p[RW_D], p[RW_I], p[RW_I2], p[RW_I3]
+    planes = p[RW_N] // oh_n
+    x = c_array_at(p[0], z, (planes, h * w))
+    out = c_array_at(p[1], z, (planes, oh_n * ow_n))
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        adaptive_avg_pool_rows(x, out, h, w, oh_n, ow_n, lo, hi)
+        lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _adaptive_launch(x, out, h, w, oh_n, ow_n, worker, nw, fn, buf, team_run, team_state):
+    workers = row_block(buf, x.shape[0] * oh_n, h, 0.0, w, oh_n, ow_n, 1, nw, fn)
+    buf[0], buf[1] = x.ctypes.data, out.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def _tiles(h, w, oh_n, ow_n):
@@ -499,7 +511,8 @@ def _adaptive(x, out, h, w, oh_n, ow_n, nworkers):
     elif nworkers <= 1:
         _adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n)
     else:
-        _adaptive_avg_pool_parallel(x, out, h, w, oh_n, ow_n, *row_split())
+        row_run(_adaptive_launch, worker_address(adaptive_worker, (bool(x.dtype == np.float64),)),
+                x, out, h, w, oh_n, ow_n)
 
 
 def adaptive_avg_pool_serial(x, out, h, w, oh_n, ow_n):

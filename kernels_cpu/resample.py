@@ -17,17 +17,18 @@ bilinear, weights in x's dtype), so the kernels do no coordinate arithmetic.
   (contiguous, vectorized), then out[j] = lw0[j] * tmp[iw0[j]] + lw1[j] * tmp[iw1[j]].
   Both weights multiply, zero included, so a NaN (or inf) neighbour gives NaN as in PyTorch.
 
-Parallel variants let numba's threads claim ranges of the output rows of all planes
-(parallel.claim).
+Parallel variants let the team's threads claim ranges of the output rows of all planes
+(parallel.row_run).
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
-from .approx import JIT, JIT_INNER
+from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER
 from .llvm_ir import lane_mask, masked_ops
-from .parallel import claim, claims_for, row_of, row_split
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_MORE, RW_N, c_array_at, launch, like_dtype, row_args,
+                       row_block, row_claim, row_of, row_run, worker_address)
 from .planes import arg_access, vector_type
 
 
@@ -132,20 +133,50 @@ def nearest_serial(x, out, h, ho, ih, iw, w2x):
     nearest_rows(x, out, h, ho, ih, iw, w2x, 0, out.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _nearest_parallel(x, out, h, ho, ih, iw, w2x, nw, fn, counters):
-    n = out.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def resample_worker(me, params, is64, bilinear):
+    """Output rows claimed from the block (parallel.row_block: n = planes * Ho rows of d =
+    Wo, i = h, i2 = ho, i3 = w2x, i4 = W; arrays x, out, then the tables: nearest ih (slot
+    2) and iw (RW_MORE); bilinear ih0, ih1, lh0, lh1 (slots 2-5), iw0, iw1, lw0, lw1
+    (RW_MORE..))."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    n, wo, h, ho, w = p[RW_N], p[RW_D], p[RW_I], p[RW_I2], p[RW_I4]
+    x = c_array_at(p[0], z, ((n // ho) * h, w))
+    out = c_array_at(p[1], z, (n, wo))
+    i32 = np.int32(0)
+    lo, hi = row_claim(p, me)
+    if bilinear:
+        ih0, ih1 = c_array_at(p[2], i32, (ho,)), c_array_at(p[3], i32, (ho,))
+        lh0, lh1 = c_array_at(p[4], z, (ho,)), c_array_at(p[5], z, (ho,))
+        iw0, iw1 = c_array_at(p[RW_MORE], i32, (wo,)), c_array_at(p[RW_MORE + 1], i32, (wo,))
+        lw0, lw1 = c_array_at(p[RW_MORE + 2], z, (wo,)), c_array_at(p[RW_MORE + 3], z, (wo,))
+        while lo < hi:
+            bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, lo, hi)
+            lo, hi = row_claim(p, me)
+    else:
+        ih, iw = c_array_at(p[2], i32, (ho,)), c_array_at(p[RW_MORE], i32, (wo,))
+        w2x = p[RW_I3] != 0
         while lo < hi:
             nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+            lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _launch(x, out, h, ho, w2x, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, worker, nw, fn, buf, team_run, team_state):
+    workers = row_block(buf, out.shape[0], out.shape[1], 0.0, h, ho, w2x, 1, nw, fn)
+    buf[RW_I4] = x.shape[1]
+    buf[0], buf[1], buf[2], buf[3] = x.ctypes.data, out.ctypes.data, ih0.ctypes.data, ih1.ctypes.data
+    buf[4], buf[5] = lh0.ctypes.data, lh1.ctypes.data
+    buf[RW_MORE], buf[RW_MORE + 1] = iw0.ctypes.data, iw1.ctypes.data
+    buf[RW_MORE + 2], buf[RW_MORE + 3] = lw0.ctypes.data, lw1.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def nearest_parallel(x, out, h, ho, ih, iw, w2x):
-    """nearest_serial's result, blocks of output rows split over numba's threads."""
-    _nearest_parallel(x, out, h, ho, ih, iw, w2x, *row_split())
+    """nearest_serial's result, output rows claimed by the team's threads (parallel.row_run)."""
+    w = worker_address(resample_worker, (bool(x.dtype == np.float64), False))
+    row_run(_launch, w, x, out, h, ho, w2x, ih, ih, out, out, iw, iw, out, out)
 
 
 @njit(**JIT)
@@ -153,17 +184,7 @@ def bilinear_serial(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
     bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, 0, out.shape[0])
 
 
-@njit(parallel=True, **JIT)
-def _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, nw, fn, counters):
-    n = out.shape[0]
-    least, workers = claims_for(n, nw, 1)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, lo, hi)
-            lo, hi = claim(fn, counters, n, workers, least, me)
-
-
 def bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
-    """bilinear_serial's result, blocks of output rows split over numba's threads."""
-    _bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, *row_split())
+    """bilinear_serial's result, output rows claimed by the team's threads (parallel.row_run)."""
+    w = worker_address(resample_worker, (bool(x.dtype == np.float64), True))
+    row_run(_launch, w, x, out, h, ho, False, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1)

@@ -12,10 +12,12 @@ The row loop and the pair loop live in one function with the layout branch outsi
 calling a per-row helper (D = 128) cost 0.48 ns/element in cache against 0.14 for this
 form (a plain copy: 0.10), the call and its alias checks dominating such short rows.
 """
-from numba import njit, prange
+import numpy as np
+from numba import njit
 
-from .approx import JIT, JIT_INNER
-from .parallel import claim, claims_for, row_of, row_split
+from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, launch, like_dtype, row_args, row_block,
+                       row_claim, row_of, row_run, worker_address)
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
@@ -62,17 +64,32 @@ def rope_serial(x, cos, sin, out, interleaved):
     rope_rows(x, cos, sin, out, 0, x.shape[0], interleaved)
 
 
-@njit(parallel=True, **JIT)
-def _rope_parallel(x, cos, sin, out, interleaved, nw, fn, counters):
-    n = x.shape[0]
-    least, workers = claims_for(n, nw, ROWS_PER_TASK)
-    for me in prange(workers):
-        lo, hi = claim(fn, counters, n, workers, least, me)
-        while lo < hi:
-            rope_rows(x, cos, sin, out, lo, hi, interleaved)
-            lo, hi = claim(fn, counters, n, workers, least, me)
+@njit(**JIT_BY_ADDRESS)
+def rope_worker(me, params, is64):
+    """Rows claimed from the block (parallel.row_block: n rows of d, i = interleaved, i2, i3
+    = cos's and sin's (S, h); arrays x, cos, sin, out)."""
+    p, _ = row_args(params)
+    z = like_dtype(is64)
+    n, d = p[RW_N], p[RW_D]
+    x = c_array_at(p[0], z, (n, d))
+    cos = c_array_at(p[1], z, (p[RW_I2], p[RW_I3]))
+    sin = c_array_at(p[2], z, (p[RW_I2], p[RW_I3]))
+    out = c_array_at(p[3], z, (n, d))
+    interleaved = p[RW_I] != 0
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        rope_rows(x, cos, sin, out, lo, hi, interleaved)
+        lo, hi = row_claim(p, me)
+
+
+@njit(**JIT)
+def _launch(x, cos, sin, out, interleaved, worker, nw, fn, buf, team_run, team_state):
+    workers = row_block(buf, x.shape[0], x.shape[1], 0.0, interleaved, cos.shape[0], cos.shape[1], ROWS_PER_TASK,
+                        nw, fn)
+    buf[0], buf[1], buf[2], buf[3] = x.ctypes.data, cos.ctypes.data, sin.ctypes.data, out.ctypes.data
+    return launch(worker, buf.ctypes.data, workers, team_run, team_state)
 
 
 def rope_parallel(x, cos, sin, out, interleaved):
-    """rope_serial's result, rows claimed by numba's threads (parallel.claim)."""
-    _rope_parallel(x, cos, sin, out, interleaved, *row_split())
+    """rope_serial's result, rows claimed by the team's threads (parallel.row_run)."""
+    row_run(_launch, worker_address(rope_worker, (bool(x.dtype == np.float64),)), x, cos, sin, out, interleaved)
