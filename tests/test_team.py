@@ -156,3 +156,30 @@ def test_with_the_team_off_row_kernels_run_on_numbas_threads():
     finally:
         team.set_spin_us(old)
     assert team.entry() != (0, 0)
+
+
+def _child_softmax(q):
+    from kernels_cpu import softmax
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((600, 130)).astype(np.float32)
+    ref, got = np.empty_like(x), np.full_like(x, np.nan)
+    softmax.softmax_serial(x, ref, False)
+    softmax.softmax_parallel(x, got, False)
+    q.put((bool(np.array_equal(ref, got)), team.describe(), team._run is not None))
+
+
+def test_a_forked_child_starts_a_team_of_its_own():
+    """The parent's team threads do not exist in a forked child: the child's first call
+    starts its own (a call in flight at the fork may have left the parent's state busy)."""
+    import multiprocessing as mp
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork here")
+    p = np.zeros(512, np.int64)
+    assert team.run(worker_address(_count, ()), p.ctypes.data, 2)  # the parent's team runs
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child_softmax, args=(q,))
+    proc.start()
+    equal, line, started = q.get(timeout=120)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0 and equal and started, line
