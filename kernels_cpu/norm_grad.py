@@ -33,7 +33,9 @@ import numpy as np
 from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, bits_to_float, float_to_bits, like
-from .parallel import c_array_at, call_address, keep_alive, like_dtype, row_of, run_dynamic, worker_address
+from . import team
+from .parallel import (LINE_INT64, RW_BLOCK, blocks_worker, c_array_at, call_address, claim_address, keep_alive, launch,
+                       like_dtype, num_threads, row_block, row_of, run_dynamic, worker_address)
 
 # Row blocks: at most BLOCK_ELEMENTS elements, and at least MIN_BLOCKS blocks when there are
 # that many rows.  Both depend on the shape only, never on the thread count (see the module
@@ -261,10 +263,30 @@ def layer_norm_grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
     _grad_serial(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, _address(layer_norm_grad_block, x))
 
 
+@njit(**JIT)
+def _grad_team(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn, worker, nw, claim_fn, buf, team_run, team_state):
+    """The blocks on the thread team, each thread claiming ranges of them (parallel.
+    blocks_worker); False when the team could not take them (off, or busy)."""
+    p = _block_params(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb)
+    workers = row_block(buf, pw.shape[0], 0, 0.0, 0, 0, 0, 1, nw, claim_fn)
+    buf[0], buf[1] = fn, p.ctypes.data
+    rest = launch(worker, buf.ctypes.data, workers, team_run, team_state)
+    keep_alive((p,))
+    return rest == 0
+
+
+def _grad(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn):
+    nw = num_threads()
+    buf = np.zeros(RW_BLOCK + nw * 2 * LINE_INT64, np.int64)
+    if not _grad_team(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn, worker_address(blocks_worker, ()), nw,
+                      claim_address(), buf, *team.entry()):
+        run_dynamic(_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn)
+
+
 def layer_norm_grad_parallel(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
-    """layer_norm_grad_serial's result (bit for bit): one block per task, handed out dynamically."""
-    run_dynamic(_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pb, has_gr, rpb,
-                _address(layer_norm_grad_block, x))
+    """layer_norm_grad_serial's result (bit for bit): ranges of blocks claimed by the team's
+    threads (parallel.blocks_worker); numba's threads when the team is busy."""
+    _grad(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, _address(layer_norm_grad_block, x))
 
 
 def rms_norm_grad_serial(go, x, w, gr, eps, dx, pw, has_gr, rpb):
@@ -273,6 +295,5 @@ def rms_norm_grad_serial(go, x, w, gr, eps, dx, pw, has_gr, rpb):
 
 
 def rms_norm_grad_parallel(go, x, w, gr, eps, dx, pw, has_gr, rpb):
-    """rms_norm_grad_serial's result (bit for bit): one block per task, handed out dynamically."""
-    run_dynamic(_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pw, has_gr, rpb,
-                _address(rms_norm_grad_block, x))
+    """rms_norm_grad_serial's result (bit for bit), as layer_norm_grad_parallel."""
+    _grad(go, x, w, gr, eps, dx, pw, pw, has_gr, rpb, _address(rms_norm_grad_block, x))

@@ -107,7 +107,7 @@ def _claim_next(addr, n, workers, least, me):
     counters[mine + CLAIM_STEP] = step
 
 
-def _claim_address():
+def claim_address():
     global _claim_fn
     if _claim_fn == 0:
         _claim_fn = worker_address(_claim_next, (), nargs=5)
@@ -120,7 +120,7 @@ def row_split():
     counters are allocated here because np.zeros inside a parallel kernel is made a parfor
     of its own (0.2 s more of its cold compile)."""
     nw = num_threads()
-    return nw, _claim_address(), np.zeros(nw * 2 * LINE_INT64, np.int64)
+    return nw, claim_address(), np.zeros(nw * 2 * LINE_INT64, np.int64)
 
 
 _claim_fn = 0  # _claim_next's address, once compiled or loaded (any thread may set it: the same value)
@@ -162,7 +162,7 @@ def row_run(launcher, worker, *args):
     numba's threads run the workers instead."""
     nw = num_threads()
     buf = np.zeros(RW_BLOCK + nw * 2 * LINE_INT64, np.int64)
-    rest = launcher(*args, worker, nw, _claim_address(), buf, *team.entry())
+    rest = launcher(*args, worker, nw, claim_address(), buf, *team.entry())
     if rest:
         _run_workers(worker, buf.ctypes.data, rest)
 
@@ -187,6 +187,22 @@ def row_args(params):
     """A row worker's view of its block, and its float parameter (float64)."""
     p = c_array_at(params, np.int64(0), (RW_BLOCK,))
     return p, bits_to_float(p[RW_F])
+
+
+@njit(**JIT_BY_ADDRESS)
+def blocks_worker(me, params):
+    """A row worker over blocks: slot 0 of its block holds a block function's address, slot
+    1 that function's argument block; it claims ranges of block indices (row_block's n) and
+    calls fn(k, args) for each.  Compiled once for every such kernel (the layer and RMS norm
+    backward): claimed ranges keep each thread's blocks contiguous, where the team's own
+    index counter dealt them out alternately (layer_norm_backward 4096x768, 2 threads:
+    1514 us so, against 1128 us on numba's threads, 2026-12-03)."""
+    p = c_array_at(params, np.int64(0), (RW_BLOCK,))
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        for k in range(lo, hi):
+            call_address(p[0], (k, p[1]))
+        lo, hi = row_claim(p, me)
 
 
 @njit(**HELPER)

@@ -52,9 +52,17 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, serial_parallel_r
 # (On an AVX2 Zen 3 VM, 2026-12-02, layer_norm_backward at 512 rows: serial / parallel 239 /
 # 288 us in a loop, but the autograd forward + backward pair ran faster parallel: see
 # dispatch/ops/norm.py.)
-PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 18, "rms_norm_backward": 1 << 18}
-_MEASURED = {op: f"{op} float32 serial vs parallel (tbb, loop and paced): crossover between 2^17.6 and 2^18.6 "
-                 "elements (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
+# On the thread team (kernels_cpu/team.py; 2026-12-03, Xeon with AVX-512, same method,
+# blocks claimed in ranges by parallel.blocks_worker):
+#   layer_norm_backward 64 rows (2^15.6) (a) 37.5 / 36.0 (e) 48.1 / 52.6;  128 rows (a)
+#   59.1 / 46.5 (e) 77.1 / 63.9;  256 rows (a) 128 / 68 (e) 166 / 109;  128x384 (2^15.6)
+#   (a) 37.3 / 35.4 (e) 45.6 / 51.3.
+#   rms_norm_backward 64 rows (a) 30.1 / 29.2 (e) 38.9 / 48.2;  128 rows (a) 47.5 / 36.3
+#   (e) 70.6 / 62.0;  256 rows (a) 109 / 54 (e) 132 / 104.
+# Crossovers between 2^15.6 and 2^16.6 elements: 2^16 for both.
+PARALLEL_THRESHOLD = {"layer_norm_backward": 1 << 16, "rms_norm_backward": 1 << 16}
+_MEASURED = {op: f"{op} float32 serial vs parallel (thread team, loop and paced): crossover between 2^15.6 and "
+                 "2^16.6 elements (see dispatch/ops/norm_grad.py)" for op in PARALLEL_THRESHOLD}
 
 _KERNELS = ("kernels_cpu.norm_grad", "kernels_cpu.approx", "kernels_cpu.parallel")
 
