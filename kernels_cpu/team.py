@@ -21,7 +21,13 @@ indices from the same counter.  The caller never waits for a thread that has not
 whoever is there runs the indices, and the caller then waits only for indices already
 taken.  Idle team threads spin (calling sched_yield) for the spin window (``NK_SPIN_US``,
 default DEFAULT_SPIN_US) so that back-to-back calls find them running, then sleep on a
-futex; a call wakes sleepers and does not wait for them.  One call at a time owns the team:
+futex; a call wakes sleepers and does not wait for them.  A team thread that finds itself
+on the caller's CPU passes the job up and sleeps, so that the next call's wake-up places
+it on an idle CPU: spinning, it always looked cache-hot, and the scheduler left it sharing
+the caller's CPU for whole 20 ms batches after PyTorch or onnxruntime had run (gelu
+128x3072 in the report's timing, 2026-12-03: batches of 121-276 us, median about 215,
+with the team thread taking 0.04-1.0 of the indices; with this 121-187 us, median about
+135; numba's tbb threads 136-266, median about 165).  One call at a time owns the team:
 a call that finds it busy (another Python thread's) is told so, and runs on numba's threads
 as before (the caller's fallback), so concurrent calls never wait for each other here.
 
@@ -69,7 +75,9 @@ WAKE = 5 * LINE         # the futex word (its low 32 bits), bumped to wake sleep
 STOP = 6 * LINE         # nonzero: team threads return
 SPIN_NS = 7 * LINE      # the spin window
 TAKEN = 8 * LINE        # indices run by team threads (not callers), for tests and describe
-N_SLOTS = 9 * LINE
+CALLER_CPU = 9 * LINE   # the CPU the caller ran on when it published the job
+SHARED = 10 * LINE      # jobs a team thread passed up because it was on the caller's CPU
+N_SLOTS = 11 * LINE
 
 MARK = 0xFFFFFFFF
 _FUTEX = {"x86_64": 202, "aarch64": 98}   # SYS_futex
@@ -96,7 +104,7 @@ def _unsupported():
 _UNSUPPORTED = _unsupported()
 
 
-def _team_ir(syscall_addr, clock_addr, yield_addr, x86):
+def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     """LLVM IR of nk_team_run(state, fn, params, n) -> i64 and nk_team_worker(state, ts).
     state: the int64 slots above; ts: two int64 for clock_gettime's timespec (per thread).
     libc's functions are called at their addresses."""
@@ -149,6 +157,8 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, x86):
     gen = b.and_(b.add(b.lshr(load(CLAIM), const(32)), const(1)), const(0x7FFFFFFF))
     gen = b.shl(gen, const(32))
     store(CLAIM, b.or_(gen, const(MARK)))   # a late thread of the last job cannot claim now
+    getcpu = b.inttoptr(const(getcpu_addr), ir.FunctionType(i32, []).as_pointer())
+    store(CALLER_CPU, b.sext(b.call(getcpu, []), i64))
     store(FN, fn)
     store(PARAMS, params)
     store(COUNT, n)
@@ -173,7 +183,8 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, x86):
     b.position_at_end(blk["wait"])   # for the indices team threads have taken
     b.cbranch(b.icmp_signed(">=", load(DONE), n), blk["out"], blk["nap"])
     b.position_at_end(blk["nap"])
-    pause()
+    # a team thread that shares this CPU runs only when this one yields
+    b.call(b.inttoptr(const(yield_addr), ir.FunctionType(i32, []).as_pointer()), [])
     b.branch(blk["wait"])
     b.position_at_end(blk["out"])
     store(BUSY, const(0))
@@ -182,7 +193,7 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, x86):
     # ---- a team thread: nk_team_worker ----
     wk = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p64, p64]), name="nk_team_worker")
     state, ts = wk.args
-    names = ("entry", "idle", "spin", "check", "clock", "pause", "job", "read", "seen", "try", "run",
+    names = ("entry", "idle", "spin", "check", "clock", "pause", "job", "read", "aside", "read2", "seen", "try", "run",
              "sleep", "doze", "done")
     blk = {k: wk.append_basic_block(k) for k in names}
     b = ir.IRBuilder(blk["entry"])
@@ -224,6 +235,18 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, x86):
     idx = b.and_(c, const(MARK))
     b.cbranch(b.icmp_unsigned("==", idx, const(MARK)), blk["pause"], blk["read"])  # being written
     b.position_at_end(blk["read"])
+    # on the caller's CPU a team thread only slows the call: it would run by taking the
+    # CPU from the caller, and the scheduler did not move it off for whole 20 ms batches
+    # (it spins, so it always looks cache-hot).  It passes the job up and sleeps; the next
+    # call's wake-up places it on an idle CPU.
+    getcpu = b.inttoptr(const(getcpu_addr), ir.FunctionType(i32, []).as_pointer())
+    here = b.icmp_signed("==", b.sext(b.call(getcpu, []), i64), load(CALLER_CPU))
+    b.cbranch(here, blk["aside"], blk["read2"])
+    b.position_at_end(blk["aside"])
+    b.store(g, seen)
+    add(SHARED, 1)
+    b.branch(blk["doze"])
+    b.position_at_end(blk["read2"])
     # the job is read before the claim: when the claim succeeds it was this generation's
     # (a new job is written only after CLAIM has moved on to the next generation's MARK)
     f = load(FN)
@@ -277,7 +300,8 @@ def _build():
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             libc = ctypes.CDLL(None, use_errno=True)
-            addr = [ctypes.cast(f, ctypes.c_void_p).value for f in (libc.syscall, libc.clock_gettime, libc.sched_yield)]
+            addr = [ctypes.cast(f, ctypes.c_void_p).value for f in (libc.syscall, libc.clock_gettime, libc.sched_yield,
+                                                                libc.sched_getcpu)]
             x86 = os.uname().machine == "x86_64"
             mod = llvm.parse_assembly(_team_ir(*addr, x86))
             mod.verify()
