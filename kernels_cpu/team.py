@@ -21,13 +21,19 @@ indices from the same counter.  The caller never waits for a thread that has not
 whoever is there runs the indices, and the caller then waits only for indices already
 taken.  Idle team threads spin (calling sched_yield) for the spin window (``NK_SPIN_US``,
 default DEFAULT_SPIN_US) so that back-to-back calls find them running, then sleep on a
-futex; a call wakes sleepers and does not wait for them.  A team thread that finds itself
-on the caller's CPU passes the job up and sleeps, so that the next call's wake-up places
-it on an idle CPU: spinning, it always looked cache-hot, and the scheduler left it sharing
-the caller's CPU for whole 20 ms batches after PyTorch or onnxruntime had run (gelu
-128x3072 in the report's timing, 2026-12-03: batches of 121-276 us, median about 215,
-with the team thread taking 0.04-1.0 of the indices; with this 121-187 us, median about
-135; numba's tbb threads 136-266, median about 165).  One call at a time owns the team:
+futex; a call wakes sleepers and does not wait for them.
+
+A team thread that finds itself on the caller's CPU moves off it (allowed everywhere but
+that CPU for one sched_setaffinity call, then everywhere again) before it takes part.
+Spinning, it always looked cache-hot, and the scheduler left it sharing the caller's CPU
+for whole 20 ms batches once PyTorch or onnxruntime had run in the process (2026-12-03,
+the report's timing: gelu 128x3072 batches of 121-276 us, median about 215, the team
+thread taking 0.04-1.0 of the indices; attention_backward GPT-2 512 causal 6.3-6.9 ms,
+then 13-14 ms from the ninth batch on).  Sleeping instead, to be placed again by the next
+wake-up, fixed gelu (121-187 us) but not the long calls, whose wake-ups put it back on the
+caller's CPU every time; moving: gelu 131-207 us with the team thread in 0.86-1.0 of the
+calls, attention_backward 6.4-8.1 ms in every batch (numba's tbb threads: gelu 136-266,
+attention_backward 5.8-6.5 ms).  One call at a time owns the team:
 a call that finds it busy (another Python thread's) is told so, and runs on numba's threads
 as before (the caller's fallback), so concurrent calls never wait for each other here.
 
@@ -76,11 +82,15 @@ STOP = 6 * LINE         # nonzero: team threads return
 SPIN_NS = 7 * LINE      # the spin window
 TAKEN = 8 * LINE        # indices run by team threads (not callers), for tests and describe
 CALLER_CPU = 9 * LINE   # the CPU the caller ran on when it published the job
-SHARED = 10 * LINE      # jobs a team thread passed up because it was on the caller's CPU
-N_SLOTS = 11 * LINE
+SHARED = 10 * LINE      # jobs a team thread found itself on the caller's CPU for
+ALLOWED = 11 * LINE     # the process's CPUs as a bit mask (0 when any is >= 64: no moving)
+N_SLOTS = 12 * LINE
 
 MARK = 0xFFFFFFFF
 _FUTEX = {"x86_64": 202, "aarch64": 98}   # SYS_futex
+_SETAFFINITY = {"x86_64": 203, "aarch64": 122}   # SYS_sched_setaffinity
+TS_MASK = 2             # a team thread's scratch: a timespec, then a 1024-CPU mask
+TS_WORDS = TS_MASK + 16
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 _CLOCK_MONOTONIC = 1
 
@@ -193,8 +203,8 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     # ---- a team thread: nk_team_worker ----
     wk = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p64, p64]), name="nk_team_worker")
     state, ts = wk.args
-    names = ("entry", "idle", "spin", "check", "clock", "pause", "job", "read", "aside", "read2", "seen", "try", "run",
-             "sleep", "doze", "done")
+    names = ("entry", "idle", "spin", "check", "clock", "pause", "job", "read", "aside", "move", "pass", "read2", "seen",
+             "try", "run", "sleep", "doze", "done")
     blk = {k: wk.append_basic_block(k) for k in names}
     b = ir.IRBuilder(blk["entry"])
     slot, load, store, add, pause, futex = helpers(b, state)
@@ -243,8 +253,25 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     here = b.icmp_signed("==", b.sext(b.call(getcpu, []), i64), load(CALLER_CPU))
     b.cbranch(here, blk["aside"], blk["read2"])
     b.position_at_end(blk["aside"])
-    b.store(g, seen)
+    # move off it: allowed everywhere but the caller's CPU for one system call (the kernel
+    # migrates the thread before it returns), then everywhere again, and take part
     add(SHARED, 1)
+    ccpu = load(CALLER_CPU)
+    allowed = load(ALLOWED)
+    others = b.and_(allowed, b.not_(b.shl(const(1), ccpu)))
+    movable = b.and_(b.icmp_signed("<", ccpu, const(64)), b.icmp_signed("!=", others, const(0)))
+    b.cbranch(movable, blk["move"], blk["pass"])
+    b.position_at_end(blk["move"])
+    mask = b.gep(ts, [const(TS_MASK)])
+    sc = b.inttoptr(const(syscall_addr), ir.FunctionType(i64, [i64], var_arg=True).as_pointer())
+    nr = const(_SETAFFINITY[os.uname().machine])
+    b.store(others, mask)
+    b.call(sc, [nr, const(0), const(8 * (TS_WORDS - TS_MASK)), b.ptrtoint(mask, i64)])
+    b.store(allowed, mask)
+    b.call(sc, [nr, const(0), const(8 * (TS_WORDS - TS_MASK)), b.ptrtoint(mask, i64)])
+    b.branch(blk["read2"])
+    b.position_at_end(blk["pass"])   # nowhere to go: pass the job up and sleep
+    b.store(g, seen)
     b.branch(blk["doze"])
     b.position_at_end(blk["read2"])
     # the job is read before the claim: when the claim succeeds it was this generation's
@@ -291,6 +318,20 @@ _state = np.zeros(N_SLOTS, np.int64)
 _state[SPIN_NS] = int(_spin_from_env(os.environ.get(ENV)) * 1000)
 
 
+def _allowed_mask():
+    """The process's CPUs as a 64-bit mask, or 0 when one is >= 64 (or unknown)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return 0
+    if not cpus or max(cpus) >= 64:
+        return 0
+    return sum(1 << c for c in cpus) - (1 << 64 if 63 in cpus else 0)  # as a signed int64
+
+
+_state[ALLOWED] = _allowed_mask()
+
+
 def _build():
     """Build the team's two functions with llvmlite's MCJIT (milliseconds, under numba's
     compile lock: LLVM's context is not thread-safe beside a numba compile)."""
@@ -317,7 +358,7 @@ def _build():
 
 
 def _thread(worker, state):
-    ts = np.zeros(2, np.int64)
+    ts = np.zeros(TS_WORDS, np.int64)
     worker(state.ctypes.data, ts.ctypes.data)  # returns only when STOP is set
 
 
@@ -423,6 +464,7 @@ def _after_fork_in_child():
     _run = None
     _state = np.zeros(N_SLOTS, np.int64)
     _state[SPIN_NS] = spin
+    _state[ALLOWED] = _allowed_mask()
     _lock = threading.Lock()
 
 
