@@ -203,8 +203,8 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     # ---- a team thread: nk_team_worker ----
     wk = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p64, p64]), name="nk_team_worker")
     state, ts = wk.args
-    names = ("entry", "idle", "spin", "check", "clock", "pause", "job", "read", "aside", "move", "pass", "read2", "seen",
-             "try", "run", "sleep", "doze", "done")
+    names = ("entry", "idle", "spin", "check", "clock", "pause", "job", "read", "aside", "move", "pass", "read2",
+             "seen", "try", "run", "sleep", "doze", "done")
     blk = {k: wk.append_basic_block(k) for k in names}
     b = ir.IRBuilder(blk["entry"])
     slot, load, store, add, pause, futex = helpers(b, state)
