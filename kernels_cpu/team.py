@@ -83,7 +83,7 @@ SPIN_NS = 7 * LINE      # the spin window
 TAKEN = 8 * LINE        # indices run by team threads (not callers), for tests and describe
 CALLER_CPU = 9 * LINE   # the CPU the caller ran on when it published the job
 SHARED = 10 * LINE      # jobs a team thread found itself on the caller's CPU for
-ALLOWED = 11 * LINE     # the process's CPUs as a bit mask (0 when any is >= 64: no moving)
+ALLOWED = 11 * LINE     # the process's CPUs at import as a bit mask (0 when any is >= 64: no moving)
 N_SLOTS = 12 * LINE
 
 MARK = 0xFFFFFFFF
@@ -116,8 +116,9 @@ _UNSUPPORTED = _unsupported()
 
 def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     """LLVM IR of nk_team_run(state, fn, params, n) -> i64 and nk_team_worker(state, ts).
-    state: the int64 slots above; ts: two int64 for clock_gettime's timespec (per thread).
-    libc's functions are called at their addresses."""
+    state: the int64 slots above; ts: a team thread's own TS_WORDS int64 (clock_gettime's
+    timespec, then the CPU mask for sched_setaffinity).  libc's functions are called at
+    their addresses (the system calls through syscall())."""
     i64, i32 = ir.IntType(64), ir.IntType(32)
     mod = ir.Module(name="nk_team")
     p64 = i64.as_pointer()
@@ -247,8 +248,7 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     b.position_at_end(blk["read"])
     # on the caller's CPU a team thread only slows the call: it would run by taking the
     # CPU from the caller, and the scheduler did not move it off for whole 20 ms batches
-    # (it spins, so it always looks cache-hot).  It passes the job up and sleeps; the next
-    # call's wake-up places it on an idle CPU.
+    # (it spins, so it always looks cache-hot); see the module docstring
     getcpu = b.inttoptr(const(getcpu_addr), ir.FunctionType(i32, []).as_pointer())
     here = b.icmp_signed("==", b.sext(b.call(getcpu, []), i64), load(CALLER_CPU))
     b.cbranch(here, blk["aside"], blk["read2"])
