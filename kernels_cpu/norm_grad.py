@@ -34,8 +34,9 @@ from numba import njit, prange
 
 from .approx import JIT, JIT_BY_ADDRESS, bits_to_float, float_to_bits, like
 from . import team
-from .parallel import (LINE_INT64, RW_BLOCK, blocks_worker, c_array_at, call_address, claim_address, keep_alive, launch,
-                       like_dtype, num_threads, row_block, row_of, run_dynamic, worker_address)
+from .parallel import (blocks_worker, c_array_at, call_address, claim_address, keep_alive, launch,
+                       like_dtype, num_threads, row_block, row_buffer, row_of, run_dynamic,
+                       worker_address)
 
 # Row blocks: at most BLOCK_ELEMENTS elements, and at least MIN_BLOCKS blocks when there are
 # that many rows.  Both depend on the shape only, never on the thread count (see the module
@@ -277,9 +278,8 @@ def _grad_team(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn, worker, nw, claim
 
 def _grad(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn):
     nw = num_threads()
-    buf = np.zeros(RW_BLOCK + nw * 2 * LINE_INT64, np.int64)
     if not _grad_team(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn, worker_address(blocks_worker, ()), nw,
-                      claim_address(), buf, *team.entry()):
+                      claim_address(), row_buffer(nw), *team.entry()):
         run_dynamic(_grad_parallel, pw.shape[0], go, x, w, gr, eps, dx, pw, pb, has_gr, rpb, fn)
 
 

@@ -49,7 +49,7 @@ def tasks_for(n):
     return max(min(num_threads() * TASKS_PER_THREAD, n), 1)
 
 
-# Claims (row_split / claims_for / claim): prange iteration `me` of `workers` owns the range
+# Claims (claims_for / claim): prange iteration `me` of `workers` owns the range
 # [me * n / workers, (me + 1) * n / workers) and claims it front to back, each claim half of
 # what is left of the range (at least `least` rows), then claims what is left of the other
 # ranges the same way.  Each row goes to one claim whichever thread runs which iteration
@@ -108,19 +108,11 @@ def _claim_next(addr, n, workers, least, me):
 
 
 def claim_address():
+    """_claim_next's address (the fn argument of claim), compiled or loaded on first use."""
     global _claim_fn
     if _claim_fn == 0:
         _claim_fn = worker_address(_claim_next, (), nargs=5)
     return _claim_fn
-
-
-def row_split():
-    """(nw, fn, counters): the last arguments of a row kernel (see claim).  nw is passed
-    in because numba's thread count read inside a kernel makes it uncacheable; the
-    counters are allocated here because np.zeros inside a parallel kernel is made a parfor
-    of its own (0.2 s more of its cold compile)."""
-    nw = num_threads()
-    return nw, claim_address(), np.zeros(nw * 2 * LINE_INT64, np.int64)
 
 
 _claim_fn = 0  # _claim_next's address, once compiled or loaded (any thread may set it: the same value)
@@ -129,9 +121,12 @@ _claim_fn = 0  # _claim_next's address, once compiled or loaded (any thread may 
 @njit(**HELPER)
 def claim(fn, counters, n, workers, least, me):
     """(lo, hi): the next rows [lo, hi) of n for prange iteration `me` (lo >= hi: none
-    left).  A row kernel (x, ..., nw, fn, counters), called with row_split()'s values,
-    works out (least, workers) = claims_for(n, nw, least), then runs `for me in
-    prange(workers)`, claiming until none is left: its own range first, then the others'."""
+    left).  A row worker (row_claim) or a prange kernel given nw, fn = claim_address() and
+    zeroed counters works out (least, workers) = claims_for(n, nw, least), then runs
+    iterations me in range(workers), claiming until none is left: its own range first,
+    then the others'.  The counters: workers * 2 * LINE_INT64 int64, zero (allocated by the
+    caller: np.zeros inside a parallel kernel is made a parfor of its own, 0.2 s more of
+    its cold compile)."""
     # a prange index may be typed uint64 in numba's parfor gufunc, and uint64 with int64
     # arithmetic gives float64 in numba
     me = np.int64(me)
@@ -155,13 +150,19 @@ RW_MORE = RW_I4 + 1         # slots RW_MORE..RW_BLOCK-1: more arrays' addresses 
 RW_BLOCK = 3 * LINE_INT64   # the block's slots, then the claim counters (claim) on lines of their own
 
 
+def row_buffer(nw):
+    """A row kernel's argument block and claim counters for nw threads, zeroed (per call:
+    concurrent calls each own theirs)."""
+    return np.zeros(RW_BLOCK + nw * 2 * LINE_INT64, np.int64)
+
+
 def row_run(launcher, worker, *args):
     """launcher(*args, worker, nw, claim_fn, buf, team_run, team_state): a row kernel on the
     team; buf holds its argument block and claim counters.  A launcher that could not use
     the team (off, or busy with another Python thread's call) returns its worker count, and
     numba's threads run the workers instead."""
     nw = num_threads()
-    buf = np.zeros(RW_BLOCK + nw * 2 * LINE_INT64, np.int64)
+    buf = row_buffer(nw)
     rest = launcher(*args, worker, nw, claim_address(), buf, *team.entry())
     if rest:
         _run_workers(worker, buf.ctypes.data, rest)

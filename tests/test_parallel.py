@@ -8,8 +8,8 @@ import pytest
 from numba import carray, njit, prange, types
 from numba.extending import overload
 
-from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, claims_for, fetch_add, num_threads,
-                                  ptr_as, row_of, row_split, run_serial, run_workers, view_at, worker_address)
+from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, claim_address, claims_for, fetch_add,
+                                  num_threads, ptr_as, row_of, run_serial, run_workers, view_at, worker_address)
 from tests.support import ON_CUDA, compile_events, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
@@ -149,7 +149,7 @@ def test_claims_hand_out_every_row_once(n, least, nw):
     and more iterations than threads here), each row goes to exactly one claim, and the
     claims stop at n."""
     hits = np.zeros(n, np.int64)
-    fn = row_split()[1]
+    fn = claim_address()
     got_least, workers = _claim_rows(hits, nw, fn, np.zeros(nw * 16, np.int64), least)
     assert got_least >= least and 1 <= workers <= nw
     np.testing.assert_array_equal(hits, 1)
@@ -159,7 +159,7 @@ def test_claims_take_the_own_range_first_then_the_others():
     """Iteration 0 first (iteration 1 late): its own range front to back in halving claims
     (never under least but for the last), then iteration 1's range but for its last
     `least` rows, which iteration 1 takes when it runs."""
-    fn = row_split()[1]
+    fn = claim_address()
     assert _claims_for(1000, 2, 10) == (31, 2)  # at least 1000 / (2 * MIN_SHARES)
     counters, workers = np.zeros(2 * 16, np.int64), 2
 
@@ -192,7 +192,8 @@ def _claim_one(fn, counters, n, workers, least, me):
 
 def test_num_threads_is_numbas_per_thread_count():
     """num_threads() reads numba's count without its lock: the same answer, per thread."""
-    _claim_rows(np.zeros(4, np.int64), *row_split(), 1)  # numba's pool has started
+    nw = num_threads()
+    _claim_rows(np.zeros(4, np.int64), nw, claim_address(), np.zeros(nw * 16, np.int64), 1)  # starts numba's pool
     assert num_threads() == numba.get_num_threads()
     seen = []
 
