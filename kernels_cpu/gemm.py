@@ -64,7 +64,7 @@ from numba.extending import intrinsic, overload
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu,
                      silu, wide_loops)
 from . import target
-from .parallel import c_array_at, call_address, fetch_add, like_dtype, run_workers, worker_address
+from .parallel import c_array_at, call_address, fetch_add, like_dtype, prefetch, run_workers, worker_address
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
 # registers + 2 B vectors + 1 broadcast A value = 15 of the 16 AVX2 registers (the BLIS /
@@ -531,24 +531,6 @@ def _vw(typingctx, x):
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops stay simple
 
 
-@intrinsic
-def _prefetch(typingctx, arr, idx):
-    """Prefetch the cache line of arr[idx] into L1 (a hint: no bounds check, no fault)."""
-    if not isinstance(arr, types.Array):
-        return None
-
-    def codegen(context, builder, sig, args):
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        ptr = builder.bitcast(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i8p)
-        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        builder.call(pfn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.none(arr, idx), codegen
-
-
 # Rows ahead that _pack_contig prefetches: a panel reads R values per source row at the
 # row stride (4 KiB for a 1024-column B), one page per row, which the hardware prefetcher
 # does not follow.  1024^3 float32, 12x32 tile, one thread (Sapphire Rapids, 2026-11-25):
@@ -570,7 +552,7 @@ def _pack_contig(src, s0, step, nrows, K, dst, d0, R):
             d = d0 + k * R
             if k < kp:
                 for r in range(0, R, 2 * _vw(dst)):  # one per 64-byte line
-                    _prefetch(src, _U(s + PACK_PF_ROWS * step + r))
+                    prefetch(src, _U(s + PACK_PF_ROWS * step + r))
             for r in range(R):
                 dst[_U(d + r)] = src[_U(s + r)]
     else:

@@ -48,8 +48,8 @@ from numba import njit
 
 from .activation_grad import grad_input
 from .approx import JIT_BY_ADDRESS, wide_loops
-from .gemm import P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _packer, _panel, _prefetch, _tmr, _tnr
-from .parallel import c_array_at, call_address, like_dtype, worker_address
+from .gemm import P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _packer, _panel, _tmr, _tnr
+from .parallel import c_array_at, call_address, like_dtype, prefetch, worker_address
 
 X_PRE, X_DBIAS, X_GRAD, X_PACK_ROWS = P_COUNT, P_COUNT + 1, P_COUNT + 2, P_COUNT + 3
 X_COUNT = P_COUNT + 4
@@ -114,8 +114,8 @@ def _grad_panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
         for k in range(cl):
             s = base + (c0 + k) * rows + r0
             if c0 + k < kp:
-                _prefetch(src, _U(s + PF_ROWS * rows))
-                _prefetch(pre, _U(s + PF_ROWS * rows))
+                prefetch(src, _U(s + PF_ROWS * rows))
+                prefetch(pre, _U(s + PF_ROWS * rows))
             for r in range(nrows):
                 gt[_U(k * R + r)] = src[_U(s + r)]
                 pt[_U(k * R + r)] = pre[_U(s + r)]

@@ -376,6 +376,24 @@ def view_at(typingctx, addr, like, shape, strides):
 
 
 @intrinsic
+def prefetch(typingctx, arr, idx):
+    """Prefetch the cache line of arr[idx] into L1 (a hint: no bounds check, no fault)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i8p)
+        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        builder.call(pfn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
+
+
+@intrinsic
 def c_array_at(typingctx, addr, like, shape):
     """view_at for a C-contiguous array (layout "C": strides from the shape), as
     numba.carray(ptr_as(addr, like), shape) but in place (see view_at)."""
