@@ -45,9 +45,10 @@ the tile a literal argument.  conv2d (kernels_cpu/conv.py) runs the 6x16 tile.
 gemm_rows: for few rows and a large (N, K) weight (linear): out^T = w @ x^T with the weight
 read in place as the micro-kernel's A operand (MR of its rows per tile) and only x packed.
 
-gemv_parallel: for M == 1 (decode).  prange over (batch x blocks of GEMV_NB outputs);
-with ``transb`` each output is a dot product with a contiguous weight row, else the block
-accumulates ``x[k] * B[k, n0:n1]`` rows.
+gemv_parallel: for few rows (decode) and B stored (N, K) (``transb``, a Linear weight).
+prange over (batch x blocks of GEMV_NB outputs); each output is a dot product with a
+contiguous weight row.  gemv_kn: the same for B stored (K, N): slabs of whole rows on the
+thread team into partial sums, then a pass adding them with the epilogue.
 
 epilogue_parallel: bias + activation in place on a (rows, N) result (the "blas" path).
 """
@@ -79,6 +80,20 @@ MR = 6            # rows of the 6x16 tile (both dtypes)
 NR_F32 = 16       # columns of the 6x16 tile: 2 vectors of 8 float32
 NR_F64 = 8        # 2 vectors of 4 float64
 GEMV_NB = 64      # outputs per gemv task (not measured on its own: 64 rows of K floats stay in L2)
+# gemv_kn: a (K, N) B read in GEMV_KN_SPLITS slabs of whole rows (each one sequential
+# stream), GEMV_KN_ROWS rows per pass over the M x N accumulators.  Streaming 4096 x 4096
+# float32 on 2 threads (Xeon with AVX-512, 2026-12-03, prange prototypes): rows per pass
+# 1 / 4 / 8: 8.2-8.5 / 28 / 40.5 GB/s (one thread 14 / 24 / 26); a plain read of the same
+# rows 55, OpenBLAS's sgemv 53-60.  More than 8 rows 16 KiB apart share the 12 ways of an
+# L1 set with the accumulators.  A software prefetch of the rows ahead cost more than it
+# gave (1x4096x4096: 2.86 ms with it, 2.09 without).  matmul + bias + relu with b (K, N), 2
+# threads, medians of 7 x 10 calls, two alternating processes each, ms, before (blocks of
+# 64 columns, each row's 64 values FMA'd into one accumulator row) -> now: 1x4096x4096
+# 4.15-4.54 -> 1.74-1.77, 2x4096x4096 9.13-9.67 -> 2.24-2.37, 4x4096x4096 17.4-18.7 ->
+# 3.11-3.31, 2x768x3072 1.10-1.30 -> 0.54-0.56 (OpenBLAS + the epilogue: 1.38-1.47,
+# 5.46-5.99, 5.42-6.17, 0.70-0.76).
+GEMV_KN_SPLITS = 8
+GEMV_KN_ROWS = 8
 
 
 class Tile(NamedTuple):
@@ -1031,8 +1046,10 @@ def rows_workspace(M, K, dtype) -> int:
 # ---- GEMV ------------------------------------------------------------------------------------
 
 @njit(parallel=True, **JIT)
-def gemv_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, code, out3):
-    """out3 as gemm_parallel, organised for few rows: prange over blocks of GEMV_NB outputs."""
+def gemv_parallel(a3, b3, a_idx, b_idx, transa, bias, code, out3):
+    """out3 as gemm_parallel for b3 stored (N, K) (gemm_parallel's ``transb``; (K, N): gemv_kn),
+    organised for few rows: prange over blocks of GEMV_NB outputs, a dot product per output
+    with a weight row."""
     nbatch, M, N = out3.shape
     K = a3.shape[1] if transa else a3.shape[2]
     nnb = (N + GEMV_NB - 1) // GEMV_NB
@@ -1043,9 +1060,9 @@ def gemv_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, code, out3):
         nl = min(GEMV_NB, N - n0)
         asrc = a3[a_idx[bi]]
         bsrc = b3[b_idx[bi]]
+        zero = out3.dtype.type(0)
         x = np.empty(K, out3.dtype)
         acc = np.empty(GEMV_NB, out3.dtype)
-        zero = out3.dtype.type(0)
         for m in range(M):
             if transa:
                 for k in range(K):
@@ -1054,44 +1071,150 @@ def gemv_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, code, out3):
                 row = asrc[m]
                 for k in range(K):
                     x[k] = row[k]
-            if transb:  # bsrc is (N, K): a dot product per output, 4 rows at a time
-                j = 0
-                while j + 4 <= nl:
-                    w0 = bsrc[n0 + j]
-                    w1 = bsrc[n0 + j + 1]
-                    w2 = bsrc[n0 + j + 2]
-                    w3 = bsrc[n0 + j + 3]
-                    s0 = zero
-                    s1 = zero
-                    s2 = zero
-                    s3 = zero
-                    for k in range(K):
-                        xk = x[k]
-                        s0 += xk * w0[k]
-                        s1 += xk * w1[k]
-                        s2 += xk * w2[k]
-                        s3 += xk * w3[k]
-                    acc[j] = s0
-                    acc[j + 1] = s1
-                    acc[j + 2] = s2
-                    acc[j + 3] = s3
-                    j += 4
-                while j < nl:
-                    w0 = bsrc[n0 + j]
-                    s0 = zero
-                    for k in range(K):
-                        s0 += x[k] * w0[k]
-                    acc[j] = s0
-                    j += 1
-            else:       # bsrc is (K, N): acc += x[k] * B[k, n0:n0+nl]
-                for j in range(nl):
-                    acc[j] = zero
+            # bsrc is (N, K): a dot product per output, 4 rows at a time
+            j = 0
+            while j + 4 <= nl:
+                w0 = bsrc[n0 + j]
+                w1 = bsrc[n0 + j + 1]
+                w2 = bsrc[n0 + j + 2]
+                w3 = bsrc[n0 + j + 3]
+                s0 = zero
+                s1 = zero
+                s2 = zero
+                s3 = zero
                 for k in range(K):
                     xk = x[k]
-                    row = bsrc[k, n0:n0 + nl]
-                    for j in range(nl):
-                        acc[j] += xk * row[j]
+                    s0 += xk * w0[k]
+                    s1 += xk * w1[k]
+                    s2 += xk * w2[k]
+                    s3 += xk * w3[k]
+                acc[j] = s0
+                acc[j + 1] = s1
+                acc[j + 2] = s2
+                acc[j + 3] = s3
+                j += 4
+            while j < nl:
+                w0 = bsrc[n0 + j]
+                s0 = zero
+                for k in range(K):
+                    s0 += x[k] * w0[k]
+                acc[j] = s0
+                j += 1
             act_store(acc, bias[n0:n0 + nl], out3[bi, m, n0:n0 + nl], nl, code)
+
+
+@njit(inline="always")
+def _a4(a, transa, m, k):
+    """A's values (m, k .. k+3) (a stored (K, M) when transa)."""
+    if transa:
+        return a[k, m], a[k + 1, m], a[k + 2, m], a[k + 3, m]
+    return a[m, k], a[m, k + 1], a[m, k + 2], a[m, k + 3]
+
+
+# gemv_kn's int64 argument block: addresses, sizes, the epilogue's address (0: none), the
+# phase and its item counter.
+(V_A, V_B, V_OUT, V_BIAS, V_PART, V_AIDX, V_BIDX, V_NBATCH, V_M, V_N, V_K, V_TRANSA, V_NS,
+ V_EPILOGUE, V_PHASE, V_NEXT, V_COUNT) = range(17)
+
+
+def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
+    """out3 as gemm_parallel, for few rows and a B stored (K, N) (b3 (Bb, K, N), C-contiguous
+    like every operand): the batch's K rows in GEMV_KN_SPLITS slabs of whole rows (each one
+    sequential stream of memory), each summed into partial M x N results, GEMV_KN_ROWS rows
+    per pass over them; then a pass adding the partials row by row with the epilogue
+    (epilogue False: plain product).  Both passes run gemv_kn_worker by address on the
+    team (parallel.run_workers)."""
+    nbatch, M, N = out3.shape
+    K = b3.shape[1]
+    ns = min(GEMV_KN_SPLITS, K)
+    part = np.empty(nbatch * ns * M * N, out3.dtype)
+    p = np.zeros(V_COUNT, np.int64)
+    p[V_NBATCH], p[V_M], p[V_N], p[V_K] = nbatch, M, N, K
+    p[V_TRANSA], p[V_NS] = transa, ns
+    p[V_EPILOGUE] = epilogue_address(out3.dtype, code) if epilogue else 0
+    _gemv_addresses(p, a3, b3, out3, bias, part, a_idx, b_idx)
+    fn = worker_address(gemv_kn_worker, (bool(out3.dtype == np.float64),))
+    for phase, items in ((0, nbatch * ns), (1, nbatch * M)):
+        p[V_PHASE], p[V_NEXT] = phase, 0
+        run_workers(fn, p, max(1, min(nworkers, items)))
+
+
+@njit(cache=True)
+def _gemv_addresses(p, a3, b3, out3, bias, part, a_idx, b_idx):
+    p[V_A] = a3.ctypes.data
+    p[V_B] = b3.ctypes.data
+    p[V_OUT] = out3.ctypes.data
+    p[V_BIAS] = bias.ctypes.data
+    p[V_PART] = part.ctypes.data
+    p[V_AIDX] = a_idx.ctypes.data
+    p[V_BIDX] = b_idx.ctypes.data
+
+
+@njit(**JIT_BY_ADDRESS)
+def gemv_kn_worker(w, params, is64):
+    """A worker of gemv_kn's pass V_PHASE (0: slabs, 1: rows), items from V_NEXT."""
+    wide_loops()
+    p = c_array_at(params, np.int64(0), (V_COUNT,))
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    nbatch, M, N, K, ns = p[V_NBATCH], p[V_M], p[V_N], p[V_K], p[V_NS]
+    transa = p[V_TRANSA] != 0
+    a_idx = c_array_at(p[V_AIDX], np.int64(0), (nbatch,))
+    b_idx = c_array_at(p[V_BIDX], np.int64(0), (nbatch,))
+    part = c_array_at(p[V_PART], z, (nbatch, ns, M, N))
+    out = c_array_at(p[V_OUT], z, (nbatch, M, N))
+    zero = z
+    if p[V_PHASE] == 0:
+        while True:
+            t = fetch_add(p, V_NEXT, 1)
+            if t >= nbatch * ns:
+                break
+            bi = t // ns
+            sp = t - bi * ns
+            k0 = sp * K // ns
+            k1 = (sp + 1) * K // ns
+            a = c_array_at(p[V_A] + a_idx[bi] * M * K * isz, z, (K, M) if transa else (M, K))
+            b = c_array_at(p[V_B] + b_idx[bi] * K * N * isz, z, (K, N))
+            acc = part[bi, sp]
+            for m in range(M):
+                arow = acc[m]
+                for j in range(N):
+                    arow[j] = zero
+            # GEMV_KN_ROWS rows of B per pass over the accumulators, then the rest one by one
+            k = k0
+            while k + GEMV_KN_ROWS <= k1:
+                for m in range(M):
+                    x0, x1, x2, x3 = _a4(a, transa, m, k)
+                    x4, x5, x6, x7 = _a4(a, transa, m, k + 4)
+                    arow = acc[m]
+                    for j in range(N):
+                        arow[j] += (((x0 * b[k, j] + x1 * b[k + 1, j]) + (x2 * b[k + 2, j] + x3 * b[k + 3, j]))
+                                    + ((x4 * b[k + 4, j] + x5 * b[k + 5, j]) + (x6 * b[k + 6, j] + x7 * b[k + 7, j])))
+                k += GEMV_KN_ROWS
+            while k < k1:
+                for m in range(M):
+                    xk = a[k, m] if transa else a[m, k]
+                    arow = acc[m]
+                    for j in range(N):
+                        arow[j] += xk * b[k, j]
+                k += 1
+    else:
+        while True:
+            t = fetch_add(p, V_NEXT, 1)
+            if t >= nbatch * M:
+                break
+            bi = t // M
+            m = t - bi * M
+            dst = out[bi, m]
+            src = part[bi, 0, m]
+            for j in range(N):
+                dst[j] = src[j]
+            for sp in range(1, ns):
+                src = part[bi, sp, m]
+                for j in range(N):
+                    dst[j] += src[j]
+            if p[V_EPILOGUE] != 0:
+                call_address(p[V_EPILOGUE], (p[V_OUT] + (bi * M + m) * N * isz, N, 1, N, p[V_BIAS]))
 
 
 # ---- epilogue pass (for results computed elsewhere) -------------------------------------------

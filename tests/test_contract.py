@@ -500,8 +500,11 @@ def test_gemm_index_arrays_compile_one_specialization():
     def f(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
-    layouts = [(f(5, 24), f(24, 19)), (f(2, 5, 24), f(24, 19)), (f(5, 24), f(2, 24, 19)),
-               (f(2, 5, 24), f(2, 24, 19)), (f(2, 1, 5, 24), f(3, 24, 19))]
+    def t(b):  # a (..., K, N) view of a (..., N, K) array: the (N, K) weight layout gemv_parallel reads
+        return np.swapaxes(b, -1, -2)
+
+    layouts = [(f(5, 24), t(f(19, 24))), (f(2, 5, 24), t(f(19, 24))), (f(5, 24), t(f(2, 19, 24))),
+               (f(2, 5, 24), t(f(2, 19, 24))), (f(2, 1, 5, 24), t(f(3, 19, 24)))]
     kernels = _kernels_of(registry.OPS["matmul"].implementations["cpu-gemv"])
     for a, b in layouts:
         with dispatch.use(matmul="cpu-gemv"):

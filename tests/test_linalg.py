@@ -316,9 +316,12 @@ def test_out_aliasing_rejected_and_untouched():
 
 
 @host_only
-def test_explain_picks_gemv_for_one_row_with_epilogue():
-    # a fused epilogue keeps decode shapes on our gemv; a plain product goes to OpenBLAS
-    assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32), activation="silu").chosen == "cpu-gemv"
+def test_explain_picks_gemv_for_few_rows_with_epilogue():
+    # a fused epilogue keeps 2-7 rows on our gemv; one row and a plain product go to OpenBLAS
+    # (the measurements beside GEMV_ROWS in dispatch/ops/linalg.py)
+    assert dispatch.explain("linear", np.ones((2, 64), F32), np.ones((32, 64), F32), activation="silu").chosen == "cpu-gemv"
+    assert dispatch.explain("matmul", np.ones((3, 64), F32), np.ones((64, 32), F32), bias=np.ones(32, F32)).chosen == "cpu-gemv"
+    assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32), activation="silu").chosen == "blas"
     assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32)).chosen == "blas"
     assert dispatch.explain("matmul", np.ones((64, 64), F32), np.ones((64, 32), F32)).chosen in ("cpu-gemm", "blas")
 

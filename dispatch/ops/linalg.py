@@ -419,7 +419,10 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
 
 
 def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
-    K.gemv_parallel(a3, b3, ai, bi, ta, tb, bias_v, code, out3)
+    if tb:
+        K.gemv_parallel(a3, b3, ai, bi, ta, bias_v, code, out3)
+    else:
+        K.gemv_kn(a3, b3, ai, bi, ta, bias_v, has_epilogue, code, out3, num_threads())
 
 
 def _host(product):
@@ -543,10 +546,17 @@ BLOCKING = {"8x48": (1024, 33, 24, 1), "12x32": (1024, 22, 8, 1)}
 # is at least as fast without an epilogue in every measurement here (gemm is within 3% at
 # 1024^3 and about 0.85x at M = 128).
 #   (`python -m bench tune` can override the rule per key.)
-# Decode shapes (M < 8): with an epilogue our gemv wins (linear 1x768x3072 + gelu: gemv
-# 0.081 ms, numpy + numpy gelu 0.266); a plain product goes to OpenBLAS, which read b faster
-# in every plain case measured: linear 1x768x768 blas 0.021 ms vs gemv 0.027; matmul
-# 1x4096x4096 (a (K, N) b, 64 MiB) numpy 1.81 ms vs gemv 7.75 (python -m bench, quiet run).
+# Decode shapes (M < 8): a plain product goes to OpenBLAS, which read b faster in every
+# plain case measured: linear 1x768x768 blas 0.021 ms vs gemv 0.027; matmul 1x4096x4096 (a
+# (K, N) b, 64 MiB) numpy 1.81 ms vs gemv 7.75 (python -m bench, quiet run).  With bias +
+# relu, OpenBLAS + the epilogue pass against our gemv, 2 threads, medians of 7 x 10 calls
+# (Xeon with AVX-512, 2026-12-03), ms, blas / gemv:
+#   M = 1: linear 4096x4096 1.44 / 2.69, 768x3072 0.25 / 0.41, 768x768 0.05 / 0.12;
+#          matmul (K, N) b 4096x4096 1.35 / 1.65, 768x3072 0.32 / 0.40;
+#   M = 2: linear 4096x4096 6.52 / 3.65, 768x3072 0.89 / 0.58, 768x768 0.27 / 0.19;
+#          matmul 4096x4096 5.83 / 2.26, 768x3072 0.74 / 0.57 (OpenBLAS's sgemm from 2 rows);
+#   M = 4: linear 4096x4096 6.94 / 4.92, matmul 5.80 / 3.43.
+# So one row goes to OpenBLAS + the epilogue, 2-7 rows to our gemv.
 # Prepacked weights (dispatch.prepack; interleaved, 11 rounds, 0.2 s pauses, quiet AMD Zen 3
 # host): linear 128x768x3072 + bias + gelu_tanh: cpu-gemm prepacked 5.72 ms, unpacked 7.14,
 # onnxruntime (constant weight) 5.81; matmul 128x768x768 with no epilogue: cpu-gemm
@@ -636,6 +646,9 @@ def _order(key):
     epilogue = key.act != ACT_NONE or key.has_bias
     if key.prepacked and m >= GEMV_ROWS and epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "weight prepacked, with bias/activation: the own GEMM skips packing it and fuses the epilogue"
+    if m == 1 and epilogue:
+        return ("blas", "cpu-gemv", "cpu-gemm"), ("one row with bias/activation: OpenBLAS's gemv reads b faster than ours, "
+                                                  "and the epilogue's pass is over one row")
     if m < GEMV_ROWS and epilogue:
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
@@ -665,8 +678,9 @@ _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the regist
                f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
                "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows)")
 _NOTES_GEMV = ("matrix-vector form for few rows: prange over blocks of outputs, dot products "
-               "with contiguous weight rows (linear's (N, K) layout) or row updates for a (K, N) b; "
-               "bias + activation fused")
+               "with contiguous weight rows (linear's (N, K) layout); a (K, N) b in slabs of whole rows "
+               f"on the thread team, {K.GEMV_KN_ROWS} rows per pass over partial sums of every output, "
+               "then a pass adding them; bias + activation fused")
 _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel: the epilogue is "
                "a second pass over the output (skipped without bias and activation)")
 
