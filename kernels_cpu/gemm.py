@@ -45,10 +45,11 @@ the tile a literal argument.  conv2d (kernels_cpu/conv.py) runs the 6x16 tile.
 gemm_rows: for few rows and a large (N, K) weight (linear): out^T = w @ x^T with the weight
 read in place as the micro-kernel's A operand (MR of its rows per tile) and only x packed.
 
-gemv_parallel: for few rows (decode) and B stored (N, K) (``transb``, a Linear weight).
-prange over (batch x blocks of GEMV_NB outputs); each output is a dot product with a
-contiguous weight row.  gemv_kn: the same for B stored (K, N): slabs of whole rows on the
-thread team into partial sums, then a pass adding them with the epilogue.
+gemv_nk: few rows (decode) against B stored (N, K) (``transb``, a Linear weight): tasks of
+weight rows on the thread team, dot_tile (kernels_cpu/dot_tile.py) dotting each group of
+weight rows with every row of A, the next group prefetched.  gemv_kn: B stored (K, N):
+slabs of whole rows on the team into partial sums, then a pass adding them with the
+epilogue.
 
 epilogue_parallel: bias + activation in place on a (rows, N) result (the "blas" path).
 """
@@ -65,6 +66,7 @@ from numba.extending import intrinsic, overload
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu,
                      silu, wide_loops)
 from . import target
+from .dot_tile import TA, TB, dot_tile
 from .parallel import c_array_at, call_address, fetch_add, like_dtype, prefetch, run_workers, worker_address
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
@@ -79,7 +81,6 @@ from .parallel import c_array_at, call_address, fetch_add, like_dtype, prefetch,
 MR = 6            # rows of the 6x16 tile (both dtypes)
 NR_F32 = 16       # columns of the 6x16 tile: 2 vectors of 8 float32
 NR_F64 = 8        # 2 vectors of 4 float64
-GEMV_NB = 64      # outputs per gemv task (not measured on its own: 64 rows of K floats stay in L2)
 # gemv_kn: a (K, N) B read in GEMV_KN_SPLITS slabs of whole rows (each one sequential
 # stream), GEMV_KN_ROWS rows per pass over the M x N accumulators.  Streaming 4096 x 4096
 # float32 on 2 threads (Xeon with AVX-512, 2026-12-03, prange prototypes): rows per pass
@@ -94,6 +95,14 @@ GEMV_NB = 64      # outputs per gemv task (not measured on its own: 64 rows of K
 # 5.46-5.99, 5.42-6.17, 0.70-0.76).
 GEMV_KN_SPLITS = 8
 GEMV_KN_ROWS = 8
+# gemv_nk: weight rows per task (moe.py's FB, not measured here on its own).  linear + bias +
+# relu, 2 threads, medians of 7 x 10 calls, two alternating processes each (Xeon with
+# AVX-512, 2026-12-03), ms, before (prange over 64 outputs, 4 dot products at a time, each
+# row of x on its own pass over the weight block) -> now: 2x4096x4096 3.40-3.54 ->
+# 2.51-2.83, 4x4096x4096 4.37-4.62 -> 2.64-2.77, 2x768x3072 0.51-0.52 -> 0.43-0.44,
+# 3x768x768 0.158-0.161 -> 0.121-0.130, 7x4096x11008 14.8-15.3 -> 9.3-9.6 (OpenBLAS + the
+# epilogue: 6.0-6.6, 6.3-7.0, 0.83-0.92, 0.24-0.29, 21.9-22.3).
+GEMV_NK_ROWS = 48
 
 
 class Tile(NamedTuple):
@@ -1045,64 +1054,6 @@ def rows_workspace(M, K, dtype) -> int:
 
 # ---- GEMV ------------------------------------------------------------------------------------
 
-@njit(parallel=True, **JIT)
-def gemv_parallel(a3, b3, a_idx, b_idx, transa, bias, code, out3):
-    """out3 as gemm_parallel for b3 stored (N, K) (gemm_parallel's ``transb``; (K, N): gemv_kn),
-    organised for few rows: prange over blocks of GEMV_NB outputs, a dot product per output
-    with a weight row."""
-    nbatch, M, N = out3.shape
-    K = a3.shape[1] if transa else a3.shape[2]
-    nnb = (N + GEMV_NB - 1) // GEMV_NB
-    for task in prange(nbatch * nnb):
-        bi = task // nnb
-        nb = task - bi * nnb
-        n0 = nb * GEMV_NB
-        nl = min(GEMV_NB, N - n0)
-        asrc = a3[a_idx[bi]]
-        bsrc = b3[b_idx[bi]]
-        zero = out3.dtype.type(0)
-        x = np.empty(K, out3.dtype)
-        acc = np.empty(GEMV_NB, out3.dtype)
-        for m in range(M):
-            if transa:
-                for k in range(K):
-                    x[k] = asrc[k, m]
-            else:
-                row = asrc[m]
-                for k in range(K):
-                    x[k] = row[k]
-            # bsrc is (N, K): a dot product per output, 4 rows at a time
-            j = 0
-            while j + 4 <= nl:
-                w0 = bsrc[n0 + j]
-                w1 = bsrc[n0 + j + 1]
-                w2 = bsrc[n0 + j + 2]
-                w3 = bsrc[n0 + j + 3]
-                s0 = zero
-                s1 = zero
-                s2 = zero
-                s3 = zero
-                for k in range(K):
-                    xk = x[k]
-                    s0 += xk * w0[k]
-                    s1 += xk * w1[k]
-                    s2 += xk * w2[k]
-                    s3 += xk * w3[k]
-                acc[j] = s0
-                acc[j + 1] = s1
-                acc[j + 2] = s2
-                acc[j + 3] = s3
-                j += 4
-            while j < nl:
-                w0 = bsrc[n0 + j]
-                s0 = zero
-                for k in range(K):
-                    s0 += x[k] * w0[k]
-                acc[j] = s0
-                j += 1
-            act_store(acc, bias[n0:n0 + nl], out3[bi, m, n0:n0 + nl], nl, code)
-
-
 @njit(inline="always")
 def _a4(a, transa, m, k):
     """A's values (m, k .. k+3) (a stored (K, M) when transa)."""
@@ -1118,7 +1069,7 @@ def _a4(a, transa, m, k):
 
 
 def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
-    """out3 as gemm_parallel, for few rows and a B stored (K, N) (b3 (Bb, K, N), C-contiguous
+    """out3 as gemm_parallel, for few rows and B stored (K, N) (b3 (Bb, K, N), C-contiguous
     like every operand): the batch's K rows in GEMV_KN_SPLITS slabs of whole rows (each one
     sequential stream of memory), each summed into partial M x N results, GEMV_KN_ROWS rows
     per pass over them; then a pass adding the partials row by row with the epilogue
@@ -1215,6 +1166,67 @@ def gemv_kn_worker(w, params, is64):
                     dst[j] += src[j]
             if p[V_EPILOGUE] != 0:
                 call_address(p[V_EPILOGUE], (p[V_OUT] + (bi * M + m) * N * isz, N, 1, N, p[V_BIAS]))
+
+
+def gemv_nk(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
+    """out3 as gemm_parallel, for few rows and B stored (N, K) (a Linear weight): tasks of
+    GEMV_NK_ROWS weight rows on the thread team, each group of TB weight rows dotted with
+    every row of A by dot_tile (kernels_cpu/dot_tile.py: weight rows streamed once, the next
+    group prefetched), then the epilogue over the task's columns."""
+    nbatch, M, N = out3.shape
+    K = b3.shape[2]
+    p = np.zeros(V_COUNT, np.int64)
+    p[V_NBATCH], p[V_M], p[V_N], p[V_K] = nbatch, M, N, K
+    p[V_EPILOGUE] = epilogue_address(out3.dtype, code) if epilogue else 0
+    a2 = np.ascontiguousarray(np.swapaxes(a3, 1, 2)) if transa else a3  # dot_tile reads A's rows along K
+    _gemv_addresses(p, a2, b3, out3, bias, bias, a_idx, b_idx)  # no partial sums: bias fills their slot
+    fn = worker_address(gemv_nk_worker, (bool(out3.dtype == np.float64),))
+    items = nbatch * -(-N // GEMV_NK_ROWS)
+    run_workers(fn, p, max(1, min(nworkers, items)))
+
+
+@njit(**JIT_BY_ADDRESS)
+def gemv_nk_worker(w, params, is64):
+    """A worker of gemv_nk: tasks (batch, block of GEMV_NK_ROWS weight rows) from V_NEXT."""
+    p = c_array_at(params, np.int64(0), (V_COUNT,))
+    z = like_dtype(is64)
+    isz = 8 if is64 else 4
+    nbatch, M, N, K = p[V_NBATCH], p[V_M], p[V_N], p[V_K]
+    a_idx = c_array_at(p[V_AIDX], np.int64(0), (nbatch,))
+    b_idx = c_array_at(p[V_BIDX], np.int64(0), (nbatch,))
+    out = c_array_at(p[V_OUT], z, (nbatch * M * N,))
+    t = np.empty(TA * TB, out.dtype)
+    nblk = (N + GEMV_NK_ROWS - 1) // GEMV_NK_ROWS
+    while True:
+        task = fetch_add(p, V_NEXT, 1)
+        if task >= nbatch * nblk:
+            break
+        bi = task // nblk
+        c0 = (task - bi * nblk) * GEMV_NK_ROWS
+        cl = min(GEMV_NK_ROWS, N - c0)
+        a = c_array_at(p[V_A] + a_idx[bi] * M * K * isz, z, (M * K,))
+        b = c_array_at(p[V_B] + b_idx[bi] * N * K * isz, z, (N * K,))
+        for j0 in range(0, cl, TB):
+            nj = min(TB, cl - j0)
+            b0 = (c0 + j0) * K
+            b1 = b0 + min(1, nj - 1) * K
+            b2 = b0 + min(2, nj - 1) * K
+            nn = min(TB, cl - j0 - TB)   # rows of the next group: the first row group prefetches them
+            for i0 in range(0, M, TA):
+                first = i0 == 0
+                q0 = b0 + TB * K if nn > 0 and first else b0
+                q1 = b0 + (TB + 1) * K if nn > 1 and first else b0
+                q2 = b0 + (TB + 2) * K if nn > 2 and first else b0
+                ni = min(TA, M - i0)
+                a0 = i0 * K
+                dot_tile(K, a, a0, a0 + min(1, ni - 1) * K, a0 + min(2, ni - 1) * K, a0 + min(3, ni - 1) * K,
+                         b, b0, b1, b2, q0, q1, q2, t)
+                for ii in range(ni):
+                    o = (bi * M + i0 + ii) * N + c0 + j0
+                    for jj in range(nj):
+                        out[o + jj] = t[ii * TB + jj]
+        if p[V_EPILOGUE] != 0:
+            call_address(p[V_EPILOGUE], (p[V_OUT] + (bi * M * N + c0) * isz, N, M, cl, p[V_BIAS] + c0 * isz))
 
 
 # ---- epilogue pass (for results computed elsewhere) -------------------------------------------

@@ -26,8 +26,7 @@ only k experts are active, and the call is a stream over their weights.
 
 Both products are "rows times rows": X (n, K) times W (N, K) transposed, both operands
 contiguous along K (w_gate / w_up rows along H, w_down rows along F, hid rows along F).
-dot_tile, an LLVM-IR intrinsic like the GEMM's micro-kernel (gemm.py: numba leaves LLVM's
-SLP vectorizer off), computes a TA x TB tile of such dot products with TA * TB vector
+dot_tile (kernels_cpu/dot_tile.py), an LLVM-IR intrinsic like the GEMM's micro-kernel, computes a TA x TB tile of such dot products with TA * TB vector
 accumulators along K: per K step of one vector, TB weight loads, TA row loads and TA * TB
 FMAs (4 x 3: 7 loads per 12 FMAs, as the 6 x 16 outer-product kernel's 8 per 12), and no
 packing of either operand: a weight row is used straight from memory, streamed once.  K is
@@ -39,17 +38,13 @@ expert's row groups, their tiles prefetch the next group's rows (the first tile 
 streams it from memory; measured beside the worker's loop).
 """
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from .approx import OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, silu
-from .llvm_ir import hsum
+from .dot_tile import TA, TB, dot_tile
 from .parallel import c_array_at, call_address, fetch_add, like_dtype, run_serial, run_workers, worker_address
 
-TA = 4   # rows (tokens) per dot tile
-TB = 3   # weight rows per dot tile: 12 vector accumulators + 3 weight vectors + 1 row vector = 16 ymm
 
 # Blocking: rows of F per gate/up task, rows of H per down task, K block.  Measured
 # 2026-11-23 (AMD znver3, one thread, CPU time, medians of 5 interleaved rounds; E 8, k 2
@@ -65,85 +60,6 @@ HB = 48
 KC = 4096
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops vectorize
-
-
-@intrinsic
-def dot_tile(typingctx, kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t):
-    """t[i*TB + j] = sum over k < kl of a[a_i + k] * b[b_j + k] for the TA rows of a at
-    offsets a0..a3 and the TB rows of b at offsets b0..b2 (a, b, t flat arrays of one
-    float dtype), prefetching the rows of b at offsets q0..q2 into L2 on the way (the next
-    weight group: pass a row being read for none).  Emits TA x TB vector accumulators
-    (allocas that mem2reg makes registers), a loop of kl // W vector steps (TB prefetches,
-    TB loads of b, TA loads of a, TA * TB llvm.fma), a horizontal sum per accumulator, a
-    scalar loop over the kl % W last k, and TA * TB scalar stores."""
-    if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
-            and isinstance(b, types.Array) and b.dtype == a.dtype and isinstance(t, types.Array)
-            and t.dtype == a.dtype):
-        return None
-    is32 = a.dtype == types.float32
-    width = 8 if is32 else 4
-    sig = types.none(kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t)
-
-    def codegen(context, builder, sig, args):
-        fty = context.get_value_type(sig.args[1].dtype)
-        vty = ir.VectorType(fty, width)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
-        align = 4 if is32 else 8
-
-        def i64_of(pos):
-            return context.cast(builder, args[pos], sig.args[pos], types.int64)
-
-        def data(pos):
-            return context.make_array(sig.args[pos])(context, builder, args[pos]).data
-
-        arows = [builder.gep(data(1), [i64_of(2 + i)]) for i in range(TA)]
-        brows = [builder.gep(data(6), [i64_of(7 + j)]) for j in range(TB)]
-        i8p = ir.IntType(8).as_pointer()
-        qrows = [builder.bitcast(builder.gep(data(6), [i64_of(10 + j)]), i8p) for j in range(TB)]
-        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
-                                               ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        kl64 = i64_of(0)
-        nvec = builder.udiv(kl64, ir.Constant(i64, width))
-        suffix = "f32" if is32 else "f64"
-        vfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
-                                              f"llvm.fma.v{width}{suffix}")
-        sfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fty, [fty] * 3), f"llvm.fma.{suffix}")
-        zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
-        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(TB)] for _ in range(TA)]
-
-        def vload(row, k):
-            return builder.load(builder.bitcast(builder.gep(row, [k]), vty.as_pointer()), align=align)
-
-        with cgutils.for_range(builder, nvec) as loop:
-            k = builder.mul(loop.index, ir.Constant(i64, width))
-            kb = builder.mul(k, ir.Constant(i64, 4 if is32 else 8))
-            for j in range(TB):
-                builder.call(pfn, [builder.gep(qrows[j], [kb]), ir.Constant(i32, 0), ir.Constant(i32, 2),
-                                   ir.Constant(i32, 1)])
-            bv = [vload(brows[j], k) for j in range(TB)]
-            for i in range(TA):
-                av = vload(arows[i], k)
-                for j in range(TB):
-                    builder.store(builder.call(vfma, [av, bv[j], builder.load(accs[i][j])]), accs[i][j])
-
-        sums = [[cgutils.alloca_once_value(builder, hsum(builder, builder.load(accs[i][j]), width))
-                 for j in range(TB)]
-                for i in range(TA)]
-        kv = builder.mul(nvec, ir.Constant(i64, width))
-        with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:
-            k = builder.add(kv, loop.index)
-            bs = [builder.load(builder.gep(brows[j], [k])) for j in range(TB)]
-            for i in range(TA):
-                a_s = builder.load(builder.gep(arows[i], [k]))
-                for j in range(TB):
-                    builder.store(builder.call(sfma, [a_s, bs[j], builder.load(sums[i][j])]), sums[i][j])
-        tp = data(13)
-        for i in range(TA):
-            for j in range(TB):
-                builder.store(builder.load(sums[i][j]), builder.gep(tp, [ir.Constant(i64, i * TB + j)]))
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 def gated_lit(src, up, dst, n, code):

@@ -420,7 +420,7 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
 
 def _gemv(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
     if tb:
-        K.gemv_parallel(a3, b3, ai, bi, ta, bias_v, code, out3)
+        K.gemv_nk(a3, b3, ai, bi, ta, bias_v, has_epilogue, code, out3, num_threads())
     else:
         K.gemv_kn(a3, b3, ai, bi, ta, bias_v, has_epilogue, code, out3, num_threads())
 
@@ -677,10 +677,11 @@ _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the regist
                "other non-contiguous inputs copied; a float32 linear with at most "
                f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
                "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows)")
-_NOTES_GEMV = ("matrix-vector form for few rows: prange over blocks of outputs, dot products "
-               "with contiguous weight rows (linear's (N, K) layout); a (K, N) b in slabs of whole rows "
-               f"on the thread team, {K.GEMV_KN_ROWS} rows per pass over partial sums of every output, "
-               "then a pass adding them; bias + activation fused")
+_NOTES_GEMV = ("matrix-vector form for few rows, on the thread team: against linear's (N, K) weight, "
+               f"tasks of {K.GEMV_NK_ROWS} weight rows, each group of {K.TB} dotted with every row of a "
+               "(weight rows streamed once, the next group prefetched); a (K, N) b in slabs of whole rows, "
+               f"{K.GEMV_KN_ROWS} rows per pass over partial sums of every output, then a pass adding them; "
+               "bias + activation fused")
 _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel: the epilogue is "
                "a second pass over the output (skipped without bias and activation)")
 
