@@ -51,7 +51,7 @@ weight rows with every row of A, the next group prefetched.  gemv_kn: B stored (
 slabs of whole rows on the team into partial sums, then a pass adding them with the
 epilogue.
 
-epilogue_parallel: bias + activation in place on a (rows, N) result (the "blas" path).
+epilogue: bias + activation in place on a (rows, N) result (the "blas" path), on the team.
 """
 import functools
 import math
@@ -59,15 +59,15 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, gelu, gelu_tanh, relu,
+from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, relu,
                      silu, wide_loops)
 from . import target
 from .dot_tile import TA, TB, dot_tile
-from .parallel import c_array_at, call_address, fetch_add, like_dtype, prefetch, run_workers, worker_address
+from .parallel import c_array_at, call_address, fetch_add, like_dtype, prefetch, run_at, run_workers, worker_address
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
 # registers + 2 B vectors + 1 broadcast A value = 15 of the 16 AVX2 registers (the BLIS /
@@ -1232,14 +1232,46 @@ def gemv_nk_worker(w, params, is64):
 # ---- epilogue pass (for results computed elsewhere) -------------------------------------------
 
 EPI_ROWS = 8  # rows per epilogue task (not measured: enough tasks for 2 threads at M >= 16)
+# Results of at most this many elements get the pass on the calling thread: one decode row
+# (4096 outputs) is a microsecond of work, less than handing it to other threads (not
+# measured on its own).  bias + gelu, 2 threads, medians of 9 x 50 calls, two alternating
+# processes each (Xeon with AVX-512, 2026-12-03), us, the former prange kernel on numba's
+# threads -> this: 1x3072 7.2-7.8 -> 4.8, 1x11008 13.3-13.6 -> 9.4-9.6, 16x3072 26.5-27.6
+# -> 19.1-21.7, 128x768 46.0-47.5 -> 38.2-39.9, 512x3072 696-750 -> 530-556.
+EPI_SERIAL_MAX = 1 << 14
+
+# epilogue()'s int64 argument block: addresses, sizes, gemm_epilogue's address, task counter
+(E_C, E_BIAS, E_ROWS, E_N, E_ISZ, E_FN, E_NEXT, E_COUNT) = range(8)
 
 
-@njit(parallel=True, **JIT)
-def epilogue_parallel(c2, bias, code):
-    """c2[r, :] = act(c2[r, :] + bias) in place, for a C-contiguous (rows, N) array."""
+def epilogue(c2, bias, code, nworkers):
+    """c2[r, :] = act(c2[r, :] + bias) in place, for a C-contiguous (rows, N) array: blocks
+    of EPI_ROWS rows by epilogue_worker on the thread team (the calling thread alone up to
+    EPI_SERIAL_MAX elements), each gemm_epilogue by address."""
     rows, n = c2.shape
+    p = np.zeros(E_COUNT, np.int64)
+    p[E_ROWS], p[E_N], p[E_ISZ], p[E_FN] = rows, n, c2.itemsize, epilogue_address(c2.dtype, code)
+    _epi_addresses(p, c2, bias)
+    fn = worker_address(epilogue_worker, ())
+    run_at(fn, p.ctypes.data, 1 if c2.size <= EPI_SERIAL_MAX else min(nworkers, -(-rows // EPI_ROWS)))
+
+
+@njit(cache=True)
+def _epi_addresses(p, c2, bias):
+    p[E_C] = c2.ctypes.data
+    p[E_BIAS] = bias.ctypes.data
+
+
+@njit(**JIT_BY_ADDRESS)
+def epilogue_worker(w, params):
+    """A worker of epilogue(): blocks of EPI_ROWS rows from E_NEXT, the dtype's and
+    activation's gemm_epilogue called on each (so this worker compiles once)."""
+    p = c_array_at(params, np.int64(0), (E_COUNT,))
+    rows, n = p[E_ROWS], p[E_N]
     nt = (rows + EPI_ROWS - 1) // EPI_ROWS
-    for task in prange(nt):
-        for r in range(task * EPI_ROWS, min(rows, task * EPI_ROWS + EPI_ROWS)):
-            row = c2[r]
-            act_store(row, bias, row, n, code)
+    while True:
+        t = fetch_add(p, E_NEXT, 1)
+        if t >= nt:
+            break
+        r0 = t * EPI_ROWS
+        call_address(p[E_FN], (p[E_C] + r0 * n * p[E_ISZ], n, min(EPI_ROWS, rows - r0), n, p[E_BIAS]))

@@ -362,7 +362,7 @@ def _panel_buffers(sa, sb, dtype):
 def _degenerate(out3, bias, code):
     """K == 0: the product is zero, the result act(bias)."""
     out3[...] = 0
-    K.epilogue_parallel(out3.reshape(-1, out3.shape[-1]), bias, code)
+    K.epilogue(out3.reshape(-1, out3.shape[-1]), bias, code, num_threads())
 
 
 def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
@@ -453,7 +453,7 @@ def _run_blas(params, a, b, bias, out, code, b_is_nk, packed=None):
     if (bias is not None or code != ACT_NONE) and res.size:
         n = res.shape[-1]
         bias_v = _zeros(n, res.dtype) if bias is None else kernel_input(bias)
-        K.epilogue_parallel(res.reshape(-1, n), bias_v, code)
+        K.epilogue(res.reshape(-1, n), bias_v, code, num_threads())
     return deliver(res, out)
 
 
