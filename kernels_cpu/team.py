@@ -1,9 +1,9 @@
 """Our own thread team: the threads that run the by-address workers (parallel.run_workers,
 the GEMM, attention, conv, ...) and the row kernels (parallel.row_run: softmax, layer, RMS,
 group and batch norm, rope, resampling, adaptive pooling, the activations and the backward
-of softmax and the activations).  The other prange kernels (the GEMV and the BLAS path's
-epilogue, the block-counting ones of parallel.run_dynamic: cross-entropy, the norms'
-backward, quantization) still run on numba's threading layer.
+of softmax and the activations), the GEMV and the BLAS path's epilogue.  The other prange
+kernels (the block-counting ones of parallel.run_dynamic: cross-entropy, the norms'
+backward when the team is busy, quantization) still run on numba's threading layer.
 
 Why: numba's tbb layer builds a task arena and an observer on every parallel call and
 tears them down after it.  A worker busy for 10 us on each of 2 threads (2 vCPUs, Xeon with
