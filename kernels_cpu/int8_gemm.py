@@ -497,11 +497,15 @@ def pack_a_int(w, params, wide):
             d = dst[m]
             if m < M:
                 row = src[m]
-                s = 0
+                # two loops, each vectorized on its own: the copy in byte lanes, the sum in
+                # int32 ones (K * 255 < 2^31 for K <= MAX_K); one loop of both ran on int64
+                # lanes.  128x768 uint8, one thread (Xeon with AVX-512, 2026-12-03): pack_a
+                # 14.3-14.5 -> 10.8-11.3 us
                 for k in range(K):
-                    v = np.int32(row[k]) ^ flip
-                    s += v
-                    d[k] = v
+                    d[k] = np.int32(row[k]) ^ flip
+                s = np.int32(0)
+                for k in range(K):
+                    s += np.int32(row[k]) ^ flip
                 for k in range(K, Kp):
                     d[k] = 0
                 c[m] = shift + za[m]
@@ -608,7 +612,7 @@ def quant_pack_a(w, params, wide):
             d = dst[m]
             if m < M:
                 scale, zp = _quant_row(src[m], K, d)
-                s = 0
+                s = np.int32(0)  # as in pack_a_int
                 for k in range(K):
                     s += np.int32(d[k])
                 for k in range(K, Kp):
