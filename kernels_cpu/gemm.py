@@ -630,9 +630,8 @@ B_IN_TASK_BYTES = 1 << 20
 
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
-# P_LEN: the block's length, P_COUNT + the extra slots (a worker copies the whole block).
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_B_PACKED, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_LEN, P_COUNT) = range(26)
+ P_MC, P_NC, P_KC, P_B_PACKED, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_COUNT) = range(25)
 
 
 # The packers run by address (gemm_worker calls the one its operand's layout needs, and
@@ -764,7 +763,6 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = na, nb, nbatch, M, N, K
     p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_packed
     p[P_ACCUMULATE] = accumulate
-    p[P_LEN] = P_COUNT + nextra
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
@@ -836,16 +834,11 @@ def gemm_worker(w, params, is64, ti):
     # ms / 2.73 -> 2.61 ms.
     # Only while a task's panels fit in L2 (B_IN_TASK_BYTES): 64x4096x4096 (12 panels of
     # K = 4096, 9.4 MB a task) ran 23-24 -> 26-31 ms packed in the task.
-    # The panels go to a slab of bp per worker, reused by its next task while in its L2,
-    # instead of to their own places in bp (written out to L3 or memory).  matmul, 2
-    # threads, loop medians, alternating processes (Xeon with AVX-512, 2026-12-03), us:
-    # 128x768x768 717-777 -> 684-732, 128x3072x768 2534-2579 -> 2461-2537, 128x768x3072
-    # 2630-2663 -> 2528-2674; the first call after a 0.2 s pause 2147-2664 -> 2220-2416.
-    nw = p[P_WORKERS]
     b_in_task = (p[P_B_PACKED] == 0 and nmb == 1 and nb == nbatch
-                 and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES and nw * nc_panels <= nb * npn)
+                 and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
     n_pack = n_pack_a if p[P_B_PACKED] != 0 or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
+    nw = p[P_WORKERS]
     home = 2 + (n_pack_a if p[P_B_PACKED] != 0 else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     apf = c_array_at(p[P_AP], z, (na * mp * K * MR,))
@@ -870,13 +863,6 @@ def gemm_worker(w, params, is64, ti):
             call_address(pack_b, (i - n_pack_a, params))
         fetch_add(sync, 2 + i, 1)
     t = np.empty(MR * nr_full, cf.dtype)  # an edge tile (fewer than MR rows or NR columns)
-    if b_in_task:  # the block as this worker's packer calls see it: P_BP moved to its slab
-        whole = c_array_at(params, np.int64(0), (p[P_LEN],))
-        mine = np.empty(p[P_LEN], np.int64)
-        for i in range(p[P_LEN]):
-            mine[i] = whole[i]
-    else:
-        mine = np.empty(0, np.int64)
     # Tasks: worker v owns the range [v * ntasks / nw, (v + 1) * ntasks / nw) and takes it
     # front to back from its counter, then takes what is left of the others' ranges (from
     # their counters: each task runs once, and a worker the OS pauses holds none up).  A
@@ -903,11 +889,8 @@ def gemm_worker(w, params, is64, ti):
         q0 = nb_ * nc_panels
         q1 = min(q0 + nc_panels, npn)
         if b_in_task:
-            # into the worker's slab, panels [w * nc_panels, (w + 1) * nc_panels) of bp:
-            # the packer writes panel j at P_BP + j * K * NR, so P_BP moves back by q0's
-            mine[P_BP] = p[P_BP] + (w * nc_panels - (bb * npn + q0)) * K * nr_full * isz
             for q in range(q0, q1):
-                call_address(pack_b, (bb * npn + q, mine.ctypes.data))
+                call_address(pack_b, (bb * npn + q, params))
         for k0 in range(0, K, kc):
             kl = min(kc, K - k0)
             accumulate = k0 > 0 or accumulate_c
@@ -923,7 +906,7 @@ def gemm_worker(w, params, is64, ti):
                 else:
                     q = q0 + pair // npa
                     pa = p0 + pair % npa
-                boff = (((w * nc_panels + q - q0) if b_in_task else (bb * npn + q)) * K + k0) * nr_full
+                boff = ((bb * npn + q) * K + k0) * nr_full
                 j0 = q * nr_full
                 nr = min(nr_full, N - j0)
                 aoff = ((ba * mp + pa) * K + k0) * MR
