@@ -19,10 +19,21 @@ pytest-xdist).
 lock on a file beside it (``fcntl.flock``; where there is none, entries may still be lost,
 which costs a recompile, but never cross-wired).  A replaced entry's old data file is
 removed.  Loading is numba's own.
+
+numba also keys a cached function on its own source file alone (modification time and
+size), while a kernel compiles in code and constants from other modules: helpers it
+inlines, argument-block slot numbers (gemm.P_COUNT, which linalg_grad's packers add to), the
+register tiles.  A change to gemm.py alone thus left linalg_grad's packers cached with the
+old slot numbers, and linear_backward's next call read the wrong slots and crashed (SIGSEGV,
+2026-12-03, after a change of the GEMM's block was reverted).  ``install()`` therefore adds a
+stamp of every source file of the kernel packages (kernels_cpu, kernels_common,
+kernels_cuda) to the stamp of each of their caches: any change to any of them makes every
+kernel compile afresh (once), as a release upgrade must.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 
@@ -65,12 +76,53 @@ def _save(self, key, data):
             os.unlink(self._data_path(old))
 
 
+# The kernel packages: this file's and its siblings'.  A cache belongs to them when its
+# directory names one of them (numba's caches sit in <package>/__pycache__, or under
+# NUMBA_CACHE_DIR in <package>_<hash of its path>).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("kernels_cpu", "kernels_common", "kernels_cuda")
+
+
+def package_stamp() -> str:
+    """A digest of the name, modification time and size of every .py file of PACKAGES."""
+    h = hashlib.sha256()
+    for pkg in PACKAGES:
+        d = os.path.join(_ROOT, pkg)
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".py"))
+        except OSError:
+            continue
+        for n in names:
+            st = os.stat(os.path.join(d, n))
+            h.update(f"{pkg}/{n}:{st.st_mtime_ns}:{st.st_size};".encode())
+    return h.hexdigest()
+
+
+def is_kernel_cache(cache_path: str) -> bool:
+    """Whether numba's cache directory cache_path holds one of PACKAGES' kernels."""
+    parts = os.path.normpath(cache_path).split(os.sep)
+    return any(part == pkg or part.startswith(pkg + "_") for part in parts for pkg in PACKAGES)
+
+
+_STAMP = [None]
+
+
 def install() -> None:
-    """Patch numba's cache file class once (idempotent)."""
+    """Patch numba's cache file class once (idempotent): the save above, and the package
+    stamp added to the source stamp of the kernel packages' caches."""
     from numba.core import caching
 
     cls = caching.IndexDataCacheFile
     if getattr(cls.save, "_nk_safe", False):
         return
+    _STAMP[0] = package_stamp()
+    init = cls.__init__
+
+    def __init__(self, cache_path, filename_base, source_stamp):
+        if is_kernel_cache(cache_path):
+            source_stamp = (source_stamp, _STAMP[0])
+        init(self, cache_path, filename_base, source_stamp)
+
     _save._nk_safe = True
     cls.save = _save
+    cls.__init__ = __init__

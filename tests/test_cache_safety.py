@@ -71,3 +71,56 @@ def test_simultaneous_compiles_leave_every_signature_its_own_code(tmp_path, tria
     hits, misses = map(int, out.stdout.split())
     assert (hits, misses) == (len(DTYPES), 0), f"cache hits / misses {hits} / {misses}: entries lost"
     assert np.all([p.returncode == 0 for p in procs])
+
+
+# ---- the kernel packages' stamp -------------------------------------------------------------
+
+def test_kernel_caches_are_recognized_by_their_directory():
+    from kernels_cpu import cache_safety as C
+
+    assert C.is_kernel_cache(os.path.join(ROOT, "kernels_cpu", "__pycache__"))
+    assert C.is_kernel_cache(os.path.join("/tmp", "numba-cache", "kernels_common_0123abcd"))  # NUMBA_CACHE_DIR's form
+    assert not C.is_kernel_cache(os.path.join(ROOT, "tests", "__pycache__"))
+    assert not C.is_kernel_cache(os.path.join("/tmp", "numba-cache", "my_kernels_cpu_tools_01"))
+
+
+def test_package_stamp_follows_every_source_file(tmp_path, monkeypatch):
+    """A change to any .py file of a kernel package changes the stamp (fake packages here:
+    touching the real ones would make every other test recompile its kernels)."""
+    from kernels_cpu import cache_safety as C
+
+    for pkg in C.PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "a.py").write_text("x = 1\n")
+    (tmp_path / "kernels_cpu" / "notes.txt").write_text("not a source\n")
+    monkeypatch.setattr(C, "_ROOT", str(tmp_path))
+    first = C.package_stamp()
+    assert C.package_stamp() == first
+    (tmp_path / "kernels_cpu" / "notes.txt").write_text("still not a source, longer\n")
+    assert C.package_stamp() == first
+    (tmp_path / "kernels_common" / "a.py").write_text("x = 22\n")  # another size
+    second = C.package_stamp()
+    assert second != first
+    (tmp_path / "kernels_cuda" / "b.py").write_text("")
+    assert C.package_stamp() != second
+
+
+def test_an_index_from_other_kernel_sources_is_not_loaded(tmp_path, monkeypatch):
+    """A kernel cache's index saved under one package stamp is stale under another (numba
+    then recompiles), while other caches keep numba's own per-file stamp."""
+    from numba.core import caching
+
+    from kernels_cpu import cache_safety as C
+
+    kdir, odir = tmp_path / "kernels_cpu_0123", tmp_path / "elsewhere"
+    kdir.mkdir()
+    odir.mkdir()
+    for d in (kdir, odir):
+        f = caching.IndexDataCacheFile(str(d), "mod.f-1.py311", (1.0, 100))
+        f._save_index({"sig": "mod.f-1.py311.0.nbc"})
+    assert caching.IndexDataCacheFile(str(kdir), "mod.f-1.py311", (1.0, 100))._load_index() == {
+        "sig": "mod.f-1.py311.0.nbc"}
+    monkeypatch.setattr(C, "_STAMP", ["another release"])
+    assert caching.IndexDataCacheFile(str(kdir), "mod.f-1.py311", (1.0, 100))._load_index() == {}
+    assert caching.IndexDataCacheFile(str(odir), "mod.f-1.py311", (1.0, 100))._load_index() == {
+        "sig": "mod.f-1.py311.0.nbc"}
