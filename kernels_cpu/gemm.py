@@ -67,7 +67,8 @@ from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_
                      silu, wide_loops)
 from . import target
 from .dot_tile import TA, TB, dot_tile
-from .parallel import c_array_at, call_address, fetch_add, like_dtype, prefetch, run_at, run_workers, worker_address
+from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, prefetch, run_at, run_workers,
+                       worker_address)
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
 # registers + 2 B vectors + 1 broadcast A value = 15 of the 16 AVX2 registers (the BLIS /
@@ -1066,22 +1067,11 @@ def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
     p[V_NBATCH], p[V_M], p[V_N], p[V_K] = nbatch, M, N, K
     p[V_TRANSA], p[V_NS] = transa, ns
     p[V_EPILOGUE] = epilogue_address(out3.dtype, code) if epilogue else 0
-    _gemv_addresses(p, a3, b3, out3, bias, part, a_idx, b_idx)
+    addresses(p, (a3, b3, out3, bias, part, a_idx, b_idx))  # slots V_A .. V_BIDX
     fn = worker_address(gemv_kn_worker, (bool(out3.dtype == np.float64),))
     for phase, items in ((0, nbatch * ns), (1, nbatch * M)):
         p[V_PHASE], p[V_NEXT] = phase, 0
         run_workers(fn, p, max(1, min(nworkers, items)))
-
-
-@njit(cache=True)
-def _gemv_addresses(p, a3, b3, out3, bias, part, a_idx, b_idx):
-    p[V_A] = a3.ctypes.data
-    p[V_B] = b3.ctypes.data
-    p[V_OUT] = out3.ctypes.data
-    p[V_BIAS] = bias.ctypes.data
-    p[V_PART] = part.ctypes.data
-    p[V_AIDX] = a_idx.ctypes.data
-    p[V_BIDX] = b_idx.ctypes.data
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -1162,7 +1152,7 @@ def gemv_nk(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
     p[V_NBATCH], p[V_M], p[V_N], p[V_K] = nbatch, M, N, K
     p[V_EPILOGUE] = epilogue_address(out3.dtype, code) if epilogue else 0
     a2 = np.ascontiguousarray(np.swapaxes(a3, 1, 2)) if transa else a3  # dot_tile reads A's rows along K
-    _gemv_addresses(p, a2, b3, out3, bias, bias, a_idx, b_idx)  # no partial sums: bias fills their slot
+    addresses(p, (a2, b3, out3, bias, bias, a_idx, b_idx))  # no partial sums: bias fills their slot
     fn = worker_address(gemv_nk_worker, (bool(out3.dtype == np.float64),))
     items = nbatch * -(-N // GEMV_NK_ROWS)
     run_workers(fn, p, max(1, min(nworkers, items)))
@@ -1234,15 +1224,9 @@ def epilogue(c2, bias, code, nworkers):
     rows, n = c2.shape
     p = np.zeros(E_COUNT, np.int64)
     p[E_ROWS], p[E_N], p[E_ISZ], p[E_FN] = rows, n, c2.itemsize, epilogue_address(c2.dtype, code)
-    _epi_addresses(p, c2, bias)
+    addresses(p, (c2, bias))  # slots E_C, E_BIAS
     fn = worker_address(epilogue_worker, ())
     run_at(fn, p.ctypes.data, 1 if c2.size <= EPI_SERIAL_MAX else min(nworkers, -(-rows // EPI_ROWS)))
-
-
-@njit(cache=True)
-def _epi_addresses(p, c2, bias):
-    p[E_C] = c2.ctypes.data
-    p[E_BIAS] = bias.ctypes.data
 
 
 @njit(**JIT_BY_ADDRESS)
