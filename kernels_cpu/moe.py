@@ -26,10 +26,11 @@ only k experts are active, and the call is a stream over their weights.
 
 Both products are "rows times rows": X (n, K) times W (N, K) transposed, both operands
 contiguous along K (w_gate / w_up rows along H, w_down rows along F, hid rows along F).
-dot_tile (kernels_cpu/dot_tile.py), an LLVM-IR intrinsic like the GEMM's micro-kernel, computes a TA x TB tile of such dot products with TA * TB vector
-accumulators along K: per K step of one vector, TB weight loads, TA row loads and TA * TB
-FMAs (4 x 3: 7 loads per 12 FMAs, as the 6 x 16 outer-product kernel's 8 per 12), and no
-packing of either operand: a weight row is used straight from memory, streamed once.  K is
+dot_tile (kernels_cpu/dot_tile.py), an LLVM-IR intrinsic like the GEMM's micro-kernel,
+computes a TA x TB tile of such dot products with TA * TB vector accumulators along K:
+per K step of one vector, TB weight loads, TA row loads and TA * TB FMAs (4 x 3: 7 loads
+per 12 FMAs, as the 6 x 16 outer-product kernel's 8 per 12), and no packing of either
+operand: a weight row is used straight from memory, streamed once.  K is
 split into blocks of KC (measured: long blocks win, beside KC); partial sums add into the
 task's small accumulator (n x 2 FB or n x HB); an expert with at most TA rows (decode)
 takes K in one block.  Edge tiles (fewer than TA rows or TB weight rows) repeat their last

@@ -386,7 +386,8 @@ def prefetch(typingctx, arr, idx):
         i32 = ir.IntType(32)
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         ptr = builder.bitcast(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i8p)
-        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
+                                               ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
         builder.call(pfn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 

@@ -319,9 +319,10 @@ def test_out_aliasing_rejected_and_untouched():
 def test_explain_picks_gemv_for_few_rows_with_epilogue():
     # a fused epilogue keeps 2-7 rows on our gemv; one row and a plain product go to OpenBLAS
     # (the measurements beside GEMV_ROWS in dispatch/ops/linalg.py)
-    assert dispatch.explain("linear", np.ones((2, 64), F32), np.ones((32, 64), F32), activation="silu").chosen == "cpu-gemv"
-    assert dispatch.explain("matmul", np.ones((3, 64), F32), np.ones((64, 32), F32), bias=np.ones(32, F32)).chosen == "cpu-gemv"
-    assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32), activation="silu").chosen == "blas"
+    x1, x2, w = np.ones((1, 64), F32), np.ones((2, 64), F32), np.ones((32, 64), F32)
+    assert dispatch.explain("linear", x2, w, activation="silu").chosen == "cpu-gemv"
+    assert dispatch.explain("matmul", np.ones((3, 64), F32), w.T, bias=np.ones(32, F32)).chosen == "cpu-gemv"
+    assert dispatch.explain("linear", x1, w, activation="silu").chosen == "blas"
     assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32)).chosen == "blas"
     assert dispatch.explain("matmul", np.ones((64, 64), F32), np.ones((64, 32), F32)).chosen in ("cpu-gemm", "blas")
 

@@ -647,8 +647,8 @@ def _order(key):
     if key.prepacked and m >= GEMV_ROWS and epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "weight prepacked, with bias/activation: the own GEMM skips packing it and fuses the epilogue"
     if m == 1 and epilogue:
-        return ("blas", "cpu-gemv", "cpu-gemm"), ("one row with bias/activation: OpenBLAS's gemv reads b faster than ours, "
-                                                  "and the epilogue's pass is over one row")
+        return ("blas", "cpu-gemv", "cpu-gemm"), ("one row with bias/activation: OpenBLAS's gemv reads b faster "
+                                                  "than ours, and the epilogue's pass is over one row")
     if m < GEMV_ROWS and epilogue:
         return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
     if m < GEMV_ROWS:
