@@ -472,6 +472,13 @@ def test_several_row_blocks_and_column_edges(impl):
     b = make_b(g, (37, 21), "col", zp=True)
     got = _call(impl, dispatch.matmul_int8, a, b)
     assert_one_rounding(got, ref.matmul_int8(a, b), impl)
+    # more row panels than one task takes (ROW_PANELS_MAX: 16 of 32 AMX rows), and columns
+    # split in parts per thread whose last panel is partial
+    from dispatch.ops.int8_linalg import ROW_PANELS_MAX
+    a = make_a(g, (32 * ROW_PANELS_MAX + 37, 37), np.int8, "row")
+    b = make_b(g, (37, 70), "col", zp=True)
+    got = _call(impl, dispatch.matmul_int8, a, b, activation="relu")
+    assert_one_rounding(got, np.maximum(ref.matmul_int8(a, b), 0), impl)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU VNNI implementation's one-row path")

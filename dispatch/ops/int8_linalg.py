@@ -272,19 +272,23 @@ def _zeros(n):
     return kernel_input(z)
 
 
-# Task blocking of the packed GEMM: whole row panels per task (the A panels of a task stay
-# in L2 while its B panels stream), columns split until there are TASKS_MIN tasks.
-# Measured 2026-11-25 (Sapphire Rapids host, 2 threads, loaded by other jobs; medians of 40,
-# VNNI path with its first per-tile epilogue): 128x768x768 (row panels, column panels per
-# task): (16, 1) 256 us, (16, 2) 255, (8, 2) 255, (4, 4) 258 (quantization of A included):
-# the blocking hardly mattered, so the rule only keeps both threads busy.  Wider tasks
-# amortize the per-row epilogue call (see kernels_cpu/int8_gemm's drivers).
-TASKS_MIN = 8
+# Task blocking of the packed GEMM: whole row panels per task (up to 16: the A panels of a
+# task stay in L2 while its B panels stream), the columns split in at least one part per
+# thread and parts of at most TASK_COLS columns.  Each task row ends in an epilogue call,
+# so wide tasks pay fewer of them: 8 tasks of 96 columns (TASKS_MIN = 8, the rule before)
+# against 2 of 384, AMX path, 2 threads, medians of 21 x 20 calls of K.gemm alone in three
+# processes (Sapphire Rapids-class Xeon, 2026-12-03), us: 32x768x768 30.3-33.3 -> 25.7-27.1,
+# 128x768x768 77.3-86.0 -> 68.5-72.0, 512x768x768 264-311 -> 238-263; 128x768x3072 the
+# same either way (253-279 / 252-288 with 2 tasks of 1536 columns).
+TASK_COLS = 384
+ROW_PANELS_MAX = 16
 
 
-def _blocks(mp, npn):
-    nc = max(1, npn // TASKS_MIN) if mp <= 16 else max(1, npn // 2)
-    mc = mp if mp <= 16 else 16
+def _blocks(mp, npn, nr, threads):
+    """(row panels, column panels, tasks) per task for mp x npn panels of nr columns."""
+    mc = min(mp, ROW_PANELS_MAX)
+    parts = max(threads, -(-npn * nr // TASK_COLS))
+    nc = -(-npn // parts)
     return mc, nc, -(-mp // mc) * -(-npn // nc)
 
 
@@ -356,7 +360,7 @@ def _run_packed(path):
         bias_v = _zeros(n) if bias is None else kernel_input(bias)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
-        mc, nc, ntasks = _blocks(mp, npn)
+        mc, nc, ntasks = _blocks(mp, npn, nr, threads)
         # the cached weight and row parameters are writeable-typed aliases already (made once),
         # so the argument-block helper compiles one specialization
         K.gemm(kpath, code, abuf.reshape(-1).view(np.int32), pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, out2,
