@@ -535,3 +535,33 @@ def test_amx_one_row_path(a_dtype):
         with dispatch.use(dynamic_quant_linear="cpu-vnni512"):
             want = dispatch.dynamic_quant_linear(x, w)
         np.testing.assert_array_equal(_call("cpu-amx", dispatch.dynamic_quant_linear, x, w), want)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU packer of A")
+@pytest.mark.parametrize("wide", [False, True], ids=["uint8", "int16"])
+@pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
+def test_pack_a_rows_and_sums(a_dtype, wide):
+    """kernels_cpu.int8_gemm.pack_a from integer A: each packed row is a + 128 (int8 a) or a
+    (uint8) and zero padding, c = shift + za, rs = sum_k (a - za) exactly, for K below, at
+    and past the 64-byte AMX word, full-range values included, on one and on two workers,
+    into uint8 (AMX, VNNI) and int16 (AVX2) layouts."""
+    from kernels_cpu import int8_gemm as K
+    g = rng()
+    info = np.iinfo(a_dtype)
+    shift = 128 if a_dtype == np.int8 else 0
+    for k in (1, 63, 64, 65, 130, 768):
+        m = 19
+        a = g.integers(info.min, info.max, (m, k), endpoint=True).astype(a_dtype)
+        a[0] = info.max
+        a[1] = info.min
+        za = g.integers(-3, 4, m).astype(np.float64)
+        kp = -(-k // 64) * 64
+        for nworkers in (1, 2):
+            dst = np.full((32, kp), 7, np.int16 if wide else np.uint8)
+            c, rs = np.full(m, np.nan), np.full(m, np.nan)
+            K.pack_a(a, dst, c, rs, za=za, nworkers=nworkers)
+            want = a.astype(np.int64) + shift
+            np.testing.assert_array_equal(dst[:m, :k], want, err_msg=f"K={k}")
+            assert not dst[:m, k:].any() and not dst[m:].any(), f"K={k}: padding not zero"
+            np.testing.assert_array_equal(c, shift + za)
+            np.testing.assert_array_equal(rs, (a.astype(np.int64) - za[:, None]).sum(axis=1), err_msg=f"K={k}")
