@@ -1,8 +1,8 @@
 """Our own thread team: the threads that run the by-address workers (parallel.run_workers,
 the GEMM, attention, conv, ...) and the row kernels (parallel.row_run: softmax, layer, RMS,
 group and batch norm, rope, resampling, adaptive pooling, the activations and the backward
-of softmax and the activations), the GEMV and the BLAS path's epilogue.  The other prange
-kernels (the block-counting ones of parallel.run_dynamic: cross-entropy, the norms'
+of softmax and the activations), the GEMV, the BLAS path's epilogue and cross-entropy.
+The other prange kernels (the block-counting ones of parallel.run_dynamic: the norms'
 backward when the team is busy, quantization) still run on numba's threading layer.
 
 Why: numba's tbb layer builds a task arena and an observer on every parallel call and

@@ -169,6 +169,19 @@ CE_SHAPES = [(1, 1), (7, 3), (13, 67)] if SMALL_SHAPES else [(1, 1), (7, 3), (33
 TARGET_DTYPES = [np.int64, np.int32, np.int16, np.uint8, np.uint64, np.int8]
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU parallel kernel's block order")
+def test_cross_entropy_parallel_sum_is_deterministic():
+    """The parallel kernel adds its row blocks' losses in block order whichever thread ran
+    which block: repeated calls give the same bits."""
+    g = rng()
+    logits = randn(g, (997, 300), np.float32) * 4
+    targets = g.integers(0, 300, 997)
+    with dispatch.use(cross_entropy="cpu-parallel"):
+        first = dispatch.cross_entropy(logits, targets, reduction="sum")
+        for _ in range(20):
+            assert dispatch.cross_entropy(logits, targets, reduction="sum").tobytes() == first.tobytes()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", CE_SHAPES, ids=str)
 @pytest.mark.parametrize("impl", impl_params("cross_entropy"))
