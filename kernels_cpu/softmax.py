@@ -27,7 +27,7 @@ from numba.extending import overload
 
 from .approx import (OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like,
                      wide_loops)
-from .parallel import (RW_D, RW_I, RW_N, addresses, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
+from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
                        row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
 
 
@@ -238,7 +238,8 @@ def ce_worker(w, params, is64):
     Called by address rather than as the prange kernel it replaced, which compiled
     cross_entropy_rows again into its gufunc: cold first call of cross_entropy (GPT-2's
     128 x 50257, empty cache, Sapphire Rapids-class Xeon, 2026-12-03, three alternating
-    processes) 1.68-1.71 -> 1.30-1.33 s, of linear_cross_entropy 1.79-1.80 -> 1.40-1.72 s;
+    processes) 1.68-1.71 -> 1.30-1.33 s (1.13-1.14 with _ce_params), of linear_cross_entropy
+    1.79-1.80 -> 1.40-1.72 s;
     the call itself unchanged (1.50-1.52 ms, loop medians)."""
     p = c_array_at(params, np.int64(0), (C_COUNT,))
     z = like_dtype(is64)
@@ -254,6 +255,14 @@ def ce_worker(w, params, is64):
         k = fetch_add(p, C_NEXT, 1)
 
 
+@njit(**JIT)
+def _ce_params(p, x, targets, losses, part, counts):
+    """ce_worker's addresses into p (in numba an array's address costs nothing, in Python
+    ~3 us; parallel.addresses, with its literal_unroll, added 0.25 s to the cold first call)."""
+    p[C_X], p[C_T], p[C_L] = x.ctypes.data, targets.ctypes.data, losses.ctypes.data
+    p[C_PART], p[C_COUNT_PART] = part.ctypes.data, counts.ctypes.data
+
+
 def cross_entropy_parallel(x, targets, ignore_index, losses):
     """cross_entropy_serial's result, row blocks taken by the team's threads (ce_worker on
     parallel.run_workers).  x (N, C), targets int64 (N,), losses (N,) of x's dtype, all
@@ -267,7 +276,7 @@ def cross_entropy_parallel(x, targets, ignore_index, losses):
     part = np.zeros(tasks)
     counts = np.zeros(tasks, np.int64)
     p = np.zeros(C_COUNT, np.int64)
-    addresses(p, (x, targets, losses, part, counts))
+    _ce_params(p, x, targets, losses, part, counts)
     p[C_ROWS], p[C_COLS], p[C_IGNORE], p[C_TASKS] = n, x.shape[1], ignore_index, tasks
     run_workers(worker_address(ce_worker, (bool(x.dtype == np.float64),)), p, min(num_threads(), tasks))
     return float(part.sum()), int(counts.sum())
