@@ -239,8 +239,7 @@ def ce_worker(w, params, is64):
     cross_entropy_rows again into its gufunc: cold first call of cross_entropy (GPT-2's
     128 x 50257, empty cache, Sapphire Rapids-class Xeon, 2026-12-03, three alternating
     processes) 1.68-1.71 -> 1.30-1.33 s (1.13-1.14 with _ce_params), of linear_cross_entropy
-    1.79-1.80 -> 1.40-1.72 s;
-    the call itself unchanged (1.50-1.52 ms, loop medians)."""
+    1.79-1.80 -> 1.40-1.72 s; the call itself unchanged (1.50-1.52 ms, loop medians)."""
     p = c_array_at(params, np.int64(0), (C_COUNT,))
     z = like_dtype(is64)
     n, c, tasks = p[C_ROWS], p[C_COLS], p[C_TASKS]
