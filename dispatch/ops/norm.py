@@ -35,11 +35,19 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_b
 # right after a PyTorch linear 597-744 / 737-898 us; but batches of 20 autograd forward +
 # backward calls 1276-1438 / 1011-1083 us.  2^18 stays (git log of this line: 5c32445 and
 # its revert).
+# Re-measured on the thread team (parallel.row_run), forced serial / parallel through
+# dispatch, float32, Xeon with AVX-512, 2 vCPUs (2026-12-03), us, [loop | after 0.2 s idle |
+# paced: 10 calls after 10 ms]: layer_norm D=768, 128 rows (2^16.6) 24-29 / 21-24 | 436-467
+# / 501-574 | 38-41 / 48-58; 256 rows (2^17.6) 53-58 / 33-34 | 537-564 / 489-542 | 74-90 /
+# 69-80; 384 rows (2^18.2) 89 / 42 | 556 / 496 | 113 / 92.  rms_norm D=768, 256 rows 41 / 24
+# | 472 / 503 | 60 / 74; D=4096, 64 rows (2^18) 67 / 32 | 565 / 584 | 93 / 69.  Serial
+# wins below 2^17 in every setting but the loop, 2^17.6 is mixed, parallel wins from 2^18:
+# 2^18 stays.
 PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
-_MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
-                           "tie at 2^18.6 elements",
-             "rms_norm": "rms_norm float32 serial vs parallel (tbb, loop and paced): serial ahead to 2^17.6, "
-                         "parallel ahead in a loop at 2^18.6 elements"}
+_MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (thread team, loop, after idle and paced): serial "
+                           "ahead below 2^17, mixed at 2^17.6, parallel ahead from 2^18 elements",
+             "rms_norm": "rms_norm float32 serial vs parallel (thread team, loop, after idle and paced): serial "
+                         "ahead below 2^17 but in a loop, mixed at 2^17.6, parallel ahead from 2^18 elements"}
 
 
 _KERNELS = ("kernels_cpu.norm", "kernels_cpu.approx", "kernels_cpu.parallel")
