@@ -32,9 +32,22 @@ from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_b
 # 2^20.  group_norm 32 + silu on 1xCx16x16: parallel ahead back to back from 2^17 (249 vs
 # 304 us) but behind after idle (1095 vs 740 us), about even at SD's 1x320x64x64 (2.68 vs
 # 2.83 ms): threads from 2^17.
-PARALLEL_THRESHOLD = {"batch_norm": 1 << 20, "group_norm": 1 << 17}
-_MEASURED = {"batch_norm": "parallel never ahead at 2^11..2^19.6 elements (measured, 2 cores)",
-             "group_norm": "parallel ahead back to back from 2^17, even at 2^20 (measured, 2 cores)"}
+# Re-measured on the thread team (parallel.row_run; the numbers above were numba's threads),
+# forced serial / parallel through dispatch, float32, Xeon with AVX-512, 2 vCPUs
+# (2026-12-03), us, [loop | after 0.2 s idle | paced: 10 calls after 10 ms].  batch_norm +
+# relu: 1x64x32x32 (2^16) 25 / 40 | 502 / 789 | 32 / 47; 1x128x32x32 (2^17) 35 / 30 | 617 /
+# 624 | 57 / 66; 1x64x56x56 (2^17.6) 49 / 34 | 566 / 553 | 73 / 88 (another run 154 / 93);
+# 1x64x64x64 (2^18) 74 / 40 | 649 / 632 | 110 / 95; 1x128x64x64 (2^19) 188 / 97 | 844 / 765
+# | 232 / 142; ResNet's stem 1x64x112x112 (2^19.6) 275-298 / 151-155 | 1003-1158 / 900-937 |
+# 334-336 / 208-217: threads from 2^18.  group_norm 32 + silu: 1x64x32x32 60 / 40 | 464 /
+# 573 | 102 / 62; 1x128x32x32 76 / 51 | 502 / 599 | 92 / 122; 1x256x32x32 (2^18) 195 / 106
+# | 739 / 656 | 215 / 144; SD's 1x320x64x64 1005 / 641 | 2536 / 1553 | 1072 / 762: 2^17,
+# where the settings disagree, stays.
+PARALLEL_THRESHOLD = {"batch_norm": 1 << 18, "group_norm": 1 << 17}
+_MEASURED = {"batch_norm": "on the thread team parallel ahead from 2^18 elements back to back, after idle and paced; "
+                           "mixed at 2^17-2^17.6 (measured, 2 cores)",
+             "group_norm": "on the thread team parallel ahead back to back from 2^16, after idle and paced from 2^18; "
+                           "mixed at 2^17 (measured, 2 cores)"}
 
 _KERNELS = ("kernels_cpu.channel_norm", "kernels_cpu.approx", "kernels_cpu.parallel")
 
