@@ -290,6 +290,15 @@ def _run_workers(fn, params, n):
         call_address(fn, (w, params))
 
 
+def require_c_arrays(who, specs):
+    """ValueError naming `who` and the array unless each (name, array, dtype) of specs is a
+    C-contiguous array of that dtype: a by-address worker reads its arrays' raw memory."""
+    for name, a, dt in specs:
+        if a.dtype != dt or not a.flags.c_contiguous:
+            raise ValueError(f"{who}: {name} must be C-contiguous {np.dtype(dt)}, got {a.dtype} "
+                             f"(C-contiguous: {a.flags.c_contiguous})")
+
+
 def run_workers(fn, params, n):
     """fn(w, params.ctypes.data) for w in range(n) on our thread team (kernels_cpu/team.py),
     or numba's threads when the team is off or busy with another Python thread's call: n

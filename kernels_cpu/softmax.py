@@ -28,7 +28,7 @@ from numba.extending import overload
 from .approx import (OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like,
                      wide_loops)
 from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
-                       row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
+                       require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -268,10 +268,8 @@ def cross_entropy_parallel(x, targets, ignore_index, losses):
     """cross_entropy_serial's result, row blocks taken by the team's threads (ce_worker on
     parallel.run_workers).  x (N, C), targets int64 (N,), losses (N,) of x's dtype, all
     C-contiguous (the worker reads raw memory)."""
-    for name, a, dt in (("x", x, x.dtype), ("targets", targets, np.int64), ("losses", losses, x.dtype)):
-        if a.dtype != dt or not a.flags.c_contiguous:
-            raise ValueError(f"cross_entropy_parallel: {name} must be C-contiguous {np.dtype(dt)}, got {a.dtype} "
-                             f"(C-contiguous: {a.flags.c_contiguous})")
+    require_c_arrays("cross_entropy_parallel", (("x", x, x.dtype), ("targets", targets, np.int64),
+                                                ("losses", losses, x.dtype)))
     n = x.shape[0]
     tasks = tasks_for(n)
     part = np.zeros(tasks)

@@ -30,7 +30,7 @@ from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
 from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
-                       row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
+                       require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -265,11 +265,8 @@ def ce_grad_worker(w, params, is64):
 
 def ce_grad_parallel(x, targets, ignore_index, grad, losses, scales, per_row, base):
     """ce_grad_serial's result, row blocks split over numba's threads (ce_grad_worker)."""
-    for name, a, dt in (("x", x, x.dtype), ("targets", targets, np.int64), ("grad", grad, x.dtype),
-                        ("losses", losses, x.dtype), ("scales", scales, x.dtype)):
-        if a.dtype != dt or not a.flags.c_contiguous:  # the worker reads raw memory
-            raise ValueError(f"ce_grad_parallel: {name} must be C-contiguous {np.dtype(dt)}, got {a.dtype} "
-                             f"(C-contiguous: {a.flags.c_contiguous})")
+    require_c_arrays("ce_grad_parallel", (("x", x, x.dtype), ("targets", targets, np.int64), ("grad", grad, x.dtype),
+                                          ("losses", losses, x.dtype), ("scales", scales, x.dtype)))
     n = x.shape[0]
     tasks = tasks_for(n)
     part = np.zeros(tasks)

@@ -412,3 +412,20 @@ def test_empty_inputs():
     assert np.isnan(dispatch.cross_entropy(logits, t))  # mean over no rows, as PyTorch
     assert dispatch.cross_entropy(logits, t, reduction="sum") == 0
     assert dispatch.cross_entropy(logits, t, reduction="none").shape == (0,)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU kernels' raw-memory guard")
+def test_cross_entropy_workers_refuse_arrays_they_cannot_read_raw():
+    """The by-address workers read raw memory: their launchers refuse a non-contiguous or
+    wrongly typed array, naming it, before any worker runs."""
+    from kernels_cpu import softmax as K, softmax_grad as KG
+    x = np.zeros((8, 10), np.float32)
+    t = np.zeros(8, np.int64)
+    losses = np.full(8, 7.0, np.float32)
+    with pytest.raises(ValueError, match="cross_entropy_parallel: x must be C-contiguous"):
+        K.cross_entropy_parallel(np.zeros((10, 8), np.float32).T, t, -100, losses)
+    with pytest.raises(ValueError, match="cross_entropy_parallel: targets must be C-contiguous int64"):
+        K.cross_entropy_parallel(x, t.astype(np.int32), -100, losses)
+    with pytest.raises(ValueError, match="ce_grad_parallel: grad must be C-contiguous float32"):
+        KG.ce_grad_parallel(x, t, -100, x.astype(np.float64), losses, np.ones(1, np.float32), False, 1.0)
+    assert (losses == 7.0).all()
