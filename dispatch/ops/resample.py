@@ -52,8 +52,16 @@ MODES = ("nearest", "nearest-exact", "bilinear")
 # (2^18 nearest: serial 141 / 565 us, parallel 215 / 768 us; bilinear 583 / 1145 vs
 # 612 / 1340 us), and at the SD U-Net's 2^20.3 (1x320x64x64 -> 128x128) about even (2.70
 # vs 2.56 ms).  Threads from 2^20 output elements.
-PARALLEL_THRESHOLD = 1 << 20
-_MEASURED = "parallel never ahead at 2^11..2^18 output elements, even at 2^20.3 (measured, 2 cores)"
+# Re-measured on the thread team (parallel.row_run; the numbers above were numba's threads),
+# forced serial / parallel through dispatch, 2x upsampling of 1xCx32x32 float32, Xeon with
+# AVX-512, 2 vCPUs (2026-12-03), us, [loop | after 0.2 s idle | paced: 10 calls after 10
+# ms]: nearest 2^18 output elements 37 / 30 | 518 / 576 | 59 / 70; 2^19 100 / 45 | 659 / 683 |
+# 139 / 104; 2^20 219 / 148 | 940 / 888 | 269 / 172; 2^20.3 264 / 166 | 1018 / 887 | 317 /
+# 219; bilinear 2^19 709 / 395 | 1112 / 966 | 684 / 396; 2^20 1234 / 671 | 1766 / 1261 |
+# 1289 / 754.  Threads from 2^19 (2^18 is mixed).
+PARALLEL_THRESHOLD = 1 << 19
+_MEASURED = ("on the thread team parallel ahead from 2^19 output elements back to back and paced, even after "
+             "idle; mixed at 2^18 (measured, 2 cores)")
 
 _KERNELS = ("kernels_cpu.resample", "kernels_cpu.approx", "kernels_cpu.parallel")
 
