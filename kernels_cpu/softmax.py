@@ -40,7 +40,8 @@ from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dty
 # and 0.54 for the plain loop.
 @njit(**HELPER)
 def _row_max32(xr):
-    iv = c_array_at(xr.ctypes.data, np.int32(0), (xr.shape[0],))  # xr.view's implementation compiled in 0.1 s
+    # the bits in place: with xr.view this helper took 0.28 s to compile, 0.10 s without (2026-12-03)
+    iv = c_array_at(xr.ctypes.data, np.int32(0), (xr.shape[0],))
     k = np.int32(-2147483648)
     a = np.int32(0)
     for j in range(iv.shape[0]):

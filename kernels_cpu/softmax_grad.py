@@ -264,7 +264,8 @@ def ce_grad_worker(w, params, is64):
 
 
 def ce_grad_parallel(x, targets, ignore_index, grad, losses, scales, per_row, base):
-    """ce_grad_serial's result, row blocks split over numba's threads (ce_grad_worker)."""
+    """ce_grad_serial's result, row blocks taken by the team's threads (ce_grad_worker on
+    parallel.run_workers)."""
     require_c_arrays("ce_grad_parallel", (("x", x, x.dtype), ("targets", targets, np.int64), ("grad", grad, x.dtype),
                                           ("losses", losses, x.dtype), ("scales", scales, x.dtype)))
     n = x.shape[0]
