@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .llvm_ir import hsum
+from .llvm_ir import arg_readers, hsum, prefetch
 
 TA = 4   # rows (tokens) per dot tile
 TB = 3   # weight rows per dot tile: 12 vector accumulators + 3 weight vectors + 1 row vector = 16 ymm
@@ -40,60 +40,59 @@ def dot_tile(typingctx, kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t):
     def codegen(context, builder, sig, args):
         fty = context.get_value_type(sig.args[1].dtype)
         vty = ir.VectorType(fty, width)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
         align = 4 if is32 else 8
-
-        def i64_of(pos):
-            return context.cast(builder, args[pos], sig.args[pos], types.int64)
-
-        def data(pos):
-            return context.make_array(sig.args[pos])(context, builder, args[pos]).data
-
+        i64_of, data = arg_readers(context, builder, sig, args)
         arows = [builder.gep(data(1), [i64_of(2 + i)]) for i in range(TA)]
         brows = [builder.gep(data(6), [i64_of(7 + j)]) for j in range(TB)]
-        i8p = ir.IntType(8).as_pointer()
-        qrows = [builder.bitcast(builder.gep(data(6), [i64_of(10 + j)]), i8p) for j in range(TB)]
-        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
-                                               ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        kl64 = i64_of(0)
-        nvec = builder.udiv(kl64, ir.Constant(i64, width))
-        suffix = "f32" if is32 else "f64"
-        vfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
-                                              f"llvm.fma.v{width}{suffix}")
-        sfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fty, [fty] * 3), f"llvm.fma.{suffix}")
-        zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
-        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(TB)] for _ in range(TA)]
-
-        def vload(row, k):
-            return builder.load(builder.bitcast(builder.gep(row, [k]), vty.as_pointer()), align=align)
-
-        with cgutils.for_range(builder, nvec) as loop:
-            k = builder.mul(loop.index, ir.Constant(i64, width))
-            kb = builder.mul(k, ir.Constant(i64, 4 if is32 else 8))
-            for j in range(TB):
-                builder.call(pfn, [builder.gep(qrows[j], [kb]), ir.Constant(i32, 0), ir.Constant(i32, 2),
-                                   ir.Constant(i32, 1)])
-            bv = [vload(brows[j], k) for j in range(TB)]
-            for i in range(TA):
-                av = vload(arows[i], k)
-                for j in range(TB):
-                    builder.store(builder.call(vfma, [av, bv[j], builder.load(accs[i][j])]), accs[i][j])
-
-        sums = [[cgutils.alloca_once_value(builder, hsum(builder, builder.load(accs[i][j]), width))
-                 for j in range(TB)]
-                for i in range(TA)]
-        kv = builder.mul(nvec, ir.Constant(i64, width))
-        with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:
-            k = builder.add(kv, loop.index)
-            bs = [builder.load(builder.gep(brows[j], [k])) for j in range(TB)]
-            for i in range(TA):
-                a_s = builder.load(builder.gep(arows[i], [k]))
-                for j in range(TB):
-                    builder.store(builder.call(sfma, [a_s, bs[j], builder.load(sums[i][j])]), sums[i][j])
-        tp = data(13)
-        for i in range(TA):
-            for j in range(TB):
-                builder.store(builder.load(sums[i][j]), builder.gep(tp, [ir.Constant(i64, i * TB + j)]))
+        qrows = [builder.gep(data(6), [i64_of(10 + j)]) for j in range(TB)]
+        emit_tile(builder, arows, brows, qrows, i64_of(0), width, fty, align, data(13),
+                  lambda ptr: builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align),
+                  lambda ptr: builder.load(ptr))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def emit_tile(builder, arows, brows, qrows, kl64, width, fty, bsize, t_ptr, b_vector, b_scalar):
+    """The IR of a tile of len(arows) x len(brows) dot products over kl64 values, shared by
+    dot_tile and weight_only's wo_tile: vector accumulators (allocas that mem2reg makes
+    registers), a loop of kl // width steps (a prefetch of each qrows row into L2 at the
+    step's byte offset, the b vectors, then each a row's vector and its FMAs), a horizontal
+    sum per accumulator, a scalar loop over the last kl % width values, and the sums stored
+    to t_ptr[i * len(brows) + j].  arows: pointers to float rows (fty, read in vectors of
+    width); brows / qrows: pointers to b's rows and to the rows to prefetch (bsize bytes per
+    element); b_vector(ptr) / b_scalar(ptr): the fty vector / value of b at ptr (a load, or
+    a load widened from 16 or 8 bits)."""
+    i64 = ir.IntType(64)
+    vty = ir.VectorType(fty, width)
+    suffix = "f32" if isinstance(fty, ir.FloatType) else "f64"
+    vfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), f"llvm.fma.v{width}{suffix}")
+    sfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fty, [fty] * 3), f"llvm.fma.{suffix}")
+    asize = 4 if suffix == "f32" else 8
+    na, nb = len(arows), len(brows)
+    nvec = builder.udiv(kl64, ir.Constant(i64, width))
+    zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
+    accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nb)] for _ in range(na)]
+    with cgutils.for_range(builder, nvec) as loop:
+        k = builder.mul(loop.index, ir.Constant(i64, width))
+        kb = builder.mul(k, ir.Constant(i64, bsize))
+        for j in range(nb):
+            prefetch(builder, qrows[j], 2, kb)
+        bv = [b_vector(builder.gep(brows[j], [k])) for j in range(nb)]
+        for i in range(na):
+            av = builder.load(builder.bitcast(builder.gep(arows[i], [k]), vty.as_pointer()), align=asize)
+            for j in range(nb):
+                builder.store(builder.call(vfma, [av, bv[j], builder.load(accs[i][j])]), accs[i][j])
+    sums = [[cgutils.alloca_once_value(builder, hsum(builder, builder.load(accs[i][j]), width)) for j in range(nb)]
+            for i in range(na)]
+    kv = builder.mul(nvec, ir.Constant(i64, width))
+    with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:
+        k = builder.add(kv, loop.index)
+        bs = [b_scalar(builder.gep(brows[j], [k])) for j in range(nb)]
+        for i in range(na):
+            a_s = builder.load(builder.gep(arows[i], [k]))
+            for j in range(nb):
+                builder.store(builder.call(sfma, [a_s, bs[j], builder.load(sums[i][j])]), sums[i][j])
+    for i in range(na):
+        for j in range(nb):
+            builder.store(builder.load(sums[i][j]), builder.gep(t_ptr, [ir.Constant(i64, i * nb + j)]))

@@ -67,6 +67,7 @@ from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_
                      silu, wide_loops)
 from . import target
 from .dot_tile import TA, TB, dot_tile
+from .llvm_ir import arg_readers, prefetch as prefetch_line
 from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, prefetch, run_at, run_workers,
                        worker_address)
 
@@ -287,15 +288,13 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
             vty = ir.VectorType(fty, width)
             i64, i32 = ir.IntType(64), ir.IntType(32)
 
-            def i64_of(pos):
-                return context.cast(builder, args[pos], sig.args[pos], types.int64)
+            i64_of, data = arg_readers(context, builder, sig, args)
 
-            apd = builder.gep(context.make_array(sig.args[1])(context, builder, args[1]).data, [i64_of(2)])
-            bpd = builder.gep(context.make_array(sig.args[3 + sh])(context, builder, args[3 + sh]).data,
-                              [i64_of(4 + sh)])
-            cpd = builder.gep(context.make_array(sig.args[ci])(context, builder, args[ci]).data, [i64_of(ci + 1)])
+            apd = builder.gep(data(1), [i64_of(2)])
+            bpd = builder.gep(data(3 + sh), [i64_of(4 + sh)])
+            cpd = builder.gep(data(ci), [i64_of(ci + 1)])
             if indexed:
-                tabd = builder.gep(context.make_array(sig.args[5])(context, builder, args[5]).data, [i64_of(6)])
+                tabd = builder.gep(data(5), [i64_of(6)])
             if rows_a:  # the MR row starts, once: then row i's k-th value is one gep away
                 arows = [builder.gep(apd, [builder.mul(i64_of(3), ir.Constant(i64, i))]) for i in range(MR)]
             ldc = i64_of(ci + 2)
@@ -308,20 +307,13 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(MR)]
             undef = ir.Constant(vty, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, width), [0] * width)
-            i8p = ir.IntType(8).as_pointer()
-            pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
-                                                   ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
             esz = 4 if is32 else 8
-
-            def prefetch(ptr, byte_off):
-                addr = builder.gep(builder.bitcast(ptr, i8p), [ir.Constant(i64, byte_off)])
-                builder.call(pfn, [addr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
             if tile.pfc:  # C's rows into L1 before the tile's stores (they follow the FMAs)
                 for i in range(MR):
                     row = builder.gep(cpd, [builder.mul(ldc, ir.Constant(i64, i))])
                     for off in range(0, nr * esz, 64):
-                        prefetch(row, off)
+                        prefetch_line(builder, row, 3, off)
 
             def step(k):
                 if indexed:
@@ -330,7 +322,7 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
                     bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
                 abase = builder.gep(apd, [builder.mul(k, ir.Constant(i64, MR))])
                 if tile.pfa and not rows_a:
-                    prefetch(abase, tile.pfa)
+                    prefetch_line(builder, abase, 3, tile.pfa)
                 bvec = []
                 for v in range(nv):
                     ptr = builder.bitcast(builder.gep(bbase, [ir.Constant(i64, v * width)]), vty.as_pointer())
@@ -526,11 +518,10 @@ def _transpose_block(typingctx, src, s0, ld, dst, d0, ldd):
         vty = ir.VectorType(fty, width)
         i64, i32 = ir.IntType(64), ir.IntType(32)
 
-        def i64_of(pos):
-            return context.cast(builder, args[pos], sig.args[pos], types.int64)
+        i64_of, data = arg_readers(context, builder, sig, args)
 
-        sp = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [i64_of(1)])
-        dp = builder.gep(context.make_array(sig.args[3])(context, builder, args[3]).data, [i64_of(4)])
+        sp = builder.gep(data(0), [i64_of(1)])
+        dp = builder.gep(data(3), [i64_of(4)])
         ld, ldd = i64_of(2), i64_of(5)
         rows = []
         for r in range(width):

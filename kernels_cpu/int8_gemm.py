@@ -77,6 +77,7 @@ from kernels_common.memory import aligned_empty
 from . import target
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh,
                      relu, silu, wide_loops)
+from .llvm_ir import arg_readers
 from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, run_serial, run_workers,
                        worker_address)
 
@@ -184,11 +185,7 @@ def _micro_typer(path):
             i32, i64, i16 = ir.IntType(32), ir.IntType(64), ir.IntType(16)
             vty = ir.VectorType(i32, lanes)
 
-            def i64_of(pos):
-                return context.cast(builder, args[pos], sig.args[pos], types.int64)
-
-            def data(pos):
-                return context.make_array(sig.args[pos])(context, builder, args[pos]).data
+            i64_of, data = arg_readers(context, builder, sig, args)
 
             apd = builder.gep(data(1), [i64_of(2)])
             lda = i64_of(3)
@@ -282,12 +279,10 @@ def _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt):
         p8 = i8.as_pointer()
         f = _amx_fns(builder)
 
-        def i64_of(pos):
-            return context.cast(builder, args[pos], sig.args[pos], types.int64)
+        i64_of, data = arg_readers(context, builder, sig, args)
 
         def byte_ptr(pos, off_pos):
-            data = context.make_array(sig.args[pos])(context, builder, args[pos]).data
-            return builder.bitcast(builder.gep(data, [i64_of(off_pos)]), p8)
+            return builder.bitcast(builder.gep(data(pos), [i64_of(off_pos)]), p8)
 
         C = lambda v: ir.Constant(i8, v)  # noqa: E731
         abase = byte_ptr(1, 2)

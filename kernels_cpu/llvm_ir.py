@@ -1,9 +1,34 @@
-"""Pieces of LLVM IR that several kernels' intrinsics emit (no numba typing here: plain
-llvmlite builders), so each is written once."""
+"""Pieces of LLVM IR that several kernels' intrinsics emit (plain llvmlite builders; numba's
+lowering context only to read an intrinsic's arguments), so each is written once."""
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
 
 _I32 = ir.IntType(32)
+
+
+def arg_readers(context, builder, sig, args):
+    """(i64_of, data) for an intrinsic's codegen: i64_of(pos) is argument pos cast to i64,
+    data(pos) the data pointer of array argument pos."""
+    def i64_of(pos):
+        return context.cast(builder, args[pos], sig.args[pos], types.int64)
+
+    def data(pos):
+        return context.make_array(sig.args[pos])(context, builder, args[pos]).data
+
+    return i64_of, data
+
+
+def prefetch(builder, ptr, locality, byte_off=None):
+    """llvm.prefetch (a read) of the cache line holding ptr, plus byte_off bytes (an i64
+    value or a Python int) when given; locality 3 keeps the line in L1, 2 in L2."""
+    i8p = ir.IntType(8).as_pointer()
+    pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p] + [_I32] * 3))
+    addr = builder.bitcast(ptr, i8p)
+    if byte_off is not None:
+        off = ir.Constant(ir.IntType(64), byte_off) if isinstance(byte_off, int) else byte_off
+        addr = builder.gep(addr, [off])
+    builder.call(pfn, [addr, ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
 
 
 def hsum(builder, v, width: int):

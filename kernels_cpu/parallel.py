@@ -21,6 +21,7 @@ from numba.np.ufunc import parallel as _numba_parallel
 
 from . import team
 from .approx import HELPER, JIT_BY_ADDRESS, OVERLOAD, bits_to_float, float_to_bits
+from .llvm_ir import arg_readers, prefetch as llvm_prefetch
 
 # Kernels that hand out blocks (run_dynamic, and the workers' counters of the conv, pool,
 # routing, SSM and causal-conv workers) split the rows into TASKS_PER_THREAD contiguous
@@ -391,13 +392,8 @@ def prefetch(typingctx, arr, idx):
         return None
 
     def codegen(context, builder, sig, args):
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        ptr = builder.bitcast(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i8p)
-        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
-                                               ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        builder.call(pfn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        i64_of, data = arg_readers(context, builder, sig, args)
+        llvm_prefetch(builder, builder.gep(data(0), [i64_of(1)]), 3)
         return context.get_dummy_value()
 
     return types.none(arr, idx), codegen

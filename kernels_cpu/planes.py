@@ -33,7 +33,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from .approx import _target_has_avx512
-from .llvm_ir import lane_mask, masked_ops
+from .llvm_ir import arg_readers, lane_mask, masked_ops
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
 
@@ -112,12 +112,11 @@ def column_masks(masks, nvec, L, sw, kw, dw, pw, w):
 
 def arg_access(context, builder, sig, args):
     """(i64_of, at) for an intrinsic's codegen: i64_of(k) = argument k as an i64, at(k, off) =
-    the address of element off of array argument k."""
-    def i64_of(k):
-        return context.cast(builder, args[k], sig.args[k], types.int64)
+    the address of element off of array argument k (llvm_ir.arg_readers)."""
+    i64_of, data = arg_readers(context, builder, sig, args)
 
     def at(k, off):
-        return builder.gep(context.make_array(sig.args[k])(context, builder, args[k]).data, [off])
+        return builder.gep(data(k), [off])
 
     return i64_of, at
 

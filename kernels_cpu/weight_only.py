@@ -34,7 +34,6 @@ buffer (the caller then runs the dense GEMM on it: dispatch/ops/weight_only.py).
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
@@ -43,7 +42,8 @@ from . import target
 from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
 from .gemm import epilogue_address
 from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
-from .llvm_ir import hsum
+from .dot_tile import emit_tile
+from .llvm_ir import arg_readers
 
 TB = 4        # weight rows per tile
 TA_WIDE = 4   # x rows per tile with 16 lanes (16 + 4 + 1 of 32 zmm)
@@ -70,8 +70,8 @@ def wo_tile(typingctx, fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3,
     x float32, w uint16 holding float16 / bfloat16 bits or int8, per the literal fmt),
     prefetching the w rows at offsets q0..q3 on the way (the next group).  lanes (literal 8
     or 16): float32 lanes per vector.  int8 is widened to its integer value (the caller
-    applies zero point and scale).  A vector loop of kl // lanes steps, a horizontal sum per
-    accumulator, a scalar loop over the last kl % lanes, ta * TB stores to t (float32)."""
+    applies zero point and scale).  The IR is dot_tile's (emit_tile) with the weight loads
+    widened."""
     for lit in (fmt, lanes, ta):
         if not isinstance(lit, types.IntegerLiteral):
             return None
@@ -87,27 +87,16 @@ def wo_tile(typingctx, fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3,
     def codegen(context, builder, sig, args):
         fty = ir.FloatType()
         vty = ir.VectorType(fty, width)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
+        i32 = ir.IntType(32)
         wbits = 8 if f == WEIGHT_INT8 else 16
         wint = ir.IntType(wbits)
         wvty = ir.VectorType(wint, width)
         wsize = wbits // 8
 
-        def i64_of(pos):
-            return context.cast(builder, args[pos], sig.args[pos], types.int64)
-
-        def data(pos):
-            return context.make_array(sig.args[pos])(context, builder, args[pos]).data
-
+        i64_of, data = arg_readers(context, builder, sig, args)
         xrows = [builder.gep(data(4), [i64_of(5 + i)]) for i in range(nta)]
         wrows = [builder.gep(data(9), [i64_of(10 + j)]) for j in range(TB)]
-        i8p = ir.IntType(8).as_pointer()
-        qrows = [builder.bitcast(builder.gep(data(9), [i64_of(14 + j)]), i8p) for j in range(TB)]
-        pfn = builder.module.declare_intrinsic("llvm.prefetch", [i8p],
-                                               ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        vfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
-                                              f"llvm.fma.v{width}f32")
-        sfma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(fty, [fty] * 3), "llvm.fma.f32")
+        qrows = [builder.gep(data(9), [i64_of(14 + j)]) for j in range(TB)]
 
         def widen(v, vec):
             """float32 (vector or scalar) of 16/8-bit weights v."""
@@ -120,39 +109,9 @@ def wo_tile(typingctx, fmt, lanes, ta, kl, x, x0, x1, x2, x3, w, w0, w1, w2, w3,
             hty = ir.VectorType(ir.HalfType(), width) if vec else ir.HalfType()
             return builder.fpext(builder.bitcast(v, hty), vty if vec else fty)
 
-        kl64 = i64_of(3)
-        nvec = builder.udiv(kl64, ir.Constant(i64, width))
-        zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * width)
-        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(TB)] for _ in range(nta)]
-
-        with cgutils.for_range(builder, nvec) as loop:
-            k = builder.mul(loop.index, ir.Constant(i64, width))
-            kb = builder.mul(k, ir.Constant(i64, wsize))
-            for j in range(TB):
-                builder.call(pfn, [builder.gep(qrows[j], [kb]), ir.Constant(i32, 0), ir.Constant(i32, 2),
-                                   ir.Constant(i32, 1)])
-            wv = [widen(builder.load(builder.bitcast(builder.gep(wrows[j], [k]), wvty.as_pointer()), align=wsize),
-                        True) for j in range(TB)]
-            for i in range(nta):
-                xv = builder.load(builder.bitcast(builder.gep(xrows[i], [k]), vty.as_pointer()), align=4)
-                for j in range(TB):
-                    builder.store(builder.call(vfma, [xv, wv[j], builder.load(accs[i][j])]), accs[i][j])
-
-        sums = [[cgutils.alloca_once_value(builder, hsum(builder, builder.load(accs[i][j]), width))
-                 for j in range(TB)]
-                for i in range(nta)]
-        kv = builder.mul(nvec, ir.Constant(i64, width))
-        with cgutils.for_range(builder, builder.sub(kl64, kv)) as loop:
-            k = builder.add(kv, loop.index)
-            ws = [widen(builder.load(builder.gep(wrows[j], [k])), False) for j in range(TB)]
-            for i in range(nta):
-                xs = builder.load(builder.gep(xrows[i], [k]))
-                for j in range(TB):
-                    builder.store(builder.call(sfma, [xs, ws[j], builder.load(sums[i][j])]), sums[i][j])
-        tp = data(18)
-        for i in range(nta):
-            for j in range(TB):
-                builder.store(builder.load(sums[i][j]), builder.gep(tp, [ir.Constant(i64, i * TB + j)]))
+        emit_tile(builder, xrows, wrows, qrows, i64_of(3), width, fty, wsize, data(18),
+                  lambda ptr: widen(builder.load(builder.bitcast(ptr, wvty.as_pointer()), align=wsize), True),
+                  lambda ptr: widen(builder.load(ptr), False))
         return context.get_dummy_value()
 
     return sig, codegen
