@@ -58,7 +58,17 @@ from numba.core.compiler_lock import global_compiler_lock
 ENV = "NK_KEEP_WARM_MS"
 DEFAULT_WINDOW_MS = 300   # covers the 0.2 s pauses of the report and the settings
 PERIOD_US = 200           # measured above: 200 us holds the start near 0.1 ms, 1 ms does not
-QUIET_US = 1000           # no beats while calls come closer than this (10 ms idle: 75-124 us start without)
+# No beats while calls come closer than this: each wake-up of a heartbeat thread while our
+# kernels run costs them far more than its own 10 us (the VM's timer exits, a thread switch
+# when the team's spin yields to it).  Checking back every QUIET_US, prepacked matmul
+# 128x768x768 back to back (2 threads, Xeon with AVX-512, 2026-12-03, one process per row,
+# two each, medians of 6 rounds alternating window 0 / 300 ms): QUIET_US 1000 490 -> 537 and
+# 497 -> 550 us (40-90 wake-ups per 50 calls), 3000 +3-4%, 5000 504 -> 513 and 487 -> 493,
+# 10000 +1.6-2%.  What it risks: a call 5-10 ms after the last one may find a vCPU the host
+# took away (numba's second thread started 1.9 ms late after 10 ms idle with no beats, 74-80
+# us after 5 ms); the wake probe (bench.runtime.wake_delays, 21 rounds) at 2-12 ms idle gave
+# medians of 0.05-3.9 ms with QUIET_US 1000 and 0.06-1.0 ms with 5000: no worse.
+QUIET_US = 5000
 
 # slots of the shared state array (int64): read by the heartbeat loop without the GIL
 LAST_NS = 0      # time.monotonic_ns() of the last touch()
