@@ -283,7 +283,7 @@ def winograd_worker(w, params, is64, ti, code):
                         vb[ob + e * es + j] = z
             for pa in range(mp):
                 for e in range(16):
-                    micro_tile(ti, C, up, (e * mp + pa) * C * MR, vb, e * es, mb, e * MR * nr, nr, False)
+                    micro_tile(ti, C, up, (e * mp + pa) * C * MR, vb, e * es, nr, mb, e * MR * nr, nr, False)
                 for i in range(min(MR, K - pa * MR)):
                     k = pa * MR + i
                     _wino_out(mb, i, nr, MR, bias[k], code, yb)

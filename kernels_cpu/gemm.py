@@ -13,7 +13,9 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
      a register-transpose intrinsic); workers take panels from an atomic counter, and a
      worker that finds a panel unfinished packs it again rather than wait (no barrier).
      When all M rows are one row block (and no B batch is shared), B's panels are packed
-     by the task that reads them instead, right before its micro-kernels;
+     by the task that reads them instead, right before its micro-kernels; and a (K, N) B
+     with short rows is not packed at all there: the micro-kernel reads its panel in
+     place, row k at k*N (B_IN_PLACE);
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
      scheduling: a thread that loses its core to another process does not hold up the
      other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
@@ -260,19 +262,21 @@ def _tmr(typingctx, ti):
     return types.intp(ti), _constant(TILES[ti.literal_value].mr)
 
 
-def _micro_codegen(indexed, ti=NARROW, rows_a=False):
+def _micro_codegen(indexed, ti=NARROW, rows_a=False, strided_b=False):
     """The micro-kernel's code generator for tile TILES[ti]; indexed: B row k at
     bp[boff + tab[toff + k]] (the convolution's direct form) instead of bp[boff + k*NR] (a
-    packed panel); rows_a: A read in place from MR rows of a row-major matrix, element
-    (i, k) at ap[aoff + i*ar + k] (an argument ar after aoff), instead of from a packed
-    panel (ap[aoff + k*MR + i])."""
+    packed panel); strided_b: B row k at bp[boff + k*ldb] (an argument ldb after boff: a
+    packed panel with ldb = NR, or a row-major B read in place); rows_a: A read in place
+    from MR rows of a row-major matrix, element (i, k) at ap[aoff + i*ar + k] (an argument
+    ar after aoff), instead of from a packed panel (ap[aoff + k*MR + i])."""
     tile = TILES[ti]
     MR = tile.mr  # noqa: N806 - the tile's rows, shadowing the 6x16 constant
-    sh = 1 if rows_a else 0  # argument positions after aoff move by one
+    names = (("kc", "ap", "aoff") + (("ar",) if rows_a else ()) + ("bp", "boff") + (("ldb",) if strided_b else ())
+             + (("tab", "toff") if indexed else ()) + ("c", "coff", "ldc", "accumulate"))
+    at = {n: i for i, n in enumerate(names)}  # the arguments' positions
 
     def typer(typingctx, *argtys):
-        ap, bp = argtys[1], argtys[3 + sh]
-        c = argtys[7 + sh] if indexed else argtys[5 + sh]
+        ap, bp, c = argtys[at["ap"]], argtys[at["bp"]], argtys[at["c"]]
         if not (isinstance(ap, types.Array) and ap.dtype in (types.float32, types.float64)):
             return None
         if bp.dtype != ap.dtype or c.dtype != ap.dtype:
@@ -281,7 +285,6 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
         nr = tile.nr32 if is32 else tile.nr64
         width = tile.lanes32 if is32 else tile.lanes32 // 2
         nv = nr // width
-        ci = (7 if indexed else 5) + sh  # position of c (then coff, ldc, accumulate)
 
         def codegen(context, builder, sig, args):
             fty = context.get_value_type(sig.args[1].dtype)
@@ -290,16 +293,18 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
 
             i64_of, data = arg_readers(context, builder, sig, args)
 
-            apd = builder.gep(data(1), [i64_of(2)])
-            bpd = builder.gep(data(3 + sh), [i64_of(4 + sh)])
-            cpd = builder.gep(data(ci), [i64_of(ci + 1)])
+            apd = builder.gep(data(at["ap"]), [i64_of(at["aoff"])])
+            bpd = builder.gep(data(at["bp"]), [i64_of(at["boff"])])
+            cpd = builder.gep(data(at["c"]), [i64_of(at["coff"])])
             if indexed:
-                tabd = builder.gep(data(5), [i64_of(6)])
+                tabd = builder.gep(data(at["tab"]), [i64_of(at["toff"])])
+            ldb = i64_of(at["ldb"]) if strided_b else ir.Constant(i64, nr)
             if rows_a:  # the MR row starts, once: then row i's k-th value is one gep away
-                arows = [builder.gep(apd, [builder.mul(i64_of(3), ir.Constant(i64, i))]) for i in range(MR)]
-            ldc = i64_of(ci + 2)
-            kc64 = i64_of(0)
-            accumulate = context.cast(builder, args[ci + 3], sig.args[ci + 3], types.boolean)
+                arows = [builder.gep(apd, [builder.mul(i64_of(at["ar"]), ir.Constant(i64, i))]) for i in range(MR)]
+            ldc = i64_of(at["ldc"])
+            kc64 = i64_of(at["kc"])
+            acc = at["accumulate"]
+            accumulate = context.cast(builder, args[acc], sig.args[acc], types.boolean)
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vty, [vty, vty, vty]),
                 "llvm.fma.v%d%s" % (width, "f32" if is32 else "f64"))
@@ -319,7 +324,7 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
                 if indexed:
                     bbase = builder.gep(bpd, [builder.load(builder.gep(tabd, [k]))])
                 else:
-                    bbase = builder.gep(bpd, [builder.mul(k, ir.Constant(i64, nr))])
+                    bbase = builder.gep(bpd, [builder.mul(k, ldb)])
                 abase = builder.gep(apd, [builder.mul(k, ir.Constant(i64, MR))])
                 if tile.pfa and not rows_a:
                     prefetch_line(builder, abase, 3, tile.pfa)
@@ -366,10 +371,12 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False):
 
 
 @intrinsic
-def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
-    """C[0:mr, 0:nr] (=|+=) (Ap[aoff:] as kc x mr)^T @ (Bp[boff:] as kc x nr) for the tile
-    TILES[ti] (ti a literal: the worker's compile-time tile), where C starts at c[coff]
-    with row stride ldc (c is a flat array: the output or a tile buffer).
+def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, ldb, c, coff, ldc, accumulate):
+    """C[0:mr, 0:nr] (=|+=) (Ap[aoff:] as kc x mr)^T @ (B as kc x nr) for the tile TILES[ti]
+    (ti a literal: the worker's compile-time tile), B's row k the nr values at
+    bp[boff + k*ldb] (ldb = nr: a packed panel; a row-major B's row length: B in place),
+    where C starts at c[coff] with row stride ldc (c is a flat array: the output or a tile
+    buffer).
 
     Emits: mr x (nr/W) vector accumulators (allocas that mem2reg turns into registers),
     a loop over kc doing nr/W unaligned vector loads of B, mr scalar loads of A broadcast
@@ -377,7 +384,8 @@ def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate):
     adding C's old value when ``accumulate``."""
     if not isinstance(ti, types.Literal):
         return None
-    res = _micro_codegen(False, ti.literal_value)(typingctx, kc, ap, aoff, bp, boff, c, coff, ldc, accumulate)
+    res = _micro_codegen(False, ti.literal_value, strided_b=True)(typingctx, kc, ap, aoff, bp, boff, ldb, c, coff,
+                                                                  ldc, accumulate)
     if res is None:
         return None
     sig, gen = res
@@ -619,6 +627,25 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
 # when its micro-kernels read them.
 B_IN_TASK_BYTES = 1 << 20
 
+# How gemm_worker gets B (the P_B_PACKED slot): packed by the call, packed already (a
+# prepacked weight), or read in place.  In place: a (K, N) B whose N is a whole number of
+# NR panels (no panel reads past a row's end) and no custom B packer; the micro-kernel
+# reads B's row k of the panel at k*N instead of k*NR.  The panel's kc rows are then 3
+# cache lines every N*4 bytes instead of one stream, but the call neither writes the
+# packed copy nor reads it back.  float32, 8x48 tile, 2 threads, gemm_parallel called
+# directly, medians of 9 rounds alternating packed / in place (Xeon with AVX-512,
+# 2026-12-03), us, MxNxK: 16x768x768 186 -> 82, 48x768x768 290 -> 219, 96x768x768 485 ->
+# 421, 128x768x768 591-599 -> 550, 128x384x1536 646 -> 596, 128x768x2304 1820-1843 ->
+# 1621-1631, 128x768x3072 2533-2571 -> 2381-2423, 128x1024x1024 1226 -> 1232; with more
+# than one row block (M > 264) no gain: 256x768x768 1077 -> 1094, 512x768x768 2056-2072 ->
+# 2067-2078, 1024^3 7109 -> 7071.  Rows longer than a page lose, badly where their stride
+# maps a panel's rows onto few L2 sets: 128x1536x768 1222-1268 -> 1450-1488, 128x3072x768
+# 2448 -> 5915-6171, 512x3072x768 8670 -> 25213.  So: one row block, rows of at most
+# B_IN_PLACE_ROW_BYTES.  B_IN_PLACE_OK switches it off (tests compare the two paths).
+B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
+B_IN_PLACE_OK = True
+B_IN_PLACE_ROW_BYTES = 4096
+
 
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
@@ -749,17 +776,21 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     nmb = -(-mp // mc_panels)
     nnb = -(-npn // nc_panels)
     n_pack_a = na * mp
-    n_pack = n_pack_a if b_packed else n_pack_a + nb * npn
+    b_mode = B_PACKED if b_packed else B_PACK
+    if (b_mode == B_PACK and B_IN_PLACE_OK and not transb and pack_b is None and N % nr_full == 0
+            and nmb == 1 and N * np.dtype(dtype).itemsize <= B_IN_PLACE_ROW_BYTES):
+        b_mode = B_IN_PLACE
+    n_pack = n_pack_a if b_mode != B_PACK else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     p = np.zeros(P_COUNT + nextra, np.int64)
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = na, nb, nbatch, M, N, K
-    p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_packed
+    p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_mode
     p[P_ACCUMULATE] = accumulate
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
     p[P_PACK_A] = _packer("a", transa, dtype, ti) if pack_a is None else pack_a
-    p[P_PACK_B] = 0 if b_packed else (_packer("b", transb, dtype, ti) if pack_b is None else pack_b)
+    p[P_PACK_B] = 0 if b_mode != B_PACK else (_packer("b", transb, dtype, ti) if pack_b is None else pack_b)
     p[P_EPILOGUE] = epilogue_address(dtype, code) if epilogue else 0
     p.flags.writeable = False
     fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti))
@@ -826,15 +857,18 @@ def gemm_worker(w, params, is64, ti):
     # ms / 2.73 -> 2.61 ms.
     # Only while a task's panels fit in L2 (B_IN_TASK_BYTES): 64x4096x4096 (12 panels of
     # K = 4096, 9.4 MB a task) ran 23-24 -> 26-31 ms packed in the task.
-    b_in_task = (p[P_B_PACKED] == 0 and nmb == 1 and nb == nbatch
+    b_in_task = (p[P_B_PACKED] == B_PACK and nmb == 1 and nb == nbatch
                  and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
-    n_pack = n_pack_a if p[P_B_PACKED] != 0 or b_in_task else n_pack_a + nb * npn
+    b_in_place = p[P_B_PACKED] == B_IN_PLACE
+    n_pack = n_pack_a if p[P_B_PACKED] != B_PACK or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     nw = p[P_WORKERS]
-    home = 2 + (n_pack_a if p[P_B_PACKED] != 0 else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
+    home = 2 + (n_pack_a if p[P_B_PACKED] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     apf = c_array_at(p[P_AP], z, (na * mp * K * MR,))
-    bpf = c_array_at(p[P_BP], z, (nb * npn * K * nr_full,))
+    # B's panels, or B itself (nb x K x N) when it is read in place
+    bpf = c_array_at(p[P_B] if b_in_place else p[P_BP], z, (nb * K * N if b_in_place else nb * npn * K * nr_full,))
+    ldb = N if b_in_place else nr_full
     cf = c_array_at(p[P_C], z, (nbatch * M * N,))
     a_idx = c_array_at(p[P_AIDX], np.int64(0), (nbatch,))
     b_idx = c_array_at(p[P_BIDX], np.int64(0), (nbatch,))
@@ -898,8 +932,8 @@ def gemm_worker(w, params, is64, ti):
                 else:
                     q = q0 + pair // npa
                     pa = p0 + pair % npa
-                boff = ((bb * npn + q) * K + k0) * nr_full
                 j0 = q * nr_full
+                boff = (bb * K + k0) * N + j0 if b_in_place else ((bb * npn + q) * K + k0) * nr_full
                 nr = min(nr_full, N - j0)
                 aoff = ((ba * mp + pa) * K + k0) * MR
                 i0 = pa * MR
@@ -907,7 +941,7 @@ def gemm_worker(w, params, is64, ti):
                 # one call site (each inlined copy of the intrinsic costs compile
                 # time): full tiles go straight to C, edge tiles through t
                 full = mr == MR and nr == nr_full
-                micro_tile(ti, kl, apf, aoff, bpf, boff, cf if full else t,
+                micro_tile(ti, kl, apf, aoff, bpf, boff, ldb, cf if full else t,
                            (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
                            accumulate and full)
                 if not full:

@@ -542,6 +542,56 @@ def test_every_tile_matches_reference(tile, dtype):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", _tile_names())
+def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
+    """cpu-gemm reading a (K, N) b in place (kernels_cpu.gemm.B_IN_PLACE: N a whole number
+    of the tile's panels, one row block) gives exactly the bits of the path that packs b:
+    rows not a multiple of the tile, K over one K block, broadcast and plain batches, a
+    transposed a, bias + gelu, NaN-poisoned out=.  With the path off b is always packed; on,
+    the cases the rule takes (per tile: its task blocking can split rows) read b in place."""
+    from kernels_cpu import gemm as K
+    modes = []
+    real_plan = K._gemm_plan
+
+    def plan(*args):
+        res = real_plan(*args)
+        modes.append(int(res[0][K.P_B_PACKED]))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    g = rng()
+    with gemm_tile(tile) as t:
+        nr = t.nr(dtype)
+        cases = [((13, 40), (40, 2 * nr)), ((20, 1100), (1100, nr)), ((2, 1, 7, 19), (3, 19, nr)),
+                 ((3, 5, 33), (3, 33, 3 * nr)), ((t.mr, 5), (5, nr))]
+        read_in_place = []
+        for sa, sb in cases:
+            a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+            bias = randn(g, (sb[-1],), dtype)
+            shape = _out_shape_matmul(sa, sb)
+            got = {}
+            for in_place in (True, False):
+                monkeypatch.setattr(K, "B_IN_PLACE_OK", in_place)
+                real_plan.cache_clear()
+                modes.clear()
+                with dispatch.use(matmul="cpu-gemm"):
+                    got[in_place] = (dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
+                                     dispatch.matmul(np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2), b))
+                assert modes and set(modes) <= ({K.B_IN_PLACE, K.B_PACK} if in_place else {K.B_PACK}), modes
+                if in_place:
+                    read_in_place.append(set(modes) == {K.B_IN_PLACE})
+            for x, y in zip(got[True], got[False]):
+                np.testing.assert_array_equal(x, y, err_msg=f"{tile} {sa} {sb}")
+            tol = _tol(dtype, sa[-1])
+            assert_close(got[True][0], ref.matmul(a, b, bias=bias, activation="gelu"), tol, f"{tile} {sa} {sb}",
+                         cancel=True)
+            assert_close(got[True][1], ref.matmul(a, b), tol, f"{tile} {sa} {sb} plain", cancel=True)
+        assert sum(read_in_place) >= 2, (tile, read_in_place)
+    real_plan.cache_clear()
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
 def test_linear_weight_read_in_place(activation, monkeypatch):
     """cpu-gemm's in-place-weight path (kernels_cpu.gemm.gemm_rows: few rows, a large (N, K)
