@@ -91,11 +91,11 @@ def _fma_loop(ap, bp, c, kc, reps, nthreads, ti):
     for t in prange(nthreads):
         for _ in range(reps):
             if ti == 0:
-                micro_tile(0, kc, ap, t * kc * mr, bp, t * kc * nr, c, t * mr * nr, nr, False)
+                micro_tile(0, kc, ap, t * kc * mr, bp, t * kc * nr, nr, c, t * mr * nr, nr, False)
             elif ti == 1:
-                micro_tile(1, kc, ap, t * kc * mr, bp, t * kc * nr, c, t * mr * nr, nr, False)
+                micro_tile(1, kc, ap, t * kc * mr, bp, t * kc * nr, nr, c, t * mr * nr, nr, False)
             else:
-                micro_tile(2, kc, ap, t * kc * mr, bp, t * kc * nr, c, t * mr * nr, nr, False)
+                micro_tile(2, kc, ap, t * kc * mr, bp, t * kc * nr, nr, c, t * mr * nr, nr, False)
 
 
 def fma_peak(rounds: int = 5, kc: int = 128) -> dict:
