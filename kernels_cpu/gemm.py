@@ -636,12 +636,13 @@ B_IN_TASK_BYTES = 1 << 20
 # directly, medians of 9 rounds alternating packed / in place (Xeon with AVX-512,
 # 2026-12-03), us, MxNxK: 16x768x768 186 -> 82, 48x768x768 290 -> 219, 96x768x768 485 ->
 # 421, 128x768x768 591-599 -> 550, 128x384x1536 646 -> 596, 128x768x2304 1820-1843 ->
-# 1621-1631, 128x768x3072 2533-2571 -> 2381-2423, 128x1024x1024 1226 -> 1232; with more
-# than one row block (M > 264) no gain: 256x768x768 1077 -> 1094, 512x768x768 2056-2072 ->
-# 2067-2078, 1024^3 7109 -> 7071.  Rows longer than a page lose, badly where their stride
-# maps a panel's rows onto few L2 sets: 128x1536x768 1222-1268 -> 1450-1488, 128x3072x768
-# 2448 -> 5915-6171, 512x3072x768 8670 -> 25213.  So: one row block, rows of at most
-# B_IN_PLACE_ROW_BYTES.  B_IN_PLACE_OK switches it off (tests compare the two paths).
+# 1621-1631, 128x768x3072 2533-2571 -> 2381-2423, 128x1024x1024 1226 -> 1232, 256x768x768
+# 1077 -> 1094 (the gain fades as A grows); with more than one row block (8x48: M > 264)
+# none: 512x768x768 2056-2072 -> 2067-2078, 1024^3 7109 -> 7071.  Rows longer than a page
+# lose, badly where their stride maps a panel's rows onto few L2 sets: 128x1536x768
+# 1222-1268 -> 1450-1488, 128x3072x768 2448 -> 5915-6171, 512x3072x768 8670 -> 25213.  So:
+# one row block, rows of at most B_IN_PLACE_ROW_BYTES.  B_IN_PLACE_OK switches it off
+# (tests compare the two paths).
 B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
