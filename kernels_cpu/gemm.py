@@ -417,11 +417,21 @@ def micro_tile_indexed(typingctx, ti, kc, ap, aoff, bp, boff, tab, toff, c, coff
 
 
 @intrinsic
-def micro_rows(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc, accumulate):
-    """micro_tile of the ROWS_TILE tile with A read in place from MR rows of a row-major
-    matrix: element (i, k) at ap[aoff + i*ar + k] (gemm_rows: the weight's rows)."""
-    return _micro_codegen(False, ROWS_TILE, rows_a=True)(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc,
-                                                         accumulate)
+def micro_rows(typingctx, ti, kc, ap, aoff, ar, bp, boff, c, coff, ldc, accumulate):
+    """micro_tile of the tile TILES[ti] (ti a literal) with A read in place from MR rows of
+    a row-major matrix: element (i, k) at ap[aoff + i*ar + k] (gemm_rows: the weight's rows)."""
+    if not isinstance(ti, types.Literal):
+        return None
+    res = _micro_codegen(False, ti.literal_value, rows_a=True)(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc,
+                                                               accumulate)
+    if res is None:
+        return None
+    sig, gen = res
+
+    def codegen(context, builder, sig_, args):
+        return gen(context, builder, types.none(*sig_.args[1:]), args[1:])
+
+    return types.none(ti, *sig.args), codegen
 
 
 @njit(inline="always")
@@ -981,11 +991,17 @@ def pack_b(b3, transb, bp, tile=None):
 # linear, 2 threads, Sapphire Rapids (2026-11-26, interleaved medians): 21.6 ms packing it,
 # 10.0 ms with it prepacked, 11.3 ms read in place (a first version of this kernel).  Each
 # tile of out^T is stored transposed into out; bias + activation then run over the task's
-# columns (gemm_epilogue).  The tile is ROWS_TILE (8x48: 16-lane vectors; correct but slow
-# on narrower targets, where dispatch does not choose it).
-ROWS_TILE = HOST_WIDE
-ROWS_MR = TILES[ROWS_TILE].mr
-ROWS_PANELS = 8   # MR-row weight panels per task (64 output columns: whole cache lines of out)
+# columns (gemm_epilogue).  The tiles are the 16-lane ones of ROWS_TILES (correct but slow
+# on narrower targets, where dispatch does not choose this path).
+# gemm_rows's tiles: x's rows are the tile's NR columns, so M = 128 fills 2.67 panels of
+# 48 (a third of the last tile's FMAs wasted) but exactly 4 of 32, M = 64 and 32 exactly
+# 2 and 1 of 32 against 1.33 and 0.67 of 48.  The tile padding fewer rows runs (ties:
+# the first).  linear + bias + gelu, 2 threads, medians of 9 rounds alternating (Xeon with
+# AVX-512, 2026-12-03), us, MxNxK, 8x48 always -> this choice (prepacked weight): 32x3072x768
+# 980 -> 760 (650), 64x3072x768 1756 -> 1376 (1159), 100x3072x768 2614 -> 2468 (1857),
+# 128x3072x768 2712 -> 2580 (2225), 128x4096x4096 20.0 -> 17.1 ms (17.3).
+ROWS_TILES = (HOST_WIDE, 2)   # 8x48, 12x32
+ROWS_PANELS = 8   # MR-row weight panels per task (8x48: 64 output columns, whole cache lines of out)
 
 
 # gemm_rows's int64 argument block, read by rows_worker: addresses, sizes, the task counter.
@@ -994,7 +1010,7 @@ R_COUNT = 11
 
 
 @njit(**JIT_BY_ADDRESS)
-def rows_worker(w, params, is64):
+def rows_worker(w, params, is64, ti):
     """Worker w of gemm_rows: takes tasks (runs of MR-row weight panels) from the block's
     counter.  By address (parallel.run_workers), not a prange kernel: that compiled its
     body twice (the kernel and numba's parfor gufunc), 1.26 s of a cold
@@ -1002,7 +1018,7 @@ def rows_worker(w, params, is64):
     p = c_array_at(params, np.int64(0), (R_COUNT,))
     z = like_dtype(is64)
     N, K, M, nr, ntasks, epilogue = p[R_N], p[R_K], p[R_M], p[R_NR], p[R_TASKS], p[R_EPILOGUE]
-    mr = ROWS_MR
+    mr = _tmr(ti)
     npan = (N + mr - 1) // mr
     nxp = (M + nr - 1) // nr
     wf = c_array_at(p[R_W], z, (N * K,))
@@ -1029,7 +1045,7 @@ def rows_worker(w, params, is64):
                 for i in range(rows * K, mr * K):
                     src[i] = 0
             for j in range(nxp):
-                micro_rows(K, src, s0, K, xp, j * K * nr, t, 0, nr, False)
+                micro_rows(ti, K, src, s0, K, xp, j * K * nr, t, 0, nr, False)
                 m0 = j * nr
                 for r in range(min(nr, M - m0)):
                     o = (m0 + r) * N + n0
@@ -1046,19 +1062,26 @@ def gemm_rows(x2, w2, bias, epilogue, code, out2, xp, nworkers):
     at least rows_workspace(M, K, dtype) elements for x's panels."""
     M, K = x2.shape
     N = w2.shape[0]
-    nr = tile_n(out2.dtype, ROWS_TILE)
-    pack_b(x2.reshape(1, M, K), True, xp, tile=ROWS_TILE)
-    npan = -(-N // ROWS_MR)
+    ti = rows_tile(M, out2.dtype)
+    nr = tile_n(out2.dtype, ti)
+    pack_b(x2.reshape(1, M, K), True, xp, tile=ti)
+    npan = -(-N // tile_m(ti))
     ntasks = min(max(min(-(-npan // ROWS_PANELS), npan), nworkers), npan)
     p = np.array([0, w2.ctypes.data, xp.ctypes.data, out2.ctypes.data, bias.ctypes.data,
                   epilogue_address(out2.dtype, code) if epilogue else 0, N, K, M, nr, ntasks], np.int64)
-    fn = worker_address(rows_worker, (bool(out2.dtype == np.float64),))
+    fn = worker_address(rows_worker, (bool(out2.dtype == np.float64), ti))
     run_workers(fn, p, max(1, min(nworkers, ntasks)))
+
+
+def rows_tile(M, dtype) -> int:
+    """The tile (a TILES index) gemm_rows runs for x with M rows: of ROWS_TILES, the one
+    whose NR-row panels of x pad the fewest rows."""
+    return min(ROWS_TILES, key=lambda ti: -(-M // tile_n(dtype, ti)) * tile_n(dtype, ti))
 
 
 def rows_workspace(M, K, dtype) -> int:
     """Elements of gemm_rows's workspace for x (M, K)."""
-    nr = tile_n(dtype, ROWS_TILE)
+    nr = tile_n(dtype, rows_tile(M, dtype))
     return -(-M // nr) * nr * K
 
 

@@ -595,16 +595,19 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
 def test_linear_weight_read_in_place(activation, monkeypatch):
     """cpu-gemm's in-place-weight path (kernels_cpu.gemm.gemm_rows: few rows, a large (N, K)
-    weight, float32, the 8x48 tile, forced here on any host): leading dims, rows not a
-    multiple of the x panels (48), a last weight panel of 2 rows, with and without bias,
-    NaN-poisoned out=; float64 and a prepacked weight take the packing path."""
+    weight, float32, the 8x48 host tile, forced here on any host): leading dims, rows not a
+    multiple of the x panels, each of its tiles (kernels_cpu.gemm.rows_tile: 8x48 and 12x32,
+    last weight panels of 2 and 10 rows), with and without bias, NaN-poisoned out=; float64
+    and a prepacked weight take the packing path."""
     from dispatch.ops import linalg as L
     from kernels_cpu import gemm as K
     used = []
     real = K.gemm_rows
-    monkeypatch.setattr(K, "gemm_rows", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(K, "gemm_rows", lambda *a: used.append(K.TILES[K.rows_tile(len(a[0]), a[0].dtype)].name)
+                        or real(*a))
     g = rng()
     n, k = 2050, 1100   # 9.0 MB of float32 weight: over ROWS_MIN_BYTES, N >= K
+    tiles = set()
     assert n * k * 4 >= L.ROWS_MIN_BYTES
     with gemm_tile("8x48"):
         for sx, with_bias in (((3, 11, k), True), ((1, k), False), ((L.ROWS_M_MAX, k), True)):
@@ -615,8 +618,10 @@ def test_linear_weight_read_in_place(activation, monkeypatch):
             with dispatch.use(linear="cpu-gemm"):
                 got = dispatch.linear(x, w, bias, activation=activation, out=poisoned(sx[:-1] + (n,), np.float32))
             assert used, f"{sx}: the in-place path was not taken"
+            tiles.update(used)
             assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(np.float32, k), f"in place {sx}",
                          cancel=True, scale=product_scale(x, w, bias, transpose_b=True))
+        assert tiles == {"8x48", "12x32"}, tiles
         x = randn(g, (5, k), np.float32)
         used.clear()
         with dispatch.use(linear="cpu-gemm"):
