@@ -329,15 +329,16 @@ def test_explain_picks_gemv_for_few_rows_with_epilogue():
 
 @host_only
 @pytest.mark.parametrize("core, lanes, want, want_packed", [("Haswell", 16, "cpu-gemm", "cpu-gemm"),
-                                                            ("SkylakeX", 16, "cpu-gemm", "blas"),
+                                                            ("SkylakeX", 16, "cpu-gemm", "cpu-gemm"),
                                                             ("Haswell", 8, "blas", "blas"),
-                                                            (None, 16, "cpu-gemm", "blas")])
+                                                            (None, 16, "cpu-gemm", "cpu-gemm")])
 def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want, want_packed):
     """A large plain product goes to our GEMM on a host whose GEMM tile has 16-lane vectors
     (OpenBLAS's threads, left spinning after its call, would slow the next parallel
     kernel); small or narrow products stay on OpenBLAS.  With a prepacked weight, a
-    smaller product (128x384x384) goes to our GEMM too where numpy's OpenBLAS runs a core
-    without AVX-512 kernels.  The linear_backward of a plain linear follows the tile."""
+    smaller product (128x384x384) goes to our GEMM too wherever its tile has 16 lanes,
+    whatever numpy's OpenBLAS runs; 32x384x384 stays on OpenBLAS.  The linear_backward of a
+    plain linear follows the tile."""
     from dispatch.ops import linalg as L
     monkeypatch.setattr(L, "blas_core", lambda: core)
     monkeypatch.setattr(L.K, "active_tile", lambda: L.K.TILES[1 if lanes == 16 else 0])

@@ -581,9 +581,18 @@ WIDE_GEMM_MIN_N = 128
 # (2026-11-27): 8x384x384 34/37 -> 40/65, 32x384x384 75/78 -> 60/81, 64x256x256 60/62 ->
 # 62/81, 128x256x256 97/104 -> 93/102, 256^3 194/198 -> 147/160, 128x384x384 202/214 ->
 # 137/150, 128x768x768 724/733 -> 374/393, 512x384x384 620/624 -> 417/421, 128x384x1536
-# 695/690 -> 375/398; with N = 64 blas keeps it (3136x576x64 975/1014 -> 1016/1051).  So on
-# such a host a prepacked weight goes to cpu-gemm from M*N*K buckets of 2^23 (N bucket >= 128).
-PREPACKED_GEMM_PRODUCT = 1 << 23
+# 695/690 -> 375/398; with N = 64 blas keeps it (3136x576x64 975/1014 -> 1016/1051).
+# Where OpenBLAS has AVX-512 kernels too (SkylakeX on a Xeon with AVX-512, same method, two
+# runs each, 2026-12-03), blas -> cpu-gemm: 8x768x768 135-227/172-263 -> 77-87/108-130,
+# 16x768x768 195-244/231-233 -> 110/143, 32x768x768 269-288/299-471 -> 170/206, 64x768x768
+# 391-618/401-415 -> 287/324, 32x3072x768 1158-1391/1154-1157 -> 617/661, 32x512x512
+# 121-124/137-141 -> 102-104/130-142, 16x1024x256 84-85/97-106 -> 66-70/89-103; ties and
+# small losses below 2^23 with short rows: 64x256x256 58-66/77-82 -> 63-68/88-91,
+# 128x256x256 98-106/109-112 -> 104-110/118-133, 128x384x384 172-182/187-193 ->
+# 171-198/187-213, 8x384x384 43/59-73 -> 45-55/69-89, 32x256x256 40-49/64-87 -> 51-53/81-89.
+# So on any host with the 16-lane tile a prepacked weight goes to cpu-gemm from M*N*K
+# buckets of 2^22 (N bucket >= 128): the wins there are 1.3-2x, the losses up to 10%.
+PREPACKED_GEMM_PRODUCT = 1 << 22
 # A plain product on our GEMM where OpenBLAS has AVX-512 kernels too (the rule's last
 # 16-lane case): alone they are close, and OpenBLAS's threads keep spinning after its call
 # (~0.1 s), taking the second core from the next parallel kernel. Our 1024^3 GEMM in a
@@ -654,10 +663,10 @@ def _order(key):
     if m < GEMV_ROWS:
         return ("blas", "cpu-gemv", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}, no epilogue: OpenBLAS's gemv reads b faster than ours"
     if (key.prepacked and m * n * k >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N
-            and blas_narrower_than_host()):
-        return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^23, N bucket >= {WIDE_GEMM_MIN_N}: "
-                                                  f"numpy's OpenBLAS runs its {blas_core()} kernels on this AVX-512 host, "
-                                                  f"our {K.active_tile().name} GEMM skips packing the weight")
+            and K.active_tile().lanes32 >= 16):
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^22, N bucket >= {WIDE_GEMM_MIN_N}: "
+                                                  f"our {K.active_tile().name} GEMM skips packing the weight, numpy's "
+                                                  f"OpenBLAS ({blas_core()} kernels) packs it on every call")
     if m * n * k < SMALL_PRODUCT:
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
