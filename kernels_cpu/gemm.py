@@ -370,6 +370,20 @@ def _micro_codegen(indexed, ti=NARROW, rows_a=False, strided_b=False):
     return typer
 
 
+def _behind_tile(ti, res):
+    """An intrinsic's (signature, codegen) from _micro_codegen's typer result res for the
+    arguments after the literal tile ti, which the intrinsic takes first and the generated
+    code ignores (None when res is None: the arguments did not type)."""
+    if res is None:
+        return None
+    sig, gen = res
+
+    def codegen(context, builder, sig_, args):
+        return gen(context, builder, types.none(*sig_.args[1:]), args[1:])
+
+    return types.none(ti, *sig.args), codegen
+
+
 @intrinsic
 def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, ldb, c, coff, ldc, accumulate):
     """C[0:mr, 0:nr] (=|+=) (Ap[aoff:] as kc x mr)^T @ (B as kc x nr) for the tile TILES[ti]
@@ -386,15 +400,7 @@ def micro_tile(typingctx, ti, kc, ap, aoff, bp, boff, ldb, c, coff, ldc, accumul
         return None
     res = _micro_codegen(False, ti.literal_value, strided_b=True)(typingctx, kc, ap, aoff, bp, boff, ldb, c, coff,
                                                                   ldc, accumulate)
-    if res is None:
-        return None
-    sig, gen = res
-
-    def codegen(context, builder, sig_, args):
-        inner = types.none(*sig_.args[1:])
-        return gen(context, builder, inner, args[1:])
-
-    return types.none(ti, *sig.args), codegen
+    return _behind_tile(ti, res)
 
 
 @intrinsic
@@ -406,14 +412,7 @@ def micro_tile_indexed(typingctx, ti, kc, ap, aoff, bp, boff, tab, toff, c, coff
         return None
     res = _micro_codegen(True, ti.literal_value)(typingctx, kc, ap, aoff, bp, boff, tab, toff, c, coff, ldc,
                                                  accumulate)
-    if res is None:
-        return None
-    sig, gen = res
-
-    def codegen(context, builder, sig_, args):
-        return gen(context, builder, types.none(*sig_.args[1:]), args[1:])
-
-    return types.none(ti, *sig.args), codegen
+    return _behind_tile(ti, res)
 
 
 @intrinsic
@@ -424,14 +423,7 @@ def micro_rows(typingctx, ti, kc, ap, aoff, ar, bp, boff, c, coff, ldc, accumula
         return None
     res = _micro_codegen(False, ti.literal_value, rows_a=True)(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc,
                                                                accumulate)
-    if res is None:
-        return None
-    sig, gen = res
-
-    def codegen(context, builder, sig_, args):
-        return gen(context, builder, types.none(*sig_.args[1:]), args[1:])
-
-    return types.none(ti, *sig.args), codegen
+    return _behind_tile(ti, res)
 
 
 @njit(inline="always")
