@@ -629,7 +629,7 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
 # when its micro-kernels read them.
 B_IN_TASK_BYTES = 1 << 20
 
-# How gemm_worker gets B (the P_B_PACKED slot): packed by the call, packed already (a
+# How gemm_worker gets B (the P_B_MODE slot): packed by the call, packed already (a
 # prepacked weight), or read in place.  In place: a (K, N) B whose N is a whole number of
 # NR panels (no panel reads past a row's end) and no custom B packer; the micro-kernel
 # reads B's row k of the panel at k*N instead of k*NR.  The panel's kc rows are then 3
@@ -653,7 +653,7 @@ B_IN_PLACE_ROW_BYTES = 4096
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_B_PACKED, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_COUNT) = range(25)
+ P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_COUNT) = range(25)
 
 
 # The packers run by address (gemm_worker calls the one its operand's layout needs, and
@@ -787,7 +787,7 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     ntasks = nbatch * nmb * nnb
     p = np.zeros(P_COUNT + nextra, np.int64)
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = na, nb, nbatch, M, N, K
-    p[P_MC], p[P_NC], p[P_KC], p[P_B_PACKED] = mc_panels, nc_panels, kc, b_mode
+    p[P_MC], p[P_NC], p[P_KC], p[P_B_MODE] = mc_panels, nc_panels, kc, b_mode
     p[P_ACCUMULATE] = accumulate
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
@@ -860,13 +860,13 @@ def gemm_worker(w, params, is64, ti):
     # ms / 2.73 -> 2.61 ms.
     # Only while a task's panels fit in L2 (B_IN_TASK_BYTES): 64x4096x4096 (12 panels of
     # K = 4096, 9.4 MB a task) ran 23-24 -> 26-31 ms packed in the task.
-    b_in_task = (p[P_B_PACKED] == B_PACK and nmb == 1 and nb == nbatch
+    b_in_task = (p[P_B_MODE] == B_PACK and nmb == 1 and nb == nbatch
                  and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
-    b_in_place = p[P_B_PACKED] == B_IN_PLACE
-    n_pack = n_pack_a if p[P_B_PACKED] != B_PACK or b_in_task else n_pack_a + nb * npn
+    b_in_place = p[P_B_MODE] == B_IN_PLACE
+    n_pack = n_pack_a if p[P_B_MODE] != B_PACK or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     nw = p[P_WORKERS]
-    home = 2 + (n_pack_a if p[P_B_PACKED] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
+    home = 2 + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     apf = c_array_at(p[P_AP], z, (na * mp * K * MR,))
     # B's panels, or B itself (nb x K x N) when it is read in place
@@ -992,7 +992,7 @@ def pack_b(b3, transb, bp, tile=None):
 # AVX-512, 2026-12-03), us, MxNxK, 8x48 always -> this choice (prepacked weight): 32x3072x768
 # 980 -> 760 (650), 64x3072x768 1756 -> 1376 (1159), 100x3072x768 2614 -> 2468 (1857),
 # 128x3072x768 2712 -> 2580 (2225), 128x4096x4096 20.0 -> 17.1 ms (17.3).
-ROWS_TILES = (HOST_WIDE, 2)   # 8x48, 12x32
+ROWS_TILES = (HOST_WIDE, TILE_NAMES.index("12x32"))   # 8x48, 12x32
 ROWS_PANELS = 8   # MR-row weight panels per task (8x48: 64 output columns, whole cache lines of out)
 
 

@@ -557,7 +557,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
 
     def plan(*args):
         res = real_plan(*args)
-        modes.append(int(res[0][K.P_B_PACKED]))
+        modes.append(int(res[0][K.P_B_MODE]))
         return res
 
     monkeypatch.setattr(K, "_gemm_plan", plan)
