@@ -26,8 +26,12 @@ them back into floats (dispatch/ops/quant.py).
 
 quantize: q = saturate(round_half_even(x / scale[c]) + zero_point[c]), the division in x's
 type (float32 for float32, as ONNX), np.rint (vroundps: vectorized).  A NaN quotient fails
-`t >= qmin` and becomes qmin (onnxruntime 1.32 gives the lowest value of the type for NaN
-as well); +-inf saturates.  No fastmath here: arcp would turn x / s into x * (1 / s), which
+`t > qmin` and becomes qmin (onnxruntime 1.32 gives the lowest value of the type for NaN
+as well); +-inf saturates.  The clamps compare strictly (`t if t > qmin else qmin`): LLVM
+turns that form into vmaxps / vminps, whose NaN operand order gives the same qmin, where
+`>=` (which must keep t = -0.0 over qmin = 0.0) stays vcmpps + vblendmps.  The quantize
+loop alone, 98304 float32 to uint8, one thread, Zen 4 (2026-12-04): 15.3 -> 11.0 us, the
+same bytes on random, NaN, inf and tie inputs.  No fastmath here: arcp would turn x / s into x * (1 / s), which
 rounds differently.
 
 dequantize: y = (q - zero_point[c]) * scale[c] in y's type: q - zp is an exact small
@@ -165,8 +169,8 @@ def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
             qr = q[o, :, 0]
             for c in range(c0, c1):
                 t = np.rint(xr[uintp(c)] / scale[uintp(c)]) + zp[uintp(c)]
-                t = t if t >= qlo else qlo
-                t = t if t <= qhi else qhi
+                t = t if t > qlo else qlo
+                t = t if t < qhi else qhi
                 qr[uintp(c)] = np.int32(t)
         return
     for o in range(o0, o1):
@@ -177,8 +181,8 @@ def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
             z = zp[c]
             for i in range(i0, i1):
                 t = np.rint(xr[uintp(i)] / s) + z
-                t = t if t >= qlo else qlo
-                t = t if t <= qhi else qhi
+                t = t if t > qlo else qlo
+                t = t if t < qhi else qhi
                 qr[uintp(i)] = np.int32(t)
 
 
@@ -309,8 +313,8 @@ def fused_rows(x2, xi2, absmask, negbad, expo, symmetric, qlo, qhi, zsym, tiny, 
         qr = q2[c]
         for i in range(n):
             t = np.rint(xr2[uintp(i)] / st) + z
-            t = t if t >= flo else flo
-            t = t if t <= fhi else fhi
+            t = t if t > flo else flo
+            t = t if t < fhi else fhi
             qr[uintp(i)] = np.int32(t)
 
 
