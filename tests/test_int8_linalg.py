@@ -481,6 +481,38 @@ def test_several_row_blocks_and_column_edges(impl):
     assert_one_rounding(got, np.maximum(ref.matmul_int8(a, b), 0), impl)
 
 
+def test_task_blocking_splits_rows_on_the_vnni_path():
+    """The VNNI path's tasks are ranges of row panels (each thread its rows of A and the
+    whole weight), columns cut at ROWS_TASK_COLS; the other paths cut the columns; one row
+    panel, or one thread, falls back to column parts."""
+    from dispatch.ops import int8_linalg as M
+    P = M.K
+    npn = 3072 // 48
+    assert M._blocks(16, 16, 48, 2, P.PATH_VNNI512) == (8, 16, 2)
+    assert M._blocks(64, 16, 48, 2, P.PATH_VNNI512) == (16, 16, 4)        # <= ROW_PANELS_MAX a task
+    assert M._blocks(16, npn, 48, 2, P.PATH_VNNI512) == (8, M.ROWS_TASK_COLS // 48, 2 * -(-npn // (M.ROWS_TASK_COLS // 48)))
+    assert M._blocks(1, 16, 48, 2, P.PATH_VNNI512) == (1, 8, 2)          # one row panel: column parts
+    assert M._blocks(16, 16, 48, 1, P.PATH_VNNI512)[2] == 2              # one thread: as before
+    assert M._blocks(4, 24, 32, 2, P.PATH_AMX) == (4, 12, 2)
+    assert M._blocks(16, 48, 16, 2, P.PATH_AVX2) == (16, 24, 2)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU VNNI implementation's row split")
+def test_vnni_row_split_with_column_parts(monkeypatch):
+    """Row ranges across column parts whose last panel is partial (ROWS_TASK_COLS cut to
+    two 48-column panels), row panels split unevenly between the threads: exact."""
+    from dispatch.ops import int8_linalg as M
+    if M._HOST[M.K.PATH_VNNI512] is not None:
+        pytest.skip(M._HOST[M.K.PATH_VNNI512])
+    monkeypatch.setattr(M, "ROWS_TASK_COLS", 96)
+    g = rng()
+    a = make_a(g, (70, 45), np.int8, "row")
+    b = make_b(g, (45, 230), "col", zp=True)
+    bias = g.standard_normal(230).astype(np.float32)
+    got = _call("cpu-vnni512", dispatch.matmul_int8, a, b, bias=bias, activation="relu")
+    assert_one_rounding(got, ref.matmul_int8(a, b, bias=bias, activation="relu"), "cpu-vnni512")
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the CPU VNNI implementation's one-row path")
 @pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
 def test_vnni_one_row_path(a_dtype):

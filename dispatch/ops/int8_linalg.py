@@ -282,13 +282,32 @@ def _zeros(n):
 # same either way (253-279 / 252-288 with 2 tasks of 1536 columns).
 TASK_COLS = 384
 ROW_PANELS_MAX = 16
+# On the VNNI (zmm) path the rows are split instead, when there is a row panel per thread:
+# a task is a range of row panels across up to ROWS_TASK_COLS columns, so a thread reads
+# only its rows of A (packed by the calling thread just before) and the whole weight,
+# instead of all of A and part of the weight.  (Giving each thread the same column part on
+# every call, as gemm.py's gemm_worker does, made no difference: 206.8 / 206.7 us.)  K.gemm
+# with A packed first, 2 threads, medians / p25 of 15 x 100 calls (Zen 4, 2026-12-04), us,
+# column parts -> row halves: 128x768x768 215.9 / 215.1 -> 201.4 / 200.5, 32x768x768 72.9
+# / 64.7 -> 69.0 / 62.1, 512x768x768 836 / 789 -> 801 / 763 (quarters 779 / 755),
+# 128x768x3072 847 / 803 -> 823 / 765, 128x3072x768 910 / 762 -> 785 / 745.  The AVX2 path
+# on the same host was mixed (128x768x3072 1799 / 1753 -> 1963 / 1746, 512x768x768 2370 /
+# 2182 -> 2856 / 2333) and the AMX one was measured only against column parts: both keep
+# them.
+ROWS_SPLIT_PATHS = (K.PATH_VNNI512,)
+ROWS_TASK_COLS = 3072
 
 
-def _blocks(mp, npn, nr, threads):
-    """(row panels, column panels, tasks) per task for mp x npn panels of nr columns."""
-    mc = min(mp, ROW_PANELS_MAX)
-    parts = max(threads, -(-npn * nr // TASK_COLS))
-    nc = -(-npn // parts)
+def _blocks(mp, npn, nr, threads, path):
+    """(row panels, column panels, tasks) per task for mp x npn panels of nr columns on
+    the path (a K.PATH_*: the micro-kernel's)."""
+    if path in ROWS_SPLIT_PATHS and mp >= threads > 1:
+        mc = -(-mp // max(threads, -(-mp // ROW_PANELS_MAX)))
+        nc = min(npn, max(1, ROWS_TASK_COLS // nr))
+    else:
+        mc = min(mp, ROW_PANELS_MAX)
+        parts = max(threads, -(-npn * nr // TASK_COLS))
+        nc = -(-npn // parts)
     return mc, nc, -(-mp // mc) * -(-npn // nc)
 
 
@@ -360,7 +379,7 @@ def _run_packed(path):
         bias_v = _zeros(n) if bias is None else kernel_input(bias)
         out2 = res.reshape(rows, n)
         npn = -(-n // nr)
-        mc, nc, ntasks = _blocks(mp, npn, nr, threads)
+        mc, nc, ntasks = _blocks(mp, npn, nr, threads, kpath)
         # the cached weight and row parameters are writeable-typed aliases already (made once),
         # so the argument-block helper compiles one specialization
         K.gemm(kpath, code, abuf.reshape(-1).view(np.int32), pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, out2,
