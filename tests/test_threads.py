@@ -193,6 +193,54 @@ def test_gemm_workspace_is_per_thread():
         assert not np.shares_memory(bufs[i], main)
 
 
+@pytest.mark.parametrize("op_name", ["matmul_int8", "dynamic_quant_linear"])
+def test_int8_threads_of_different_shapes(op_name):
+    """Threads running the packed int8 paths on different shapes at once, decode rows among
+    them: each packs A into its own scratch (a per-thread cache for small calls)."""
+    rng = np.random.default_rng(11)
+    dims = [(1, 768, 768), (3, 200, 130), (1, 64, 48), (37, 300, 129)]
+    calls = []
+    for m, k, n in dims:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        if op_name == "matmul_int8":
+            a = dispatch.quantize(x, axis=0)
+            b = dispatch.quantize(rng.standard_normal((k, n)).astype(np.float32), axis=1)
+            calls.append(lambda a=a, b=b: dispatch.matmul_int8(a, b, activation="relu"))
+        else:
+            w = dispatch.quantize(rng.standard_normal((n, k)).astype(np.float32), axis=0)
+            calls.append(lambda x=x, w=w: dispatch.dynamic_quant_linear(x, w, activation="relu"))
+    expected = [c() for c in calls]
+    bad = []
+
+    def worker(i):
+        for r in range(3 * REPS):
+            if not S.same(calls[i](), expected[i]):
+                bad.append(f"thread {i} ({dims[i]}) rep {r} differs")
+
+    _run_threads(N_THREADS, worker)
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_int8_workspace_is_per_thread():
+    """The int8 paths' packed-A scratch is never handed to two threads (white box:
+    dispatch.ops.int8_linalg._a_workspace)."""
+    from dispatch.ops import int8_linalg
+
+    bufs = [None] * N_THREADS
+
+    def worker(i):
+        bufs[i] = int8_linalg._a_workspace(8, 768, np.uint8, 1)
+
+    _run_threads(N_THREADS, worker)
+    main = int8_linalg._a_workspace(8, 768, np.uint8, 1)
+    for i in range(N_THREADS):
+        for j in range(i + 1, N_THREADS):
+            for a, b in zip(bufs[i], bufs[j]):
+                assert not np.shares_memory(a, b), f"threads {i} and {j} share int8 scratch"
+        for a, b in zip(bufs[i], main):
+            assert not np.shares_memory(a, b)
+
+
 # ---- overrides are per thread ----------------------------------------------------------------
 
 def _probe(op, size):
