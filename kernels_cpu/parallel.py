@@ -316,15 +316,11 @@ def run_workers(fn, params, n):
 # The block's address is taken in compiled code (ctypes.data costs ~1 us in Python) and the
 # team is called from there as parallel.launch does (team.run is a ctypes call): an empty
 # worker, 2 threads, Zen 4 (2026-12-04), run_workers 2.0 -> 0.55-0.72 us a call, run_serial
-# 1.6-1.8 -> 0.25-0.29 us.
+# 1.6-1.8 -> 0.25-0.29 us.  One function for both (n = 1 runs on the calling thread): each
+# compiled entry point costs ~0.08 s of an empty cache's first call.
 @njit(cache=True, nogil=True)
 def _run_block(fn, params, n, team_run, team_state):
     return launch(fn, params.ctypes.data, n, team_run, team_state)
-
-
-@njit(cache=True, nogil=True)
-def _run_serial_block(fn, params):
-    call_address(fn, (0, params.ctypes.data))
 
 
 @njit(cache=True, nogil=True)
@@ -334,7 +330,7 @@ def _run_serial(fn, params):
 
 def run_serial(fn, params):
     """fn(0, params.ctypes.data) on the calling thread (no thread pool hand-off)."""
-    _run_serial_block(fn, params)
+    _run_block(fn, params, 1, 0, 0)
 
 
 def run_at(fn, addr, n):
