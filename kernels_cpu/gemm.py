@@ -649,6 +649,25 @@ B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
 
+# A read in place: a (M, K) A whose M is a whole number of MR-row panels, with no custom A
+# packer and B in packed panels (packed by the call or prepacked), is not packed: the
+# micro-kernel (micro_rows) broadcasts A's values straight from its MR rows, as
+# onnxruntime's MLAS kernels do, so the call neither writes a packed copy nor has one
+# thread read the panels another packed.  The worker is compiled per A form (its a_rows
+# literal), so a process compiles the form its calls use: one more call site of the
+# micro-kernel in the one worker cost every GEMM's cold first call 0.22-0.25 s (matmul
+# 128x768x768: 1.70-1.74 -> 1.93-1.99 s, Zen 4, 2026-12-04).  gemm_parallel called through
+# dispatch.matmul, 2 threads, medians of 9 rounds alternating the two forms in one process
+# (Zen 4, 2026-12-04), us, packed -> in place, three runs: prepacked b 128x768x768 734 /
+# 757 / 849 -> 713 / 793 / 736, 128x768x3072 3322 / 3130 -> 3144 / 2993, 512x768x768 3185 /
+# 3158 -> 2978 / 2928, 64x768x768 762 / 686 -> 429 / 361, 3168x384x1536 17897 / 18018 /
+# 17595 -> 18210 / 17572 / 17438, 1024^3 10759 / 10712 / 10543 -> 11351 / 10363 / 10218;
+# b packed by the call: 128x768x3072 4203 / 3772 -> 3896 / 3884, 512x768x768 3640 / 3676 ->
+# 3521 / 3472, 3168x384x1536 19117 / 18440 / 17882 -> 17991 / 17597 / 17744, 1024^3 11179 /
+# 12211 / 10897 -> 10885 / 11116 / 10702.  A_IN_PLACE_OK switches it off (tests compare
+# the two forms).
+A_IN_PLACE_OK = True
+
 
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
@@ -778,11 +797,13 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     npn = -(-N // nr_full)
     nmb = -(-mp // mc_panels)
     nnb = -(-npn // nc_panels)
-    n_pack_a = na * mp
     b_mode = B_PACKED if b_packed else B_PACK
     if (b_mode == B_PACK and B_IN_PLACE_OK and not transb and pack_b is None and N % nr_full == 0
             and nmb == 1 and N * np.dtype(dtype).itemsize <= B_IN_PLACE_ROW_BYTES):
         b_mode = B_IN_PLACE
+    a_in_place = (A_IN_PLACE_OK and not transa and pack_a is None and b_mode != B_IN_PLACE
+                  and M % tile_m(ti) == 0)
+    n_pack_a = 0 if a_in_place else na * mp
     n_pack = n_pack_a if b_mode != B_PACK else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     p = np.zeros(P_COUNT + nextra, np.int64)
@@ -792,14 +813,14 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
-    p[P_PACK_A] = _packer("a", transa, dtype, ti) if pack_a is None else pack_a
+    p[P_PACK_A] = 0 if a_in_place else (_packer("a", transa, dtype, ti) if pack_a is None else pack_a)
     p[P_PACK_B] = 0 if b_mode != B_PACK else (_packer("b", transb, dtype, ti) if pack_b is None else pack_b)
     p[P_EPILOGUE] = epilogue_address(dtype, code) if epilogue else 0
     p.flags.writeable = False
-    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti))
+    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti, a_in_place))
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
-    # task of worker v's own range (gemm_worker)
-    return p, 2 + n_pack + nw, fn, nw, math.prod(sa), math.prod(sb), ti
+    # task of worker v's own range (gemm_worker); no packed A needed when A is read in place
+    return p, 2 + n_pack + nw, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
 
 
 def epilogue_address(dtype, code):
@@ -823,10 +844,11 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
 
 
 @njit(**JIT_BY_ADDRESS)
-def gemm_worker(w, params, is64, ti):
+def gemm_worker(w, params, is64, ti, a_rows):
     """Worker w of a gemm_parallel call: its arrays, sizes and the addresses of its packers
-    and epilogue are read from the int64 block at address params (the P_* slots); is64 and
-    ti (the register tile, TILES[ti]) are literals (one compiled worker per dtype and tile).
+    and epilogue are read from the int64 block at address params (the P_* slots); is64,
+    ti (the register tile, TILES[ti]) and a_rows (A read in place from its rows instead of
+    packed: A_IN_PLACE_OK) are literals (one compiled worker per dtype, tile and A form).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
@@ -851,7 +873,7 @@ def gemm_worker(w, params, is64, ti):
     npn = (N + nr_full - 1) // nr_full
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
-    n_pack_a = na * mp
+    n_pack_a = 0 if a_rows else na * mp
     # one row block (M <= mc_panels * MR) and no B batch shared by output batches: each B
     # panel is read by one task only, which packs it itself right before its micro-kernels
     # read it from L2, instead of all B panels being packed up front (written out to L3 or
@@ -868,7 +890,8 @@ def gemm_worker(w, params, is64, ti):
     nw = p[P_WORKERS]
     home = 2 + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
-    apf = c_array_at(p[P_AP], z, (na * mp * K * MR,))
+    # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
+    apf = c_array_at(p[P_A] if a_rows else p[P_AP], z, (na * mp * K * MR,))
     # B's panels, or B itself (nb x K x N) when it is read in place
     bpf = c_array_at(p[P_B] if b_in_place else p[P_BP], z, (nb * K * N if b_in_place else nb * npn * K * nr_full,))
     ldb = N if b_in_place else nr_full
@@ -938,15 +961,18 @@ def gemm_worker(w, params, is64, ti):
                 j0 = q * nr_full
                 boff = (bb * K + k0) * N + j0 if b_in_place else ((bb * npn + q) * K + k0) * nr_full
                 nr = min(nr_full, N - j0)
-                aoff = ((ba * mp + pa) * K + k0) * MR
                 i0 = pa * MR
                 mr = min(MR, M - i0)
-                # one call site (each inlined copy of the intrinsic costs compile
-                # time): full tiles go straight to C, edge tiles through t
+                # one call site per A form (each inlined copy of the intrinsic costs
+                # compile time): full tiles go straight to C, edge tiles through t
                 full = mr == MR and nr == nr_full
-                micro_tile(ti, kl, apf, aoff, bpf, boff, ldb, cf if full else t,
-                           (bi * M + i0) * N + j0 if full else 0, N if full else nr_full,
-                           accumulate and full)
+                coff = (bi * M + i0) * N + j0 if full else 0
+                if a_rows:
+                    micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, cf if full else t, coff,
+                               N if full else nr_full, accumulate and full)
+                else:
+                    micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bpf, boff, ldb, cf if full else t,
+                               coff, N if full else nr_full, accumulate and full)
                 if not full:
                     store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)
         if epilogue != 0:  # bias + activation on the task's block while it is in L2

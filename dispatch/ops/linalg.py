@@ -752,8 +752,22 @@ def _epilogue_variants(bias_at):
             return tuple(args), kwargs
         return make
 
+    def a_form(rows):
+        def make(args, kwargs):
+            dt = args[0].dtype
+            a = np.zeros((rows, 16), dt)
+            if bias_at[0] == "args":
+                return (a, np.zeros((50, 16), dt), None), dict(kwargs, activation=None)
+            return (a, np.zeros((16, 50), dt)), dict(kwargs, bias=None, activation=None)
+        return make
+
     out = {"no epilogue": variant(None, False), "bias": variant(None, True)}
     out.update({act: variant(act, True) for act in ACTIVATION_CODES if act is not None})
+    # the GEMM worker is compiled per A form (kernels_cpu.gemm.A_IN_PLACE_OK): 24 rows (a
+    # whole number of every tile's rows) read a in place, 25 pack it; 50 columns keep b in
+    # packed panels
+    out["a read in place"] = a_form(24)
+    out["a packed"] = a_form(25)
     if bias_at[0] == "args":   # linear: a weight large enough to be read in place (gemm_rows)
         def in_place(args, kwargs):
             dt = args[0].dtype
