@@ -416,13 +416,14 @@ def micro_tile_indexed(typingctx, ti, kc, ap, aoff, bp, boff, tab, toff, c, coff
 
 
 @intrinsic
-def micro_rows(typingctx, ti, kc, ap, aoff, ar, bp, boff, c, coff, ldc, accumulate):
+def micro_rows(typingctx, ti, kc, ap, aoff, ar, bp, boff, ldb, c, coff, ldc, accumulate):
     """micro_tile of the tile TILES[ti] (ti a literal) with A read in place from MR rows of
-    a row-major matrix: element (i, k) at ap[aoff + i*ar + k] (gemm_rows: the weight's rows)."""
+    a row-major matrix: element (i, k) at ap[aoff + i*ar + k] (gemm_rows: the weight's rows;
+    gemm_worker: A itself); B's row k at bp[boff + k*ldb] as in micro_tile."""
     if not isinstance(ti, types.Literal):
         return None
-    res = _micro_codegen(False, ti.literal_value, rows_a=True)(typingctx, kc, ap, aoff, ar, bp, boff, c, coff, ldc,
-                                                               accumulate)
+    res = _micro_codegen(False, ti.literal_value, rows_a=True, strided_b=True)(typingctx, kc, ap, aoff, ar, bp, boff,
+                                                                               ldb, c, coff, ldc, accumulate)
     return _behind_tile(ti, res)
 
 
@@ -649,11 +650,10 @@ B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
 
-# A read in place: a (M, K) A whose M is a whole number of MR-row panels, with no custom A
-# packer and B in packed panels (packed by the call or prepacked), is not packed: the
-# micro-kernel (micro_rows) broadcasts A's values straight from its MR rows, as
-# onnxruntime's MLAS kernels do, so the call neither writes a packed copy nor has one
-# thread read the panels another packed.  The worker is compiled per A form (its a_rows
+# A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
+# packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from
+# its MR rows, as onnxruntime's MLAS kernels do, so the call neither writes a packed copy
+# nor has one thread read the panels another packed.  B comes in any of its forms.  The worker is compiled per A form (its a_rows
 # literal), so a process compiles the form its calls use: one more call site of the
 # micro-kernel in the one worker cost every GEMM's cold first call 0.22-0.25 s (matmul
 # 128x768x768: 1.70-1.74 -> 1.93-1.99 s, Zen 4, 2026-12-04).  gemm_parallel called through
@@ -664,8 +664,11 @@ B_IN_PLACE_ROW_BYTES = 4096
 # 17595 -> 18210 / 17572 / 17438, 1024^3 10759 / 10712 / 10543 -> 11351 / 10363 / 10218;
 # b packed by the call: 128x768x3072 4203 / 3772 -> 3896 / 3884, 512x768x768 3640 / 3676 ->
 # 3521 / 3472, 3168x384x1536 19117 / 18440 / 17882 -> 17991 / 17597 / 17744, 1024^3 11179 /
-# 12211 / 10897 -> 10885 / 11116 / 10702.  A_IN_PLACE_OK switches it off (tests compare
-# the two forms).
+# 12211 / 10897 -> 10885 / 11116 / 10702; b read in place too (cpu-gemm forced, medians /
+# p25 of 11 rounds): 64x768x768 415 / 402 -> 396 / 381, 96x768x768 627 / 594 -> 602 / 574,
+# 128x768x768 743 / 740 and 759 / 736 -> 735 / 727 and 725 / 714, 256x768x768 1687 / 1587 ->
+# 1645 / 1584, 128x384x1024 591 / 586 -> 598 / 591.  A_IN_PLACE_OK switches it off (tests
+# compare the two forms).
 A_IN_PLACE_OK = True
 
 
@@ -801,8 +804,7 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     if (b_mode == B_PACK and B_IN_PLACE_OK and not transb and pack_b is None and N % nr_full == 0
             and nmb == 1 and N * np.dtype(dtype).itemsize <= B_IN_PLACE_ROW_BYTES):
         b_mode = B_IN_PLACE
-    a_in_place = (A_IN_PLACE_OK and not transa and pack_a is None and b_mode != B_IN_PLACE
-                  and M % tile_m(ti) == 0)
+    a_in_place = A_IN_PLACE_OK and not transa and pack_a is None and M % tile_m(ti) == 0
     n_pack_a = 0 if a_in_place else na * mp
     n_pack = n_pack_a if b_mode != B_PACK else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
@@ -968,7 +970,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
                 full = mr == MR and nr == nr_full
                 coff = (bi * M + i0) * N + j0 if full else 0
                 if a_rows:
-                    micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, cf if full else t, coff,
+                    micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, ldb, cf if full else t, coff,
                                N if full else nr_full, accumulate and full)
                 else:
                     micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bpf, boff, ldb, cf if full else t,
@@ -1063,7 +1065,7 @@ def rows_worker(w, params, is64, ti):
                 for i in range(rows * K, mr * K):
                     src[i] = 0
             for j in range(nxp):
-                micro_rows(ti, K, src, s0, K, xp, j * K * nr, t, 0, nr, False)
+                micro_rows(ti, K, src, s0, K, xp, j * K * nr, nr, t, 0, nr, False)
                 m0 = j * nr
                 for r in range(min(nr, M - m0)):
                     o = (m0 + r) * N + n0

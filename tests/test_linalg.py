@@ -547,8 +547,8 @@ def test_every_tile_matches_reference(tile, dtype):
 @pytest.mark.parametrize("tile", _tile_names())
 def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     """cpu-gemm reading a (M, K) a in place (kernels_cpu.gemm.A_IN_PLACE_OK: M a whole
-    number of the tile's rows, b in packed panels) gives exactly the bits of the path that
-    packs a: b packed by the call or prepacked (matmul and linear), K over one K block, more
+    number of the tile's rows) gives exactly the bits of the path that packs a, with b read
+    in place, packed by the call or prepacked (matmul and linear): K over one K block, more
     row blocks than one, broadcast and plain batches, a last b panel cut short, bias + gelu,
     NaN-poisoned out=.  A transposed a, or rows off the tile, are packed either way."""
     from kernels_cpu import gemm as K
@@ -557,7 +557,7 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
 
     def plan(*args):
         res = real_plan(*args)
-        flags.append(int(res[4] == 0))   # no packed A needed: a read in place
+        flags.append((int(res[4] == 0), int(res[0][K.P_B_MODE])))   # (no packed A needed, b's form)
         return res
 
     monkeypatch.setattr(K, "_gemm_plan", plan)
@@ -565,36 +565,40 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     with gemm_tile(tile) as t:
         mr, nr = t.mr, t.nr(dtype)
         cases = [((2 * mr, 40), (40, 2 * nr + 3), True), ((mr, 1100), (1100, 5 * nr), True),
-                 ((3, 4 * mr, 19), (19, 70), True), ((2, 1, mr, 19), (3, 19, 4 * nr + 1), True),
-                 ((50 * mr, 24), (24, 3 * nr), True), ((mr + 1, 40), (40, 70), False)]
+                 ((3, 4 * mr, 19), (19, 2 * nr), True), ((2, 1, mr, 19), (3, 19, 4 * nr + 1), True),
+                 ((50 * mr, 24), (24, 3 * nr), True), ((mr + 1, 40), (40, 2 * nr), False)]
+        b_forms = set()
         for sa, sb, expect in cases:
             a, b = randn(g, sa, dtype), randn(g, sb, dtype)
             bias = randn(g, (sb[-1],), dtype)
             shape = _out_shape_matmul(sa, sb)
-            got = {}
-            for in_place in (True, False):
-                monkeypatch.setattr(K, "A_IN_PLACE_OK", in_place)
-                monkeypatch.setattr(K, "B_IN_PLACE_OK", False)   # b in panels: the case a in place needs
-                real_plan.cache_clear()
-                flags.clear()
-                with dispatch.use(matmul="cpu-gemm", linear="cpu-gemm"):
-                    res = [dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
-                           dispatch.matmul(np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2), b)]
-                    if b.ndim == 2:
-                        res.append(dispatch.matmul(a, dispatch.prepack(b, op="matmul"), bias=bias))
-                        bt = np.ascontiguousarray(b.T)
-                        res.append(dispatch.linear(a, dispatch.prepack(bt), bias, activation="gelu"))
-                        res.append(dispatch.linear(a, bt, bias))
-                got[in_place] = res
-                assert flags, (tile, sa, sb)
-                assert set(flags) <= ({0, 1} if in_place else {0}), flags
-                if in_place:   # the first call (a not transposed) reads a in place when it can
-                    assert flags[0] == expect, (tile, sa, sb, flags)
-            for x, y in zip(got[True], got[False]):
-                np.testing.assert_array_equal(x, y, err_msg=f"{tile} {sa} {sb}")
-            tol = _tol(dtype, sa[-1])
-            assert_close(got[True][0], ref.matmul(a, b, bias=bias, activation="gelu"), tol, f"{tile} {sa} {sb}",
-                         cancel=True)
+            for b_in_place in (True, False):
+                got = {}
+                for in_place in (True, False):
+                    monkeypatch.setattr(K, "A_IN_PLACE_OK", in_place)
+                    monkeypatch.setattr(K, "B_IN_PLACE_OK", b_in_place)
+                    real_plan.cache_clear()
+                    flags.clear()
+                    with dispatch.use(matmul="cpu-gemm", linear="cpu-gemm"):
+                        res = [dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
+                               dispatch.matmul(np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2), b)]
+                        if b.ndim == 2:
+                            res.append(dispatch.matmul(a, dispatch.prepack(b, op="matmul"), bias=bias))
+                            bt = np.ascontiguousarray(b.T)
+                            res.append(dispatch.linear(a, dispatch.prepack(bt), bias, activation="gelu"))
+                            res.append(dispatch.linear(a, bt, bias))
+                    got[in_place] = res
+                    assert flags, (tile, sa, sb)
+                    assert {f[0] for f in flags} <= ({0, 1} if in_place else {0}), flags
+                    if in_place:   # the first call (a not transposed) reads a in place when it can
+                        assert flags[0][0] == expect, (tile, sa, sb, flags)
+                        b_forms.add(flags[0][1])
+                for x, y in zip(got[True], got[False]):
+                    np.testing.assert_array_equal(x, y, err_msg=f"{tile} {sa} {sb} b in place {b_in_place}")
+                tol = _tol(dtype, sa[-1])
+                assert_close(got[True][0], ref.matmul(a, b, bias=bias, activation="gelu"), tol, f"{tile} {sa} {sb}",
+                             cancel=True)
+        assert {K.B_IN_PLACE, K.B_PACK} <= b_forms, b_forms
     real_plan.cache_clear()
 
 
