@@ -655,10 +655,11 @@ B_IN_PLACE_ROW_BYTES = 4096
 # A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from
 # its MR rows, as onnxruntime's MLAS kernels do, so the call neither writes a packed copy
-# nor has one thread read the panels another packed.  B comes in any of its forms.  The worker is compiled per A form (its a_rows
-# literal), so a process compiles the form its calls use: one more call site of the
-# micro-kernel in the one worker cost every GEMM's cold first call 0.22-0.25 s (matmul
-# 128x768x768: 1.70-1.74 -> 1.93-1.99 s, Zen 4, 2026-12-04).  gemm_parallel called through
+# nor has one thread read the panels another packed.  B comes in any of its forms.  The
+# worker is compiled per A form (its a_rows literal), so a process compiles the form its
+# calls use: one more call site of the micro-kernel in the one worker cost every GEMM's
+# cold first call 0.22-0.25 s (matmul 128x768x768: 1.70-1.74 -> 1.93-1.99 s, Zen 4,
+# 2026-12-04).  gemm_parallel called through
 # dispatch.matmul, 2 threads, medians of 9 rounds alternating the two forms in one process
 # (Zen 4, 2026-12-04), us, packed -> in place, three runs: prepacked b 128x768x768 734 /
 # 757 / 849 -> 713 / 793 / 736, 128x768x3072 3322 / 3130 -> 3144 / 2993, 512x768x768 3185 /
