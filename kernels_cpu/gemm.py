@@ -670,8 +670,11 @@ B_IN_PLACE_ROW_BYTES = 4096
 # 12211 / 10897 -> 10885 / 11116 / 10702; b read in place too (cpu-gemm forced, medians /
 # p25 of 11 rounds): 64x768x768 415 / 402 -> 396 / 381, 96x768x768 627 / 594 -> 602 / 574,
 # 128x768x768 743 / 740 and 759 / 736 -> 735 / 727 and 725 / 714, 256x768x768 1687 / 1587 ->
-# 1645 / 1584, 128x384x1024 591 / 586 -> 598 / 591.  A_IN_PLACE_OK switches it off (tests
-# compare the two forms).
+# 1645 / 1584, 128x384x1024 591 / 586 -> 598 / 591.  The 6x16 tile forced on the same host
+# (rows a multiple of 6): 120x768x768, 132x768x3072, 516x768x768, 1020x1024x1024 within -6%
+# .. +1% (the same code path measured twice moved 5%); float64 8x24: prepacked 128x768x768
+# 1822 -> 1565, 1024^3 20618 -> 20139, b packed by the call 128x768x768 2477 -> 1713.
+# A_IN_PLACE_OK switches it off (tests compare the two forms).
 A_IN_PLACE_OK = True
 
 
