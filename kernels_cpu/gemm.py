@@ -72,7 +72,7 @@ from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_
 from . import target
 from .dot_tile import TA, TB, dot_tile
 from .llvm_ir import arg_readers, prefetch as prefetch_line
-from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, prefetch, run_at, run_workers,
+from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, prefetch, run_workers,
                        worker_address)
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
@@ -1301,7 +1301,7 @@ def epilogue(c2, bias, code, nworkers):
     p[E_ROWS], p[E_N], p[E_ISZ], p[E_FN] = rows, n, c2.itemsize, epilogue_address(c2.dtype, code)
     addresses(p, (c2, bias))  # slots E_C, E_BIAS
     fn = worker_address(epilogue_worker, ())
-    run_at(fn, p.ctypes.data, 1 if c2.size <= EPI_SERIAL_MAX else min(nworkers, -(-rows // EPI_ROWS)))
+    run_workers(fn, p, 1 if c2.size <= EPI_SERIAL_MAX else min(nworkers, -(-rows // EPI_ROWS)))
 
 
 @njit(**JIT_BY_ADDRESS)
