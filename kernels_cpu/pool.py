@@ -16,12 +16,14 @@ tables: no division per output).
   on one thread, 262-274 -> 217-238 on two (18 GB/s: the memory, not the arithmetic);
   avg 360-365 -> 241-272 on one, 209-216 -> 92-159 on two.  The windows of POOL_SEPARABLE
   (3x3/2, 2x2/2, 3x3/1) pool each of the tile's input rows over its taps once, then the
-  rows per output row (a 3x3/2 tile: 15 rows x 3 taps of loads where 7 x 9).
+  rows per output row (a 3x3/2 tile: 15 rows x 3 taps where 7 x 9), the taps of a row built
+  from shared loads by moving lanes (_pool_tile's taps).
 - Column strides above 2 (window_worker): the padded plane split into stride phases
   (planes.split_plane), then each window tap one long vector loop over the whole output
   plane (see window_worker).  Work is handed out in blocks of planes.
 - max keeps NaN (PyTorch's rule; the fastmath flags exclude nnan, so NaN tests stay): in
-  registers m = v if v > m else m (one vmaxps) with the NaN lanes tracked apart; in
+  registers m = v if v > m else m (one vmaxps) with the NaN lanes tracked apart (by the
+  separable windows only in a tile that loaded a NaN); in
   window_worker's loops m = v if (v > m or v != v) else m, a select the loop vectorizes.
 - adaptive_avg_pool: per output element, the window [floor(i*n/o), ceil((i+1)*n/o)) on
   each axis; a window spanning whole rows (every output of width 1: global pooling,
@@ -290,12 +292,14 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
         absmask = ir.Constant(ity, [(1 << (nbits - 1)) - 1] * width)
         infbits = ir.Constant(ity, [0x7F800000 if nbits == 32 else 0x7FF0000000000000] * width)
         nans = [cgutils.alloca_once_value(builder, ir.Constant(ity, [0] * width))
-                for _ in range(0 if is_avg else POOL_ROWS)]
+                for _ in range(0 if is_avg or code else POOL_ROWS)]
+        nanv = ir.Constant(vty, [ir.Constant(fty, math.nan)] * width)
 
         def absbits_max(m, v):
             b = builder.and_(builder.bitcast(v, ity), absmask)
             return builder.select(builder.icmp_unsigned(">", b, m), b, m)
         evens = ir.Constant(ir.VectorType(i32, width), list(range(0, 2 * width, 2)))
+        odds = ir.Constant(ir.VectorType(i32, width), list(range(1, 2 * width, 2)))
 
         def pool(acc, v):
             return builder.fadd(acc, v) if is_avg else builder.select(builder.fcmp_ordered(">", v, acc), v, acc)
@@ -310,32 +314,94 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
                 bits = builder.load(builder.gep(md, [builder.add(mb, ir.Constant(i64, kx))]))
                 col.append((builder.add(s0, ir.Constant(i64, kx)), bits_mask(builder, bits, width),
                             bits_mask(builder, bits, width, shift=width) if two else None))
-            with cgutils.for_range(builder, ir.Constant(i64, nin)) as tl:
-                row = plane_row(builder, xd, xb, builder.add(iy0, tl.index), H, W, fd)
-                hv = hn = None
-                for start, m_lo, m_hi in col:
-                    v = load(builder.gep(row, [start]), m_lo, fill)
+            # a lane shift: lanes 1.. of a, then lane `last` of b
+            shift_in = [ir.Constant(i32, i) for i in range(1, width)]
+
+            def taps(row):
+                """(the KW tap vectors of one input row, the vectors loaded).  Three 3-wide windows share their
+                loads: at column stride 2, taps 0 and 1 are the even and odd lanes of the
+                same two vectors, tap 2 the even lanes moved by one and one more value
+                (3 loads where 6); at stride 1, tap 1 is tap 0 moved by one lane with one
+                value of tap 2 (2 loads where 3).  Zen 4, 2026-12-04, kernels alone, medians
+                of 9, one / two threads, alternating processes: max 3x3/2 1x64x112x112
+                159-164 / 87-104 -> 129-132 / 73-102 us; avg 2x2/2 1x256x56x56 117-143 /
+                72-80 -> 78-88 / 48-62; 3x3/1 unchanged (57-59 / 35)."""
+                def at(kx, hi=False):
+                    start, m_lo, m_hi = col[kx]
+                    if hi:
+                        return load(builder.gep(row, [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
+                    return load(builder.gep(row, [start]), m_lo, fill)
+
+                def moved(a, b, last):
+                    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, width),
+                                                                     shift_in + [ir.Constant(i32, width + last)]))
+                if two and kw_s in (2, 3):
+                    lo, hi = at(0), at(0, hi=True)
+                    ev = builder.shuffle_vector(lo, hi, evens)
+                    out = [ev, builder.shuffle_vector(lo, hi, odds)]
+                    if kw_s == 3:  # column s0 + 2L: lane L - 2 of tap 2's upper load
+                        h2 = at(2, hi=True)
+                        return out + [moved(ev, h2, width - 2)], [lo, hi, h2]
+                    return out, [lo, hi]
+                if not two and kw_s == 3:
+                    t0, t2 = at(0), at(2)
+                    return [t0, moved(t0, t2, width - 2), t2], [t0, t2]
+                out, raw = [], []
+                for kx in range(kw_s):
+                    v = at(kx)
+                    raw.append(v)
                     if two:
-                        hi = load(builder.gep(row, [builder.add(start, ir.Constant(i64, width))]), m_hi, fill)
-                        v = builder.shuffle_vector(v, hi, evens)
-                    hv = v if hv is None else pool(hv, v)
-                    if not is_avg:
-                        hn = absbits_max(ir.Constant(ity, [0] * width) if hn is None else hn, v)
-                builder.store(hv, builder.gep(hbuf, [tl.index]))
-                if not is_avg:
-                    builder.store(hn, builder.gep(nbuf, [tl.index]))
-            for r in range(POOL_ROWS):
-                acc = builder.load(builder.gep(hbuf, [ir.Constant(i64, r * sh_s)]))
-                if not is_avg:
-                    nan = builder.load(builder.gep(nbuf, [ir.Constant(i64, r * sh_s)]))
-                for t in range(r * sh_s + 1, r * sh_s + kh_s):
-                    acc = pool(acc, builder.load(builder.gep(hbuf, [ir.Constant(i64, t)])))
-                    if not is_avg:
-                        nv = builder.load(builder.gep(nbuf, [ir.Constant(i64, t)]))
-                        nan = builder.select(builder.icmp_unsigned(">", nv, nan), nv, nan)
-                builder.store(acc, accs[r])
-                if not is_avg:
-                    builder.store(nan, nans[r])
+                        raw.append(at(kx, hi=True))
+                        v = builder.shuffle_vector(v, raw[-1], evens)
+                    out.append(v)
+                return out, raw
+
+            def separable(track):
+                """Pool the tile into accs; max pooling with track also keeps each lane's
+                NaN (into accs).  Without track, max returns an i1: whether any value
+                loaded was NaN (then the caller runs it again with track)."""
+                seen = None if is_avg or track else cgutils.alloca_once_value(builder, ir.Constant(mty, [0] * width))
+                with cgutils.for_range(builder, ir.Constant(i64, nin)) as tl:
+                    row = plane_row(builder, xd, xb, builder.add(iy0, tl.index), H, W, fd)
+                    hv = hn = None
+                    vs, raw = taps(row)
+                    for v in vs:
+                        hv = v if hv is None else pool(hv, v)
+                        if track:
+                            hn = absbits_max(ir.Constant(ity, [0] * width) if hn is None else hn, v)
+                    builder.store(hv, builder.gep(hbuf, [tl.index]))
+                    if track:
+                        builder.store(hn, builder.gep(nbuf, [tl.index]))
+                    if seen is not None:  # fcmp uno a, b: a lane where either is NaN
+                        u = builder.load(seen)
+                        for k in range(0, len(raw), 2):
+                            u = builder.or_(u, builder.fcmp_unordered("uno", raw[k], raw[min(k + 1, len(raw) - 1)]))
+                        builder.store(u, seen)
+                for r in range(POOL_ROWS):
+                    acc = builder.load(builder.gep(hbuf, [ir.Constant(i64, r * sh_s)]))
+                    if track:
+                        nan = builder.load(builder.gep(nbuf, [ir.Constant(i64, r * sh_s)]))
+                    for t in range(r * sh_s + 1, r * sh_s + kh_s):
+                        acc = pool(acc, builder.load(builder.gep(hbuf, [ir.Constant(i64, t)])))
+                        if track:
+                            nv = builder.load(builder.gep(nbuf, [ir.Constant(i64, t)]))
+                            nan = builder.select(builder.icmp_unsigned(">", nv, nan), nv, nan)
+                    if track:
+                        acc = builder.select(builder.icmp_unsigned(">", nan, infbits), nanv, acc)
+                    builder.store(acc, accs[r])
+                if seen is not None:
+                    return builder.icmp_unsigned("!=", builder.bitcast(builder.load(seen), ir.IntType(width)),
+                                                 ir.Constant(ir.IntType(width), 0))
+
+            # max: the tile without the NaN bookkeeping (an unordered compare per two loads),
+            # and again with it in the rare tile that loaded a NaN.  3x3/2 of 1x64x112x112,
+            # Zen 4, one / two threads: 129-132 / 73-102 -> 124 / 70 us.
+            if is_avg:
+                separable(False)
+            else:
+                with builder.if_then(separable(False), likely=False):
+                    separable(True)
+
         else:
             with cgutils.for_range(builder, val(a_kh)) as kyl:
                 iy = builder.add(iy0, builder.mul(kyl.index, dh))
@@ -368,9 +434,8 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
             if is_avg:
                 rv = splat(builder, builder.load(builder.gep(rfd, [builder.add(ry, ir.Constant(i64, r))])), width)
                 acc = builder.fdiv(acc, builder.fmul(rv, cfv))
-            else:
-                acc = builder.select(builder.icmp_unsigned(">", builder.load(nans[r]), infbits),
-                                     ir.Constant(vty, [ir.Constant(fty, math.nan)] * width), acc)
+            elif not code:  # (separable() marks the NaN lanes itself)
+                acc = builder.select(builder.icmp_unsigned(">", builder.load(nans[r]), infbits), nanv, acc)
             m = builder.select(builder.icmp_signed("<", ir.Constant(i64, r), nrows), smask, nomask)
             store(acc, builder.gep(od, [builder.add(o0, builder.mul(OW, ir.Constant(i64, r)))]), m)
         return context.get_dummy_value()

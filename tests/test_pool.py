@@ -174,6 +174,25 @@ def test_nan_propagates(op, impl, dtype):
     assert_close(got, want, _tol(dtype, 9), op, cancel=op != "max_pool2d")
 
 
+@pytest.mark.parametrize("window", [(3, 2, 1), (3, 1, 1), (2, 2, 0)], ids=lambda w: "%dx%d-s%d-p%d" % (w[0], w[0], w[1], w[2]))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op, impl", MAX_IMPLS + AVG_IMPLS)
+def test_nan_at_every_column(op, impl, dtype, window):
+    """Plane c holds one NaN, at column c of row 2: each output that reads it, and only
+    those, is NaN.  The separable windows (3x3/2, 3x3/1, 2x2/2) build their taps from
+    shared loads by moving lanes, so a NaN in the last lane of a vector, or in the value
+    carried over from the next one, reaches the right outputs; 75 columns span several
+    vectors at every width."""
+    k, s, p = window
+    w = 75
+    x = _x(rng(), (w, 5, w), dtype)
+    x[np.arange(w), 2, np.arange(w)] = np.nan
+    want = getattr(ref, op)(x, k, s, p)
+    got = run(impl, getattr(dispatch, op), x, k, s, p, out=poisoned(want.shape, dtype), _op=op)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert_close(got, want, _tol(dtype, 9), op, cancel=op != "max_pool2d")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("op, impl", MAX_IMPLS + AVG_IMPLS)
 def test_infinite_inputs(op, impl, dtype):
