@@ -52,8 +52,8 @@ from .approx import JIT, JIT_INNER, JIT_BY_ADDRESS, like
 from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
-from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, TASKS_PER_THREAD, c_array_at, fetch_add, launch, like_dtype,
-                       num_threads, row_args, row_block, row_claim, row_run, run_serial, run_workers, worker_address)
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, TASKS_PER_THREAD, addresses, c_array_at, fetch_add, launch,
+                       like_dtype, num_threads, row_args, row_block, row_claim, row_run, run_serial, run_workers, worker_address)
 
 
 @njit(**JIT_INNER)
@@ -493,7 +493,7 @@ def _window(x, out, h, w, oh_n, ow_n, kh, kw, sh, sw, ph, pw, dh, dw, avg, cip, 
             raise ValueError(f"pooling: arrays must be C-contiguous {out.dtype}")
     sync = np.zeros(1, np.int64)
     p = np.zeros(S_COUNT, np.int64)
-    p[S_SYNC], p[S_X], p[S_OUT] = sync.ctypes.data, x.ctypes.data, out.ctypes.data
+    addresses(p, (sync, x, out))  # S_SYNC, S_X, S_OUT (ctypes.data costs ~1 us an array)
     p[S_PLANES], p[S_H], p[S_W], p[S_OH], p[S_OW] = P, h, w, oh_n, ow_n
     p[S_KH], p[S_KW], p[S_SH], p[S_SW], p[S_PH], p[S_PW], p[S_DH], p[S_DW] = kh, kw, sh, sw, ph, pw, dh, dw
     p[S_AVG], p[S_CIP], p[S_DIV] = avg, cip, divisor
