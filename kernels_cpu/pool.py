@@ -53,7 +53,8 @@ from .llvm_ir import bits_mask, lane_mask, masked_ops, splat
 from .planes import (column_masks, phase_shape, plane_row, rows_out, split_plane, tap_offset, vector_lanes,
                      vector_type)
 from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, TASKS_PER_THREAD, addresses, c_array_at, fetch_add, launch,
-                       like_dtype, num_threads, row_args, row_block, row_claim, row_run, run_serial, run_workers, worker_address)
+                       like_dtype, num_threads, row_args, row_block, row_claim, row_run, run_serial, run_workers,
+                       worker_address)
 
 
 @njit(**JIT_INNER)
@@ -318,14 +319,14 @@ def _pool_tile(typingctx, xf, xb, H, W, sh, KH, KW, dh, dw, iy0, s0, of, o0, OW,
             shift_in = [ir.Constant(i32, i) for i in range(1, width)]
 
             def taps(row):
-                """(the KW tap vectors of one input row, the vectors loaded).  Three 3-wide windows share their
-                loads: at column stride 2, taps 0 and 1 are the even and odd lanes of the
-                same two vectors, tap 2 the even lanes moved by one and one more value
-                (3 loads where 6); at stride 1, tap 1 is tap 0 moved by one lane with one
-                value of tap 2 (2 loads where 3).  Zen 4, 2026-12-04, kernels alone, medians
-                of 9, one / two threads, alternating processes: max 3x3/2 1x64x112x112
-                159-164 / 87-104 -> 129-132 / 73-102 us; avg 2x2/2 1x256x56x56 117-143 /
-                72-80 -> 78-88 / 48-62; 3x3/1 unchanged (57-59 / 35)."""
+                """(the KW tap vectors of one input row, the vectors loaded).  Three 3-wide
+                windows share their loads: at column stride 2, taps 0 and 1 are the even and
+                odd lanes of the same two vectors, tap 2 the even lanes moved by one and one
+                more value (3 loads where 6); at stride 1, tap 1 is tap 0 moved by one lane
+                with one value of tap 2 (2 loads where 3).  Zen 4, 2026-12-04, kernels alone,
+                medians of 9, one / two threads, alternating processes: max 3x3/2
+                1x64x112x112 159-164 / 87-104 -> 129-132 / 73-102 us; avg 2x2/2 1x256x56x56
+                117-143 / 72-80 -> 78-88 / 48-62; 3x3/1 unchanged (57-59 / 35)."""
                 def at(kx, hi=False):
                     start, m_lo, m_hi = col[kx]
                     if hi:

@@ -174,7 +174,8 @@ def test_nan_propagates(op, impl, dtype):
     assert_close(got, want, _tol(dtype, 9), op, cancel=op != "max_pool2d")
 
 
-@pytest.mark.parametrize("window", [(3, 2, 1), (3, 1, 1), (2, 2, 0)], ids=lambda w: "%dx%d-s%d-p%d" % (w[0], w[0], w[1], w[2]))
+@pytest.mark.parametrize("window", [(3, 2, 1), (3, 1, 1), (2, 2, 0)],
+                         ids=lambda w: "%dx%d-s%d-p%d" % (w[0], w[0], w[1], w[2]))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("op, impl", MAX_IMPLS + AVG_IMPLS)
 def test_nan_at_every_column(op, impl, dtype, window):
