@@ -308,9 +308,15 @@ def run_workers(fn, params, n):
     (team threads that have not started by then get none), so a worker never waits for
     another.  fn: a worker_address(); params: an int64 array the worker reads its arguments
     from (addresses and sizes), kept alive by the caller."""
-    rest = _run_block(fn, params, n, *team.entry())
+    rest = _run_block(fn, params, n, *_team_for(n))
     if rest:
         _run_workers(fn, params.ctypes.data, rest)
+
+
+def _team_for(n):
+    """launch's team arguments: the team's entry for n > 1 workers, (0, 0) for one (it runs
+    on the calling thread, and a serial-only process never starts the team)."""
+    return team.entry() if n > 1 else (0, 0)
 
 
 # The block's address is taken in compiled code (ctypes.data costs ~1 us in Python) and the
@@ -324,8 +330,8 @@ def _run_block(fn, params, n, team_run, team_state):
 
 
 @njit(cache=True, nogil=True)
-def _run_serial(fn, params):
-    call_address(fn, (0, params))
+def _run_addr(fn, addr, n, team_run, team_state):
+    return launch(fn, addr, n, team_run, team_state)
 
 
 def run_serial(fn, params):
@@ -335,11 +341,11 @@ def run_serial(fn, params):
 
 def run_at(fn, addr, n):
     """run_workers (n > 1) or run_serial (n <= 1) for an argument block given by its address
-    (taken inside numba, where it costs nothing; ctypes.data costs 1.6-1.9 us in Python)."""
-    if n <= 1:
-        _run_serial(fn, addr)
-    elif not team.run(fn, addr, n):
-        _run_workers(fn, addr, n)
+    (taken inside numba, where it costs nothing; ctypes.data costs 1.6-1.9 us in Python),
+    through the same compiled launch."""
+    rest = _run_addr(fn, addr, n, *_team_for(n))
+    if rest:
+        _run_workers(fn, addr, rest)
 
 
 @intrinsic

@@ -31,8 +31,8 @@ as well); +-inf saturates.  The clamps compare strictly (`t if t > qmin else qmi
 turns that form into vmaxps / vminps, whose NaN operand order gives the same qmin, where
 `>=` (which must keep t = -0.0 over qmin = 0.0) stays vcmpps + vblendmps.  The quantize
 loop alone, 98304 float32 to uint8, one thread, Zen 4 (2026-12-04): 15.3 -> 11.0 us, the
-same bytes on random, NaN, inf and tie inputs.  No fastmath here: arcp would turn x / s into x * (1 / s), which
-rounds differently.
+same bytes on random, NaN, inf and tie inputs.  No fastmath here: arcp would turn x / s
+into x * (1 / s), which rounds differently.
 
 dequantize: y = (q - zero_point[c]) * scale[c] in y's type: q - zp is an exact small
 integer, so the only rounding is the product's (float64: exact).
