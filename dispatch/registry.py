@@ -36,7 +36,7 @@ import numpy as np
 from kernels_cpu import runtime as cpu_runtime
 from kernels_cpu import keepwarm
 
-from . import interop
+from . import interop, memo
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 DEVICES = ("cpu", "cuda")
@@ -210,6 +210,9 @@ class Op:
         the same named inputs and wants the same result (the contract and thread tests)
         passes fresh copies of these (`fresh_inputs`); benchmarks let the state evolve, as a
         decode loop does.
+    memo: describe depends only on what dispatch.memo's contract names (the arguments'
+        shapes, strides, dtypes and scalar values, never array values or overlap), so a
+        call whose signature was seen is rebuilt without running it (dispatch/memo.py).
     """
 
     name: str
@@ -225,6 +228,8 @@ class Op:
     implementations: dict = field(default_factory=dict)
     variants: dict = field(default_factory=dict)
     updates: tuple = ()
+    memo: bool = False
+    _described: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if self.bound not in BOUNDS:
@@ -241,7 +246,10 @@ class Op:
         return self._run(args, kwargs)
 
     def _run(self, args, kwargs):
-        call = self.describe(*args, **kwargs)
+        if self.memo and not self.updates:
+            call = memo.described(self._described, self.describe, args, kwargs)
+        else:
+            call = self.describe(*args, **kwargs)
         impl, params = _select(call.key)
         if impl.device != "cpu":
             return impl.run(params, *call.args)

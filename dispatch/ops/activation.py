@@ -149,7 +149,7 @@ def _sig_geglu(i):
 
 
 def _register_family(name, describe, signature, host_run, flops, bytes_, kernels):
-    op = register_op(Op(name, describe, family="activation", bound="memory", signature=signature,
+    op = register_op(Op(name, describe, memo=True, family="activation", bound="memory", signature=signature,
                         flops=flops, bytes=bytes_, rules={"cpu": _RULE}))
     serial, parallel = kernels
     mods = ("kernels_cpu.activation", "kernels_cpu.approx")

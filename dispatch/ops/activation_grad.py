@@ -164,7 +164,7 @@ def _sig_geglu(i):
 
 
 def _register_family(name, describe, signature, host_run, flops, bytes_, kernels):
-    op = register_op(Op(name, describe, family="activation_grad", bound="memory", signature=signature,
+    op = register_op(Op(name, describe, memo=True, family="activation_grad", bound="memory", signature=signature,
                         flops=flops, bytes=bytes_, rules={"cpu": _RULE}))
     serial, parallel = kernels
     register(Implementation(name, "cpu-serial", "cpu", host_run(serial), notes=HOST_COPY_NOTE,

@@ -262,7 +262,7 @@ def _bert_layout(args, kwargs):
 
 
 _op = register_op(Op(
-    "attention", describe, family="attention", bound="compute",
+    "attention", describe, memo=True, family="attention", bound="compute",
     signature=lambda i: ((i["q"], i["k"], i["v"]), {"causal": i.get("causal", False), "mask": i.get("mask")}),
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)},
     variants={"bert": _bert_layout}))

@@ -169,7 +169,7 @@ def _order(key):
 
 
 _op = register_op(Op(
-    "attention_backward", _describe, family="attention_grad", bound="compute",
+    "attention_backward", _describe, memo=True, family="attention_grad", bound="compute",
     signature=lambda i: ((i["grad_out"], i["q"], i["k"], i["v"], i["output"], i["lse"]),
                          {"causal": i.get("causal", False), "mask": i.get("mask")}),
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-serial", "cpu-flash"), _order)}, synthesize=_synthesize))

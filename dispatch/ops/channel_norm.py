@@ -263,7 +263,7 @@ def _gn_rule():
 
 
 def _register(name, describe, signature, flops, synthesize, rule, host, serial, parallel, what):
-    op = register_op(Op(name, describe, family="channel_norm", bound="memory", signature=signature, flops=flops,
+    op = register_op(Op(name, describe, memo=True, family="channel_norm", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}, synthesize=synthesize))
     register(Implementation(name, "cpu-serial", "cpu", host(serial), notes=HOST_COPY_NOTE,
                             kernel_modules=_KERNELS))

@@ -81,7 +81,8 @@ class PackedWeight:
     source afterwards is not seen by the packed kernel, so pack again after changing a
     weight.  Attributes: op, weight, shape, dtype, panels, groups (conv2d; 1 otherwise)."""
 
-    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile", "winograd", "kernel_weight")
+    __slots__ = ("op", "weight", "shape", "dtype", "panels", "groups", "_nr", "tile", "winograd", "kernel_weight",
+                 "__weakref__")
 
     def __init__(self, op, weight, panels, nr, groups=1, tile=None, winograd=None):
         self.op, self.weight, self.panels, self._nr, self.groups = op, weight, panels, nr, groups
@@ -91,6 +92,11 @@ class PackedWeight:
         # the source as the kernels take it (a writeable-typed alias of the read-only view),
         # made once: kernel_input makes it in 1.9 us, on every call otherwise
         self.kernel_weight = kernel_input(weight)
+
+    def __memo_key__(self):
+        """Its part of a call's signature (dispatch/memo.py): the object itself, and the
+        active register tile, which describe checks the panels against."""
+        return id(self), K.active_tile().name
 
     def __repr__(self):
         g = (f", groups={self.groups}" if self.op == "conv2d" else "") + f", tile={self.tile}"
@@ -779,7 +785,7 @@ def _epilogue_variants(bias_at):
 
 
 def _register(name, describe, signature, bias_at):
-    op = register_op(Op(name, describe, family="linalg", bound="compute", signature=signature, flops=_flops,
+    op = register_op(Op(name, describe, memo=True, family="linalg", bound="compute", signature=signature, flops=_flops,
                         bytes=_bytes, rules={"cpu": _RULE_LINEAR if name == "linear" else _RULE}, synthesize=_synthesize,
                         variants=_epilogue_variants(bias_at)))
     register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS,

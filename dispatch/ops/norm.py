@@ -165,7 +165,7 @@ def _sig_rms(i):
 
 def _register(name, describe, signature, flops, serial, parallel, with_bias):
     rule = serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])
-    op = register_op(Op(name, describe, family="norm", bound="memory", signature=signature, flops=flops,
+    op = register_op(Op(name, describe, memo=True, family="norm", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}, synthesize=_synthesize))
     register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias), notes=HOST_COPY_NOTE,
                             kernel_modules=_KERNELS))

@@ -207,7 +207,7 @@ def _sig_rms(i):
 
 def _register(name, describe, signature, flops, serial, parallel, ln):
     rule = serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])
-    op = register_op(Op(name, describe, family="norm_grad", bound="memory", signature=signature, flops=flops,
+    op = register_op(Op(name, describe, memo=True, family="norm_grad", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}, synthesize=_synthesize))
     note = HOST_COPY_NOTE + "; statistics recomputed from x; dweight/dbias summed per fixed row block, blocks in order"
     register(Implementation(name, "cpu-serial", "cpu", _host(serial, ln), notes=note, kernel_modules=_KERNELS))

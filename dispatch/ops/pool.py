@@ -225,7 +225,7 @@ def _choose_adaptive(key):
 
 def _register(name, kind, describe, signature, flops, serial, parallel):
     rule = Rule(_RULE.names, _choose_adaptive) if kind == "adaptive" else _RULE
-    op = register_op(Op(name, describe, family="pool", bound="memory", signature=signature, flops=flops,
+    op = register_op(Op(name, describe, memo=True, family="pool", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}))
     register(Implementation(name, "cpu-serial", "cpu", _host(kind, serial), kernel_modules=_KERNELS,
                             notes=HOST_COPY_NOTE + ("; max / avg: per plane, blocks of 7 rows x one vector pooled in "

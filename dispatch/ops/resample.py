@@ -269,7 +269,7 @@ def _signature(i):
                        "recompute_scale_factor": i.get("recompute_scale_factor")}
 
 
-_interpolate = register_op(Op("interpolate", _describe, family="resample", bound="memory", signature=_signature,
+_interpolate = register_op(Op("interpolate", _describe, memo=True, family="resample", bound="memory", signature=_signature,
                               flops=_flops, bytes=_bytes,
                               rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
                               variants={"bilinear": lambda a, k: (a, {**k, "mode": "bilinear"})}))

@@ -104,7 +104,7 @@ def _synthesize(shapes, params, rng, dtype):
 
 
 _rope = register_op(Op(
-    "rope", _describe, family="rope", bound="memory",
+    "rope", _describe, memo=True, family="rope", bound="memory",
     signature=lambda i: ((i["x"], i["cos"], i["sin"]), {"interleaved": i.get("interleaved", False)}),
     flops=_flops, bytes=_bytes, rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
     synthesize=_synthesize))

@@ -87,7 +87,7 @@ def _synthesize(shapes, params, rng, dtype):
 
 
 _rope_backward = register_op(Op(
-    "rope_backward", _describe, family="rope_grad", bound="memory",
+    "rope_backward", _describe, memo=True, family="rope_grad", bound="memory",
     signature=lambda i: ((i["grad_out"], i["cos"], i["sin"]), {"interleaved": i.get("interleaved", False)}),
     flops=_flops, bytes=_bytes, rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
     synthesize=_synthesize))

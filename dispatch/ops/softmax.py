@@ -129,7 +129,7 @@ def _sig_softmax(i):
 
 
 def _register_softmax(name, log):
-    op = register_op(Op(name, _describe_softmax(name, log), family="softmax", bound="memory",
+    op = register_op(Op(name, _describe_softmax(name, log), memo=True, family="softmax", bound="memory",
                         signature=_sig_softmax, flops=_softmax_flops, bytes=_softmax_bytes, rules={"cpu": _RULE}))
     register(Implementation(name, "cpu-serial", "cpu", _softmax_host(K.softmax_serial),
                             notes=HOST_COPY_NOTE + AXIS_NOTE, kernel_modules=_KERNELS))

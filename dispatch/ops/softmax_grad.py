@@ -167,7 +167,7 @@ _NOTE_AXIS = "; another reduction axis runs on (outer, n, inner) in chunks of th
 
 
 def _register_sm(name, log):
-    op = register_op(Op(name, _describe_softmax_grad(name, log), family="softmax_grad", bound="memory",
+    op = register_op(Op(name, _describe_softmax_grad(name, log), memo=True, family="softmax_grad", bound="memory",
                         signature=_sig_sm, flops=_sm_flops, bytes=_sm_bytes, rules={"cpu": _RULE},
                         synthesize=_sm_synthesize(log)))
     register(Implementation(name, "cpu-serial", "cpu", _softmax_grad_host(K.rows_serial, K.cols_serial),

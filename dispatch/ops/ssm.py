@@ -340,7 +340,7 @@ def _rule(op):
     return Rule(("cpu-serial", "cpu-parallel"), choose)
 
 
-_scan = register_op(Op("selective_scan", _describe_scan, family="ssm", bound="compute", signature=_sig_scan,
+_scan = register_op(Op("selective_scan", _describe_scan, memo=True, family="ssm", bound="compute", signature=_sig_scan,
                        flops=_flops_scan, bytes=_bytes_scan, rules={"cpu": _rule("selective_scan")},
                        synthesize=_synthesize))
 register(Implementation("selective_scan", "cpu-serial", "cpu", _scan_host(False), kernel_modules=_KERNELS,

@@ -1,0 +1,154 @@
+"""Validated calls remembered by signature (dispatch/memo.py, Op.memo).
+
+* Every op that opts in gives, on a remembered call with new arrays of the same signature,
+  exactly the result of describe's own path (the table emptied first), and remembers the
+  small example of conv2d, layer_norm, softmax, attention and linear.
+* What the contract leaves out still runs describe: a value of another type (True for an
+  int, 1.0 for 1), -0.0 against 0.0, the same array twice, out= (its overlap check), a 0-d
+  array, a PackedWeight freed and another made (whose id may be the old one's), a
+  PackedWeight after the active GEMM tile changed.
+* Several Python threads calling one op at once, each with its own arrays, get their own
+  results.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import dispatch
+from dispatch import memo, registry
+from tests import small_inputs as S
+from tests.support import assert_close, rng
+
+MEMO_OPS = sorted(n for n, op in registry.OPS.items() if op.memo and not op.updates)
+
+
+def _fresh(op):
+    op._described.clear()
+
+
+@pytest.mark.parametrize("name", MEMO_OPS)
+def test_remembered_call_equals_describe(name):
+    """A call rebuilt from the table (second signature-equal call, new arrays) returns what
+    the same call returns through describe: results bitwise equal."""
+    op = registry.OPS[name]
+    seed = int(rng().integers(2 ** 31))
+    first = S.inputs(op, "small", seed=seed)
+    second = S.inputs(op, "small", seed=seed + 1)
+    _fresh(op)
+    S.call(op, first)
+    remembered = S.call(op, second)
+    _fresh(op)
+    try:
+        op.memo = False
+        direct = S.call(op, second)
+    finally:
+        op.memo = True
+    assert S.same(remembered, direct), f"{name}: the remembered call's result differs from describe's"
+
+
+@pytest.mark.parametrize("name", ["conv2d", "layer_norm", "softmax", "attention", "linear"])
+def test_small_calls_are_remembered(name):
+    op = registry.OPS[name]
+    _fresh(op)
+    S.call(op, S.inputs(op, "small", seed=int(rng().integers(2 ** 31))))
+    assert any(isinstance(t, memo.Template) for t in op._described.values()), f"{name}: nothing remembered"
+
+
+def test_other_types_and_signed_zero_are_other_signatures():
+    a = np.ones((2, 3), np.float32)
+    sig = memo.signature
+    assert sig((a, 1), {})[0] != sig((a, True), {})[0] != sig((a, 1.0), {})[0]
+    assert sig((a,), {"s": 0.0})[0] != sig((a,), {"s": -0.0})[0]
+    assert sig((a, np.float32(0.0)), {})[0] != sig((a, np.float32(-0.0)), {})[0]
+    assert sig((a, [1, 2]), {})[0] != sig((a, (1, 2)), {})[0]
+    assert sig((a, a), {}) is None  # the same array twice
+    assert sig((np.array(2.0),), {}) is None  # 0-d
+    assert sig((object(),), {}) is None
+    assert sig((a[:, ::2],), {})[0] != sig((np.ones((2, 2), np.float32),), {})[0]  # strides
+
+
+def test_a_bool_after_an_int_still_raises():
+    g = rng()
+    x = g.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    w = g.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    dispatch.conv2d(x, w, stride=1)
+    with pytest.raises(TypeError, match="stride"):
+        dispatch.conv2d(x, w, stride=True)
+
+
+def test_same_array_twice_and_out_run_describe():
+    g = rng()
+    q, k, v = (g.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(3))
+    dispatch.attention(q, k, v)
+    got = dispatch.attention(q, q, q)
+    op = registry.OPS["attention"]
+    _fresh(op)
+    assert S.same(got, dispatch.attention(q, q, q))
+    x = g.standard_normal((4, 16)).astype(np.float32)
+    dispatch.layer_norm(x)
+    with pytest.raises(ValueError, match="overlaps"):
+        dispatch.layer_norm(x, out=x)
+
+
+def test_packed_weight_freed_then_another():
+    """A new PackedWeight (possibly at a freed one's id) is never served the old one's panels."""
+    g = rng()
+    x = g.standard_normal((3, 32)).astype(np.float32)
+    for _ in range(4):
+        w = g.standard_normal((24, 32)).astype(np.float32)
+        pw = dispatch.prepack(w, op="linear")
+        assert_close(dispatch.linear(x, pw), x.astype(np.float64) @ w.T.astype(np.float64), 1e-5, "prepacked",
+                     cancel=True)
+        del pw
+
+
+def test_packed_weight_after_the_tile_changed_is_refused():
+    from kernels_cpu import gemm as K
+    g = rng()
+    x = g.standard_normal((3, 32)).astype(np.float32)
+    prev = K.use_tile("6x16")
+    try:
+        pw = dispatch.prepack(g.standard_normal((24, 32)).astype(np.float32), op="linear")
+        dispatch.linear(x, pw)
+        K.use_tile("8x48")
+        with pytest.raises(ValueError, match="packed for the 6x16 GEMM tile"):
+            dispatch.linear(x, pw)
+    finally:
+        K.use_tile(prev)
+
+
+def test_threads_each_get_their_own_result():
+    g = rng()
+    xs = [g.standard_normal((16, 64)).astype(np.float32) for _ in range(4)]
+    want = [dispatch.layer_norm(x) for x in xs]
+    got = [None] * 4
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(50):
+                r = dispatch.layer_norm(xs[i])
+                if not S.same(r, want[i]):
+                    raise AssertionError(f"thread {i}: another thread's result")
+            got[i] = r
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert all(S.same(a, b) for a, b in zip(got, want))
+
+
+def test_table_is_bounded():
+    op = registry.OPS["softmax"]
+    _fresh(op)
+    for n in range(1, memo.MAX_ENTRIES + 10):
+        dispatch.softmax(np.ones((1, n), np.float32))
+    assert len(op._described) <= memo.MAX_ENTRIES
