@@ -46,13 +46,18 @@ WINOGRAD_MIN_CHANNELS = 64
 WINOGRAD_MIN_PIXELS = 512
 
 # Depthwise planes: serial below this many output elements (compared as the bucket, a power
-# of two <= the size).  Measured 2026-11-26 (Sapphire Rapids, 2 cores, the register-tiled
-# direct kernel; describe + run, serial / parallel, 3x3 + bias + relu, float32, medians of 7
-# interleaved rounds, back to back | after 0.2 s idle): 1x96x14x14 (2^14.2) 25 / 37 | 26 / 34
-# us, 1x384x14x14 (2^16.2) 43 / 47 | 51 / 53, 1x960x7x7 51 / 48 | 54 / 54, 1x144x28x28
-# (2^16.8) 55 / 54 | 62 / 59, 1x144x56x56 (2^18.8) 325 / 167 | 304 / 178, 1x32x112x112
-# 271 / 175 | 277 / 182.  Below 2^17 the second thread's start-up eats its share.
-DEPTHWISE_PARALLEL_THRESHOLD = 1 << 17
+# of two <= the size).  2^17 came from 2026-11-26 (Sapphire Rapids, numba's threads: 1x384x14x14
+# serial / parallel 43 / 47 us back to back, 51 / 53 after 0.2 s idle).  Since the thread team
+# and the compiled run_at hand-off (parallel.py), re-measured 2026-12-04 (Zen 4, 2 vCPUs, 3x3 +
+# bias, float32, forced through dispatch; medians of 11-15 rounds, serial / parallel /
+# onnxruntime us) in the report's own timing (bench.timing.interleaved, 0.2 s pauses):
+# 1x32x14x14 (2^12.6) 31.9 / 32.4 / 18.0, 1x64x7x7 31.0 / 32.3 / 16.0, 1x320x7x7 (2^13.9) 49.0 /
+# 44.7 / 34.9, 1x96x14x14 (2^14.2) 37.8 / 33.3 / 26.0, 1x144x14x14 41.0 / 38.8 / 33.2,
+# 1x960x7x7 (2^15.5) 86.2 / 72.1 / 42.7, 1x384x14x14 (2^16.2, three runs) 69.8-73.2 / 53.4-55.8
+# / 53.2-64.1, 1x576x14x14 97.7 / 76.0 / 94.2, 1x144x28x28 78.9 / 58.8 / 64.4; back to back
+# (medians of 9 x 500 calls): 2^12.6 13.7 / 15.0, 2^13.9 21.5 / 21.0, 2^14.2 17.5 / 17.2, 2^16.2
+# 36.2 / 29.5.  Parallel wins from 2^13.9 after a pause and ties from there in a loop.
+DEPTHWISE_PARALLEL_THRESHOLD = 1 << 14
 
 
 class ConvKey(NamedTuple):
@@ -230,7 +235,7 @@ def _choose(key):
     if key.size < DEPTHWISE_PARALLEL_THRESHOLD:
         return (("cpu-depthwise-serial", "cpu-depthwise", "cpu-gemm"),
                 f"depthwise, output size bucket {key.size} < {DEPTHWISE_PARALLEL_THRESHOLD}: one thread "
-                "(measured crossover 2^17)")
+                "(measured crossover 2^14)")
     return (("cpu-depthwise", "cpu-depthwise-serial", "cpu-gemm"),
             f"depthwise, output size bucket {key.size} >= {DEPTHWISE_PARALLEL_THRESHOLD}: planes over threads")
 
