@@ -12,8 +12,6 @@
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -21,6 +19,7 @@ import dispatch
 from dispatch import memo, registry
 from tests import small_inputs as S
 from tests.support import assert_close, rng
+from tests.test_threads import _run_threads
 
 MEMO_OPS = sorted(n for n, op in registry.OPS.items() if op.memo and not op.updates)
 
@@ -121,29 +120,17 @@ def test_packed_weight_after_the_tile_changed_is_refused():
 
 
 def test_threads_each_get_their_own_result():
+    """Four threads, one signature, each its own array: each gets its own array's result
+    (a template shared by the threads takes each call's arrays)."""
     g = rng()
     xs = [g.standard_normal((16, 64)).astype(np.float32) for _ in range(4)]
     want = [dispatch.layer_norm(x) for x in xs]
-    got = [None] * 4
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(50):
-                r = dispatch.layer_norm(xs[i])
-                if not S.same(r, want[i]):
-                    raise AssertionError(f"thread {i}: another thread's result")
-            got[i] = r
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(50):
+            assert S.same(dispatch.layer_norm(xs[i]), want[i]), f"thread {i}: another thread's result"
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors
-    assert all(S.same(a, b) for a, b in zip(got, want))
+    _run_threads(4, work)
 
 
 def test_table_is_bounded():
