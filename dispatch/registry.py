@@ -229,7 +229,7 @@ class Op:
     variants: dict = field(default_factory=dict)
     updates: tuple = ()
     memo: bool = False
-    _described: dict = field(default_factory=dict, repr=False)
+    _described: dict = field(default_factory=dict, repr=False, compare=False)  # memo.described's table
 
     def __post_init__(self):
         if self.bound not in BOUNDS:
