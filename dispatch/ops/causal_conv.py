@@ -265,8 +265,8 @@ _NOTES = {"causal_conv1d": "per (batch, dim) row one vector loop with the W taps
 
 
 def _register(name, describe, signature, bytes_, host, updates=()):
-    op = register_op(Op(name, describe, memo=True, family="causal_conv", bound="memory", signature=signature, flops=_flops,
-                        bytes=bytes_, synthesize=_synthesize, updates=updates,
+    op = register_op(Op(name, describe, family="causal_conv", bound="memory", signature=signature, flops=_flops,
+                        memo=True, bytes=bytes_, synthesize=_synthesize, updates=updates,
                         rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])}))
     register(Implementation(name, "cpu-serial", "cpu", host(False), kernel_modules=_KERNELS,
                             notes=f"{_NOTES[name]}; {HOST_COPY_NOTE}"))

@@ -263,8 +263,8 @@ def _gn_rule():
 
 
 def _register(name, describe, signature, flops, synthesize, rule, host, serial, parallel, what):
-    op = register_op(Op(name, describe, memo=True, family="channel_norm", bound="memory", signature=signature, flops=flops,
-                        bytes=_bytes, rules={"cpu": rule}, synthesize=synthesize))
+    op = register_op(Op(name, describe, family="channel_norm", bound="memory", signature=signature, flops=flops,
+                        memo=True, bytes=_bytes, rules={"cpu": rule}, synthesize=synthesize))
     register(Implementation(name, "cpu-serial", "cpu", host(serial), notes=HOST_COPY_NOTE,
                             kernel_modules=_KERNELS))
     register(Implementation(name, "cpu-parallel", "cpu", host(parallel), kernel_modules=_KERNELS,

@@ -307,8 +307,8 @@ def _prepack_conv(weight, dt, op, groups):
 
 register_prepacker("conv2d", _prepack_conv, options=("groups",))
 
-_conv2d = register_op(Op("conv2d", describe, memo=True, family="conv", bound="compute", signature=_signature, flops=_flops,
-                         bytes=_bytes,
+_conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
+                         memo=True, bytes=_bytes,
                          rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial"),
                                             _choose)},
                          synthesize=_synthesize))

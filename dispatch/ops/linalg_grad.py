@@ -395,8 +395,9 @@ def _act_variants():
 
 
 def _register(name, describe, signature):
-    op = register_op(Op(name, describe, memo=True, family="linalg_grad", bound="compute", signature=signature, flops=_flops,
-                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize, variants=_act_variants()))
+    op = register_op(Op(name, describe, family="linalg_grad", bound="compute", signature=signature, flops=_flops,
+                        bytes=_bytes, rules={"cpu": _RULE}, synthesize=_synthesize, variants=_act_variants(),
+                        memo=True))
     register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS))
     register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS, kernel_modules=_KERNELS))
     return op

@@ -269,8 +269,8 @@ def _signature(i):
                        "recompute_scale_factor": i.get("recompute_scale_factor")}
 
 
-_interpolate = register_op(Op("interpolate", _describe, memo=True, family="resample", bound="memory", signature=_signature,
-                              flops=_flops, bytes=_bytes,
+_interpolate = register_op(Op("interpolate", _describe, family="resample", bound="memory", signature=_signature,
+                              memo=True, flops=_flops, bytes=_bytes,
                               rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)},
                               variants={"bilinear": lambda a, k: (a, {**k, "mode": "bilinear"})}))
 register(Implementation("interpolate", "cpu-serial", "cpu", _host(False), kernel_modules=_KERNELS,

@@ -116,8 +116,8 @@ def _signature(i):
     return (i["logits"], i.get("k", 2)), {"renormalize": i.get("renormalize", True)}
 
 
-_topk_softmax = register_op(Op("topk_softmax", _describe, memo=True, family="routing", bound="memory", signature=_signature,
-                               flops=_flops, bytes=_bytes,
+_topk_softmax = register_op(Op("topk_softmax", _describe, family="routing", bound="memory", signature=_signature,
+                               memo=True, flops=_flops, bytes=_bytes,
                                rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
 _NOTES = ("per row one pass keeping the k best logits in an insertion list (rows of 64+ skip the logits under a "
           "bound from 16 group maxima), exp of the chosen (fexp; a vectorized full-row exp sum without "
