@@ -16,10 +16,12 @@ from the caller's arrays) is a function of
   those), and
 - objects that declare ``__memo_key__`` (a PackedWeight: its identity and the register
   tile it was packed for, which describe checks against the active one).
-What stays outside it is not remembered: a call with ``out=`` (out's overlap with the
-inputs is checked every time), an op that updates inputs in place, a 0-d array (its value
-may be read as a scalar), an ndarray subclass or device array, the same array passed
-twice, any other object.
+What stays outside it is not remembered: an op that updates inputs in place, a 0-d array
+(its value may be read as a scalar), an ndarray subclass or device array, the same array
+passed twice, any other object.  ``out=`` is part of the signature like any array; a
+remembered call is used only when out is writeable and no other argument's memory bounds
+reach it (np.may_share_memory, 0.46 us a pair), else describe runs and decides (an op may
+allow an overlap, or raise naming it).
 
 A remembered call is rebuilt from a template of the first call's prepared arguments: each
 is the caller's array at some argument position, an attribute of a ``__memo_key__`` object
@@ -189,19 +191,32 @@ def template(call, arrays, objs):
     return Template(_rebuilder(call, fields, len(refs)), refs)
 
 
+def _out_is_clear(out, arrays) -> bool:
+    """Whether out= is a writeable host array whose memory no other argument's bounds reach:
+    then describe's out checks (writeable, no overlap with an input) would pass; shape and
+    dtype are part of the signature.  Anything else goes to describe, which decides."""
+    if type(out) is not np.ndarray or not out.flags.writeable:
+        return False
+    for a in arrays:
+        if a is not out and np.may_share_memory(a, out):
+            return False
+    return True
+
+
 def described(table: dict, describe, args, kwargs):
     """describe(*args, **kwargs), from table when a call of the same signature was seen."""
-    if kwargs.get("out") is not None:
-        return describe(*args, **kwargs)
+    out = kwargs.get("out")
     s = signature(args, kwargs)
     if s is None:
         return describe(*args, **kwargs)
     sig, arrays, objs = s
     entry = table.get(sig)
     if entry is not None and entry is not _NOT_REMEMBERED:
-        call = entry.rebuild(arrays, objs)
-        if call is not None:
-            return call
+        if out is None or _out_is_clear(out, arrays):
+            call = entry.rebuild(arrays, objs)
+            if call is not None:
+                return call
+        return describe(*args, **kwargs)
     elif entry is _NOT_REMEMBERED:
         return describe(*args, **kwargs)
     call = describe(*args, **kwargs)

@@ -4,9 +4,10 @@
   exactly the result of describe's own path (the table emptied first), and remembers the
   small example of conv2d, layer_norm, softmax, attention and linear.
 * What the contract leaves out still runs describe: a value of another type (True for an
-  int, 1.0 for 1), -0.0 against 0.0, the same array twice, out= (its overlap check), a 0-d
-  array, a PackedWeight freed and another made (whose id may be the old one's), a
-  PackedWeight after the active GEMM tile changed.
+  int, 1.0 for 1), -0.0 against 0.0, the same array twice, an out= that overlaps an input
+  or is read-only (a remembered out= call otherwise), a 0-d array, a PackedWeight freed and
+  another made (whose id may be the old one's), a PackedWeight after the active GEMM tile
+  changed.
 * Several Python threads calling one op at once, each with its own arrays, get their own
   results.
 """
@@ -46,6 +47,14 @@ def test_remembered_call_equals_describe(name):
     finally:
         op.memo = True
     assert S.same(remembered, direct), f"{name}: the remembered call's result differs from describe's"
+    if not S.has_out(op) or not isinstance(direct, np.ndarray):
+        return
+    # out= is part of the signature: a remembered call writes the new out
+    _fresh(op)
+    S.call(op, first, out=np.full(direct.shape, np.nan, direct.dtype))
+    out = np.full(direct.shape, np.nan, direct.dtype)
+    got = S.call(op, second, out=out)
+    assert got is out and S.same(out, direct), f"{name}: the remembered out= call differs from describe's"
 
 
 @pytest.mark.parametrize("name", ["conv2d", "layer_norm", "softmax", "attention", "linear"])
@@ -90,6 +99,24 @@ def test_same_array_twice_and_out_run_describe():
     dispatch.layer_norm(x)
     with pytest.raises(ValueError, match="overlaps"):
         dispatch.layer_norm(x, out=x)
+    # out= views of one buffer, same signature: remembered while apart, refused when they overlap
+    big = g.standard_normal((4, 48)).astype(np.float32)
+    keep = big.copy()
+    dispatch.layer_norm(big[:, :16], out=big[:, 32:])
+    want = dispatch.layer_norm(big[:, :16])
+    out = big[:, 8:24]
+    before = big.copy()
+    with pytest.raises(ValueError, match="overlaps"):
+        dispatch.layer_norm(big[:, :16], out=out)
+    assert S.same(big, before), "a refused out= was written"
+    fresh = np.empty((4, 16), np.float32)
+    assert S.same(dispatch.layer_norm(keep[:, :16]), dispatch.layer_norm(keep[:, :16], out=fresh))
+    assert S.same(want, dispatch.layer_norm(big[:, :16]))
+    ro = np.empty((4, 16), np.float32)
+    dispatch.layer_norm(x, out=ro)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        dispatch.layer_norm(x, out=ro)
 
 
 def test_packed_weight_freed_then_another():
