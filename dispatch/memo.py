@@ -211,14 +211,13 @@ def described(table: dict, describe, args, kwargs):
         return describe(*args, **kwargs)
     sig, arrays, objs = s
     entry = table.get(sig)
-    if entry is not None and entry is not _NOT_REMEMBERED:
-        if out is None or _out_is_clear(out, arrays):
-            call = entry.rebuild(arrays, objs)
-            if call is not None:
-                return call
+    if entry is _NOT_REMEMBERED or (entry is not None and out is not None and not _out_is_clear(out, arrays)):
         return describe(*args, **kwargs)
-    elif entry is _NOT_REMEMBERED:
-        return describe(*args, **kwargs)
+    if entry is not None:
+        call = entry.rebuild(arrays, objs)
+        if call is not None:
+            return call
+        # None: a memo object at the id of a dead one; the template is made again for it below
     call = describe(*args, **kwargs)
     if len(table) >= MAX_ENTRIES:
         table.clear()
