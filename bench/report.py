@@ -146,6 +146,7 @@ def compile_times(case_list, progress=None) -> dict:
     One process per op and state, so no op is credited with kernels, numba overloads or
     the worker driver that another op compiled before it.  Returned per family:
     {family: {state: {"first_call_s": the slowest op's, "per_case": {case id: s},
+    "compiles": {case id: where the call's compile time went (bench/compile_time.py)},
     "errors": {...}}}}."""
     first = {}
     for c in case_list:
@@ -161,7 +162,7 @@ def compile_times(case_list, progress=None) -> dict:
                 env = dict(os.environ, NUMBA_CACHE_DIR=cache)
                 proc = subprocess.run([sys.executable, "-m", "bench.compile_time", c.id], env=env,
                                       capture_output=True, text=True, cwd=ROOT)
-                r = fam.setdefault(state, {"first_call_s": 0.0, "per_case": {}, "errors": {}})
+                r = fam.setdefault(state, {"first_call_s": 0.0, "per_case": {}, "compiles": {}, "errors": {}})
                 if proc.returncode != 0:
                     r["errors"][c.id] = (proc.stderr.strip().splitlines() or ["failed"])[-1]
                     continue
@@ -169,6 +170,8 @@ def compile_times(case_list, progress=None) -> dict:
                 if c.id in data["first_call_s"]:
                     r["per_case"][c.id] = data["first_call_s"][c.id]
                     r["first_call_s"] = max(r["first_call_s"], data["first_call_s"][c.id])
+                if c.id in data.get("compiles", {}):
+                    r["compiles"][c.id] = data["compiles"][c.id]
                 r["errors"].update(data["errors"])
     return out
 
@@ -548,6 +551,10 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
                 warm_s = _fmt_t(w) if w is not None else f"failed: {warm.get('errors', {}).get(cid)}"
                 out(f"  {op:<30} cold {_fmt_t(t):>9}  warm {warm_s:>9}  {'' if t <= COLD_BAR_S else 'OVER THE BAR'}"
                     f"   ({fam}, {cid.split(':', 1)[1]})")
+                why = cold.get("compiles", {}).get(cid)
+                if t > COLD_BAR_S and why:
+                    out(f"  {'':<30} {_fmt_t(why['compile_s'])} in numba's compiler; most (own time): "
+                        + ", ".join(f"{f['fn'].rsplit('.', 1)[-1]} {_fmt_t(f['own_s'])}" for f in why["top"][:3]))
 
     if overhead:
         out("")

@@ -353,12 +353,20 @@ def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
     tiny = C.Case("relu", "tiny", "test", {"x": (2000,)}, quick=True)
     monkeypatch.setattr(C, "CASES", [tiny])
     monkeypatch.setattr(roofline, "measure", lambda quick: CEIL)
+    # a first call over the cold-start bar, as compile_times returns it: the table names
+    # the functions its compile time went to
+    why = {"compile_s": 3.5, "top": [{"fn": "kernels_cpu.activation.activation_worker", "sig": "()", "own_s": 2.0,
+                                      "total_s": 3.0}]}
+    monkeypatch.setattr(report, "compile_times", lambda cases, progress=None: {"activation": {
+        "cold": {"first_call_s": 4.0, "per_case": {tiny.id: 4.0}, "compiles": {tiny.id: why}, "errors": {}},
+        "warm": {"first_call_s": 0.1, "per_case": {tiny.id: 0.1}, "compiles": {}, "errors": {}}}})
     lines = []
     res = report.run(quick=True, json_path=str(tmp_path / "r.json"), plot_path=str(tmp_path / "r.png"),
-                     peers=("numpy",), compile=False, out=lines.append, progress=report.Progress(quiet=True),
+                     peers=("numpy",), out=lines.append, progress=report.Progress(quiet=True),
                      model=False)
     text = "\n".join(lines)
-    for needle in ("== machine", "simd:", "== ceilings", "relu", "dispatch overhead", "CUDA (PREDICTED"):
+    for needle in ("== machine", "simd:", "== ceilings", "relu", "dispatch overhead", "CUDA (PREDICTED",
+                   "OVER THE BAR", "3.50 s in numba's compiler; most (own time): activation_worker 2.00 s"):
         assert needle in text, needle
     assert res["rows"][0]["status"] == "ok"
     assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["op"] == "relu"
@@ -366,11 +374,36 @@ def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
 
 
 def test_compile_time_subprocess_reports_first_call(tmp_path):
+    """Cold and warm first calls in fresh processes; the cold one says which functions its
+    compile time went to (relu's worker among them, compiled from an empty cache)."""
     case = C.cases(["relu"], quick=True)[0]
     res = report.compile_times([case])
-    warm = res["activation"]["warm"]
+    warm, cold = res["activation"]["warm"], res["activation"]["cold"]
     assert "first_call_s" in warm, res
     assert warm["first_call_s"] >= 0 and not warm["errors"]
+    why = cold["compiles"][case.id]
+    assert 0 < why["compile_s"] <= cold["per_case"][case.id]
+    assert any(f["fn"] == "kernels_cpu.activation.activation_worker" for f in why["top"]), why
+    for f in why["top"]:
+        assert 0 <= f["own_s"] <= f["total_s"] <= why["compile_s"], f
+
+
+def test_compile_log_own_time_leaves_out_callees():
+    """A caller's own time is its span less its callees' spans; functions are listed by own
+    time; a compile left open by an exception is left out."""
+    from bench.compile_time import CompileLog
+
+    log = CompileLog()
+    log.start("worker", "()", now=0.0)
+    log.start("helper", "(int64,)", now=1.0)
+    log.end(now=3.5)              # helper: 2.5 s, all its own
+    log.start("other", "()", now=4.0)
+    log.end(now=4.5)
+    log.end(now=6.0)              # worker: 6 s, 6 - 2.5 - 0.5 = 3 own
+    log.start("broken", "()", now=7.0)
+    s = log.summary(top=2)
+    assert s["compile_s"] == 6.0
+    assert [(f["fn"], f["own_s"], f["total_s"]) for f in s["top"]] == [("worker", 3.0, 6.0), ("helper", 2.5, 2.5)]
 
 
 def test_dispatch_overhead_is_measured():
