@@ -344,8 +344,7 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, max_rounds=None,
         if PREPACKED in stats:
             t = stats[PREPACKED].median
             row["prepacked_ratio_to_fastest_peer"] = t / peer_t[best]
-            row["notes"].append(f"weight prepacked (dispatch.prepack): {_fmt_t(t)}, "
-                                f"{peer_t[best] / t:.2f}x the fastest peer ({best})")
+            row["notes"].append(f"weight prepacked (dispatch.prepack): {_fmt_t(t)}, {_verdict(t / peer_t[best], best)}")
     return row
 
 
@@ -384,6 +383,11 @@ def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def _verdict(ratio, peer):
+    """Our time over the fastest peer's, in words: the table's column and the prepacked note."""
+    return f"LOSE x{ratio:.2f} to {peer}" if ratio > 1.0 else f"win  x{1 / ratio:.2f}"
+
+
 def table(rows, compile_by_family, peers_installed) -> str:
     peer_cols = [p for p in P.PEERS if peers_installed.get(p)]
     lowp = any(r.get("accuracy_vs_fp32") for r in rows)
@@ -405,12 +409,7 @@ def table(rows, compile_by_family, peers_installed) -> str:
         for p in peer_cols:
             cells.append(_fmt_t(r["times"][p]["median_s"]) if p in r["times"] else "-")
         ratio = r.get("ratio_to_fastest_peer")
-        if ratio is None:
-            mark = "-"
-        elif ratio > 1.0:
-            mark = f"LOSE x{ratio:.2f} to {r['fastest_peer']}"
-        else:
-            mark = f"win  x{1 / ratio:.2f}"
+        mark = "-" if ratio is None else _verdict(ratio, r["fastest_peer"])
         if any(not a["ok"] for a in r.get("agreement", {}).values()):
             mark += " MISMATCH"
         cells.append(mark)

@@ -342,6 +342,17 @@ def test_low_precision_case_reports_its_accuracy_beside_its_times():
     assert f"{acc['normal']['max_rel']:.1e}/{acc['outliers']['max_rel']:.1e}" in text
 
 
+def test_prepacked_note_speaks_as_the_table_does():
+    """The prepacked weight's note and the table's column use the same words for the same
+    kind of ratio (our time over the fastest peer's): LOSE xR to PEER above 1, win x(1/R)."""
+    case = C.Case("linear", "tiny", "test", {"x": (8, 16), "weight": (24, 16)})
+    row = report.measure_case(case, CEIL, rounds=1, peers=("numpy",), pause_s=0.0)
+    r = row["prepacked_ratio_to_fastest_peer"]
+    want = f"LOSE x{r:.2f} to numpy" if r > 1.0 else f"win  x{1 / r:.2f}"
+    assert any(n.startswith("weight prepacked (dispatch.prepack): ") and n.endswith(want) for n in row["notes"]), row
+    assert ("LOSE x" in report.table([row], {}, {"numpy": "x"})) == (row["ratio_to_fastest_peer"] > 1.0)
+
+
 def test_case_that_does_not_fit_is_skipped_with_a_note():
     bad = C.Case("softmax", "tiny", "test", {"x": (4, 5)}, {"axis": 7})
     row = report.measure_case(bad, CEIL, rounds=1, peers=())
