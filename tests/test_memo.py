@@ -169,3 +169,20 @@ def test_table_is_bounded():
     for n in range(1, memo.MAX_ENTRIES + 10):
         dispatch.softmax(np.ones((1, n), np.float32))
     assert len(op._described) <= memo.MAX_ENTRIES
+
+
+def test_quantize_checks_a_static_scale_on_every_call():
+    """quantize is remembered, but a static scale is an array describe derives (float32,
+    (C,)), so that signature is never remembered and every scale's values are checked: a
+    zero scale after good ones of the same shape and dtype still raises, naming scale."""
+    x = np.ones((4, 3), np.float32)
+    good = np.full(3, 0.5, np.float32)
+    bad = np.array([0.5, 0.0, 0.5], np.float32)
+    zp = np.zeros(3, np.int8)
+    _fresh(registry.OPS["quantize"])
+    for _ in range(3):
+        q = dispatch.quantize(x, axis=1, scale=good, zero_point=zp)
+        assert np.array_equal(q.values, np.full((4, 3), 2, np.int8))
+    assert list(registry.OPS["quantize"]._described.values()) == [memo._NOT_REMEMBERED]
+    with pytest.raises(ValueError, match="scale must be positive"):
+        dispatch.quantize(x, axis=1, scale=bad, zero_point=zp)

@@ -321,9 +321,15 @@ def result(values, scale, zero_point, axis):
 FUSE_ROW = (64, 1 << 18)
 
 
+# fused_rows' constants per x dtype, as the numpy scalars it takes: (bits type, |x| mask,
+# -inf's bits as unsigned, +inf's bits), made once (three scalar constructions a call)
+_FUSED_BITS = {dt: (it, it(absmask), uit(negbad), it(expo))
+               for dt, (it, uit, absmask, expo, negbad) in _FINITE_BITS.items()}
+
+
 def _fused(x2, qd, symmetric, axis, parallel):
     """(values (C, I), scale float32 (C,), zero_point qd (C,)) of x2 (C, I) by fused_rows."""
-    it, uit, absmask, expo, negbad = _FINITE_BITS[x2.dtype]
+    it, absmask, negbad, expo = _FUSED_BITS[x2.dtype]
     lo, hi = _LIMITS[qd]
     zsym = 128.0 if (symmetric and qd == np.uint8) else 0.0
     c = x2.shape[0]
@@ -333,13 +339,15 @@ def _fused(x2, qd, symmetric, axis, parallel):
     status = np.empty(c, np.int8)
     tasks = KP.tasks_for(c) if parallel else 1
     bits = np.zeros((tasks, 2), it)
-    args = (x2, x2.view(it), it(absmask), uit(negbad), it(expo), symmetric, float(lo), float(hi), zsym,
-            _F32_TINY, bits, bits.view(x2.dtype), q, scale, zp, status)
+    fbits = bits.view(x2.dtype)
+    args = (x2, x2.view(it), absmask, negbad, expo, symmetric, float(lo), float(hi), zsym,
+            _F32_TINY, bits, fbits, q, scale, zp, status)
     if parallel:
         KP.run_dynamic(K.fused_rows_parallel, tasks, *args)
     else:
-        K.fused_rows(*args[:10], bits[0], bits.view(x2.dtype)[0], *args[12:], 0, c)
-    if status.any():            # ROW_OK is 0: one reduction on the common path
+        K.fused_rows(*args[:10], bits[0], fbits[0], *args[12:], 0, c)
+    # ROW_OK is 0: one test on the common path (an item for one row: a reduction cost 1 us)
+    if (status.item(0) if c == 1 else status.any()):
         check_finite(status == K.ROW_NONFINITE, axis)
         if np.any(status == K.ROW_OVERFLOW):
             raise ValueError("x's range overflows a float32 scale: scale it first")
@@ -399,7 +407,7 @@ def _q_signature(i):
 
 
 _quantize = register_op(Op("quantize", _describe_quantize, family="quant", bound="memory", signature=_q_signature,
-                           flops=_q_flops, bytes=_q_bytes,
+                           flops=_q_flops, bytes=_q_bytes, memo=True,
                            rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
 _Q_NOTES = ("x seen as (O, C, I) around the axis; channels that are contiguous rows of 64..2^18 elements: each "
             "row's range, scale and values back to back (x read once); else the range per channel by integer "
