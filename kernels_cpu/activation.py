@@ -10,7 +10,7 @@ from numba import njit
 
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu, gelu_tanh, relu,
                      silu, wide_loops)
-from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run,
+from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
                        worker_address)
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
@@ -78,7 +78,7 @@ def activation_worker(me, params, is64, gated):
     lo, hi = row_claim(p, me)
     while lo < hi:
         a, b = lo * CHUNK, min(hi * CHUNK, n)
-        if gated:
+        if gated is not None:
             gated_block(x[a:b], up[a:b], out[a:b], code)
         else:
             activation_block(x[a:b], out[a:b], code)
@@ -96,7 +96,7 @@ def _launch(x, up, out, code, worker, nw, fn, buf, team_run, team_state):
 def activation_parallel(x, out, code):
     """activation_serial's result, chunks of CHUNK elements claimed by the team's threads
     (parallel.row_run)."""
-    row_run(_launch, worker_address(activation_worker, (bool(x.dtype == np.float64), False)), x, x, out, code)
+    row_run(_launch, worker_address(activation_worker, (bool(x.dtype == np.float64), only_if(False))), x, x, out, code)
 
 
 @njit(**JIT)
@@ -106,4 +106,5 @@ def gated_serial(gate, up, out, code):
 
 def gated_parallel(gate, up, out, code):
     """gated_serial's result, chunks of CHUNK elements claimed by the team's threads."""
-    row_run(_launch, worker_address(activation_worker, (bool(gate.dtype == np.float64), True)), gate, up, out, code)
+    row_run(_launch, worker_address(activation_worker, (bool(gate.dtype == np.float64), only_if(True))),
+            gate, up, out, code)

@@ -39,7 +39,7 @@ from .activation import CHUNK
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT,
                      JIT_BY_ADDRESS, JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like,
                      wide_loops)
-from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_run,
+from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
                        worker_address)
 
 INV_SQRT_2PI = 0.3989422804014327
@@ -276,7 +276,7 @@ def grad_worker(me, params, is64, gated):
     lo, hi = row_claim(p, me)
     while lo < hi:
         a, b = lo * CHUNK, min(hi * CHUNK, n)
-        if gated:
+        if gated is not None:
             gated_grad_block(g[a:b], a1[a:b], a2[a:b], a3[a:b], a4[a:b], code)
         else:
             unary_grad_block(g[a:b], a1[a:b], a2[a:b], code)
@@ -295,7 +295,8 @@ def _launch(g, a1, a2, a3, a4, code, worker, nw, fn, buf, team_run, team_state):
 def unary_grad_parallel(g, x, out, code):
     """unary_grad_serial's result, chunks of CHUNK elements claimed by the team's threads
     (parallel.row_run)."""
-    row_run(_launch, worker_address(grad_worker, (bool(x.dtype == np.float64), False)), g, x, out, out, out, code)
+    row_run(_launch, worker_address(grad_worker, (bool(x.dtype == np.float64), only_if(False))),
+            g, x, out, out, out, code)
 
 
 @njit(**JIT)
@@ -305,4 +306,5 @@ def gated_grad_serial(g, gate, up, dgate, dup, code):
 
 def gated_grad_parallel(g, gate, up, dgate, dup, code):
     """gated_grad_serial's result, chunks claimed by the team's threads."""
-    row_run(_launch, worker_address(grad_worker, (bool(gate.dtype == np.float64), True)), g, gate, up, dgate, dup, code)
+    row_run(_launch, worker_address(grad_worker, (bool(gate.dtype == np.float64), only_if(True))),
+            g, gate, up, dgate, dup, code)

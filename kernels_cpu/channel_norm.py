@@ -35,8 +35,8 @@ from numba import njit
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu,
                      gelu_tanh, like, relu, silu)
 from .norm import centered_stats
-from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, like_dtype, row_args, row_block,
-                       row_claim, row_of, row_run, worker_address)
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, like_dtype, only_if, row_args,
+                       row_block, row_claim, row_of, row_run, worker_address)
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
 # to a multiple of ALIGN elements (whole cache lines between tasks, aligned vector loops).
@@ -138,8 +138,9 @@ def batch_norm_serial(x, scale, shift, out, s, code):
 
 @njit(**JIT_BY_ADDRESS)
 def channel_norm_worker(me, params, is64, group):
-    """Claims from the block (parallel.row_block).  group_norm: rows of (N*G, cg*s), f = eps,
-    i = cg, i2 = s, i3 = code, i4 = C; arrays x, w, b, out.  batch_norm: blocks of ALIGN
+    """Claims from the block (parallel.row_block).  group_norm (group True): rows of (N*G,
+    cg*s), f = eps, i = cg, i2 = s, i3 = code, i4 = C; arrays x, w, b, out.  batch_norm
+    (group None: parallel.only_if, the other op's path is not compiled): blocks of ALIGN
     elements of the flat x (d elements), i2 = s, i3 = code, i4 = C; arrays x, scale, shift,
     out."""
     p, eps64 = row_args(params)
@@ -149,7 +150,7 @@ def channel_norm_worker(me, params, is64, group):
     b = c_array_at(p[2], z, (nc,))
     s, code = p[RW_I2], p[RW_I3]
     lo, hi = row_claim(p, me)
-    if group:
+    if group is not None:
         n, d = p[RW_N], p[RW_D]
         x = c_array_at(p[0], z, (n, d))
         out = c_array_at(p[3], z, (n, d))
@@ -180,7 +181,7 @@ def _launch(x, w, b, out, eps, cg, s, code, worker, nw, fn, buf, team_run, team_
 
 def batch_norm_parallel(x, scale, shift, out, s, code):
     """batch_norm_serial's result, element ranges claimed by the team's threads (parallel.row_run)."""
-    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), False)),
+    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), only_if(False))),
             x, scale, shift, out, 0.0, 0, s, code)
 
 
@@ -215,5 +216,5 @@ def group_norm_serial(x, w, b, eps, out, cg, s, code):
 
 def group_norm_parallel(x, w, b, eps, out, cg, s, code):
     """group_norm_serial's result, (sample, group) rows claimed by the team's threads."""
-    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), True)),
+    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), only_if(True))),
             x, w, b, out, eps, cg, s, code)

@@ -72,7 +72,7 @@ from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_
 from . import target
 from .dot_tile import TA, TB, dot_tile
 from .llvm_ir import arg_readers, prefetch as prefetch_line
-from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, prefetch, run_workers,
+from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, only_if, prefetch, run_workers,
                        worker_address)
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
@@ -656,7 +656,8 @@ B_IN_PLACE_ROW_BYTES = 4096
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from
 # its MR rows, as onnxruntime's MLAS kernels do, so the call neither writes a packed copy
 # nor has one thread read the panels another packed.  B comes in any of its forms.  The
-# worker is compiled per A form (its a_rows literal), so a process compiles the form its
+# worker is compiled per A form (a_rows: parallel.only_if, so the other form's micro-kernel
+# call site is pruned, never typed nor lowered), so a process compiles the form its
 # calls use: one more call site of the micro-kernel in the one worker cost every GEMM's
 # cold first call 0.22-0.25 s (matmul 128x768x768: 1.70-1.74 -> 1.93-1.99 s, Zen 4,
 # 2026-12-04).  gemm_parallel called through
@@ -825,7 +826,7 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p[P_PACK_B] = 0 if b_mode != B_PACK else (_packer("b", transb, dtype, ti) if pack_b is None else pack_b)
     p[P_EPILOGUE] = epilogue_address(dtype, code) if epilogue else 0
     p.flags.writeable = False
-    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti, a_in_place))
+    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti, only_if(a_in_place)))
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
     # task of worker v's own range (gemm_worker); no packed A needed when A is read in place
     return p, 2 + n_pack + nw, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
@@ -855,8 +856,9 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
 def gemm_worker(w, params, is64, ti, a_rows):
     """Worker w of a gemm_parallel call: its arrays, sizes and the addresses of its packers
     and epilogue are read from the int64 block at address params (the P_* slots); is64,
-    ti (the register tile, TILES[ti]) and a_rows (A read in place from its rows instead of
-    packed: A_IN_PLACE_OK) are literals (one compiled worker per dtype, tile and A form).
+    ti (the register tile, TILES[ti]) and a_rows (True: A read in place from its rows
+    instead of packed, A_IN_PLACE_OK; None: packed, parallel.only_if) are literals (one
+    compiled worker per dtype, tile and A form).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
@@ -881,7 +883,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
     npn = (N + nr_full - 1) // nr_full
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
-    n_pack_a = 0 if a_rows else na * mp
+    n_pack_a = 0 if a_rows is not None else na * mp
     # one row block (M <= mc_panels * MR) and no B batch shared by output batches: each B
     # panel is read by one task only, which packs it itself right before its micro-kernels
     # read it from L2, instead of all B panels being packed up front (written out to L3 or
@@ -899,7 +901,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
     home = 2 + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
-    apf = c_array_at(p[P_A] if a_rows else p[P_AP], z, (na * mp * K * MR,))
+    apf = c_array_at(p[P_A] if a_rows is not None else p[P_AP], z, (na * mp * K * MR,))
     # B's panels, or B itself (nb x K x N) when it is read in place
     bpf = c_array_at(p[P_B] if b_in_place else p[P_BP], z, (nb * K * N if b_in_place else nb * npn * K * nr_full,))
     ldb = N if b_in_place else nr_full
@@ -975,7 +977,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
                 # compile time): full tiles go straight to C, edge tiles through t
                 full = mr == MR and nr == nr_full
                 coff = (bi * M + i0) * N + j0 if full else 0
-                if a_rows:
+                if a_rows is not None:
                     micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, ldb, cf if full else t, coff,
                                N if full else nr_full, accumulate and full)
                 else:

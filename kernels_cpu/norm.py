@@ -23,8 +23,8 @@ import numpy as np
 from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, like
-from .parallel import (RW_D, RW_I, RW_N, c_array_at, launch, like_dtype, row_args, row_block, row_claim, row_of,
-                       row_run, worker_address)
+from .parallel import (RW_D, RW_I, RW_N, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim,
+                       row_of, row_run, worker_address)
 
 
 @njit(inline="always")
@@ -147,7 +147,7 @@ def norm_worker(me, params, is64, rms):
     has_res = p[RW_I] != 0
     lo, hi = row_claim(p, me)
     while lo < hi:
-        if rms:
+        if rms is not None:
             rms_norm_rows(x, r, h, w, eps, out, has_res, lo, hi)
         else:
             layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi)
@@ -164,7 +164,7 @@ def _norm_launch(x, r, h, w, b, eps, out, has_res, worker, nw, fn, buf, team_run
 
 def layer_norm_parallel(x, r, h, w, b, eps, out, has_res):
     """layer_norm_serial's result, rows claimed by the team's threads (parallel.row_run)."""
-    row_run(_norm_launch, worker_address(norm_worker, (bool(x.dtype == np.float64), False)),
+    row_run(_norm_launch, worker_address(norm_worker, (bool(x.dtype == np.float64), only_if(False))),
             x, r, h, w, b, eps, out, has_res)
 
 
@@ -175,5 +175,5 @@ def rms_norm_serial(x, r, h, w, eps, out, has_res):
 
 def rms_norm_parallel(x, r, h, w, eps, out, has_res):
     """rms_norm_serial's result, rows claimed by the team's threads (parallel.row_run)."""
-    row_run(_norm_launch, worker_address(norm_worker, (bool(x.dtype == np.float64), True)),
+    row_run(_norm_launch, worker_address(norm_worker, (bool(x.dtype == np.float64), only_if(True))),
             x, r, h, w, w, eps, out, has_res)

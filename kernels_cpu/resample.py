@@ -27,8 +27,8 @@ from numba.extending import intrinsic
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER
 from .llvm_ir import lane_mask, masked_ops
-from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_MORE, RW_N, c_array_at, launch, like_dtype, row_args,
-                       row_block, row_claim, row_of, row_run, worker_address)
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_MORE, RW_N, c_array_at, launch, like_dtype, only_if,
+                       row_args, row_block, row_claim, row_of, row_run, worker_address)
 from .planes import arg_access, vector_type
 
 
@@ -146,7 +146,7 @@ def resample_worker(me, params, is64, bilinear):
     out = c_array_at(p[1], z, (n, wo))
     i32 = np.int32(0)
     lo, hi = row_claim(p, me)
-    if bilinear:
+    if bilinear is not None:
         ih0, ih1 = c_array_at(p[2], i32, (ho,)), c_array_at(p[3], i32, (ho,))
         lh0, lh1 = c_array_at(p[4], z, (ho,)), c_array_at(p[5], z, (ho,))
         iw0, iw1 = c_array_at(p[RW_MORE], i32, (wo,)), c_array_at(p[RW_MORE + 1], i32, (wo,))
@@ -175,7 +175,7 @@ def _launch(x, out, h, ho, w2x, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, worker, 
 
 def nearest_parallel(x, out, h, ho, ih, iw, w2x):
     """nearest_serial's result, output rows claimed by the team's threads (parallel.row_run)."""
-    w = worker_address(resample_worker, (bool(x.dtype == np.float64), False))
+    w = worker_address(resample_worker, (bool(x.dtype == np.float64), only_if(False)))
     row_run(_launch, w, x, out, h, ho, w2x, ih, ih, out, out, iw, iw, out, out)
 
 
@@ -186,5 +186,5 @@ def bilinear_serial(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
 
 def bilinear_parallel(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1):
     """bilinear_serial's result, output rows claimed by the team's threads (parallel.row_run)."""
-    w = worker_address(resample_worker, (bool(x.dtype == np.float64), True))
+    w = worker_address(resample_worker, (bool(x.dtype == np.float64), only_if(True)))
     row_run(_launch, w, x, out, h, ho, False, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1)

@@ -29,8 +29,9 @@ import numpy as np
 from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp, like, wide_loops
-from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
-                       require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, only_if,
+                       row_args, require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for,
+                       worker_address)
 from .softmax import row_max
 
 # Inner-axis chunk of the column kernel: sums for COL_CHUNK columns (2 KiB float32, 4 KiB
@@ -85,7 +86,7 @@ def grad_worker(me, params, is64, by_cols):
     z = like_dtype(is64)
     log = p[RW_I] != 0
     lo, hi = row_claim(p, me)
-    if by_cols:
+    if by_cols is not None:
         shape = (p[RW_I2], p[RW_D], p[RW_I3])
         g3, y3, d3 = c_array_at(p[0], z, shape), c_array_at(p[1], z, shape), c_array_at(p[2], z, shape)
         while lo < hi:
@@ -108,7 +109,7 @@ def _launch(g, y, dx, log, n, d, outer, inner, worker, nw, fn, buf, team_run, te
 
 def rows_parallel(g, y, dx, log):
     """rows_serial's result, rows claimed by the team's threads (parallel.row_run)."""
-    row_run(_launch, worker_address(grad_worker, (bool(g.dtype == np.float64), False)),
+    row_run(_launch, worker_address(grad_worker, (bool(g.dtype == np.float64), only_if(False))),
             g, y, dx, log, g.shape[0], g.shape[1], 0, 0)
 
 
@@ -165,7 +166,7 @@ def cols_serial(g, y, dx, log, ntasks):
 
 def cols_parallel(g, y, dx, log, ntasks):
     """cols_serial's result, column tasks claimed by the team's threads (parallel.row_run)."""
-    row_run(_launch, worker_address(grad_worker, (bool(g.dtype == np.float64), True)),
+    row_run(_launch, worker_address(grad_worker, (bool(g.dtype == np.float64), only_if(True))),
             g, y, dx, log, ntasks, g.shape[1], g.shape[0], g.shape[2])
 
 

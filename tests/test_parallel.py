@@ -9,7 +9,8 @@ from numba import carray, njit, prange, types
 from numba.extending import overload
 
 from kernels_cpu.parallel import (c_array_at, call_address, call_literal, claim, claim_address, claims_for, fetch_add,
-                                  num_threads, ptr_as, row_of, run_serial, run_workers, view_at, worker_address)
+                                  num_threads, only_if, ptr_as, row_of, run_serial, run_workers, view_at,
+                                  worker_address)
 from tests.support import ON_CUDA, compile_events, rng
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="numba CPU helpers (the simulator job tests the CUDA side)")
@@ -212,6 +213,30 @@ def test_run_serial_runs_worker_zero():
     p = np.zeros(64, np.int64)
     run_serial(worker_address(_count, ()), p)
     assert p[0] == 1 and p[1] == 1 and not p[2:].any()
+
+
+@njit(no_cpython_wrapper=True)
+def _only_in_the_true_path(w):
+    return w + 100
+
+
+@njit(no_cpython_wrapper=True)
+def _two_paths(w, params, flag):
+    p = carray(ptr_as(params, np.int64(0)), 64)
+    if flag is not None:
+        p[0] = _only_in_the_true_path(w)
+    else:
+        p[0] = -1
+
+
+def test_only_if_compiles_only_the_path_taken():
+    """A worker variant only_if(False) (None) never types its `flag is not None` branch:
+    the function called only there stays uncompiled; only_if(True) compiles and runs it."""
+    p = np.zeros(64, np.int64)
+    run_serial(worker_address(_two_paths, (only_if(False),)), p)
+    assert p[0] == -1 and not _only_in_the_true_path.signatures
+    run_serial(worker_address(_two_paths, (only_if(True),)), p)
+    assert p[0] == 100 and len(_only_in_the_true_path.signatures) == 1
 
 
 def _typed_literal(x):
