@@ -39,7 +39,7 @@ from .activation import CHUNK
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, GELU_TANH_C, HELPER, JIT,
                      JIT_BY_ADDRESS, JIT_INNER, SQRT_2_OVER_PI, cdf_and_gauss, fexp, inline_into_callers, like,
                      wide_loops)
-from .parallel import (RW_D, RW_I, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
+from .parallel import (RW_D, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
                        worker_address)
 
 INV_SQRT_2PI = 0.3989422804014327
@@ -255,15 +255,58 @@ def gated_grad_block(g, gate, up, dgate, dup, code):
             dup[i] = g[i] * max(gate[i], like(gate[i], 0.0))
 
 
+def gated_grad_pair(g, gate, up, code):
+    """(dgate, dup) of one element for a literal code (gated_grad_block's formulas; any
+    code but silu / gelu / gelu_tanh: ReGLU)."""
+    return g, g
+
+
+_VALUE_AND_DERIVATIVE = {ACT_SILU: silu_value_and_derivative, ACT_GELU: gelu_value_and_derivative,
+                         ACT_GELU_TANH: gelu_tanh_value_and_derivative}
+
+
+@overload(gated_grad_pair, inline="always", **OVERLOAD)
+def _gated_grad_pair_overload(g, gate, up, code):
+    if not isinstance(code, types.IntegerLiteral):
+        return None
+    vd = _VALUE_AND_DERIVATIVE.get(code.literal_value)
+    if vd is None:
+        return lambda g, gate, up, code: (relu_grad(g * up, gate), g * max(gate, like(gate, 0.0)))
+
+    def pair(g, gate, up, code):
+        a, d = vd(gate)
+        return g * up * d, g * a
+    return pair
+
+
+@njit(**JIT_INNER)
+def unary_grad_block_lit(g, x, out, code):
+    """unary_grad_block for a literal code (grad_input's overload): only that activation's
+    derivative is compiled (the parallel worker's variant; see activation.activation_block_lit)."""
+    wide_loops()
+    for i in range(x.shape[0]):
+        out[i] = grad_input(g[i], x[i], code)
+
+
+@njit(**JIT_INNER)
+def gated_grad_block_lit(g, gate, up, dgate, dup, code):
+    """gated_grad_block for a literal code (gated_grad_pair)."""
+    wide_loops()
+    for i in range(gate.shape[0]):
+        dgate[i], dup[i] = gated_grad_pair(g[i], gate[i], up[i], code)
+
+
 @njit(**JIT)
 def unary_grad_serial(g, x, out, code):
     unary_grad_block(g, x, out, code)
 
 
 @njit(**JIT_BY_ADDRESS)
-def grad_worker(me, params, is64, gated):
+def grad_worker(me, params, is64, gated, code):
     """Chunks of CHUNK elements claimed from the block (parallel.row_block: units = chunks,
-    d = elements, i = code).  Unary: arrays g, x, out.  Gated: g, gate, up, dgate, dup."""
+    d = elements).  Unary: arrays g, x, out.  Gated: g, gate, up, dgate, dup.  gated
+    (parallel.only_if) and the activation code are literals: a variant compiles one
+    activation's gradient."""
     p, _ = row_args(params)
     z = like_dtype(is64)
     n = p[RW_D]
@@ -272,14 +315,13 @@ def grad_worker(me, params, is64, gated):
     a2 = c_array_at(p[2], z, (n,))
     a3 = c_array_at(p[3], z, (n,))
     a4 = c_array_at(p[4], z, (n,))
-    code = p[RW_I]
     lo, hi = row_claim(p, me)
     while lo < hi:
         a, b = lo * CHUNK, min(hi * CHUNK, n)
         if gated is not None:
-            gated_grad_block(g[a:b], a1[a:b], a2[a:b], a3[a:b], a4[a:b], code)
+            gated_grad_block_lit(g[a:b], a1[a:b], a2[a:b], a3[a:b], a4[a:b], code)
         else:
-            unary_grad_block(g[a:b], a1[a:b], a2[a:b], code)
+            unary_grad_block_lit(g[a:b], a1[a:b], a2[a:b], code)
         lo, hi = row_claim(p, me)
 
 
@@ -295,7 +337,7 @@ def _launch(g, a1, a2, a3, a4, code, worker, nw, fn, buf, team_run, team_state):
 def unary_grad_parallel(g, x, out, code):
     """unary_grad_serial's result, chunks of CHUNK elements claimed by the team's threads
     (parallel.row_run)."""
-    row_run(_launch, worker_address(grad_worker, (bool(x.dtype == np.float64), only_if(False))),
+    row_run(_launch, worker_address(grad_worker, (bool(x.dtype == np.float64), only_if(False), int(code))),
             g, x, out, out, out, code)
 
 
@@ -306,5 +348,5 @@ def gated_grad_serial(g, gate, up, dgate, dup, code):
 
 def gated_grad_parallel(g, gate, up, dgate, dup, code):
     """gated_grad_serial's result, chunks claimed by the team's threads."""
-    row_run(_launch, worker_address(grad_worker, (bool(gate.dtype == np.float64), only_if(True))),
+    row_run(_launch, worker_address(grad_worker, (bool(gate.dtype == np.float64), only_if(True), int(code))),
             g, gate, up, dgate, dup, code)

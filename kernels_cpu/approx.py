@@ -402,3 +402,24 @@ def activate(x, code):
     if code == ACT_SILU:
         return silu(x)
     return x
+
+
+_ACTIVATIONS = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}
+
+
+def activate_lit(x, code):
+    """activate(x, code) for a literal code: only that activation is typed and compiled
+    (numba types every branch of activate's `if code == ...`, whatever the literal's
+    value: the comparisons are with globals, which its dead-branch pruning does not
+    resolve).  ACT_NONE, or any other code: x."""
+    return x
+
+
+@overload(activate_lit, inline="always", **OVERLOAD)
+def _activate_lit_overload(x, code):
+    if not isinstance(code, types.IntegerLiteral):
+        return None
+    act = _ACTIVATIONS.get(code.literal_value)
+    if act is None:
+        return lambda x, code: x
+    return lambda x, code: act(x)
