@@ -18,6 +18,7 @@ from kernels_cpu import activation_grad as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, register, register_op
+from . import _arena
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 from .activation import _approximate
 
@@ -116,7 +117,7 @@ def _unary_host(kernel):
 def _gated_host(kernel):
     def run(params, grad_out, gate, up, code):
         g, ga, u = contiguous(grad_out), contiguous(gate), contiguous(up)
-        dgate, dup = np.empty(gate.shape, gate.dtype), np.empty(gate.shape, gate.dtype)
+        dgate, dup = _arena.empty(gate.shape, gate.dtype), _arena.empty(gate.shape, gate.dtype)
         kernel(g.reshape(-1), ga.reshape(-1), u.reshape(-1), dgate.reshape(-1), dup.reshape(-1), code)
         return dgate, dup
 

@@ -27,6 +27,7 @@ from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, bucket_up, register, register_op
+from . import _arena
 from ._common import deliver, result_buffer, rows_input
 
 # q/k/v views whose rows (last axis) are contiguous, e.g. qkv.reshape(B, S, 3, H, D)[:, :, i]
@@ -232,9 +233,11 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out, return_lse=False):
         split_len = -(-max(Skv, 1) // nsplit)
         split_len = -(-split_len // K.BK) * K.BK
         nsplit = max(1, -(-Skv // split_len))
-        pm = np.empty((B, Hkv, nsplit, R), q.dtype)
-        pl = np.empty((B, Hkv, nsplit, R), q.dtype)
-        pacc = np.empty((B, Hkv, nsplit, R, D), q.dtype)
+        # split-KV's partials: this call's scratch, from the result arena (reused by the next
+        # call once freed; a decode step's pacc is 256 KiB at 8 kv heads x 16 splits x 4 x 128)
+        pm = _arena.empty((B, Hkv, nsplit, R), q.dtype)
+        pl = _arena.empty((B, Hkv, nsplit, R), q.dtype)
+        pacc = _arena.empty((B, Hkv, nsplit, R, D), q.dtype)
         K.splitkv(qc, kc, vc, m4, mkind, causal, scale, res, nsplit, split_len, pm, pl, pacc, num_threads(),
                   lse)
     return _result(res, out, lse)

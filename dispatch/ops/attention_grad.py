@@ -28,6 +28,7 @@ from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, register, register_op
+from . import _arena
 from ._common import kernel_input, rows_input
 from .attention import SERIAL_MAX_FLOPS, _ZERO, describe as _describe_forward, visible_pairs
 
@@ -111,7 +112,7 @@ def _mask4(q, k, mask):
 
 def _host(parallel):
     def run(params, grad_out, q, k, v, output, lse, mask, causal, scale):
-        dq, dk, dv = np.empty(q.shape, q.dtype), np.empty(k.shape, q.dtype), np.empty(k.shape, q.dtype)
+        dq, dk, dv = _arena.empty(q.shape, q.dtype), _arena.empty(k.shape, q.dtype), _arena.empty(k.shape, q.dtype)
         if dk.size and not dq.size:
             dk[...] = 0
             dv[...] = 0

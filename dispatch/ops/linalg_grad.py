@@ -42,6 +42,7 @@ from kernels_cpu import linalg_grad as KG
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
+from . import _arena
 from ._common import HOST_COPY_NOTE, kernel_input
 from .linalg import (GEMV_ROWS, SMALL_PRODUCT, WIDE_GEMM_MIN_N, WIDE_GEMM_PRODUCT, _batch_index, _gemm_blocks,
                      _panel_buffers, _zeros)
@@ -202,8 +203,8 @@ def _run_linear_gemm(g, x, w, pre, code, has_bias):
     p3 = g3 if pre is None else kernel_input(pre).reshape(1, m, n)
     x3 = kernel_input(x).reshape(1, m, k)
     w3 = kernel_input(w).reshape(1, n, k)
-    dx = np.empty((1, m, k), dt)
-    dw = np.empty((1, n, k), dt)
+    dx = _arena.empty((1, m, k), dt)
+    dw = _arena.empty((1, n, k), dt)
     dbias = np.empty(n, dt) if has_bias else None
     # dx = g' @ W: g' is A (packed by rows); W (N, K) is B stored (K_gemm, N_gemm)
     _pro_gemm(g3, False, w3, False, K_ZERO, K_ZERO, dx, "a", "rows" if code != ACT_NONE else None, p3, code, None)
@@ -218,7 +219,7 @@ def _gprime(g, pre, code):
     if code == ACT_NONE:
         return np.asarray(g)
     gc, pc = kernel_input(g), kernel_input(pre)
-    out = np.empty(gc.shape, gc.dtype)
+    out = _arena.empty(gc.shape, gc.dtype)
     KA.unary_grad_parallel(gc.reshape(-1), pc.reshape(-1), out.reshape(-1), code)
     return out
 
@@ -239,18 +240,18 @@ def _run_matmul_gemm(g, a, b, pre, code, has_bias):
     _, ai, bi = _batch_index(a_batch, b_batch)
     ident = np.arange(nbatch, dtype=np.int64)
     # da = g' @ b^T: g' is A (rows); b (K, N) is read as B^T stored (N_gemm, K_gemm) (transb)
-    da_full = np.empty((nbatch, m, k), dt)
+    da_full = _arena.empty((nbatch, m, k), dt)
     _pro_gemm(g3, False, b3, True, ident, bi, da_full, "a", "rows" if code != ACT_NONE else None, p3, code, None)
     da = reduce_batch(da_full.reshape(full + (m, k)), a_batch)
     kind = "cols_b" if _fused_needed(code, has_bias) else None
     if not b_batch:  # b shared by every batch: one GEMM whose reduction runs over batch x rows
-        db = np.empty((1, k, n), dt)
+        db = _arena.empty((1, k, n), dt)
         dbias = np.empty(n, dt) if has_bias else None
         _pro_gemm(a3.reshape(1, nbatch * m, k), True, g3.reshape(1, nbatch * m, n), False, K_ZERO, K_ZERO, db, "b",
                   kind, p3.reshape(1, nbatch * m, n), code, dbias)
         return da, db.reshape(k, n), dbias
     # per output batch, then summed over the dims b was broadcast along; dbias per batch, summed
-    db_full = np.empty((nbatch, k, n), dt)
+    db_full = _arena.empty((nbatch, k, n), dt)
     part = np.empty((nbatch, n), dt) if has_bias else None
     _pro_gemm(a3, True, g3, False, ai, ident, db_full, "b", kind, p3, code, part)
     db = reduce_batch(db_full.reshape(full + (k, n)), b_batch)

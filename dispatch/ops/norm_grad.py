@@ -30,6 +30,7 @@ from kernels_cpu import norm_grad as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
+from . import _arena
 from ._common import HOST_COPY_NOTE, const_vector, contiguous, serial_parallel_rule, size_bucket
 
 # Serial vs parallel: measured on this machine kind (2 cores, float32, D = 768, weight and
@@ -128,8 +129,9 @@ def _describe_rms(grad_out, x, weight=None, *, eps=1e-6, grad_residual=None):
 
 
 def _empty(shape, dtype):
-    """Where the kernels' outputs and scratch come from (the tests poison them with NaN here)."""
-    return np.empty(shape, dtype)
+    """Where the kernels' outputs and scratch come from: the result arena (large ones reused
+    once freed, no page faults per call); the tests poison them with NaN here."""
+    return _arena.empty(shape if type(shape) is tuple else (shape,), dtype)
 
 
 def _host(kernel, ln):

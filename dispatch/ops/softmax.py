@@ -19,6 +19,7 @@ from kernels_cpu import softmax as K
 
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
+from . import _arena
 from ._common import HOST_COPY_NOTE, contiguous, deliver, kernel_input, result_buffer, serial_parallel_rule, size_bucket
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
@@ -98,7 +99,7 @@ def _softmax_host(kernel):
         if last:
             res = result_buffer(out, x.shape, x.dtype)
         else:
-            res = np.empty(xc.shape, x.dtype)
+            res = _arena.empty(xc.shape, x.dtype)
         if xc.size:
             if xc.ndim == 2:
                 kernel(xc, res, log)
