@@ -404,7 +404,9 @@ def activate(x, code):
     return x
 
 
-_ACTIVATIONS = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}
+# The scalar function of each activation code (ACT_NONE: none): the literal-code overloads
+# (activate_lit here, the GEMM epilogues' act_store_lit) look them up here.
+ACTIVATIONS = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}
 
 
 def activate_lit(x, code):
@@ -419,7 +421,7 @@ def activate_lit(x, code):
 def _activate_lit_overload(x, code):
     if not isinstance(code, types.IntegerLiteral):
         return None
-    act = _ACTIVATIONS.get(code.literal_value)
+    act = ACTIVATIONS.get(code.literal_value)
     if act is None:
         return lambda x, code: x
     return lambda x, code: act(x)

@@ -67,8 +67,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh, relu,
-                     silu, wide_loops)
+from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, ACTIVATIONS, JIT_BY_ADDRESS, gelu,
+                     gelu_tanh, relu, silu, wide_loops)
 from . import target
 from .dot_tile import TA, TB, dot_tile
 from .llvm_ir import arg_readers, prefetch as prefetch_line
@@ -486,7 +486,7 @@ def _bias_at_overload(bias, j):
 def _act_store_lit_overload(src, bias, dst, n, code):
     if not isinstance(code, types.Literal):
         return None
-    act = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}.get(code.literal_value)
+    act = ACTIVATIONS.get(code.literal_value)
     if act is None:
         def bias_only(src, bias, dst, n, code):
             for j in range(n):

@@ -75,8 +75,7 @@ from numba.extending import intrinsic, overload
 from kernels_common.memory import aligned_empty
 
 from . import target
-from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT_BY_ADDRESS, gelu, gelu_tanh,
-                     relu, silu, wide_loops)
+from .approx import OVERLOAD, ACT_NONE, ACTIVATIONS, JIT_BY_ADDRESS, wide_loops
 from .llvm_ir import arg_readers
 from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, run_serial, run_workers,
                        worker_address)
@@ -402,7 +401,7 @@ def act_in_place(d, o, n, code):
 def _act_in_place_overload(d, o, n, code):
     if not isinstance(code, types.IntegerLiteral):
         return None
-    act = {ACT_RELU: relu, ACT_GELU: gelu, ACT_GELU_TANH: gelu_tanh, ACT_SILU: silu}.get(code.literal_value)
+    act = ACTIVATIONS.get(code.literal_value)
     if act is None:
         return lambda d, o, n, code: None
 
