@@ -151,6 +151,14 @@ class QuantizedArray:
                 self._cache[key] = make()
             return self._cache[key]
 
+    def __memo_key__(self):
+        """Its part of a call's signature (dispatch/memo.py): the object itself, and how many
+        derived layouts it caches, which is what describe reads besides its fixed shape,
+        dtype, axis and device (the int8 ops' key says whether the weight is prepacked, and
+        explain's note which layouts are): a call after a new layout was cached is described
+        again."""
+        return id(self), len(self._cache)
+
     def cached_keys(self) -> tuple:
         """The keys cached() holds so far (what `explain` reports as already prepacked)."""
         with self._lock:

@@ -7,7 +7,7 @@
   int, 1.0 for 1), -0.0 against 0.0, the same array twice, an out= that overlaps an input
   or is read-only (a remembered out= call otherwise), a 0-d array, a PackedWeight freed and
   another made (whose id may be the old one's), a PackedWeight after the active GEMM tile
-  changed.
+  changed, a QuantizedArray weight after the call that packed it.
 * Several Python threads calling one op at once, each with its own arrays, get their own
   results.
 """
@@ -132,6 +132,33 @@ def test_packed_weight_freed_then_another():
         assert any(isinstance(t, memo.Template) and t.refs and t.refs[0]() is pw
                    for t in registry.OPS["linear"]._described.values())
         del pw
+
+
+def test_quantized_weight_remembered_with_its_packing():
+    """dynamic_quant_linear remembers a call by its QuantizedArray weight's identity and
+    cached layouts: after the call that packs the weight the signature is described again
+    (key and note then say prepacked), then remembered; a new weight, possibly at a freed
+    one's id, is never served another's panels."""
+    op = registry.OPS["dynamic_quant_linear"]
+    g = rng()
+    x = g.standard_normal((1, 64)).astype(np.float32)
+    _fresh(op)
+    for _ in range(4):
+        w_q = dispatch.quantize(g.standard_normal((24, 64)).astype(np.float32), axis=0)
+        first = memo.described(op._described, op.describe, (x, w_q), {})
+        assert not first.key.prepacked and "packed on this call" in first.prep_notes[0]
+        got = dispatch.dynamic_quant_linear(x, w_q)  # the remembered call; it packs w_q
+        second = memo.described(op._described, op.describe, (x, w_q), {})
+        assert second.key.prepacked and "prepacked" in second.prep_notes[0]
+        assert memo.described(op._described, op.describe, (x, w_q), {}).key == second.key
+        entry = op._described[memo.signature((x, w_q), {})[0]]
+        assert isinstance(entry, memo.Template) and entry.refs[0]() is w_q
+        try:
+            op.memo = False
+            assert S.same(got, dispatch.dynamic_quant_linear(x, w_q)), "the remembered call's result differs"
+        finally:
+            op.memo = True
+        del w_q, first, second
 
 
 def test_packed_weight_after_the_tile_changed_is_refused():
