@@ -656,11 +656,12 @@ B_IN_PLACE_ROW_BYTES = 4096
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from
 # its MR rows, as onnxruntime's MLAS kernels do, so the call neither writes a packed copy
 # nor has one thread read the panels another packed.  B comes in any of its forms.  The
-# worker is compiled per A form (a_rows: parallel.only_if, so the other form's micro-kernel
-# call site is pruned, never typed nor lowered), so a process compiles the form its
-# calls use: one more call site of the micro-kernel in the one worker cost every GEMM's
-# cold first call 0.22-0.25 s (matmul 128x768x768: 1.70-1.74 -> 1.93-1.99 s, Zen 4,
-# 2026-12-04).  gemm_parallel called through
+# worker is compiled per A form (rows_form / packed_form: parallel.only_if, so the other
+# form's micro-kernel call site is pruned, never typed nor lowered), so a process compiles
+# the form its calls use: one more call site of the micro-kernel in the one worker cost
+# every GEMM's cold first call 0.22-0.25 s (matmul 128x768x768: 1.70-1.74 -> 1.93-1.99 s,
+# Zen 4, 2026-12-04); a caller using both forms takes the variant holding both (see
+# gemm_worker).  gemm_parallel called through
 # dispatch.matmul, 2 threads, medians of 9 rounds alternating the two forms in one process
 # (Zen 4, 2026-12-04), us, packed -> in place, three runs: prepacked b 128x768x768 734 /
 # 757 / 849 -> 713 / 793 / 736, 128x768x3072 3322 / 3130 -> 3144 / 2993, 512x768x768 3185 /
@@ -746,7 +747,8 @@ def _packer(operand, transposed, dtype, ti):
 # ---- GEMM ------------------------------------------------------------------------------------
 
 def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, out3, ap, bp, b_packed, mc_panels,
-                  nc_panels, kc, nworkers, tile=None, pack_a=None, pack_b=None, extra=(), accumulate=False):
+                  nc_panels, kc, nworkers, tile=None, pack_a=None, pack_b=None, extra=(), accumulate=False,
+                  both_a_forms=False):
     """out3[i] = act(a3[a_idx[i]] @ b3[b_idx[i]] + bias) (see the module docstring).
 
     epilogue: apply bias + activation (False: plain product, bias and code ignored);
@@ -762,7 +764,9 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     argument block after its P_COUNT slots for them (the backward's prologue packers,
     kernels_cpu/linalg_grad.py, which form the activation's gradient while packing);
     accumulate: out3 += the product (no epilogue): a gradient summed over chunks of rows
-    (linear_cross_entropy's dweight) without a product-sized scratch.
+    (linear_cross_entropy's dweight) without a product-sized scratch;
+    both_a_forms: run the worker variant that holds both A forms (a caller whose products
+    use both, see gemm_worker), the same results and speed as the one-form variant.
 
     Runs gemm_worker on up to nworkers threads (parallel.run_workers).  The worker is
     compiled per dtype; the packers for the operands' layouts and the epilogue for the
@@ -782,7 +786,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
     plan, nsync, fn, nw, need_a, need_b, ti = _gemm_plan(
         a3.shape[0], b3.shape[0], nbatch, M, N, K, bool(transa), bool(transb), out3.dtype, _tile_index(tile),
         bool(b_packed), mc_panels, nc_panels, kc, bool(epilogue), int(code), pack_a, pack_b, len(extra),
-        bool(accumulate), nworkers)
+        bool(accumulate), nworkers, bool(both_a_forms))
     if ap.size < need_a or bp.size < need_b:
         raise ValueError(f"gemm_parallel: packing buffers of {ap.size} / {bp.size} elements, tile {TILES[ti].name} "
                          f"needs {need_a} / {need_b}")
@@ -796,7 +800,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
 
 @functools.lru_cache(maxsize=256)
 def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_panels, nc_panels, kc, epilogue, code,
-               pack_a, pack_b, nextra, accumulate, nworkers):
+               pack_a, pack_b, nextra, accumulate, nworkers, both_a_forms=False):
     """What gemm_parallel's call needs besides the addresses, for its shapes and options:
     (argument block without addresses, read-only: each call copies it; sync length; the
     worker's address; worker count; packed A and B elements needed; tile index).  Built
@@ -826,7 +830,8 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p[P_PACK_B] = 0 if b_mode != B_PACK else (_packer("b", transb, dtype, ti) if pack_b is None else pack_b)
     p[P_EPILOGUE] = epilogue_address(dtype, code) if epilogue else 0
     p.flags.writeable = False
-    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti, only_if(a_in_place)))
+    forms = (True, True) if both_a_forms else (only_if(a_in_place), only_if(not a_in_place))
+    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti) + forms)
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
     # task of worker v's own range (gemm_worker); no packed A needed when A is read in place
     return p, 2 + n_pack + nw, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
@@ -853,12 +858,18 @@ def _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias):
 
 
 @njit(**JIT_BY_ADDRESS)
-def gemm_worker(w, params, is64, ti, a_rows):
+def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     """Worker w of a gemm_parallel call: its arrays, sizes and the addresses of its packers
-    and epilogue are read from the int64 block at address params (the P_* slots); is64,
-    ti (the register tile, TILES[ti]) and a_rows (True: A read in place from its rows
-    instead of packed, A_IN_PLACE_OK; None: packed, parallel.only_if) are literals (one
-    compiled worker per dtype, tile and A form).
+    and epilogue are read from the int64 block at address params (the P_* slots); is64
+    and ti (the register tile, TILES[ti]) are literals, and so are the A forms the variant
+    holds (parallel.only_if): rows_form (A read in place from its rows, A_IN_PLACE_OK; the
+    block names no A packer) and packed_form.  A call's plan picks the variant of its one
+    form; a caller whose products use both forms (matmul_backward's dA in place, dB packed)
+    asks for the variant holding both (gemm_parallel's both_a_forms), which picks per call:
+    one more micro-kernel call site instead of a second worker (cold first call of
+    matmul_backward 128x768x2304, old / new
+    processes alternating, Zen 4, 2026-12-05: 3.11-3.29 -> 2.37-2.52 s; linear_backward
+    128x3072x768 with no activation 3.23 -> 2.46 s; their run time unchanged within noise).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
@@ -876,6 +887,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
     mc_panels, nc_panels, kc = p[P_MC], p[P_NC], p[P_KC]
     pack_a, pack_b, epilogue = p[P_PACK_A], p[P_PACK_B], p[P_EPILOGUE]
     accumulate_c = p[P_ACCUMULATE] != 0
+    a_in_place = pack_a == 0  # (the plan's choice, _gemm_plan)
     nr_full = _tnr(z, ti)
     MR = _tmr(ti)  # noqa: N806 - the tile's rows
     a_outer = _taouter(ti)
@@ -883,7 +895,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
     npn = (N + nr_full - 1) // nr_full
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
-    n_pack_a = 0 if a_rows is not None else na * mp
+    n_pack_a = 0 if a_in_place else na * mp
     # one row block (M <= mc_panels * MR) and no B batch shared by output batches: each B
     # panel is read by one task only, which packs it itself right before its micro-kernels
     # read it from L2, instead of all B panels being packed up front (written out to L3 or
@@ -901,7 +913,7 @@ def gemm_worker(w, params, is64, ti, a_rows):
     home = 2 + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
-    apf = c_array_at(p[P_A] if a_rows is not None else p[P_AP], z, (na * mp * K * MR,))
+    apf = c_array_at(p[P_A] if a_in_place else p[P_AP], z, (na * mp * K * MR,))
     # B's panels, or B itself (nb x K x N) when it is read in place
     bpf = c_array_at(p[P_B] if b_in_place else p[P_BP], z, (nb * K * N if b_in_place else nb * npn * K * nr_full,))
     ldb = N if b_in_place else nr_full
@@ -973,16 +985,21 @@ def gemm_worker(w, params, is64, ti, a_rows):
                 nr = min(nr_full, N - j0)
                 i0 = pa * MR
                 mr = min(MR, M - i0)
-                # one call site per A form (each inlined copy of the intrinsic costs
-                # compile time): full tiles go straight to C, edge tiles through t
+                # one call site per A form the variant holds (each inlined copy of the
+                # intrinsic costs compile time): full tiles go straight to C, edge tiles
+                # through t
                 full = mr == MR and nr == nr_full
                 coff = (bi * M + i0) * N + j0 if full else 0
-                if a_rows is not None:
-                    micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, ldb, cf if full else t, coff,
-                               N if full else nr_full, accumulate and full)
-                else:
-                    micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bpf, boff, ldb, cf if full else t,
-                               coff, N if full else nr_full, accumulate and full)
+                done = False
+                if rows_form is not None:
+                    if a_in_place:
+                        micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, ldb, cf if full else t, coff,
+                                   N if full else nr_full, accumulate and full)
+                        done = True
+                if packed_form is not None:
+                    if not done:
+                        micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bpf, boff, ldb, cf if full else t,
+                                   coff, N if full else nr_full, accumulate and full)
                 if not full:
                     store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)
         if epilogue != 0:  # bias + activation on the task's block while it is in L2

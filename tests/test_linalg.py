@@ -8,6 +8,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from numba import types
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -540,6 +541,35 @@ def test_every_tile_matches_reference(tile, dtype):
                         np.testing.assert_array_equal(fn(a, pw, bias, activation="gelu"), got)
                     else:
                         np.testing.assert_array_equal(fn(a, pw, bias=bias, activation="gelu"), got)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's worker variants")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_both_a_forms_variant_gives_the_same_bits(dtype, monkeypatch):
+    """The GEMM worker variant holding both A forms (gemm_parallel's both_a_forms, which the
+    backward ops run) gives exactly the bits of the one-form variants: an a read in place, a
+    packed one (rows off the tile; a transposed a), batched, with bias + gelu."""
+    from kernels_cpu import gemm as K
+    g = rng()
+    t = K.active_tile()
+    mr, nr = t.mr, t.nr(dtype)
+    data = [(randn(g, sa, dtype), randn(g, sb, dtype)) for sa, sb in
+            [((2 * mr, 40), (40, 2 * nr + 3)), ((mr + 1, 40), (40, 2 * nr)), ((3, 4 * mr, 19), (19, 2 * nr))]]
+
+    def run_all():
+        with dispatch.use(matmul="cpu-gemm"):
+            return [r for a, b in data for r in (
+                dispatch.matmul(a, b, bias=b[0], activation="gelu"),
+                dispatch.matmul(np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2), b))]
+
+    one = run_all()
+    real = K.gemm_parallel
+    monkeypatch.setattr(K, "gemm_parallel", lambda *args, **kw: real(*args, **dict(kw, both_a_forms=True)))
+    both = run_all()
+    assert any(all(isinstance(v, types.BooleanLiteral) and v.literal_value for v in s[-2:])
+               for s in K.gemm_worker.signatures), "the variant holding both forms did not run"
+    for x, y in zip(one, both):
+        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")

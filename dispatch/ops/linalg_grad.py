@@ -168,10 +168,13 @@ def _identity_index(n):
     return np.arange(n, dtype=np.int64)
 
 
-def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, dbias, accumulate=False):
+def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, dbias, accumulate=False, both=False):
     """out3 = op(a3) @ op(b3) on the own GEMM, the operand g_side ("a" / "b") packed by the
     linalg_grad prologue packer `kind` (None: plain packers), reading pre3 and writing dbias
-    (or nothing: None); accumulate: out3 += the product instead."""
+    (or nothing: None); accumulate: out3 += the product instead; both: run the GEMM worker
+    variant holding both A forms (gemm_parallel's both_a_forms), for a backward whose dA
+    product may read g in place (no prologue packer) while the other packs its transposed
+    A: one worker compiled, not two."""
     nbatch, m, n = out3.shape
     k = a3.shape[1] if transa else a3.shape[2]
     tile = K.active_tile()
@@ -186,7 +189,8 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
         extra = KG.grad_extra(kind, pre3, dbias, dt, code, ti)
     K.gemm_parallel(a3, b3, ai, bi, transa, transb, _zeros(n, dt), False, ACT_NONE, out3, ap, bp, False, mc, nc, kc,
                     num_threads(), tile=tile, pack_a=packer if g_side == "a" else None,
-                    pack_b=packer if g_side == "b" else None, extra=extra, accumulate=accumulate)
+                    pack_b=packer if g_side == "b" else None, extra=extra, accumulate=accumulate,
+                    both_a_forms=both)
 
 
 def _fused_needed(code, has_bias):
@@ -207,10 +211,12 @@ def _run_linear_gemm(g, x, w, pre, code, has_bias):
     dw = _arena.empty((1, n, k), dt)
     dbias = np.empty(n, dt) if has_bias else None
     # dx = g' @ W: g' is A (packed by rows); W (N, K) is B stored (K_gemm, N_gemm)
-    _pro_gemm(g3, False, w3, False, K_ZERO, K_ZERO, dx, "a", "rows" if code != ACT_NONE else None, p3, code, None)
+    both = code == ACT_NONE  # dx may read g in place (see _pro_gemm)
+    _pro_gemm(g3, False, w3, False, K_ZERO, K_ZERO, dx, "a", "rows" if code != ACT_NONE else None, p3, code, None,
+              both=both)
     # dW = g'^T @ x: g' (M, N) is A stored transposed (packed by columns, summed: dbias), x is B
     _pro_gemm(g3, True, x3, False, K_ZERO, K_ZERO, dw, "a", "cols_a" if _fused_needed(code, has_bias) else None, p3,
-              code, dbias)
+              code, dbias, both=both)
     return dx.reshape(tuple(x.shape[:-1]) + (k,)), dw.reshape(n, k), dbias
 
 
@@ -241,19 +247,21 @@ def _run_matmul_gemm(g, a, b, pre, code, has_bias):
     ident = np.arange(nbatch, dtype=np.int64)
     # da = g' @ b^T: g' is A (rows); b (K, N) is read as B^T stored (N_gemm, K_gemm) (transb)
     da_full = _arena.empty((nbatch, m, k), dt)
-    _pro_gemm(g3, False, b3, True, ident, bi, da_full, "a", "rows" if code != ACT_NONE else None, p3, code, None)
+    both = code == ACT_NONE  # da may read g in place (see _pro_gemm)
+    _pro_gemm(g3, False, b3, True, ident, bi, da_full, "a", "rows" if code != ACT_NONE else None, p3, code, None,
+              both=both)
     da = reduce_batch(da_full.reshape(full + (m, k)), a_batch)
     kind = "cols_b" if _fused_needed(code, has_bias) else None
     if not b_batch:  # b shared by every batch: one GEMM whose reduction runs over batch x rows
         db = _arena.empty((1, k, n), dt)
         dbias = np.empty(n, dt) if has_bias else None
         _pro_gemm(a3.reshape(1, nbatch * m, k), True, g3.reshape(1, nbatch * m, n), False, K_ZERO, K_ZERO, db, "b",
-                  kind, p3.reshape(1, nbatch * m, n), code, dbias)
+                  kind, p3.reshape(1, nbatch * m, n), code, dbias, both=both)
         return da, db.reshape(k, n), dbias
     # per output batch, then summed over the dims b was broadcast along; dbias per batch, summed
     db_full = _arena.empty((nbatch, k, n), dt)
     part = np.empty((nbatch, n), dt) if has_bias else None
-    _pro_gemm(a3, True, g3, False, ai, ident, db_full, "b", kind, p3, code, part)
+    _pro_gemm(a3, True, g3, False, ai, ident, db_full, "b", kind, p3, code, part, both=both)
     db = reduce_batch(db_full.reshape(full + (k, n)), b_batch)
     return da, db, (part.sum(axis=0) if has_bias else None)
 
