@@ -48,8 +48,8 @@ from numba.extending import intrinsic, overload
 
 from .approx import (OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, fexp_nonpos,
                      like, wide_loops)
-from .parallel import (borrow, c_array_at, fetch_add, keep_alive, like_dtype, prefetch, run_serial, run_workers,
-                       view_at, worker_address)
+from .parallel import (borrow, c_array_at, call_address, fetch_add, keep_alive, like_dtype, prefetch, run_serial,
+                       run_workers, view_at, worker_address)
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
@@ -435,7 +435,7 @@ def _exp_shift_sum(srow, n, mu):
     short D-long loops of a flash item lose to their scalar remainders at 16 lanes).
     64 rows of 208 keys, one thread, Sapphire Rapids (2026-11-26): 5.1 us at 8 lanes,
     3.8 us at 16; at 198 keys the 16-lane loop's 6-element scalar tail took 6.6 us, so
-    the flash item pads its rows to a multiple of 16 keys (_flash_item)."""
+    the flash item pads its rows to a multiple of 16 keys (flash_item)."""
     wide_loops()
     s = srow.dtype.type(0)
     for j in range(n):
@@ -494,30 +494,90 @@ def flash_tile(skv):
     return max(2 * NC, (skv + BK - 1) // BK * BK) if skv <= ONE_TILE else BK
 
 
-@njit(**JIT_INNER)
-def _flash_item(q, kph, vh, Hkv, masks, mkind, causal, scale, out, lse, b, hk, qt, qs, st, acc, mv, lv, ri, rh, mb):
-    """One work item: rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's
-    rows enumerate (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so
-    the query heads sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv
-    head's K^T panels (pack_k_head); vh (Skv, D): its V, unit-stride rows.  qs (BQ, D),
-    st (BQ, bk), acc (BQ, D), mv, lv (BQ,) and mb (>= bk: the additive mask row of the
-    current K tile) are this item's scratch buffers (bk, the keys per tile, is st's width:
-    flash_tile); ri, rh (BQ,) int64 hold each row's query index and head (divisions done once, not per K tile).
-    lse (B, Hq, Sq), or an empty array: when not empty, each row's log-sum-exp of its
-    scores, m + log(l) from the online softmax's running max and sum (-inf for a row that
-    sees no key, NaN where the output is NaN): what attention_backward recomputes P from.
-    masks: None when there is no mask (_mask_arg): numba's dead-branch pruning then drops
-    the mask code before it is typed and compiled (it prunes tests against None of an
-    argument, not of a literal int or bool; BERT-base 1x12x128x64's cold first call, Zen 5,
-    2026-11-27: 2.92-2.98 -> about 2.7 s), else the mask's (bool, float) views, of which
-    the run-time mkind picks one.  causal: a run-time bool (see _variant)."""
-    Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
-    Skv = vh.shape[0]
-    bk = st.shape[1]
+# A flash worker's block for its items (int64), read by flash_item: the call's block (_params),
+# the item (batch x kv head, row tile), the kv head's K^T panels (pack_k_head), its V rows
+# (address and row stride in elements: v's own rows, or the worker's copy of them) and the
+# worker's scratch arrays (flash_worker).
+(J_PARAMS, J_BH, J_QT, J_KPH, J_VH, J_LDV, J_QS, J_ST, J_ACC, J_ROWS3, J_RIH) = range(11)
+J_COUNT = 11
+
+
+def _convert_mask_row(masked, masks, b, h, i, j0, jn, mkind, mb, mprev):
+    """mb = the additive mask row (b, h, i) at keys j0.. (_mask_row), unless mprev (the
+    address of the last row converted) says it holds that row already; returns the row's
+    address.  For a literal False masked (no mask) nothing, typed and compiled as nothing:
+    flash_item's mask views are never None (it rebuilds them from addresses), so numba's
+    pruning of `masks is not None` cannot drop the mask code there."""
+    return mprev
+
+
+@overload(_convert_mask_row, **OVERLOAD)
+def _convert_mask_row_overload(masked, masks, b, h, i, j0, jn, mkind, mb, mprev):
+    if not isinstance(masked, types.Literal):
+        return None
+    if not masked.literal_value:
+        return lambda masked, masks, b, h, i, j0, jn, mkind, mb, mprev: mprev
+
+    def convert(masked, masks, b, h, i, j0, jn, mkind, mb, mprev):
+        mp = masks[0][b, h, i].ctypes.data
+        if mp != mprev:  # rows that share a mask row (a broadcast mask) convert it once per tile
+            _mask_row(masks, b, h, i, j0, jn, mkind, mb)
+        return mp
+
+    return convert
+
+
+@njit(**JIT_BY_ADDRESS)
+def flash_item(w, block, is64, masked):
+    """One work item, called by address from flash_worker (compiled once, alone: linked into
+    the worker as a plain callee, its code was optimized and turned into machine code a
+    second time there, as attention_grad.backward_item's was; numba's inline="always"
+    instead costs more than it saves: copying the item's IR, 113 blocks, took 0.49 s).
+    Cold first call, empty cache, old / new processes alternating (Zen 4, 2026-12-05):
+    1x12x128x64 3.11-3.20 -> 2.95-2.98 s, 1x12x128x32 3.15-3.17 -> 2.95; run time within
+    -4% .. +1% (9 x 10-200 calls: 1x12x128x64 314-323 / 321-325 us, 16x12x198x32 with a
+    padding mask 7.75-8.04 / 7.66-7.76 ms, without 7.21-7.27 / 7.47-7.59).  block: the item block
+    (J_*); masked: whether there is a mask (a literal: one compiled item per dtype and
+    masked or not, as the worker).
+
+    Rows qt*BQ .. qt*BQ+BQ-1 of kv group hk in batch b, where the group's rows enumerate
+    (query head, query): row rr is head hk*G + rr // Sq, query rr % Sq, so the query heads
+    sharing a kv head read each K/V tile once (GQA/MQA).  kph: that kv head's K^T panels
+    (pack_k_head); vh (Skv, D): its V, unit-stride rows.  qs (BQ, D), st (BQ, bk), acc (BQ,
+    D), mv, lv (BQ,) and mb (>= bk: the additive mask row of the current K tile) are the
+    worker's scratch (bk, the keys per tile, is st's width: flash_tile); ri, rh (BQ,) int64
+    hold each row's query index and head (divisions done once, not per K tile).  lse (B,
+    Hq, Sq), or an empty array: when not empty, each row's log-sum-exp of its scores, m +
+    log(l) from the online softmax's running max and sum (-inf for a row that sees no key,
+    NaN where the output is NaN): what attention_backward recomputes P from.  The mask
+    code is compiled only for a masked variant (_convert_mask_row, _mask_arg: BERT-base
+    1x12x128x64's cold first call, Zen 5, 2026-11-27: 2.92-2.98 -> about 2.7 s without it),
+    the run-time mkind picks the mask's bool or float view; causal: run time too (see
+    _variant)."""
+    ip = c_array_at(block, np.int64(0), (J_COUNT,))
+    p = c_array_at(ip[J_PARAMS], np.int64(0), (F_COUNT,))
+    z = like_dtype(is64)
+    q, k, _, masks, out, scale = _views(p, z)
+    lse = _lse_view(p, z)
+    mkind, causal = p[F_MKIND], p[F_CAUSAL] != 0
+    Hkv = k.shape[1]
+    isz = q.itemsize
+    Skv, D = k.shape[2], q.shape[3]
+    bk = flash_tile(Skv)
+    kph = c_array_at(ip[J_KPH], z, ((Skv + 2 * NC - 1) // (2 * NC) * 2, D, NC))
+    vh = view_at(ip[J_VH], z, (Skv, D), (ip[J_LDV] * isz, isz))
+    qs = c_array_at(ip[J_QS], z, (BQ, D))
+    st = c_array_at(ip[J_ST], z, (BQ, bk))
+    acc = c_array_at(ip[J_ACC], z, (BQ, D))
+    rows3 = c_array_at(ip[J_ROWS3], z, (3, max(BQ, bk)))
+    mv, lv, mb = rows3[0, :BQ], rows3[1, :BQ], rows3[2]
+    rih = c_array_at(ip[J_RIH], np.int64(0), (2, BQ))
+    ri, rh = rih[0], rih[1]
+    b, hk, qt = ip[J_BH] // Hkv, ip[J_BH] % Hkv, ip[J_QT]
+    Hq, Sq = q.shape[1], q.shape[2]
     G = Hq // Hkv
     dt = q.dtype.type
     zero, ninf = dt(0), dt(-np.inf)
-    isz = q.itemsize
     r0 = qt * BQ
     nq = min(BQ, G * Sq - r0)
     nqr = (nq + MR - 1) // MR * MR
@@ -573,13 +633,9 @@ def _flash_item(q, kph, vh, Hkv, masks, mkind, causal, scale, out, lse, b, hk, q
             lim = jn
             if causal:
                 lim = min(jn, i + off + 1 - j0)
-            if masks is not None:
-                mp = masks[0][b, rh[r], i].ctypes.data
-                if mp != mprev:  # rows that share a mask row (a broadcast mask) convert it once per tile
-                    _mask_row(masks, b, rh[r], i, j0, jn, mkind, mb)
-                    mprev = mp
+            mprev = _convert_mask_row(masked, masks, b, rh[r], i, j0, jn, mkind, mb, mprev)
             mo = mv[r]
-            mn, ln, alpha = _row_softmax_update(st[r], jp, lim, mb, masks, mo, lv[r])
+            mn, ln, alpha = _row_softmax_update(st[r], jp, lim, mb, _mask_arg(masked, masks), mo, lv[r])
             mv[r] = mn
             lv[r] = ln
             if alpha != dt(1) and j0 > 0:  # on the first tile acc is still all zeros
@@ -637,8 +693,9 @@ def _item_coords(t, BH, nqt):
 # (F_CHUNK), the mask kind and causal (F_MKIND, F_CAUSAL: read at run time, see _variant),
 # and for split-KV its partials and phase.
 (F_NEXT, F_Q, F_K, F_V, F_MASK, F_OUT, F_B, F_HQ, F_HKV, F_SQ, F_SKV, F_D,
- F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK, F_MKIND, F_CAUSAL) = range(24)
-F_STRIDES = 24            # then 4 byte strides each of q, k, v, mask, out
+ F_SCALE, F_VROWS, F_PM, F_PL, F_PACC, F_NSPLIT, F_SPLIT_LEN, F_PHASE, F_LSE, F_CHUNK, F_MKIND, F_CAUSAL,
+ F_ITEM) = range(25)
+F_STRIDES = 25            # then 4 byte strides each of q, k, v, mask, out
 F_COUNT = F_STRIDES + 20
 
 
@@ -704,7 +761,7 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     """out = attention(q, k, v) (see the module docstring) on nworkers workers (1: on the
     calling thread).  q, k, v, out: views with unit-stride rows; mask: the 4-D broadcast
     mask view (a dummy for MASK_NONE); lse: None or a C-contiguous (B, Hq, Sq) array that
-    receives each row's log-sum-exp (see _flash_item).
+    receives each row's log-sum-exp (see flash_item).
 
     flash_worker runs by address (parallel.run_workers), compiled per (dtype, masked or
     not: _variant) for every input layout at once (it rebuilds the views from addresses
@@ -715,6 +772,7 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     Hkv = v.shape[1]
     p = _params(q, k, v, mask, mkind, causal, out, scale, lse)
     fn = worker_address(flash_worker, _variant(q, mkind))
+    p[F_ITEM] = worker_address(flash_item, _variant(q, mkind))
     nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
     nitems = B * Hkv * nqt
     if B * Hkv >= HEADS_PER_WORKER * nworkers:
@@ -731,7 +789,7 @@ def _mask_arg(masked, masks):
 
 @overload(_mask_arg, **OVERLOAD)
 def _mask_arg_overload(masked, masks):
-    """The mask's views for a literal True, None for a literal False (see _flash_item)."""
+    """The mask's views for a literal True, None for a literal False (see flash_item)."""
     if not isinstance(masked, types.Literal):
         return None
     if not masked.literal_value:
@@ -766,33 +824,35 @@ def _lse_view(p, z):
 
 @njit(**JIT_BY_ADDRESS)
 def flash_worker(w, params, is64, masked):
-    """Worker w of a flash() call: rebuilds q, k, v, mask and out as strided views of the
-    addresses in the int64 block at params (so every layout compiles the same worker),
-    then takes work items from the block's counter until none are left.  Scratch is its
-    own: K^T panels of the kv head it holds (repacked only when an item's head differs;
-    items are head-major, so a head is packed about once per worker) and, when V's rows
-    are not adjacent (q/k/v views of a fused QKV projection: rows 3*H apart), a copy of
-    that head's V: 64 V rows 4.6 KB apart span 72 pages, more than the L1 TLB holds (the
-    views cost 16.5 ms against 13.6 ms contiguous in the MiniLM shape 16x12x198x32)."""
+    """Worker w of a flash() call: rebuilds k and v as strided views of the addresses in
+    the int64 block at params (so every layout compiles the same worker), then takes work
+    items from the block's counter until none are left and runs each through flash_item
+    (at p[F_ITEM]) with its own item block and scratch.  Scratch is its own: K^T panels of
+    the kv head it holds (repacked only when an item's head differs; items are head-major,
+    so a head is packed about once per worker) and, when V's rows are not adjacent (q/k/v
+    views of a fused QKV projection: rows 3*H apart), a copy of that head's V: 64 V rows
+    4.6 KB apart span 72 pages, more than the L1 TLB holds (the views cost 16.5 ms against
+    13.6 ms contiguous in the MiniLM shape 16x12x198x32).  masked: flash_item's (the worker
+    is compiled per variant, as the item)."""
     p = c_array_at(params, np.int64(0), (F_COUNT,))
-    q, k, v, masks, out, scale = _views(p, like_dtype(is64))
-    lse = _lse_view(p, like_dtype(is64))
-    mkind, causal = p[F_MKIND], p[F_CAUSAL] != 0
-    B, Hq, Sq, D = q.shape
+    q, k, v, _, _, _ = _views(p, like_dtype(is64))
+    D = q.shape[3]
     Hkv, Skv = k.shape[1], k.shape[2]
     vrows = p[F_VROWS] != 0
-    nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
-    BH = B * Hkv
-    # scratch as borrowed views (parallel.borrow): the items take a view of a row of
-    # these many times per key tile, and each would otherwise lock-increment and
-    # -decrement its owner's count (17% of the MiniLM shape's time in NRT_incref/decref)
+    nqt = ((q.shape[1] // Hkv) * q.shape[2] + BQ - 1) // BQ
+    BH = q.shape[0] * Hkv
+    # scratch as borrowed views (parallel.borrow): packing takes views of its rows, each of
+    # which would otherwise lock-increment and -decrement its owner's count
     owned = (np.empty(((Skv + 2 * NC - 1) // (2 * NC) * 2, D, NC), q.dtype), np.empty((Skv if vrows else 0, D), q.dtype),
              np.empty((BQ, D), q.dtype), np.empty((BQ, flash_tile(Skv)), q.dtype), np.empty((BQ, D), q.dtype),
-             np.empty((3, max(BQ, flash_tile(Skv))), q.dtype), np.empty((2, BQ), np.int64))
-    kph, vb, qs, st, acc = borrow(owned[0]), borrow(owned[1]), borrow(owned[2]), borrow(owned[3]), borrow(owned[4])
-    rows3 = borrow(owned[5])
-    mv, lv, mb = rows3[0, :BQ], rows3[1, :BQ], rows3[2]
-    ri, rh = borrow(owned[6])[0], borrow(owned[6])[1]
+             np.empty((3, max(BQ, flash_tile(Skv))), q.dtype), np.empty((2, BQ), np.int64),
+             np.empty(J_COUNT, np.int64))
+    kph, vb = borrow(owned[0]), borrow(owned[1])
+    ip = borrow(owned[7])
+    ip[J_PARAMS], ip[J_KPH] = params, owned[0].ctypes.data
+    ip[J_QS], ip[J_ST], ip[J_ACC] = owned[2].ctypes.data, owned[3].ctypes.data, owned[4].ctypes.data
+    ip[J_ROWS3], ip[J_RIH] = owned[5].ctypes.data, owned[6].ctypes.data
+    item, block = p[F_ITEM], ip.ctypes.data
     held = -1  # the (batch * Hkv + kv head) whose panels kph holds
     chunk = p[F_CHUNK]
     while True:
@@ -801,17 +861,17 @@ def flash_worker(w, params, is64, masked):
             break
         for t in range(t0, min(t0 + chunk, BH * nqt)):
             bh, qt = _item_coords(t, BH, nqt)
-            vh = v[bh // Hkv, bh % Hkv]
             if held != bh:
+                vh = v[bh // Hkv, bh % Hkv]
                 pack_k_head(k[bh // Hkv, bh % Hkv], kph)
                 if vrows:
                     _copy_rows(vh, vb)
+                    ip[J_VH], ip[J_LDV] = owned[1].ctypes.data, D
+                else:
+                    ip[J_VH], ip[J_LDV] = vh.ctypes.data, vh.strides[0] // q.itemsize
                 held = bh
-            if vrows:
-                vh = vb
-            _flash_item(q, kph, vh, Hkv, _mask_arg(masked, masks), mkind, causal, scale, out, lse,
-                        bh // Hkv, bh % Hkv, qt,
-                        qs, st, acc, mv, lv, ri, rh, mb)
+            ip[J_BH], ip[J_QT] = bh, qt
+            call_address(item, (w, block))
     keep_alive(owned)
 
 
@@ -822,7 +882,7 @@ def _split_item(q, k, v, masks, mkind, causal, scale, b, hk, sp, rc, split_len, 
                 qs, st, acc):
     """Keys [sp*split_len, ...) for query rows rc*RC .. of kv group hk; rows enumerate
     (head in group, query): row rr -> head hk*G + rr // Sq, query rr % Sq.  Writes the
-    unnormalized partial (m, l, acc) of split sp.  masks, mkind, causal: as _flash_item's."""
+    unnormalized partial (m, l, acc) of split sp.  masks, mkind, causal: as flash_item's."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Hkv, Skv = k.shape[1], k.shape[2]
     G = Hq // Hkv
