@@ -161,6 +161,31 @@ def test_quantized_weight_remembered_with_its_packing():
         del w_q, first, second
 
 
+@pytest.mark.parametrize("fmt", ["int8-tensor", "int8-asym"])
+def test_linear_with_a_quantized_weight_remembered(fmt):
+    """linear with a QuantizedArray weight (weight-only int8, remembered by the weight's
+    identity and cached layouts): calls after the first give describe's bits, for new x
+    arrays and out=, and a new weight of the same shape is never served another's."""
+    from tests.test_weight_only import make_weight
+    op = registry.OPS["linear"]
+    g = rng()
+    _fresh(op)
+    for _ in range(2):
+        w = make_weight(g, (24, 40), fmt)
+        bias = g.standard_normal(24).astype(np.float32)
+        for _ in range(3):
+            x = g.standard_normal((5, 40)).astype(np.float32)
+            got = dispatch.linear(x, w, bias, activation="gelu")
+            out = dispatch.linear(x, w, bias, activation="gelu", out=np.full((5, 24), np.nan, np.float32))
+            try:
+                op.memo = False
+                want = dispatch.linear(x, w, bias, activation="gelu")
+            finally:
+                op.memo = True
+            assert S.same(got, want) and S.same(out, want), f"{fmt}: the remembered call's result differs"
+        del w
+
+
 def test_packed_weight_after_the_tile_changed_is_refused():
     from kernels_cpu import gemm as K
     g = rng()
