@@ -48,7 +48,7 @@ from numba.extending import intrinsic, overload
 
 from .approx import (OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, fexp_nonpos,
                      like, wide_loops)
-from .parallel import (borrow, c_array_at, call_address, fetch_add, keep_alive, like_dtype, prefetch, run_serial,
+from .parallel import (c_array_at, call_address, fetch_add, keep_alive, like_dtype, prefetch, run_serial,
                        run_workers, view_at, worker_address)
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
@@ -814,6 +814,12 @@ def _views(p, z):
 
 
 @njit(inline="always")
+def _lines(n, per_line):
+    """n elements rounded up to whole cache lines of per_line elements."""
+    return (n + per_line - 1) // per_line * per_line
+
+
+@njit(inline="always")
 def _lse_view(p, z):
     """The (B, Hq, Sq) log-sum-exp array at p[F_LSE], or an empty one when it is 0 (not
     asked for)."""
@@ -835,23 +841,39 @@ def flash_worker(w, params, is64, masked):
     13.6 ms contiguous in the MiniLM shape 16x12x198x32).  masked: flash_item's (the worker
     is compiled per variant, as the item)."""
     p = c_array_at(params, np.int64(0), (F_COUNT,))
-    q, k, v, _, _, _ = _views(p, like_dtype(is64))
-    D = q.shape[3]
-    Hkv, Skv = k.shape[1], k.shape[2]
+    z = like_dtype(is64)
+    B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
+    st = F_STRIDES
+    k = view_at(p[F_K], z, (B, Hkv, Skv, D), (p[st + 4], p[st + 5], p[st + 6], p[st + 7]))
+    v = view_at(p[F_V], z, (B, Hkv, Skv, D), (p[st + 8], p[st + 9], p[st + 10], p[st + 11]))
     vrows = p[F_VROWS] != 0
-    nqt = ((q.shape[1] // Hkv) * q.shape[2] + BQ - 1) // BQ
-    BH = q.shape[0] * Hkv
-    # scratch as borrowed views (parallel.borrow): packing takes views of its rows, each of
-    # which would otherwise lock-increment and -decrement its owner's count
-    owned = (np.empty(((Skv + 2 * NC - 1) // (2 * NC) * 2, D, NC), q.dtype), np.empty((Skv if vrows else 0, D), q.dtype),
-             np.empty((BQ, D), q.dtype), np.empty((BQ, flash_tile(Skv)), q.dtype), np.empty((BQ, D), q.dtype),
-             np.empty((3, max(BQ, flash_tile(Skv))), q.dtype), np.empty((2, BQ), np.int64),
-             np.empty(J_COUNT, np.int64))
-    kph, vb = borrow(owned[0]), borrow(owned[1])
-    ip = borrow(owned[7])
-    ip[J_PARAMS], ip[J_KPH] = params, owned[0].ctypes.data
-    ip[J_QS], ip[J_ST], ip[J_ACC] = owned[2].ctypes.data, owned[3].ctypes.data, owned[4].ctypes.data
-    ip[J_ROWS3], ip[J_RIH] = owned[5].ctypes.data, owned[6].ctypes.data
+    nqt = ((Hq // Hkv) * Sq + BQ - 1) // BQ
+    BH = B * Hkv
+    # scratch: one allocation carved into cache-line-aligned arrays with no owner
+    # (c_array_at: views of their rows touch no reference count), where eight np.empty
+    # of three signatures were three more compiles; with only k and v rebuilt here (the
+    # item rebuilds the rest), cold first call 1x12x128x64, old / new alternating (Zen 4,
+    # 2026-12-05): 2.96-3.07 -> 2.79-2.91 s, run time unchanged within noise
+    isz = 8 if is64 else 4
+    L = 64 // isz  # elements per cache line
+    nkp = (Skv + 2 * NC - 1) // (2 * NC) * 2
+    bk = flash_tile(Skv)
+    o_vb = _lines(nkp * D * NC, L)
+    o_qs = o_vb + _lines((Skv if vrows else 0) * D, L)
+    o_st = o_qs + _lines(BQ * D, L)
+    o_acc = o_st + _lines(BQ * bk, L)
+    o_rows3 = o_acc + _lines(BQ * D, L)
+    o_rih = o_rows3 + _lines(3 * max(BQ, bk), L)
+    o_ip = o_rih + _lines(2 * BQ * 8 // isz, L)
+    nbytes = (o_ip + _lines(J_COUNT * 8 // isz, L)) * isz
+    owned = np.empty(nbytes // 8 + 8, np.int64)  # one line more: its start rounded up to a line
+    base = (owned.ctypes.data + 63) // 64 * 64
+    kph = c_array_at(base, z, (nkp, D, NC))
+    vb = c_array_at(base + o_vb * isz, z, (Skv if vrows else 0, D))
+    ip = c_array_at(base + o_ip * isz, np.int64(0), (J_COUNT,))
+    ip[J_PARAMS], ip[J_KPH] = params, base
+    ip[J_QS], ip[J_ST], ip[J_ACC] = base + o_qs * isz, base + o_st * isz, base + o_acc * isz
+    ip[J_ROWS3], ip[J_RIH] = base + o_rows3 * isz, base + o_rih * isz
     item, block = p[F_ITEM], ip.ctypes.data
     held = -1  # the (batch * Hkv + kv head) whose panels kph holds
     chunk = p[F_CHUNK]
@@ -866,9 +888,9 @@ def flash_worker(w, params, is64, masked):
                 pack_k_head(k[bh // Hkv, bh % Hkv], kph)
                 if vrows:
                     _copy_rows(vh, vb)
-                    ip[J_VH], ip[J_LDV] = owned[1].ctypes.data, D
+                    ip[J_VH], ip[J_LDV] = vb.ctypes.data, D
                 else:
-                    ip[J_VH], ip[J_LDV] = vh.ctypes.data, vh.strides[0] // q.itemsize
+                    ip[J_VH], ip[J_LDV] = vh.ctypes.data, vh.strides[0] // isz
                 held = bh
             ip[J_BH], ip[J_QT] = bh, qt
             call_address(item, (w, block))
