@@ -488,6 +488,13 @@ def _copy_rows(src, dst):
 # ---- flash ---------------------------------------------------------------------------
 
 @njit(inline="always")
+def k_panels(skv):
+    """The 16-key K^T panels pack_k_head writes for skv keys, rounded up to an even count
+    (the item scores them in pairs): the worker's scratch and the item's view of it."""
+    return (skv + 2 * NC - 1) // (2 * NC) * 2
+
+
+@njit(inline="always")
 def flash_tile(skv):
     """Keys per flash tile for a key range of skv: all of them (rounded up to a multiple of
     BK) up to ONE_TILE, else BK; at least two K^T panels (the score blocks come in pairs)."""
@@ -564,7 +571,7 @@ def flash_item(w, block, is64, masked):
     isz = q.itemsize
     Skv, D = k.shape[2], q.shape[3]
     bk = flash_tile(Skv)
-    kph = c_array_at(ip[J_KPH], z, ((Skv + 2 * NC - 1) // (2 * NC) * 2, D, NC))
+    kph = c_array_at(ip[J_KPH], z, (k_panels(Skv), D, NC))
     vh = view_at(ip[J_VH], z, (Skv, D), (ip[J_LDV] * isz, isz))
     qs = c_array_at(ip[J_QS], z, (BQ, D))
     st = c_array_at(ip[J_ST], z, (BQ, bk))
@@ -856,7 +863,7 @@ def flash_worker(w, params, is64, masked):
     # 2026-12-05): 2.96-3.07 -> 2.79-2.91 s, run time unchanged within noise
     isz = 8 if is64 else 4
     L = 64 // isz  # elements per cache line
-    nkp = (Skv + 2 * NC - 1) // (2 * NC) * 2
+    nkp = k_panels(Skv)
     bk = flash_tile(Skv)
     o_vb = _lines(nkp * D * NC, L)
     o_qs = o_vb + _lines((Skv if vrows else 0) * D, L)

@@ -866,10 +866,10 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     block names no A packer) and packed_form.  A call's plan picks the variant of its one
     form; a caller whose products use both forms (matmul_backward's dA in place, dB packed)
     asks for the variant holding both (gemm_parallel's both_a_forms), which picks per call:
-    one more micro-kernel call site instead of a second worker (cold first call of
-    matmul_backward 128x768x2304, old / new
-    processes alternating, Zen 4, 2026-12-05: 3.11-3.29 -> 2.37-2.52 s; linear_backward
-    128x3072x768 with no activation 3.23 -> 2.46 s; their run time unchanged within noise).
+    one more micro-kernel call site instead of a second worker (cold first call, old / new
+    processes alternating, Zen 4, 2026-12-05: matmul_backward 128x768x2304 3.11-3.29 ->
+    2.37-2.52 s, linear_backward 128x3072x768 with no activation 3.23 -> 2.46 s; their run
+    time unchanged within noise).
 
     Packs panels, then runs GEMM tasks, both taken from sync's atomic counters until none
     are left: a worker that starts late finds the work taken instead of holding the
