@@ -164,9 +164,9 @@ def _host_arrays(args):
 def _tensors(result):
     """An op's arrays (alone or in a tuple) as tensors over the same memory: a writeable
     float array, or a tuple of them, straight through torch.from_numpy (the ops' results
-    are such arrays), _absent's arrays as None; anything else through dispatch.interop.  The direct path took 1.5 us
-    for three arrays where interop's general walk took 4.0 (4x8 float32, Zen 4,
-    2026-12-04)."""
+    are such arrays), _absent's arrays as None; anything else through dispatch.interop.
+    The direct path took 1.5 us for three arrays where interop's general walk took 4.0
+    (4x8 float32, Zen 4, 2026-12-04)."""
     if type(result) is tuple:
         out = []
         for r in result:

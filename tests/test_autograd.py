@@ -336,6 +336,24 @@ def test_no_grad_uses_plain_ops():
     assert torch.allclose(y, F.gelu(F.linear(x, w)), rtol=1e-5, atol=1e-5)
 
 
+def test_empty_outputs_stay_tensors_absent_ones_become_none():
+    """An output that does not exist comes back from the eager path as None (a shared
+    placeholder array, told apart by identity), one that is merely empty as an empty
+    tensor: layer_norm of 0 rows with a residual returns both y and h, with and without
+    autograd, and the gradients reach the leaves."""
+    r = torch.empty(0, 8)
+    for grad in (True, False):
+        x = torch.empty(0, 8, requires_grad=grad)
+        w = torch.ones(8, requires_grad=grad)
+        y, h = nka.layer_norm(x, w, residual=r)
+        assert isinstance(y, torch.Tensor) and isinstance(h, torch.Tensor)
+        assert y.shape == h.shape == (0, 8)
+    y = nka.layer_norm(torch.randn(3, 8, requires_grad=True), torch.ones(8))   # no residual: h absent
+    assert isinstance(y, torch.Tensor) and y.shape == (3, 8)
+    lin = nka.linear(torch.randn(3, 8, requires_grad=True), torch.randn(5, 8, requires_grad=True))
+    lin.sum().backward()   # no bias, no activation: the kept pre-activation and dbias are absent
+
+
 def test_bad_grad_shape_names_argument():
     y = torch.randn(3, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="grad_out"):
