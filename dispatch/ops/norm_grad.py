@@ -14,7 +14,8 @@ pass, so with a fused residual the returned dx is the gradient of both x and res
 
 Returns (dx, dweight, dbias) / (dx, dweight): dweight None when weight is None, dbias None
 when bias is None (the bias only contributes dbias = the sum of grad_out over rows).  New
-arrays, x's dtype (float32 / float64; mixed dtypes are a TypeError).
+arrays, x's dtype (float32 / float64; mixed dtypes are a TypeError); dweight and dbias are
+the two rows of one (2, D) array, which the kernel sums the row blocks into.
 
 Deterministic: dweight / dbias are summed over fixed blocks of rows (their size depends on
 the shape only) and the block sums added in block order, so the result is the same bits on every
@@ -134,36 +135,32 @@ def _empty(shape, dtype):
     return _arena.empty(shape if type(shape) is tuple else (shape,), dtype)
 
 
+def _rows(a, d):
+    """a as C-contiguous rows of d (a view when it already is)."""
+    a = contiguous(a)
+    return a if a.ndim == 2 else a.reshape(-1, d)
+
+
 def _host(kernel, ln):
     def run(params, grad_out, x, weight, bias, grad_residual, eps):
         d = x.shape[-1]
         dt = x.dtype
         dx = _empty(x.shape, dt)
-        dw = None if weight is None else _empty(d, dt)
-        db = None if bias is None else _empty(d, dt)
+        # dweight (and dbias) are the rows of one array the kernel sums the row blocks into
+        sums = _empty((2 if ln else 1, d), dt)
         if not x.size:  # no rows: dweight / dbias are sums over nothing
-            for t in (dw, db):
-                if t is not None:
-                    t[...] = 0
+            sums[...] = 0
         else:
-            xc = contiguous(x).reshape(-1, d)
-            goc = contiguous(grad_out).reshape(-1, d)
+            xc = _rows(x, d)
             has_gr = grad_residual is not None
-            gr = contiguous(grad_residual).reshape(-1, d) if has_gr else xc  # not read without it
+            gr = _rows(grad_residual, d) if has_gr else xc  # not read without it
             w = const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
-            rpb = K.rows_per_block(xc.shape[0], d)
-            nb = K.n_blocks(xc.shape[0], d)
-            pw = _empty((nb, d), dt)   # per-block partial sums: this call's own scratch
-            if ln:
-                pb = _empty((nb, d), dt)
-                kernel(goc, xc, w, gr, dt.type(eps), dx.reshape(-1, d), pw, pb, has_gr, rpb)
-                if db is not None:
-                    K.reduce_blocks(pb, db)
-            else:
-                kernel(goc, xc, w, gr, dt.type(eps), dx.reshape(-1, d), pw, has_gr, rpb)
-            if dw is not None:
-                K.reduce_blocks(pw, dw)
-        return (dx, dw, db) if ln else (dx, dw)
+            kernel(_rows(grad_out, d), xc, w, gr, dt.type(eps), dx if dx.ndim == 2 else dx.reshape(-1, d), sums,
+                   has_gr)
+        dw = None if weight is None else sums[0]
+        if ln:
+            return dx, dw, None if bias is None else sums[1]
+        return dx, dw
 
     return run
 
