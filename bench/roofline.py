@@ -24,13 +24,20 @@ MIB = 1 << 20
 
 @njit(parallel=True, cache=True)
 def _parallel_copy(src, dst):
+    """dst[:] = src[:] on all threads, in chunks.  Each chunk is copied as slices indexed over
+    range(their length): indexed over range(lo, hi), numba's negative-index wraparound
+    stays in the loop and LLVM copied element by element (11.6 GB/s on 2 threads, where
+    numpy's one-thread copy ran 25.4 and this 34.8: the memory ceiling came from numpy's
+    copy and was 1.3x low; Zen 4, 2026-12-05)."""
     n = src.shape[0]
     chunk = 1 << 16
     for c in prange((n + chunk - 1) // chunk):
         lo = c * chunk
         hi = min(lo + chunk, n)
-        for i in range(lo, hi):
-            dst[i] = src[i]
+        s = src[lo:hi]
+        d = dst[lo:hi]
+        for i in range(s.shape[0]):
+            d[i] = s[i]
 
 
 def gemm_ceiling(n: int = 1024, rounds: int = 5) -> dict:

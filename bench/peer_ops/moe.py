@@ -85,14 +85,19 @@ TORCH = {"moe_ffn": _torch_moe}
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _read_all(flat):
-    """The sum of a 1-D array on all threads: a read of every byte once."""
+    """The sum of a 1-D array on all threads: a read of every byte once.  Each chunk is
+    summed as a slice over range(its length): indexing flat over range(lo, hi) keeps
+    numba's negative-index wraparound in the loop, which stops LLVM vectorizing the sum
+    (4.5 GB/s on one thread against 31.7 GB/s, Zen 4, 2026-12-05: the "floor" came out 4x
+    slower than moe_ffn itself)."""
     chunk = 1 << 16
     n = flat.shape[0]
     total = 0.0
     for c in prange((n + chunk - 1) // chunk):
+        part = flat[c * chunk:min(n, (c + 1) * chunk)]
         s = flat.dtype.type(0)
-        for j in range(c * chunk, min(n, (c + 1) * chunk)):
-            s += flat[j]
+        for j in range(part.shape[0]):
+            s += part[j]
         total += s
     return total
 
