@@ -57,13 +57,15 @@ def test_reused_only_when_unreferenced():
 
 def test_results_start_on_a_cache_line():
     """The arena offsets each result into its buffer so that it starts on a 64-byte line
-    (kernels_common.memory.ALIGN), and the buffer it keeps is still what a result refers to
-    (the idle test counts references to it)."""
+    (kernels_common.memory.ALIGN), at byte PAGE_OFFSET of a page (away from where numpy's
+    and PyTorch's large arrays start), and the buffer it keeps is still what a result
+    refers to (the idle test counts references to it)."""
     x = rng().standard_normal(SHAPE).astype(np.float32)
     dispatch.empty_cache()
     ys = [dispatch.softmax(x) for _ in range(3)]
     for y in ys:
         assert _addr(y) % ALIGN == 0
+        assert _addr(y) % _arena.PAGE == _arena.PAGE_OFFSET
         assert any(y.base is buf for bufs in _arena._BUFS.values() for buf in bufs)
     del ys
     assert dispatch.empty_cache() > 0  # all three idle again, so freed

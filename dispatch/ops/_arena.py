@@ -31,7 +31,6 @@ from sys import getrefcount
 
 import numpy as np
 
-from kernels_common.memory import ALIGN as LINE, on_line
 
 __public__ = ("empty_cache",)
 
@@ -43,6 +42,17 @@ __public__ = ("empty_cache",)
 # geglu 128x3072 had no faults either way and did not change beyond noise.
 MIN_BYTES = 1 << 17
 ALIGN = 1 << 16       # size classes: byte counts rounded up to 64 KiB
+# Where in its 4 KiB page a result starts.  A kernel that streams an input and writes a
+# result a little ahead of it in the page (the result's page offset 64-320 bytes past the
+# input's) loses 5-25%: its loads share low address bits with the stores just issued
+# before them (4K aliasing).  numpy's large arrays start 16 bytes into a page and
+# PyTorch's 64, which is where the results used to start too (their buffers' first cache
+# line): layer_norm 4096x768 from a numpy array took 332 us writing at page offset 64,
+# 286 at 2112; from a 64-aligned one 261 at 64 (the same offset), 292 at 128 (2 threads,
+# kernel alone, Zen 4, 2026-12-05).  Half a page away from both; results that feed each
+# other sit at the same offset, which costs nothing.
+PAGE = 4096
+PAGE_OFFSET = 2048
 PER_CLASS = 16        # buffers kept per size class (more live results: plain np.empty)
 ENV = "NK_ARENA_MB"
 
@@ -154,16 +164,18 @@ def empty(shape, dtype) -> np.ndarray:
         return np.empty(shape, dt)
     # the result starts on a cache line (vector stores not split), an array on the kept
     # buffer (numpy makes the buffer its base), whose reference count is the idle test
-    return np.ndarray(shape, dt, buffer=raw, offset=raw.item(-1))
+    return np.ndarray(shape, dt, buffer=raw, offset=raw.item(-1) | raw.item(-2) << 8)
 
 
 def _line_buffer(nbytes):
-    """A uint8 buffer for results of up to nbytes from its first cache-line boundary, whose
-    offset it keeps in its last byte (never part of a result: offset + nbytes < its size).
-    Reading the address back (raw.ctypes.data) and slicing and viewing cost 1.3 of the 2.35
-    us of a result from the arena (2026-12-03); the byte and np.ndarray(buffer=) 0.4."""
-    raw = np.empty(nbytes + LINE, np.uint8)
-    raw[-1] = on_line(raw, nbytes).ctypes.data - raw.ctypes.data
+    """A uint8 buffer for results of up to nbytes from byte PAGE_OFFSET of a page, whose
+    offset it keeps in its last two bytes (never part of a result: offset + nbytes < its
+    size - 2).  Reading the address back (raw.ctypes.data) and slicing and viewing cost 1.3
+    of the 2.35 us of a result from the arena (2026-12-03); the bytes and np.ndarray(buffer=)
+    0.4."""
+    raw = np.empty(nbytes + PAGE + 2, np.uint8)
+    off = (PAGE_OFFSET - raw.ctypes.data) % PAGE
+    raw[-1], raw[-2] = off & 255, off >> 8
     return raw
 
 
