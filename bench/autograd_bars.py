@@ -1,22 +1,79 @@
 """Forward + backward through dispatch.autograd against PyTorch's autograd, side by side.
 
-    python -m bench.autograd_bars [THREADS] [CASE-SUBSTRING ...]
+    python -m bench.autograd_bars [THREADS] [CASE-SUBSTRING ...] [--breakdown]
 
 The issue #13 bars: layer_norm, rms_norm, softmax, cross_entropy (GPT-2 vocabulary),
 attention (1x12x512x64, causal), linear + gelu (BERT-base FFN-up).  Each round builds
 leaf tensors, runs the op and .backward(upstream); ours and PyTorch's are interleaved
 (bench/timing.py), medians of 15 rounds.  THREADS sets numba's and torch's thread counts.
 The ratio is PyTorch's time over ours (above 1: ours faster).
+
+--breakdown also says where our round's time goes, from a loop of rounds with every
+registered dispatch op timed where dispatch.autograd calls it (median per round, each op's
+calls together), the rest being PyTorch's autograd machinery and our Python around the
+calls; beside it, a torch.autograd.Function that does nothing (empty outputs and
+gradients) on the same leaf tensors: the machinery's own cost, which PyTorch's native ops
+pay too.
 """
-import sys, numpy as np, torch, numba
+import sys, time, numpy as np, torch, numba
 import dispatch, dispatch.autograd as nka
+from dispatch import registry
 from bench import timing
+
+
+class _Nothing(torch.autograd.Function):
+    """Empty outputs and gradients: what a Function round costs with no work in it."""
+
+    @staticmethod
+    def forward(ctx, shape, *inputs):
+        ctx.shapes = [a.shape for a in inputs]
+        return inputs[0].new_empty(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None, *(g.new_empty(s) for s in ctx.shapes))
+
+
+def breakdown(run, rounds=1000):
+    """(median round, {op: median per round}) of run() in a loop, with every registered
+    dispatch op timed where dispatch.autograd calls it (dispatch.<op>, looked up per call)."""
+    spent, originals = {}, {}
+    for name in registry.OPS:
+        fn = getattr(dispatch, name, None)
+        if fn is None:
+            continue
+        originals[name] = fn
+
+        def timed(*a, _fn=fn, _name=name, **k):
+            t = time.perf_counter_ns()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_name] = spent.get(_name, 0) + time.perf_counter_ns() - t
+        setattr(dispatch, name, timed)
+    try:
+        for _ in range(rounds // 10):
+            run()
+        totals, per_op = [], {}
+        for _ in range(rounds):
+            spent.clear()
+            t = time.perf_counter_ns()
+            run()
+            totals.append(time.perf_counter_ns() - t)
+            for k, v in spent.items():
+                per_op.setdefault(k, []).append(v)
+    finally:
+        for name, fn in originals.items():
+            setattr(dispatch, name, fn)
+    return np.median(totals) / 1e9, {k: np.median(v) / 1e9 for k, v in per_op.items()}
 
 
 def main():
     F = torch.nn.functional
-    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    which = sys.argv[2:] or None
+    args = [a for a in sys.argv[1:] if a != "--breakdown"]
+    show_breakdown = len(args) < len(sys.argv) - 1
+    threads = int(args[0]) if args else 2
+    which = args[1:] or None
     torch.set_num_threads(threads); numba.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     def R(*s): return torch.randn(*s, generator=g)
@@ -47,6 +104,15 @@ def main():
         st = timing.interleaved(c, rounds=15, warmup=2)
         o, p = st["ours"].median, st["torch"].median
         print(f"{threads}T {name:32s} ours {o*1e3:8.3f} ms  torch {p*1e3:8.3f} ms  ratio {p/o:5.2f}x", flush=True)
+        if show_breakdown:
+            total, per_op = breakdown(c["ours"])
+            shape = () if up is None else tuple(up.shape)
+            floor, _ = breakdown(mk(lambda *xs: _Nothing.apply(shape, *xs), ins, up))
+            calls = sum(per_op.values())
+            ops = ", ".join(f"{k} {v*1e6:.0f}" for k, v in sorted(per_op.items(), key=lambda kv: -kv[1]))
+            print(f"    in a loop: ours {total*1e6:.0f} us = dispatch calls {calls*1e6:.0f} ({ops}) + the rest "
+                  f"{(total - calls)*1e6:.0f}; a Function doing nothing on the same tensors: {floor*1e6:.0f} us",
+                  flush=True)
 
 
 if __name__ == "__main__":

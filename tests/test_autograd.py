@@ -395,3 +395,21 @@ def test_torch_compile_sees_the_ops_without_graph_breaks():
     assert torch.allclose(loss_c, loss_e, rtol=1e-12, atol=0)
     for a, b in zip(grads_c, grads_e):
         assert torch.allclose(a, b, rtol=1e-12, atol=0)
+
+
+def test_bench_breakdown_times_the_dispatch_calls_and_puts_them_back(gen):
+    """bench.autograd_bars --breakdown: each dispatch op an autograd round calls is timed
+    (layer_norm's forward and backward here, nothing else), and dispatch's functions are
+    the originals again afterwards."""
+    from bench.autograd_bars import breakdown
+
+    before = (dispatch.layer_norm, dispatch.layer_norm_backward)
+    x, w, b = (_randn(gen, *s, dtype=torch.float32) for s in ((3, 5), (5,), (5,)))
+
+    def run():
+        nka.layer_norm(x, w, b).sum().backward()
+
+    total, per_op = breakdown(run, rounds=20)
+    assert set(per_op) == {"layer_norm", "layer_norm_backward"}
+    assert 0 < sum(per_op.values()) < total
+    assert (dispatch.layer_norm, dispatch.layer_norm_backward) == before
