@@ -159,15 +159,16 @@ def empty(shape, dtype) -> np.ndarray:
                     raw = bufs[i]
                     break
         if raw is None:
-            raw = take(_BUFS, _KEPT, cls, cls, KEEP_BYTES, PER_CLASS, idle, lambda: _line_buffer(cls), _drop_idle)
+            raw = take(_BUFS, _KEPT, cls, cls, KEEP_BYTES, PER_CLASS, idle, lambda: _offset_buffer(cls), _drop_idle)
     if raw is None:
         return np.empty(shape, dt)
-    # the result starts on a cache line (vector stores not split), an array on the kept
-    # buffer (numpy makes the buffer its base), whose reference count is the idle test
+    # the result starts at PAGE_OFFSET of a page (a cache line: vector stores not split),
+    # an array on the kept buffer (numpy makes the buffer its base), whose reference count
+    # is the idle test
     return np.ndarray(shape, dt, buffer=raw, offset=raw.item(-1) | raw.item(-2) << 8)
 
 
-def _line_buffer(nbytes):
+def _offset_buffer(nbytes):
     """A uint8 buffer for results of up to nbytes from byte PAGE_OFFSET of a page, whose
     offset it keeps in its last two bytes (never part of a result: offset + nbytes < its
     size - 2).  Reading the address back (raw.ctypes.data) and slicing and viewing cost 1.3
