@@ -313,7 +313,7 @@ def _grad(go, x, w, gr, eps, dx, sums, has_gr, fn):
     if not _grad_team(go, x, w, gr, eps, dx, sums, has_gr, fn, worker_address(blocks_worker, ()), nw,
                       claim_address(), row_buffer(nw), *team.entry()):
         n, d = x.shape
-        rpb = rows_per_block(n, d)
+        rpb = rows_per_block.py_func(n, d)  # the plain function: nothing to compile for this rare path
         run_dynamic(_grad_parallel, (n + rpb - 1) // rpb, go, x, w, gr, eps, dx, sums, has_gr, fn)
 
 

@@ -132,7 +132,7 @@ def test_with_the_team_off_row_kernels_run_on_numbas_threads():
     """set_spin_us(0): team.entry() is (0, 0), run() refuses, and the row kernels (which
     then fall back to numba's threads) still give the serial result (to the last bits a
     vectorized sum's order, which follows the buffers' alignment, may change)."""
-    from kernels_cpu import activation, norm, softmax
+    from kernels_cpu import activation, norm, norm_grad, softmax
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 257)).astype(np.float32)
     ref = np.empty_like(x)
@@ -154,6 +154,14 @@ def test_with_the_team_off_row_kernels_run_on_numbas_threads():
         norm.layer_norm_serial(x, x, x, w, bias, np.float32(1e-5), o1, False)
         norm.layer_norm_parallel(x, x, x, w, bias, np.float32(1e-5), o2, False)
         np.testing.assert_allclose(o2, o1, rtol=2e-5, atol=2e-6)
+        # the norm backward's prange fallback sums its row blocks as the serial driver does
+        go = rng.standard_normal(x.shape).astype(np.float32)
+        d1, d2 = np.full_like(x, np.nan), np.full_like(x, np.nan)
+        s1, s2 = np.full((2, 257), np.nan, np.float32), np.full((2, 257), np.nan, np.float32)
+        norm_grad.layer_norm_grad_serial(go, x, w, x, np.float32(1e-5), d1, s1, False)
+        norm_grad.layer_norm_grad_parallel(go, x, w, x, np.float32(1e-5), d2, s2, False)
+        np.testing.assert_array_equal(d2, d1)
+        np.testing.assert_array_equal(s2, s1)
     finally:
         team.set_spin_us(old)
     assert team.entry() != (0, 0)
