@@ -50,6 +50,13 @@ def kernel_input(x, *, rows=False):
 contiguous = kernel_input
 
 
+def kernel_rows(x, d):
+    """kernel_input(x) as a 2-D array of rows of d (a view; no reshape when it is 2-D
+    already): what the row kernels over the last axis (norms and their backward) take."""
+    x = kernel_input(x)
+    return x if x.ndim == 2 else x.reshape(-1, d)
+
+
 @functools.lru_cache(maxsize=64)
 def const_vector(n, dtype, value):
     """A length-n vector of value (a norm's absent weight or bias), made once per (n, dtype,

@@ -16,7 +16,8 @@ from kernels_cpu import norm as K
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from ._common import (HOST_COPY_NOTE, const_vector, contiguous, deliver, kernel_rows, result_buffer,
+                      serial_parallel_rule, size_bucket)
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
 # tbb layer, float32, D = 768, no residual; medians, 2026-11-26, quiet host; /tmp/xover.py
@@ -109,15 +110,13 @@ def _host(kernel, with_bias):
         res = result_buffer(out, x.shape, dt)
         h = None if residual is None else _arena.empty(x.shape, dt)
         if x.size:
-            xc = contiguous(x)
-            if xc.ndim != 2:
-                xc = xc.reshape(-1, d)
+            xc = kernel_rows(x, d)
             res2 = res if res.ndim == 2 else res.reshape(-1, d)
             w = const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
             if residual is None:
                 r = hc = xc  # not touched when has_res is False
             else:
-                r, hc = contiguous(residual).reshape(-1, d), h.reshape(-1, d)
+                r, hc = kernel_rows(residual, d), h.reshape(-1, d)
             if with_bias:
                 b = const_vector(d, dt, 0.0) if bias is None else contiguous(bias)
                 kernel(xc, r, hc, w, b, dt.type(eps), res2, residual is not None)

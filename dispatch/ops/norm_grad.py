@@ -32,7 +32,7 @@ from kernels_cpu import norm_grad as K
 from .. import validate as V
 from ..registry import Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import HOST_COPY_NOTE, const_vector, contiguous, serial_parallel_rule, size_bucket
+from ._common import HOST_COPY_NOTE, const_vector, contiguous, kernel_rows, serial_parallel_rule, size_bucket
 
 # Serial vs parallel: measured on this machine kind (2 cores, float32, D = 768, weight and
 # bias; medians of 15 interleaved rounds of the ops, 2026-11-25) while other jobs kept the
@@ -135,12 +135,6 @@ def _empty(shape, dtype):
     return _arena.empty(shape if type(shape) is tuple else (shape,), dtype)
 
 
-def _rows(a, d):
-    """a as C-contiguous rows of d (a view when it already is)."""
-    a = contiguous(a)
-    return a if a.ndim == 2 else a.reshape(-1, d)
-
-
 def _host(kernel, ln):
     def run(params, grad_out, x, weight, bias, grad_residual, eps):
         d = x.shape[-1]
@@ -151,12 +145,11 @@ def _host(kernel, ln):
         if not x.size:  # no rows: dweight / dbias are sums over nothing
             sums[...] = 0
         else:
-            xc = _rows(x, d)
+            xc = kernel_rows(x, d)
             has_gr = grad_residual is not None
-            gr = _rows(grad_residual, d) if has_gr else xc  # not read without it
+            gr = kernel_rows(grad_residual, d) if has_gr else xc  # not read without it
             w = const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
-            kernel(_rows(grad_out, d), xc, w, gr, dt.type(eps), dx if dx.ndim == 2 else dx.reshape(-1, d), sums,
-                   has_gr)
+            kernel(kernel_rows(grad_out, d), xc, w, gr, dt.type(eps), kernel_rows(dx, d), sums, has_gr)
         dw = None if weight is None else sums[0]
         if ln:
             return dx, dw, None if bias is None else sums[1]
