@@ -6,7 +6,9 @@ The issue #13 bars: layer_norm, rms_norm, softmax, cross_entropy (GPT-2 vocabula
 attention (1x12x512x64, causal), linear + gelu (BERT-base FFN-up).  Each round builds
 leaf tensors, runs the op and .backward(upstream); ours and PyTorch's are interleaved
 (bench/timing.py), medians of 15 rounds.  THREADS sets numba's and torch's thread counts.
-The ratio is PyTorch's time over ours (above 1: ours faster).
+The ratio is PyTorch's time over ours (above 1: ours faster); "rounds" gives the quartiles
+of the same ratio round by round (timing.paired_ratio): a bar is met robustly only where
+both sit above 1.
 
 --breakdown also says where our round's time goes, from a loop of rounds with every
 registered dispatch op timed where dispatch.autograd calls it (median per round, each op's
@@ -103,7 +105,9 @@ def main():
         for f in c.values(): f()
         st = timing.interleaved(c, rounds=15, warmup=2)
         o, p = st["ours"].median, st["torch"].median
-        print(f"{threads}T {name:32s} ours {o*1e3:8.3f} ms  torch {p*1e3:8.3f} ms  ratio {p/o:5.2f}x", flush=True)
+        rr = timing.paired_ratio(st["torch"], st["ours"])
+        print(f"{threads}T {name:32s} ours {o*1e3:8.3f} ms  torch {p*1e3:8.3f} ms  ratio {p/o:5.2f}x"
+              f"  (rounds {rr['q25']:.2f}-{rr['q75']:.2f})", flush=True)
         if show_breakdown:
             total, per_op = breakdown(c["ours"])
             shape = () if up is None else tuple(up.shape)

@@ -341,6 +341,7 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, max_rounds=None,
         best = min(peer_t, key=peer_t.get)
         row["fastest_peer"] = best
         row["ratio_to_fastest_peer"] = ours / peer_t[best]
+        row["ratio_rounds"] = timing.paired_ratio(stats["ours"], stats[best])
         if PREPACKED in stats:
             t = stats[PREPACKED].median
             row["prepacked_ratio_to_fastest_peer"] = t / peer_t[best]
@@ -383,9 +384,16 @@ def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
-def _verdict(ratio, peer):
-    """Our time over the fastest peer's, in words: the table's column and the prepacked note."""
-    return f"LOSE x{ratio:.2f} to {peer}" if ratio > 1.0 else f"win  x{1 / ratio:.2f}"
+def _verdict(ratio, peer, rounds=None):
+    """Our time over the fastest peer's, in words: the table's column and the prepacked note.
+    rounds (timing.paired_ratio of ours over that peer): the quartiles of the round-by-round
+    ratios, in the same sense, after it ("win  x1.05 (0.97-1.12)": rounds went both ways)."""
+    lose = ratio > 1.0
+    text = f"LOSE x{ratio:.2f} to {peer}" if lose else f"win  x{1 / ratio:.2f}"
+    if rounds:
+        lo, hi = (rounds["q25"], rounds["q75"]) if lose else (1 / rounds["q75"], 1 / rounds["q25"])
+        text += f" ({lo:.2f}-{hi:.2f})"
+    return text
 
 
 def table(rows, compile_by_family, peers_installed) -> str:
@@ -409,7 +417,7 @@ def table(rows, compile_by_family, peers_installed) -> str:
         for p in peer_cols:
             cells.append(_fmt_t(r["times"][p]["median_s"]) if p in r["times"] else "-")
         ratio = r.get("ratio_to_fastest_peer")
-        mark = "-" if ratio is None else _verdict(ratio, r["fastest_peer"])
+        mark = "-" if ratio is None else _verdict(ratio, r["fastest_peer"], r.get("ratio_rounds"))
         if any(not a["ok"] for a in r.get("agreement", {}).values()):
             mark += " MISMATCH"
         cells.append(mark)

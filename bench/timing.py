@@ -11,7 +11,9 @@
   OpenBLAS, onnxruntime, PyTorch) we sleep ``pause_s`` (0.2 s) first: those libraries keep
   their worker threads spinning after a call, and the next library would pay for it.
 * The result per candidate is the median sample, plus the spread: (p75 - p25) / median
-  and min / max of the samples.
+  and min / max of the samples.  Two candidates' samples of the same round ran next to
+  each other, so their ratio round by round (paired_ratio) says how far a ratio of medians
+  can be trusted: a neighbour's burst lands on both of a round's samples.
 * With ``max_rounds``, rounds are added one at a time past ``rounds`` while any
   candidate's spread exceeds ``max_spread``, up to ``max_rounds``: on the shared 2-core
   VMs a burst from a neighbour can put one of three samples at 4x the others (the quick
@@ -141,6 +143,17 @@ def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: 
                 summarize(samples[n]).spread > max_spread for n in names):
             target += 1
     return {n: summarize(samples[n], numbers[n]) for n in names}
+
+
+def paired_ratio(num: Stats, den: Stats) -> dict | None:
+    """num's sample over den's, round by round (both from one interleaved() call): the median
+    and quartiles of those ratios, or None with fewer than 4 rounds in common.  A bar read
+    off the ratio of medians is robust when the quartiles sit on the same side of it."""
+    pairs = [a / b for a, b in zip(num.samples, den.samples) if b > 0]
+    if len(pairs) < 4:
+        return None
+    q = statistics.quantiles(pairs, n=4)
+    return {"median": statistics.median(pairs), "q25": q[0], "q75": q[2], "rounds": len(pairs)}
 
 
 def time_one(fn: Callable[[], object], **kw) -> Stats:

@@ -93,6 +93,25 @@ def test_interleaved_adds_rounds_only_while_a_spread_is_high(monkeypatch):
     assert timing.interleaved(cands, rounds=3, warmup=0, batch_s=0.0, pause_s=0.0)["a"].rounds == 3
 
 
+def test_paired_ratio_pairs_the_samples_of_each_round():
+    """A burst that hits both candidates' samples of one round moves each median but not the
+    round's ratio; the quartiles come from the per-round ratios, in round order."""
+    a = timing.summarize([1.0, 4.0, 1.0, 1.0, 1.2])
+    b = timing.summarize([2.0, 8.0, 2.0, 2.0, 2.0])
+    r = timing.paired_ratio(a, b)
+    assert r["rounds"] == 5 and r["median"] == 0.5
+    assert r["q25"] == 0.5 and abs(r["q75"] - 0.55) < 1e-12
+    assert timing.paired_ratio(timing.summarize([1.0, 2.0, 3.0]), timing.summarize([1.0, 2.0, 3.0])) is None
+
+
+def test_verdict_gives_the_rounds_quartiles_in_its_own_sense():
+    lose = {"median": 1.1, "q25": 0.96, "q75": 1.2, "rounds": 7}
+    assert report._verdict(1.1, "onnxruntime", lose) == "LOSE x1.10 to onnxruntime (0.96-1.20)"
+    win = {"median": 0.8, "q25": 0.5, "q75": 1.25, "rounds": 7}
+    assert report._verdict(0.8, "torch", win) == "win  x1.25 (0.80-2.00)"
+    assert report._verdict(0.8, "torch") == "win  x1.25"
+
+
 def test_calibrate_batches_fast_calls():
     assert timing.calibrate(lambda: None, 0.001) > 1
     assert timing.calibrate(lambda: None, 0.0) == 1
@@ -323,6 +342,7 @@ def test_measure_case_on_a_tiny_case():
     assert row["agreement"]["ours"]["ok"] and row["agreement"]["numpy"]["ok"]
     assert row["floor_s"] > 0 and row["times"]["ours"]["gbs"] > 0
     assert row["ratio_to_fastest_peer"] > 0 and row["fastest_peer"] == "numpy"
+    assert row["ratio_rounds"] is None  # 2 rounds: too few for quartiles
     text = report.table([row], {}, {"numpy": "x"})
     assert "relu" in text and ("LOSE" in text or "win" in text)
     assert "err vs fp32" not in text  # no low-precision row, no accuracy column
