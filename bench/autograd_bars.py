@@ -12,8 +12,10 @@ both sit above 1.
 
 --breakdown also says where our round's time goes, from a loop of rounds with every
 registered dispatch op timed where dispatch.autograd calls it (median per round, each op's
-calls together), the rest being PyTorch's autograd machinery and our Python around the
-calls; beside it, a torch.autograd.Function that does nothing (empty outputs and
+calls together; "run": of that, in the implementation's run, the kernel and the Python
+that makes its arrays, the rest of the call being dispatch's conversions, validation and
+selection), the rest of the round being PyTorch's autograd machinery and our Python around
+the calls; beside it, a torch.autograd.Function that does nothing (empty outputs and
 gradients) on the same leaf tensors: the machinery's own cost, which PyTorch's native ops
 pay too.
 """
@@ -36,38 +38,53 @@ class _Nothing(torch.autograd.Function):
         return (None, *(g.new_empty(s) for s in ctx.shapes))
 
 
+def _timed(fn, spent, key):
+    def timed(*a, **k):
+        t = time.perf_counter_ns()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[key] = spent.get(key, 0) + time.perf_counter_ns() - t
+    return timed
+
+
 def breakdown(run, rounds=1000):
-    """(median round, {op: median per round}) of run() in a loop, with every registered
-    dispatch op timed where dispatch.autograd calls it (dispatch.<op>, looked up per call)."""
-    spent, originals = {}, {}
+    """(median round, {op: median per round}, {op: median per round in its implementation's
+    run}) of run() in a loop, with every registered dispatch op timed where dispatch.autograd
+    calls it (dispatch.<op>, looked up per call), and inside it the chosen implementation's
+    run (the kernel and the Python around it: arrays made, the kernel called); the
+    difference is dispatch's own front (conversions, validation, selection)."""
+    spent, runs, originals, impl_runs = {}, {}, {}, []
     for name in registry.OPS:
         fn = getattr(dispatch, name, None)
         if fn is None:
             continue
         originals[name] = fn
-
-        def timed(*a, _fn=fn, _name=name, **k):
-            t = time.perf_counter_ns()
-            try:
-                return _fn(*a, **k)
-            finally:
-                spent[_name] = spent.get(_name, 0) + time.perf_counter_ns() - t
-        setattr(dispatch, name, timed)
+        setattr(dispatch, name, _timed(fn, spent, name))
+        for impl in registry.implementations(name, "cpu"):
+            impl_runs.append((impl, impl.run))
+            impl.run = _timed(impl.run, runs, name)
     try:
         for _ in range(rounds // 10):
             run()
-        totals, per_op = [], {}
+        totals, per_op, per_run = [], {}, {}
         for _ in range(rounds):
             spent.clear()
+            runs.clear()
             t = time.perf_counter_ns()
             run()
             totals.append(time.perf_counter_ns() - t)
             for k, v in spent.items():
                 per_op.setdefault(k, []).append(v)
+            for k, v in runs.items():
+                per_run.setdefault(k, []).append(v)
     finally:
         for name, fn in originals.items():
             setattr(dispatch, name, fn)
-    return np.median(totals) / 1e9, {k: np.median(v) / 1e9 for k, v in per_op.items()}
+        for impl, fn in impl_runs:
+            impl.run = fn
+    med = lambda d: {k: np.median(v) / 1e9 for k, v in d.items()}  # noqa: E731
+    return np.median(totals) / 1e9, med(per_op), med(per_run)
 
 
 def main():
@@ -109,11 +126,12 @@ def main():
         print(f"{threads}T {name:32s} ours {o*1e3:8.3f} ms  torch {p*1e3:8.3f} ms  ratio {p/o:5.2f}x"
               f"  (rounds {rr['q25']:.2f}-{rr['q75']:.2f})", flush=True)
         if show_breakdown:
-            total, per_op = breakdown(c["ours"])
+            total, per_op, per_run = breakdown(c["ours"])
             shape = () if up is None else tuple(up.shape)
-            floor, _ = breakdown(mk(lambda *xs: _Nothing.apply(shape, *xs), ins, up))
+            floor, _, _ = breakdown(mk(lambda *xs: _Nothing.apply(shape, *xs), ins, up))
             calls = sum(per_op.values())
-            ops = ", ".join(f"{k} {v*1e6:.0f}" for k, v in sorted(per_op.items(), key=lambda kv: -kv[1]))
+            ops = ", ".join(f"{k} {v*1e6:.0f} (run {per_run.get(k, 0)*1e6:.0f})"
+                            for k, v in sorted(per_op.items(), key=lambda kv: -kv[1]))
             print(f"    in a loop: ours {total*1e6:.0f} us = dispatch calls {calls*1e6:.0f} ({ops}) + the rest "
                   f"{(total - calls)*1e6:.0f}; a Function doing nothing on the same tensors: {floor*1e6:.0f} us",
                   flush=True)

@@ -399,17 +399,22 @@ def test_torch_compile_sees_the_ops_without_graph_breaks():
 
 def test_bench_breakdown_times_the_dispatch_calls_and_puts_them_back(gen):
     """bench.autograd_bars --breakdown: each dispatch op an autograd round calls is timed
-    (layer_norm's forward and backward here, nothing else), and dispatch's functions are
-    the originals again afterwards."""
+    (layer_norm's forward and backward here, nothing else), and inside it the
+    implementation's run; dispatch's functions and the implementations' runs are the
+    originals again afterwards."""
     from bench.autograd_bars import breakdown
+    from dispatch import registry
 
     before = (dispatch.layer_norm, dispatch.layer_norm_backward)
+    runs = [(i, i.run) for op in before for i in registry.implementations(op.__name__, "cpu")]
     x, w, b = (_randn(gen, *s, dtype=torch.float32) for s in ((3, 5), (5,), (5,)))
 
     def run():
         nka.layer_norm(x, w, b).sum().backward()
 
-    total, per_op = breakdown(run, rounds=20)
-    assert set(per_op) == {"layer_norm", "layer_norm_backward"}
+    total, per_op, per_run = breakdown(run, rounds=20)
+    assert set(per_op) == set(per_run) == {"layer_norm", "layer_norm_backward"}
     assert 0 < sum(per_op.values()) < total
+    assert all(0 < per_run[k] < per_op[k] for k in per_op)
     assert (dispatch.layer_norm, dispatch.layer_norm_backward) == before
+    assert all(i.run is r for i, r in runs)
