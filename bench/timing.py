@@ -147,8 +147,8 @@ def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: 
 
 def paired_ratio(num: Stats, den: Stats) -> dict | None:
     """num's sample over den's, round by round (both from one interleaved() call): the median
-    and quartiles of those ratios, or None with fewer than 4 rounds in common.  A bar read
-    off the ratio of medians is robust when the quartiles sit on the same side of it."""
+    and quartiles of those ratios, or None with fewer than 4 rounds in common.  A bar is met
+    robustly when both quartiles clear it, not only the ratio of the two medians."""
     pairs = [a / b for a, b in zip(num.samples, den.samples) if b > 0]
     if len(pairs) < 4:
         return None
