@@ -58,12 +58,6 @@ def rows_per_block(n, d):
     return max(1, min(by_size, -(-n // MIN_BLOCKS)))
 
 
-@njit(inline="always")
-def _partials(x, parts):
-    """(rows per block, the (parts, n_blocks, D) scratch of per-block partial sums) for x."""
-    n, d = x.shape
-    rpb = rows_per_block(n, d)
-    return rpb, np.empty((parts, (n + rpb - 1) // rpb, d), x.dtype)
 
 
 @njit(inline="always")
@@ -231,6 +225,17 @@ def _block_params(go, x, w, gr, eps, dx, pw, pb, has_gr, rpb):
 
 
 @njit(inline="always")
+def _setup(go, x, w, gr, eps, dx, sums, has_gr):
+    """A driver's call: (the (parts, n_blocks, D) scratch of per-block partial sums, parts =
+    sums' rows, and the argument block p of the block function, whose pw / pb are its
+    first and last part)."""
+    n, d = x.shape
+    rpb = rows_per_block(n, d)
+    parts = np.empty((sums.shape[0], (n + rpb - 1) // rpb, d), x.dtype)
+    return parts, _block_params(go, x, w, gr, eps, dx, parts[0], parts[parts.shape[0] - 1], has_gr, rpb)
+
+
+@njit(inline="always")
 def _block_views(params, is64):
     p = c_array_at(params, np.int64(0), (B_COUNT,))
     z = like_dtype(is64)
@@ -271,8 +276,7 @@ def _address(block_fn, x):
 
 @njit(**JIT)
 def _grad_serial(go, x, w, gr, eps, dx, sums, has_gr, fn):
-    rpb, parts = _partials(x, sums.shape[0])
-    p = _block_params(go, x, w, gr, eps, dx, parts[0], parts[parts.shape[0] - 1], has_gr, rpb)
+    parts, p = _setup(go, x, w, gr, eps, dx, sums, has_gr)
     addr = p.ctypes.data
     for k in range(parts.shape[1]):
         call_address(fn, (k, addr))
@@ -282,8 +286,7 @@ def _grad_serial(go, x, w, gr, eps, dx, sums, has_gr, fn):
 
 @njit(parallel=True, **JIT)
 def _grad_parallel(go, x, w, gr, eps, dx, sums, has_gr, fn, tasks):
-    rpb, parts = _partials(x, sums.shape[0])
-    p = _block_params(go, x, w, gr, eps, dx, parts[0], parts[parts.shape[0] - 1], has_gr, rpb)
+    parts, p = _setup(go, x, w, gr, eps, dx, sums, has_gr)
     addr = p.ctypes.data
     for k in prange(tasks):
         call_address(fn, (k, addr))
@@ -296,8 +299,7 @@ def _grad_team(go, x, w, gr, eps, dx, sums, has_gr, fn, worker, nw, claim_fn, bu
     """The blocks on the thread team, each thread claiming ranges of them (parallel.
     blocks_worker), then the partials added into sums; False (sums untouched) when the team
     could not take them (off, or busy)."""
-    rpb, parts = _partials(x, sums.shape[0])
-    p = _block_params(go, x, w, gr, eps, dx, parts[0], parts[parts.shape[0] - 1], has_gr, rpb)
+    parts, p = _setup(go, x, w, gr, eps, dx, sums, has_gr)
     workers = row_block(buf, parts.shape[1], 0, 0.0, 0, 0, 0, 1, nw, claim_fn)
     buf[0], buf[1] = fn, p.ctypes.data
     rest = launch(worker, buf.ctypes.data, workers, team_run, team_state)
