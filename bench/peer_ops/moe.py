@@ -18,9 +18,9 @@ bytes over bench.roofline's best copy bandwidth.  (Run as a module, Python warns
 bench.peer_ops imported this module before running it: harmless.)
 """
 import numpy as np
-from numba import njit, prange
 
 from ..peers import _ACT
+from .weight_only import as_words, read_all
 
 
 def _routes(indices, num_experts):
@@ -83,30 +83,11 @@ NUMPY = {"moe_ffn": _numpy_moe}
 TORCH = {"moe_ffn": _torch_moe}
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def _read_all(flat):
-    """The sum of a 1-D array on all threads: a read of every byte once.  Each chunk is
-    summed as a slice over range(its length): indexing flat over range(lo, hi) keeps
-    numba's negative-index wraparound in the loop, which stops LLVM vectorizing the sum
-    (4.5 GB/s on one thread against 31.7 GB/s, Zen 4, 2026-12-05: the "floor" came out 4x
-    slower than moe_ffn itself)."""
-    chunk = 1 << 16
-    n = flat.shape[0]
-    total = 0.0
-    for c in prange((n + chunk - 1) // chunk):
-        part = flat[c * chunk:min(n, (c + 1) * chunk)]
-        s = flat.dtype.type(0)
-        for j in range(part.shape[0]):
-            s += part[j]
-        total += s
-    return total
-
-
 def weight_read_floor(inputs):
     """A callable reading the weights of each expert the call routes to, once."""
     experts = np.unique(inputs["indices"])
-    mats = [m[e].reshape(-1) for e in experts for m in (inputs["w_gate"], inputs["w_up"], inputs["w_down"])]
-    return lambda: [_read_all(m) for m in mats]
+    words = [as_words(m[e]) for e in experts for m in (inputs["w_gate"], inputs["w_up"], inputs["w_down"])]
+    return lambda: [read_all(w) for w in words]
 
 
 def _main(argv=None):

@@ -81,7 +81,8 @@ def torch_linear(torch):
 @njit(parallel=True, cache=True)
 def read_all(words):
     """Sum of a weight's bytes as uint64 words on all threads: the time to stream the weight
-    once from memory with almost no arithmetic (the read floor, timed beside the kernels)."""
+    once from memory with almost no arithmetic (the read floor, timed beside the kernels;
+    bench.peer_ops.moe's floor too)."""
     s = np.uint64(0)
     for i in prange(words.shape[0]):
         s += words[i]
@@ -109,7 +110,9 @@ def torch_weight(w, torch):
     return w
 
 
-def _words(w):
+def as_words(w):
+    """A weight's bytes (a QuantizedArray's values) as the uint64 words read_all streams (a
+    tail of fewer than 8 bytes left out)."""
     v = w.values if hasattr(w, "values") else w
     return np.ascontiguousarray(v).reshape(-1).view(np.uint8)[: v.nbytes // 8 * 8].view(np.uint64)
 
@@ -165,7 +168,7 @@ def main(argv=None):
         # between libraries)
         lib[f"ours {fmt}"] = "numba" if fmt != "float32" else str(dispatch.explain("linear", x, one).chosen)
         if fmt != "float32" and m <= 8:
-            words = [_words(w) for w in pool[fmt]]
+            words = [as_words(w) for w in pool[fmt]]
             read_all(words[0])
             cands[f"read {fmt} weight (prange sum)"] = cycler(read_all, words)
             lib[f"read {fmt} weight (prange sum)"] = "numba"
