@@ -3,7 +3,7 @@
     NUMBA_CACHE_DIR=<dir> python -m bench.compile_time CASE_ID [CASE_ID ...]
 
 prints one JSON object: {"import_s": ..., "first_call_s": {case_id: seconds}, "errors": {...},
-"compiles": {case_id: {"compile_s": ..., "top": [...]}}}.  The report runs it twice per
+"compiles": {case_id: {"compile_s": ..., "top": [...]}}, "helpers": {case_id: n}}.  The report runs it twice per
 family with the same NUMBA_CACHE_DIR: first with the directory empty (cold: every kernel
 compiles) and then again (warm: kernels load from numba's cache).
 
@@ -12,7 +12,8 @@ is the time inside numba's compiler (the rest of the first call is Python, the t
 start and the kernel itself), and "top" the functions that cost most of it, each
 {"fn", "sig", "own_s", "total_s"}: total_s from the start to the end of its compilation,
 own_s without the functions it compiled on the way (its callees: numba compiles a callee
-while it types the caller).  The cold-start bar's profile (issue #8): which function to make
+while it types the caller); this process's part only, where "helpers" says how many helper
+processes compiled other kernels of the call meanwhile (kernels_cpu/compile_helper.py).  The cold-start bar's profile (issue #8): which function to make
 smaller, split, or call by address.
 """
 from __future__ import annotations
@@ -97,11 +98,14 @@ def main(argv=None):
     import dispatch
     from bench import cases
 
-    out = {"import_s": time.perf_counter() - t0, "first_call_s": {}, "errors": {}, "compiles": {}}
+    from kernels_cpu import compile_helper
+
+    out = {"import_s": time.perf_counter() - t0, "first_call_s": {}, "errors": {}, "compiles": {}, "helpers": {}}
     for cid in argv:
         case = cases.by_id(cid)
         args, kwargs = case.call_args(case.inputs(np.random.default_rng(0)))
         fn = getattr(dispatch, case.op)
+        started = compile_helper.STATS["started"]
         with CompileLog() as log:
             t0 = time.perf_counter()
             try:
@@ -111,6 +115,7 @@ def main(argv=None):
                 continue
             out["first_call_s"][cid] = time.perf_counter() - t0
         out["compiles"][cid] = log.summary()
+        out["helpers"][cid] = compile_helper.STATS["started"] - started
     print(json.dumps(out))
 
 

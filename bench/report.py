@@ -147,6 +147,7 @@ def compile_times(case_list, progress=None) -> dict:
     the worker driver that another op compiled before it.  Returned per family:
     {family: {state: {"first_call_s": the slowest op's, "per_case": {case id: s},
     "compiles": {case id: where the call's compile time went (bench/compile_time.py)},
+    "helpers": {case id: compile helper processes the cold call started, where any},
     "errors": {...}}}}."""
     first = {}
     for c in case_list:
@@ -172,6 +173,8 @@ def compile_times(case_list, progress=None) -> dict:
                     r["first_call_s"] = max(r["first_call_s"], data["first_call_s"][c.id])
                 if c.id in data.get("compiles", {}):
                     r["compiles"][c.id] = data["compiles"][c.id]
+                if data.get("helpers", {}).get(c.id):
+                    r.setdefault("helpers", {})[c.id] = data["helpers"][c.id]
                 r["errors"].update(data["errors"])
     return out
 
@@ -556,8 +559,10 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
                 t = cold["per_case"][cid]
                 w = warm.get("per_case", {}).get(cid)
                 warm_s = _fmt_t(w) if w is not None else f"failed: {warm.get('errors', {}).get(cid)}"
+                helpers = cold.get("helpers", {}).get(cid)
                 out(f"  {op:<30} cold {_fmt_t(t):>9}  warm {warm_s:>9}  {'' if t <= COLD_BAR_S else 'OVER THE BAR'}"
-                    f"   ({fam}, {cid.split(':', 1)[1]})")
+                    f"   ({fam}, {cid.split(':', 1)[1]}"
+                    + (f"; {helpers} compile helper{'s' if helpers > 1 else ''}" if helpers else "") + ")")
                 why = cold.get("compiles", {}).get(cid)
                 if t > COLD_BAR_S and why:
                     out(f"  {'':<30} {_fmt_t(why['compile_s'])} in numba's compiler; most (own time): "

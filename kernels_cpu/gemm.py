@@ -73,7 +73,7 @@ from . import target
 from .dot_tile import TA, TB, dot_tile
 from .llvm_ir import arg_readers, prefetch as prefetch_line
 from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, only_if, prefetch, run_workers,
-                       worker_address)
+                       worker_address, worker_addresses)
 
 # Register tiles MR x NR.  "6x16": 6 rows x 2 vectors of 8 float32 = 12 accumulator
 # registers + 2 B vectors + 1 broadcast A value = 15 of the 16 AVX2 registers (the BLIS /
@@ -741,7 +741,12 @@ _PACKERS = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack
 def _packer(operand, transposed, dtype, ti):
     """The address of the packer for operand "a" or "b" stored transposed or not, for the
     tile TILES[ti]."""
-    return worker_address(_PACKERS[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64), int(ti)))
+    return worker_address(*_packer_kernel(operand, transposed, dtype, ti))
+
+
+def _packer_kernel(operand, transposed, dtype, ti):
+    """_packer's (dispatcher, variant) for parallel.worker_address(es)."""
+    return _PACKERS[operand, bool(transposed)], (bool(np.dtype(dtype) == np.float64), int(ti))
 
 
 # ---- GEMM ------------------------------------------------------------------------------------
@@ -826,21 +831,42 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
-    p[P_PACK_A] = 0 if a_in_place else (_packer("a", transa, dtype, ti) if pack_a is None else pack_a)
-    p[P_PACK_B] = 0 if b_mode != B_PACK else (_packer("b", transb, dtype, ti) if pack_b is None else pack_b)
-    p[P_EPILOGUE] = epilogue_address(dtype, code) if epilogue else 0
+    # the worker first: the largest compile (cold: 0.86-1.03 s), done here while a helper
+    # process compiles the packers and the epilogue (parallel.worker_addresses)
+    kernels = {"worker": worker_kernel(dtype, ti, a_in_place, both_a_forms)}
+    if not a_in_place and pack_a is None:
+        kernels["pack_a"] = _packer_kernel("a", transa, dtype, ti)
+    if b_mode == B_PACK and pack_b is None:
+        kernels["pack_b"] = _packer_kernel("b", transb, dtype, ti)
+    if epilogue:
+        kernels["epilogue"] = epilogue_kernel(dtype, code)
+    addr = dict(zip(kernels, worker_addresses(list(kernels.values()))))
+    fn = addr["worker"]
+    p[P_PACK_A] = 0 if a_in_place else addr.get("pack_a", pack_a)
+    p[P_PACK_B] = 0 if b_mode != B_PACK else addr.get("pack_b", pack_b)
+    p[P_EPILOGUE] = addr.get("epilogue", 0)
     p.flags.writeable = False
-    forms = (True, True) if both_a_forms else (only_if(a_in_place), only_if(not a_in_place))
-    fn = worker_address(gemm_worker, (bool(dtype == np.float64), ti) + forms)
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
     # task of worker v's own range (gemm_worker); no packed A needed when A is read in place
     return p, 2 + n_pack + nw, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
 
 
+def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
+    """The (dispatcher, variant) of gemm_worker for (dtype, tile index), reading A in place
+    or packed, or either (both_a_forms: see gemm_parallel), for parallel.worker_address(es)."""
+    forms = (True, True) if both_a_forms else (only_if(a_in_place), only_if(not a_in_place))
+    return gemm_worker, (bool(np.dtype(dtype) == np.float64), int(ti)) + forms
+
+
 def epilogue_address(dtype, code):
     """The address of gemm_epilogue for (dtype, activation code): call_address(it, (c, ldc,
     rows, n, bias)) applies bias + activation in place (the weight-only GEMV's too)."""
-    return worker_address(gemm_epilogue, (bool(np.dtype(dtype) == np.float64), int(code)), nargs=5)
+    return worker_address(*epilogue_kernel(dtype, code))
+
+
+def epilogue_kernel(dtype, code):
+    """epilogue_address's (dispatcher, variant, nargs) for parallel.worker_address(es)."""
+    return gemm_epilogue, (bool(np.dtype(dtype) == np.float64), int(code)), 5
 
 
 @njit(cache=True)

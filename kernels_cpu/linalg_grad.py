@@ -41,15 +41,16 @@ Argument block: gemm_parallel's P_* slots, then (its `extra`) X_PRE: the address
 (laid out as grad_out; with no activation any valid address, it is not read), X_DBIAS: the
 address of the dbias output ((operand batches, columns)) or 0, X_GRAD: the address of
 grad_chunk for the call's dtype and activation, X_PACK_ROWS: for g' read by rows the
-address of gemm's _pack_a_n for the dtype and tile, else 0 (all set by grad_extra).
+address of gemm's _pack_a_n for the dtype and tile, else 0 (all set by grad_prologue).
 """
 import numpy as np
 from numba import njit
 
 from .activation_grad import grad_input
 from .approx import JIT_BY_ADDRESS, wide_loops
-from .gemm import P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _packer, _panel, _tmr, _tnr
-from .parallel import c_array_at, call_address, like_dtype, prefetch, worker_address
+from .gemm import (P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _packer_kernel, _panel, _tmr, _tnr,
+                   worker_kernel)
+from .parallel import c_array_at, call_address, like_dtype, prefetch, worker_addresses
 
 X_PRE, X_DBIAS, X_GRAD, X_PACK_ROWS = P_COUNT, P_COUNT + 1, P_COUNT + 2, P_COUNT + 3
 X_COUNT = P_COUNT + 4
@@ -155,20 +156,25 @@ def pack_grad_cols_b(j, params, is64, ti):
 _PACKERS = {"rows": pack_grad_a, "cols_a": pack_grad_a, "cols_b": pack_grad_cols_b}
 
 
-def grad_packer(kind, dtype, ti):
-    """The address of the prologue packer for `kind` ("rows": A not transposed; "cols_a": A
-    transposed; "cols_b": B not transposed) and (dtype, tile index); the activation, the
-    layout and dbias are the block's X_* slots (grad_extra)."""
-    return worker_address(_PACKERS[kind], (bool(np.dtype(dtype) == np.float64), int(ti)))
+def grad_prologue(kind, pre, dbias, dtype, code, ti, both_a_forms):
+    """(the address of the prologue packer, gemm_parallel's `extra`: the X_* slots) for packer
+    `kind` ("rows": A not transposed; "cols_a": A transposed; "cols_b": B not transposed)
+    and (dtype, tile index).  The slots hold the addresses of pre and of dbias (0: none),
+    the grad_chunk for (dtype, activation code) and, for g' by rows, the plain A packer.
 
-
-def grad_extra(kind, pre, dbias, dtype, code, ti):
-    """The X_* slots (gemm_parallel's `extra`) for packer `kind`: the addresses of pre and of
-    dbias (0: none), the grad_chunk for (dtype, activation code), and for g' by rows the
-    plain A packer."""
+    A cold first call compiles these with the GEMM worker that gemm_parallel will run (A
+    never read in place when a prologue packs it; both_a_forms as gemm_parallel's) in two
+    processes (parallel.worker_addresses): the worker (0.86 s) and the packer (0.77) here
+    and in a helper, the small ones in the helper."""
+    is64 = bool(np.dtype(dtype) == np.float64)
+    kernels = [worker_kernel(dtype, ti, False, both_a_forms), (_PACKERS[kind], (is64, int(ti))),
+               (grad_chunk, (is64, int(code)), 4)]
+    if kind == "rows":
+        kernels.append(_packer_kernel("a", False, dtype, ti))
+    addr = worker_addresses(kernels)
     x = [0] * (X_COUNT - P_COUNT)
     x[X_PRE - P_COUNT] = pre.ctypes.data
     x[X_DBIAS - P_COUNT] = 0 if dbias is None else dbias.ctypes.data
-    x[X_GRAD - P_COUNT] = worker_address(grad_chunk, (bool(np.dtype(dtype) == np.float64), int(code)), nargs=4)
-    x[X_PACK_ROWS - P_COUNT] = _packer("a", False, dtype, ti) if kind == "rows" else 0
-    return tuple(x)
+    x[X_GRAD - P_COUNT] = addr[2]
+    x[X_PACK_ROWS - P_COUNT] = addr[3] if kind == "rows" else 0
+    return addr[1], tuple(x)

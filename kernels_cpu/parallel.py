@@ -19,7 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from numba.np.ufunc import parallel as _numba_parallel
 
-from . import team
+from . import compile_helper, team
 from .approx import HELPER, JIT_BY_ADDRESS, OVERLOAD, bits_to_float, float_to_bits
 from .llvm_ir import arg_readers, prefetch as llvm_prefetch
 
@@ -517,17 +517,71 @@ def worker_address(dispatcher, variant, nargs=2):
     addr = _ADDRESSES.get(key)
     if addr is None:
         with _ADDRESSES_LOCK:
-            addr = _ADDRESSES.get(key)
-            if addr is None:
-                if dispatcher.targetoptions.get("no_cfunc_wrapper"):
-                    raise ValueError(f"worker_address: {dispatcher.py_func.__qualname__} has no C entry point "
-                                     "(compile it with approx.JIT_BY_ADDRESS)")
-                sig = (types.int64,) * nargs + tuple(types.none if v is None else types.literal(v) for v in variant)
-                dispatcher.compile(sig)
-                cres = dispatcher.overloads[sig]
-                addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
-                _ADDRESSES[key] = addr
+            addr = _address_locked(key)
     return addr
+
+
+def worker_addresses(requests):
+    """[worker_address(*r) for r in requests], each r (dispatcher, variant) or (dispatcher,
+    variant, nargs), with the cold ones (compiled neither here nor in numba's cache) compiled
+    in two processes at once when the first and at least one other are cold: this process
+    and a helper process that saves them to numba's cache, from which this process then
+    loads them, each take them in an order of their own (kernels_cpu/compile_helper.py says
+    when a helper runs, and the orders).  Put the longest to compile first and the next
+    longest second: this process starts on the first while the helper starts up (about
+    0.4 s), then the helper on the second; the short ones fill in."""
+    keys = [(r[0], r[1], r[2] if len(r) > 2 else 2) for r in requests]
+    if keys[0] not in _ADDRESSES and sum(k not in _ADDRESSES for k in keys) >= 2 and compile_helper.wanted():
+        with _ADDRESSES_LOCK:
+            cold = [k for k in dict.fromkeys(keys) if k not in _ADDRESSES and _is_cold(k)]
+            helper = None
+            # only with the first (the longest) among them: the helper's start-up (0.4 s)
+            # is as long as a small kernel's compile
+            if len(cold) >= 2 and cold[0] == keys[0]:
+                helper = compile_helper.start([(k[0].py_func.__module__, k[0].py_func.__name__, k[1], k[2])
+                                               for k in cold])
+            if helper is not None:
+                for i in compile_helper.main_order(len(cold)):
+                    if compile_helper.claim(helper.claims, i):
+                        _address_locked(cold[i])
+                compile_helper.finish(helper)
+    return [worker_address(*k) for k in keys]
+
+
+def _signature(variant, nargs):
+    return (types.int64,) * nargs + tuple(types.none if v is None else types.literal(v) for v in variant)
+
+
+def _address_locked(key):
+    """worker_address's work, with _ADDRESSES_LOCK held."""
+    addr = _ADDRESSES.get(key)
+    if addr is None:
+        dispatcher, variant, nargs = key
+        if dispatcher.targetoptions.get("no_cfunc_wrapper"):
+            raise ValueError(f"worker_address: {dispatcher.py_func.__qualname__} has no C entry point "
+                             "(compile it with approx.JIT_BY_ADDRESS)")
+        sig = _signature(variant, nargs)
+        dispatcher.compile(sig)
+        cres = dispatcher.overloads[sig]
+        addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+        _ADDRESSES[key] = addr
+    return addr
+
+
+def _is_cold(key):
+    """Whether worker_address(*key) would compile: not compiled in this process, and not in
+    numba's on-disk cache (its index, read without loading the code).  False where numba
+    keeps no cache for the function or its cache is not the kind this reads (a helper could
+    not hand its work over)."""
+    dispatcher, variant, nargs = key
+    sig = _signature(variant, nargs)
+    if sig in dispatcher.overloads:
+        return False
+    try:
+        cache = dispatcher._cache
+        return cache._index_key(sig, dispatcher.targetctx.codegen()) not in cache._cache_file._load_index()
+    except Exception:  # noqa: BLE001 - numba internals (NullCache has no index): no helper
+        return False
 
 
 _ENTRIES = {}

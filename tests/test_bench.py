@@ -389,7 +389,8 @@ def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
     why = {"compile_s": 3.5, "top": [{"fn": "kernels_cpu.activation.activation_worker", "sig": "()", "own_s": 2.0,
                                       "total_s": 3.0}]}
     monkeypatch.setattr(report, "compile_times", lambda cases, progress=None: {"activation": {
-        "cold": {"first_call_s": 4.0, "per_case": {tiny.id: 4.0}, "compiles": {tiny.id: why}, "errors": {}},
+        "cold": {"first_call_s": 4.0, "per_case": {tiny.id: 4.0}, "compiles": {tiny.id: why}, "errors": {},
+                 "helpers": {tiny.id: 1}},
         "warm": {"first_call_s": 0.1, "per_case": {tiny.id: 0.1}, "compiles": {}, "errors": {}}}})
     lines = []
     res = report.run(quick=True, json_path=str(tmp_path / "r.json"), plot_path=str(tmp_path / "r.png"),
@@ -397,7 +398,8 @@ def test_full_report_on_one_tiny_case(tmp_path, monkeypatch):
                      model=False)
     text = "\n".join(lines)
     for needle in ("== machine", "simd:", "== ceilings", "relu", "dispatch overhead", "CUDA (PREDICTED",
-                   "OVER THE BAR", "3.50 s in numba's compiler; most (own time): activation_worker 2.00 s"):
+                   "OVER THE BAR", "3.50 s in numba's compiler; most (own time): activation_worker 2.00 s",
+                   "(activation, tiny; 1 compile helper)"):
         assert needle in text, needle
     assert res["rows"][0]["status"] == "ok"
     assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["op"] == "relu"

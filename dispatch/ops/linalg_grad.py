@@ -185,8 +185,7 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
     ap, bp = _panel_buffers(sa, sb, dt)
     packer, extra = None, ()
     if kind is not None:
-        packer = KG.grad_packer(kind, dt, ti)
-        extra = KG.grad_extra(kind, pre3, dbias, dt, code, ti)
+        packer, extra = KG.grad_prologue(kind, pre3, dbias, dt, code, ti, both)
     K.gemm_parallel(a3, b3, ai, bi, transa, transb, _zeros(n, dt), False, ACT_NONE, out3, ap, bp, False, mc, nc, kc,
                     num_threads(), tile=tile, pack_a=packer if g_side == "a" else None,
                     pack_b=packer if g_side == "b" else None, extra=extra, accumulate=accumulate,
