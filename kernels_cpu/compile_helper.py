@@ -126,15 +126,20 @@ def start(kernels):
     except (TypeError, ValueError):
         return None
     claims = tempfile.mkdtemp(prefix="nk-compile-")
+    # The helper runs in the package's parent directory, which `-m` puts first on its path:
+    # it imports these kernel modules, not others that its working directory might hold
+    # (another checkout), and paths relative to this process's directory are made absolute
     env = dict(os.environ)
     env[ENV] = "off"  # the helper compiles what it is given, one kernel at a time
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
+    paths = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT] + paths)
     import numba
     if getattr(numba.config, "CACHE_DIR", ""):
-        env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR  # set in this process after import
+        env["NUMBA_CACHE_DIR"] = os.path.abspath(numba.config.CACHE_DIR)  # also when set after import
     try:
         proc = subprocess.Popen([sys.executable, "-m", "kernels_cpu.compile_helper", claims, payload], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                cwd=_PACKAGE_PARENT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
     except OSError as e:
         shutil.rmtree(claims, ignore_errors=True)
         _count("failed", f"could not start: {e}")
