@@ -24,7 +24,8 @@ CPUs less one, at the moment of the call), since on a machine whose cores are bu
 run with a worker per core) the helper would only add its start-up (about 0.4 s of
 imports) to the work; ``on`` whenever numba caches the kernels; ``off`` never.  A helper
 that fails or outlives TIMEOUT_S changes nothing but the time: this process compiles what
-the cache lacks itself.  The helper's results are numba cache entries like any, keyed by
+the cache lacks itself, and starts no helper again (whatever failed, such as a Python that
+cannot import the kernels, would fail again).  The helper's results are numba cache entries like any, keyed by
 function, signature and CPU, and made by the same compiler from the same sources and
 environment: the machine code this process would have made.
 """
@@ -96,7 +97,7 @@ def _others_running():
 def wanted(mode=None):
     """Whether a cold first call should start a helper now (see the module docstring)."""
     mode = MODE if mode is None else mode
-    if mode == "off" or not sys.executable:
+    if mode == "off" or not sys.executable or STATS["failed"]:
         return False
     if mode == "on":
         return True
