@@ -547,8 +547,9 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
 
     if comp:
         out("")
+        from kernels_cpu import compile_helper
         out("== first-call time per op (a fresh process each; cold = empty NUMBA_CACHE_DIR, warm = cache filled;"
-            f" bar: cold <= {COLD_BAR_S:.0f} s)")
+            f" bar: cold <= {COLD_BAR_S:.0f} s; NK_COMPILE_HELPER={compile_helper.MODE})")
         for fam, res in comp.items():
             cold, warm = res.get("cold", {}), res.get("warm", {})
             for cid in sorted(set(cold.get("per_case", {})) | set(cold.get("errors", {}))):
