@@ -116,12 +116,14 @@ def wanted(mode=None):
     return False
 
 
-def start(kernels):
+def start(kernels, order=None):
     """A running helper for kernels (a list of (module, function name, variant values,
     nargs), each a parallel.worker_address call), or None (nothing to describe in JSON, or
     the process did not start).  The helper and this process share the list through
-    claims (see claim): this process takes kernels from the front, the helper from the
-    back, so whichever is faster compiles more."""
+    claims (see claim), each taking kernels in an order of its own (the helper's: order,
+    default helper_order), so whichever is faster compiles more; the helper marks each
+    kernel it has compiled (wait_for)."""
+    order = helper_order(len(kernels)) if order is None else list(order)
     try:
         payload = json.dumps([[m, f, list(v), n] for m, f, v, n in kernels])
     except (TypeError, ValueError):
@@ -138,7 +140,8 @@ def start(kernels):
     if getattr(numba.config, "CACHE_DIR", ""):
         env["NUMBA_CACHE_DIR"] = os.path.abspath(numba.config.CACHE_DIR)  # also when set after import
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "kernels_cpu.compile_helper", claims, payload], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "kernels_cpu.compile_helper", claims, payload,
+                                 json.dumps(order)], env=env,
                                 cwd=_PACKAGE_PARENT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
     except OSError as e:
@@ -164,12 +167,27 @@ def helper_order(n):
 
 def claim(claims, i):
     """Whether this process got kernel i of a helper's list (the first to create its claim
-    file, atomically); False once the other process has."""
+    file, atomically); False once the other process has, or the helper is finished (finish
+    removed the directory)."""
+    return _create(claims, str(i))
+
+
+def _create(claims, name):
     try:
-        os.close(os.open(os.path.join(claims, str(i)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
+        os.close(os.open(os.path.join(claims, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except (FileExistsError, FileNotFoundError):
         return False
     return True
+
+
+def wait_for(proc, i):
+    """Return once the helper proc has compiled kernel i of its list (its mark), or has
+    ended (the cache then has the kernel, or this process compiles it), or TIMEOUT_S has
+    passed."""
+    mark = os.path.join(proc.claims, f"done{i}")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not os.path.exists(mark) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def finish(proc):
@@ -199,15 +217,17 @@ def _count(what, error=None):
 
 
 def main(argv):
-    """The helper: compiles each kernel of its list that it claims, in helper_order."""
+    """The helper: compiles each kernel of its list that it claims, in its order, and marks
+    each one done."""
     import importlib
 
     from .parallel import worker_address
-    claims, kernels = argv[0], json.loads(argv[1])
-    for i in helper_order(len(kernels)):
+    claims, kernels, order = argv[0], json.loads(argv[1]), json.loads(argv[2])
+    for i in order:
         if claim(claims, i):
             module, name, variant, nargs = kernels[i]
             worker_address(getattr(importlib.import_module(module), name), tuple(variant), nargs)
+            _create(claims, f"done{i}")
 
 
 if __name__ == "__main__":

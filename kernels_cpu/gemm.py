@@ -858,6 +858,14 @@ def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
     return gemm_worker, (bool(np.dtype(dtype) == np.float64), int(ti)) + forms
 
 
+def packed_kernels(dtype, ti, transa, transb):
+    """The kernels (worker_address requests) of a gemm_parallel call with no epilogue that
+    packs both operands with the plain packers (A stored transposed, or not a whole number
+    of row tiles; B not read in place): for parallel.compile_ahead."""
+    return [worker_kernel(dtype, ti, False), _packer_kernel("a", transa, dtype, ti),
+            _packer_kernel("b", transb, dtype, ti)]
+
+
 def epilogue_address(dtype, code):
     """The address of gemm_epilogue for (dtype, activation code): call_address(it, (c, ldc,
     rows, n, bias)) applies bias + activation in place (the weight-only GEMV's too)."""

@@ -533,7 +533,7 @@ def worker_addresses(requests):
     keys = [(r[0], r[1], r[2] if len(r) > 2 else 2) for r in requests]
     if keys[0] not in _ADDRESSES and sum(k not in _ADDRESSES for k in keys) >= 2 and compile_helper.wanted():
         with _ADDRESSES_LOCK:
-            cold = [k for k in dict.fromkeys(keys) if k not in _ADDRESSES and _is_cold(k)]
+            cold = [k for k in dict.fromkeys(keys) if k not in _ADDRESSES and k not in _AHEAD and _is_cold(k)]
             helper = None
             # only with the first (the longest) among them: the helper's start-up (0.4 s)
             # is as long as a small kernel's compile
@@ -545,7 +545,39 @@ def worker_addresses(requests):
                     if compile_helper.claim(helper.claims, i):
                         _address_locked(cold[i])
                 compile_helper.finish(helper)
+    # kernels that compile_ahead gave a helper: those it has not started on are compiled
+    # here, from the back of the list while it works from the front
+    for k in reversed(keys):
+        if k in _AHEAD:
+            worker_address(*k)
     return [worker_address(*k) for k in keys]
+
+
+# kernels given to a helper by compile_ahead: key -> (the helper, the kernel's index in its list)
+_AHEAD = {}
+
+
+def compile_ahead(requests):
+    """Start compiling the cold ones of these by-address kernels (as worker_addresses takes
+    them) in a helper process, in their order, and return at once: for kernels that a call
+    will need after others it compiles first (kernels_cpu/compile_helper.py says when a
+    helper runs).  A later worker_address(es) of one of them compiles it here if the helper
+    has not started on it, else waits for the helper's copy and loads it from numba's
+    cache.  Advisory: a kernel never asked for costs only the helper's time."""
+    keys = [(r[0], r[1], r[2] if len(r) > 2 else 2) for r in requests]
+    if all(k in _ADDRESSES or k in _AHEAD for k in keys) or not compile_helper.wanted():
+        return  # (the first test is all a warm call pays: about 1 us)
+    with _ADDRESSES_LOCK:
+        cold = [k for k in dict.fromkeys(keys) if k not in _ADDRESSES and k not in _AHEAD and _is_cold(k)]
+        if not cold:
+            return
+        helper = compile_helper.start([(k[0].py_func.__module__, k[0].py_func.__name__, k[1], k[2]) for k in cold],
+                                      order=range(len(cold)))
+        if helper is None:
+            return
+        for i, k in enumerate(cold):
+            _AHEAD[k] = (helper, i)
+    threading.Thread(target=compile_helper.finish, args=(helper,), daemon=True, name="nk-compile-helper").start()
 
 
 def _signature(variant, nargs):
@@ -561,6 +593,9 @@ def _address_locked(key):
             raise ValueError(f"worker_address: {dispatcher.py_func.__qualname__} has no C entry point "
                              "(compile it with approx.JIT_BY_ADDRESS)")
         sig = _signature(variant, nargs)
+        ahead = _AHEAD.pop(key, None)
+        if ahead is not None and not compile_helper.claim(ahead[0].claims, ahead[1]):
+            compile_helper.wait_for(*ahead)  # the helper has it: loaded from the cache below
         dispatcher.compile(sig)
         cres = dispatcher.overloads[sig]
         addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
