@@ -12,11 +12,15 @@ cache while this process compiles the rest; this process then loads the helper's
 the cache.  The two take kernels in orders of their own (main_order, helper_order) and
 claim each before compiling it (claim), so whichever is faster compiles more.
 
+parallel.compile_ahead hands a helper the kernels a call will need after others it compiles
+first (linear_cross_entropy_with_grad's GEMM, while its first chunk compiles the
+cross-entropy gradient); the later call takes over those the helper has not started on.
+
 Cold first calls as the report measures them (bench/compile_time.py, a fresh process and
-an empty cache per op; Zen 4, 2026-12-05), without / with the helper: attention bert-base
-seq 128 3.39 / 2.45 s, attention_backward GPT-2 512 causal 3.09 / 2.44, linear_backward
-bert-base ffn-up + gelu 3.38 / 2.63, linear_cross_entropy_with_grad GPT-2 lm head 2.83 /
-2.70.
+an empty cache per op; Zen 4, 2026-12-05), without / with helpers: attention bert-base
+seq 128 3.39 / 2.15-2.45 s, attention_backward GPT-2 512 causal 3.09 / 2.44, linear_backward
+bert-base ffn-up + gelu 3.38 / 2.44-2.63, linear_cross_entropy_with_grad GPT-2 lm head
+2.58-2.83 / 1.98-2.20.
 
 ``NK_COMPILE_HELPER`` says when: ``auto`` (the default) when numba caches the kernels and a
 core is free (Linux: fewer threads of other processes running or ready to run than usable
@@ -25,9 +29,9 @@ run with a worker per core) the helper would only add its start-up (about 0.4 s 
 imports) to the work; ``on`` whenever numba caches the kernels; ``off`` never.  A helper
 that fails or outlives TIMEOUT_S changes nothing but the time: this process compiles what
 the cache lacks itself, and starts no helper again (whatever failed, such as a Python that
-cannot import the kernels, would fail again).  The helper's results are numba cache entries like any, keyed by
-function, signature and CPU, and made by the same compiler from the same sources and
-environment: the machine code this process would have made.
+cannot import the kernels, would fail again).  The helper's results are numba cache
+entries like any, keyed by function, signature and CPU, and made by the same compiler from
+the same sources and environment: the machine code this process would have made.
 """
 from __future__ import annotations
 

@@ -530,7 +530,7 @@ def worker_addresses(requests):
     when a helper runs, and the orders).  Put the longest to compile first and the next
     longest second: this process starts on the first while the helper starts up (about
     0.4 s), then the helper on the second; the short ones fill in."""
-    keys = [(r[0], r[1], r[2] if len(r) > 2 else 2) for r in requests]
+    keys = _keys(requests)
     if keys[0] not in _ADDRESSES and sum(k not in _ADDRESSES for k in keys) >= 2 and compile_helper.wanted():
         with _ADDRESSES_LOCK:
             cold = [k for k in dict.fromkeys(keys) if k not in _ADDRESSES and k not in _AHEAD and _is_cold(k)]
@@ -538,8 +538,7 @@ def worker_addresses(requests):
             # only with the first (the longest) among them: the helper's start-up (0.4 s)
             # is as long as a small kernel's compile
             if len(cold) >= 2 and cold[0] == keys[0]:
-                helper = compile_helper.start([(k[0].py_func.__module__, k[0].py_func.__name__, k[1], k[2])
-                                               for k in cold])
+                helper = compile_helper.start(_described(cold))
             if helper is not None:
                 for i in compile_helper.main_order(len(cold)):
                     if compile_helper.claim(helper.claims, i):
@@ -564,20 +563,29 @@ def compile_ahead(requests):
     helper runs).  A later worker_address(es) of one of them compiles it here if the helper
     has not started on it, else waits for the helper's copy and loads it from numba's
     cache.  Advisory: a kernel never asked for costs only the helper's time."""
-    keys = [(r[0], r[1], r[2] if len(r) > 2 else 2) for r in requests]
+    keys = _keys(requests)
     if all(k in _ADDRESSES or k in _AHEAD for k in keys) or not compile_helper.wanted():
         return  # (the first test is all a warm call pays: about 1 us)
     with _ADDRESSES_LOCK:
         cold = [k for k in dict.fromkeys(keys) if k not in _ADDRESSES and k not in _AHEAD and _is_cold(k)]
         if not cold:
             return
-        helper = compile_helper.start([(k[0].py_func.__module__, k[0].py_func.__name__, k[1], k[2]) for k in cold],
-                                      order=range(len(cold)))
+        helper = compile_helper.start(_described(cold), order=range(len(cold)))
         if helper is None:
             return
         for i, k in enumerate(cold):
             _AHEAD[k] = (helper, i)
     threading.Thread(target=compile_helper.finish, args=(helper,), daemon=True, name="nk-compile-helper").start()
+
+
+def _keys(requests):
+    """worker_address's keys (dispatcher, variant, nargs) of requests (nargs optional)."""
+    return [(r[0], r[1], r[2] if len(r) > 2 else 2) for r in requests]
+
+
+def _described(keys):
+    """keys as compile_helper.start takes them: (module, function name, variant, nargs)."""
+    return [(k[0].py_func.__module__, k[0].py_func.__name__, k[1], k[2]) for k in keys]
 
 
 def _signature(variant, nargs):
