@@ -143,11 +143,13 @@ def start(kernels, order=None):
     import numba
     if getattr(numba.config, "CACHE_DIR", ""):
         env["NUMBA_CACHE_DIR"] = os.path.abspath(numba.config.CACHE_DIR)  # also when set after import
+    # its errors go to a file beside the claims, not a pipe: a helper whose starter has
+    # ended (compile_ahead's, at exit) must not die writing a warning into a closed pipe
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "kernels_cpu.compile_helper", claims, payload,
-                                 json.dumps(order)], env=env,
-                                cwd=_PACKAGE_PARENT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
+        with open(os.path.join(claims, "stderr"), "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "kernels_cpu.compile_helper", claims, payload,
+                                     json.dumps(order), str(os.getpid())], env=env, cwd=_PACKAGE_PARENT,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     except OSError as e:
         shutil.rmtree(claims, ignore_errors=True)
         _count("failed", f"could not start: {e}")
@@ -198,16 +200,21 @@ def finish(proc):
     """Wait for the helper (at most TIMEOUT_S: then it is killed); True when it compiled
     every kernel it was given."""
     try:
-        _, err = proc.communicate(timeout=TIMEOUT_S)
+        proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.wait()
+        shutil.rmtree(proc.claims, ignore_errors=True)
         _count("failed", f"still compiling after {TIMEOUT_S:.0f} s: killed")
         return False
-    finally:
-        shutil.rmtree(proc.claims, ignore_errors=True)
+    try:
+        with open(os.path.join(proc.claims, "stderr"), "rb") as f:
+            err = f.read()[-2000:].decode(errors="replace")
+    except OSError:
+        err = ""
+    shutil.rmtree(proc.claims, ignore_errors=True)
     if proc.returncode != 0:
-        _count("failed", f"exit {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+        _count("failed", f"exit {proc.returncode}: {err}")
         return False
     _count("succeeded")
     return True
@@ -222,16 +229,19 @@ def _count(what, error=None):
 
 def main(argv):
     """The helper: compiles each kernel of its list that it claims, in its order, and marks
-    each one done."""
+    each one done; removes the claims when the process that started it has ended (a
+    compile_ahead helper outliving its starter's exit)."""
     import importlib
 
     from .parallel import worker_address
-    claims, kernels, order = argv[0], json.loads(argv[1]), json.loads(argv[2])
+    claims, kernels, order, parent = argv[0], json.loads(argv[1]), json.loads(argv[2]), int(argv[3])
     for i in order:
         if claim(claims, i):
             module, name, variant, nargs = kernels[i]
             worker_address(getattr(importlib.import_module(module), name), tuple(variant), nargs)
             _create(claims, f"done{i}")
+    if os.getppid() != parent:  # the process that started it has ended: nobody else removes them
+        shutil.rmtree(claims, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -140,6 +141,38 @@ def test_a_helper_that_fails_changes_nothing_but_the_time(tmp_path):
     assert out["after_ahead"]["started"] == 1 and out["after_ahead"]["failed"] == 1, out
     assert "not importable in the helper" in out["after_threads"]["last_error"], out
     assert sum(out["cache_hits"].values()) == 0, out  # this process compiled everything itself
+
+
+def test_a_helper_outliving_its_starter_cleans_up(tmp_path):
+    """compile_ahead's helper goes on after the process that started it exits, fills the
+    cache, and removes its claims directory itself."""
+    (tmp_path / "mod.py").write_text(MODULE)
+    code = """
+        from kernels_cpu import parallel as P
+        import mod
+        P.compile_ahead([(mod.big, (29,)), (mod.small, (31,))])
+        print(next(iter(P._AHEAD.values()))[0].claims)
+    """
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               NK_COMPILE_HELPER="on")
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    claims = p.stdout.strip().splitlines()[-1]
+    deadline = time.monotonic() + 120
+    while os.path.exists(claims) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(claims), os.listdir(claims)
+    # and what it compiled is in the cache
+    check = """
+        import mod
+        from kernels_cpu import parallel as P
+        P.worker_addresses([(mod.big, (29,)), (mod.small, (31,))])
+        print(sum(mod.big.stats.cache_hits.values()) + sum(mod.small.stats.cache_hits.values()))
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(check)], env=dict(env, NK_COMPILE_HELPER="off"),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.split()[-1] == "2", (p.stdout, p.stderr[-3000:])
 
 
 def test_off_starts_no_helper(tmp_path):
