@@ -35,6 +35,7 @@ the same sources and environment: the machine code this process would have made.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -148,15 +149,31 @@ def start(kernels, order=None):
     try:
         with open(os.path.join(claims, "stderr"), "wb") as err:
             proc = subprocess.Popen([sys.executable, "-m", "kernels_cpu.compile_helper", claims, payload,
-                                     json.dumps(order), str(os.getpid())], env=env, cwd=_PACKAGE_PARENT,
+                                     json.dumps(order)], env=env, cwd=_PACKAGE_PARENT,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     except OSError as e:
         shutil.rmtree(claims, ignore_errors=True)
         _count("failed", f"could not start: {e}")
         return None
     proc.claims = claims
+    with _LOCK:
+        _LIVE.add(proc)
     _count("started")
     return proc
+
+
+# helpers started and not yet reaped by finish (compile_ahead's are reaped on a daemon
+# thread, which dies at exit)
+_LIVE = set()
+
+
+@atexit.register
+def _tidy():
+    """At exit: the claims of helpers that have ended (one that failed leaves them for
+    finish, which compile_ahead's daemon thread may not reach)."""
+    for proc in list(_LIVE):
+        if proc.poll() is not None:
+            shutil.rmtree(proc.claims, ignore_errors=True)
 
 
 def main_order(n):
@@ -197,14 +214,16 @@ def wait_for(proc, i):
 
 
 def finish(proc):
-    """Wait for the helper (at most TIMEOUT_S: then it is killed); True when it compiled
-    every kernel it was given."""
+    """Wait for the helper (at most TIMEOUT_S: then it is killed) and remove its claims;
+    True when it compiled every kernel it claimed."""
     try:
         proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         shutil.rmtree(proc.claims, ignore_errors=True)
+        with _LOCK:
+            _LIVE.discard(proc)
         _count("failed", f"still compiling after {TIMEOUT_S:.0f} s: killed")
         return False
     try:
@@ -213,6 +232,8 @@ def finish(proc):
     except OSError:
         err = ""
     shutil.rmtree(proc.claims, ignore_errors=True)
+    with _LOCK:
+        _LIVE.discard(proc)
     if proc.returncode != 0:
         _count("failed", f"exit {proc.returncode}: {err}")
         return False
@@ -229,19 +250,21 @@ def _count(what, error=None):
 
 def main(argv):
     """The helper: compiles each kernel of its list that it claims, in its order, and marks
-    each one done; removes the claims when the process that started it has ended (a
-    compile_ahead helper outliving its starter's exit)."""
+    each one done; then removes the claims (on an error they stay, with its stderr, for
+    finish to read and remove)."""
     import importlib
 
     from .parallel import worker_address
-    claims, kernels, order, parent = argv[0], json.loads(argv[1]), json.loads(argv[2]), int(argv[3])
+    claims, kernels, order = argv[0], json.loads(argv[1]), json.loads(argv[2])
     for i in order:
         if claim(claims, i):
             module, name, variant, nargs = kernels[i]
             worker_address(getattr(importlib.import_module(module), name), tuple(variant), nargs)
             _create(claims, f"done{i}")
-    if os.getppid() != parent:  # the process that started it has ended: nobody else removes them
-        shutil.rmtree(claims, ignore_errors=True)
+    # every kernel is claimed now, and this helper's are in the cache: the claims are of no
+    # more use (a claim or wait_for that finds them gone treats the kernel as the helper's,
+    # then loads it from the cache), and the process that started it may have exited
+    shutil.rmtree(claims, ignore_errors=True)
 
 
 if __name__ == "__main__":
