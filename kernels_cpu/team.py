@@ -23,8 +23,9 @@ taken.  Idle team threads spin (calling sched_yield) for the spin window (``NK_S
 default DEFAULT_SPIN_US) so that back-to-back calls find them running, then sleep on a
 futex; a call wakes sleepers and does not wait for them.
 
-A team thread that finds itself on the caller's CPU moves off it (allowed everywhere but
-that CPU for one sched_setaffinity call, then everywhere again) before it takes part.
+A team thread that finds itself on the caller's CPU moves off it (one sched_setaffinity
+call: allowed everywhere but that CPU) before it takes part, and stays off that CPU until it
+finds itself on a caller's CPU again (a caller that moved).
 Spinning, it always looked cache-hot, and the scheduler left it sharing the caller's CPU
 for whole 20 ms batches once PyTorch or onnxruntime had run in the process (2026-12-03,
 the report's timing: gelu 128x3072 batches of 121-276 us, median about 215, the team
@@ -33,7 +34,14 @@ then 13-14 ms from the ninth batch on).  Sleeping instead, to be placed again by
 wake-up, fixed gelu (121-187 us) but not the long calls, whose wake-ups put it back on the
 caller's CPU every time; moving: gelu 131-207 us with the team thread in 0.86-1.0 of the
 calls, attention_backward 6.4-8.1 ms in every batch (numba's tbb threads: gelu 136-266,
-attention_backward 5.8-6.5 ms).  One call at a time owns the team:
+attention_backward 5.8-6.5 ms).  Staying off: after a pause the caller's futex wake-up
+put the sleeping thread on the caller's CPU in 8-11 of 24 calls (the other vCPU had halted,
+which the guest scheduler takes for a CPU in use), and the move then came too late to help:
+matmul 128x768x768 one call after 0.2 s idle (24 calls shuffled with numpy's, three
+processes each, alternating; Zen 4, 2026-12-05), medians / upper quartiles 1.46-1.76 / 2.04-2.08 ms
+when allowed everywhere again after each move, 1.29-1.46 / 1.37-1.67 ms staying off (0-2
+moves in 24 calls), numpy 1.06-1.17 ms; 4 Python threads at once and loops unchanged.
+One call at a time owns the team:
 a call that finds it busy (another Python thread's) is told so, and runs on numba's threads
 as before (the caller's fallback), so concurrent calls never wait for each other here.
 
@@ -253,8 +261,9 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     here = b.icmp_signed("==", b.sext(b.call(getcpu, []), i64), load(CALLER_CPU))
     b.cbranch(here, blk["aside"], blk["read2"])
     b.position_at_end(blk["aside"])
-    # move off it: allowed everywhere but the caller's CPU for one system call (the kernel
-    # migrates the thread before it returns), then everywhere again, and take part
+    # move off it: allowed everywhere but the caller's CPU (the kernel migrates the thread
+    # before the call returns), and take part; the mask stays, so the next wake-up cannot
+    # put this thread back on that CPU (see the module docstring)
     add(SHARED, 1)
     ccpu = load(CALLER_CPU)
     allowed = load(ALLOWED)
@@ -266,8 +275,6 @@ def _team_ir(syscall_addr, clock_addr, yield_addr, getcpu_addr, x86):
     sc = b.inttoptr(const(syscall_addr), ir.FunctionType(i64, [i64], var_arg=True).as_pointer())
     nr = const(_SETAFFINITY[os.uname().machine])
     b.store(others, mask)
-    b.call(sc, [nr, const(0), const(8 * (TS_WORDS - TS_MASK)), b.ptrtoint(mask, i64)])
-    b.store(allowed, mask)
     b.call(sc, [nr, const(0), const(8 * (TS_WORDS - TS_MASK)), b.ptrtoint(mask, i64)])
     b.branch(blk["read2"])
     b.position_at_end(blk["pass"])   # nowhere to go: pass the job up and sleep
