@@ -14,6 +14,8 @@
   and min / max of the samples.  Two candidates' samples of the same round ran next to
   each other, so their ratio round by round (paired_ratio) says how far a ratio of medians
   can be trusted: a neighbour's burst lands on both of a round's samples.
+* A candidate whose first-round batch came out under a quarter of ``batch_s`` (calibrated
+  during a burst) gets its batch size from that round, and the round runs again for all.
 * With ``max_rounds``, rounds are added one at a time past ``rounds`` while any
   candidate's spread exceeds ``max_spread``, up to ``max_rounds``: on the shared 2-core
   VMs a burst from a neighbour can put one of three samples at 4x the others (the quick
@@ -30,6 +32,14 @@ from typing import Callable
 clock = time.perf_counter
 
 PAUSE_S = 0.2
+# interleaved(): a candidate whose first-round batch lasted under RECHECK * batch_s had its
+# batch size set during a burst (calibrate's calls all slow); its batches were then too
+# short, so the ramp after each pause weighed on every sample.  The quick report of
+# 2026-12-05 (Zen 4) timed matmul 128x768x768 in batches of 3 calls (1.03 ms a call, 1.50x
+# onnxruntime) where the others ran 24-30 (0.69-0.85 ms), and linear+gelu in batches of 2
+# against 5-6; interleaved() in a script of the same five candidates, its batches about 21
+# calls: 0.73-0.75 ms a call, numpy 0.80-0.95.
+RECHECK = 0.25
 # interleaved(max_rounds=...): keep adding rounds while a candidate's spread is above this
 MAX_SPREAD = 0.25
 
@@ -131,12 +141,22 @@ def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: 
     samples = {n: [] for n in names}
     target = rounds
     r = 0
+    rechecked = False
     while r < target:
         k = r % len(names) if names else 0
         for name in names[k:] + names[:k]:
             switch_to(name)
             samples[name].append(_batch(candidates[name], numbers[name]))
         r += 1
+        if r == 1 and not rechecked:
+            rechecked = True
+            short = [n for n in names if samples[n][0] * numbers[n] < batch_s * RECHECK]
+            if short:  # calibrated in a burst: batch sizes from round 1, which runs again
+                for n in short:
+                    numbers[n] = max(1, int(batch_s / max(samples[n][0], 1e-9)))
+                samples = {n: [] for n in names}
+                r = 0
+                continue
         if progress is not None:
             progress(f"round {r}/{target}")
         if r == target and max_rounds is not None and target < max_rounds and any(

@@ -133,6 +133,27 @@ def test_calibrate_is_not_decided_by_a_slow_first_call(monkeypatch):
     assert n in (19, 20), f"{n} calls a batch: not the median call's 1 ms"  # 0.02 / 0.001 in floats
 
 
+def test_interleaved_rechecks_a_batch_size_set_in_a_burst(monkeypatch):
+    """A burst during calibration (every call 10x slow) must not leave a candidate with
+    2-call batches for the whole run: round 1 shows the batch far under batch_s, the batch
+    size is set again from it and the round is repeated (scripted clock, as above)."""
+    now = [0.0]
+    monkeypatch.setattr(timing, "clock", lambda: now[0])
+    calls = {"burst": 0, "steady": 0}
+
+    def make(name, slow_calls):
+        def fn():
+            calls[name] += 1
+            now[0] += 0.010 if calls[name] <= slow_calls else 0.001
+        return fn
+
+    res = timing.interleaved({"burst": make("burst", 5), "steady": make("steady", 0)}, rounds=3,
+                             warmup=2, batch_s=0.02, pause_s=0.0)
+    assert res["burst"].number in (19, 20, 21) and res["steady"].number in (19, 20, 21)
+    assert res["burst"].rounds == res["steady"].rounds == 3
+    assert res["burst"].median == pytest.approx(0.001)
+
+
 def test_roofline_floor():
     ceil = {"gflops": 100.0, "gbs": 10.0}
     assert roofline.floor_seconds(1e9, 1e6, ceil) == pytest.approx(0.01)  # compute-bound
