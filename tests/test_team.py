@@ -91,6 +91,37 @@ def test_team_threads_take_indices():
     assert team.taken() > before and met > 0, (team.taken(), before, met)
 
 
+def test_a_team_thread_woken_on_the_callers_cpu_moves_off_it_and_stays_off():
+    """The caller and every team thread pinned to one CPU: the next call's wake-up can only
+    put a team thread there, so it moves itself off (everywhere else allowed) and keeps that
+    mask, which the next wake-up after a pause must respect (the pause case of the module
+    docstring)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if team.size() < 2 or len(cpus) < 2 or max(cpus) >= 64:
+        pytest.skip("needs two CPUs below 64 and a team")
+    p = np.zeros(512, np.int64)
+    assert team.run(worker_address(_count, ()), p.ctypes.data, 2), team.describe()
+    ids = [t.native_id for t in team._threads]
+    mine = threading.get_native_id()
+    here = cpus[0]
+    try:
+        for tid in ids + [mine]:
+            os.sched_setaffinity(tid, {here})
+        threading.Event().wait(0.05)   # past the spin window: the team threads sleep
+        p[:] = 0
+        assert team.run(worker_address(_count, ()), p.ctypes.data, 2)
+        assert p[0] == 2
+        deadline = threading.Event()
+        for _ in range(200):   # the move is the team thread's own, after it wakes
+            if all(os.sched_getaffinity(tid) == set(cpus) - {here} for tid in ids):
+                break
+            deadline.wait(0.005)
+        assert [os.sched_getaffinity(tid) for tid in ids] == [set(cpus) - {here}] * len(ids)
+    finally:
+        for tid in ids + [mine]:
+            os.sched_setaffinity(tid, set(cpus))
+
+
 def test_run_workers_goes_through_the_team():
     before = team.taken()
     p = np.zeros(512, np.int64)
