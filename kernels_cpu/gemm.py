@@ -831,15 +831,8 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
-    # the worker first: the largest compile (cold: 0.86-1.03 s), done here while a helper
-    # process compiles the packers and the epilogue (parallel.worker_addresses)
-    kernels = {"worker": worker_kernel(dtype, ti, a_in_place, both_a_forms)}
-    if not a_in_place and pack_a is None:
-        kernels["pack_a"] = _packer_kernel("a", transa, dtype, ti)
-    if b_mode == B_PACK and pack_b is None:
-        kernels["pack_b"] = _packer_kernel("b", transb, dtype, ti)
-    if epilogue:
-        kernels["epilogue"] = epilogue_kernel(dtype, code)
+    kernels = _kernels(dtype, ti, transa, transb, a_in_place, b_mode == B_PACK and pack_b is None,
+                       not a_in_place and pack_a is None, epilogue, code, both_a_forms)
     addr = dict(zip(kernels, worker_addresses(list(kernels.values()))))
     fn = addr["worker"]
     p[P_PACK_A] = 0 if a_in_place else addr.get("pack_a", pack_a)
@@ -858,12 +851,26 @@ def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
     return gemm_worker, (bool(np.dtype(dtype) == np.float64), int(ti)) + forms
 
 
+def _kernels(dtype, ti, transa, transb, a_in_place, packs_b, packs_a, epilogue, code, both_a_forms=False):
+    """{role: worker_address request} of a gemm_parallel call: the worker, the packers it
+    runs (packs_a / packs_b: with the plain packers, not a caller's own) and the epilogue.
+    The worker first: the largest compile (cold: 0.86-1.03 s), done in this process while
+    a helper process compiles the rest (parallel.worker_addresses)."""
+    kernels = {"worker": worker_kernel(dtype, ti, a_in_place, both_a_forms)}
+    if packs_a:
+        kernels["pack_a"] = _packer_kernel("a", transa, dtype, ti)
+    if packs_b:
+        kernels["pack_b"] = _packer_kernel("b", transb, dtype, ti)
+    if epilogue:
+        kernels["epilogue"] = epilogue_kernel(dtype, code)
+    return kernels
+
+
 def packed_kernels(dtype, ti, transa, transb):
     """The kernels (worker_address requests) of a gemm_parallel call with no epilogue that
     packs both operands with the plain packers (A stored transposed, or not a whole number
     of row tiles; B not read in place): for parallel.compile_ahead."""
-    return [worker_kernel(dtype, ti, False), _packer_kernel("a", transa, dtype, ti),
-            _packer_kernel("b", transb, dtype, ti)]
+    return list(_kernels(dtype, ti, transa, transb, False, True, True, False, 0).values())
 
 
 def epilogue_address(dtype, code):
