@@ -2,7 +2,7 @@
 W (N, K) stored as float16, bfloat16 (its 16-bit patterns, uint16) or int8 with a float32
 scale (and zero point) per output row; float32 accumulation.  The weight is widened in
 registers inside the loop: no float32 copy of it is ever made (run_gemv), or only one block
-of rows at a time into a per-call buffer (widen_rows, the GEMM path for many rows).
+of rows at a time into a per-call buffer (widen_panels, the GEMM path for many rows).
 
 run_gemv (decode, M = 1..~8): workers take blocks of NB output rows.  A task walks its rows in
 groups of TB = 4 weight rows; for each group and each group of up to TA rows of x, the
@@ -28,8 +28,9 @@ first call for each after the first, Zen 4 VM, 2026-12-01).
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
-widen_rows (many rows, M >= ~8): rows n0:n1 of W dequantized into a float32 (n1 - n0, K)
-buffer (the caller then runs the dense GEMM on it: dispatch/ops/weight_only.py).
+widen_panels (many rows, M >= ~128): rows n0:n1 of W dequantized into the GEMM's packed B
+panels (a float32 buffer of one block of rows: the caller then runs the dense GEMM on it
+with b_packed, dispatch/ops/weight_only.py).
 """
 import numpy as np
 from llvmlite import ir
@@ -40,7 +41,7 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
 from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
-from .gemm import epilogue_address
+from .gemm import _pack_strided, epilogue_address
 from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
 from .dot_tile import emit_tile
 from .llvm_ir import arg_readers
@@ -255,21 +256,37 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
            min(num_threads(), -(-w2.shape[0] // NB)))
 
 
+# K elements per step of widen_panels: each step widens NR rows x WIDEN_KB into a row-major
+# scratch (48 x 256 float32 = 48 KiB at the 8x48 tile: L2), then transposes it into the
+# panel with the GEMM's own register-transposing packer.
+WIDEN_KB = 256
+
+
 @njit(parallel=True, **JIT)
-def widen_rows(w2, fmt, scale, zp, n0, dst):
-    """dst[r, :] = dequant(w2[n0 + r, :]) in float32 for r < dst.shape[0] (w2, fmt, scale,
-    zp as run_gemv)."""
-    R, K = dst.shape
-    for r in prange(R):
-        src = w2[n0 + r]
-        d = dst[r]
-        if fmt == WEIGHT_INT8:
-            s = scale[n0 + r]
-            z = zp[n0 + r]
-            for k in range(K):
-                d[k] = (np.float32(src[k]) - z) * s
-        else:
-            _widen16(src, d, K, fmt)
+def widen_panels(w2, fmt, scale, zp, n0, nrows, nr, dst):
+    """dst[q, k, r] = dequant(w2[n0 + q*nr + r, k]) in float32 for the nrows rows from n0,
+    zeros past them (q < dst.shape[0]): rows n0.. of the weight as the GEMM's packed B
+    panels of nr columns (gemm.pack_b's layout for B stored (N, K)), which the GEMM then
+    reads with b_packed (w2, fmt, scale, zp as run_gemv)."""
+    npan, K = dst.shape[0], dst.shape[1]
+    flat = dst.reshape(npan * K * nr)
+    for q in prange(npan):
+        tmp = np.empty(nr * WIDEN_KB, np.float32)
+        rows = min(nr, nrows - q * nr)
+        for k0 in range(0, K, WIDEN_KB):
+            kb = min(WIDEN_KB, K - k0)
+            for r in range(rows):
+                n = n0 + q * nr + r
+                src = w2[n, k0:k0 + kb]
+                d = tmp[r * kb:(r + 1) * kb]
+                if fmt == WEIGHT_INT8:
+                    s = scale[n]
+                    z = zp[n]
+                    for k in range(kb):
+                        d[k] = (np.float32(src[k]) - z) * s
+                else:
+                    _widen16(src, d, kb, fmt)
+            _pack_strided(tmp, 0, kb, rows, kb, flat, (q * K + k0) * nr, nr)
 
 
 def _widen16(src, d, K, fmt):

@@ -232,7 +232,7 @@ def test_rule_and_refusals():
     one = str(dispatch.explain("linear", np.ones((1, 32), np.float32), w))
     assert "chosen: cpu-wo-gemv" in one and "weight_format=2" in one, one
     assert "cpu-gemm: refused: weight is bfloat16" in one, one
-    many = str(dispatch.explain("linear", np.ones((200, 32), np.float32), make_weight(g, (64, 32), "int8-channel")))
+    many = str(dispatch.explain("linear", np.ones((600, 32), np.float32), make_weight(g, (64, 32), "int8-channel")))
     assert "chosen: cpu-wo-gemm" in many, many
     dense = str(dispatch.explain("linear", np.ones((1, 32), np.float32), np.ones((64, 32), np.float32)))
     assert "cpu-wo-gemv: refused: weight is dense" in dense, dense
@@ -337,8 +337,9 @@ def test_empty_and_zero_k(impl, fmt):
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM path's blocks")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cpu_gemm_path_several_blocks(fmt, monkeypatch):
-    """cpu-wo-gemm widens WO_GEMM_ELEMS // K rows per block (at least 64): shrink it so that
-    N = 150 takes 64 + 64 + 22 rows, bias and activation per block."""
+    """cpu-wo-gemm widens WO_GEMM_ELEMS // K rows per block (at least 64, rounded up to
+    whole panels of the tile): shrink it so that N = 150 takes two blocks or more (96 + 54
+    rows with 48-column panels), bias and activation per block."""
     from dispatch.ops import weight_only as WO
 
     monkeypatch.setattr(WO, "WO_GEMM_ELEMS", 64 * 37)

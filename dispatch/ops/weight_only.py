@@ -42,6 +42,7 @@ import numpy as np
 from kernels_common.activation import ACT_NONE
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 from kernels_cpu import weight_only as KW
+from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..quantized import QuantizedArray
@@ -201,17 +202,19 @@ def _run_gemv(params, x, weight, bias, out, code, b_is_nk, packed=None):
 _WORKSPACE = threading.local()
 
 
-def _block_buffers(rows, k, m):
-    """(block, tmp): the calling thread's float32 buffers for one widened block of the
-    weight (rows, K) and its product (m, rows), kept for the next call (per Python thread:
-    the kernels release the GIL).  Not linalg's workspace: its GEMM packs into that one."""
-    need = rows * k + m * rows
+def _block_buffers(npan, k, nr, m, rows):
+    """(panels, tmp): the calling thread's float32 buffers for one widened block of the
+    weight as packed B panels (npan, K, nr) and its product (m, rows), kept for the next
+    call (per Python thread: the kernels release the GIL).  Not linalg's workspace: its
+    GEMM packs A into that one."""
+    np_el = npan * k * nr
+    need = np_el + m * rows
     buf = getattr(_WORKSPACE, "buf", None)
     if buf is None or buf.size < need:
         buf = np.empty(need, np.float32)
         if need <= L.WORKSPACE_KEEP:
             _WORKSPACE.buf = buf
-    return buf[:rows * k].reshape(rows, k), buf[rows * k:need]
+    return buf[:np_el].reshape(1, npan, k, nr), buf[np_el:need]
 
 
 # Weight elements widened per block on the GEMM path (8 MiB of float32: 512 rows at K =
@@ -223,9 +226,16 @@ def _block_buffers(rows, k, m):
 #   run 3 (9 rounds): 256 162 ms, 512 (2M) 105, 1024 116; dense cpu-gemm 176, blas 147
 # The host's noise is as large as the differences; 512 rows was never the slowest.
 WO_GEMM_ELEMS = 1 << 21
+# gemm_parallel's b3 with b_packed: only its count of matrices (1) is read, the panels are
+# the product's B
+_NO_SOURCE = np.zeros((1, 1, 1), np.float32)
 
 
 def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
+    """Blocks of rows of the weight widened straight into the GEMM's packed B panels
+    (KW.widen_panels), each block one GEMM with b_packed.  (Widened into plain rows, which
+    the GEMM then packed again, M 128, K 4096, N 11008 bfloat16 took 94 ms where the dense
+    float32 GEMM took 72 ms and 54 prepacked: 2026-12-05, Zen 4.)"""
     x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
     if not res.size:
         return deliver(res, out)
@@ -233,43 +243,60 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     if k == 0:
         L._degenerate(out2.reshape(1, m, n), bias_v, code)
         return deliver(res, out)
+    tile = L.K.active_tile()
+    nr = tile.nr(_F32)
     rows = min(n, max(64, WO_GEMM_ELEMS // k))
-    blk, tmp = _block_buffers(rows, k, m)
+    rows = -(-rows // nr) * nr   # whole panels per block
+    panels, tmp = _block_buffers(-(-rows // nr), k, nr, m, rows)
     a3 = x2.reshape(1, m, k)
     epilogue = bias is not None or code != ACT_NONE
+    sa = L.K.pack_shapes(1, 1, m, rows, k, _F32, tile)[0]
     for n0 in range(0, n, rows):
         nb = min(rows, n - n0)
-        b = blk[:nb]
-        KW.widen_rows(w2, fmt, sc, zp, n0, b)
+        bp = panels[:, :-(-nb // nr)]
+        KW.widen_panels(w2, fmt, sc, zp, n0, nb, nr, bp[0])
         o3 = tmp[:m * nb].reshape(1, m, nb)
-        L._gemm(a3, b.reshape(1, nb, k), L._ZERO_IDX, L._ZERO_IDX, False, True,
-                np.ascontiguousarray(bias_v[n0:n0 + nb]), code, epilogue, o3, None)
+        mc, nc, kc = L._gemm_blocks(m, nb, k, 1, nr, tile)
+        ap = L._workspace(math.prod(sa), _F32).reshape(sa)
+        L.K.gemm_parallel(a3, _NO_SOURCE, L._ZERO_IDX, L._ZERO_IDX, False, True,
+                          np.ascontiguousarray(bias_v[n0:n0 + nb]), epilogue, code, o3, ap, bp, True, mc, nc, kc,
+                          num_threads(), tile=tile)
         out2[:, n0:n0 + nb] = o3[0]
     return deliver(res, out)
 
 
 # ---- selection -----------------------------------------------------------------------------
 
-# Rows of x below which the GEMV path wins: it reads each weight byte from memory once for
-# up to 4 rows (16 lanes; 2 with 8) and again from L1/L2 for each further group of rows; the
-# GEMM path widens every block to float32 and runs the dense GEMM on it.  Measured
-# 2026-11-25 on the Xeon host (AVX-512, 2 threads, loaded by other jobs: load average
-# 17-26), bfloat16 weight 11008 x 4096 cycling through 6 copies, interleaved medians of 5
-# rounds (gemv / gemm): M 4: 10.2 / 74.2 ms; 8: 14.4 / 56.0; 16: 36.1 / 67.3; 32: 44.3 /
-# 75.7; 64: 114.7 / 147.8; 128: 337.1 / 250.0.
-WO_GEMV_ROWS = 128
+# Rows of x below which the GEMV path wins, by the host's float32 lanes (KW.host_lanes()):
+# the GEMV reads each weight byte from memory once for up to 4 rows (16 lanes; 2 with 8)
+# and again from L1/L2 for each further group of rows; the GEMM path widens blocks of the
+# weight into the GEMM's packed panels and runs the dense GEMM on them.  bfloat16 weight
+# 11008 x 4096, both forced, interleaved medians of 5 rounds (gemv / gemm), Zen 4 (AVX-512),
+# 2 threads, 2026-12-05, after the GEMM path stopped packing its widened rows a second time:
+#   16 lanes: M 16 7.3 / 20.4 ms, 32 14.1 / 27.4, 64 29.7 / 44.4, 128 64.5-64.7 / 72.6-78.4,
+#             256 125.8 / 136.3, 512 251.7 / 241.3;
+#   8 lanes (the AVX2 GEMV, forced on the same host beside the 16-lane GEMM; Zen 3's FMA
+#             rate per cycle is Zen 4's): M 64 44.1 / 42.0, 128 96.7 / 72.1, 256 190.3 / 133.9.
+# (2026-11-25, Xeon, before the GEMV's later changes: 16 lanes M 128 337.1 / 250.0.)
+WO_GEMV_ROWS = {16: 512, 8: 64}
+
+
+def _gemv_rows():
+    return WO_GEMV_ROWS.get(KW.host_lanes(), 64)
 
 
 def order(key):
     """The CPU candidates for a low-precision key, best first, and why."""
     name = WEIGHT_FORMAT_NAMES[key.weight_format]
-    if key.m < WO_GEMV_ROWS:
+    rows = _gemv_rows()
+    if key.m < rows:
         return (("cpu-wo-gemv", "cpu-wo-gemm"),
-                f"{name} weight, M bucket {key.m} < {WO_GEMV_ROWS}: weights widened in registers, each byte read from "
-                "memory once (from cache again per further 4 rows of x); measured beside WO_GEMV_ROWS")
+                f"{name} weight, M bucket {key.m} < {rows} ({KW.host_lanes()} float32 lanes): weights widened in "
+                "registers, each byte read from memory once (from cache again per further 4 rows of x); measured "
+                "beside WO_GEMV_ROWS")
     return (("cpu-wo-gemm", "cpu-wo-gemv"),
-            f"{name} weight, M bucket {key.m} >= {WO_GEMV_ROWS}: blocks of the weight widened to float32, then the "
-            "dense GEMM (compute bound; measured beside WO_GEMV_ROWS)")
+            f"{name} weight, M bucket {key.m} >= {rows} ({KW.host_lanes()} float32 lanes): blocks of the weight "
+            "widened into the GEMM's packed panels, then the dense GEMM (compute bound; measured beside WO_GEMV_ROWS)")
 
 
 _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
@@ -277,7 +304,8 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
 _NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS >> 18} MiB of weight rows widened to "
-               "float32 (per-call buffer), then the own GEMM (cpu-gemm) on each block with bias + activation fused")
+               "float32 straight into the GEMM's packed panels (per-call buffer), then the own GEMM (cpu-gemm) on "
+               "each block with bias + activation fused")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,), supports=refuse_dense,
                         notes=_NOTES_GEMV, kernel_modules=_KERNELS))
