@@ -34,13 +34,13 @@ with b_packed, dispatch/ops/weight_only.py).
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
-from .approx import OVERLOAD, JIT, JIT_BY_ADDRESS
+from .approx import OVERLOAD, JIT_BY_ADDRESS
 from .gemm import _pack_strided, epilogue_address
 from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
 from .dot_tile import emit_tile
@@ -262,16 +262,41 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
 WIDEN_KB = 256
 
 
-@njit(parallel=True, **JIT)
-def widen_panels(w2, fmt, scale, zp, n0, nrows, nr, dst):
-    """dst[q, k, r] = dequant(w2[n0 + q*nr + r, k]) in float32 for the nrows rows from n0,
-    zeros past them (q < dst.shape[0]): rows n0.. of the weight as the GEMM's packed B
-    panels of nr columns (gemm.pack_b's layout for B stored (N, K)), which the GEMM then
-    reads with b_packed (w2, fmt, scale, zp as run_gemv)."""
-    npan, K = dst.shape[0], dst.shape[1]
-    flat = dst.reshape(npan * K * nr)
-    for q in prange(npan):
-        tmp = np.empty(nr * WIDEN_KB, np.float32)
+# widen_panels' argument block (int64): the weight, its scale and zero point, the panels,
+# the block's first row and row count, NR, the panel count, K, the panel counter.
+(V_W, V_SCALE, V_ZP, V_DST, V_N0, V_NROWS, V_NR, V_NPAN, V_K, V_N, V_NEXT, V_COUNT) = range(12)
+
+
+def widen_panels(w2, fmt, scale, zp, n0, nrows, dst):
+    """dst[0, q, k, r] = dequant(w2[n0 + q*nr + r, k]) in float32 for the nrows rows from
+    n0, zeros past them (dst (1, npan, K, nr), C-contiguous): rows n0.. of the weight as
+    the GEMM's packed B panels of nr columns (gemm.pack_b's layout for B stored (N, K)),
+    which the GEMM then reads with b_packed (w2, fmt, scale, zp as run_gemv).  Panels from
+    a counter on the thread team (widen_worker): as a prange kernel its parfor took a cold
+    first call of the GEMM path from 2.7 to 4.2 s (Zen 4, 2026-12-05)."""
+    if fmt != WEIGHT_INT8:
+        scale = zp = _NO_ROWS
+    p = np.zeros(V_COUNT, np.int64)
+    p[V_W], p[V_SCALE], p[V_ZP], p[V_DST] = w2.ctypes.data, scale.ctypes.data, zp.ctypes.data, dst.ctypes.data
+    p[V_N0], p[V_NROWS], p[V_NR], p[V_NPAN], p[V_K], p[V_N] = n0, nrows, dst.shape[3], dst.shape[1], dst.shape[2], \
+        w2.shape[0]
+    run_at(worker_address(widen_worker, (int(fmt),)), p.ctypes.data, min(num_threads(), dst.shape[1]))
+
+
+@njit(**JIT_BY_ADDRESS)
+def widen_worker(wk, params, fmt):
+    """A worker of widen_panels: panels taken from the V_NEXT counter; each widens NR rows x
+    WIDEN_KB of K at a time into a row-major scratch, then transposes that into the panel
+    with the GEMM's own register-transposing packer (gemm._pack_strided)."""
+    p = c_array_at(params, np.int64(0), (V_COUNT,))
+    N, K, nr, npan, n0, nrows = p[V_N], p[V_K], p[V_NR], p[V_NPAN], p[V_N0], p[V_NROWS]
+    w2 = c_array_at(p[V_W], _weight_zero(fmt), (N, K))
+    scale = c_array_at(p[V_SCALE], np.float32(0), (N,))
+    zp = c_array_at(p[V_ZP], np.float32(0), (N,))
+    flat = c_array_at(p[V_DST], np.float32(0), (npan * K * nr,))
+    tmp = np.empty(nr * WIDEN_KB, np.float32)
+    q = fetch_add(p, V_NEXT, 1)
+    while q < npan:
         rows = min(nr, nrows - q * nr)
         for k0 in range(0, K, WIDEN_KB):
             kb = min(WIDEN_KB, K - k0)
@@ -287,6 +312,7 @@ def widen_panels(w2, fmt, scale, zp, n0, nrows, nr, dst):
                 else:
                     _widen16(src, d, kb, fmt)
             _pack_strided(tmp, 0, kb, rows, kb, flat, (q * K + k0) * nr, nr)
+        q = fetch_add(p, V_NEXT, 1)
 
 
 def _widen16(src, d, K, fmt):

@@ -254,7 +254,7 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     for n0 in range(0, n, rows):
         nb = min(rows, n - n0)
         bp = panels[:, :-(-nb // nr)]
-        KW.widen_panels(w2, fmt, sc, zp, n0, nb, nr, bp[0])
+        KW.widen_panels(w2, fmt, sc, zp, n0, nb, bp)
         o3 = tmp[:m * nb].reshape(1, m, nb)
         mc, nc, kc = L._gemm_blocks(m, nb, k, 1, nr, tile)
         ap = L._workspace(math.prod(sa), _F32).reshape(sa)
