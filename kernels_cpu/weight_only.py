@@ -2,7 +2,7 @@
 W (N, K) stored as float16, bfloat16 (its 16-bit patterns, uint16) or int8 with a float32
 scale (and zero point) per output row; float32 accumulation.  The weight is widened in
 registers inside the loop: no float32 copy of it is ever made (run_gemv), or only one block
-of rows at a time into a per-call buffer (widen_panels, the GEMM path for many rows).
+of rows at a time into a reused buffer (widen_panels, the GEMM path for many rows).
 
 run_gemv (decode, M = 1..~8): workers take blocks of NB output rows.  A task walks its rows in
 groups of TB = 4 weight rows; for each group and each group of up to TA rows of x, the
@@ -28,9 +28,9 @@ first call for each after the first, Zen 4 VM, 2026-12-01).
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
-widen_panels (many rows, M >= ~128): rows n0:n1 of W dequantized into the GEMM's packed B
-panels (a float32 buffer of one block of rows: the caller then runs the dense GEMM on it
-with b_packed, dispatch/ops/weight_only.py).
+widen_panels (many rows: dispatch/ops/weight_only.py's WO_GEMV_ROWS): rows n0:n1 of W
+dequantized into the GEMM's packed B panels (the calling thread's float32 buffer of one
+block of rows; the caller then runs the dense GEMM on it with b_packed).
 """
 import numpy as np
 from llvmlite import ir

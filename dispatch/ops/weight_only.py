@@ -42,7 +42,6 @@ import numpy as np
 from kernels_common.activation import ACT_NONE
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 from kernels_cpu import weight_only as KW
-from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..quantized import QuantizedArray
@@ -250,17 +249,14 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     panels, tmp = _block_buffers(-(-rows // nr), k, nr, m, rows)
     a3 = x2.reshape(1, m, k)
     epilogue = bias is not None or code != ACT_NONE
-    sa = L.K.pack_shapes(1, 1, m, rows, k, _F32, tile)[0]
     for n0 in range(0, n, rows):
         nb = min(rows, n - n0)
         bp = panels[:, :-(-nb // nr)]
         KW.widen_panels(w2, fmt, sc, zp, n0, nb, bp)
         o3 = tmp[:m * nb].reshape(1, m, nb)
-        mc, nc, kc = L._gemm_blocks(m, nb, k, 1, nr, tile)
-        ap = L._workspace(math.prod(sa), _F32).reshape(sa)
-        L.K.gemm_parallel(a3, _NO_SOURCE, L._ZERO_IDX, L._ZERO_IDX, False, True,
-                          np.ascontiguousarray(bias_v[n0:n0 + nb]), epilogue, code, o3, ap, bp, True, mc, nc, kc,
-                          num_threads(), tile=tile)
+        # the panels as a prepacked weight (linalg's GEMM with b_packed)
+        L._gemm(a3, _NO_SOURCE, L._ZERO_IDX, L._ZERO_IDX, False, True, np.ascontiguousarray(bias_v[n0:n0 + nb]),
+                code, epilogue, o3, bp)
         out2[:, n0:n0 + nb] = o3[0]
     return deliver(res, out)
 
@@ -304,8 +300,8 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
 _NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS >> 18} MiB of weight rows widened to "
-               "float32 straight into the GEMM's packed panels (per-call buffer), then the own GEMM (cpu-gemm) on "
-               "each block with bias + activation fused")
+               "float32 straight into the GEMM's packed panels (the calling thread's buffer), then the own GEMM "
+               "(cpu-gemm) on each block with bias + activation fused")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,), supports=refuse_dense,
                         notes=_NOTES_GEMV, kernel_modules=_KERNELS))
