@@ -36,6 +36,12 @@ from .softmax import REDUCTIONS
 # GEMM to run at its large-M speed (the 128-row prepacked GEMM already reaches ~0.75x of
 # onnxruntime, 2026-11-25 notes) while staying far under the logits' size at model shapes
 # (T = 4096, V = 32768 float32: 512 MiB of logits).
+# Larger chunks are faster but break issue #13's memory bound (the dweight GEMM packs a copy
+# of each chunk's gradient, so the extra memory is two chunks: 128 MiB at 64 MiB chunks, a
+# quarter of the logits in tests/test_linear_cross_entropy.py's case).  GPT-2 lm head with
+# its gradient, 2 threads, Zen 4 (2026-12-05), separate processes alternating, chunk 32 / 64
+# / 128 MiB: 4096 rows 6.04-6.21 / 5.38-5.56 / 5.64-5.68 s, 512 rows 821-824 / 705-714 /
+# 648-681 ms (the logits GEMM at 4096 rows 167 / 180 / 191 GFLOP/s).
 CHUNK_BYTES = 32 << 20
 # On the GPU dW is accumulated through a (BLOCK_V, H) scratch: 4096 x 768 float32 = 12 MiB.
 BLOCK_V = 4096
