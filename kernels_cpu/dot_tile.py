@@ -14,6 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import target
 from .llvm_ir import arg_readers, hsum, prefetch
 
 TA = 4   # rows (tokens) per dot tile
@@ -47,6 +48,37 @@ def dot_tile(typingctx, kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t):
         qrows = [builder.gep(data(6), [i64_of(10 + j)]) for j in range(TB)]
         emit_tile(builder, arows, brows, qrows, i64_of(0), width, fty, align, data(13),
                   lambda ptr: builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align),
+                  lambda ptr: builder.load(ptr))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_row(typingctx, kl, a, a0, b, b0, b1, b2, q0, q1, q2, t):
+    """t[j] = sum over k < kl of a[a0 + k] * b[b_j + k] for the TB rows of b at offsets
+    b0..b2: dot_tile for one row of a (a GEMV step), prefetching the rows of b at q0..q2.
+    With one row the tile holds TB accumulators, not TA x TB, so it runs the target's
+    widest vectors (16 float32 lanes with AVX-512, decided when it is compiled, as numba's
+    cache is keyed on the target's features) and no row's FMAs are repeated: dot_tile with
+    its TA row offsets all on the one row did TA times the FMAs at half the width."""
+    if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
+            and isinstance(b, types.Array) and b.dtype == a.dtype and isinstance(t, types.Array)
+            and t.dtype == a.dtype):
+        return None
+    is32 = a.dtype == types.float32
+    width = (16 if is32 else 8) if target.has("avx512f") else (8 if is32 else 4)
+    sig = types.none(kl, a, a0, b, b0, b1, b2, q0, q1, q2, t)
+
+    def codegen(context, builder, sig, args):
+        fty = context.get_value_type(sig.args[1].dtype)
+        vty = ir.VectorType(fty, width)
+        align = 4 if is32 else 8
+        i64_of, data = arg_readers(context, builder, sig, args)
+        brows = [builder.gep(data(3), [i64_of(4 + j)]) for j in range(TB)]
+        qrows = [builder.gep(data(3), [i64_of(7 + j)]) for j in range(TB)]
+        emit_tile(builder, [builder.gep(data(1), [i64_of(2)])], brows, qrows, i64_of(0), width, fty, align,
+                  data(10), lambda ptr: builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align),
                   lambda ptr: builder.load(ptr))
         return context.get_dummy_value()
 

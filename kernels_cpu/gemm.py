@@ -70,7 +70,7 @@ from numba.extending import intrinsic, overload
 from .approx import (OVERLOAD, ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, ACTIVATIONS, JIT_BY_ADDRESS, gelu,
                      gelu_tanh, relu, silu, wide_loops)
 from . import target
-from .dot_tile import TA, TB, dot_tile
+from .dot_tile import TA, TB, dot_row, dot_tile
 from .llvm_ir import arg_readers, prefetch as prefetch_line
 from .parallel import (addresses, c_array_at, call_address, fetch_add, like_dtype, only_if, prefetch, run_workers,
                        worker_address, worker_addresses)
@@ -1320,11 +1320,19 @@ def gemv_nk_worker(w, params, is64):
             b1 = b0 + min(1, nj - 1) * K
             b2 = b0 + min(2, nj - 1) * K
             nn = min(TB, cl - j0 - TB)   # rows of the next group: the first row group prefetches them
+            n0 = b0 + TB * K if nn > 0 else b0
+            n1 = b0 + (TB + 1) * K if nn > 1 else b0
+            n2 = b0 + (TB + 2) * K if nn > 2 else b0
+            if M == 1:
+                dot_row(K, a, 0, b, b0, b1, b2, n0, n1, n2, t)
+                for jj in range(nj):
+                    out[bi * N + c0 + j0 + jj] = t[jj]
+                continue
             for i0 in range(0, M, TA):
                 first = i0 == 0
-                q0 = b0 + TB * K if nn > 0 and first else b0
-                q1 = b0 + (TB + 1) * K if nn > 1 and first else b0
-                q2 = b0 + (TB + 2) * K if nn > 2 and first else b0
+                q0 = n0 if first else b0
+                q1 = n1 if first else b0
+                q2 = n2 if first else b0
                 ni = min(TA, M - i0)
                 a0 = i0 * K
                 dot_tile(K, a, a0, a0 + min(1, ni - 1) * K, a0 + min(2, ni - 1) * K, a0 + min(3, ni - 1) * K,
