@@ -317,15 +317,28 @@ def test_out_aliasing_rejected_and_untouched():
 
 
 @host_only
-def test_explain_picks_gemv_for_few_rows_with_epilogue():
-    # a fused epilogue keeps 2-7 rows on our gemv; one row and a plain product go to OpenBLAS
+def test_explain_picks_gemv_for_few_rows():
+    # 2-7 rows go to our gemv, with or without an epilogue (OpenBLAS runs its sgemm on them);
+    # one row goes to OpenBLAS's gemv unless it is a linear weight of GEMV_OWN_BYTES or more
     # (the measurements beside GEMV_ROWS in dispatch/ops/linalg.py)
+    from dispatch.ops.linalg import GEMV_OWN_BYTES
     x1, x2, w = np.ones((1, 64), F32), np.ones((2, 64), F32), np.ones((32, 64), F32)
     assert dispatch.explain("linear", x2, w, activation="silu").chosen == "cpu-gemv"
+    assert dispatch.explain("linear", x2, w).chosen == "cpu-gemv"
     assert dispatch.explain("matmul", np.ones((3, 64), F32), w.T, bias=np.ones(32, F32)).chosen == "cpu-gemv"
+    assert dispatch.explain("matmul", np.ones((7, 64), F32), w.T).chosen == "cpu-gemv"
     assert dispatch.explain("linear", x1, w, activation="silu").chosen == "blas"
     assert dispatch.explain("linear", np.ones((1, 64), F32), np.ones((32, 64), F32)).chosen == "blas"
     assert dispatch.explain("matmul", np.ones((64, 64), F32), np.ones((64, 32), F32)).chosen in ("cpu-gemm", "blas")
+    # explain reads shapes only: broadcast views stand for the large weights
+    k = 4096
+    big = np.broadcast_to(np.ones((1, 1), F32), (GEMV_OWN_BYTES // 4 // k, k))
+    small = big[: big.shape[0] // 2]
+    xk = np.ones((1, k), F32)
+    assert dispatch.explain("linear", xk, big).chosen == "cpu-gemv"
+    assert dispatch.explain("linear", xk, big, np.ones(big.shape[0], F32), activation="relu").chosen == "cpu-gemv"
+    assert dispatch.explain("linear", xk, small).chosen == "blas"
+    assert dispatch.explain("matmul", xk, big.T).chosen == "blas"
 
 
 @host_only

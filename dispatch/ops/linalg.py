@@ -552,9 +552,10 @@ BLOCKING = {"8x48": (1024, 33, 24, 1), "12x32": (1024, 22, 8, 1)}
 # is at least as fast without an epilogue in every measurement here (gemm is within 3% at
 # 1024^3 and about 0.85x at M = 128).
 #   (`python -m bench tune` can override the rule per key.)
-# Decode shapes (M < 8): a plain product goes to OpenBLAS, which read b faster in every
-# plain case measured: linear 1x768x768 blas 0.021 ms vs gemv 0.027; matmul 1x4096x4096 (a
-# (K, N) b, 64 MiB) numpy 1.81 ms vs gemv 7.75 (python -m bench, quiet run).  With bias +
+# Decode shapes (M < 8): one row of a plain product goes to OpenBLAS, which read b faster in
+# the one-row cases measured then: linear 1x768x768 blas 0.021 ms vs gemv 0.027; matmul
+# 1x4096x4096 (a (K, N) b, 64 MiB) numpy 1.81 ms vs gemv 7.75 (python -m bench, quiet run;
+# since then: a large linear weight, and 2-7 rows, see GEMV_ROWS below).  With bias +
 # relu, OpenBLAS + the epilogue pass against our gemv, 2 threads, medians of 7 x 10 calls
 # (Xeon with AVX-512, 2026-12-03), ms, blas / gemv:
 #   M = 1: linear 4096x4096 1.44 / 2.69, 768x3072 0.25 / 0.41, 768x768 0.05 / 0.12;
@@ -562,13 +563,26 @@ BLOCKING = {"8x48": (1024, 33, 24, 1), "12x32": (1024, 22, 8, 1)}
 #   M = 2: linear 4096x4096 6.52 / 3.65, 768x3072 0.89 / 0.58, 768x768 0.27 / 0.19;
 #          matmul 4096x4096 5.83 / 2.26, 768x3072 0.74 / 0.57 (OpenBLAS's sgemm from 2 rows);
 #   M = 4: linear 4096x4096 6.94 / 4.92, matmul 5.80 / 3.43.
-# So one row goes to OpenBLAS + the epilogue, 2-7 rows to our gemv.
+# So one row goes to OpenBLAS + the epilogue (below 64 MiB of linear weight), 2-7 rows to our gemv.
 # Prepacked weights (dispatch.prepack; interleaved, 11 rounds, 0.2 s pauses, quiet AMD Zen 3
 # host): linear 128x768x3072 + bias + gelu_tanh: cpu-gemm prepacked 5.72 ms, unpacked 7.14,
 # onnxruntime (constant weight) 5.81; matmul 128x768x768 with no epilogue: cpu-gemm
 # prepacked 1.93 ms, OpenBLAS on the source 1.36.  So a prepacked weight moves cpu-gemm
 # first only with an epilogue; a plain product keeps the rule below (OpenBLAS first).
 GEMV_ROWS = 8          # bucket(M) < 8: gemv
+# 2-7 rows with no epilogue went to OpenBLAS too, which runs its sgemm on them: plain
+# products, a process per implementation, medians of 9 batches after 10 ms pauses (Zen 4,
+# 2 threads, 2026-12-05), us, blas / cpu-gemv: linear M = 2 768x768 210 / 48, 768x3072 759 /
+# 141, 4096x4096 7924 / 1439; matmul M = 2 110 / 56, 650 / 163, 5165 / 1916; M = 4 linear
+# 217 / 51, 787 / 148, 7567 / 1565, matmul 107 / 81, 662 / 282, 5316 / 2668.
+# One row against a linear (N, K) weight read from memory, not cache: cpu-gemv from 64 MiB
+# of weight (dot_row's 16-lane one-row tile).  Same method, three runs each, us, blas /
+# cpu-gemv: 768x768 28-29 / 40-41, 768x3072 82-94 / 106-110, 1024x4096 131-142 / 169-180,
+# 2048x4096 321-434 / 394-464, 4096x4096 1275-1417 / 1152-1161, 4096x11008 4180-4391 /
+# 3587-5057 (3587-3614 in two).  Timed interleaved in one process ours loses more (768x3072
+# 79 / 105-152): after each OpenBLAS call its threads spin for ~0.1 s on the core our
+# second thread needs; in a decode loop of our ops nothing calls OpenBLAS from this size.
+GEMV_OWN_BYTES = 1 << 26
 SMALL_PRODUCT = 1 << 22  # bucket(M) * bucket(N) * bucket(K) < 2^22: blas
 # Where numpy's OpenBLAS runs kernels narrower than the host's vectors (0.3.31 knows no
 # Zen 5 and runs its Haswell AVX2 kernels there), our AVX-512 GEMM beats it on a plain
@@ -661,13 +675,16 @@ def _order(key):
     epilogue = key.act != ACT_NONE or key.has_bias
     if key.prepacked and m >= GEMV_ROWS and epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "weight prepacked, with bias/activation: the own GEMM skips packing it and fuses the epilogue"
-    if m == 1 and epilogue:
-        return ("blas", "cpu-gemv", "cpu-gemm"), ("one row with bias/activation: OpenBLAS's gemv reads b faster "
-                                                  "than ours, and the epilogue's pass is over one row")
-    if m < GEMV_ROWS and epilogue:
-        return ("cpu-gemv", "cpu-gemm", "blas"), f"M bucket {m} < {GEMV_ROWS} with bias/activation: matrix-vector form with the epilogue fused, bound by reading b"
+    if m == 1 and key.op == "linear" and n * k * key.dtype.itemsize >= GEMV_OWN_BYTES:
+        return ("cpu-gemv", "blas", "cpu-gemm"), (f"one row, a weight of {GEMV_OWN_BYTES >> 20} MiB or more (read from "
+                                                  "memory, not cache): our gemv streams it faster than OpenBLAS's, "
+                                                  "and no OpenBLAS threads are left spinning")
+    if m == 1:
+        return ("blas", "cpu-gemv", "cpu-gemm"), ("one row: OpenBLAS's gemv reads b faster than ours (any epilogue is "
+                                                  "a pass over one row)")
     if m < GEMV_ROWS:
-        return ("blas", "cpu-gemv", "cpu-gemm"), f"M bucket {m} < {GEMV_ROWS}, no epilogue: OpenBLAS's gemv reads b faster than ours"
+        return ("cpu-gemv", "cpu-gemm", "blas"), (f"M bucket {m} < {GEMV_ROWS}: matrix-vector form (epilogue fused), "
+                                                  "bound by reading b once; OpenBLAS runs its sgemm from 2 rows")
     if (key.prepacked and m * n * k >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N
             and K.active_tile().lanes32 >= 16):
         return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^22, N bucket >= {WIDE_GEMM_MIN_N}: "
