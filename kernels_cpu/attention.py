@@ -73,8 +73,15 @@ BK = 64          # keys per streamed K/V tile (multiple of NC)
 # tiles 10.5-11.8 ms (0.64-0.67x PyTorch), one 208-key tile 10.0-10.3 ms (0.69-0.72x), one
 # 256-key tile 9.5-10.9 ms (0.71-0.76x); 1x12x128x64 and 1x12x512x64 unchanged within noise.
 # With 256-key tiles at every length, 1x12x512x64 was 4-7% slower than with 64 (4.86-4.99
-# vs 4.57-4.76 ms): longer ranges keep BK.
-ONE_TILE = 256
+# vs 4.57-4.76 ms): longer ranges keep BK.  Raised to 1024 (a 64 x 1024 float32 score tile
+# is 256 KiB, in L2): one tile of all the keys beat 64-key tiles up to 1024 keys (2 threads,
+# Zen 4, a process per setting, alternating, medians of 11-15 batches, 2026-12-05), ms, 256
+# -> 1024: 1x12x384x64 2.62-2.72 -> 2.44-2.62 (at 512: 2.40-2.58), 1x12x512x64 4.72-4.83 ->
+# 4.18-4.52, 2x12x512x64 padding mask 11.6-12.2 -> 9.3-9.5, 1x32x512x128 causal 14.9-15.4
+# -> 13.7-14.5, 1x12x1024x64 18.2-18.3 -> 16.7-17.0, 1x32x1024x128 causal 50.5-50.8 ->
+# 48.3-49.9; 16x12x198x32 masked and causal 1x12x2048x64 (BK tiles either way) unchanged.
+# (One 2048-key tile: causal 2048 34.8 / 37.9 against 37.9 / 38.3, not taken.)
+ONE_TILE = 1024
 # flash: with at least HEADS_PER_WORKER (batch, kv head) pairs per worker, a worker takes
 # all row tiles of a head at once (F_CHUNK), so it packs that head's K (and copies its V)
 # alone; handed out a tile at a time, both threads packed every head.  MiniLM's attention,

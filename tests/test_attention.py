@@ -25,6 +25,7 @@ FULL = [
     (1, 2, 1, 40, 20, 64, True),        # Sq > Skv: the first rows see nothing -> zeros
     (2, 2, 2, 3, 600, 64, False),       # decode-like, several KV splits
     (1, 1, 1, 65, 65, 8, False),
+    (1, 3, 1, 66, 1100, 16, True),      # GQA 3, keys past the CPU's one-tile limit (ONE_TILE): several tiles
 ]
 SMALL = [
     (1, 1, 1, 1, 1, 1, False),
