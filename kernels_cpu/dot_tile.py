@@ -21,6 +21,33 @@ TA = 4   # rows (tokens) per dot tile
 TB = 3   # weight rows per dot tile: 12 vector accumulators + 3 weight vectors + 1 row vector = 16 ymm
 
 
+def _float_rows(a, b, t):
+    """Whether a, b and t are arrays of one float dtype (the tiles' operands)."""
+    return (isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
+            and isinstance(b, types.Array) and b.dtype == a.dtype and isinstance(t, types.Array)
+            and t.dtype == a.dtype)
+
+
+def _tile_codegen(nrows, width, is32):
+    """The codegen of a tile of nrows rows of a against TB rows of b, for the arguments
+    (kl, a, a's nrows row offsets, b, b's TB row offsets, TB prefetch offsets, t)."""
+    def codegen(context, builder, sig, args):
+        fty = context.get_value_type(sig.args[1].dtype)
+        vty = ir.VectorType(fty, width)
+        align = 4 if is32 else 8
+        i64_of, data = arg_readers(context, builder, sig, args)
+        ib = 2 + nrows  # b's argument
+        arows = [builder.gep(data(1), [i64_of(2 + i)]) for i in range(nrows)]
+        brows = [builder.gep(data(ib), [i64_of(ib + 1 + j)]) for j in range(TB)]
+        qrows = [builder.gep(data(ib), [i64_of(ib + 1 + TB + j)]) for j in range(TB)]
+        emit_tile(builder, arows, brows, qrows, i64_of(0), width, fty, align, data(ib + 1 + 2 * TB),
+                  lambda ptr: builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align),
+                  lambda ptr: builder.load(ptr))
+        return context.get_dummy_value()
+
+    return codegen
+
+
 @intrinsic
 def dot_tile(typingctx, kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t):
     """t[i*TB + j] = sum over k < kl of a[a_i + k] * b[b_j + k] for the TA rows of a at
@@ -30,28 +57,11 @@ def dot_tile(typingctx, kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t):
     (allocas that mem2reg makes registers), a loop of kl // W vector steps (TB prefetches,
     TB loads of b, TA loads of a, TA * TB llvm.fma), a horizontal sum per accumulator, a
     scalar loop over the kl % W last k, and TA * TB scalar stores."""
-    if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
-            and isinstance(b, types.Array) and b.dtype == a.dtype and isinstance(t, types.Array)
-            and t.dtype == a.dtype):
+    if not _float_rows(a, b, t):
         return None
     is32 = a.dtype == types.float32
-    width = 8 if is32 else 4
     sig = types.none(kl, a, a0, a1, a2, a3, b, b0, b1, b2, q0, q1, q2, t)
-
-    def codegen(context, builder, sig, args):
-        fty = context.get_value_type(sig.args[1].dtype)
-        vty = ir.VectorType(fty, width)
-        align = 4 if is32 else 8
-        i64_of, data = arg_readers(context, builder, sig, args)
-        arows = [builder.gep(data(1), [i64_of(2 + i)]) for i in range(TA)]
-        brows = [builder.gep(data(6), [i64_of(7 + j)]) for j in range(TB)]
-        qrows = [builder.gep(data(6), [i64_of(10 + j)]) for j in range(TB)]
-        emit_tile(builder, arows, brows, qrows, i64_of(0), width, fty, align, data(13),
-                  lambda ptr: builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align),
-                  lambda ptr: builder.load(ptr))
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return sig, _tile_codegen(TA, 8 if is32 else 4, is32)
 
 
 @intrinsic
@@ -62,27 +72,12 @@ def dot_row(typingctx, kl, a, a0, b, b0, b1, b2, q0, q1, q2, t):
     widest vectors (16 float32 lanes with AVX-512, decided when it is compiled, as numba's
     cache is keyed on the target's features) and no row's FMAs are repeated: dot_tile with
     its TA row offsets all on the one row did TA times the FMAs at half the width."""
-    if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
-            and isinstance(b, types.Array) and b.dtype == a.dtype and isinstance(t, types.Array)
-            and t.dtype == a.dtype):
+    if not _float_rows(a, b, t):
         return None
     is32 = a.dtype == types.float32
     width = (16 if is32 else 8) if target.has("avx512f") else (8 if is32 else 4)
     sig = types.none(kl, a, a0, b, b0, b1, b2, q0, q1, q2, t)
-
-    def codegen(context, builder, sig, args):
-        fty = context.get_value_type(sig.args[1].dtype)
-        vty = ir.VectorType(fty, width)
-        align = 4 if is32 else 8
-        i64_of, data = arg_readers(context, builder, sig, args)
-        brows = [builder.gep(data(3), [i64_of(4 + j)]) for j in range(TB)]
-        qrows = [builder.gep(data(3), [i64_of(7 + j)]) for j in range(TB)]
-        emit_tile(builder, [builder.gep(data(1), [i64_of(2)])], brows, qrows, i64_of(0), width, fty, align,
-                  data(10), lambda ptr: builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align),
-                  lambda ptr: builder.load(ptr))
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return sig, _tile_codegen(1, width, is32)
 
 
 def emit_tile(builder, arows, brows, qrows, kl64, width, fty, bsize, t_ptr, b_vector, b_scalar):
