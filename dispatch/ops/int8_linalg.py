@@ -351,9 +351,13 @@ PACK_QUANT_SERIAL_MAX = 1 << 15
 # for calls whose packed A is at most WORKSPACE_CACHE_BYTES: the calling thread owns them
 # for the call's duration, and nothing of them reaches the result.  A decode step's
 # allocations (a line-aligned A, its int32 view and three row vectors) took 3.4 us of a
-# 36 us dynamic_quant_linear 1x768x768 (Zen 4, 2026-12-04).  Larger calls allocate per
-# call (their time is in the GEMM, and a cache would pin their memory).
-WORKSPACE_CACHE_BYTES = 1 << 16
+# 36 us dynamic_quant_linear 1x768x768 (Zen 4, 2026-12-04).  Up to 1 MiB (a BERT layer's
+# 128 rows of K = 768 or 3072 take 96 or 384 KiB) the cache pays at prefill sizes too: 64
+# KiB -> 1 MiB, 128x768x768, a process each, alternating six times, medians of 15 x 40
+# calls (Zen 4, 2 threads, 2026-12-05), us: matmul_int8 226.9-260.1 -> 222.0-245.4 (faster
+# in 5 of 6 pairs), dynamic_quant_linear with bias 228.8-246.8 -> 222.9-241.6 (6 of 6).
+# Larger calls allocate per call (their time is in the GEMM, and a cache would pin more).
+WORKSPACE_CACHE_BYTES = 1 << 20
 WORKSPACE_CACHE_ENTRIES = 8
 _WORKSPACE = threading.local()
 
