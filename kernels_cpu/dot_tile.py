@@ -1,7 +1,8 @@
 """dot_tile: a tile of dot products of rows with rows, the micro-kernel of products whose two
 operands are both contiguous along K ("X (n, K) times W (N, K) transposed": a Linear weight
 used as it is stored).  The MoE FFN's expert products (kernels_cpu/moe.py) and the GEMV of
-a few rows against a Linear weight (kernels_cpu/gemm.py, gemv_nk) run it.
+a few rows against a Linear weight (kernels_cpu/gemm.py, gemv_nk) run it; gemv_nk runs
+dot_row, its one-row form at the target's full vector width, for a single row.
 
 An LLVM-IR intrinsic like the GEMM's micro-kernel (numba leaves LLVM's SLP vectorizer off):
 TA x TB vector accumulators along K, per K step of one vector TB weight loads, TA row loads

@@ -51,7 +51,7 @@ read in place as the micro-kernel's A operand (MR of its rows per tile) and only
 
 gemv_nk: few rows (decode) against B stored (N, K) (``transb``, a Linear weight): tasks of
 weight rows on the thread team, dot_tile (kernels_cpu/dot_tile.py) dotting each group of
-weight rows with every row of A, the next group prefetched.  gemv_kn: B stored (K, N):
+weight rows with every row of A (dot_row for one row), the next group prefetched.  gemv_kn: B stored (K, N):
 slabs of whole rows on the team into partial sums, then a pass adding them with the
 epilogue.
 
