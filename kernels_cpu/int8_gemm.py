@@ -58,8 +58,10 @@ K = 4096 is 192 KiB, in L2) into a small int32 buffer (a row panel across the ta
 columns), then the epilogue from that buffer straight into the output (fused: the output
 is written once).  Few rows (decode) take the same path (on AMX hosts, one row takes
 PATH_AMX_ROWS): one row panel, the tasks split the columns, and each packed weight panel is
-streamed once.  A is packed (or quantized)
-by workers of its own (pack_a_int, quant_pack_a) in blocks of PACK_ROWS rows.
+streamed once.  A is packed (or quantized) by row packers called by address
+(pack_int_rows, quant_pack_rows): when every row panel is one task's, by each GEMM task
+for its own rows (gemm's note), else first, by workers of their own (pack_a_rows) in
+blocks of PACK_ROWS rows.
 
 Workers called by address instead of prange loops: each is compiled once, alone (a prange
 kernel compiles its body again into a parfor gufunc).  Cold first call of matmul_int8
@@ -448,7 +450,8 @@ def pack_b(b, transposed, path):
 
 # The A packers' argument block: int64 slots (addresses, then sizes); A_NEXT is the task
 # counter the workers take row blocks from.
-(A_SRC, A_DST, A_ZA, A_SA, A_C, A_RS, A_M, A_K, A_MP, A_KP, A_FLIP, A_NEXT, A_COUNT) = range(13)
+# A_SELF: the block's own address (gemm's G_PACK without a ctypes.data in Python).
+(A_SRC, A_DST, A_ZA, A_SA, A_C, A_RS, A_SELF, A_M, A_K, A_MP, A_KP, A_FLIP, A_NEXT, A_ROWS, A_COUNT) = range(15)
 # Rows per packing task: small blocks so that both threads share even a 128-row A.
 PACK_ROWS = 16
 
@@ -467,17 +470,10 @@ def _packed_zero_overload(wide):
     return lambda wide: np.uint8(0)
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
-def pack_a_int(w, params, wide):
-    """A worker (parallel.run_workers) packing A for the packed paths from integer
-    activations: src (M, K) uint8 bytes (int8 activations viewed as uint8), au = byte ^ flip
-    (flip 0x80 for int8: x + 128 as a byte; 0 for uint8); dst (Mp, Kp) uint8, or int16 when
-    the literal wide (PATH_AVX2), Mp / Kp whole register tiles / words, zero padded (the
-    micro-kernel reads A's rows in place, a word of KG values at a time).  za (M,) float64
-    zero points; c[m] = shift + za[m], rs[m] = sum_k (a - za) (float64, exact); the
-    argument block's A_* slots give the addresses and sizes."""
-    wide_loops()
-    p = c_array_at(params, np.int64(0), (A_COUNT,))
+@njit(inline="always")
+def _pack_int_rows(p, r0, r1, wide):
+    """Rows r0..r1-1 of dst packed from integer activations (pack_int_rows; rows from
+    M on zero), from the argument block p."""
     M, K, Mp, Kp, flip = p[A_M], p[A_K], p[A_MP], p[A_KP], np.int32(p[A_FLIP])
     src = c_array_at(p[A_SRC], np.uint8(0), (max(M, 1), K))
     dst = c_array_at(p[A_DST], packed_zero(wide), (Mp, Kp))
@@ -486,30 +482,61 @@ def pack_a_int(w, params, wide):
     rs = c_array_at(p[A_RS], np.float64(0), (M,))
     shift = np.float64(flip)  # 128 or 0: the value the flip adds
     f8 = np.uint8(flip)  # a byte xor (au is 0..255 in either dst type)
+    for m in range(r0, r1):
+        d = dst[m]
+        if m < M:
+            row = src[m]
+            # two loops, each vectorized on its own: the copy in dst's lanes (64 bytes a
+            # zmm for uint8), then the sum of what it wrote, in int32 lanes (K * 255 <
+            # 2^31 for K <= MAX_K); one loop of both ran on int64 lanes.  128x768 int8,
+            # one thread: Xeon with AVX-512 (2026-12-03), pack_a 14.3-14.5 -> 10.8-11.3
+            # us; the copy xor-ing in int32 lanes and the sum re-reading src -> the byte
+            # xor and the sum over dst, loops alone on Zen 4 (2026-12-04): 6.2 -> 3.3 us
+            for k in range(K):
+                d[k] = row[k] ^ f8
+            s = np.int32(0)
+            for k in range(K):
+                s += np.int32(d[k])
+            for k in range(K, Kp):
+                d[k] = 0
+            c[m] = shift + za[m]
+            rs[m] = np.float64(s) - K * c[m]
+        else:
+            for k in range(Kp):
+                d[k] = 0
+
+
+# The row packers are called by address (the block's A_ROWS), from the packing worker
+# pack_a_rows and from gemm_packed's tasks (G_PACK): one compiled copy of each, not one
+# inlined into every GEMM variant (inlined, matmul_int8's cold first call took 2.15-2.23 s
+# against 1.68: gemm_packed's own compile went 0.38 -> 0.73 s, 2026-12-05, Zen 4).  No
+# fastmath, as the packers always were: _rint relies on it.
+_ROWS_BY_ADDRESS = dict(cache=True, error_model="numpy", nogil=True, no_cpython_wrapper=True)
+
+
+@njit(**_ROWS_BY_ADDRESS)
+def pack_int_rows(params, r0, r1, wide):
+    """Rows r0..r1-1 of A packed from integer activations (_pack_int_rows) for the A_*
+    argument block at address params: src (M, K) uint8 bytes (int8 activations viewed as
+    uint8), au = byte ^ flip (flip 0x80 for int8: x + 128 as a byte; 0 for uint8); dst (Mp,
+    Kp) uint8, or int16 when the literal wide (PATH_AVX2), Mp / Kp whole register tiles /
+    words, zero padded (the micro-kernel reads A's rows in place, a word of KG values at a
+    time).  za (M,) float64 zero points; c[m] = shift + za[m], rs[m] = sum_k (a - za)
+    (float64, exact)."""
+    wide_loops()
+    _pack_int_rows(c_array_at(params, np.int64(0), (A_COUNT,)), r0, r1, wide)
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def pack_a_rows(w, params):
+    """A worker (parallel.run_workers) packing A for the packed paths: tasks of PACK_ROWS
+    rows taken from the A_NEXT counter, each packed by the block's row packer (A_ROWS:
+    pack_int_rows or quant_pack_rows)."""
+    p = c_array_at(params, np.int64(0), (A_COUNT,))
+    Mp = p[A_MP]
     task = fetch_add(p, A_NEXT, 1)
     while task * PACK_ROWS < Mp:
-        for m in range(task * PACK_ROWS, min(Mp, task * PACK_ROWS + PACK_ROWS)):
-            d = dst[m]
-            if m < M:
-                row = src[m]
-                # two loops, each vectorized on its own: the copy in dst's lanes (64 bytes a
-                # zmm for uint8), then the sum of what it wrote, in int32 lanes (K * 255 <
-                # 2^31 for K <= MAX_K); one loop of both ran on int64 lanes.  128x768 int8,
-                # one thread: Xeon with AVX-512 (2026-12-03), pack_a 14.3-14.5 -> 10.8-11.3
-                # us; the copy xor-ing in int32 lanes and the sum re-reading src -> the byte
-                # xor and the sum over dst, loops alone on Zen 4 (2026-12-04): 6.2 -> 3.3 us
-                for k in range(K):
-                    d[k] = row[k] ^ f8
-                s = np.int32(0)
-                for k in range(K):
-                    s += np.int32(d[k])
-                for k in range(K, Kp):
-                    d[k] = 0
-                c[m] = shift + za[m]
-                rs[m] = np.float64(s) - K * c[m]
-            else:
-                for k in range(Kp):
-                    d[k] = 0
+        call_address(p[A_ROWS], (params, task * PACK_ROWS, min(Mp, task * PACK_ROWS + PACK_ROWS)))
         task = fetch_add(p, A_NEXT, 1)
 
 
@@ -591,38 +618,42 @@ def _quant_row(row, K, qrow):
     return scale, np.int32(zp)
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
-def quant_pack_a(w, params, wide):
-    """pack_a_int's twin for dynamic_quant_linear: each row of src (M, K) float32 quantized
-    to uint8 (_quant_row) straight into dst (Mp, Kp) (pack_a_int's layout: no other copy
-    of x), with its scale sa[m], c[m] = zp[m] and rs[m] = sum_k (q - zp).  A row holding
-    NaN or inf gets scale NaN (the caller checks sa before running the GEMM)."""
-    wide_loops()
-    p = c_array_at(params, np.int64(0), (A_COUNT,))
+@njit(inline="always")
+def _quant_pack_rows(p, r0, r1, wide):
+    """Rows r0..r1-1 of dst quantized from float32 rows (quant_pack_rows; rows from M
+    on zero), from the argument block p."""
     M, K, Mp, Kp = p[A_M], p[A_K], p[A_MP], p[A_KP]
     src = c_array_at(p[A_SRC], np.float32(0), (max(M, 1), K))
     dst = c_array_at(p[A_DST], packed_zero(wide), (Mp, Kp))
     sa = c_array_at(p[A_SA], np.float64(0), (M,))
     c = c_array_at(p[A_C], np.float64(0), (M,))
     rs = c_array_at(p[A_RS], np.float64(0), (M,))
-    task = fetch_add(p, A_NEXT, 1)
-    while task * PACK_ROWS < Mp:
-        for m in range(task * PACK_ROWS, min(Mp, task * PACK_ROWS + PACK_ROWS)):
-            d = dst[m]
-            if m < M:
-                scale, zp = _quant_row(src[m], K, d)
-                s = np.int32(0)  # as in pack_a_int
-                for k in range(K):
-                    s += np.int32(d[k])
-                for k in range(K, Kp):
-                    d[k] = 0
-                sa[m] = scale
-                c[m] = zp
-                rs[m] = np.float64(s) - K * np.float64(zp)
-            else:
-                for k in range(Kp):
-                    d[k] = 0
-        task = fetch_add(p, A_NEXT, 1)
+    for m in range(r0, r1):
+        d = dst[m]
+        if m < M:
+            scale, zp = _quant_row(src[m], K, d)
+            s = np.int32(0)  # as in _pack_int_rows
+            for k in range(K):
+                s += np.int32(d[k])
+            for k in range(K, Kp):
+                d[k] = 0
+            sa[m] = scale
+            c[m] = zp
+            rs[m] = np.float64(s) - K * np.float64(zp)
+        else:
+            for k in range(Kp):
+                d[k] = 0
+
+
+@njit(**_ROWS_BY_ADDRESS)
+def quant_pack_rows(params, r0, r1, wide):
+    """pack_int_rows' twin for dynamic_quant_linear: each row of src (M, K) float32
+    quantized to uint8 (_quant_row) straight into dst (Mp, Kp) (the same layout: no other
+    copy of x), with its scale sa[m], c[m] = zp[m] and rs[m] = sum_k (q - zp).  A row
+    holding NaN or inf gets scale NaN (the caller checks sa, before the GEMM or, when the
+    GEMM's tasks pack, after it)."""
+    wide_loops()
+    _quant_pack_rows(c_array_at(params, np.int64(0), (A_COUNT,)), r0, r1, wide)
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
@@ -639,7 +670,7 @@ def quant_rows(x2, q, sa, zp):
 # gemm_packed's argument block: int64 slots (addresses, then sizes); G_NEXT is the task
 # counter the workers take tasks from.
 (G_AP, G_BP, G_SA, G_C, G_RS, G_SB, G_COLSUM, G_ZB, G_BIAS, G_OUT, G_NAP, G_NBP,
- G_M, G_N, G_KQ, G_MC, G_NC, G_NTASKS, G_NEXT, G_ACT, G_COUNT) = range(21)
+ G_M, G_N, G_KQ, G_MC, G_NC, G_NTASKS, G_NEXT, G_ACT, G_PACK, G_COUNT) = range(22)
 
 
 def packed_tile(path):
@@ -680,7 +711,13 @@ def gemm_packed(w, params, path):
     G_NEXT counter.  A task takes its row panels one at a time: the micro-kernel for each
     of its column panels into an int32 buffer as wide as the task's columns, then the
     epilogue over those whole rows (one call per row, not per tile row: at 32-column tiles
-    the per-call setup of the epilogue loop cost more than its arithmetic)."""
+    the per-call setup of the epilogue loop cost more than its arithmetic).
+
+    G_PACK nonzero: the address of an A_* argument block (a_params'), and each task first
+    packs A's rows of its own row panels itself, by the block's row packer, which needs
+    every row panel in one task only (one column block: nc >= the column panels).  The
+    rows are then packed on the thread that multiplies them, in parallel, with no launch
+    of their own (gemm's note)."""
     wide_loops()  # the epilogue's loops 16 lanes wide on AVX-512
     p = c_array_at(params, np.int64(0), (G_COUNT,))
     M, N, kq, mc, nc, ntasks = p[G_M], p[G_N], p[G_KQ], p[G_MC], p[G_NC], p[G_NTASKS]
@@ -699,11 +736,15 @@ def gemm_packed(w, params, path):
     npn = (N + NR - 1) // NR
     nnb = (npn + nc - 1) // nc
     t = np.empty(MR * nc * NR, np.int32)  # a row panel's int32 results across a task's columns
+    pk = p[G_PACK]
     tiles_begin(path)
     task = fetch_add(p, G_NEXT, 1)
     while task < ntasks:
         mb = task // nnb
         nb = task - mb * nnb
+        if pk != 0:
+            call_address(c_array_at(pk, np.int64(0), (A_COUNT,))[A_ROWS], (pk, mb * mc * MR,
+                                                                           min(mb * mc + mc, mp) * MR))
         q0 = nb * nc
         q1 = min(q0 + nc, npn)
         ldt = (q1 - q0) * NR
@@ -742,28 +783,51 @@ def all_finite(v):
     return True
 
 
-def pack_a(src, dst, c, rs, *, za=None, sa=None, nworkers=1):
-    """Pack A into dst (Mp, Kp) for the packed paths (uint8, or int16 for PATH_AVX2).
-
-    src (M, K) C-contiguous: int8 / uint8 activations with their zero points za (M,)
-    float64 (pack_a_int: c, rs filled), or float32 rows quantized on the way (sa given:
-    quant_pack_a fills sa, c, rs; a row holding NaN or inf gets sa NaN)."""
+def a_params(src, dst, c, rs, *, za=None, sa=None):
+    """The A packers' argument block (A_*) for src (M, K) C-contiguous into dst (Mp, Kp)
+    (uint8, or int16 for PATH_AVX2): int8 / uint8 activations with their zero points za (M,)
+    float64 (pack_int_rows: c, rs filled), or float32 rows quantized on the way (sa given:
+    quant_pack_rows fills sa, c, rs; a row holding NaN or inf gets sa NaN)."""
     M, K = src.shape
     p = np.zeros(A_COUNT, np.int64)
     quant = sa is not None
-    addresses(p, (src, dst, sa if quant else za, sa if quant else za, c, rs))
+    addresses(p, (src, dst, sa if quant else za, sa if quant else za, c, rs, p))
     p[A_M], p[A_K], p[A_MP], p[A_KP] = M, K, dst.shape[0], dst.shape[1]
     p[A_FLIP] = 0x80 if src.dtype == np.int8 else 0
-    wide = bool(dst.dtype == np.int16)
-    _run(quant_pack_a if quant else pack_a_int, (wide,), p, -(-dst.shape[0] // PACK_ROWS), nworkers)
+    p[A_ROWS] = worker_address(quant_pack_rows if quant else pack_int_rows, (bool(dst.dtype == np.int16),), 3)
+    return p
 
 
-def gemm(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntasks, kq, *, nworkers=1):
+def pack_a(src, dst, c, rs, *, za=None, sa=None, nworkers=1):
+    """Pack A into dst (Mp, Kp), on up to nworkers threads: see a_params."""
+    run_pack_a(a_params(src, dst, c, rs, za=za, sa=sa), dst, nworkers)
+
+
+def run_pack_a(p, dst, nworkers):
+    """pack_a on an argument block p of a_params for dst."""
+    _run(pack_a_rows, (), p, -(-dst.shape[0] // PACK_ROWS), nworkers)
+
+
+def gemm(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntasks, kq, *, nworkers=1, pack=None):
     """out (M, N) float32 C-contiguous = gemm_packed's product on path (see there), on up
-    to nworkers threads; ap / bp int32 words, the other vectors float64 (bias float32)."""
+    to nworkers threads; ap / bp int32 words, the other vectors float64 (bias float32).
+
+    pack: an A argument block (a_params) whose rows the tasks pack themselves
+    (gemm_packed's G_PACK; the caller's sa / c / rs must be the block's), only with one
+    column block (nc covering N).  matmul_int8 128x768x768 int8, 2 threads, Zen 4, medians
+    of 1000 dispatch calls (2026-12-05): in one phase A packed first on the calling thread
+    took 235-237 us, on both threads by pack_a's counter 219-220, by the tasks that use the
+    rows 206-210 (the GEMM with A not packed at all: 203-205); in a quieter one, old / new
+    processes alternating, 211-214 -> 205-207 (dynamic_quant_linear 213-228 -> 210-211;
+    1x768x768, 128x768x3072, 512x768x768 unchanged).  Each thread's rows are written in its
+    own cache instead of read from the other core's, and the packing runs in parallel."""
     M, N = out.shape
+    if pack is not None and -(-N // TILES[path][1]) > nc:
+        raise ValueError("gemm: pack needs one column block (nc >= the column panels)")
     p = np.zeros(G_COUNT, np.int64)
     addresses(p, (ap, bp, sa, c, rs, sb, colsum, zb, bias, out))
+    if pack is not None:
+        p[G_PACK] = pack[A_SELF]
     p[G_NAP], p[G_NBP], p[G_M], p[G_N], p[G_KQ] = ap.size, bp.size, M, N, kq
     p[G_MC], p[G_NC], p[G_NTASKS] = mc, nc, ntasks
     p[G_ACT] = 0 if code == ACT_NONE else worker_address(act_rows, (int(code),))

@@ -597,3 +597,57 @@ def test_pack_a_rows_and_sums(a_dtype, wide):
             assert not dst[:m, k:].any() and not dst[m:].any(), f"K={k}: padding not zero"
             np.testing.assert_array_equal(c, shift + za)
             np.testing.assert_array_equal(rs, (a.astype(np.int64) - za[:, None]).sum(axis=1), err_msg=f"K={k}")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM worker")
+@pytest.mark.parametrize("quant", [False, True], ids=["int8-rows", "float32-rows"])
+def test_gemm_packs_its_tasks_rows(quant):
+    """kernels_cpu.int8_gemm.gemm with pack= (each task packs the A rows of its own row
+    panels) gives the bits of pack_a then gemm, and the same packed A, c, rs (and sa for
+    float32 rows), on every packed path this host runs, its one-row form included: one and
+    two workers, one row panel per task and all in one, rows not a multiple of the tile
+    (the padding rows zeroed by their task), poisoned scratch; and refuses a split of the
+    columns (a row panel in two tasks)."""
+    from kernels_cpu import int8_gemm as K
+    from dispatch.ops import int8_linalg as M
+    g = rng()
+    for path, why in K.host_paths().items():
+        if why is not None or path == K.PATH_PORTABLE or path in K.ROWS_OF.values():
+            continue
+        for kpath, m in ((path, 19), (K.ROWS_OF.get(path), 1)):
+            if kpath is None:
+                continue
+            k, n = 70, 50
+            mr, nr, kg = K.TILES[kpath]
+            kq = K.k_words(k, path)
+            mp, npn = -(-m // mr), -(-n // nr)
+            et = np.int16 if path == K.PATH_AVX2 else np.uint8
+            w = make_b(g, (k, n), "col")
+            pw = M._packed_weight(w, False, path)
+            if quant:
+                src = g.standard_normal((m, k)).astype(np.float32)
+            else:
+                a = make_a(g, (m, k))
+                src = np.asarray(a.values)
+                sa0, za = M._row_params(a, m, m)
+            bias = g.standard_normal(n).astype(np.float32)
+            for nworkers, mc in ((1, mp), (2, 1)):
+                got = {}
+                for fused in (False, True):
+                    dst = np.full((mp * mr, kq * kg), 7, et)
+                    c, rs = np.full(m, np.nan), np.full(m, np.nan)
+                    sa = np.full(m, np.nan) if quant else sa0
+                    pa = K.a_params(src, dst, c, rs, za=None if quant else za, sa=sa if quant else None)
+                    if not fused:
+                        K.run_pack_a(pa, dst, nworkers)
+                    out = np.full((m, n), np.nan, np.float32)
+                    K.gemm(kpath, 0, dst.reshape(-1).view(np.int32), pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb,
+                           bias, out, mc, npn, -(-mp // mc), kq, nworkers=nworkers, pack=pa if fused else None)
+                    got[fused] = (out, dst, c, rs, sa)
+                    assert not np.isnan(out).any(), f"path {kpath}: rows left unwritten"
+                for x, y in zip(got[False], got[True]):
+                    np.testing.assert_array_equal(x, y, err_msg=f"path {kpath}, {nworkers} workers, mc {mc}")
+            if npn > 1:
+                with pytest.raises(ValueError, match="one column block"):
+                    K.gemm(kpath, 0, dst.reshape(-1).view(np.int32), pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb,
+                           bias, out, mp, 1, npn, kq, pack=pa)

@@ -337,7 +337,7 @@ ROWS_SERIAL_MAX = 1 << 20
 # A is packed on the calling thread up to this many elements (rows x K), on the workers
 # above: waking a sleeping worker for a few microseconds of packing cost more than it
 # saved (the GEMM wakes the workers anyway).  Time with A packed on the calling thread /
-# on the workers, matmul_int8 (int8 A: pack_a_int) and dynamic_quant_linear (float32 A,
+# on the workers, matmul_int8 (int8 A: pack_int_rows) and dynamic_quant_linear (float32 A,
 # quantized while packed: more work per element), 2 threads, AMX host (Sapphire
 # Rapids-class Xeon), paired medians of 11 x 20 calls (2026-12-02): 32x64x32 0.51 / 0.50,
 # 8x768x768 0.85 / 0.89, 32x768x768 0.89 / 0.90, 64x768x768 0.93 / 1.04, 64x1024x1024
@@ -405,24 +405,32 @@ def _run_packed(path):
         mp = -(-rows // mr)
         abuf, awords, c, rs, sa = _a_workspace(mp * mr, kq * kg, et, rows)
         threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else num_threads()
-        pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) else threads
-        if transposed:
-            x2 = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
-            K.pack_a(x2, abuf, c, rs, sa=sa, nworkers=pack_threads)
-            if not K.all_finite(sa):
-                raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
-        else:
-            a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
-            sa, za = _row_params(a, rows, a.shape[-2])
-            K.pack_a(a2, abuf, c, rs, za=kernel_input(za), nworkers=pack_threads)
-        bias_v = _zeros(n) if bias is None else kernel_input(bias)
-        out2 = res.reshape(rows, n)
         npn = -(-n // nr)
         mc, nc, ntasks = _blocks(mp, npn, nr, threads, kpath)
+        if transposed:
+            src = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
+            zpa = None
+        else:
+            src = kernel_input(np.asarray(a.values).reshape(rows, kdim))
+            sa, za = _row_params(a, rows, a.shape[-2])
+            zpa = kernel_input(za)
+        pa = K.a_params(src, abuf, c, rs, za=zpa, sa=sa if transposed else None)
+        # the GEMM's tasks pack their own rows when each row panel is one task's (one column
+        # block); not float32 rows into out=: a NaN row raises only after the GEMM
+        fused = nc >= npn and not (transposed and out is not None)
+        if not fused:
+            pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) \
+                else threads
+            K.run_pack_a(pa, abuf, pack_threads)
+            if transposed and not K.all_finite(sa):
+                raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+        bias_v = _zeros(n) if bias is None else kernel_input(bias)
         # the cached weight and row parameters are writeable-typed aliases already (made once),
         # so the argument-block helper compiles one specialization
-        K.gemm(kpath, code, awords, pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, out2,
-               mc, nc, ntasks, kq, nworkers=threads)
+        K.gemm(kpath, code, awords, pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, res.reshape(rows, n),
+               mc, nc, ntasks, kq, nworkers=threads, pack=pa if fused else None)
+        if fused and transposed and not K.all_finite(sa):
+            raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
         return deliver(res, out)
 
     return run
