@@ -583,7 +583,8 @@ _NOTES = {
     "cpu-vnni512": ("AVX-512 VNNI: vpdpbusd (u8 x s8 -> s32) 8x48 register tile on zmm; A rows read in place "
                     "(int8 a + 128 / uint8 a, or x quantized per row straight into them), weight packed once per "
                     "QuantizedArray into 48-column panels of 4-byte groups with its column sums; workers take "
-                    "row x column blocks from a counter; zero-point corrections, scales, bias and "
+                    "row x column blocks from a counter, each packing the A rows it multiplies when no other "
+                    "block shares them (else A is packed first); zero-point corrections, scales, bias and "
                     "activation fused per tile; a one-row call (decode) runs a one-row tile over the same panels"),
     "cpu-avx2": ("AVX2: vpmaddwd on int16 operands (exact; vpmaddubsw's int16 saturation avoided), 6x16 tile on "
                  "ymm; weight packed once per QuantizedArray as int16 pairs; same fused epilogue"),
