@@ -380,6 +380,13 @@ def _a_workspace(rows_padded, kpad, et, rows):
     return got
 
 
+def _require_finite_rows(sa):
+    """ValueError unless every row of x got a finite quantization scale (the packers give a
+    row holding NaN or inf the scale NaN)."""
+    if not K.all_finite(sa):
+        raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+
+
 def _run_packed(path):
     et = np.int16 if path == K.PATH_AVX2 else np.uint8
 
@@ -422,15 +429,15 @@ def _run_packed(path):
             pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) \
                 else threads
             K.run_pack_a(pa, abuf, pack_threads)
-            if transposed and not K.all_finite(sa):
-                raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+            if transposed:
+                _require_finite_rows(sa)
         bias_v = _zeros(n) if bias is None else kernel_input(bias)
         # the cached weight and row parameters are writeable-typed aliases already (made once),
         # so the argument-block helper compiles one specialization
         K.gemm(kpath, code, awords, pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, res.reshape(rows, n),
                mc, nc, ntasks, kq, nworkers=threads, pack=pa if fused else None)
-        if fused and transposed and not K.all_finite(sa):
-            raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+        if fused and transposed:
+            _require_finite_rows(sa)
         return deliver(res, out)
 
     return run
