@@ -9,7 +9,8 @@
   round, so machine noise (other jobs on the cores) hits all of them alike.
 * When the next candidate belongs to another threaded library (numba's OpenMP pool,
   OpenBLAS, onnxruntime, PyTorch) we sleep ``pause_s`` (0.2 s) first: those libraries keep
-  their worker threads spinning after a call, and the next library would pay for it.
+  their worker threads spinning after a call, and the next library would pay for it.  The
+  first candidate's warm-up and calibration wait too: the caller's last call is unknown.
 * The result per candidate is the median sample, plus the spread: (p75 - p25) / median
   and min / max of the samples.  Two candidates' samples of the same round ran next to
   each other, so their ratio round by round (paired_ratio) says how far a ratio of medians
@@ -32,14 +33,19 @@ from typing import Callable
 clock = time.perf_counter
 
 PAUSE_S = 0.2
-# interleaved(): a candidate whose first-round batch lasted under RECHECK * batch_s had its
-# batch size set during a burst (calibrate's calls all slow); its batches were then too
-# short, so the ramp after each pause weighed on every sample.  The quick report of
-# 2026-12-05 (Zen 4) timed matmul 128x768x768 in batches of 3 calls (1.03 ms a call, 1.50x
-# onnxruntime) where the others ran 24-30 (0.69-0.85 ms), and linear+gelu in batches of 2
-# against 5-6; interleaved() in a script of the same five candidates, its batches about 21
-# calls: 0.73-0.75 ms a call, numpy 0.80-0.95.
-RECHECK = 0.25
+# interleaved(): a candidate whose first-round batch lasted outside RECHECK (as fractions of
+# batch_s) had its batch size set while its calls ran at another speed than they do in the
+# rounds (calibrate's calls in a burst, or in a long ramp after the pause); the ramp after
+# each pause then weighed more (short batches) or less (long ones) on its samples than on
+# the others'.  Its batch size is set again from round 1, which runs again for all.  The
+# quick report of 2026-12-05 (Zen 4) timed matmul 128x768x768 in batches of 3 calls (1.03
+# ms a call, 1.50x onnxruntime) where the others ran 24-30 (0.69-0.85 ms), and linear+gelu
+# in batches of 2 against 5-6; interleaved() in a script of the same five candidates, its
+# batches about 21 calls: 0.73-0.75 ms a call, numpy 0.80-0.95.  The full report of
+# 2026-12-06 gave the same case's candidates, all at 0.7-0.95 ms a call, batches of 33-38
+# calls (numpy, PyTorch, onnxruntime) and 73-74 (ours, calibrated from the fastest call):
+# 0.5 of batch_s against 1.1.
+RECHECK = (0.7, 1.5)
 # interleaved(max_rounds=...): keep adding rounds while a candidate's spread is above this
 MAX_SPREAD = 0.25
 
@@ -77,12 +83,16 @@ def summarize(samples: list, number: int = 1) -> Stats:
 
 
 def calibrate(fn: Callable[[], object], batch_s: float, max_number: int = 10_000) -> int:
-    """Calls per batch so that one batch lasts about batch_s (at least 1), from the median
-    of the calls made in about batch_s / 2 (at least 3).  One call used to decide it: the
-    first call after a pause can take 2-6x a warm one (the ramp after idle), so a candidate
-    whose timed call came slow got 3-call batches that the ramp then dominated (the 7x7/2
-    conv2d stem: 3 calls a batch and 1.97 ms against 20 calls and 0.90 ms for the same
-    kernel prepacked, in one report, Sapphire Rapids, 2026-12-02)."""
+    """Calls per batch so that one batch of warm calls lasts about batch_s (at least 1),
+    from the fastest of the calls made in about batch_s / 2 (at least 3).  The calls right
+    after a pause are slow for a while (threads waking, caches and clocks ramping), so
+    neither one call nor the median decides it: from one call, the 7x7/2 conv2d stem got
+    3-call batches that the ramp then dominated (1.97 ms against 20 calls and 0.90 ms for
+    the same kernel prepacked, Sapphire Rapids, 2026-12-02); from the median, candidates of
+    the same speed still got 36 or 70 calls a batch by where their ramp fell (matmul
+    128x768x768 in the full report, ours 70 at 724 us a call, prepacked 36 at 728,
+    onnxruntime 37 at 702; Zen 4, 2026-12-06), and the ramp weighed twice on the short
+    batches."""
     t0 = clock()
     fn()
     one = clock() - t0
@@ -99,7 +109,7 @@ def calibrate(fn: Callable[[], object], batch_s: float, max_number: int = 10_000
         t = clock()
         fn()
         times.append(clock() - t)
-    one = max(statistics.median(times), 1e-9)
+    one = max(min(times), 1e-9)
     return max(1, min(max_number, int(batch_s / one)))
 
 
@@ -110,6 +120,9 @@ def _batch(fn, number):
     return (clock() - t0) / number
 
 
+_CALLER = object()  # the library of whatever ran before interleaved() (never a candidate's)
+
+
 def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: float = 0.02,
                 pause_s: float = PAUSE_S, library: dict | None = None,
                 progress: Callable[[str], None] | None = None, max_rounds: int | None = None,
@@ -117,18 +130,25 @@ def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: 
     """Time several zero-argument callables side by side.
 
     candidates: {name: fn}.  library: {name: library name}; a pause of pause_s is taken
-    whenever consecutive calls come from different libraries (default: every name is its
-    own library).  max_rounds: add rounds past `rounds`, one at a time, while a
-    candidate's spread exceeds max_spread (at most max_rounds in all).  Returns {name:
-    Stats}; Stats.rounds says how many ran.
+    before the first call and whenever consecutive calls come from different libraries
+    (default: every name is its own library).  max_rounds: add rounds past `rounds`, one at
+    a time, while a candidate's spread exceeds max_spread (at most max_rounds in all).
+    Returns {name: Stats}; Stats.rounds says how many ran.
     """
     names = list(candidates)
     library = library or {n: n for n in names}
-    last_lib = [None]
+    # The caller ran something just before (the report: each library's first call; the
+    # previous case's last round), and which library's threads still spin is unknown: the
+    # first candidate pauses too.  Without it, matmul 128x768x768 (ours first, right after
+    # onnxruntime's first call) was calibrated at 13-14 calls a batch, at 1.3 ms a call,
+    # against onnxruntime's 28-29 at 0.7: onnxruntime's threads held our second core.  The
+    # ramp after each pause then weighed twice on our samples (ratio 1.01-1.04; with the
+    # pause: 25-29 calls a batch, 0.97-1.03; Zen 4, 2026-12-06, /tmp/w/cal49b.py).
+    last_lib = [_CALLER]
 
     def switch_to(name):
         lib = library.get(name, name)
-        if last_lib[0] is not None and lib != last_lib[0] and pause_s > 0:
+        if lib != last_lib[0] and pause_s > 0:
             time.sleep(pause_s)
         last_lib[0] = lib
 
@@ -150,10 +170,12 @@ def interleaved(candidates: dict, *, rounds: int = 5, warmup: int = 2, batch_s: 
         r += 1
         if r == 1 and not rechecked:
             rechecked = True
-            short = [n for n in names if samples[n][0] * numbers[n] < batch_s * RECHECK]
-            if short:  # calibrated in a burst: batch sizes from round 1, which runs again
-                for n in short:
-                    numbers[n] = max(1, int(batch_s / max(samples[n][0], 1e-9)))
+            lo, hi = RECHECK
+            again = {n: max(1, int(batch_s / max(samples[n][0], 1e-9))) for n in names
+                     if not lo * batch_s <= samples[n][0] * numbers[n] <= hi * batch_s}
+            again = {n: v for n, v in again.items() if v != numbers[n]}
+            if again:  # batch sizes from round 1 (see RECHECK), which runs again
+                numbers.update(again)
                 samples = {n: [] for n in names}
                 r = 0
                 continue
