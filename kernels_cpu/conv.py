@@ -104,6 +104,13 @@ KC = 256
 # within noise (1591-1722 / 873-944 against 1695-1715 / 885-940); SD U-Net 3x3 320ch 64x64,
 # 2 threads, 23.5-23.6 against 23.7-24.4 ms.  The accumulator block per thread shrinks from
 # a task's tiles (5.3 MB for the SD U-Net's on 2 threads) to 4 tiles (240 KB).
+# Tried and not kept (Zen 4, 2026-12-06, prepacked + bias + ReLU, old / new alternating
+# three times, medians of 5 x 60-100 calls): the last K block's tiles stored by the
+# micro-kernel straight into out, bias and ReLU on the way, each vector wholly on one side
+# of a row end in one plain store and the others in two masked ones (no conv_compact pass):
+# stem 1T 2301-2311 -> 2243-2257 us, 2T 1165-1172 -> 1131-1146, 1x1 256->64 and 3x3 64ch
+# 1-2%, but conv_direct_worker's compile 1.67 -> 1.96-2.03 s (the stem's cold first call
+# 2.43-2.52 -> 2.67-2.89 s, against the 3 s bar).
 CHUNK_TILES = 4
 
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up
