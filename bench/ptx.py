@@ -217,7 +217,7 @@ def compile_many(name, get, argtypes, dtype, archs, ptxas, tmpdir, requires=(), 
     disp = get(dt)
     opts = getattr(disp, "targetoptions", {}) or {}
     out, libs, ptxs = {}, {}, {}
-    for arch in archs:
+    for arch in dict.fromkeys(archs):  # a chip named twice is built once (not retargeted onto itself)
         cc = _cc(arch)
         front = SHARED_FRONT_END_FROM if cc >= SHARED_FRONT_END_FROM else cc
         target = arch + ("a" if arch_specific else "")
@@ -267,6 +267,7 @@ def run(archs=ARCHS, dtypes=DTYPES, only=None, verbose=True):
     """Compile everything; returns the list of row dicts."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         raise SystemExit("bench.ptx must run without NUMBA_ENABLE_CUDASIM (compile_ptx needs the real CUDA target)")
+    archs = tuple(dict.fromkeys(archs))  # bench.cuda_model names sm_90 for the H100 and the H200
     ptxas = ptxas_path()
     table = kernels()
     launched = launches_by_chip(archs, dtypes)

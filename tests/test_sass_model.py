@@ -380,6 +380,29 @@ def test_a_real_build_has_hot_loop_counts():
     assert 0 < row["occupancy"] <= 1 and math.isfinite(row["compile_s"])
 
 
+def test_a_chip_named_twice_is_built_once(tmp_path):
+    """bench.cuda_model asks for sm_90 twice (the H100 and the H200): the second was
+    'retargeted' onto its own .target line, raised, and its exception replaced the first
+    chip's result, so every sm_90 prediction fell back to the bare memory bound (the GEMM
+    bar at 124% of the tensor-core peak, until 2026-12-06)."""
+    pytest.importorskip("numba.cuda")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("compile_ptx needs the real CUDA target")
+    from bench import ptx
+
+    try:
+        ptxas = ptx.ptxas_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    build = ptx.kernels()["layer_norm.warp_rows"]
+    infos = ptx.compile_many("layer_norm.warp_rows", build.get, build.argtypes, "float32", ["sm_80", "sm_80"], ptxas,
+                             str(tmp_path))
+    assert list(infos) == ["sm_80"] and not isinstance(infos["sm_80"], Exception), infos
+    rows = ptx.run(("sm_80", "sm_80"), ("float32",), only=["layer_norm.warp_rows"], verbose=False)
+    mine = [r for r in rows if r["kernel"] == "layer_norm.warp_rows"]
+    assert len(mine) == 1 and mine[0]["ok"], mine
+
+
 def test_batched_reading_gives_each_objects_own_counts(tmp_path):
     """analyze_many (objects linked into one cubin per batch, disassembled once) gives each
     kernel the counts analyze gives its object alone, finds each by its entry name, and
