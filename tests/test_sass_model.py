@@ -403,6 +403,28 @@ def test_a_chip_named_twice_is_built_once(tmp_path):
     assert len(mine) == 1 and mine[0]["ok"], mine
 
 
+def test_bar_predictions_rest_on_sass_counts_on_every_chip(monkeypatch, tmp_path):
+    """Each GPU's prediction of a bar row reads its kernel's hot loop from the SASS (the
+    H100 and the H200 share sm_90): a prediction without it falls back to the memory bound
+    and says nothing wrong in the table."""
+    pytest.importorskip("numba.cuda")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("compile_ptx needs the real CUDA target")
+    from bench import ptx
+
+    try:
+        ptx.ptxas_path()
+        sass.nvdisasm_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setattr(M, "PTX_CACHE", str(tmp_path / "none.json"))  # compiled now, not a stale file
+    (case,) = [c for c in M.bar_cases() if c.op == "layer_norm"]
+    rows = M.predictions([case], dtype=np.float16)
+    assert {r["gpu"] for r in rows} == set(M.SPECS)
+    for r in rows:
+        assert r["inner_loop"].get("total", 0) > 0 and r["issue_s"], (r["gpu"], r["inner_loop"])
+
+
 def test_batched_reading_gives_each_objects_own_counts(tmp_path):
     """analyze_many (objects linked into one cubin per batch, disassembled once) gives each
     kernel the counts analyze gives its object alone, finds each by its entry name, and
