@@ -668,7 +668,8 @@ def predictions(cases=None, ptx_rows=None, dtype=np.float32):
                        issue_s=b["issue_s"], issue_pipe=b["issue_pipe"], pipes_s=b.get("pipes_s"),
                        bandwidth=b["bandwidth"], warps_per_sm=b["warps_per_sm"],
                        inner_loop={k: loop.get(k) for k in ("scope", "ffma", "dfma", "hmma", "hgmma", "mufu", "ld_shared",
-                                                            "ld_global", "st", "total", "outer") if k in loop},
+                                                            "ld_global", "st", "total", "outer", "error")
+                                   if k in loop},  # "error": no issue bound, and why
                        work=dict(w, warp_instructions=b["warp_instructions"]),
                        roofline_s=roof, flops=flops, bytes=nbytes, impl=impl.name, kernel=kname, threads=threads,
                        blocks=b["blocks"], occupancy=occupancy, occupancy_source=occ_src, efficiency=roof / seconds)
