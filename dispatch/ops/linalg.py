@@ -371,9 +371,21 @@ def _degenerate(out3, bias, code):
     K.epilogue(out3.reshape(-1, out3.shape[-1]), bias, code, num_threads())
 
 
-def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
+# A call that packs B (not prepacked) with one row block: each task packs its own column
+# panels right before reading them, while they fit in L2 (kernels_cpu.gemm.B_IN_TASK_BYTES),
+# else every panel is packed up front, written out to memory and read back.  With K = 4096
+# one panel is 786 KB, so the task blocks of BLOCKING (12 panels after the TASKS_MIN split)
+# never fit; at most as many panels per task as fit.  Plain matmul, (K, N) b, 2 threads,
+# medians of 5 calls, two runs (Zen 4, 2026-12-06), ms, before -> capped (OpenBLAS):
+# 128x4096x4096 32.1-36.2 -> 28.1-28.2 (24.9-25.0), 128x4096x11008 79.8-85.0 -> 73.1-73.4
+# (64.2-65.7), 256x2048x2048 12.1-12.9 -> 11.8-12.3 (11.2-11.8), 200x3000x3000 20.0-20.4 ->
+# 19.4-19.9 (18.9-19.1), 128x1024x4096 6.7-6.8 -> 6.4-6.7 (6.3).  OpenBLAS stays ahead on
+# these: it packs B in K blocks that stay in L2 (ours packs a panel's whole K).
+def _gemm_blocks(m, n, k, nbatch, nr, tile=None, packs_b_bytes=0):
     """(mc_panels, nc_panels, kc): task blocking for gemm_parallel and the tile (default the
-    active one; see the measurements next to KC_MAX and BLOCKING)."""
+    active one; see the measurements next to KC_MAX and BLOCKING).  packs_b_bytes: the
+    element size of a B the call packs (0: B prepacked or not packed), which caps the
+    column panels of a single row block's tasks (above)."""
     tile = K.active_tile() if tile is None else tile
     kc_max, mc_panels, nc_panels, nc_min = BLOCKING.get(tile.name, (KC_MAX, MC_PANELS, NC_PANELS, NC_MIN))
     mp = -(-m // tile.mr)
@@ -388,6 +400,8 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None):
             nc = -(-nc // 2)
         else:
             mc = -(-mc // 2)
+    if packs_b_bytes and mc >= mp:
+        nc = max(1, min(nc, K.B_IN_TASK_BYTES // (k * nr * packs_b_bytes)))
     return mc, nc, kc
 
 
@@ -414,7 +428,11 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
         xp = _workspace(K.rows_workspace(m, k, out3.dtype), out3.dtype)
         K.gemm_rows(a3[0], b3[0], bias_v, has_epilogue, code, out3[0], xp, num_threads())
         return
-    mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(out3.dtype), tile)
+    nr, isz = tile.nr(out3.dtype), out3.dtype.itemsize
+    # B packed by this call: not prepacked, and not the (K, N) b that one row block reads in
+    # place (kernels_cpu.gemm._gemm_plan's B_IN_PLACE condition, where the cap would apply)
+    in_place = K.B_IN_PLACE_OK and not tb and n % nr == 0 and n * isz <= K.B_IN_PLACE_ROW_BYTES
+    mc, nc, kc = _gemm_blocks(m, n, k, nbatch, nr, tile, 0 if packed is not None or in_place else isz)
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype, tile)
     if packed is None:
         ap, bp = _panel_buffers(sa, sb, out3.dtype)
