@@ -360,7 +360,9 @@ def test_stream_work_averages_the_full_width_loops():
     assert w["per_unit"]["total"] == pytest.approx((200 / 4 + 160 / 4) / 2) and w["inflight"] == 8
 
 
-def test_a_real_build_has_hot_loop_counts():
+def _toolchain():
+    """bench.ptx, or a skip where this machine cannot build PTX and read SASS (no numba-cuda,
+    the simulator, no ptxas / nvdisasm)."""
     pytest.importorskip("numba.cuda")
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         pytest.skip("compile_ptx needs the real CUDA target")
@@ -371,6 +373,11 @@ def test_a_real_build_has_hot_loop_counts():
         sass.nvdisasm_path()
     except RuntimeError as exc:
         pytest.skip(str(exc))
+    return ptx
+
+
+def test_a_real_build_has_hot_loop_counts():
+    ptx = _toolchain()
     rows = ptx.run(("sm_80",), ("float32",), only=["gemm.32x32x16/4x2"], verbose=False)
     (row,) = [r for r in rows if r["kernel"] == "gemm.32x32x16/4x2"]
     loop = row["inner_loop"]
@@ -385,15 +392,8 @@ def test_a_chip_named_twice_is_built_once(tmp_path):
     'retargeted' onto its own .target line, raised, and its exception replaced the first
     chip's result, so every sm_90 prediction fell back to the bare memory bound (the GEMM
     bar at 124% of the tensor-core peak, until 2026-12-06)."""
-    pytest.importorskip("numba.cuda")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        pytest.skip("compile_ptx needs the real CUDA target")
-    from bench import ptx
-
-    try:
-        ptxas = ptx.ptxas_path()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    ptx = _toolchain()
+    ptxas = ptx.ptxas_path()
     build = ptx.kernels()["layer_norm.warp_rows"]
     infos = ptx.compile_many("layer_norm.warp_rows", build.get, build.argtypes, "float32", ["sm_80", "sm_80"], ptxas,
                              str(tmp_path))
@@ -407,16 +407,7 @@ def test_bar_predictions_rest_on_sass_counts_on_every_chip(monkeypatch, tmp_path
     """Each GPU's prediction of a bar row reads its kernel's hot loop from the SASS (the
     H100 and the H200 share sm_90): a prediction without it falls back to the memory bound
     and says nothing wrong in the table."""
-    pytest.importorskip("numba.cuda")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        pytest.skip("compile_ptx needs the real CUDA target")
-    from bench import ptx
-
-    try:
-        ptx.ptxas_path()
-        sass.nvdisasm_path()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    _toolchain()
     monkeypatch.setattr(M, "PTX_CACHE", str(tmp_path / "none.json"))  # compiled now, not a stale file
     (case,) = [c for c in M.bar_cases() if c.op == "layer_norm"]
     rows = M.predictions([case], dtype=np.float16)
