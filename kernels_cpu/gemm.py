@@ -652,6 +652,12 @@ B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
 
+
+def reads_b_in_place(N, transb, nr, itemsize) -> bool:
+    """Whether a call that would pack B reads it in place instead (B_IN_PLACE), given that
+    M is one row block and no custom B packer is used (gemm_parallel's plan checks those)."""
+    return B_IN_PLACE_OK and not transb and N % nr == 0 and N * itemsize <= B_IN_PLACE_ROW_BYTES
+
 # A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from
 # its MR rows, as onnxruntime's MLAS kernels do, so the call neither writes a packed copy
@@ -817,8 +823,8 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     nmb = -(-mp // mc_panels)
     nnb = -(-npn // nc_panels)
     b_mode = B_PACKED if b_packed else B_PACK
-    if (b_mode == B_PACK and B_IN_PLACE_OK and not transb and pack_b is None and N % nr_full == 0
-            and nmb == 1 and N * np.dtype(dtype).itemsize <= B_IN_PLACE_ROW_BYTES):
+    if (b_mode == B_PACK and pack_b is None and nmb == 1
+            and reads_b_in_place(N, transb, nr_full, np.dtype(dtype).itemsize)):
         b_mode = B_IN_PLACE
     a_in_place = A_IN_PLACE_OK and not transa and pack_a is None and M % tile_m(ti) == 0
     n_pack_a = 0 if a_in_place else na * mp

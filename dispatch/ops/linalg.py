@@ -430,10 +430,8 @@ def _gemm(a3, b3, ai, bi, ta, tb, bias_v, code, has_epilogue, out3, packed):
         return
     nr, isz = tile.nr(out3.dtype), out3.dtype.itemsize
     # the tasks may pack B's panels themselves (gemm_worker's b_in_task): B packed by this
-    # call (not prepacked, not the (K, N) b that one row block reads in place: _gemm_plan's
-    # B_IN_PLACE condition) and not shared by several output batches
-    in_place = K.B_IN_PLACE_OK and not tb and n % nr == 0 and n * isz <= K.B_IN_PLACE_ROW_BYTES
-    in_task = packed is None and not in_place and b3.shape[0] == nbatch
+    # call (not prepacked, not read in place) and not shared by several output batches
+    in_task = packed is None and not K.reads_b_in_place(n, tb, nr, isz) and b3.shape[0] == nbatch
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, nr, tile, isz if in_task else 0)
     sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, out3.dtype, tile)
     if packed is None:
