@@ -43,6 +43,24 @@ def hsum(builder, v, width: int):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
+def hsums(builder, vs, width: int):
+    """The vector whose lane j is the sum of the lanes of vs[j] (len(vs) == width, a power of
+    two), by halving pairs: each level adds, for two vectors holding R rows of s partial sums
+    each, their rows' first s/2 lanes to their last s/2, giving one vector of 2R rows of
+    s/2 (log2(width) levels, width - 1 adds in all, where an hsum per vector takes
+    width * log2(width))."""
+    s = width
+    while s > 1:
+        h = s // 2
+        lo = [r * s + i for r in range(2 * width // s) for i in range(h)]
+        hi = [i + h for i in lo]
+        vs = [builder.fadd(builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, width), lo)),
+                           builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, width), hi)))
+              for a, b in zip(vs[0::2], vs[1::2])]
+        s = h
+    return vs[0]
+
+
 def splat(builder, x, width):
     """The <width x T> vector of scalar x in every lane."""
     i32 = ir.IntType(32)

@@ -65,6 +65,10 @@ AVG_VARIANTS = [pytest.param(dt, cip, div, id=f"{np.dtype(dt).name}-{cip}-{div}"
 # (x shape, output_size)
 ADAPTIVE_CASES = [
     ((1, 9, 7, 7), 1),                 # global pooling (ResNet's head)
+    ((3, 37, 7, 7), 1),                # global, 111 planes: vectors of planes (16 or 8) and the rest
+    ((2, 20, 9, 9), 1),                # global, 81 values a plane: 5 whole vectors and one masked
+    ((1, 33, 4, 4), 1),                # global, 16 values a plane: nothing masked
+    ((1, 40, 1, 1), 1),                # global over 1x1 planes: one masked lane each
     ((2, 3, 14, 14), (7, 7)),          # VGG's head: 2x2 windows (tiling: run as an avg_pool)
     ((2, 3, 12, 15), (4, 5)),          # tiling 3x3 windows, oblong plane
     ((1, 5, 10, 9), (3, 4)),           # uneven, overlapping windows

@@ -33,12 +33,14 @@ from ._spatial import out_size, pair
 # for these strides); parallel from 2^17 of that, where both crossovers are.
 PARALLEL_THRESHOLD = 1 << 17
 # adaptive pooling with one output per row (global pooling: each window one contiguous run,
-# 13-14 us on one thread for 1x2048x7x7): serial until 2^20 input + output elements.
-# 2026-11-26, Sapphire Rapids, 2 threads, dispatch calls, interleaved medians, back to back /
-# after 0.2 s idle: 1x2048x7x7 serial 51 / 54 us, parallel 68 / 83; 4x2048x7x7 156 / 195
-# against 106 / 224; 16x2048x7x7 460 / 634 against 347 / 622.  Tiling windows (VGG's
-# 14 -> 7, run as an avg_pool) take PARALLEL_THRESHOLD.
-WHOLE_ROWS_THRESHOLD = 1 << 20
+# a vector of planes at a time): serial until 2^18 input + output elements.  2026-12-06,
+# Zen 4, 2 threads, dispatch calls, interleaved medians of 9 rounds back to back | medians of
+# 12 single calls after 0.2 s idle (which this VM's wake-up dominates: a 10-element numpy
+# add took 84 us there), serial / parallel: 1x2048x7x7 (2^16.6) 17.9 / 19.3 | 289 / 371 us,
+# 2x (2^17.6) 27.8 / 25.0 | 344 / 378, 3x (2^18.2) 36.9 / 32.4 | 440 / 497, 4x (2^18.6)
+# 66.5 / 46.2 | 492 / 481, 8x 104 / 70 | 704 / 557.  Tiling windows (VGG's 14 -> 7, run as
+# an avg_pool) take PARALLEL_THRESHOLD.
+WHOLE_ROWS_THRESHOLD = 1 << 18
 _MEASURED = ("max / avg pooling parallel ahead from about 2^17 input + output elements, back to back and "
              "after idle (measured, 2 cores)")
 
@@ -216,7 +218,7 @@ def _sig_adaptive(i):
 
 _RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
 _WHOLE_ROWS_RULE = serial_parallel_rule("size", WHOLE_ROWS_THRESHOLD, "adaptive pooling to one output per row: "
-                                        "serial ahead up to 2^20 after idle (measured, 2 cores)")
+                                        "parallel ahead from about 2^18 input + output elements (measured, 2 cores)")
 
 
 def _choose_adaptive(key):
