@@ -15,7 +15,7 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
      When all M rows are one row block (and no B batch is shared), B's panels are packed
      by the task that reads them instead, right before its micro-kernels; and a (K, N) B
      with short rows is not packed at all there: the micro-kernel reads its panel in
-     place, row k at k*N (B_IN_PLACE).  An A of whole MR-row panels (not transposed, no
+     place, row k at k*N (B_IN_PLACE; a partial last panel is still packed).  An A of whole MR-row panels (not transposed, no
      custom packer) is not packed either: the micro-kernel broadcasts its values straight
      from its MR rows (A_IN_PLACE_OK; the worker is compiled per A form);
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
@@ -633,21 +633,29 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
 B_IN_TASK_BYTES = 1 << 20
 
 # How gemm_worker gets B (the P_B_MODE slot): packed by the call, packed already (a
-# prepacked weight), or read in place.  In place: a (K, N) B whose N is a whole number of
-# NR panels (no panel reads past a row's end) and no custom B packer; the micro-kernel
-# reads B's row k of the panel at k*N instead of k*NR.  The panel's kc rows are then 3
-# cache lines every N*4 bytes instead of one stream, but the call neither writes the
-# packed copy nor reads it back.  float32, 8x48 tile, 2 threads, gemm_parallel called
-# directly, medians of 9 rounds alternating packed / in place (Xeon with AVX-512,
-# 2026-12-03), us, MxNxK: 16x768x768 186 -> 82, 48x768x768 290 -> 219, 96x768x768 485 ->
-# 421, 128x768x768 591-599 -> 550, 128x384x1536 646 -> 596, 128x768x2304 1820-1843 ->
-# 1621-1631, 128x768x3072 2533-2571 -> 2381-2423, 128x1024x1024 1226 -> 1232, 256x768x768
-# 1077 -> 1094 (the gain fades as A grows); with more than one row block (8x48: M > 264)
-# none: 512x768x768 2056-2072 -> 2067-2078, 1024^3 7109 -> 7071.  Rows longer than a page
-# lose, badly where their stride maps a panel's rows onto few L2 sets: 128x1536x768
+# prepacked weight), or read in place.  In place: a (K, N) B of at least one whole NR panel
+# and no custom B packer; the micro-kernel reads B's row k of the panel at k*N instead of
+# k*NR.  The panel's kc rows are then 3 cache lines every N*4 bytes instead of one stream,
+# but the call neither writes the packed copy nor reads it back.  float32, 8x48 tile, 2
+# threads, gemm_parallel called directly, medians of 9 rounds alternating packed / in place
+# (Xeon with AVX-512, 2026-12-03), us, MxNxK: 16x768x768 186 -> 82, 48x768x768 290 -> 219,
+# 96x768x768 485 -> 421, 128x768x768 591-599 -> 550, 128x384x1536 646 -> 596, 128x768x2304
+# 1820-1843 -> 1621-1631, 128x768x3072 2533-2571 -> 2381-2423, 128x1024x1024 1226 -> 1232,
+# 256x768x768 1077 -> 1094 (the gain fades as A grows); with more than one row block (8x48:
+# M > 264) none: 512x768x768 2056-2072 -> 2067-2078, 1024^3 7109 -> 7071.  Rows longer than
+# a page lose, badly where their stride maps a panel's rows onto few L2 sets: 128x1536x768
 # 1222-1268 -> 1450-1488, 128x3072x768 2448 -> 5915-6171, 512x3072x768 8670 -> 25213.  So:
 # one row block, rows of at most B_IN_PLACE_ROW_BYTES.  B_IN_PLACE_OK switches it off
 # (tests compare the two paths).
+# A partial last panel (N not a whole number of panels) is packed all the same, before the
+# tasks start: read in place it would run past its rows' ends, and past B's end on its last
+# row (tests/test_linalg.py puts a guard page there).  Until 2026-12-06 such a B was packed
+# whole: plain matmul, cpu-gemm, 2 threads, old / new processes alternating twice,
+# interleaved medians, us (Zen 4): 32x1024x1024 545-573 -> 425-429, 16x512x512 115-117 ->
+# 78-91, 64x512x512 239-250 -> 218-235, 128x768x1000 1064-1124 -> 1017-1084, 128x256x256
+# 140-195 -> 138-140; in place against packed in one process (B_IN_PLACE_OK toggled,
+# medians of 8 x 50 calls): 256x256x256 214 / 211, 256x512x512 703 / 737, 256x1024x1024
+# 2850 / 2942.
 B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
@@ -656,7 +664,7 @@ B_IN_PLACE_ROW_BYTES = 4096
 def reads_b_in_place(N, transb, nr, itemsize) -> bool:
     """Whether a call that would pack B reads it in place instead (B_IN_PLACE), given that
     M is one row block and no custom B packer is used (gemm_parallel's plan checks those)."""
-    return B_IN_PLACE_OK and not transb and N % nr == 0 and N * itemsize <= B_IN_PLACE_ROW_BYTES
+    return B_IN_PLACE_OK and not transb and nr <= N and N * itemsize <= B_IN_PLACE_ROW_BYTES
 
 # A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from
@@ -828,7 +836,8 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
         b_mode = B_IN_PLACE
     a_in_place = A_IN_PLACE_OK and not transa and pack_a is None and M % tile_m(ti) == 0
     n_pack_a = 0 if a_in_place else na * mp
-    n_pack = n_pack_a if b_mode != B_PACK else n_pack_a + nb * npn
+    n_tail = nb if b_mode == B_IN_PLACE and N % nr_full != 0 else 0  # partial last panels, packed (gemm_worker)
+    n_pack = n_pack_a + n_tail if b_mode != B_PACK else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     p = np.zeros(P_COUNT + nextra, np.int64)
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = na, nb, nbatch, M, N, K
@@ -837,12 +846,12 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
-    kernels = _kernels(dtype, ti, transa, transb, a_in_place, b_mode == B_PACK and pack_b is None,
+    kernels = _kernels(dtype, ti, transa, transb, a_in_place, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
                        not a_in_place and pack_a is None, epilogue, code, both_a_forms)
     addr = dict(zip(kernels, worker_addresses(list(kernels.values()))))
     fn = addr["worker"]
     p[P_PACK_A] = 0 if a_in_place else addr.get("pack_a", pack_a)
-    p[P_PACK_B] = 0 if b_mode != B_PACK else addr.get("pack_b", pack_b)
+    p[P_PACK_B] = 0 if b_mode != B_PACK and not n_tail else addr.get("pack_b", pack_b)
     p[P_EPILOGUE] = addr.get("epilogue", 0)
     p.flags.writeable = False
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
@@ -954,16 +963,19 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     b_in_task = (p[P_B_MODE] == B_PACK and nmb == 1 and nb == nbatch
                  and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
     b_in_place = p[P_B_MODE] == B_IN_PLACE
-    n_pack = n_pack_a if p[P_B_MODE] != B_PACK or b_in_task else n_pack_a + nb * npn
+    # read in place, each B batch's last panel still packed when it is partial (read in
+    # place, it would run past its rows' ends: past B's end on its last row)
+    n_tail = nb if b_in_place and N % nr_full != 0 else 0
+    n_pack = n_pack_a + n_tail if p[P_B_MODE] != B_PACK or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     nw = p[P_WORKERS]
-    home = 2 + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
+    home = 2 + n_tail + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
     apf = c_array_at(p[P_A] if a_in_place else p[P_AP], z, (na * mp * K * MR,))
-    # B's panels, or B itself (nb x K x N) when it is read in place
-    bpf = c_array_at(p[P_B] if b_in_place else p[P_BP], z, (nb * K * N if b_in_place else nb * npn * K * nr_full,))
-    ldb = N if b_in_place else nr_full
+    # B's panels, and B itself (nb x K x N) when it is read in place
+    bpf = c_array_at(p[P_BP], z, (nb * npn * K * nr_full,))
+    bsrc = c_array_at(p[P_B], z, (nb * K * N,)) if b_in_place else bpf
     cf = c_array_at(p[P_C], z, (nbatch * M * N,))
     a_idx = c_array_at(p[P_AIDX], np.int64(0), (nbatch,))
     b_idx = c_array_at(p[P_BIDX], np.int64(0), (nbatch,))
@@ -981,7 +993,7 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
         if i < n_pack_a:
             call_address(pack_a, (i, params))
         else:
-            call_address(pack_b, (i - n_pack_a, params))
+            call_address(pack_b, ((i - n_pack_a) * npn + npn - 1 if b_in_place else i - n_pack_a, params))
         fetch_add(sync, 2 + i, 1)
     t = np.empty(MR * nr_full, cf.dtype)  # an edge tile (fewer than MR rows or NR columns)
     # Tasks: worker v owns the range [v * ntasks / nw, (v + 1) * ntasks / nw) and takes it
@@ -1028,8 +1040,11 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
                     q = q0 + pair // npa
                     pa = p0 + pair % npa
                 j0 = q * nr_full
-                boff = (bb * K + k0) * N + j0 if b_in_place else ((bb * npn + q) * K + k0) * nr_full
                 nr = min(nr_full, N - j0)
+                in_place = b_in_place and nr == nr_full
+                boff = (bb * K + k0) * N + j0 if in_place else ((bb * npn + q) * K + k0) * nr_full
+                bq = bsrc if in_place else bpf
+                ldb = N if in_place else nr_full
                 i0 = pa * MR
                 mr = min(MR, M - i0)
                 # one call site per A form the variant holds (each inlined copy of the
@@ -1040,12 +1055,12 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
                 done = False
                 if rows_form is not None:
                     if a_in_place:
-                        micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bpf, boff, ldb, cf if full else t, coff,
+                        micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bq, boff, ldb, cf if full else t, coff,
                                    N if full else nr_full, accumulate and full)
                         done = True
                 if packed_form is not None:
                     if not done:
-                        micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bpf, boff, ldb, cf if full else t,
+                        micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bq, boff, ldb, cf if full else t,
                                    coff, N if full else nr_full, accumulate and full)
                 if not full:
                     store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)

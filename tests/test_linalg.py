@@ -5,6 +5,7 @@ out=, and bad input; the own GEMM under each of its register tiles (6x16 AVX2, 8
 12x32 AVX-512) whatever the host picks."""
 import contextlib
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -667,8 +668,10 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     g = rng()
     with gemm_tile(tile) as t:
         nr = t.nr(dtype)
+        # N a whole number of panels, and not (the last panel of each b batch then packed)
         cases = [((13, 40), (40, 2 * nr)), ((20, 1100), (1100, nr)), ((2, 1, 7, 19), (3, 19, nr)),
-                 ((3, 5, 33), (3, 33, 3 * nr)), ((t.mr, 5), (5, nr))]
+                 ((3, 5, 33), (3, 33, 3 * nr)), ((t.mr, 5), (5, nr)), ((13, 40), (40, 2 * nr + 5)),
+                 ((2, 1, 7, 19), (3, 19, nr + 1)), ((3, 5, 33), (33, 2 * nr - 1)), ((t.mr, 5), (5, 3 * nr - 2))]
         read_in_place = []
         for sa, sb in cases:
             a, b = randn(g, sa, dtype), randn(g, sb, dtype)
@@ -692,7 +695,44 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
                          cancel=True)
             assert_close(got[True][1], ref.matmul(a, b), tol, f"{tile} {sa} {sb} plain", cancel=True)
         assert sum(read_in_place) >= 2, (tile, read_in_place)
+        assert sum(read_in_place[5:]) >= 2, (tile, read_in_place)   # partial last panels too
     real_plan.cache_clear()
+
+
+@pytest.mark.skipif(ON_CUDA or not sys.platform.startswith("linux"), reason="the CPU GEMM; mprotect")
+@pytest.mark.parametrize("n_extra", [1, 17, 47])
+def test_b_read_in_place_stays_inside_b(n_extra, monkeypatch):
+    """A b read in place whose N is not a whole number of panels ends right before an
+    unreadable page: the partial last panel must not be read from b (past a row's end it
+    would run past b's end on the last row, and fault here)."""
+    import ctypes
+    import mmap
+    from kernels_cpu import gemm as K
+    modes = []
+    real_plan = K._gemm_plan
+    monkeypatch.setattr(K, "_gemm_plan", lambda *args: modes.append(int(real_plan(*args)[0][K.P_B_MODE])) or
+                        real_plan(*args))
+    nr = K.active_tile().nr(np.float32)
+    k, n = 9, nr + n_extra
+    page = mmap.PAGESIZE
+    nbytes = k * n * 4
+    size = -(-nbytes // page) * page
+    buf = mmap.mmap(-1, size + page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + size), ctypes.c_size_t(page), 0) == 0, ctypes.get_errno()
+    try:
+        b = np.frombuffer(buf, np.float32, count=k * n, offset=size - nbytes).reshape(k, n)
+        g = rng()
+        b[...] = randn(g, (k, n), np.float32)
+        a = randn(g, (5, k), np.float32)   # one row block: b read in place
+        with dispatch.use(matmul="cpu-gemm"):
+            got = dispatch.matmul(a, b, out=poisoned((5, n), np.float32))
+        assert modes == [K.B_IN_PLACE], modes
+        assert_close(got, ref.matmul(a, b), _tol(np.float32, k), f"n {n}", cancel=True)
+        del b
+    finally:
+        libc.mprotect(ctypes.c_void_p(base + size), ctypes.c_size_t(page), mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")

@@ -727,8 +727,8 @@ _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the regist
                "other non-contiguous inputs copied; a float32 linear with at most "
                f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
                "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows); a (K, N) b with rows of at most "
-               f"{K.B_IN_PLACE_ROW_BYTES} bytes, a whole number of tile columns, is read in place when M is one "
-               "row block (kernels_cpu.gemm.B_IN_PLACE)")
+               f"{K.B_IN_PLACE_ROW_BYTES} bytes and at least one tile's columns is read in place when M is one "
+               "row block, a partial last panel packed (kernels_cpu.gemm.B_IN_PLACE)")
 _NOTES_GEMV = ("matrix-vector form for few rows, on the thread team: against linear's (N, K) weight, "
                f"tasks of {K.GEMV_NK_ROWS} weight rows, each group of {K.TB} dotted with every row of a "
                "(weight rows streamed once, the next group prefetched); a (K, N) b in slabs of whole rows, "
