@@ -375,6 +375,17 @@ def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want
     tiny = describe(np.ones((32, 384), F32), dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
     narrow_packed = describe(a, dispatch.prepack(np.ones((384, 64), F32), op="matmul")).key
     assert L._order(tiny)[0][0] == "blas" and L._order(narrow_packed)[0][0] == "blas"
+    # plain products whose b our GEMM reads in place (N 512..1023, K >= 512, M < 256): ours on
+    # 16-lane tiles; not with K < 512, N < 512, a linear's (N, K) weight, float64
+    in_place = describe(np.ones((64, 768), F32), np.ones((768, 768), F32)).key
+    assert L._order(in_place)[0][0] == ("cpu-gemm" if lanes == 16 else "blas")
+    assert L._order(describe(np.ones((8, 768), F32), np.ones((768, 1000), F32)).key)[0][0] == (
+        "cpu-gemm" if lanes == 16 else "blas")
+    for other in (describe(np.ones((64, 256), F32), np.ones((256, 768), F32)).key,
+                  describe(np.ones((128, 768), F32), np.ones((768, 384), F32)).key,
+                  dispatch.registry.OPS["linear"].describe(np.ones((64, 768), F32), np.ones((768, 768), F32)).key,
+                  describe(np.ones((64, 768)), np.ones((768, 768))).key):
+        assert L._order(other)[0][0] == "blas", other
 
 
 def test_blas_core_is_a_name_or_none():

@@ -650,6 +650,19 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # 4.6-5.1 on ours (attention 714-750 -> 420-456 us, the linear 4.6-5.5 -> 3.1-3.5 ms); each
 # sequence after 0.2 s idle 10.7-10.8 -> 7.0-7.1 ms, although the matmul alone then takes
 # 1.35-1.39 ms on OpenBLAS and 1.70 on ours.
+# A plain float32 product whose (K, N) b our GEMM reads in place (kernels_cpu.gemm.B_IN_PLACE:
+# one row block, rows of at most 4 KiB; N bucket 512 is 512 <= N < 1024, M bucket <= 128 one
+# row block; matmul, one batch: linear's (N, K) weight is not read so): no copy of b is made,
+# where OpenBLAS packs it on every call.  Zen 4, 2 threads,
+# interleaved medians of 9 rounds with the round quartiles, us, cpu-gemm / blas (2026-12-06):
+# K bucket >= 512: 8x768x768 80 / 136 (0.56-0.60), 16x768x768 130 / 196, 32x768x768 225 /
+# 271, 64x768x768 432 / 469, 16x512x512 89 / 115, 64x512x512 233 / 299 and 218 / 224 (0.94-1.02),
+# 128x384x768 405 / 440, 32x1024x768 269 / 394, 16x3072x768 461 / 842, 48x512x768 210 / 307;
+# K bucket 256 ties (64x256x512 123 / 121, 96x256x640 195 / 190, 128x256x512 216 / 214,
+# 100x300x600 239 / 231 and 242 / 222), and N bucket 256 loses (128x256x256 138 / 109).
+IN_PLACE_N = 512
+IN_PLACE_MIN_K = 512
+IN_PLACE_MAX_M = 128
 # OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
 _BLAS_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 
@@ -708,6 +721,11 @@ def _order(key):
         return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^22, N bucket >= {WIDE_GEMM_MIN_N}: "
                                                   f"our {K.active_tile().name} GEMM skips packing the weight, numpy's "
                                                   f"OpenBLAS ({blas_core()} kernels) packs it on every call")
+    if (key.op == "matmul" and key.batch == 1 and not epilogue and not key.prepacked and key.dtype == np.float32
+            and K.active_tile().lanes32 >= 16 and n == IN_PLACE_N and k >= IN_PLACE_MIN_K and m <= IN_PLACE_MAX_M):
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"plain product, N bucket {IN_PLACE_N}, K bucket >= {IN_PLACE_MIN_K}, "
+                                                  f"M bucket <= {IN_PLACE_MAX_M}: our {K.active_tile().name} GEMM reads "
+                                                  "b in place (no copy), OpenBLAS packs it on every call")
     if m * n * k < SMALL_PRODUCT:
         return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
