@@ -14,10 +14,11 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
      worker that finds a panel unfinished packs it again rather than wait (no barrier).
      When all M rows are one row block (and no B batch is shared), B's panels are packed
      by the task that reads them instead, right before its micro-kernels; and a (K, N) B
-     with short rows is not packed at all there: the micro-kernel reads its panel in
-     place, row k at k*N (B_IN_PLACE; a partial last panel is still packed).  An A of whole MR-row panels (not transposed, no
-     custom packer) is not packed either: the micro-kernel broadcasts its values straight
-     from its MR rows (A_IN_PLACE_OK; the worker is compiled per A form);
+     with short rows is not packed at all there: the micro-kernel reads its panels in
+     place, row k at k*N (B_IN_PLACE; a partial last panel is still packed).  An A of
+     whole MR-row panels (not transposed, no custom packer) is not packed either: the
+     micro-kernel broadcasts its values straight from its MR rows (A_IN_PLACE_OK; the
+     worker is compiled per A form);
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
      scheduling: a thread that loses its core to another process does not hold up the
      other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
