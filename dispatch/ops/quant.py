@@ -480,7 +480,8 @@ def _describe_dequantize(q, *, dtype=np.float32, out=None):
     shape = q.shape
     V.out(out, shape, dt, **{"q.values": q.values})
     o, c, i = _channels(shape, q.axis)
-    key = DequantizeKey("dequantize", dev, dt, size_bucket(*shape), bucket(c), bucket(i), q.dtype.name)
+    key = DequantizeKey("dequantize", dev, dt, size_bucket(*shape), bucket(c), bucket(i),
+                        _QNAME.get(q.dtype) or q.dtype.name)
     return Call(key, DequantizeArgs(q.values, q, dt, out))
 
 
