@@ -651,8 +651,9 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # sequence after 0.2 s idle 10.7-10.8 -> 7.0-7.1 ms, although the matmul alone then takes
 # 1.35-1.39 ms on OpenBLAS and 1.70 on ours.
 # A plain float32 product whose (K, N) b our GEMM reads in place (kernels_cpu.gemm.B_IN_PLACE:
-# one row block, rows of at most 4 KiB; N bucket 512 is 512 <= N < 1024, M bucket <= 128 one
-# row block; matmul, one batch: linear's (N, K) weight is not read so): no copy of b is made,
+# one row block, rows of at most B_IN_PLACE_ROW_BYTES, so an N bucket n qualifies whole when
+# 2n values fit a row: n = 512 for float32; M bucket <= 128 is one row block; matmul, one
+# batch: linear's (N, K) weight is not read so): no copy of b is made,
 # where OpenBLAS packs it on every call.  Zen 4, 2 threads,
 # interleaved medians of 9 rounds with the round quartiles, us, cpu-gemm / blas (2026-12-06):
 # K bucket >= 512: 8x768x768 80 / 136 (0.56-0.60), 16x768x768 130 / 196, 32x768x768 225 /
@@ -660,7 +661,7 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # 128x384x768 405 / 440, 32x1024x768 269 / 394, 16x3072x768 461 / 842, 48x512x768 210 / 307;
 # K bucket 256 ties (64x256x512 123 / 121, 96x256x640 195 / 190, 128x256x512 216 / 214,
 # 100x300x600 239 / 231 and 242 / 222), and N bucket 256 loses (128x256x256 138 / 109).
-IN_PLACE_N = 512
+IN_PLACE_MIN_N = 512
 IN_PLACE_MIN_K = 512
 IN_PLACE_MAX_M = 128
 # OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
@@ -722,8 +723,9 @@ def _order(key):
                                                   f"our {K.active_tile().name} GEMM skips packing the weight, numpy's "
                                                   f"OpenBLAS ({blas_core()} kernels) packs it on every call")
     if (key.op == "matmul" and key.batch == 1 and not epilogue and not key.prepacked and key.dtype == np.float32
-            and K.active_tile().lanes32 >= 16 and n == IN_PLACE_N and k >= IN_PLACE_MIN_K and m <= IN_PLACE_MAX_M):
-        return ("cpu-gemm", "blas", "cpu-gemv"), (f"plain product, N bucket {IN_PLACE_N}, K bucket >= {IN_PLACE_MIN_K}, "
+            and K.active_tile().lanes32 >= 16 and IN_PLACE_MIN_N <= n
+            and 2 * n * key.dtype.itemsize <= K.B_IN_PLACE_ROW_BYTES and k >= IN_PLACE_MIN_K and m <= IN_PLACE_MAX_M):
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"plain product, N bucket {n}, K bucket >= {IN_PLACE_MIN_K}, "
                                                   f"M bucket <= {IN_PLACE_MAX_M}: our {K.active_tile().name} GEMM reads "
                                                   "b in place (no copy), OpenBLAS packs it on every call")
     if m * n * k < SMALL_PRODUCT:
