@@ -178,6 +178,24 @@ def test_nan_propagates(op, impl, dtype):
     assert_close(got, want, _tol(dtype, 9), op, cancel=op != "max_pool2d")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op, impl", ADAPTIVE_IMPLS)
+def test_global_pool_nan_stays_in_its_plane(op, impl, dtype):
+    """Global pooling sums a vector of planes at a time (kernels_cpu/pool.py _plane_means):
+    a NaN or an infinity in one plane, at any position of its values (in a whole vector of
+    them or in the masked tail), makes that plane's output, and only it, NaN / inf."""
+    x = _x(rng(), (2, 37, 7, 7), dtype)
+    flat = x.reshape(74, 49)
+    bad = np.arange(0, 74, 3)
+    flat[bad, bad % 49] = np.nan
+    flat[1, 48] = np.inf
+    want = ref.adaptive_avg_pool2d(x, 1)
+    got = run(impl, dispatch.adaptive_avg_pool2d, x, 1, out=poisoned(want.shape, dtype), _op=op)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).sum() == len(bad)
+    assert np.isposinf(got.reshape(-1)[1])
+    assert_close(got, want, _tol(dtype, 49), op, cancel=True)
+
+
 @pytest.mark.parametrize("window", [(3, 2, 1), (3, 1, 1), (2, 2, 0)],
                          ids=lambda w: "%dx%d-s%d-p%d" % (w[0], w[0], w[1], w[2]))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
