@@ -4,17 +4,18 @@ scale (and zero point) per output row; float32 accumulation.  The weight is wide
 registers inside the loop: no float32 copy of it is ever made (run_gemv), or only one block
 of rows at a time into a reused buffer (widen_panels, the GEMM path for many rows).
 
-run_gemv (decode, M = 1..~8): workers take blocks of NB output rows.  A task walks its rows in
-groups of TB = 4 weight rows; for each group and each group of up to TA rows of x, the
-`wo_tile` intrinsic computes the TA x TB dot products over K with TA * TB vector
-accumulators: per step, TB loads of W vectors of 16-bit / 8-bit weights, widened in
-registers (bfloat16: zero-extend to 32 bits and shift left 16; float16: fpext <W x half>,
-which LLVM lowers to vcvtph2ps; int8: sign-extend and sitofp), TA loads of x and TA * TB
-FMAs; while a group streams, the next group's rows are prefetched (llvm.prefetch), so each
-group is read from L2 after the first.  A weight byte is read from memory once per call
-when M <= TA (all x rows of the call in one group).  int8: the dot product is taken with the
-raw integers q; the zero point enters through the row sum of x and the per-row scale once
-after the dot product: out[m, n] = scale[n] * (sum_k x[m, k] q[n, k] - zp[n] sum_k x[m, k]).
+run_gemv (decode, M = 1..~8): workers take blocks of NB output rows (longer runs of the
+weight when M = 1: row_task_rows).  A task walks its rows in groups of TB = 4 weight rows;
+for each group and each group of up to TA rows of x, the `wo_tile` intrinsic computes the
+TA x TB dot products over K with TA * TB vector accumulators: per step, TB loads of W
+vectors of 16-bit / 8-bit weights, widened in registers (bfloat16: zero-extend to 32 bits
+and shift left 16; float16: fpext <W x half>, which LLVM lowers to vcvtph2ps; int8:
+sign-extend and sitofp), TA loads of x and TA * TB FMAs; while a group streams, the next
+group's rows are prefetched (llvm.prefetch), so each group is read from L2 after the
+first.  A weight byte is read from memory once per call when M <= TA (all x rows of the
+call in one group).  int8: the dot product is taken with the raw integers q; the zero point
+enters through the row sum of x and the per-row scale once after the dot product:
+out[m, n] = scale[n] * (sum_k x[m, k] q[n, k] - zp[n] sum_k x[m, k]).
 
 Vector width: 16 float32 lanes (zmm) where the target has avx512f, else 8 (ymm: AVX2 +
 F16C + FMA, every x86-64 host with AVX2 has F16C), chosen by run_gemv's `wide` argument, so
@@ -49,9 +50,32 @@ from .llvm_ir import arg_readers
 TB = 4        # weight rows per tile
 TA_WIDE = 4   # x rows per tile with 16 lanes (16 + 4 + 1 of 32 zmm)
 TA_NARROW = 2  # with 8 lanes (8 + 4 + 1 of 16 ymm)
-# Output rows per gemv task: 64 rows = 172 tasks at N = 11008, enough for dynamic balance
-# on 2 threads; a task's buffers (TA_WIDE x NB float32) stay in L1.  Not tuned separately.
+# Output rows per gemv task with 2+ rows of x: 64 rows = 172 tasks at N = 11008, enough for
+# dynamic balance on 2 threads; a task's buffers (TA_WIDE x NB float32) stay in L1.  Not
+# tuned separately.
 NB = 64
+# With one row of x (decode) a task is a longer run of the weight: about ROW_TASK_BYTES, but
+# at least ROW_TASKS_PER_THREAD tasks a thread and never under NB rows (row_task_rows).
+# 1x4096x11008, 4 weights cycled past the L3, one process, medians of 5 x 8 calls, 64-row
+# tasks / row_task_rows' (Zen 4 VM, 2 threads, 2026-12-06, /tmp/w/woab.py), ms:
+#   fast-memory phases (a prange sum of the bytes 1.57-1.74 ms; int8 0.82):
+#     float16 2.122 / 2.055, 2.142 / 2.068; bfloat16 2.211 / 2.222; int8 0.955 / 0.910
+#   slow phases (read 2.71-2.86; int8 1.28-1.37): bfloat16 2.991 / 2.869, 2.893 / 2.823,
+#     2.912 / 2.901, 2.915 / 2.896; int8 1.375 / 1.284, 1.428 / 1.374, 1.384 / 1.315,
+#     1.449 / 1.365, 1.441 / 1.344; float16 3.072 / 2.985, 2.789 / 2.782
+# (3% on the median): each thread's share of the weight in fewer, longer sequential runs.
+# Streaming one weight row at a time instead of the 4-row groups (no software prefetch)
+# won in some fast phases (bfloat16 1.89-1.95 against 2.04-2.18 ms) and lost in others
+# (2.34-2.47 against 2.21; int8 1.05-1.17 against 0.95-0.99): not kept.
+ROW_TASK_BYTES = 4 << 20
+ROW_TASKS_PER_THREAD = 4
+
+
+def row_task_rows(n, k, itemsize, threads):
+    """Rows of W per task when x has one row: ROW_TASK_BYTES of the weight, or fewer so that
+    each of `threads` threads gets ROW_TASKS_PER_THREAD tasks, never fewer than NB."""
+    by_bytes = -(-ROW_TASK_BYTES // max(1, k * itemsize))
+    return max(NB, min(by_bytes, n // (ROW_TASKS_PER_THREAD * max(1, threads))))
 
 
 def host_has_avx512() -> bool:
@@ -152,7 +176,7 @@ def _tile_overload(fmt, wide, ta, kl, x, xo, w, wo, q, t):
 
 
 # The int64 argument block of wo_worker: addresses, sizes, the task counter.
-(W_X, W_W, W_SCALE, W_ZP, W_BIAS, W_OUT, W_XSUM, W_M, W_N, W_K, W_NEXT, W_EPI, W_COUNT) = range(13)
+(W_X, W_W, W_SCALE, W_ZP, W_BIAS, W_OUT, W_XSUM, W_M, W_N, W_K, W_NEXT, W_EPI, W_ROWS, W_COUNT) = range(14)
 
 
 def _weight_zero(fmt):
@@ -171,8 +195,8 @@ def _weight_zero_overload(fmt):
 
 @njit(**JIT_BY_ADDRESS)
 def wo_worker(wk, params, fmt, wide):
-    """A worker (parallel.run_workers) of run_gemv: tasks of NB output rows taken from the
-    W_NEXT counter.  fmt and wide are literals: a worker holds one format's and width's
+    """A worker (parallel.run_workers) of run_gemv: tasks of W_ROWS output rows taken from
+    the W_NEXT counter.  fmt and wide are literals: a worker holds one format's and width's
     tiles (one kernel holding every variant took 11.8 s to compile; as a prange kernel with
     literal flags 4.6 s, parfor lowering 1.9 s of it); bias + activation by the W_EPI
     epilogue (gemm_epilogue's address) on the task's block of out, in place."""
@@ -185,16 +209,17 @@ def wo_worker(wk, params, fmt, wide):
     out2 = c_array_at(p[W_OUT], np.float32(0), (M, N))
     xsum = c_array_at(p[W_XSUM], np.float64(0), (M,))
     tamax = TA_WIDE if wide else TA_NARROW
-    ntask = (N + NB - 1) // NB
-    acc = np.empty((M, NB), np.float32)
+    rows = p[W_ROWS]
+    ntask = (N + rows - 1) // rows
+    acc = np.empty((M, rows), np.float32)
     t = np.empty(4 * TB, np.float32)
     xo = np.zeros(4, np.int64)
     wo = np.zeros(TB, np.int64)
     q = np.zeros(TB, np.int64)
     task = fetch_add(p, W_NEXT, 1)
     while task < ntask:
-        n0 = task * NB
-        nl = min(NB, N - n0)
+        n0 = task * rows
+        nl = min(rows, N - n0)
         for g in range(0, nl, TB):
             for j in range(TB):
                 wo[j] = (n0 + min(g + j, nl - 1)) * K       # an edge group repeats its last row
@@ -252,8 +277,9 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
     p = np.empty(W_COUNT, np.int64)  # alive until the workers are done
     addr = _gemv_params(p, x2, w2, scale, zp, bias, out2, xsum)
     p[W_EPI] = epilogue_address(np.float32, code)
-    run_at(worker_address(wo_worker, (int(fmt), bool(wide))), addr,
-           min(num_threads(), -(-w2.shape[0] // NB)))
+    n, threads = w2.shape[0], num_threads()
+    p[W_ROWS] = row_task_rows(n, x2.shape[1], w2.itemsize, threads) if x2.shape[0] == 1 else NB
+    run_at(worker_address(wo_worker, (int(fmt), bool(wide))), addr, min(threads, -(-n // p[W_ROWS])))
 
 
 # K elements per step of widen_panels: each step widens NR rows x WIDEN_KB into a row-major

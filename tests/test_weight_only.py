@@ -26,6 +26,7 @@ SHAPES_FULL = [
     ((2, 17), (3, 17)),             # K = 17: no full 16-lane vector + tail
     ((7, 1), (1, 1)),               # K = 1, N = 1
     ((1, 4095), (3, 4095)),         # long K, odd
+    ((1, 40), (1000, 40)),          # one row of x: 8 tasks of 125 weight rows
     ((33, 130), (70, 130)),         # x rows past the tile's group of 4
     ((128, 48), (300, 48)),         # prefill: N past one widened block (256 rows)
     ((5, 3, 33), (17, 33)),         # batched x
