@@ -1109,6 +1109,15 @@ def pack_b(b3, transb, bp, tile=None):
 # 980 -> 760 (650), 64x3072x768 1756 -> 1376 (1159), 100x3072x768 2614 -> 2468 (1857),
 # 128x3072x768 2712 -> 2580 (2225), 128x4096x4096 20.0 -> 17.1 ms (17.3).
 ROWS_TILES = (HOST_WIDE, TILE_NAMES.index("12x32"))   # 8x48, 12x32
+# Per CPU (target.cpu_name()) where that choice loses.  Zen 4 (512-bit work on 256-bit
+# units): the 12x32 tile over the weight's 12 rows runs slower per FMA than 8x48's padded
+# columns cost.  linear + bias + gelu, 2 threads, medians of 5 rounds alternating, in one
+# process (2026-12-06, /tmp/w/lrows2.py), ms, MxKxN: the padding choice (12x32 for all of
+# these) / 8x48 / the weight packed: 128x768x3072 4.53 / 3.55 / 3.64, 128x1024x4096 8.12 /
+# 6.13 / 6.69, 112x768x3072 4.50 / 3.47 / 3.26, 128x4096x4096 30.9 / 22.7 / 29.7,
+# 100x4096x4096 30.7 / 22.4 / 27.3, 64x4096x4096 16.0 / 15.0 / 19.7, 32x4096x11008 21.2 /
+# 20.6 / 38.4, 32x768x3072 1.195 / 1.191 / 1.181.
+ROWS_TILES_BY_CPU = {"znver4": (HOST_WIDE,)}
 ROWS_PANELS = 8   # MR-row weight panels per task (8x48: 64 output columns, whole cache lines of out)
 
 
@@ -1181,10 +1190,16 @@ def gemm_rows(x2, w2, bias, epilogue, code, out2, xp, nworkers):
     run_workers(fn, p, max(1, min(nworkers, ntasks)))
 
 
+def rows_tiles() -> tuple:
+    """The tiles (TILES indices) gemm_rows chooses from on this target: ROWS_TILES, or the
+    CPU's own set of ROWS_TILES_BY_CPU."""
+    return ROWS_TILES_BY_CPU.get(target.cpu_name(), ROWS_TILES)
+
+
 def rows_tile(M, dtype) -> int:
-    """The tile (a TILES index) gemm_rows runs for x with M rows: of ROWS_TILES, the one
+    """The tile (a TILES index) gemm_rows runs for x with M rows: of rows_tiles(), the one
     whose NR-row panels of x pad the fewest rows."""
-    return min(ROWS_TILES, key=lambda ti: -(-M // tile_n(dtype, ti)) * tile_n(dtype, ti))
+    return min(rows_tiles(), key=lambda ti: -(-M // tile_n(dtype, ti)) * tile_n(dtype, ti))
 
 
 def rows_workspace(M, K, dtype) -> int:

@@ -760,6 +760,7 @@ def test_linear_weight_read_in_place(activation, monkeypatch):
     real = K.gemm_rows
     monkeypatch.setattr(K, "gemm_rows", lambda *a: used.append(K.TILES[K.rows_tile(len(a[0]), a[0].dtype)].name)
                         or real(*a))
+    monkeypatch.setattr(K, "rows_tiles", lambda: K.ROWS_TILES)  # both tiles, whatever this host's choice
     g = rng()
     n, k = 2050, 1100   # 9.0 MB of float32 weight: over ROWS_MIN_BYTES, N >= K
     tiles = set()
@@ -798,48 +799,15 @@ def test_linear_weight_read_in_place(activation, monkeypatch):
         assert len(used) >= 16
 
 
-@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
-def test_tiles_agree_and_prepacked_weight_is_tied_to_its_tile():
-    """The tiles give the same result up to rounding; a PackedWeight packed under one tile
-    is refused under another with a message naming both and the remedy."""
+def test_rows_tiles_follow_the_cpu(monkeypatch):
+    """gemm_rows chooses among ROWS_TILES by the padding of x's rows, except on a CPU of
+    ROWS_TILES_BY_CPU (Zen 4: 8x48 whatever the padding)."""
     from kernels_cpu import gemm as K
-    g = rng()
-    x, w = randn(g, (70, 45), np.float32), randn(g, (37, 45), np.float32)
-    results = {}
-    for tile in K.TILE_NAMES:
-        with gemm_tile(tile), dispatch.use(linear="cpu-gemm"):
-            results[tile] = dispatch.linear(x, w, activation="silu")
-    for tile, got in results.items():
-        assert_close(got, results["6x16"], _tol(np.float32, 45), f"{tile} vs 6x16")
-    with gemm_tile("6x16"):
-        pw = dispatch.prepack(w)
-    assert pw.tile == "6x16" and "tile=6x16" in repr(pw)
-    with gemm_tile("8x48"):
-        with pytest.raises(ValueError, match="packed for the 6x16 GEMM tile.*runs the 8x48 tile.*prepack the weight again"):
-            dispatch.linear(x, pw)
-        pw2 = dispatch.prepack(w)
-        assert pw2.tile == "8x48"
-        with dispatch.use(linear="cpu-gemm"):
-            np.testing.assert_array_equal(dispatch.linear(x, pw2, activation="silu"), results["8x48"])
+    from kernels_cpu import target
+    f32 = np.dtype(np.float32)
 
-
-def test_host_tile_and_override():
-    """The default tile follows the target's features; NK_GEMM_TILE forces one and names
-    the variable when it is garbage; use_tile validates its argument."""
-    import subprocess
-    import sys
-
-    from kernels_cpu import gemm as K
-    want = "8x48" if K.host_has_avx512() else "6x16"
-    code = "from kernels_cpu import gemm; print(gemm.active_tile().name)"
-    env = {k: v for k, v in os.environ.items() if k != K.TILE_ENV}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == want
-    out = subprocess.run([sys.executable, "-c", code], env=dict(env, NK_GEMM_TILE="6x16"), capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == "6x16"
-    bad = subprocess.run([sys.executable, "-c", code], env=dict(env, NK_GEMM_TILE="avx9000"), capture_output=True,
-                         text=True)
-    assert bad.returncode != 0 and "NK_GEMM_TILE='avx9000'" in bad.stderr and "6x16" in bad.stderr, bad.stderr
-    with pytest.raises(ValueError, match="use_tile"):
-        K.use_tile("7x7")
+    def tile(cpu, m):
+        monkeypatch.setattr(target, "cpu_name", lambda: cpu)
+        return K.TILES[K.rows_tile(m, f32)].name
+    assert [tile("sapphirerapids", m) for m in (128, 96, 64)] == ["12x32", "8x48", "12x32"]
+    assert [tile("znver4", m) for m in (128, 96, 64)] == ["8x48"] * 3
