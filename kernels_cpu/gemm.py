@@ -632,6 +632,9 @@ def _pack_edge(src, s0, ld, step, nrows, K, dst, d0, R):
 # bytes: they must still be in L2 (2 MiB a core on the AVX-512 hosts, 512 KiB on Zen 3)
 # when its micro-kernels read them.
 B_IN_TASK_BYTES = 1 << 20
+# ... and into the worker's own slice of the packing buffer (gemm_worker's b_local; off:
+# into the panel's own place, for tests comparing the two).
+B_LOCAL_OK = True
 
 # How gemm_worker gets B (the P_B_MODE slot): packed by the call, packed already (a
 # prepacked weight), or read in place.  In place: a (K, N) B of at least one whole NR panel
@@ -698,7 +701,8 @@ A_IN_PLACE_OK = True
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_COUNT) = range(25)
+ P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_NEXTRA, P_B_LOCAL,
+ P_COUNT) = range(27)
 
 
 # The packers run by address (gemm_worker calls the one its operand's layout needs, and
@@ -815,6 +819,8 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
         p[P_COUNT:] = extra
     sync = np.zeros(nsync, np.int64)
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
+    if p[P_B_LOCAL]:   # each worker's copy of the block, at the end of sync (_gemm_plan)
+        sync[nsync - nw * p.size:] = np.tile(p, nw)
     run_workers(fn, p, nw)
 
 
@@ -843,9 +849,13 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p = np.zeros(P_COUNT + nextra, np.int64)
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = na, nb, nbatch, M, N, K
     p[P_MC], p[P_NC], p[P_KC], p[P_B_MODE] = mc_panels, nc_panels, kc, b_mode
-    p[P_ACCUMULATE] = accumulate
+    p[P_ACCUMULATE], p[P_NEXTRA] = accumulate, nextra
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
+    # the tasks pack their own B panels into their workers' slices of bp (gemm_worker)
+    b_local = (B_LOCAL_OK and b_mode == B_PACK and nmb == 1 and nb == nbatch
+               and nc_panels * K * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES and nw * nc_panels <= nb * npn)
+    p[P_B_LOCAL] = b_local
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
     kernels = _kernels(dtype, ti, transa, transb, a_in_place, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
                        not a_in_place and pack_a is None, epilogue, code, both_a_forms)
@@ -856,8 +866,10 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p[P_EPILOGUE] = addr.get("epilogue", 0)
     p.flags.writeable = False
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
-    # task of worker v's own range (gemm_worker); no packed A needed when A is read in place
-    return p, 2 + n_pack + nw, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
+    # task of worker v's own range, then with b_local worker v's copy of the argument block
+    # (gemm_worker); no packed A needed when A is read in place
+    nsync = 2 + n_pack + nw + (nw * (P_COUNT + nextra) if b_local else 0)
+    return p, nsync, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
 
 
 def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
@@ -970,7 +982,23 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     n_pack = n_pack_a + n_tail if p[P_B_MODE] != B_PACK or b_in_task else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
     nw = p[P_WORKERS]
+    # A task packing its own panels puts them into its worker's slice of bp (slice w,
+    # nc_panels panels long), the same memory for each of the worker's tasks: the panels
+    # are written into lines its L2 holds already, not into fresh lines across bp that are
+    # first read from memory and later written back to it.  Plain products, 2 threads, old / new processes alternating twice,
+    # medians of 7 rounds (Zen 4, 2026-12-06, /tmp/w/mm4k.py, /tmp/w/mmset.py), ms:
+    # matmul 128x4096x4096 27.4-29.3 -> 24.2-25.2 (prepacked 22.0-22.5, OpenBLAS 24.2-26.7),
+    # 128x4096x11008 72.8 -> 63.4-63.7, 64x2048x2048 3.84-4.25 -> 3.46-3.61, 128x768x3072
+    # 3.71-3.79 -> 3.39-3.43; linear 128x768x2304 2.47-2.75 -> 2.24-2.26, 128x3072x768
+    # 3.38-3.69 -> 3.22-3.51; 128x768x768, 128x1024x1024, 256x1024x1024 unchanged.
+    # The packers and the micro-kernels find the slice through the worker's copy of the
+    # argument block (gemm_parallel puts it at the end of sync) whose P_BP is moved so that
+    # the task's first panel lands at the slice.
+    b_local = p[P_B_LOCAL] != 0   # (the plan's choice: b_in_task, with room for the slices)
     home = 2 + n_tail + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
+    plen = P_COUNT + p[P_NEXTRA]
+    pl_addr = p[P_SYNC] + (home + nw + w * plen) * 8
+    pl = c_array_at(pl_addr, np.int64(0), (plen if b_local else 0,))
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
     apf = c_array_at(p[P_A] if a_in_place else p[P_AP], z, (na * mp * K * MR,))
@@ -1022,7 +1050,13 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
         p1 = min(p0 + mc_panels, mp)
         q0 = nb_ * nc_panels
         q1 = min(q0 + nc_panels, npn)
-        if b_in_task:
+        bt = bpf
+        if b_local:
+            pl[P_BP] = p[P_BP] + (w * nc_panels - (bb * npn + q0)) * K * nr_full * isz
+            bt = c_array_at(pl[P_BP], z, (nb * npn * K * nr_full,))
+            for q in range(q0, q1):
+                call_address(pack_b, (bb * npn + q, pl_addr))
+        elif b_in_task:
             for q in range(q0, q1):
                 call_address(pack_b, (bb * npn + q, params))
         for k0 in range(0, K, kc):
@@ -1044,7 +1078,7 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
                 nr = min(nr_full, N - j0)
                 in_place = b_in_place and nr == nr_full
                 boff = (bb * K + k0) * N + j0 if in_place else ((bb * npn + q) * K + k0) * nr_full
-                bq = bsrc if in_place else bpf
+                bq = bsrc if in_place else bt
                 ldb = N if in_place else nr_full
                 i0 = pa * MR
                 mr = min(MR, M - i0)

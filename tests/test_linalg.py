@@ -4,7 +4,6 @@ broadcast batches, transposed and strided views, bias and every activation, NaN-
 out=, and bad input; the own GEMM under each of its register tiles (6x16 AVX2, 8x48 /
 12x32 AVX-512) whatever the host picks."""
 import contextlib
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -707,6 +706,53 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
             assert_close(got[True][1], ref.matmul(a, b), tol, f"{tile} {sa} {sb} plain", cancel=True)
         assert sum(read_in_place) >= 2, (tile, read_in_place)
         assert sum(read_in_place[5:]) >= 2, (tile, read_in_place)   # partial last panels too
+    real_plan.cache_clear()
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", _tile_names())
+def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
+    """A GEMM whose tasks pack their own B panels (one row block, B neither prepacked nor
+    read in place) packs them into each worker's slice of the buffer (kernels_cpu.gemm
+    B_LOCAL_OK) and gives exactly the bits of packing them into their own places: a (K, N)
+    b with rows over B_IN_PLACE_ROW_BYTES, two K blocks, a linear's (N, K) weight with bias
+    + gelu, a batch of b, rows not a multiple of the tile, NaN-poisoned out=."""
+    from kernels_cpu import gemm as K
+    seen = []
+    real_plan = K._gemm_plan
+
+    def plan(*args):
+        res = real_plan(*args)
+        seen.append((int(res[0][K.P_B_MODE]), bool(res[0][K.P_B_LOCAL])))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    g = rng()
+    with gemm_tile(tile) as t:
+        wide = 4096 // np.dtype(dtype).itemsize + 3 * t.nr(dtype) + 5   # rows over B_IN_PLACE_ROW_BYTES
+        cases = [("matmul", (37, 50), (50, wide)), ("matmul", (20, 1100), (1100, wide)),
+                 ("linear", (3, 9, 60), (wide, 60)), ("matmul", (3, 11, 40), (3, 40, wide))]
+        for op, sa, sb in cases:
+            a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+            n = sb[0] if op == "linear" else sb[-1]
+            bias = randn(g, (n,), dtype)
+            shape = sa[:-1] + (n,) if op == "linear" else _out_shape_matmul(sa, sb)
+            got = {}
+            for local in (True, False):
+                monkeypatch.setattr(K, "B_LOCAL_OK", local)
+                real_plan.cache_clear()
+                seen.clear()
+                with dispatch.use(**{op: "cpu-gemm"}):
+                    if op == "linear":
+                        got[local] = dispatch.linear(a, b, bias, activation="gelu", out=poisoned(shape, dtype))
+                    else:
+                        got[local] = dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype))
+                assert seen and all(m == K.B_PACK and lo == local for m, lo in seen), (tile, op, sa, sb, seen)
+            np.testing.assert_array_equal(got[True], got[False], err_msg=f"{tile} {op} {sa} {sb}")
+            want = (ref.linear(a, b, bias, activation="gelu") if op == "linear"
+                    else ref.matmul(a, b, bias=bias, activation="gelu"))
+            assert_close(got[True], want, _tol(dtype, sa[-1]), f"{tile} {op} {sa} {sb}", cancel=True)
     real_plan.cache_clear()
 
 
