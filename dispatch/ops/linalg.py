@@ -411,8 +411,17 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None, packs_b_bytes=0):
 # in place: 64x4096x4096 21.6 -> 11.3, 32x768x3072 1.14 -> 0.86, 128x768x3072 2.40 ->
 # 2.20; where it lost (not taken): 128x3072x768 (N < K) 2.48 -> 2.72, 256x1024x1024 2.11 ->
 # 2.61 (first version of the kernel, before the rule).
+# Since the GEMM's tasks pack a weight's panels into their workers' own slices of the
+# packing buffer (kernels_cpu/gemm.py, b_local), packing wins while the weight fits the L3:
+# Zen 4 (32 MiB L3), 2 threads, medians of 5 rounds alternating in one process
+# (2026-12-06, /tmp/w/lrows.py), ms, MxKxN, in place / packed: 9 MiB: 32x768x3072 1.44 /
+# 1.07, 64x768x3072 2.64 / 1.85, 128x768x3072 4.07 / 3.38; 16 MiB: 16x1024x4096 2.17 / 1.61,
+# 64x1024x4096 4.36 / 3.65, 128x1024x4096 6.88 / 6.42; 25 MiB: 64x1280x5120 6.31 / 5.55,
+# 128x1280x5120 9.49 / 9.78; 32 MiB: 64x2048x4096 7.73 / 8.20, 128x2048x4096 11.8 / 13.1;
+# 36 MiB: 128x1536x6144 13.2 / 13.4; 64 MiB: 32x4096x4096 8.36 / 11.7, 64x4096x4096 15.8 /
+# 16.5, 128x4096x4096 23.9 / 26.1.  (The Sapphire Rapids figures above predate b_local.)
 ROWS_M_MAX = 128           # rows of x
-ROWS_MIN_BYTES = 8 << 20   # the weight's bytes
+ROWS_MIN_BYTES = 24 << 20  # the weight's bytes
 
 
 def _rows_in_place(m, n, k, nbatch, ta, tb, dtype, tile, packed) -> bool:
