@@ -566,6 +566,15 @@ _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops
 # does not follow.  1024^3 float32, 12x32 tile, one thread (Sapphire Rapids, 2026-11-25):
 # B packing took 1.35 ms of 15.0 without it.
 PACK_PF_ROWS = 16
+# _pack_strided transposes a panel's R source rows in runs of PACK_KCH values of k per group
+# of vw rows (the source's 64 bytes x vw rows stay in L1 until used): sweeping all R rows at
+# each k, it held R lines of rows whose stride is a multiple of 4 KiB (K = 1024, 3072, ...)
+# in one L1 set, and each line was fetched twice.  Prepacking a linear weight, 2 threads,
+# medians of 9 x 20 calls, two runs (Zen 4, 2026-12-06, /tmp/w/pkt.py), ms, all R rows per
+# k (8) / runs of 32 / 64 / 128: (N, K) 768x3072 0.80-0.82 / 0.40-0.47 / 0.305-0.307 /
+# 0.30-0.48, 3072x768 0.29-0.47 / 0.32 / 0.26-0.28 / 0.26-0.36, 4096x4096 (from memory)
+# 10.7-11.1 / 13.4-13.9 / 10.8 / 10.9-11.2.
+PACK_KCH = 64
 
 
 @njit(inline="always")
@@ -593,14 +602,17 @@ def _pack_contig(src, s0, step, nrows, K, dst, d0, R):
 def _pack_strided(src, s0, ld, nrows, K, dst, d0, R):
     """One packed panel read from R rows of src at stride ld (A stored (M, K), B stored
     (N, K)): dst[d0 + k*R + r] = src[s0 + r*ld + k], zeros past nrows.  With R a multiple
-    of the vector width, W x W blocks go through a register transpose; otherwise R source
-    rows are read at column k (the R source lines stay in L1 for 64 bytes' worth of k)."""
+    of the vector width, W x W blocks go through a register transpose, W rows at a time
+    over runs of PACK_KCH values of k; otherwise R source rows are read at column k (the R
+    source lines stay in L1 for 64 bytes' worth of k)."""
     if nrows == R and R % _vw(dst) == 0:
         vw = _vw(dst)
         kv = K - K % vw
-        for k in range(0, kv, vw):
+        for kc in range(0, kv, PACK_KCH):
+            kc1 = min(kc + PACK_KCH, kv)
             for r in range(0, R, vw):
-                _transpose_block(src, s0 + r * ld + k, ld, dst, d0 + k * R + r, R)
+                for k in range(kc, kc1, vw):
+                    _transpose_block(src, s0 + r * ld + k, ld, dst, d0 + k * R + r, R)
         for k in range(kv, K):
             d = d0 + k * R
             for r in range(R):
