@@ -997,12 +997,13 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     # A task packing its own panels puts them into its worker's slice of bp (slice w,
     # nc_panels panels long), the same memory for each of the worker's tasks: the panels
     # are written into lines its L2 holds already, not into fresh lines across bp that are
-    # first read from memory and later written back to it.  Plain products, 2 threads, old / new processes alternating twice,
-    # medians of 7 rounds (Zen 4, 2026-12-06, /tmp/w/mm4k.py, /tmp/w/mmset.py), ms:
-    # matmul 128x4096x4096 27.4-29.3 -> 24.2-25.2 (prepacked 22.0-22.5, OpenBLAS 24.2-26.7),
-    # 128x4096x11008 72.8 -> 63.4-63.7, 64x2048x2048 3.84-4.25 -> 3.46-3.61, 128x768x3072
-    # 3.71-3.79 -> 3.39-3.43; linear 128x768x2304 2.47-2.75 -> 2.24-2.26, 128x3072x768
-    # 3.38-3.69 -> 3.22-3.51; 128x768x768, 128x1024x1024, 256x1024x1024 unchanged.
+    # first read from memory and later written back to it.  Plain products, 2 threads,
+    # old / new processes alternating twice, medians of 7 rounds (Zen 4, 2026-12-06,
+    # /tmp/w/mm4k.py, /tmp/w/mmset.py), ms: matmul 128x4096x4096 27.4-29.3 -> 24.2-25.2
+    # (prepacked 22.0-22.5, OpenBLAS 24.2-26.7), 128x4096x11008 72.8 -> 63.4-63.7,
+    # 64x2048x2048 3.84-4.25 -> 3.46-3.61, 128x768x3072 3.71-3.79 -> 3.39-3.43; linear
+    # 128x768x2304 2.47-2.75 -> 2.24-2.26, 128x3072x768 3.38-3.69 -> 3.22-3.51; 128x768x768,
+    # 128x1024x1024, 256x1024x1024 unchanged.
     # The packers and the micro-kernels find the slice through the worker's copy of the
     # argument block (gemm_parallel puts it at the end of sync) whose P_BP is moved so that
     # the task's first panel lands at the slice.
