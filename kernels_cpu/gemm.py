@@ -647,6 +647,9 @@ B_IN_TASK_BYTES = 1 << 20
 # ... and into the worker's own slice of the packing buffer (gemm_worker's b_local; off:
 # into the panel's own place, for tests comparing the two).
 B_LOCAL_OK = True
+# P_B_TASK: B not packed by the tasks, packed by them into the panels' own places, or into
+# their workers' slices
+B_TASK_NONE, B_TASK_OWN, B_TASK_SLICE = 0, 1, 2
 
 # How gemm_worker gets B (the P_B_MODE slot): packed by the call, packed already (a
 # prepacked weight), or read in place.  In place: a (K, N) B of at least one whole NR panel
@@ -713,7 +716,7 @@ A_IN_PLACE_OK = True
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
- P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_NEXTRA, P_B_LOCAL,
+ P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_NEXTRA, P_B_TASK,
  P_COUNT) = range(27)
 
 
@@ -831,7 +834,7 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
         p[P_COUNT:] = extra
     sync = np.zeros(nsync, np.int64)
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
-    if p[P_B_LOCAL]:   # each worker's copy of the block, at the end of sync (_gemm_plan)
+    if p[P_B_TASK] == B_TASK_SLICE:   # each worker's copy of the block, at the end of sync (_gemm_plan)
         sync[nsync - nw * p.size:] = np.tile(p, nw)
     run_workers(fn, p, nw)
 
@@ -864,10 +867,21 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p[P_ACCUMULATE], p[P_NEXTRA] = accumulate, nextra
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
-    # the tasks pack their own B panels into their workers' slices of bp (gemm_worker)
-    b_local = (B_LOCAL_OK and b_mode == B_PACK and nmb == 1 and nb == nbatch
-               and nc_panels * K * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES and nw * nc_panels <= nb * npn)
-    p[P_B_LOCAL] = b_local
+    # B packed by the call, one row block (M <= mc_panels * MR) and no B batch shared by
+    # output batches: each B panel is read by one task only, which packs it itself right
+    # before its micro-kernels read it from L2, instead of all B panels being packed up front (written out to L3 or
+    # memory, then read back).  128x768x3072 linear / its dx GEMM (2 threads, Sapphire
+    # Rapids, interleaved medians, 3 alternating processes each, 2026-11-26): 2.48 -> 2.40
+    # ms / 2.73 -> 2.61 ms.
+    # Only while a task's panels fit in L2 (B_IN_TASK_BYTES): 64x4096x4096 (12 panels of
+    # K = 4096, 9.4 MB a task) ran 23-24 -> 26-31 ms packed in the task.
+    # And then into the workers' own slices of bp (gemm_worker's b_local) where they fit.
+    b_task = B_TASK_NONE
+    if (b_mode == B_PACK and nmb == 1 and nb == nbatch
+            and nc_panels * K * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES):
+        b_task = B_TASK_SLICE if B_LOCAL_OK and nw * nc_panels <= nb * npn else B_TASK_OWN
+    p[P_B_TASK] = b_task
+    b_local = b_task == B_TASK_SLICE
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
     kernels = _kernels(dtype, ti, transa, transb, a_in_place, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
                        not a_in_place and pack_a is None, epilogue, code, both_a_forms)
@@ -977,16 +991,10 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
     n_pack_a = 0 if a_in_place else na * mp
-    # one row block (M <= mc_panels * MR) and no B batch shared by output batches: each B
-    # panel is read by one task only, which packs it itself right before its micro-kernels
-    # read it from L2, instead of all B panels being packed up front (written out to L3 or
-    # memory, then read back).  128x768x3072 linear / its dx GEMM (2 threads, Sapphire
-    # Rapids, interleaved medians, 3 alternating processes each, 2026-11-26): 2.48 -> 2.40
-    # ms / 2.73 -> 2.61 ms.
-    # Only while a task's panels fit in L2 (B_IN_TASK_BYTES): 64x4096x4096 (12 panels of
-    # K = 4096, 9.4 MB a task) ran 23-24 -> 26-31 ms packed in the task.
-    b_in_task = (p[P_B_MODE] == B_PACK and nmb == 1 and nb == nbatch
-                 and nc_panels * K * nr_full * isz <= B_IN_TASK_BYTES)
+    # B panels packed by the tasks that read them, into their own places or the worker's
+    # slice of bp (the plan's choice, P_B_TASK: see _gemm_plan)
+    b_in_task = p[P_B_TASK] != B_TASK_NONE
+    b_local = p[P_B_TASK] == B_TASK_SLICE
     b_in_place = p[P_B_MODE] == B_IN_PLACE
     # read in place, each B batch's last panel still packed when it is partial (read in
     # place, it would run past its rows' ends: past B's end on its last row)
@@ -1007,7 +1015,6 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     # The packers and the micro-kernels find the slice through the worker's copy of the
     # argument block (gemm_parallel puts it at the end of sync) whose P_BP is moved so that
     # the task's first panel lands at the slice.
-    b_local = p[P_B_LOCAL] != 0   # (the plan's choice: b_in_task, with room for the slices)
     home = 2 + n_tail + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     plen = P_COUNT + p[P_NEXTRA]
     pl_addr = p[P_SYNC] + (home + nw + w * plen) * 8

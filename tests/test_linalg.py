@@ -724,7 +724,7 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
 
     def plan(*args):
         res = real_plan(*args)
-        seen.append((int(res[0][K.P_B_MODE]), bool(res[0][K.P_B_LOCAL])))
+        seen.append((int(res[0][K.P_B_MODE]), int(res[0][K.P_B_TASK]) == K.B_TASK_SLICE))
         return res
 
     monkeypatch.setattr(K, "_gemm_plan", plan)
