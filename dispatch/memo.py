@@ -12,16 +12,24 @@ The contract an op opts into: describe's result (the key, and the prepared argum
 from the caller's arrays) is a function of
 - each array argument's type, shape, strides and dtype (never its values, its address, or
   memory shared between two arguments),
-- the other arguments' types and values (ints, floats, strings, None, tuples and lists of
-  those), and
-- objects that declare ``__memo_key__`` (a PackedWeight: its identity and the register
-  tile it was packed for, which describe checks against the active one).
+- the other arguments' types and values (ints, floats, strings, None, classes and numpy
+  dtypes -- a dtype argument is either --, tuples and lists of those), and
+- objects that declare ``__memo_key__``: what describe reads of them.  A PackedWeight's
+  is its identity and the register tile it was packed for (which describe checks against
+  the active one); a QuantizedArray's is structural (its values' type, shape, strides and
+  dtype, its axis, the keys of the layouts cached on it), because an activation is a new
+  QuantizedArray on every call (matmul_int8's a_q, dequantize's q) and describe reads no
+  more of it.  A class sets ``__memo_identity__ = False`` when its key is structural: a
+  remembered call then takes whichever object of that key it is given, where an
+  identity key's call is rebuilt only for the very object it was made with.
 What stays outside it is not remembered: an op that updates inputs in place, a 0-d array
 (its value may be read as a scalar), an ndarray subclass or device array, the same array
 passed twice, any other object.  ``out=`` is part of the signature like any array; a
 remembered call is used only when out is writeable and no other argument's memory bounds
-reach it (np.may_share_memory, 0.46 us a pair), else describe runs and decides (an op may
-allow an overlap, or raise naming it).
+reach it (np.may_share_memory, 0.46 us a pair), the arrays a memo object names in
+``__memo_arrays__()`` included (a QuantizedArray's values, a PackedWeight's source: describe
+checks out= against them too), else describe runs and decides (an op may allow an overlap,
+or raise naming it).
 
 A remembered call is rebuilt from a template of the first call's prepared arguments: each
 is the caller's array at some argument position, an attribute of a ``__memo_key__`` object
@@ -65,6 +73,8 @@ def _sig(v, arrays, objs):
         return t, v
     if t is tuple or t is list:
         return t, tuple([_sig(e, arrays, objs) for e in v])
+    if t is type or isinstance(v, np.dtype):  # a dtype argument: np.float32 (a class), np.dtype("float32")
+        return t, v
     mk = getattr(t, "__memo_key__", None)
     if mk is not None:
         objs.append(v)
@@ -118,10 +128,11 @@ def _constant(v) -> bool:
     return False
 
 
-def _rebuilder(call, fields, nrefs):
+def _rebuilder(call, fields, identity):
     """A function (arrays, objs, refs) -> the Call of a new call of this signature, or None
-    when a memo object is not the one the template was made with; generated once per
-    signature (a loop over the fields and NamedTuple._make cost 1.5 us a call, this 0.4)."""
+    when a memo object whose key is its identity (at the positions `identity`) is not the
+    one the template was made with; generated once per signature (a loop over the fields
+    and NamedTuple._make cost 1.5 us a call, this 0.4)."""
     consts = {}
     parts = []
     for i, (kind, a, b) in enumerate(fields):
@@ -134,7 +145,7 @@ def _rebuilder(call, fields, nrefs):
             parts.append(f"objs[{a}]")
         else:
             parts.append(f"objs[{a}].{b}")
-    checks = "".join(f"    if refs[{j}]() is not objs[{j}]:\n        return None\n" for j in range(nrefs))
+    checks = "".join(f"    if refs[{j}]() is not objs[{j}]:\n        return None\n" for j in identity)
     src = (f"def rebuild(arrays, objs, refs):\n{checks}"
            f"    return new(Call, (key, new(Args, ({', '.join(parts)},)), notes))\n")
     ns = {"new": tuple.__new__, "Call": type(call), "Args": type(call.args), "key": call.key,
@@ -184,22 +195,29 @@ def template(call, arrays, objs):
             fields.append((0, v, None))
         else:
             return _NOT_REMEMBERED
+    identity = [j for j, o in enumerate(objs) if getattr(type(o), "__memo_identity__", True)]
     try:
-        refs = tuple(weakref.ref(o) for o in objs)
+        refs = tuple(weakref.ref(o) if j in identity else None for j, o in enumerate(objs))
     except TypeError:
         return _NOT_REMEMBERED
-    return Template(_rebuilder(call, fields, len(refs)), refs)
+    return Template(_rebuilder(call, fields, identity), refs)
 
 
-def _out_is_clear(out, arrays) -> bool:
-    """Whether out= is a writeable host array whose memory no other argument's bounds reach:
-    then describe's out checks (writeable, no overlap with an input) would pass; shape and
-    dtype are part of the signature.  Anything else goes to describe, which decides."""
+def _out_is_clear(out, arrays, objs) -> bool:
+    """Whether out= is a writeable host array whose memory no other argument's bounds reach
+    (nor the arrays the memo objects name): then describe's out checks (writeable, no
+    overlap with an input) would pass; shape and dtype are part of the signature.  Anything
+    else goes to describe, which decides."""
     if type(out) is not np.ndarray or not out.flags.writeable:
         return False
     for a in arrays:
         if a is not out and np.may_share_memory(a, out):
             return False
+    for o in objs:
+        held = getattr(o, "__memo_arrays__", None)
+        for a in (held() if held is not None else ()):
+            if np.may_share_memory(a, out):
+                return False
     return True
 
 
@@ -211,7 +229,7 @@ def described(table: dict, describe, args, kwargs):
         return describe(*args, **kwargs)
     sig, arrays, objs = s
     entry = table.get(sig)
-    if entry is _NOT_REMEMBERED or (entry is not None and out is not None and not _out_is_clear(out, arrays)):
+    if entry is _NOT_REMEMBERED or (entry is not None and out is not None and not _out_is_clear(out, arrays, objs)):
         return describe(*args, **kwargs)
     if entry is not None:
         call = entry.rebuild(arrays, objs)

@@ -151,13 +151,27 @@ class QuantizedArray:
                 self._cache[key] = make()
             return self._cache[key]
 
+    # dispatch/memo.py: the key below is structural, so a remembered call takes any
+    # QuantizedArray of that key (an activation is a new one on every call)
+    __memo_identity__ = False
+
     def __memo_key__(self):
-        """Its part of a call's signature (dispatch/memo.py): the object itself, and how many
-        derived layouts it caches, which is what describe reads besides its fixed shape,
-        dtype, axis and device (the int8 ops' key says whether the weight is prepacked, and
+        """Its part of a call's signature (dispatch/memo.py): what describe reads of it -- its
+        values' type (host or CUDA), shape, strides and dtype, its axis -- and the keys of the
+        layouts cached on it (the int8 ops' key says whether the weight is prepacked, and
         explain's note which layouts are): a call after a new layout was cached is described
-        again."""
-        return id(self), len(self._cache)
+        again.  Not the scale or zero point values, which no describe reads (the kernels
+        read them on every call).  About 0.5 us."""
+        v = self.values
+        with self._lock:
+            cached = tuple(self._cache)
+        return type(v), self._shape, getattr(v, "strides", None), self._dtype, self.axis, cached
+
+    def __memo_arrays__(self):
+        """The caller's memory it holds (dispatch/memo.py checks a remembered call's out=
+        against it, as describe does): the host values; scale and zero point are its own
+        copies."""
+        return (self.values,) if isinstance(self.values, np.ndarray) else ()
 
     def cached_keys(self) -> tuple:
         """The keys cached() holds so far (what `explain` reports as already prepacked)."""

@@ -7,7 +7,10 @@
   int, 1.0 for 1), -0.0 against 0.0, the same array twice, an out= that overlaps an input
   or is read-only (a remembered out= call otherwise), a 0-d array, a PackedWeight freed and
   another made (whose id may be the old one's), a PackedWeight after the active GEMM tile
-  changed, a QuantizedArray weight after the call that packed it.
+  changed, a QuantizedArray weight after the call that packed it, an out= over memory that
+  an argument object holds (a QuantizedArray's values, a PackedWeight's source).
+* A QuantizedArray's part of the signature is structural: matmul_int8 with a new a_q on
+  every call is served by one entry, with each call's own result.
 * Several Python threads calling one op at once, each with its own arrays, get their own
   results.
 """
@@ -135,10 +138,11 @@ def test_packed_weight_freed_then_another():
 
 
 def test_quantized_weight_remembered_with_its_packing():
-    """dynamic_quant_linear remembers a call by its QuantizedArray weight's identity and
+    """dynamic_quant_linear remembers a call by its QuantizedArray weight's structure and
     cached layouts: after the call that packs the weight the signature is described again
-    (key and note then say prepacked), then remembered; a new weight, possibly at a freed
-    one's id, is never served another's panels."""
+    (key and note then say prepacked), then remembered; a new weight of the same shape is
+    described as not packed yet (its own first call packs it), and never served another's
+    panels (the run takes them from the weight it is given)."""
     op = registry.OPS["dynamic_quant_linear"]
     g = rng()
     x = g.standard_normal((1, 64)).astype(np.float32)
@@ -152,7 +156,7 @@ def test_quantized_weight_remembered_with_its_packing():
         assert second.key.prepacked and "prepacked" in second.prep_notes[0]
         assert memo.described(op._described, op.describe, (x, w_q), {}).key == second.key
         entry = op._described[memo.signature((x, w_q), {})[0]]
-        assert isinstance(entry, memo.Template) and entry.refs[0]() is w_q
+        assert isinstance(entry, memo.Template)
         try:
             op.memo = False
             assert S.same(got, dispatch.dynamic_quant_linear(x, w_q)), "the remembered call's result differs"
@@ -238,3 +242,74 @@ def test_quantize_checks_a_static_scale_on_every_call():
     assert list(registry.OPS["quantize"]._described.values()) == [memo._NOT_REMEMBERED]
     with pytest.raises(ValueError, match="scale must be positive"):
         dispatch.quantize(x, axis=1, scale=bad, zero_point=zp)
+
+
+def test_matmul_int8_remembered_for_a_new_activation_each_call():
+    """matmul_int8's a_q is a new QuantizedArray on every decode step: one entry serves
+    them all (a QuantizedArray's signature part is structural), and each call's result is
+    its own a_q's, as describe's path gives it; a b_q of the same shape that is not packed
+    yet is described as such."""
+    op = registry.OPS["matmul_int8"]
+    g = rng()
+    b_q = dispatch.quantize(g.standard_normal((64, 40)).astype(np.float32), axis=1)
+    _fresh(op)
+    dispatch.matmul_int8(dispatch.quantize(g.standard_normal((3, 64)).astype(np.float32), axis=0), b_q)  # packs b_q
+    for _ in range(3):
+        a_q = dispatch.quantize(g.standard_normal((3, 64)).astype(np.float32), axis=0)
+        got = dispatch.matmul_int8(a_q, b_q)
+        try:
+            op.memo = False
+            want = dispatch.matmul_int8(a_q, b_q)
+        finally:
+            op.memo = True
+        assert S.same(got, want), "the remembered call's result differs from describe's"
+    assert sum(isinstance(t, memo.Template) for t in op._described.values()) == 2  # before / after b_q's packing
+    other = dispatch.quantize(g.standard_normal((64, 40)).astype(np.float32), axis=1)
+    call = memo.described(op._described, op.describe, (a_q, other), {})
+    assert not call.key.prepacked and "packed on this call" in call.prep_notes[0]
+
+
+@pytest.mark.parametrize("case", ["dequantize", "matmul_int8 a_q", "linear int8 weight", "linear prepacked"])
+def test_out_over_memory_an_argument_object_holds_is_refused(case):
+    """out= overlapping the caller's memory inside an argument object (a QuantizedArray's
+    values, a PackedWeight's source weight) raises as describe does, also after a call of
+    the same signature was remembered, and nothing is written."""
+    g = rng()
+    if case == "dequantize":
+        raw = np.zeros(64, np.uint8)
+        vals = raw[:16].view(np.int8).reshape(4, 4)
+        q = dispatch.QuantizedArray(vals, np.float32(0.5))
+        call = lambda out: dispatch.dequantize(q, out=out)  # noqa: E731
+        buf = raw
+        clear = np.empty((4, 4), np.float32)
+        bad = raw.view(np.float32).reshape(4, 4)  # its first 16 bytes are the values
+    elif case == "matmul_int8 a_q":
+        raw = np.zeros(4 * 8 * 4, np.uint8)
+        a_q = dispatch.QuantizedArray(raw[:4 * 8].view(np.int8).reshape(4, 8), np.float32(0.1))
+        b_q = dispatch.quantize(g.standard_normal((8, 8)).astype(np.float32), axis=1)
+        call = lambda out: dispatch.matmul_int8(a_q, b_q, out=out)  # noqa: E731
+        buf = raw
+        clear = np.empty((4, 8), np.float32)
+        bad = raw.view(np.float32).reshape(4, 8)
+    elif case == "linear int8 weight":
+        raw = np.zeros(8 * 8 * 4, np.uint8)
+        w = dispatch.QuantizedArray(raw[:64].view(np.int8).reshape(8, 8), np.full(8, 0.1, np.float32), axis=0)
+        x = g.standard_normal((8, 8)).astype(np.float32)
+        call = lambda out: dispatch.linear(x, w, out=out)  # noqa: E731
+        buf = raw
+        clear = np.empty((8, 8), np.float32)
+        bad = raw.view(np.float32).reshape(8, 8)
+    else:
+        src = g.standard_normal((24, 32)).astype(np.float32)
+        pw = dispatch.prepack(src, op="linear")
+        x = g.standard_normal((32, 32)).astype(np.float32)
+        call = lambda out: dispatch.linear(x, pw, out=out)  # noqa: E731
+        buf = src
+        clear = np.empty((32, 24), np.float32)
+        bad = src.reshape(32, 24)
+    call(clear)
+    call(np.empty_like(clear))     # remembered now
+    before = buf.copy()
+    with pytest.raises(ValueError, match="overlaps"):
+        call(bad)
+    assert np.array_equal(buf, before), f"{case}: a refused out= was written"

@@ -171,9 +171,11 @@ def describe_matmul_int8(a_q, b_q, *, bias=None, activation=None, out_dtype=np.f
     out_shape = shape[:-1] + (n,)
     code = _common(bias, out, activation, n, out_shape, dev, a=a_q.values, b=b_q.values)
     rows = math.prod(shape[:-1])
+    done = _packed_paths(b_q)
     key = Int8Key("matmul_int8", dev, F32, bucket(rows), bucket(n), bucket(k), "int8" if a_q.dtype == np.int8 else "uint8", code,
-                  bias is not None, _prepacked(b_q))
-    return Call(key, Int8Args(a_q, b_q, bias, out, code, False), functools.partial(_prep_notes, b_q, "b_q"))
+                  bias is not None, bool(done))
+    # the note made now, a constant (a remembered call's notes must be; dispatch/memo.py)
+    return Call(key, Int8Args(a_q, b_q, bias, out, code, False), _prep_notes(b_q, "b_q", done))
 
 
 def describe_dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=None):
@@ -209,9 +211,9 @@ def describe_dynamic_quant_linear(x, w_q, bias=None, *, activation=None, out=Non
 
 
 def _prep_notes(w, name, done=None):
-    """Call.prep_notes of the int8 ops: one line, saying whether w is prepacked (matmul_int8
-    makes it only when explain asks; dynamic_quant_linear's describe, remembered, makes it
-    once per signature); done: _packed_paths(w) when the caller has it."""
+    """Call.prep_notes of the int8 ops: one line, saying whether w is prepacked (made by
+    describe, which dispatch.memo runs once per signature); done: _packed_paths(w) when the
+    caller has it."""
     done = _packed_paths(w) if done is None else done
     if done:
         paths = ", ".join(K.PATH_NAMES[p] for p in done)
@@ -610,12 +612,14 @@ def _register(name, describe, signature, bias_at, memo):
     return op
 
 
-# dynamic_quant_linear's describe is remembered (dispatch/memo.py: its weight is a
-# QuantizedArray kept across calls, whose __memo_key__ is its identity); matmul_int8's is
-# not: its a_q is a new QuantizedArray on every step, which would miss and fill the table.
-# dynamic_quant_linear 1x768x768 (decode), 2 threads, medians of 11 x 2000 calls, old / new
-# processes alternating (Zen 4, 2026-12-05): 27.3-27.8 -> 23.3-25.9 us (128x768x768: the same).
-_matmul_int8 = _register("matmul_int8", describe_matmul_int8, _sig_matmul, ("kwargs", "bias"), memo=False)
+# Both describes are remembered (dispatch/memo.py; a QuantizedArray's part of the signature
+# is structural -- shape, dtype, axis, cached layouts -- so matmul_int8's a_q, a new
+# QuantizedArray on every decode step, finds the same entry).  1x768x768 (decode), 2
+# threads, medians of 9-11 x 2000 calls, old / new processes alternating (Zen 4):
+# dynamic_quant_linear 27.3-27.8 -> 23.3-25.9 us (2026-12-05; 128x768x768: the same);
+# matmul_int8 with a new a_q per call 27.5-28.1 -> 26.0-27.1, quantize + matmul_int8
+# 56.8-57.3 -> 54.1-55.1 (three pairs, 2026-12-06).
+_matmul_int8 = _register("matmul_int8", describe_matmul_int8, _sig_matmul, ("kwargs", "bias"), memo=True)
 _dql = _register("dynamic_quant_linear", describe_dynamic_quant_linear, _sig_dql, ("args", 2), memo=True)
 
 

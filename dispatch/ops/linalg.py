@@ -98,6 +98,11 @@ class PackedWeight:
         active register tile, which describe checks the panels against."""
         return id(self), K.active_tile().name
 
+    def __memo_arrays__(self):
+        """The caller's memory it holds: the source weight's view, which describe checks
+        out= against (dispatch/memo.py does for a remembered call)."""
+        return (self.weight,)
+
     def __repr__(self):
         g = (f", groups={self.groups}" if self.op == "conv2d" else "") + f", tile={self.tile}"
         return (f"PackedWeight(op={self.op!r}, shape={self.shape}, dtype={self.dtype}{g}, "

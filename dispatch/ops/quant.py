@@ -558,7 +558,7 @@ def _dq_synthesize(shapes, params, rng, dtype):
 
 _dequantize = register_op(Op("dequantize", _describe_dequantize, family="quant", bound="memory",
                              signature=_dq_signature, flops=_dq_flops, bytes=_dq_bytes, synthesize=_dq_synthesize,
-                             rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
+                             memo=True, rules={"cpu": serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)}))
 _DQ_NOTES = "one vectorized (q - zero_point) * scale pass over (O, C, I); a non-contiguous out= is filled by one copy"
 register(Implementation("dequantize", "cpu-serial", "cpu", _dequantize_host(False), kernel_modules=_KERNELS,
                         notes=_DQ_NOTES))
