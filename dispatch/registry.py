@@ -53,6 +53,26 @@ def bucket(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
+def bucket_half(n: int) -> int:
+    """Shape bucket in half octaves: exact up to 16, else the largest of 2^j and 3 * 2^(j-1)
+    that is <= n.  bucket(bucket_half(n)) == bucket(n), and n >= T exactly when
+    bucket_half(n) >= T for T a power of two or three times one, so the power-of-two rules
+    read the same on it; it also tells 384 (MiniLM's hidden size, 8 whole panels of the
+    48-column GEMM tile) from 256.  Sizes in a bucket b lie in [b, bucket_half_end(b))."""
+    if n <= 16:
+        return n
+    p = 1 << (n.bit_length() - 1)
+    return p + (p >> 1) if n >= p + (p >> 1) else p
+
+
+def bucket_half_end(b: int) -> int:
+    """The first size above half-octave bucket b's range (bucket_half)."""
+    if b < 16:
+        return b + 1
+    p = 1 << (b.bit_length() - 1)
+    return p + (p >> 1) if b == p else 2 * p
+
+
 def bucket_up(n: int) -> int:
     """Shape bucket rounding up: exact up to 16, else the smallest power of two >= n.
 

@@ -365,7 +365,8 @@ def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want
     a = np.ones((128, 384), F32)
     packed = describe(a, dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
     assert packed.prepacked and L._order(packed)[0][0] == want_packed
-    assert L._order(describe(a, np.ones((384, 384), F32)).key)[0][0] == "blas"      # the same, not prepacked
+    # the same, not prepacked: b read in place (N = 384, whole 48-column panels: below)
+    assert L._order(describe(a, np.ones((384, 384), F32)).key)[0][0] == ("cpu-gemm" if lanes == 16 else "blas")
     from dispatch.ops import linalg_grad as LG
     g = np.ones((128, 768), F32)
     plain_backward = dispatch.registry.OPS["linear_backward"].describe(g, np.ones((128, 768), F32),
@@ -374,14 +375,18 @@ def test_plain_product_rule_follows_the_blas_core(monkeypatch, core, lanes, want
     tiny = describe(np.ones((32, 384), F32), dispatch.prepack(np.ones((384, 384), F32), op="matmul")).key
     narrow_packed = describe(a, dispatch.prepack(np.ones((384, 64), F32), op="matmul")).key
     assert L._order(tiny)[0][0] == "blas" and L._order(narrow_packed)[0][0] == "blas"
-    # plain products whose b our GEMM reads in place (N 512..1023, K >= 512, M < 256): ours on
-    # 16-lane tiles; not with K < 512, N < 512, a linear's (N, K) weight, float64
-    in_place = describe(np.ones((64, 768), F32), np.ones((768, 768), F32)).key
-    assert L._order(in_place)[0][0] == ("cpu-gemm" if lanes == 16 else "blas")
-    assert L._order(describe(np.ones((8, 768), F32), np.ones((768, 1000), F32)).key)[0][0] == (
-        "cpu-gemm" if lanes == 16 else "blas")
+    # plain products whose b our GEMM reads in place (M < 256; N 512..1023 and K >= 512, or N
+    # and K from 384 with N a multiple of 48): ours on 16-lane tiles; not with K < 384, N < 384,
+    # N or K in the 384 bucket with N not a multiple of 48, a linear's (N, K) weight, float64
+    for m, k, n in ((64, 768, 768), (8, 768, 1000), (128, 768, 384), (128, 384, 384), (250, 400, 480),
+                    (16, 384, 768)):
+        in_place = describe(np.ones((m, k), F32), np.ones((k, n), F32)).key
+        assert L._order(in_place)[0][0] == ("cpu-gemm" if lanes == 16 else "blas"), (m, k, n)
     for other in (describe(np.ones((64, 256), F32), np.ones((256, 768), F32)).key,
-                  describe(np.ones((128, 768), F32), np.ones((768, 384), F32)).key,
+                  describe(np.ones((128, 256), F32), np.ones((256, 384), F32)).key,
+                  describe(np.ones((128, 384), F32), np.ones((384, 448), F32)).key,
+                  describe(np.ones((128, 384), F32), np.ones((384, 512), F32)).key,
+                  describe(np.ones((128, 384), F32), np.ones((384, 336), F32)).key,
                   dispatch.registry.OPS["linear"].describe(np.ones((64, 768), F32), np.ones((768, 768), F32)).key,
                   describe(np.ones((64, 768)), np.ones((768, 768))).key):
         assert L._order(other)[0][0] == "blas", other

@@ -339,3 +339,17 @@ def test_scratch_fixture_restores(scratch):
 def test_real_registry_after_scratch_tests():
     assert registry.OPS == REAL_OPS
     registry.check()
+
+
+def test_half_octave_buckets():
+    """bucket_half: exact up to 16, then 2^j and 3 * 2^(j-1); its power-of-two floor is
+    bucket's, thresholds at powers of two (and three times them) read the same on it as on
+    the size, and every size lies in [bucket_half(n), bucket_half_end(bucket_half(n)))."""
+    from dispatch.registry import bucket, bucket_half, bucket_half_end
+    assert [bucket_half(n) for n in (1, 16, 17, 23, 24, 255, 256, 383, 384, 511, 512, 768, 1535)] == [
+        1, 16, 16, 16, 24, 192, 256, 256, 384, 384, 512, 768, 1024]
+    thresholds = [1 << j for j in range(4, 13)] + [3 << j for j in range(3, 12)]
+    for n in range(1, 5000):
+        b = bucket_half(n)
+        assert bucket(b) == bucket(n) and b <= n < bucket_half_end(b), n
+        assert all((n >= t) == (b >= t) for t in thresholds), n

@@ -36,7 +36,8 @@ from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..quantized import QuantizedArray
-from ..registry import Call, Implementation, Op, Rule, bucket, draw_normal, register, register_op, shape_only
+from ..registry import (Call, Implementation, Op, Rule, bucket, bucket_half, bucket_half_end, draw_normal, register,
+                        register_op, shape_only)
 from ._common import deliver, kernel_input, result_buffer
 
 _KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
@@ -48,12 +49,13 @@ class GemmKey(NamedTuple):
     dtype: np.dtype
     batch: int          # bucket of the broadcast batch size (1 for linear)
     m: int              # bucket of M (linear: the product of x's leading dims)
-    n: int              # bucket of N
-    k: int              # bucket of K
+    n: int              # half-octave bucket of N (registry.bucket_half: 384 is not 256)
+    k: int              # half-octave bucket of K
     act: int            # kernels_common.activation.ACT_*
     has_bias: bool
     prepacked: bool = False  # the weight / b came as a PackedWeight
     weight_format: int = WEIGHT_DENSE  # kernels_common.quant.WEIGHT_*: a low-precision linear weight (ops/weight_only.py)
+    n48: bool = False   # N is a multiple of 48: whole column panels of the 16-lane tiles (8x48, 12x32)
 
 
 class GemmArgs(NamedTuple):
@@ -209,8 +211,8 @@ def _check_bias(bias, n, what):
 
 
 def _key(op, dev, dt, batch, m, n, k, code, bias, packed):
-    return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket(n), bucket(k), code, bias is not None,
-                   packed is not None)
+    return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
+                   packed is not None, n48=n % 48 == 0)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -675,8 +677,24 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # 128x384x768 405 / 440, 32x1024x768 269 / 394, 16x3072x768 461 / 842, 48x512x768 210 / 307;
 # K bucket 256 ties (64x256x512 123 / 121, 96x256x640 195 / 190, 128x256x512 216 / 214,
 # 100x300x600 239 / 231 and 242 / 222), and N bucket 256 loses (128x256x256 138 / 109).
+# The key's half-octave buckets (registry.bucket_half) then tell N and K of 384 from 256.
+# Same method, medians of 3 alternating pairs (Zen 4, 2026-12-06), us, cpu-gemm / blas, as
+# M x K x N.  N = 384 (whole 48-column panels) wins at every M up to 250 and K from 256:
+# 16 / 64 / 128 / 200 / 250 x 384x384 41.9 / 56.3, 111 / 156, 198 / 213, 299 / 437, 511 /
+# 516; 16 / 64 / 128 x 512x384 59 / 66, 139 / 196, 264 / 283; 64 / 200 / 250 x 768x384
+# 194 / 268, 552 / 783, 977 / 1007; 16 / 128 x 400x384 44 / 58, 200 / 221 (100: 198 / 197);
+# 64 / 128 x 256x384 81 / 99, 134 / 150.  K = 384 with N in the 512 and 768 buckets too:
+# 16 / 64 / 128 x 384x512 65 / 76, 162 / 197, 285 / 289; 16 / 64 / 128 / 200 / 250 x
+# 384x768 68 / 101, 198 / 263, 361 / 400, 657 / 805, 895 / 947.  Other N of the 384 bucket
+# end in a partial panel and lose from M = 100 (100 / 128 x 384x400 213 / 185, 252 / 232;
+# 100 / 128 / 250 x 384x448 221 / 198, 249 / 243, 749 / 594; 100 / 128 x 500x500 318 /
+# 297, 371 / 352), while winning at M = 16 (0.87-0.97), and so does N = 512 with K = 384
+# from M = 128 (128 / 250 x 384x512 287 / 282, 566 / 522): so N or K in the 384 buckets only
+# with N a multiple of 48 (the key's n48).  N = 256 and 320 (partial panels, not in this
+# rule) lose 1.2-2.8x.
 IN_PLACE_MIN_N = 512
 IN_PLACE_MIN_K = 512
+IN_PLACE_WHOLE_MIN = 384
 IN_PLACE_MAX_M = 128
 # OpenBLAS core names (openblas_get_corename) whose sgemm kernels use AVX-512
 _BLAS_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
@@ -718,10 +736,13 @@ def _order(key):
         from .weight_only import order  # it imports this module
         return order(key)
     m, n, k = key.m, key.n, key.k
+    # the product thresholds below were measured on power-of-two buckets: the half-octave
+    # ones of the key, floored to them (bucket(bucket_half(n)) == bucket(n))
+    mnk = m * bucket(n) * bucket(k)
     epilogue = key.act != ACT_NONE or key.has_bias
     if key.prepacked and m >= GEMV_ROWS and epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "weight prepacked, with bias/activation: the own GEMM skips packing it and fuses the epilogue"
-    if m == 1 and key.op == "linear" and n * k * key.dtype.itemsize >= GEMV_OWN_BYTES:
+    if m == 1 and key.op == "linear" and bucket(n) * bucket(k) * key.dtype.itemsize >= GEMV_OWN_BYTES:
         return ("cpu-gemv", "blas", "cpu-gemm"), (f"one row, a weight of {GEMV_OWN_BYTES >> 20} MiB or more (read from "
                                                   "memory, not cache): our gemv streams it faster than OpenBLAS's, "
                                                   "and no OpenBLAS threads are left spinning")
@@ -731,22 +752,28 @@ def _order(key):
     if m < GEMV_ROWS:
         return ("cpu-gemv", "cpu-gemm", "blas"), (f"M bucket {m} < {GEMV_ROWS}: matrix-vector form (epilogue fused), "
                                                   "bound by reading b once; OpenBLAS runs its sgemm from 2 rows")
-    if (key.prepacked and m * n * k >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N
+    if (key.prepacked and mnk >= PREPACKED_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N
             and K.active_tile().lanes32 >= 16):
         return ("cpu-gemm", "blas", "cpu-gemv"), (f"weight prepacked, M*N*K bucket >= 2^22, N bucket >= {WIDE_GEMM_MIN_N}: "
                                                   f"our {K.active_tile().name} GEMM skips packing the weight, numpy's "
                                                   f"OpenBLAS ({blas_core()} kernels) packs it on every call")
     if (key.op == "matmul" and key.batch == 1 and not epilogue and not key.prepacked and key.dtype == np.float32
-            and K.active_tile().lanes32 >= 16 and IN_PLACE_MIN_N <= n
-            and 2 * n * key.dtype.itemsize <= K.B_IN_PLACE_ROW_BYTES and k >= IN_PLACE_MIN_K and m <= IN_PLACE_MAX_M):
-        return ("cpu-gemm", "blas", "cpu-gemv"), (f"plain product, N bucket {n}, K bucket >= {IN_PLACE_MIN_K}, "
-                                                  f"M bucket <= {IN_PLACE_MAX_M}: our {K.active_tile().name} GEMM reads "
-                                                  "b in place (no copy), OpenBLAS packs it on every call")
-    if m * n * k < SMALL_PRODUCT:
-        return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {m * n * k} < 2^22: one BLAS call costs less than packing + a parallel region"
+            and K.active_tile().lanes32 >= 16 and m <= IN_PLACE_MAX_M
+            and (bucket_half_end(n) - 1) * key.dtype.itemsize <= K.B_IN_PLACE_ROW_BYTES
+            and ((n >= IN_PLACE_MIN_N and k >= IN_PLACE_MIN_K)
+                 or (key.n48 and n >= IN_PLACE_WHOLE_MIN and k >= IN_PLACE_WHOLE_MIN))):
+        if n >= IN_PLACE_MIN_N and k >= IN_PLACE_MIN_K:
+            sizes = f"N bucket {n}, K bucket >= {IN_PLACE_MIN_K}"
+        else:
+            sizes = f"N bucket {n} (a multiple of 48: whole column panels), K bucket >= {IN_PLACE_WHOLE_MIN}"
+        return ("cpu-gemm", "blas", "cpu-gemv"), (f"plain product, {sizes}, M bucket <= {IN_PLACE_MAX_M}: our "
+                                                  f"{K.active_tile().name} GEMM reads b in place (no copy), "
+                                                  "OpenBLAS packs it on every call")
+    if mnk < SMALL_PRODUCT:
+        return ("blas", "cpu-gemm", "cpu-gemv"), f"M*N*K bucket {mnk} < 2^22: one BLAS call costs less than packing + a parallel region"
     if epilogue:
         return ("cpu-gemm", "blas", "cpu-gemv"), "M >= 8 with bias/activation: cache-blocked GEMM with the epilogue fused (no second pass)"
-    if m * n * k >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and K.active_tile().lanes32 >= 16:
+    if mnk >= WIDE_GEMM_PRODUCT and n >= WIDE_GEMM_MIN_N and K.active_tile().lanes32 >= 16:
         why = (f"numpy's OpenBLAS runs its {blas_core()} kernels on this AVX-512 host, our {K.active_tile().name} "
                "GEMM is faster" if blas_narrower_than_host() else
                f"{K.active_tile().name} tile: as fast as OpenBLAS alone, and no OpenBLAS threads left spinning to "
