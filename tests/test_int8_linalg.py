@@ -629,7 +629,7 @@ def test_gemm_packs_its_tasks_rows(quant):
             else:
                 a = make_a(g, (m, k))
                 src = np.asarray(a.values)
-                sa0, za = M._row_params(a, m, m)
+                sa0, za = M._row_params(a, m, m, np.empty(m), np.empty(m))
             bias = g.standard_normal(n).astype(np.float32)
             for nworkers, mc in ((1, mp), (2, 1)):
                 got = {}

@@ -258,21 +258,19 @@ def _packed_weight(w, transposed, path):
     return w.cached(("int8_gemm", path, transposed), make)
 
 
-def _row_params(a, rows, m):
-    """(sa, za) float64 per flattened row for a QuantizedArray a (per tensor or per row),
-    made once per (QuantizedArray, row count) and read-only."""
-    def make():
-        sa = a.scale.astype(np.float64)
-        za = a.zero_point.astype(np.float64)
-        if a.axis is None:
-            out = np.full(rows, float(sa)), np.full(rows, float(za))
-        else:
-            out = np.tile(sa, rows // m), np.tile(za, rows // m)
-        for arr in out:
-            arr.flags.writeable = False
-        return tuple(kernel_input(v) for v in out)  # the kernels' aliases, made once
-
-    return a.cached(("int8_rows", rows), make)
+def _row_params(a, rows, m, sa, za):
+    """sa, za (rows,) float64 filled with the per-row scale and zero point of a QuantizedArray
+    a (per tensor, or per row: a batch's rows repeat a's m), and returned.  Filled on every
+    call, not cached on a: an activation is a new QuantizedArray each decode step, and
+    building cached arrays for it (np.full / np.tile, read-only aliases) cost 20 us of a
+    46 us matmul_int8 1x768x768 (Zen 4, 2026-12-06)."""
+    if a.axis is None:
+        sa.fill(a.scale.item())
+        za.fill(a.zero_point.item())
+    else:
+        sa.reshape(rows // m, m)[...] = a.scale
+        za.reshape(rows // m, m)[...] = a.zero_point
+    return sa, za
 
 
 @functools.lru_cache(maxsize=64)
@@ -365,7 +363,7 @@ _WORKSPACE = threading.local()
 
 
 def _a_workspace(rows_padded, kpad, et, rows):
-    """(packed A (rows_padded, kpad) of et on cache lines, its int32 words, c, rs, sa
+    """(packed A (rows_padded, kpad) of et on cache lines, its int32 words, c, rs, sa, za
     (rows,) float64): the packed paths' per-call scratch (see WORKSPACE_CACHE_BYTES)."""
     key = (rows_padded, kpad, et, rows)
     cache = getattr(_WORKSPACE, "bufs", None)
@@ -374,7 +372,7 @@ def _a_workspace(rows_padded, kpad, et, rows):
     got = cache.get(key)
     if got is None:
         abuf = aligned_empty((rows_padded, kpad), et)  # rows on cache lines: AMX tile / zmm rows
-        got = (abuf, abuf.reshape(-1).view(np.int32), np.empty(rows), np.empty(rows), np.empty(rows))
+        got = (abuf, abuf.reshape(-1).view(np.int32), np.empty(rows), np.empty(rows), np.empty(rows), np.empty(rows))
         if abuf.nbytes <= WORKSPACE_CACHE_BYTES:
             if len(cache) >= WORKSPACE_CACHE_ENTRIES:
                 cache.clear()
@@ -412,7 +410,7 @@ def _run_packed(path):
         mr, nr, kg = K.TILES[kpath]
         kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
-        abuf, awords, c, rs, sa = _a_workspace(mp * mr, kq * kg, et, rows)
+        abuf, awords, c, rs, sa, za = _a_workspace(mp * mr, kq * kg, et, rows)
         threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else num_threads()
         npn = -(-n // nr)
         mc, nc, ntasks = _blocks(mp, npn, nr, threads, kpath)
@@ -421,8 +419,7 @@ def _run_packed(path):
             zpa = None
         else:
             src = kernel_input(np.asarray(a.values).reshape(rows, kdim))
-            sa, za = _row_params(a, rows, a.shape[-2])
-            zpa = kernel_input(za)
+            sa, zpa = _row_params(a, rows, a.shape[-2], sa, za)
         pa = K.a_params(src, abuf, c, rs, za=zpa, sa=sa if transposed else None)
         # the GEMM's tasks pack their own rows when each row panel is one task's (one column
         # block); not float32 rows into out=: a NaN row raises only after the GEMM
@@ -466,7 +463,7 @@ def _run_portable(params, a, w, bias, out, code, transposed):
     else:
         a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
         shift = 128 if a.dtype == np.int8 else 0
-        sa, za = _row_params(a, rows, a.shape[-2])
+        sa, za = _row_params(a, rows, a.shape[-2], np.empty(rows), np.empty(rows))
     c = shift + za
     rs = a2.astype(np.int64).sum(axis=1).astype(np.float64) + kdim * (shift - c)
     bias_v = _zeros(n) if bias is None else kernel_input(bias)
