@@ -49,6 +49,7 @@ import numpy as np
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_common.memory import aligned_empty
 from kernels_cpu import int8_gemm as K
+from kernels_cpu import target
 from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
@@ -334,6 +335,21 @@ def _blocks(mp, npn, nr, threads, path):
 # 768x768 21.7 / 22.2, 1024x1024 27.9 / 24.5, 768x3072 43.3 / 33.0, 4096x4096 193.5 / 118.1.
 ONE_ROW_PATH_MAX = 1
 ROWS_SERIAL_MAX = 1 << 20
+# Per CPU (target.cpu_name()) where the workers win from a smaller weight.  Zen 4, 2
+# threads, calling thread / workers, medians of 9 x 3000 calls, two runs each (2026-12-06,
+# /tmp/w/i8dec.py), us, matmul_int8 and dynamic_quant_linear: 1x256x256 17.7-17.8 /
+# 19.6-19.7 and 15.9-16.2 / 17.6-17.8, 1x384x384 18.4-18.7 / 20.1-20.4 and 16.6-17.0 /
+# 18.3-18.7, 1x512x512 (2^18) 21.1-21.4 / 20.5-21.0 and 19.1-19.8 / 18.9-20.6, 1x768x768
+# 26.0-26.2 / 22.6-23.1 and 24.0-25.0 / 21.1-21.7, 1x1024x1024 34.5-35.4 / 28.0-30.5 and
+# 32.7-34.1 / 26.1-27.9.
+ROWS_SERIAL_MAX_BY_CPU = {"znver4": 1 << 18}
+
+
+@functools.cache
+def rows_serial_max() -> int:
+    """The largest weight (K x N values) whose one-row product runs on the calling thread on
+    this host: ROWS_SERIAL_MAX, or its CPU's entry of ROWS_SERIAL_MAX_BY_CPU."""
+    return ROWS_SERIAL_MAX_BY_CPU.get(target.cpu_name(), ROWS_SERIAL_MAX)
 # A is packed on the calling thread up to this many elements (rows x K), on the workers
 # above: waking a sleeping worker for a few microseconds of packing cost more than it
 # saved (the GEMM wakes the workers anyway).  Time with A packed on the calling thread /
@@ -411,7 +427,7 @@ def _run_packed(path):
         kq = K.k_words(kdim, path)
         mp = -(-rows // mr)
         abuf, awords, c, rs, sa, za = _a_workspace(mp * mr, kq * kg, et, rows)
-        threads = 1 if few and kdim * n <= ROWS_SERIAL_MAX else num_threads()
+        threads = 1 if few and kdim * n <= rows_serial_max() else num_threads()
         npn = -(-n // nr)
         mc, nc, ntasks = _blocks(mp, npn, nr, threads, kpath)
         if transposed:
