@@ -821,6 +821,14 @@ def gemm(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntask
     processes alternating, 211-214 -> 205-207 (dynamic_quant_linear 213-228 -> 210-211;
     1x768x768, 128x768x3072, 512x768x768 unchanged).  Each thread's rows are written in its
     own cache instead of read from the other core's, and the packing runs in parallel."""
+    run_gemm(path, gemm_block(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntasks, kq, pack=pack),
+             ntasks, nworkers)
+
+
+def gemm_block(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntasks, kq, *, pack=None):
+    """gemm's argument block (G_*) for these arrays and this blocking: run_gemm runs it.  A
+    caller that keeps it for further calls of the same shapes rebinds its per-call arrays
+    first (rebind)."""
     M, N = out.shape
     if pack is not None and -(-N // TILES[path][1]) > nc:
         raise ValueError("gemm: pack needs one column block (nc >= the column panels)")
@@ -831,7 +839,36 @@ def gemm(path, code, ap, bp, sa, c, rs, sb, colsum, zb, bias, out, mc, nc, ntask
     p[G_NAP], p[G_NBP], p[G_M], p[G_N], p[G_KQ] = ap.size, bp.size, M, N, kq
     p[G_MC], p[G_NC], p[G_NTASKS] = mc, nc, ntasks
     p[G_ACT] = 0 if code == ACT_NONE else worker_address(act_rows, (int(code),))
+    return p
+
+
+def run_gemm(path, p, ntasks, nworkers):
+    """gemm_packed over the argument block p (gemm_block) on up to nworkers threads."""
     _run(gemm_packed, (int(path),), p, ntasks, nworkers)
+
+
+@njit(cache=True, nogil=True)
+def rebind(pa, ga, src, weight, bias, out):
+    """Kept argument blocks (a_params' pa, gemm_block's ga) made ready for another call of
+    the same shapes: A's source rows, the weight (weight: the addresses of its bp, sb,
+    colsum and zb, weight_addresses), the bias and the output; the task counters back to
+    0.  Every other slot (the workspace, sizes, blocking, kernel addresses) is the same."""
+    pa[A_SRC] = src.ctypes.data
+    pa[A_NEXT] = 0
+    ga[G_BP] = weight[0]
+    ga[G_SB] = weight[1]
+    ga[G_COLSUM] = weight[2]
+    ga[G_ZB] = weight[3]
+    ga[G_BIAS] = bias.ctypes.data
+    ga[G_OUT] = out.ctypes.data
+    ga[G_NEXT] = 0
+
+
+def weight_addresses(bp, sb, colsum, zb):
+    """The int64 addresses rebind takes for a packed weight (bp, sb, colsum, zb)."""
+    out = np.zeros(4, np.int64)
+    addresses(out, (bp, sb, colsum, zb))
+    return out
 
 
 PORTABLE_NB = 256  # output columns per portable task (an int32 accumulator row in L1)

@@ -11,6 +11,7 @@ import pytest
 import dispatch
 from dispatch.quantized import QuantizedArray
 from tests.reference import int8_linalg as ref
+from tests.test_threads import _run_threads
 from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, compile_events, impl_params, poisoned, rng, run, to_host,
                            to_target)
 
@@ -505,12 +506,54 @@ def test_vnni_row_split_with_column_parts(monkeypatch):
     if M._HOST[M.K.PATH_VNNI512] is not None:
         pytest.skip(M._HOST[M.K.PATH_VNNI512])
     monkeypatch.setattr(M, "ROWS_TASK_COLS", 96)
+    M.clear_plans()   # a plan kept from an earlier call of these shapes has the old blocking
     g = rng()
     a = make_a(g, (70, 45), np.int8, "row")
     b = make_b(g, (45, 230), "col", zp=True)
     bias = g.standard_normal(230).astype(np.float32)
-    got = _call("cpu-vnni512", dispatch.matmul_int8, a, b, bias=bias, activation="relu")
+    try:
+        got = _call("cpu-vnni512", dispatch.matmul_int8, a, b, bias=bias, activation="relu")
+    finally:
+        M.clear_plans()
     assert_one_rounding(got, ref.matmul_int8(a, b, bias=bias, activation="relu"), "cpu-vnni512")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU packed paths' kept plans")
+@pytest.mark.parametrize("impl", [p for p in host_impls("matmul_int8", "cpu") if p.values[0] != "cpu-portable"])
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_kept_plans_take_each_call_s_arrays(impl, rows):
+    """A packed path keeps a call's plan (blocking and argument blocks) per thread and shapes
+    (dispatch/ops/int8_linalg.py _plan): later calls of the same shapes with other weights,
+    activations (int8 and uint8, per row and per tensor), biases or none, and out= or none
+    each get their own exact result, in any order, from several threads too, and the plan
+    is the one kept."""
+    from dispatch.ops import int8_linalg as M
+    g = rng()
+    k, n = 70, 100
+    ws = [make_b(g, (k, n), "col", zp=True) for _ in range(2)]
+    wts = [make_b(g, (n, k), "col", zp=False, axis=0) for _ in range(2)]
+    biases = [None, g.standard_normal(n).astype(np.float32), g.standard_normal(n).astype(np.float32)]
+
+    def check(step):
+        a = make_a(g, (rows, k), (np.int8, np.uint8)[step % 2], ("row", "tensor")[step // 2 % 2])
+        w, bias = ws[step % 2], biases[step % 3]
+        out = poisoned((rows, n), np.float32) if step % 4 == 3 else None
+        got = _call(impl, dispatch.matmul_int8, a, w, bias=bias, activation="relu", out=out)
+        assert out is None or got is out
+        assert_one_rounding(got, ref.matmul_int8(a, w, bias=bias, activation="relu"), f"{impl} step {step}")
+        x = g.standard_normal((rows, k)).astype(np.float32)
+        wt = wts[step % 2]
+        got = _call(impl, dispatch.dynamic_quant_linear, x, wt, bias)
+        assert_one_rounding(got, ref.dynamic_quant_linear(x, wt, bias), f"{impl} dql step {step}")
+
+    M.clear_plans()
+    check(0)
+    kept = dict(M._PLANS.plans)
+    assert kept, "no plan kept"
+    for step in range(1, 9):
+        check(step)
+    assert all(M._PLANS.plans.get(key) is plan for key, plan in kept.items()), "the first call's plans were replaced"
+    _run_threads(4, lambda i: [check(step) for step in range(i, i + 6)])
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU VNNI implementation's one-row path")

@@ -229,6 +229,7 @@ class _PackedW(NamedTuple):
     colsum: np.ndarray   # float64 (N,)
     sb: np.ndarray       # float64 (N,) column scales
     zb: np.ndarray       # float64 (N,) column zero points
+    addrs: np.ndarray    # int64: the addresses of bp, sb, colsum, zb (K.rebind's weight)
 
 
 def _column_params(w, n):
@@ -244,17 +245,18 @@ def _packed_weight(w, transposed, path):
         n = vals.shape[0] if transposed else vals.shape[1]
         sb, zb = _column_params(w, n)
         if path == K.PATH_PORTABLE:
-            b2 = np.ascontiguousarray(vals.T if transposed else vals)
-            colsum = b2.astype(np.int64).sum(axis=0).astype(np.float64)
-            packed = _PackedW(b2, colsum, sb, zb)
+            bp = np.ascontiguousarray(vals.T if transposed else vals)
+            colsum = bp.astype(np.int64).sum(axis=0).astype(np.float64)
         else:
             bp, colsum = K.pack_b(vals, transposed, path)
-            packed = _PackedW(bp, colsum, sb, zb)
+        packed = (bp, colsum, sb, zb)
         for arr in packed:
             arr.flags.writeable = False
         # kept as the kernels' writeable-typed aliases (kernel_input): made once here, not
         # per call (about 2 us each, four per call)
-        return _PackedW(*(kernel_input(arr) for arr in packed))
+        bp, colsum, sb, zb = (kernel_input(arr) for arr in packed)
+        addrs = K.weight_addresses(bp, sb, colsum, zb) if path != K.PATH_PORTABLE else np.zeros(4, np.int64)
+        return _PackedW(bp, colsum, sb, zb, addrs)
 
     return w.cached(("int8_gemm", path, transposed), make)
 
@@ -403,55 +405,101 @@ def _require_finite_rows(sa):
         raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
 
 
+class _Plan(NamedTuple):
+    """A packed-path call's shape-only decisions and argument blocks (see _plan)."""
+    kpath: int           # the micro-kernel's path (K.ROWS_OF's for a row)
+    threads: int
+    ntasks: int
+    fused: bool          # the GEMM's tasks pack their own rows of A
+    pack_threads: int    # (not fused) threads packing A first
+    ws: tuple            # _a_workspace's (abuf, awords, c, rs, sa, za)
+    pa: np.ndarray       # the A packers' block (K.a_params)
+    ga: np.ndarray       # the GEMM's block (K.gemm_block)
+    zeros: np.ndarray    # the bias of a call without one (kept alive: ga may point at it)
+
+
+# A call's plan is kept per thread, keyed by everything it depends on, while its workspace
+# is cached (WORKSPACE_CACHE_BYTES): a further call of those shapes rebinds only the source
+# rows, the weight, the bias and the output in the two argument blocks (K.rebind), where
+# building them took 5-6 us of Python (blocking, a_params, gemm's block: 1x768x768
+# dynamic_quant_linear on the workers, Zen 4, 2026-12-06).  Tests that change the blocking
+# constants call clear_plans().
+PLAN_CACHE_ENTRIES = 32
+_PLANS = threading.local()
+
+
+def clear_plans():
+    """Forget the calling thread's kept plans (after changing a blocking constant)."""
+    _PLANS.plans = {}
+
+
+def _plan(path, et, transposed, rows, kdim, n, code, has_out, src, pw, res2):
+    """The calling thread's _Plan for a packed-path call of these shapes (made with this
+    call's arrays, which the caller rebinds anyway)."""
+    threads_now = num_threads()
+    key = (path, transposed, rows, kdim, n, code, has_out, src.dtype, threads_now)
+    plans = getattr(_PLANS, "plans", None)
+    if plans is None:
+        plans = _PLANS.plans = {}
+    plan = plans.get(key)
+    if plan is not None:
+        return plan
+    few = path in K.ROWS_OF and rows <= ONE_ROW_PATH_MAX
+    kpath = K.ROWS_OF[path] if few else path  # the micro-kernel's path; the weight stays packed for `path`
+    mr, nr, kg = K.TILES[kpath]
+    kq = K.k_words(kdim, path)
+    mp = -(-rows // mr)
+    ws = _a_workspace(mp * mr, kq * kg, et, rows)
+    abuf, awords, c, rs, sa, za = ws
+    threads = 1 if few and kdim * n <= rows_serial_max() else threads_now
+    npn = -(-n // nr)
+    mc, nc, ntasks = _blocks(mp, npn, nr, threads, kpath)
+    pa = K.a_params(src, abuf, c, rs, za=None if transposed else za, sa=sa if transposed else None)
+    # the GEMM's tasks pack their own rows when each row panel is one task's (one column
+    # block); not float32 rows into out=: a NaN row raises only after the GEMM
+    fused = nc >= npn and not (transposed and has_out)
+    pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) else threads
+    zeros = _zeros(n)
+    # the cached weight and row parameters are writeable-typed aliases already (made once),
+    # so the argument-block helper compiles one specialization
+    ga = K.gemm_block(kpath, code, awords, pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, zeros, res2, mc, nc, ntasks,
+                      kq, pack=pa if fused else None)
+    plan = _Plan(kpath, threads, ntasks, fused, pack_threads, ws, pa, ga, zeros)
+    if abuf.nbytes <= WORKSPACE_CACHE_BYTES:
+        if len(plans) >= PLAN_CACHE_ENTRIES:
+            plans.clear()
+        plans[key] = plan
+    return plan
+
+
 def _run_packed(path):
     et = np.int16 if path == K.PATH_AVX2 else np.uint8
 
     def run(params, a, w, bias, out, code, transposed):
         pw = _packed_weight(w, transposed, path)
-        if transposed:
-            x = a
-            kdim = x.shape[-1]
-            rows = math.prod(x.shape[:-1])
-            out_shape = tuple(x.shape[:-1]) + (w.shape[0],)
-        else:
-            kdim = a.shape[-1]
-            rows = math.prod(a.shape[:-1])
-            out_shape = a.shape[:-1] + (w.shape[1],)
-        n = out_shape[-1]
-        res = result_buffer(out, out_shape, F32)
+        lead = tuple(a.shape[:-1])
+        kdim = a.shape[-1]
+        n = w.shape[0] if transposed else w.shape[1]
+        rows = math.prod(lead)
+        res = result_buffer(out, lead + (n,), F32)
         if res.size == 0:
             return deliver(res, out)
-        few = path in K.ROWS_OF and rows <= ONE_ROW_PATH_MAX
-        kpath = K.ROWS_OF[path] if few else path  # the micro-kernel's path; the weight stays packed for `path`
-        mr, nr, kg = K.TILES[kpath]
-        kq = K.k_words(kdim, path)
-        mp = -(-rows // mr)
-        abuf, awords, c, rs, sa, za = _a_workspace(mp * mr, kq * kg, et, rows)
-        threads = 1 if few and kdim * n <= rows_serial_max() else num_threads()
-        npn = -(-n // nr)
-        mc, nc, ntasks = _blocks(mp, npn, nr, threads, kpath)
         if transposed:
-            src = kernel_input(np.ascontiguousarray(x, dtype=F32).reshape(rows, kdim))
-            zpa = None
+            src = kernel_input(np.ascontiguousarray(a, dtype=F32).reshape(rows, kdim))
         else:
             src = kernel_input(np.asarray(a.values).reshape(rows, kdim))
-            sa, zpa = _row_params(a, rows, a.shape[-2], sa, za)
-        pa = K.a_params(src, abuf, c, rs, za=zpa, sa=sa if transposed else None)
-        # the GEMM's tasks pack their own rows when each row panel is one task's (one column
-        # block); not float32 rows into out=: a NaN row raises only after the GEMM
-        fused = nc >= npn and not (transposed and out is not None)
-        if not fused:
-            pack_threads = 1 if rows * kdim <= (PACK_QUANT_SERIAL_MAX if transposed else PACK_INT_SERIAL_MAX) \
-                else threads
-            K.run_pack_a(pa, abuf, pack_threads)
+        res2 = res.reshape(rows, n)
+        plan = _plan(path, et, transposed, rows, kdim, n, code, out is not None, src, pw, res2)
+        abuf, _, _, _, sa, za = plan.ws
+        if not transposed:
+            _row_params(a, rows, a.shape[-2], sa, za)
+        K.rebind(plan.pa, plan.ga, src, pw.addrs, plan.zeros if bias is None else kernel_input(bias), res2)
+        if not plan.fused:
+            K.run_pack_a(plan.pa, abuf, plan.pack_threads)
             if transposed:
                 _require_finite_rows(sa)
-        bias_v = _zeros(n) if bias is None else kernel_input(bias)
-        # the cached weight and row parameters are writeable-typed aliases already (made once),
-        # so the argument-block helper compiles one specialization
-        K.gemm(kpath, code, awords, pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, bias_v, res.reshape(rows, n),
-               mc, nc, ntasks, kq, nworkers=threads, pack=pa if fused else None)
-        if fused and transposed:
+        K.run_gemm(plan.kpath, plan.ga, plan.ntasks, plan.threads)
+        if plan.fused and transposed:
             _require_finite_rows(sa)
         return deliver(res, out)
 
