@@ -210,9 +210,10 @@ def _check_bias(bias, n, what):
         raise ValueError(f"bias must have shape ({n},) to match {what}, got {tuple(bias.shape)}")
 
 
-def _key(op, dev, dt, batch, m, n, k, code, bias, packed):
+def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIGHT_DENSE):
+    """The GemmKey of a product of these sizes (the one place they are bucketed)."""
     return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
-                   packed is not None, n48=n % 48 == 0)
+                   packed is not None, weight_format=weight_format, n48=n % 48 == 0)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -236,7 +237,7 @@ def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     out_shape = batch_shape + (m, n)
     V.out(out, out_shape, dt, a=a, b=b, bias=bias)
     batch = math.prod(batch_shape)
-    return Call(_key("matmul", dev, dt, batch, m, n, k, code, bias, packed),
+    return Call(gemm_key("matmul", dev, dt, batch, m, n, k, code, bias, packed),
                 GemmArgs(a, b, bias, out, code, False, packed))
 
 
@@ -262,7 +263,7 @@ def describe_linear(x, weight, bias=None, *, activation=None, out=None):
     out_shape = tuple(x.shape[:-1]) + (n,)
     V.out(out, out_shape, dt, x=x, weight=weight, bias=bias)
     m = math.prod(x.shape[:-1])
-    return Call(_key("linear", dev, dt, 1, m, n, k, code, bias, packed),
+    return Call(gemm_key("linear", dev, dt, 1, m, n, k, code, bias, packed),
                 GemmArgs(x, weight, bias, out, code, True, packed))
 
 

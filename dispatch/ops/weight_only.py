@@ -45,7 +45,7 @@ from kernels_cpu import weight_only as KW
 
 from .. import validate as V
 from ..quantized import QuantizedArray
-from ..registry import Call, Implementation, bucket, bucket_half, register
+from ..registry import Call, Implementation, register
 from . import linalg as L
 from ._common import deliver, kernel_input, result_buffer
 
@@ -122,8 +122,7 @@ def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
     out_shape = tuple(x.shape[:-1]) + (n,)
     V.out(out, out_shape, xdt, x=x, weight=values, bias=bias)
     m = math.prod(x.shape[:-1])
-    key = L.GemmKey(op="linear", device=dev, dtype=xdt, batch=1, m=bucket(m), n=bucket_half(n), k=bucket_half(k), act=code,
-                    has_bias=bias is not None, prepacked=False, weight_format=fmt, n48=n % 48 == 0)
+    key = L.gemm_key("linear", dev, xdt, 1, m, n, k, code, bias, None, weight_format=fmt)
     return Call(key, L.GemmArgs(x, weight, bias, out, code, True, None))
 
 
