@@ -761,6 +761,72 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
     real_plan.cache_clear()
 
 
+def test_large_packed_b_takes_one_row_block():
+    """The blocking rule (dispatch/ops/linalg.py ONE_BLOCK_*): a call packing a B over
+    ONE_BLOCK_B_MIN_BYTES with at most ONE_BLOCK_M_MAX rows, whose panels fit
+    B_IN_TASK_BYTES, runs all rows as one row block; otherwise the row blocks stay."""
+    from dispatch.ops import linalg as L
+    t = L.K.TILES[L.K.TILE_NAMES.index("8x48")]
+    nr = t.nr(np.float32)
+    mp = -(-512 // t.mr)
+    assert L._gemm_blocks(512, 4096, 4096, 1, nr, t, 4)[0] == mp            # 64 MiB of B
+    assert L._gemm_blocks(300, 11008, 4096, 1, nr, t, 4)[0] == -(-300 // t.mr)
+    assert L._gemm_blocks(512, 4096, 4096, 1, nr, t, 0)[0] < mp             # B prepacked or in place
+    assert L._gemm_blocks(512, 2048, 2048, 1, nr, t, 4)[0] < mp             # 16 MiB: fits the L3
+    assert L._gemm_blocks(512, 4096, 11008, 1, nr, t, 4)[0] < mp            # a panel's K over B_IN_TASK_BYTES
+    assert L._gemm_blocks(2048, 4096, 4096, 1, nr, t, 4)[0] < -(-2048 // t.mr)  # more rows than ONE_BLOCK_M_MAX
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", _tile_names())
+def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
+    """With the one-row-block rule's B threshold lowered to 0, products of several row blocks
+    (rows over the tile's MC_PANELS) run as one with their B panels packed in the tasks,
+    and give exactly the bits of the row-blocked run: (K, N) b with rows over
+    B_IN_PLACE_ROW_BYTES, a linear's (N, K) weight, bias + gelu, rows not a multiple of the tile (A packed), two K blocks,
+    NaN-poisoned out=."""
+    from dispatch.ops import linalg as L
+    from kernels_cpu import gemm as K
+    seen = []
+    real_plan = K._gemm_plan
+
+    def plan(*args):
+        res = real_plan(*args)
+        p = res[0]
+        seen.append((-(-int(p[K.P_M]) // K.tile_m(res[6])) <= int(p[K.P_MC]), int(p[K.P_B_TASK]) != K.B_TASK_NONE))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    g = rng()
+    with gemm_tile(tile) as t:
+        rows = L.BLOCKING.get(t.name, (0, L.MC_PANELS))[1] * t.mr + 2 * t.mr + 3   # over one row block
+        wide = 4096 // np.dtype(dtype).itemsize + 3 * t.nr(dtype) + 5   # rows over B_IN_PLACE_ROW_BYTES
+        cases = [("matmul", (rows, 70), (70, wide)), ("matmul", (rows, 1100), (1100, wide)),
+                 ("linear", (rows, 60), (2 * t.nr(dtype) + 7, 60))]
+        for op, sa, sb in cases:
+            a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+            n = sb[0] if op == "linear" else sb[-1]
+            bias = randn(g, (n,), dtype)
+            shape = (sa[0], n)
+            got = {}
+            for one in (True, False):
+                monkeypatch.setattr(L, "ONE_BLOCK_B_MIN_BYTES", 0 if one else 1 << 62)
+                real_plan.cache_clear()
+                seen.clear()
+                with dispatch.use(**{op: "cpu-gemm"}):
+                    if op == "linear":
+                        got[one] = dispatch.linear(a, b, bias, activation="gelu", out=poisoned(shape, dtype))
+                    else:
+                        got[one] = dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype))
+                assert seen and all(s == (one, one) for s in seen), (tile, op, sa, sb, one, seen)
+            np.testing.assert_array_equal(got[True], got[False], err_msg=f"{tile} {op} {sa} {sb}")
+            want = (ref.linear(a, b, bias, activation="gelu") if op == "linear"
+                    else ref.matmul(a, b, bias=bias, activation="gelu"))
+            assert_close(got[True], want, _tol(dtype, sa[-1]), f"{tile} {op} {sa} {sb}", cancel=True)
+    real_plan.cache_clear()
+
+
 @pytest.mark.skipif(ON_CUDA or not sys.platform.startswith("linux"), reason="the CPU GEMM; mprotect")
 @pytest.mark.parametrize("n_extra", [1, 17, 47])
 def test_b_read_in_place_stays_inside_b(n_extra, monkeypatch):
