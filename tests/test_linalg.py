@@ -739,26 +739,39 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
         cases = [("matmul", (37, 50), (50, wide)), ("matmul", (20, 1100), (1100, wide)),
                  ("linear", (3, 9, 60), (wide, 60)), ("matmul", (3, 11, 40), (3, 40, wide))]
         for op, sa, sb in cases:
-            a, b = randn(g, sa, dtype), randn(g, sb, dtype)
-            n = sb[0] if op == "linear" else sb[-1]
-            bias = randn(g, (n,), dtype)
-            shape = sa[:-1] + (n,) if op == "linear" else _out_shape_matmul(sa, sb)
-            got = {}
-            for local in (True, False):
-                monkeypatch.setattr(K, "B_LOCAL_OK", local)
+
+            @contextlib.contextmanager
+            def local(on):
+                monkeypatch.setattr(K, "B_LOCAL_OK", on)
                 real_plan.cache_clear()
                 seen.clear()
-                with dispatch.use(**{op: "cpu-gemm"}):
-                    if op == "linear":
-                        got[local] = dispatch.linear(a, b, bias, activation="gelu", out=poisoned(shape, dtype))
-                    else:
-                        got[local] = dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype))
-                assert seen and all(m == K.B_PACK and lo == local for m, lo in seen), (tile, op, sa, sb, seen)
-            np.testing.assert_array_equal(got[True], got[False], err_msg=f"{tile} {op} {sa} {sb}")
-            want = (ref.linear(a, b, bias, activation="gelu") if op == "linear"
-                    else ref.matmul(a, b, bias=bias, activation="gelu"))
-            assert_close(got[True], want, _tol(dtype, sa[-1]), f"{tile} {op} {sa} {sb}", cancel=True)
+                yield
+                assert seen and all(m == K.B_PACK and lo == on for m, lo in seen), (tile, op, sa, sb, seen)
+
+            _gelu_product_two_ways(g, tile, op, sa, sb, dtype, local)
     real_plan.cache_clear()
+
+
+def _gelu_product_two_ways(g, tile, op, sa, sb, dtype, switch):
+    """op ("linear" or "matmul") of random a (sa) and b (sb) with bias + gelu on cpu-gemm, into
+    a NaN-poisoned out=, inside switch(True) and inside switch(False) (a context manager
+    that sets a GEMM option and checks what the calls planned): the same bits both ways,
+    and the reference's values."""
+    a, b = randn(g, sa, dtype), randn(g, sb, dtype)
+    n = sb[0] if op == "linear" else sb[-1]
+    bias = randn(g, (n,), dtype)
+    shape = sa[:-1] + (n,) if op == "linear" else _out_shape_matmul(sa, sb)
+    got = {}
+    for on in (True, False):
+        with switch(on), dispatch.use(**{op: "cpu-gemm"}):
+            if op == "linear":
+                got[on] = dispatch.linear(a, b, bias, activation="gelu", out=poisoned(shape, dtype))
+            else:
+                got[on] = dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype))
+    np.testing.assert_array_equal(got[True], got[False], err_msg=f"{tile} {op} {sa} {sb}")
+    want = (ref.linear(a, b, bias, activation="gelu") if op == "linear"
+            else ref.matmul(a, b, bias=bias, activation="gelu"))
+    assert_close(got[True], want, _tol(dtype, sa[-1]), f"{tile} {op} {sa} {sb}", cancel=True)
 
 
 def test_large_packed_b_takes_one_row_block():
@@ -805,25 +818,16 @@ def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
         cases = [("matmul", (rows, 70), (70, wide)), ("matmul", (rows, 1100), (1100, wide)),
                  ("linear", (rows, 60), (2 * t.nr(dtype) + 7, 60))]
         for op, sa, sb in cases:
-            a, b = randn(g, sa, dtype), randn(g, sb, dtype)
-            n = sb[0] if op == "linear" else sb[-1]
-            bias = randn(g, (n,), dtype)
-            shape = (sa[0], n)
-            got = {}
-            for one in (True, False):
-                monkeypatch.setattr(L, "ONE_BLOCK_B_MIN_BYTES", 0 if one else 1 << 62)
+
+            @contextlib.contextmanager
+            def one_block(on):
+                monkeypatch.setattr(L, "ONE_BLOCK_B_MIN_BYTES", 0 if on else 1 << 62)
                 real_plan.cache_clear()
                 seen.clear()
-                with dispatch.use(**{op: "cpu-gemm"}):
-                    if op == "linear":
-                        got[one] = dispatch.linear(a, b, bias, activation="gelu", out=poisoned(shape, dtype))
-                    else:
-                        got[one] = dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype))
-                assert seen and all(s == (one, one) for s in seen), (tile, op, sa, sb, one, seen)
-            np.testing.assert_array_equal(got[True], got[False], err_msg=f"{tile} {op} {sa} {sb}")
-            want = (ref.linear(a, b, bias, activation="gelu") if op == "linear"
-                    else ref.matmul(a, b, bias=bias, activation="gelu"))
-            assert_close(got[True], want, _tol(dtype, sa[-1]), f"{tile} {op} {sa} {sb}", cancel=True)
+                yield
+                assert seen and all(s == (on, on) for s in seen), (tile, op, sa, sb, on, seen)
+
+            _gelu_product_two_ways(g, tile, op, sa, sb, dtype, one_block)
     real_plan.cache_clear()
 
 
