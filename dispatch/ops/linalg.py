@@ -379,9 +379,9 @@ def _degenerate(out3, bias, code):
     K.epilogue(out3.reshape(-1, out3.shape[-1]), bias, code, num_threads())
 
 
-# A call packing a B larger than the L3 (over ONE_BLOCK_B_MIN_BYTES) takes its rows as one
-# row block when there are at most ONE_BLOCK_M_MAX of them and one panel's K fits
-# B_IN_TASK_BYTES: each task then packs its panels into L2 right before reading them (the
+# A call packing a B larger than the L3 (over ONE_BLOCK_B_MIN_BYTES; this Zen 4's L3 is 32
+# MiB, and B of that size tied, below) takes its rows as one row block when there are at
+# most ONE_BLOCK_M_MAX of them and one panel's K fits B_IN_TASK_BYTES: each task then packs its panels into L2 right before reading them (the
 # cap below), where with several row blocks every panel was packed up front, written out
 # to memory and read back once per row block.  The cost: every task reads all of A (from
 # L3 at these sizes) for its one or few panels.  float32, 8x48 tile, 2 threads, forced one
@@ -416,7 +416,8 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None, packs_b_bytes=0):
     """(mc_panels, nc_panels, kc): task blocking for gemm_parallel and the tile (default the
     active one; see the measurements next to KC_MAX and BLOCKING).  packs_b_bytes: the
     element size of a B the call packs (0: B prepacked or not packed), which caps the
-    column panels of a single row block's tasks (above)."""
+    column panels of a single row block's tasks (above) and, for a B over
+    ONE_BLOCK_B_MIN_BYTES, makes up to ONE_BLOCK_M_MAX rows one row block."""
     tile = K.active_tile() if tile is None else tile
     kc_max, mc_panels, nc_panels, nc_min = BLOCKING.get(tile.name, (KC_MAX, MC_PANELS, NC_PANELS, NC_MIN))
     mp = -(-m // tile.mr)
