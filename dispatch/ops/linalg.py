@@ -380,23 +380,23 @@ def _degenerate(out3, bias, code):
 
 
 # A call packing a B larger than the L3 (over ONE_BLOCK_B_MIN_BYTES; this Zen 4's L3 is 32
-# MiB, and B of that size tied, below) takes its rows as one row block when there are at
-# most ONE_BLOCK_M_MAX of them and one panel's K fits B_IN_TASK_BYTES: each task then packs its panels into L2 right before reading them (the
-# cap below), where with several row blocks every panel was packed up front, written out
-# to memory and read back once per row block.  The cost: every task reads all of A (from
-# L3 at these sizes) for its one or few panels.  float32, 8x48 tile, 2 threads, forced one
-# way or the other in one process, medians of 18 calls after 0.2 s pauses, rotating with
-# the prepacked weight and numpy (Zen 4, 2026-12-06, /tmp/w/mc53.py), ms, MxKxN, row
-# blocks as before -> one (prepacked, OpenBLAS): matmul 512x4096x4096 95.5 / 93.8 -> 86.5 /
-# 84.3 (80.5, 89.9), 300x4096x4096 59.4 -> 52.5 (47.4, 52.6), 512x4096x11008 244 -> 219
-# (210, 222), 768x4096x4096 133 -> 124 (123, 130), 1024x4096x4096 173 / 168 -> 165 / 166
-# (159, 175), 512x2048x8192 88.4 -> 81.3 (77.5, 87.2), 512x3072x8192 136 -> 124 (118,
-# 134), 1024x2048x8192 170 -> 163 (157, 174); linear (an (N, K) weight) 512x4096x4096 93.8
-# -> 84.3, 300x4096x4096 61.1 -> 54.0, 512x4096x11008 239 -> 222.  Not taken where it tied
-# or lost: B of 32 MiB (512x4096x2048 42.9 -> 42.4, 512x2048x4096 43.4 -> 41.9,
-# 1024x4096x2048 82.2 -> 84.3), 16 MiB (512x2048x2048 21.3 -> 21.8, 512x4096x1024 22.8 ->
-# 23.7), 2048 rows (2048x4096x4096 331 -> 335), MiniLM's 3168x384x1536 (17.7 -> 19.7); a
-# panel over B_IN_TASK_BYTES is packed up front either way (linear 512x11008x4096 243 ->
+# MiB, and B of that size tied, below) takes its rows as one row block when there are at most
+# ONE_BLOCK_M_MAX of them and one panel's K fits B_IN_TASK_BYTES: each task then packs its
+# panels into L2 right before reading them (the cap below), where with several row blocks
+# every panel was packed up front, written out to memory and read back once per row block.
+# The cost: every task reads all of A (from L3 at these sizes) for its one or few panels.
+# float32, 8x48 tile, 2 threads, forced one way or the other in one process, medians of 18
+# calls after 0.2 s pauses, rotating with the prepacked weight and numpy (Zen 4, 2026-12-06,
+# /tmp/w/mc53.py), ms, MxKxN, row blocks as before -> one (prepacked, OpenBLAS): matmul
+# 512x4096x4096 95.5 / 93.8 -> 86.5 / 84.3 (80.5, 89.9), 300x4096x4096 59.4 -> 52.5 (47.4,
+# 52.6), 512x4096x11008 244 -> 219 (210, 222), 768x4096x4096 133 -> 124 (123, 130),
+# 1024x4096x4096 173 / 168 -> 165 / 166 (159, 175), 512x2048x8192 88.4 -> 81.3 (77.5, 87.2),
+# 512x3072x8192 136 -> 124 (118, 134), 1024x2048x8192 170 -> 163 (157, 174); linear (an (N, K)
+# weight) 512x4096x4096 93.8 -> 84.3, 300x4096x4096 61.1 -> 54.0, 512x4096x11008 239 -> 222.
+# Not taken where it tied or lost: B of 32 MiB (512x4096x2048 42.9 -> 42.4, 512x2048x4096 43.4
+# -> 41.9, 1024x4096x2048 82.2 -> 84.3), 16 MiB (512x2048x2048 21.3 -> 21.8, 512x4096x1024
+# 22.8 -> 23.7), 2048 rows (2048x4096x4096 331 -> 335), MiniLM's 3168x384x1536 (17.7 -> 19.7);
+# a panel over B_IN_TASK_BYTES is packed up front either way (linear 512x11008x4096 243 ->
 # 242).
 ONE_BLOCK_B_MIN_BYTES = 32 << 20
 ONE_BLOCK_M_MAX = 1024
