@@ -44,6 +44,14 @@ from ._common import (HOST_COPY_NOTE, const_vector, contiguous, deliver, kernel_
 # | 472 / 503 | 60 / 74; D=4096, 64 rows (2^18) 67 / 32 | 565 / 584 | 93 / 69.  Serial
 # wins below 2^17 in every setting but the loop, 2^17.6 is mixed, parallel wins from 2^18:
 # 2^18 stays.
+# Re-checked after the team stopped sharing the caller's CPU (Zen 4, 2026-12-06, forced
+# through dispatch, serial / parallel us, [loop | one call after 0.2 s idle | paced | 500
+# calls after 0.2 s | right after our matmul 128x768x768 | right after torch's]):
+# layer_norm 128x768 29.1 / 30.9 | 283 / 353 | 42.7 / 67.7 | 29.2 / 31.5 | 42.5 / 75.9 | 38.8 /
+# 93.0; 128x384 20.7 / 17.6 | 244 / 343 | 32.1 / 42.5 | 19.7 / 21.2 | 27.7 / 46.1 | 29.7 /
+# 43.2; 256x768 (2^17.6) 49.9 / 46.1 | 310 / 410 | 78.8 / 90.3 | 67.9 / 43.8 | 96.8 / 71.2 |
+# 107 / 106; rms_norm 128x768 23.8 / 18.4 | 327 / 373 | 37.5 / 54.9 | 30.3 / 23.8 | 57.8 /
+# 47.4 | 36.5 / 66.4.  The same picture: 2^18 stays.
 PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
 _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (thread team, loop, after idle and paced): serial "
                            "ahead below 2^17, mixed at 2^17.6, parallel ahead from 2^18 elements",
