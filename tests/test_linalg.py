@@ -797,8 +797,8 @@ def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
     """With the one-row-block rule's B threshold lowered to 0, products of several row blocks
     (rows over the tile's MC_PANELS) run as one with their B panels packed in the tasks,
     and give exactly the bits of the row-blocked run: (K, N) b with rows over
-    B_IN_PLACE_ROW_BYTES, a linear's (N, K) weight, bias + gelu, rows not a multiple of the tile (A packed), two K blocks,
-    NaN-poisoned out=."""
+    B_IN_PLACE_ROW_BYTES, a linear's (N, K) weight, bias + gelu, rows not a multiple of the
+    tile (A packed), two K blocks, NaN-poisoned out=."""
     from dispatch.ops import linalg as L
     from kernels_cpu import gemm as K
     seen = []

@@ -432,12 +432,12 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None, packs_b_bytes=0):
             nc = -(-nc // 2)
         else:
             mc = -(-mc // 2)
-    panel_fits = k * nr * packs_b_bytes <= K.B_IN_TASK_BYTES
-    if (packs_b_bytes and mc < mp and panel_fits and m <= ONE_BLOCK_M_MAX
+    panel = k * nr * packs_b_bytes   # bytes of one B panel the tasks would pack
+    if (packs_b_bytes and mc < mp and panel <= K.B_IN_TASK_BYTES and m <= ONE_BLOCK_M_MAX
             and k * n * packs_b_bytes > ONE_BLOCK_B_MIN_BYTES):
         mc = mp
     if packs_b_bytes and mc >= mp:
-        nc = max(1, min(nc, K.B_IN_TASK_BYTES // (k * nr * packs_b_bytes)))
+        nc = max(1, min(nc, K.B_IN_TASK_BYTES // panel))
     return mc, nc, kc
 
 
