@@ -51,7 +51,8 @@ LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
 EPI_MATMUL = ((3, 5, 33), (33, 20)) if SMALL_SHAPES else ((70, 45), (45, 37))
 EPI_LINEAR = ((7, 21), (19, 21)) if SMALL_SHAPES else ((70, 45), (37, 45))
 # the dense implementations (the weight-only *-wo-* ones take low-precision weights only: tests/test_weight_only.py)
-LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or "-wo-" not in p.values[0]]
+LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None
+                or ("-wo-" not in p.values[0] and p.values[0] != "cpu-bf16-dot")]  # low-precision inputs only
 
 
 def _out_shape_matmul(sa, sb):

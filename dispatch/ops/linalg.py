@@ -56,6 +56,7 @@ class GemmKey(NamedTuple):
     prepacked: bool = False  # the weight / b came as a PackedWeight
     weight_format: int = WEIGHT_DENSE  # kernels_common.quant.WEIGHT_*: a low-precision linear weight (ops/weight_only.py)
     n48: bool = False   # N is a multiple of 48: whole column panels of the 16-lane tiles (8x48, 12x32)
+    k_odd: bool = False  # K is odd: the bfloat16 pair kernel (ops/weight_only.py) reads K in pairs
 
 
 class GemmArgs(NamedTuple):
@@ -213,7 +214,7 @@ def _check_bias(bias, n, what):
 def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIGHT_DENSE):
     """The GemmKey of a product of these sizes (the one place they are bucketed)."""
     return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
-                   packed is not None, weight_format=weight_format, n48=n % 48 == 0)
+                   packed is not None, weight_format=weight_format, n48=n % 48 == 0, k_odd=k % 2 == 1)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -830,7 +831,7 @@ _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel
 
 _RULE = Rule(("cpu-gemm", "cpu-gemv", "blas"), _order)
 # linear also takes low-precision weights (dispatch/ops/weight_only.py registers these)
-_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm"), _order)
+_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm", "cpu-bf16-dot"), _order)
 
 
 def dense_weight(key) -> list:
@@ -856,6 +857,11 @@ def _synthesize(shapes, params, rng, dtype):
         if fmt:
             from .weight_only import low_precision_weight
             out["weight"] = low_precision_weight(out["weight"], fmt)
+    if params.get("activations") == "bfloat16":  # x and bias too (PyTorch's bfloat16 linear)
+        from .weight_only import low_precision_weight
+        for name in ("x", "bias"):
+            if name in out:
+                out[name] = low_precision_weight(out[name], "bfloat16")
     return out
 
 
@@ -940,5 +946,7 @@ def linear(x, weight, bias=None, *, activation=None, out=None):
     weight (N, K), bias (N,) or None.  Returns (..., N), written into out= when given.
     weight may be stored in low precision (float16, ml_dtypes.bfloat16, an int8
     QuantizedArray with axis=0 or None) with float32 x (float32 / float16 on CUDA): it is
-    widened inside the kernel, the sum kept in float32 (float64 x is refused)."""
+    widened inside the kernel, the sum kept in float32 (float64 x is refused).  On the CPU,
+    bfloat16 x with a bfloat16 weight (and bias) is PyTorch's bfloat16 linear: float32
+    sums of the exact products, bias and activation in float32, a bfloat16 result."""
     return _linear(x, weight, bias, activation=activation, out=out)

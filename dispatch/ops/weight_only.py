@@ -41,6 +41,7 @@ import numpy as np
 
 from kernels_common.activation import ACT_NONE
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
+from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import weight_only as KW
 
 from .. import validate as V
@@ -58,6 +59,24 @@ def is_bfloat16(dtype) -> bool:
     """ml_dtypes.bfloat16 (or any 2-byte dtype numpy calls bfloat16), recognised without
     importing ml_dtypes."""
     return getattr(dtype, "name", None) == "bfloat16" and getattr(dtype, "itemsize", 0) == 2
+
+
+class _AnyBFloat16:
+    """Equal to every bfloat16 numpy dtype (is_bfloat16): an entry of an Implementation's
+    dtypes that names bfloat16 without importing ml_dtypes (an optional dependency)."""
+    name = "bfloat16"
+
+    def __eq__(self, other):
+        return is_bfloat16(other)
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __repr__(self):
+        return self.name
+
+
+BF16 = _AnyBFloat16()
 
 
 def weight_format(x_dtype, weight) -> int:
@@ -101,10 +120,11 @@ def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
     dev = V.device_of(x=x, weight=values, bias=bias, out=out)
     xdt = V.dtype_of(x)
     allowed = (_F32,) if dev == "cpu" else (_F32, _F16)
-    if xdt not in allowed:
+    if xdt not in allowed and not (dev == "cpu" and fmt == WEIGHT_BF16 and is_bfloat16(xdt)):
         names = " or ".join(d.name for d in allowed)
-        raise TypeError(f"x must be {names} with a {WEIGHT_FORMAT_NAMES[fmt]} weight (the kernels accumulate in "
-                        f"float32), got {xdt}" + ("; cast x to float32" if xdt == np.float64 else ""))
+        also = " (bfloat16 too with a bfloat16 weight)" if dev == "cpu" else ""
+        raise TypeError(f"x must be {names}{also} with a {WEIGHT_FORMAT_NAMES[fmt]} weight (the kernels accumulate "
+                        f"in float32), got {xdt}" + ("; cast x to float32" if xdt == np.float64 else ""))
     if bias is not None:
         V.same_dtype("bias", bias, "x", xdt)
     V.choice("activation", activation, list(L.ACTIVATION_CODES))
@@ -176,14 +196,33 @@ def host_weight(weight):
 
 
 def _prepare(x, weight, bias, out):
+    """The kernels' float32 arguments.  bfloat16 x (with a bfloat16 weight) is widened to
+    float32 (exact) and the result made in float32, for _finish to round into x's dtype."""
     k = x.shape[-1]
     m = math.prod(x.shape[:-1])
     w2, fmt, sc, zp = host_weight(weight)
     n = w2.shape[0]
-    x2 = kernel_input(np.ascontiguousarray(x).reshape(m, k))
-    res = result_buffer(out, tuple(x.shape[:-1]) + (n,), _F32)
-    bias_v = L._zeros(n, _F32) if bias is None else kernel_input(bias)
+    shape = tuple(x.shape[:-1]) + (n,)
+    if is_bfloat16(x.dtype):
+        x2 = np.empty((m, k), _F32)
+        KB.widen(kernel_input(np.ascontiguousarray(x).reshape(-1).view(np.uint16)), x2.reshape(-1).view(np.uint32))
+        res = np.empty(shape, _F32)
+        bias_v = L._zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
+    else:
+        x2 = kernel_input(np.ascontiguousarray(x).reshape(m, k))
+        res = result_buffer(out, shape, _F32)
+        bias_v = L._zeros(n, _F32) if bias is None else kernel_input(bias)
     return x2, w2, fmt, sc, zp, bias_v, res, m, n, k
+
+
+def _finish(res, x, out):
+    """The public result of a weight-only call: res, or for bfloat16 x, res (float32) rounded
+    to bfloat16 (nearest even)."""
+    if not is_bfloat16(x.dtype):
+        return deliver(res, out)
+    final = result_buffer(out, res.shape, x.dtype)
+    KB.narrow(res.reshape(-1), final.reshape(-1).view(np.uint16))
+    return deliver(final, out)
 
 
 def _run_gemv(params, x, weight, bias, out, code, b_is_nk, packed=None):
@@ -194,7 +233,7 @@ def _run_gemv(params, x, weight, bias, out, code, b_is_nk, packed=None):
             L._degenerate(out2.reshape(1, m, n), bias_v, code)
         else:
             KW.run_gemv(x2, w2, fmt, sc, zp, bias_v, code, KW.active_lanes() == 16, out2)
-    return deliver(res, out)
+    return _finish(res, x, out)
 
 
 _WORKSPACE = threading.local()
@@ -236,11 +275,11 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     float32 GEMM took 72 ms and 54 prepacked: 2026-12-05, Zen 4.)"""
     x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
     if not res.size:
-        return deliver(res, out)
+        return _finish(res, x, out)
     out2 = res.reshape(m, n)
     if k == 0:
         L._degenerate(out2.reshape(1, m, n), bias_v, code)
-        return deliver(res, out)
+        return _finish(res, x, out)
     tile = L.K.active_tile()
     nr = tile.nr(_F32)
     rows = min(n, max(64, WO_GEMM_ELEMS // k))
@@ -257,6 +296,37 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
         L._gemm(a3, _NO_SOURCE, L._ZERO_IDX, L._ZERO_IDX, False, True, np.ascontiguousarray(bias_v[n0:n0 + nb]),
                 code, epilogue, o3, bp)
         out2[:, n0:n0 + nb] = o3[0]
+    return _finish(res, x, out)
+
+
+_BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+
+
+def _x_panels(m, k):
+    """The calling thread's uint32 buffer for x's panels (KB.panels_shape), kept for the next
+    call up to linalg's WORKSPACE_KEEP bytes (per Python thread: the kernels release the GIL)."""
+    shape = KB.panels_shape(m, k)
+    need = math.prod(shape)
+    buf = getattr(_WORKSPACE, "xp", None)
+    if buf is None or buf.size < need:
+        buf = np.empty(need, np.uint32)
+        if need * 4 <= L.WORKSPACE_KEEP:
+            _WORKSPACE.xp = buf
+    return buf[:need].reshape(shape)
+
+
+def _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed=None):
+    """bfloat16 x (..., K) times a bfloat16 weight (N, K) by kernels_cpu.bf16_gemm (vdpbf16ps),
+    the result in bfloat16."""
+    k = x.shape[-1]
+    m = math.prod(x.shape[:-1])
+    w2 = kernel_input(np.ascontiguousarray(weight).view(np.uint16))
+    n = w2.shape[0]
+    res = result_buffer(out, tuple(x.shape[:-1]) + (n,), x.dtype)
+    if res.size:
+        x2 = kernel_input(np.ascontiguousarray(x).reshape(m, k).view(np.uint16))
+        bias_v = L._zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
+        KB.run(x2, w2, bias_v, code, res.reshape(m, n).view(np.uint16), _x_panels(m, k))
     return deliver(res, out)
 
 
@@ -280,8 +350,47 @@ def _gemv_rows():
     return WO_GEMV_ROWS.get(KW.host_lanes(), 64)
 
 
+# bfloat16 x with a bfloat16 weight: rows of x from which cpu-bf16-dot (vdpbf16ps) runs
+# first.  Its tile computes 64 rows of x at a time (fewer rows: the rest are zeros), so below
+# this the weight-only GEMV on x widened to float32, which reads the weight once at the
+# memory's speed, wins.  Forced, medians of 7 rotating calls after 50 ms pauses (Zen 4, 2
+# threads, 2026-12-06, /tmp/w/bf/xo.py), ms, bf16-dot / wo-gemv / wo-gemm at M =
+#   N x K 11008 x 4096: 8 13.9 / 4.3 / 17.5, 16 13.8 / 7.6 / 22.5, 32 13.9 / 14.8 / 28.1,
+#                       64 14.4 / 31.5 / 42.9, 128 27.7 / 66.8 / 71.8;
+#   3072 x 768: 8 1.17 / 0.67 / 1.77, 16 1.15 / 0.90 / 2.01, 32 1.42 / 1.38 / 2.36,
+#               64 1.31 / 2.31 / 3.29, 128 3.42 / 4.25 / 4.96.
+BF16_DOT_MIN_ROWS = 32
+
+
+def _bf16_dot_refusal(key):
+    """Why cpu-bf16-dot cannot take this key (None: it can)."""
+    if key.weight_format != WEIGHT_BF16:
+        return f"weight is {WEIGHT_FORMAT_NAMES[key.weight_format]}: vdpbf16ps multiplies bfloat16 by bfloat16"
+    if key.k_odd:
+        return "K is odd: vdpbf16ps multiplies pairs of K (the widening kernels take odd K)"
+    return KB.host_refusal()
+
+
+def _bf16_dot_supports(key) -> list:
+    why = _bf16_dot_refusal(key)
+    return [] if why is None else [why]
+
+
 def order(key):
     """The CPU candidates for a low-precision key, best first, and why."""
+    if is_bfloat16(key.dtype):
+        why = _bf16_dot_refusal(key)
+        if why is None and key.m >= BF16_DOT_MIN_ROWS:
+            return (("cpu-bf16-dot", "cpu-wo-gemm", "cpu-wo-gemv"),
+                    f"bfloat16 x and weight, M bucket {key.m} >= {BF16_DOT_MIN_ROWS}: vdpbf16ps (twice the float32 "
+                    "FMA's products per instruction), the weight read in place")
+        names, reason = _widened_order(key)
+        why = why or f"M bucket {key.m} < {BF16_DOT_MIN_ROWS} (vdpbf16ps computes 64 rows of x per tile)"
+        return names + ("cpu-bf16-dot",), f"bfloat16 x widened to float32 ({why}); {reason}"
+    return _widened_order(key)
+
+
+def _widened_order(key):
     name = WEIGHT_FORMAT_NAMES[key.weight_format]
     rows = _gemv_rows()
     if key.m < rows:
@@ -294,6 +403,11 @@ def order(key):
             "widened into the GEMM's packed panels, then the dense GEMM (compute bound; measured beside WO_GEMV_ROWS)")
 
 
+_NOTES_BF16_X = "; bfloat16 x: widened to float32 (exact) first, the float32 result rounded to bfloat16"
+_NOTES_BF16_DOT = ("bfloat16 x and weight: AVX-512 BF16 vdpbf16ps (pairs of bfloat16 products summed in float32), "
+                   "6 weight rows (read in place, broadcast words) x 64 rows of x (packed once per call) per "
+                   "register tile; tasks of 48 weight rows x 128 rows of x; bias + activation on the float32 sums, "
+                   "one rounding to bfloat16")
 _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
@@ -302,10 +416,12 @@ _NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS 
                "float32 straight into the GEMM's packed panels (the calling thread's buffer), then the own GEMM "
                "(cpu-gemm) on each block with bias + activation fused")
 
-register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,), supports=refuse_dense,
-                        notes=_NOTES_GEMV, kernel_modules=_KERNELS))
-register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32,), supports=refuse_dense,
-                        notes=_NOTES_GEMM, kernel_modules=_KERNELS))
+register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16), supports=refuse_dense,
+                        notes=_NOTES_GEMV + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16_gemm",)))
+register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16), supports=refuse_dense,
+                        notes=_NOTES_GEMM + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16_gemm",)))
+register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=_bf16_dot_supports,
+                        notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
 
 
 def zero_weight(shape, fmt):

@@ -1,0 +1,270 @@
+"""linear with bfloat16 activations and a bfloat16 weight (PyTorch's bfloat16 linear; CPU):
+the result in bfloat16, from float32 sums of the exact products, bias and activation in
+float32, one rounding.  Every implementation that takes it is forced (cpu-bf16-dot:
+vdpbf16ps, on hosts with AVX-512 BF16; the weight-only kernels on x widened to float32)
+and compared with the float64 linear of the same bfloat16 values: x rows across panels
+and blocks of the vdpbf16ps kernel, N not a multiple of its tiles, K = 2 and long K,
+batched / 1-D x, views and read-only inputs, NaN-poisoned out=, NaN propagation, threads,
+bad input and the rule."""
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dispatch
+from kernels_cpu import bf16_gemm as KB
+from kernels_cpu import target
+from tests.support import ON_CUDA, SMALL_SHAPES, poisoned, product_scale, randn, reduction_tol, rng, run, strided
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input (CUDA takes float32 / float16 x)")
+
+BF = ml_dtypes.bfloat16
+DOT = pytest.param("cpu-bf16-dot", id="cpu-bf16-dot",
+                   marks=pytest.mark.skipif(KB.host_refusal() is not None, reason=str(KB.host_refusal())))
+IMPLS = [DOT, "cpu-wo-gemv", "cpu-wo-gemm"]
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+# bfloat16 keeps 8 significant bits: its rounding to nearest is within 2^-8 of the value
+U_BF16 = 2.0 ** -8
+
+# (x shape, weight shape (N, K)); K even (an odd K is refused by cpu-bf16-dot: test_odd_k)
+SHAPES_FULL = [
+    ((1, 64), (100, 64)),            # decode
+    ((2, 18), (3, 18)),              # N below a 6-row group
+    ((7, 2), (1, 2)),                # K = 2 (one pair), N = 1
+    ((33, 130), (70, 130)),          # 33 rows: part of one 64-row panel
+    ((64, 4096), (13, 4096)),        # long K
+    ((130, 48), (300, 48)),          # 3 panels, 2 blocks of 128 rows, 7 tasks of 48 weight rows
+    ((5, 3, 34), (17, 34)),          # batched x
+    ((66,), (9, 66)),                # 1-D x
+]
+SHAPES_SMALL = [((1, 24), (5, 24)), ((2, 3, 8), (3, 8)), ((70, 10), (7, 10))]
+SHAPES = SHAPES_SMALL if SMALL_SHAPES else SHAPES_FULL
+
+
+def bf16(a):
+    return np.asarray(a, np.float32).astype(BF)
+
+
+def ref_linear(x, w, bias=None, activation=None):
+    """float64 act(x @ w.T + bias) of the bfloat16 values (exact in float64)."""
+    import torch
+
+    y = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    if activation is None:
+        return y
+    fn = {"relu": torch.relu, "silu": torch.nn.functional.silu,
+          "gelu": torch.nn.functional.gelu,
+          "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
+    return fn(torch.from_numpy(y)).numpy()
+
+
+def check(got, x, w, bias=None, activation=None, what=""):
+    """got (bfloat16) against the float64 reference: per element within bfloat16's rounding
+    (2^-8 of the value) plus the float32 sum's error over K terms (reduction_tol) times the
+    size of the terms (product_scale: a sum can cancel far below them), and normwise;
+    NaN exactly where the reference has NaN."""
+    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
+    want = ref_linear(x, w, bias, activation)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
+    g = np.asarray(got, np.float64)
+    nan = np.isnan(want)
+    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
+    k = w.shape[-1]
+    acc = reduction_tol(np.float32, k) * product_scale(x, w, bias, transpose_b=True)
+    err = np.abs(g - want)[~nan]
+    bound = U_BF16 * np.abs(want)[~nan] + acc
+    if err.size:
+        i = int(np.argmax(err - bound))
+        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
+                                      f"(ref {want[~nan][i]:.6g})")
+        assert err.max() <= U_BF16 * np.abs(want[~nan]).max() + acc, f"{what}: normwise {err.max():.3g}"
+
+
+@pytest.mark.parametrize("sx, sw", SHAPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_reference(impl, sx, sw):
+    g = rng()
+    x, w, bias = bf16(randn(g, sx, np.float32)), bf16(randn(g, sw, np.float32) / np.sqrt(sw[1])), \
+        bf16(randn(g, sw[:1], np.float32))
+    shape = sx[:-1] + sw[:1]
+    got = run(impl, dispatch.linear, x, w, bias, activation="silu", out=poisoned(shape, BF))
+    check(got, x, w, bias, "silu", f"{impl} {sx} x {sw} + bias, silu")
+    check(run(impl, dispatch.linear, x, w), x, w, what=f"{impl} {sx} x {sw}")
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_epilogues(impl, activation, with_bias):
+    g = rng()
+    m, k, n = (3, 12, 5) if SMALL_SHAPES else (70, 46, 53)
+    x, w = bf16(randn(g, (m, k), np.float32)), bf16(randn(g, (n, k), np.float32) / np.sqrt(k))
+    bias = bf16(randn(g, (n,), np.float32)) if with_bias else None
+    check(run(impl, dispatch.linear, x, w, bias, activation=activation), x, w, bias, activation,
+          f"{impl} {activation} bias={with_bias}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_views_read_only_and_out(impl):
+    """A strided x, a read-only weight and bias, x rows all equal (a broadcast view), a
+    non-contiguous out= (filled by a copy)."""
+    g = rng()
+    m, k, n = (4, 8, 3) if SMALL_SHAPES else (40, 36, 21)
+    x, w, bias = bf16(randn(g, (m, k), np.float32)), bf16(randn(g, (n, k), np.float32)), \
+        bf16(randn(g, (n,), np.float32))
+    wr, br = w.copy(), bias.copy()
+    wr.flags.writeable = br.flags.writeable = False
+    xs = strided(x)
+    assert not xs.flags.c_contiguous
+    check(run(impl, dispatch.linear, xs, wr, br), x, w, bias, what=f"{impl} strided x, read-only weight")
+    xb = np.broadcast_to(x[:1], x.shape)
+    check(run(impl, dispatch.linear, xb, w), np.array(xb), w, what=f"{impl} broadcast x")
+    tout = np.full((n, m), np.nan, BF).T
+    got = run(impl, dispatch.linear, x, w, bias, out=tout)
+    assert got is tout
+    check(tout, x, w, bias, what=f"{impl} non-contiguous out=")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nan_and_inf_propagate(impl):
+    g = rng()
+    m, k, n = (3, 10, 4) if SMALL_SHAPES else (66, 38, 20)
+    x = randn(g, (m, k), np.float32)
+    x[1, k // 2] = np.nan
+    x[2, 3] = np.inf
+    x, w = bf16(x), bf16(randn(g, (n, k), np.float32))
+    got = np.asarray(run(impl, dispatch.linear, x, w), np.float64)
+    assert np.isnan(got[1]).all(), got[1]
+    assert not np.isfinite(got[2]).any(), got[2]     # inf times weights of either sign: +-inf or NaN
+    keep = np.arange(m) > 2
+    assert np.isfinite(got[keep]).all()
+    check(run(impl, dispatch.linear, x[keep], w), x[keep], w, what=f"{impl} other rows")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_and_zero_k(impl):
+    g = rng()
+    w0 = bf16(np.zeros((5, 0), np.float32))
+    bias = bf16(randn(g, (5,), np.float32))
+    got = run(impl, dispatch.linear, bf16(np.zeros((70, 0))), w0, bias, activation="gelu")
+    check(got, np.zeros((70, 0)), np.zeros((5, 0)), bias, "gelu", f"{impl} K = 0")
+    got = run(impl, dispatch.linear, bf16(np.zeros((0, 6))), bf16(np.ones((5, 6))))
+    assert got.shape == (0, 5) and got.dtype == BF
+
+
+def test_odd_k():
+    """The widening kernels take odd K; cpu-bf16-dot, which multiplies pairs of K, refuses it
+    by name (the key carries K's parity) and the rule picks a widening one."""
+    g = rng()
+    x, w = bf16(randn(g, (70, 17), np.float32)), bf16(randn(g, (9, 17), np.float32))
+    check(dispatch.linear(x, w), x, w, what="odd K, as dispatched")
+    e = str(dispatch.explain("linear", x, w))
+    assert "k_odd=True" in e and "cpu-bf16-dot: refused: K is odd" in e, e
+    assert "chosen: cpu-wo-" in e, e
+
+
+@pytest.mark.skipif(KB.host_refusal() is not None, reason="the vdpbf16ps rule on a host with AVX-512 BF16")
+def test_rule():
+    w = bf16(np.ones((64, 32)))
+    many = str(dispatch.explain("linear", bf16(np.ones((128, 32))), w))
+    assert "chosen: cpu-bf16-dot" in many and "dtype=bfloat16" in many, many
+    assert "cpu-gemm: refused" in many, many
+    few = str(dispatch.explain("linear", bf16(np.ones((4, 32))), w))
+    assert "chosen: cpu-wo-gemv" in few and "bfloat16 x widened to float32" in few, few
+    f32 = str(dispatch.explain("linear", np.ones((128, 32), np.float32), w))
+    assert "cpu-bf16-dot: refused: dtype float32 not supported" in f32, f32
+
+
+def test_host_without_avx512_bf16(monkeypatch):
+    """A host without AVX-512 BF16 (Zen 3, Ice Lake) refuses cpu-bf16-dot by name and runs
+    the widening kernels (their results checked in the tests above)."""
+    from dispatch import select
+
+    feats = target.features() - {"avx512bf16"}
+    monkeypatch.setattr(target, "features", lambda: feats)
+    select.clear_cache()
+    try:
+        e = str(dispatch.explain("linear", bf16(np.ones((128, 32))), bf16(np.ones((64, 32)))))
+    finally:
+        monkeypatch.undo()
+        select.clear_cache()
+    assert "cpu-bf16-dot: refused: host" in e and "lacks" in e and "avx512bf16" in e, e
+    assert "chosen: cpu-wo-" in e, e
+
+
+def _bad_cases():
+    g = np.random.default_rng(0)
+    x = bf16(g.standard_normal((2, 8)))
+    w = bf16(g.standard_normal((3, 8)))
+    return [
+        ("float32 weight", (x, np.asarray(w, np.float32)), {}, TypeError, "float32 or float64"),
+        ("float16 weight", (x, np.asarray(w, np.float16)), {}, TypeError, "bfloat16 too with a bfloat16 weight"),
+        ("float32 x", (np.asarray(x, np.float64), w), {}, TypeError, "cast x to float32"),
+        ("float32 bias", (x, w, np.zeros(3, np.float32)), {}, TypeError, "bias must have the same dtype"),
+        ("bias shape", (x, w, bf16(np.zeros(4))), {}, ValueError, r"bias must have shape \(3,\)"),
+        ("wrong K", (x[:, :6], w), {}, ValueError, "K=6"),
+        ("out dtype", (x, w), {"out": np.zeros((2, 3), np.float32)}, TypeError, "out"),
+        ("out shape", (x, w), {"out": bf16(np.zeros((2, 4)))}, ValueError, "out"),
+        ("out over x", (x, w), {"out": x[:, :3]}, ValueError, "out"),
+    ]
+
+
+@pytest.mark.parametrize("what, args, kwargs, err, match", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_input(what, args, kwargs, err, match):
+    out = kwargs.get("out")
+    before = None if out is None else np.array(out, copy=True)
+    with pytest.raises(err, match=match):
+        dispatch.linear(*args, **kwargs)
+    if out is not None:
+        assert np.array_equal(np.asarray(out, np.float32), np.asarray(before, np.float32)), "out= written"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_threads_give_single_thread_results(impl):
+    """4 Python threads calling at once (the kernels release the GIL; x's panels and the
+    widened blocks are per thread) give bitwise the single-threaded results."""
+    g = np.random.default_rng(5)
+    cases = []
+    for m, k, n in [(70, 300, 70), (130, 128, 300), (40, 64, 513), (9, 34, 17)]:
+        cases.append((bf16(g.standard_normal((m, k))), bf16(g.standard_normal((n, k)) / np.sqrt(k)),
+                      bf16(g.standard_normal(n))))
+    with dispatch.use(linear=impl):
+        want = [dispatch.linear(x, w, b, activation="gelu") for x, w, b in cases]
+    bad = []
+
+    def worker(i):
+        x, w, b = cases[i]
+        with dispatch.use(linear=impl):
+            for _ in range(5):
+                got = dispatch.linear(x, w, b, activation="gelu")
+                if not np.array_equal(got.view(np.uint16), want[i].view(np.uint16)):
+                    bad.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not bad, f"threads {sorted(set(bad))} differ from their single-threaded results"
+
+
+def test_rounding_to_nearest_even():
+    """kernels_cpu.bf16_gemm.narrow against ml_dtypes' float32 -> bfloat16 cast (nearest even)
+    on ties, their neighbours, the largest finite values (overflow to inf), subnormals,
+    infinities and NaN of both signs."""
+    u = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF,
+                  0x00008000, 0x00018000, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001,
+                  0x7F800001, 0x00000000, 0x80000000], np.uint32)
+    rnd = np.random.default_rng(7).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    f = np.concatenate([u, rnd]).view(np.float32)
+    got = np.empty(f.size, np.uint16)
+    KB.narrow(f, got)
+    with np.errstate(invalid="ignore"):
+        want = f.astype(BF).view(np.uint16)
+    nan = np.isnan(f)
+    assert np.array_equal(got[~nan], want[~nan]), np.flatnonzero(got[~nan] != want[~nan])[:5]
+    assert np.isnan(got[nan].view(BF).astype(np.float32)).all()
+    assert np.array_equal(got[nan] >> 15, f[nan].view(np.uint32) >> 31), "NaN sign"
