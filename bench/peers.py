@@ -230,7 +230,8 @@ def _prepare_torch(case, inputs):
         with torch.inference_mode():
             return fn(t)
 
-    return run, lambda r: r.numpy()
+    # numpy has no bfloat16 of its own: such a result (a bfloat16 linear) is read as float32 (exact)
+    return run, lambda r: (r.float() if r.dtype == torch.bfloat16 else r).numpy()
 
 
 # ---- onnxruntime -------------------------------------------------------------------------
@@ -320,6 +321,8 @@ def _ort_graph(case, inputs, g):
     if op == "linear":
         if i["x"].ndim != 2:
             raise Unavailable("onnxruntime peer of linear takes 2-D x only")
+        if i["x"].dtype.name == "bfloat16":
+            raise Unavailable("onnxruntime's CPU Gemm / MatMul take no bfloat16")
         w = g.const(i["weight"])  # weights are constants of the model, as in an exported one
         if i.get("bias") is not None:
             y = g.op("Gemm", "x", w, g.const(i["bias"]), transB=1)

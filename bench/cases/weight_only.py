@@ -37,6 +37,19 @@ def _probe(fmt):
     return probe
 
 
+def _probe_bf16_activations(case, data):
+    """bfloat16 x, weight and bias (as the case's synthesis rounds them) against the float32
+    linear of the float32 data."""
+    import dispatch
+    from dispatch.ops.weight_only import low_precision_weight
+
+    x, w, b = data["x"], data["weight"] / np.float32(np.sqrt(data["weight"].shape[1])), data.get("bias")
+    act = case.params.get("activation")
+    low = dispatch.linear(*(low_precision_weight(v, "bfloat16") if v is not None else None for v in (x, w, b)),
+                          activation=act)
+    return np.asarray(low, np.float32), dispatch.linear(x, w, b, activation=act)
+
+
 _H, _F = LLAMA["h"], LLAMA["ffn"]
 CASES = [
     _c("linear", f"llama-7b decode gate {fmt}", "Llama-7B", {"x": (1, _H), "weight": (_F, _H)},
@@ -47,4 +60,12 @@ CASES = [
        accuracy=_probe("int8"), weight_format="int8"),
     _c("linear", "llama-7b prefill 128 gate bfloat16", "Llama-7B", {"x": (128, _H), "weight": (_F, _H)},
        accuracy=_probe("bfloat16"), weight_format="bfloat16"),
+    # bfloat16 activations too (PyTorch's bfloat16 linear: cpu-bf16-dot, vdpbf16ps, on hosts
+    # with AVX-512 BF16); the accuracy columns: against the float32 linear of the float32 data
+    _c("linear", "llama-7b prefill 128 gate bfloat16 activations", "Llama-7B",
+       {"x": (128, _H), "weight": (_F, _H)}, accuracy=_probe_bf16_activations, weight_format="bfloat16",
+       activations="bfloat16"),
+    _c("linear", "bert-base ffn-up +gelu bfloat16 activations", "BERT-base",
+       {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, accuracy=_probe_bf16_activations,
+       weight_format="bfloat16", activations="bfloat16", activation="gelu"),
 ]

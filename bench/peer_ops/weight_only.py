@@ -52,10 +52,13 @@ def dequantize(weight, dtype=np.float32):
 
 
 def numpy_linear(x, weight, bias=None, activation=None):
-    y = x @ dequantize(weight, x.dtype).T
+    """bfloat16 x (numpy has no bfloat16 arithmetic of its own): computed in float32, the
+    result cast back to bfloat16."""
+    dt = np.dtype(np.float32) if x.dtype.name == "bfloat16" else x.dtype
+    y = x.astype(dt, copy=False) @ dequantize(weight, dt).T
     if bias is not None:
-        y = y + bias
-    return _ACT[activation](y)
+        y = y + bias.astype(dt, copy=False)
+    return _ACT[activation](y).astype(x.dtype, copy=False)
 
 
 def torch_linear(torch):
