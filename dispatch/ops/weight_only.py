@@ -326,7 +326,7 @@ def _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed=None):
     if res.size:
         x2 = kernel_input(np.ascontiguousarray(x).reshape(m, k).view(np.uint16))
         bias_v = L._zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
-        KB.run(x2, w2, bias_v, code, res.reshape(m, n).view(np.uint16), _x_panels(m, k))
+        KB.run(x2, w2, bias_v, code, res.reshape(m, n).view(np.uint16), _x_panels(m, k), bias is not None)
     return deliver(res, out)
 
 
