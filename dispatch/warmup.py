@@ -38,12 +38,25 @@ def plan(ops=None, dtypes=("float32",)):
     if unknown:
         raise ValueError(f"unknown op(s) {unknown}; registered: {sorted(registry.OPS)}")
     out = []
+    dts = [_dtype(dt) for dt in dtypes]
     for name in names:
         for impl in registry.implementations(name, "cpu"):
-            for dt in dtypes:
-                if np.dtype(dt) in impl.dtypes:
-                    out.append((name, impl.name, np.dtype(dt)))
+            for dt in dts:
+                if dt in impl.dtypes:
+                    out.append((name, impl.name, dt))
     return out
+
+
+def _dtype(name):
+    """np.dtype of a --dtypes name; "bfloat16" is ml_dtypes' (imported here, on request only:
+    linear with bfloat16 activations)."""
+    if str(name) == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError("--dtypes bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def compile_one(op_name, impl_name, dtype):
@@ -76,7 +89,8 @@ def compile_one(op_name, impl_name, dtype):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dispatch.warmup", description=__doc__.split("\n\n")[0])
     p.add_argument("ops", nargs="*", help="ops to compile (default: all registered)")
-    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
+    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64", "bfloat16"],
+                   help="bfloat16: the kernels of linear with bfloat16 activations (needs ml_dtypes)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
     t0 = time.perf_counter()

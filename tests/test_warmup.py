@@ -60,6 +60,46 @@ def test_warmup_fills_the_cache_a_later_process_compiles_nothing(tmp_path):
     assert _compiles(env) == []
 
 
+_BF16_CALLS = r"""
+import json, numpy as np, ml_dtypes
+from numba.core import event
+n = []
+class L(event.Listener):
+    def on_start(self, ev): n.append(ev.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, ev): pass
+event.register("numba:compile", L())
+import dispatch
+g = np.random.default_rng(0)
+w = g.standard_normal((300, 64)).astype(ml_dtypes.bfloat16)
+b = g.standard_normal(300).astype(ml_dtypes.bfloat16)
+for m in (128, 3):   # cpu-bf16-dot where the host has AVX-512 BF16; x widened for few rows
+    dispatch.linear(g.standard_normal((m, 64)).astype(ml_dtypes.bfloat16), w, b, activation="silu")
+print(json.dumps(n))
+"""
+
+
+def test_warmup_bfloat16_linear(tmp_path):
+    """--dtypes bfloat16 compiles linear's bfloat16-activation kernels (and only linear has
+    them); a later process's bfloat16 linear calls then compile nothing."""
+    from dispatch import warmup
+
+    names = {impl for op, impl, dt in warmup.plan(None, ["bfloat16"])}
+    assert {op for op, _, _ in warmup.plan(None, ["bfloat16"])} == {"linear"}
+    assert names == {"cpu-bf16-dot", "cpu-wo-gemv", "cpu-wo-gemm"}, names
+    assert "cpu-bf16-dot" not in {impl for _, impl, _ in warmup.plan(["linear"], ["float32"])}
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    p = _run([sys.executable, "-c", _BF16_CALLS], env)
+    assert p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1]), \
+        "an empty cache must compile (else this test proves nothing)"
+    shutil.rmtree(tmp_path / "cache")
+    p = _run([sys.executable, "-m", "dispatch.warmup", "linear", "--dtypes", "bfloat16"], env)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "warmed 3 of 3 kernels" in p.stdout, p.stdout
+    p = _run([sys.executable, "-c", _BF16_CALLS], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+
+
 def test_warmup_rejects_unknown_ops():
     p = _run([sys.executable, "-m", "dispatch.warmup", "no_such_op"], _env())
     assert p.returncode != 0 and "unknown op" in p.stderr
