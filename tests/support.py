@@ -193,6 +193,30 @@ def run(impl: str, fn, *args, **kwargs):
         return to_host(fn(*args, **kwargs))
 
 
+def concurrent_mismatches(call, cases, rounds=5):
+    """Indices of the cases whose result differs (bitwise) from its single-threaded one when
+    call(case) runs `rounds` times for every case at once, one Python thread per case (the
+    kernels release the GIL; per-thread workspaces must keep the threads apart).  call
+    enters any dispatch.use override itself: overrides are per thread."""
+    import threading
+
+    want = [np.asarray(call(c)) for c in cases]
+    bad = []
+
+    def worker(i):
+        for _ in range(rounds):
+            got = np.asarray(call(cases[i]))
+            if got.shape != want[i].shape or got.tobytes() != want[i].tobytes():
+                bad.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return sorted(set(bad))
+
+
 def strided(a):
     """A non-contiguous view with the values of a (every other element of a bigger array)."""
     big = np.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype) if a.ndim else np.empty((2,), a.dtype)

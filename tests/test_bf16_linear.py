@@ -6,8 +6,6 @@ and compared with the float64 linear of the same bfloat16 values: x rows across 
 and blocks of the vdpbf16ps kernel, N not a multiple of its tiles, K = 2 and long K,
 batched / 1-D x, views and read-only inputs, NaN-poisoned out=, NaN propagation, threads,
 bad input and the rule."""
-import threading
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -15,7 +13,8 @@ import pytest
 import dispatch
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import target
-from tests.support import ON_CUDA, SMALL_SHAPES, poisoned, product_scale, randn, reduction_tol, rng, run, strided
+from tests.support import (ON_CUDA, SMALL_SHAPES, concurrent_mismatches, poisoned, product_scale, randn,
+                           reduction_tol, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input (CUDA takes float32 / float16 x)")
 
@@ -231,24 +230,12 @@ def test_threads_give_single_thread_results(impl):
     for m, k, n in [(70, 300, 70), (130, 128, 300), (40, 64, 513), (9, 34, 17)]:
         cases.append((bf16(g.standard_normal((m, k))), bf16(g.standard_normal((n, k)) / np.sqrt(k)),
                       bf16(g.standard_normal(n))))
-    with dispatch.use(linear=impl):
-        want = [dispatch.linear(x, w, b, activation="gelu") for x, w, b in cases]
-    bad = []
-
-    def worker(i):
-        x, w, b = cases[i]
+    def call(c):
         with dispatch.use(linear=impl):
-            for _ in range(5):
-                got = dispatch.linear(x, w, b, activation="gelu")
-                if not np.array_equal(got.view(np.uint16), want[i].view(np.uint16)):
-                    bad.append(i)
+            return dispatch.linear(*c, activation="gelu").view(np.uint16)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not bad, f"threads {sorted(set(bad))} differ from their single-threaded results"
+    bad = concurrent_mismatches(call, cases)
+    assert not bad, f"threads {bad} differ from their single-threaded results"
 
 
 def test_rounding_to_nearest_even():

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU kernels' on-disk cache")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("dispatch", "kernels_common", "kernels_cpu", "kernels_cuda")
 
-# Counts numba compilations (cache misses) during one softmax and one layer_norm call.
-_COUNT_COMPILES = r"""
+# A child's preamble: records numba's compilations (cache misses) in n.
+_LISTEN = r"""
 import json, numpy as np
 from numba.core import event
 n = []
@@ -26,6 +26,9 @@ class L(event.Listener):
     def on_end(self, ev): pass
 event.register("numba:compile", L())
 import dispatch
+"""
+# Counts numba compilations during one softmax and one layer_norm call.
+_COUNT_COMPILES = _LISTEN + r"""
 x = np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32)
 with dispatch.use(softmax="cpu-serial", layer_norm="cpu-serial"):
     dispatch.softmax(x); dispatch.layer_norm(x, np.ones(37, np.float32))
@@ -60,15 +63,8 @@ def test_warmup_fills_the_cache_a_later_process_compiles_nothing(tmp_path):
     assert _compiles(env) == []
 
 
-_BF16_CALLS = r"""
-import json, numpy as np, ml_dtypes
-from numba.core import event
-n = []
-class L(event.Listener):
-    def on_start(self, ev): n.append(ev.data["dispatcher"].py_func.__qualname__)
-    def on_end(self, ev): pass
-event.register("numba:compile", L())
-import dispatch
+_BF16_CALLS = _LISTEN + r"""
+import ml_dtypes
 g = np.random.default_rng(0)
 w = g.standard_normal((300, 64)).astype(ml_dtypes.bfloat16)
 b = g.standard_normal(300).astype(ml_dtypes.bfloat16)

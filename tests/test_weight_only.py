@@ -4,8 +4,6 @@ weight, every weight-only implementation forced: decode and prefill row counts, 
 multiple of any vector width, N below a tile, batched / 1-D x, views and read-only inputs,
 bias and every activation, NaN-poisoned out=, NaN propagation, both vector widths of the
 CPU GEMV, bad input, and the rule."""
-import threading
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -13,8 +11,8 @@ import pytest
 import dispatch
 from dispatch.quantized import QuantizedArray
 from tests.reference import weight_only as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, impl_params, poisoned, product_scale, randn,
-                           read_only, reduction_tol, rng, run, strided, to_target)
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, concurrent_mismatches, impl_params, poisoned,
+                           product_scale, randn, read_only, reduction_tol, rng, run, strided, to_target)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 FORMATS = ["float16", "bfloat16", "int8-channel", "int8-tensor", "int8-asym"]
@@ -251,23 +249,12 @@ def test_threads_give_single_thread_results(impl):
         m, k, n = [(1, 300, 70), (3, 129, 300), (40, 64, 513), (9, 33, 17)][i]
         cases.append((g.standard_normal((m, k)).astype(np.float32), make_weight(g, (n, k), fmt),
                       g.standard_normal(n).astype(np.float32)))
-    with dispatch.use(linear=impl):
-        want = [dispatch.linear(x, w, b, activation="gelu") for x, w, b in cases]
-    bad = []
-
-    def worker(i):
-        x, w, b = cases[i]
+    def call(c):
         with dispatch.use(linear=impl):
-            for _ in range(5):
-                if not np.array_equal(dispatch.linear(x, w, b, activation="gelu"), want[i]):
-                    bad.append(i)
+            return dispatch.linear(*c, activation="gelu")
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not bad, f"threads {sorted(set(bad))} differ from their single-threaded results"
+    bad = concurrent_mismatches(call, cases)
+    assert not bad, f"threads {bad} differ from their single-threaded results"
 
 
 @pytest.mark.skipif(ON_CUDA, reason="accuracy against the float32 op, host side")
