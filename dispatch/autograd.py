@@ -481,7 +481,11 @@ def rope(x, cos, sin, *, interleaved=False):
 # ---- matmul, linear ---------------------------------------------------------------------------
 
 def _act(activation, pre):
-    """The activation applied to the kept pre-activation (its own elementwise op)."""
+    """The activation applied to the kept pre-activation (its own elementwise op).  A
+    bfloat16 pre-activation (linear with bfloat16 activations) goes through the float32
+    kernel and is rounded back, as PyTorch's bfloat16 activation does."""
+    if pre.dtype == torch.bfloat16:
+        return _act(activation, pre.float()).bfloat16()
     if activation == "gelu_tanh":
         return dispatch.gelu(pre, "tanh")
     return getattr(dispatch, activation)(pre)
@@ -523,8 +527,15 @@ def _product_bwd_fake(grad_out, a, b, pre, activation, has_bias):
 @_op("linear_backward", _product_bwd_fake)
 def _linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, pre: Tensor, activation: Optional[str],
                      has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    bf16 = grad_out.dtype == torch.bfloat16
+    if bf16:
+        # bfloat16 training: the float32 backward kernels on the widened (exact) tensors, the
+        # gradients rounded to bfloat16 once (PyTorch's bfloat16 linear also sums in float32)
+        grad_out, x, weight, pre = grad_out.float(), x.float(), weight.float(), pre.float()
     dx, dw, db = dispatch.linear_backward(grad_out, x, weight, pre if activation is not None else None,
                                           activation=activation, has_bias=has_bias)
+    if bf16:
+        dx, dw, db = dx.bfloat16(), dw.bfloat16(), None if db is None else db.bfloat16()
     return dx, dw, _absent(x) if db is None else db
 
 
@@ -567,7 +578,9 @@ def linear(x, weight, bias=None, *, activation=None):
     """dispatch.linear (x @ weight.T + bias, then the activation), differentiable in x,
     weight and bias.  The backward is dispatch.linear_backward: the activation's derivative
     is applied to the incoming gradient inside the backward GEMMs' packing (no separate
-    elementwise pass), dbias from the same packed panels."""
+    elementwise pass), dbias from the same packed panels.  bfloat16 tensors (x, weight and
+    bias all bfloat16, as PyTorch's bfloat16 linear): the backward runs in float32 on the
+    widened tensors and rounds the gradients to bfloat16."""
     _check_activation(activation)
     if not _tracking(x, weight, bias):
         return dispatch.linear(x, weight, bias, activation=activation)

@@ -20,7 +20,8 @@ import dispatch  # noqa: E402
 import dispatch.autograd as nka  # noqa: E402
 from tests import support  # noqa: E402
 
-TOL = {torch.float64: 1e-9, torch.float32: 2e-4}
+# bfloat16 (linear only): results and gradients rounded to 8 bits, twice where an activation follows
+TOL = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 2.0 ** -6}
 
 
 @pytest.fixture
@@ -194,6 +195,25 @@ def test_linear(gen, dtype, bias, activation):
            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
     _compare(lambda x, w, b: nka.linear(x, w, b, activation=activation),
              lambda x, w, b: act(F.linear(x, w, b)), [x, w, b], dtype, gen)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+def test_linear_bfloat16(gen, bias, activation):
+    """bfloat16 x, weight and bias (PyTorch's bfloat16 linear): against PyTorch's autograd of
+    the same bfloat16 values in float64, whose gradients are rounded to bfloat16 once.  Ours
+    round the pre-activation to bfloat16 before the activation (as PyTorch's bfloat16
+    activation) and the result again: within 2^-6 normwise (bfloat16 keeps 8 bits); a
+    float32-grade comparison would fail on the roundings alone."""
+    shape = (2, 40, 70) if activation is None else (3, 24)   # 80 rows: cpu-bf16-dot where the host has it
+    x = _randn(gen, *shape, dtype=torch.bfloat16)
+    w = _randn(gen, 33, shape[-1], dtype=torch.bfloat16)
+    b = _randn(gen, 33, dtype=torch.bfloat16) if bias else None
+    act = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+           "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
+    _compare(lambda x, w, b: nka.linear(x, w, b, activation=activation),
+             lambda x, w, b: act(F.linear(x.double(), w.double(), None if b is None else b.double())).bfloat16(),
+             [x, w, b], torch.bfloat16, gen)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
