@@ -199,7 +199,9 @@ def _bad_cases():
     x = bf16(g.standard_normal((2, 8)))
     w = bf16(g.standard_normal((3, 8)))
     return [
-        ("float32 weight", (x, np.asarray(w, np.float32)), {}, TypeError, "float32 or float64"),
+        ("float32 weight", (x, np.asarray(w, np.float32)), {}, TypeError, "x is bfloat16: .* bfloat16 weight"),
+        ("prepacked float32 weight", (x, dispatch.prepack(np.asarray(w, np.float32))), {}, TypeError,
+         "x is bfloat16: .* got a weight of dtype float32"),
         ("float16 weight", (x, np.asarray(w, np.float16)), {}, TypeError, "bfloat16 too with a bfloat16 weight"),
         ("float32 x", (np.asarray(x, np.float64), w), {}, TypeError, "cast x to float32"),
         ("float32 bias", (x, w, np.zeros(3, np.float32)), {}, TypeError, "bias must have the same dtype"),

@@ -251,6 +251,10 @@ def describe_linear(x, weight, bias=None, *, activation=None, out=None):
         call = describe_low_precision(x, weight, bias, activation=activation, out=out)
         if call is not None:  # None: float16 x with a float16 weight, a dense call
             return call
+    if getattr(getattr(x, "dtype", None), "name", None) == "bfloat16":
+        wdt = getattr(weight, "dtype", None)
+        raise TypeError("x is bfloat16: linear takes it with a bfloat16 weight (PyTorch's bfloat16 linear), got "
+                        + (f"a weight of dtype {wdt}" if wdt is not None else f"weight of type {type(weight).__name__}"))
     weight, packed = _unpack("weight", weight, "linear")
     dev, dt, code = _common_checks("x", x, "weight", weight, bias, out, activation)
     V.rank("x", x, (1, 64), " (..., K)")
