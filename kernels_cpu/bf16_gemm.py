@@ -22,10 +22,12 @@ loads, 6 broadcast words, 24 `vdpbf16ps` (64 flops each).
 Work: tasks of TASK_ROWS weight rows x X_BLOCK rows of x, taken from a counter (the x
 block outer, so both threads stream the weight past the same block of x); a task runs
 its MR-row weight groups over the block's panels (each weight group read from memory
-once, from L1 for the further panels), gathers the tiles into a float32 block (X_BLOCK x
-TASK_ROWS), applies an activation (with the bias) by the float32 GEMM's epilogue (called by
-address), and rounds the block into out (adding the bias there when there is no activation).  No K blocking: a tile's K loop streams one x panel
-(NR x K x 2 bytes: 512 KiB at K = 4096) from L2 / L3 against MR weight rows.
+once, from L1 for the further panels), storing the tiles weight row by weight row, then
+turns them into a float32 block of output rows (X_BLOCK x TASK_ROWS) by 8 x 8 register
+transposes, applies an activation (with the bias) by the float32 GEMM's epilogue (called
+by address), and rounds the block into out (adding the bias there when there is no
+activation).  No K blocking: a tile's K loop streams one x panel (NR x K x 2 bytes: 512
+KiB at K = 4096) from L2 / L3 against MR weight rows.
 
 Tile shape, 1 thread, 128 x 4096 x 1104 (Zen 4 VM, 2026-12-06, /tmp/w/bf/proto.py): 6 x 64
 219-223 GFLOP/s, 8 x 48 197-203, 12 x 32 188-199 (the float32 FMA's ceiling here is about
