@@ -13,6 +13,7 @@ import pytest
 import dispatch
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import target
+from tests.reference import linalg as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, concurrent_mismatches, poisoned, product_scale, randn,
                            reduction_tol, rng, run, strided)
 
@@ -45,28 +46,13 @@ def bf16(a):
     return np.asarray(a, np.float32).astype(BF)
 
 
-def ref_linear(x, w, bias=None, activation=None):
-    """float64 act(x @ w.T + bias) of the bfloat16 values (exact in float64)."""
-    import torch
-
-    y = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
-    if bias is not None:
-        y = y + np.asarray(bias, np.float64)
-    if activation is None:
-        return y
-    fn = {"relu": torch.relu, "silu": torch.nn.functional.silu,
-          "gelu": torch.nn.functional.gelu,
-          "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
-    return fn(torch.from_numpy(y)).numpy()
-
-
 def check(got, x, w, bias=None, activation=None, what=""):
     """got (bfloat16) against the float64 reference: per element within bfloat16's rounding
     (2^-8 of the value) plus the float32 sum's error over K terms (reduction_tol) times the
     size of the terms (product_scale: a sum can cancel far below them), and normwise;
     NaN exactly where the reference has NaN."""
     assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
-    want = ref_linear(x, w, bias, activation)
+    want = ref.linear(x, w, bias, activation=activation)
     assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
     g = np.asarray(got, np.float64)
     nan = np.isnan(want)

@@ -15,7 +15,8 @@ from hypothesis import given, settings, strategies as st
 import dispatch
 from tests.reference import linalg as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows,
-                           impl_params, poisoned, product_scale, randn, read_only, reduction_tol, rng, run, strided)
+                           TARGET, impl_params, poisoned, product_scale, randn, read_only, reduction_tol, rng, run,
+                           strided)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -50,9 +51,16 @@ LINEAR_SMALL = [((1, 24), (40, 24)), ((5, 3, 11), (17, 11))]
 LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
 EPI_MATMUL = ((3, 5, 33), (33, 20)) if SMALL_SHAPES else ((70, 45), (45, 37))
 EPI_LINEAR = ((7, 21), (19, 21)) if SMALL_SHAPES else ((70, 45), (37, 45))
-# the dense implementations (the weight-only *-wo-* ones take low-precision weights only: tests/test_weight_only.py)
-LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None
-                or ("-wo-" not in p.values[0] and p.values[0] != "cpu-bf16-dot")]  # low-precision inputs only
+def _takes_dense(name):
+    """Whether linear's implementation `name` takes a dense float32 weight (the weight-only
+    and bfloat16 ones serve low-precision inputs only: tests/test_weight_only.py,
+    tests/test_bf16_linear.py), asked of the implementation itself with a dense key."""
+    op = dispatch.registry.OPS["linear"]
+    key = op.describe(np.ones((70, 64), np.float32), np.ones((48, 64), np.float32)).key
+    return not op.implementations[name].refusals(key._replace(device=TARGET))
+
+
+LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or _takes_dense(p.values[0])]
 
 
 def _out_shape_matmul(sa, sb):
