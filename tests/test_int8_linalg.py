@@ -556,6 +556,44 @@ def test_kept_plans_take_each_call_s_arrays(impl, rows):
     _run_threads(4, lambda i: [check(step) for step in range(i, i + 6)])
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU packed paths' launch")
+@pytest.mark.parametrize("team_free", [True, False], ids=["team", "team-busy"])
+@pytest.mark.parametrize("rows", [1, 64, 600])
+@pytest.mark.parametrize("impl", [p for p in host_impls("dynamic_quant_linear", "cpu") if p.values[0] != "cpu-portable"])
+def test_packed_call_each_launch(impl, rows, team_free, monkeypatch):
+    """Every way a packed-path call is launched (dispatch/ops/int8_linalg.py _run_packed): A
+    packed on the calling thread first (one row; out= given), by the GEMM's tasks (no
+    out=), or on several threads first (600 rows with out=, the call not kept in one
+    compiled step), the GEMM on the thread team or, with the team taken (its entry
+    gone), on numba's threads: exact results for dynamic_quant_linear and per-tensor and
+    per-row matmul_int8, and a row of x holding NaN raises with out= untouched."""
+    from kernels_cpu import team
+
+    if not team_free:
+        monkeypatch.setattr(team, "entry", lambda: (0, 0))
+    g = rng()
+    k, n = 700, 400     # a one-row product of 2^18+ weights runs on the workers on every host
+    wt = make_b(g, (n, k), "col", axis=0)
+    x = g.standard_normal((rows, k)).astype(np.float32)
+    bad = x.copy()
+    bad[rows // 2, 3] = np.nan
+    for with_out in (False, True):
+        out = poisoned((rows, n), np.float32) if with_out else None
+        got = _call(impl, dispatch.dynamic_quant_linear, x, wt, out=out)
+        assert out is None or got is out
+        assert_one_rounding(got, ref.dynamic_quant_linear(x, wt), f"{impl} rows {rows} out= {with_out}")
+        out = poisoned((rows, n), np.float32) if with_out else None
+        with pytest.raises(ValueError, match="x must be finite"):
+            _call(impl, dispatch.dynamic_quant_linear, bad, wt, out=out)
+        assert out is None or np.isnan(out).all()
+    w = make_b(g, (k, n), "col", zp=True)
+    for kind in ("tensor", "row"):
+        a = make_a(g, (rows, k), np.uint8, kind)
+        bias = g.standard_normal(n).astype(np.float32)
+        got = _call(impl, dispatch.matmul_int8, a, w, bias=bias)
+        assert_one_rounding(got, ref.matmul_int8(a, w, bias=bias), f"{impl} rows {rows} a per {kind}")
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the CPU VNNI implementation's one-row path")
 @pytest.mark.parametrize("a_dtype", [np.int8, np.uint8])
 def test_vnni_one_row_path(a_dtype):

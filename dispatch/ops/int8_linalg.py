@@ -49,7 +49,7 @@ import numpy as np
 from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_common.memory import aligned_empty
 from kernels_cpu import int8_gemm as K
-from kernels_cpu import target
+from kernels_cpu import target, team
 from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
@@ -398,11 +398,14 @@ def _a_workspace(rows_padded, kpad, et, rows):
     return got
 
 
+_NOT_FINITE = "x must be finite: a row holding NaN or inf has no quantization scale"
+
+
 def _require_finite_rows(sa):
     """ValueError unless every row of x got a finite quantization scale (the packers give a
     row holding NaN or inf the scale NaN)."""
     if not K.all_finite(sa):
-        raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+        raise ValueError(_NOT_FINITE)
 
 
 class _Plan(NamedTuple):
@@ -416,6 +419,7 @@ class _Plan(NamedTuple):
     pa: np.ndarray       # the A packers' block (K.a_params)
     ga: np.ndarray       # the GEMM's block (K.gemm_block)
     zeros: np.ndarray    # the bias of a call without one (kept alive: ga may point at it)
+    block: object        # K.plan_block for K.run_planned, or None (A packed on several threads first)
 
 
 # A call's plan is kept per thread, keyed by everything it depends on, while its workspace
@@ -464,7 +468,11 @@ def _plan(path, et, transposed, rows, kdim, n, code, has_out, src, pw, res2):
     # so the argument-block helper compiles one specialization
     ga = K.gemm_block(kpath, code, awords, pw.bp, sa, c, rs, pw.sb, pw.colsum, pw.zb, zeros, res2, mc, nc, ntasks,
                       kq, pack=pa if fused else None)
-    plan = _Plan(kpath, threads, ntasks, fused, pack_threads, ws, pa, ga, zeros)
+    block = None
+    if fused or pack_threads == 1:
+        check = K.CHECK_NONE if not transposed else (K.CHECK_AFTER if fused else K.CHECK_BEFORE)
+        block = K.plan_block(kpath, not fused, min(threads, ntasks), check)
+    plan = _Plan(kpath, threads, ntasks, fused, pack_threads, ws, pa, ga, zeros, block)
     if abuf.nbytes <= WORKSPACE_CACHE_BYTES:
         if len(plans) >= PLAN_CACHE_ENTRIES:
             plans.clear()
@@ -491,9 +499,25 @@ def _run_packed(path):
         res2 = res.reshape(rows, n)
         plan = _plan(path, et, transposed, rows, kdim, n, code, out is not None, src, pw, res2)
         abuf, _, _, _, sa, za = plan.ws
+        bias_v = plan.zeros if bias is None else kernel_input(bias)
+        if plan.block is not None:
+            sa0 = za0 = -1.0
+            if not transposed:
+                if a.axis is None:   # filled by run_planned
+                    sa0, za0 = a.scale.item(), a.zero_point.item()
+                else:
+                    _row_params(a, rows, a.shape[-2], sa, za)
+            rest = K.run_planned(plan.block, plan.pa, plan.ga, src, pw.addrs, bias_v, res2, sa0, za0, *team.entry())
+            if rest < 0:
+                raise ValueError(_NOT_FINITE)
+            if rest > 0:
+                K.run_gemm_rest(plan.block, plan.ga, rest)
+                if plan.fused and transposed:
+                    _require_finite_rows(sa)
+            return deliver(res, out)
         if not transposed:
             _row_params(a, rows, a.shape[-2], sa, za)
-        K.rebind(plan.pa, plan.ga, src, pw.addrs, plan.zeros if bias is None else kernel_input(bias), res2)
+        K.rebind(plan.pa, plan.ga, src, pw.addrs, bias_v, res2)
         if not plan.fused:
             K.run_pack_a(plan.pa, abuf, plan.pack_threads)
             if transposed:
@@ -522,7 +546,7 @@ def _run_portable(params, a, w, bias, out, code, transposed):
         zp = np.empty(rows)
         K.quant_rows(x2, q, sa, zp)
         if not np.all(np.isfinite(sa)):
-            raise ValueError("x must be finite: a row holding NaN or inf has no quantization scale")
+            raise ValueError(_NOT_FINITE)
         a2, shift, za = q, 0, zp
     else:
         a2 = kernel_input(np.asarray(a.values).reshape(rows, kdim))
