@@ -55,6 +55,30 @@ def dtype_of(arr) -> np.dtype:
     return np.dtype(arr.__cuda_array_interface__["typestr"])
 
 
+def is_bfloat16(dtype) -> bool:
+    """ml_dtypes.bfloat16 (or any 2-byte dtype numpy calls bfloat16), recognised without
+    importing ml_dtypes."""
+    return getattr(dtype, "name", None) == "bfloat16" and getattr(dtype, "itemsize", 0) == 2
+
+
+class _AnyBFloat16:
+    """Equal to every bfloat16 numpy dtype (is_bfloat16): an entry of an Implementation's
+    dtypes that names bfloat16 without importing ml_dtypes (an optional dependency)."""
+    name = "bfloat16"
+
+    def __eq__(self, other):
+        return is_bfloat16(other)
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __repr__(self):
+        return self.name
+
+
+BF16 = _AnyBFloat16()
+
+
 def float_dtype(name: str, arr) -> np.dtype:
     dt = dtype_of(arr)
     if dt not in FLOAT_DTYPES and not (dt == np.float16 and not isinstance(arr, np.ndarray)):

@@ -40,6 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import target
+from .bf16 import to_bf16
 from .approx import ACT_NONE, JIT_BY_ADDRESS
 from .gemm import _U, _pack_strided, _transpose_block, epilogue_address
 from .llvm_ir import arg_readers
@@ -129,28 +130,6 @@ def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt):
     return types.none(kq, w, wo, xp, xoff, t, toff, ldt), codegen
 
 
-@intrinsic
-def _bits(typingctx, v):
-    """The bits of float32 v as uint32."""
-    if v != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(v), codegen
-
-
-@njit(inline="always")
-def to_bf16(v):
-    """The bfloat16 bits (uint16) of float32 v rounded to nearest even; a NaN stays a (quiet)
-    NaN of its sign."""
-    u = _bits(v)
-    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-        return np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
-    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-
 @njit(cache=True, nogil=True)
 def pack_x(x32, xp):
     """xp[p, q, j] = x32[p*NR + j, q] (zero past the last row): x's rows (M, K/2 words) as
@@ -161,20 +140,6 @@ def pack_x(x32, xp):
     dst = xp.reshape(-1)
     for p in range(xp.shape[0]):
         _pack_strided(src, p * NR * K2, K2, min(NR, M - p * NR), K2, dst, p * K2 * NR, NR)
-
-
-@njit(cache=True, nogil=True)
-def widen(src, dst):
-    """dst[i] = the float32 bits (uint32) of the bfloat16 src[i] (uint16): exact."""
-    for i in range(src.size):
-        dst[i] = np.uint32(src[i]) << np.uint32(16)
-
-
-@njit(cache=True, nogil=True)
-def narrow(src, dst):
-    """dst[i] = the bfloat16 bits (uint16) of float32 src[i], rounded to nearest even (to_bf16)."""
-    for i in range(src.size):
-        dst[i] = to_bf16(src[i])
 
 
 # The int64 argument block of bf16_worker.

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import dispatch
+from kernels_cpu import bf16 as KBF
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import target
 from tests.reference import linalg as ref
@@ -236,7 +237,7 @@ def test_rounding_to_nearest_even():
     rnd = np.random.default_rng(7).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
     f = np.concatenate([u, rnd]).view(np.float32)
     got = np.empty(f.size, np.uint16)
-    KB.narrow(f, got)
+    KBF.narrow(f, got)
     with np.errstate(invalid="ignore"):
         want = f.astype(BF).view(np.uint16)
     nan = np.isnan(f)

@@ -19,7 +19,8 @@ import numpy as np
 from kernels_common.cuda_tiles import GEMV_WARPS
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 
-from ..ops.weight_only import is_bfloat16, refuse_dense
+from ..ops.weight_only import refuse_dense
+from ..validate import is_bfloat16
 from ..quantized import QuantizedArray
 from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, dummy, kernels, occupancy_blocks, output,
                       props, register_cuda)

@@ -246,12 +246,12 @@ def describe_linear(x, weight, bias=None, *, activation=None, out=None):
     """Validate a linear call: Call.args = GemmArgs (a = x, b = weight, b_is_nk True), key
     GemmKey with batch 1 and M the product of x's leading dims.  weight may be a
     PackedWeight (op="linear")."""
-    from .weight_only import describe_low_precision, is_bfloat16  # it imports this module
+    from .weight_only import describe_low_precision  # it imports this module
     if isinstance(weight, QuantizedArray) or getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2:
         call = describe_low_precision(x, weight, bias, activation=activation, out=out)
         if call is not None:  # None: float16 x with a float16 weight, a dense call
             return call
-    if is_bfloat16(getattr(x, "dtype", None)):
+    if V.is_bfloat16(getattr(x, "dtype", None)):
         wdt = getattr(weight, "dtype", None)
         raise TypeError("x is bfloat16: linear takes it with a bfloat16 weight (PyTorch's bfloat16 linear), got "
                         + (f"a weight of dtype {wdt}" if wdt is not None else f"weight of type {type(weight).__name__}"))

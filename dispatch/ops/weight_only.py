@@ -41,10 +41,12 @@ import numpy as np
 
 from kernels_common.activation import ACT_NONE
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
+from kernels_cpu import bf16 as KBF
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import weight_only as KW
 
 from .. import validate as V
+from ..validate import BF16, is_bfloat16
 from ..quantized import QuantizedArray
 from ..registry import Call, Implementation, register
 from . import linalg as L
@@ -53,30 +55,6 @@ from ._common import deliver, kernel_input, result_buffer
 _KERNELS = ("kernels_cpu.weight_only", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
-
-
-def is_bfloat16(dtype) -> bool:
-    """ml_dtypes.bfloat16 (or any 2-byte dtype numpy calls bfloat16), recognised without
-    importing ml_dtypes."""
-    return getattr(dtype, "name", None) == "bfloat16" and getattr(dtype, "itemsize", 0) == 2
-
-
-class _AnyBFloat16:
-    """Equal to every bfloat16 numpy dtype (is_bfloat16): an entry of an Implementation's
-    dtypes that names bfloat16 without importing ml_dtypes (an optional dependency)."""
-    name = "bfloat16"
-
-    def __eq__(self, other):
-        return is_bfloat16(other)
-
-    def __hash__(self):
-        return hash(self.name)
-
-    def __repr__(self):
-        return self.name
-
-
-BF16 = _AnyBFloat16()
 
 
 def weight_format(x_dtype, weight) -> int:
@@ -205,7 +183,7 @@ def _prepare(x, weight, bias, out):
     shape = tuple(x.shape[:-1]) + (n,)
     if is_bfloat16(x.dtype):
         x2 = np.empty((m, k), _F32)
-        KB.widen(kernel_input(np.ascontiguousarray(x).reshape(-1).view(np.uint16)), x2.reshape(-1).view(np.uint32))
+        KBF.widen(kernel_input(np.ascontiguousarray(x).reshape(-1).view(np.uint16)), x2.reshape(-1).view(np.uint32))
         res = np.empty(shape, _F32)
         bias_v = L._zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
     else:
@@ -221,7 +199,7 @@ def _finish(res, x, out):
     if not is_bfloat16(x.dtype):
         return deliver(res, out)
     final = result_buffer(out, res.shape, x.dtype)
-    KB.narrow(res.reshape(-1), final.reshape(-1).view(np.uint16))
+    KBF.narrow(res.reshape(-1), final.reshape(-1).view(np.uint16))
     return deliver(final, out)
 
 
@@ -299,7 +277,8 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     return _finish(res, x, out)
 
 
-_BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.bf16", "kernels_cpu.gemm", "kernels_cpu.approx",
+                 "kernels_cpu.parallel")
 
 
 def _x_panels(m, k):
@@ -417,9 +396,9 @@ _NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS 
                "(cpu-gemm) on each block with bias + activation fused")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16), supports=refuse_dense,
-                        notes=_NOTES_GEMV + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16_gemm",)))
+                        notes=_NOTES_GEMV + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16",)))
 register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16), supports=refuse_dense,
-                        notes=_NOTES_GEMM + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16_gemm",)))
+                        notes=_NOTES_GEMM + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16",)))
 register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=_bf16_dot_supports,
                         notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
 

@@ -1,0 +1,65 @@
+"""bfloat16 <-> float32 conversions shared by the CPU kernels.
+
+A bfloat16 array reaches the kernels as its 16-bit patterns (uint16): the upper half of a
+float32.  Widening is exact (the bits shifted left 16); narrowing rounds to nearest even
+and keeps a NaN a (quiet) NaN of its sign, as ml_dtypes and PyTorch do.  Both are plain
+integer operations on the bits, which LLVM vectorizes.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def float_bits(typingctx, v):
+    """The bits of float32 v as uint32."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(v), codegen
+
+
+@intrinsic
+def bits_float(typingctx, u):
+    """The float32 whose bits are the uint32 u."""
+    if u != types.uint32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@njit(inline="always")
+def to_bf16(v):
+    """The bfloat16 bits (uint16) of float32 v rounded to nearest even; a NaN stays a (quiet)
+    NaN of its sign."""
+    u = float_bits(v)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@njit(inline="always")
+def from_bf16(b):
+    """The float32 value of the bfloat16 bits b (uint16): exact."""
+    return bits_float(np.uint32(b) << np.uint32(16))
+
+
+@njit(cache=True, nogil=True)
+def widen(src, dst):
+    """dst[i] = the float32 bits (uint32) of the bfloat16 src[i] (uint16): exact."""
+    for i in range(src.size):
+        dst[i] = np.uint32(src[i]) << np.uint32(16)
+
+
+@njit(cache=True, nogil=True)
+def narrow(src, dst):
+    """dst[i] = the bfloat16 bits (uint16) of float32 src[i], rounded to nearest even (to_bf16)."""
+    for i in range(src.size):
+        dst[i] = to_bf16(src[i])
