@@ -79,6 +79,12 @@ def _attention(q, k, v, causal=False):
     return _softmax(s) @ v
 
 
+def _f32(a):
+    """A bfloat16 array (ml_dtypes) as float32, for numpy to compute on (its arithmetic on
+    bfloat16 arrays rounds every step to bfloat16); other arrays as they are."""
+    return a.astype(np.float32) if getattr(a.dtype, "name", "") == "bfloat16" else a
+
+
 def _layer_norm(x, w, b, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
@@ -115,8 +121,8 @@ NUMPY = {
     "softmax": lambda i: _softmax(i["x"]),
     "log_softmax": lambda i: _log_softmax(i["x"]),
     "cross_entropy": lambda i: _cross_entropy(i["logits"], i["targets"]),
-    "layer_norm": lambda i: _layer_norm(i["x"], i["weight"], i["bias"]),
-    "rms_norm": lambda i: _rms_norm(i["x"], i["weight"]),
+    "layer_norm": lambda i: _layer_norm(_f32(i["x"]), _f32(i["weight"]), _f32(i["bias"])),
+    "rms_norm": lambda i: _rms_norm(_f32(i["x"]), _f32(i["weight"])),
     "rope": lambda i: _rope(i["x"], i["cos"], i["sin"]),
     "attention": lambda i: _attention(i["q"], i["k"], i["v"], i.get("causal", False)),
 }
@@ -306,6 +312,8 @@ def _ort_act(g, y, activation):
 def _ort_graph(case, inputs, g):
     """(feeds, output name) for the case's op, nodes added to g."""
     op, i = case.op, inputs
+    if any(getattr(getattr(v, "dtype", None), "name", "") == "bfloat16" for v in i.values()):
+        raise Unavailable("onnxruntime's CPU kernels take no bfloat16")
     if op in ("relu", "silu", "gelu"):
         f = {"x": i["x"]}
         y = {"relu": lambda: g.op("Relu", "x"), "silu": lambda: _ort_silu(g, "x"),
@@ -321,8 +329,6 @@ def _ort_graph(case, inputs, g):
     if op == "linear":
         if i["x"].ndim != 2:
             raise Unavailable("onnxruntime peer of linear takes 2-D x only")
-        if i["x"].dtype.name == "bfloat16":
-            raise Unavailable("onnxruntime's CPU Gemm / MatMul take no bfloat16")
         w = g.const(i["weight"])  # weights are constants of the model, as in an exported one
         if i.get("bias") is not None:
             y = g.op("Gemm", "x", w, g.const(i["bias"]), transB=1)

@@ -301,11 +301,26 @@ def _ln_bwd_fake(grad_out, x, weight, bias, grad_residual, eps):
             _absent(x) if bias is None else torch.empty_like(bias))
 
 
+def _norm_backward_of(backward, grad_out, x, params, grad_residual, eps):
+    """backward(grad_out, x, *params, eps=, grad_residual=) -> (dx, *dparams); for bfloat16 x
+    (PyTorch's bfloat16 norms) the float32 kernels run on the widened (exact) tensors and
+    each gradient is rounded once to its input's dtype (a float32 weight's stays float32)."""
+    if x.dtype != torch.bfloat16:
+        return backward(grad_out, x, *params, eps=eps, grad_residual=grad_residual)
+
+    def wide(t):
+        return None if t is None else t.float()
+
+    grads = backward(wide(grad_out), wide(x), *(wide(p) for p in params), eps=eps,
+                     grad_residual=wide(grad_residual))
+    return tuple(None if g is None else g.to(like.dtype) for g, like in zip(grads, (x, *params)))
+
+
 @_op("layer_norm_backward", _ln_bwd_fake)
 def _layer_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                          grad_residual: Optional[Tensor],
                          eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = dispatch.layer_norm_backward(grad_out, x, weight, bias, eps=eps, grad_residual=grad_residual)
+    dx, dw, db = _norm_backward_of(dispatch.layer_norm_backward, grad_out, x, (weight, bias), grad_residual, eps)
     return dx, _absent(x) if dw is None else dw, _absent(x) if db is None else db
 
 
@@ -313,7 +328,7 @@ def _layer_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], 
     torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight)))
 def _rms_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], grad_residual: Optional[Tensor],
                        eps: float) -> tuple[Tensor, Tensor]:
-    dx, dw = dispatch.rms_norm_backward(grad_out, x, weight, eps=eps, grad_residual=grad_residual)
+    dx, dw = _norm_backward_of(dispatch.rms_norm_backward, grad_out, x, (weight,), grad_residual, eps)
     return dx, _absent(x) if dw is None else dw
 
 

@@ -10,6 +10,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .approx import wide_loops
+
 
 @intrinsic
 def float_bits(typingctx, v):
@@ -25,12 +27,16 @@ def float_bits(typingctx, v):
 
 @intrinsic
 def bits_float(typingctx, u):
-    """The float32 whose bits are the uint32 u."""
-    if u != types.uint32:
+    """The float32 whose bits are the low 32 bits of the integer u (numba widens uint32
+    shifts to 64 bits)."""
+    if not isinstance(u, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.FloatType())
+        v = args[0]
+        if v.type.width != 32:
+            v = builder.trunc(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
 
     return types.float32(u), codegen
 
@@ -54,6 +60,7 @@ def from_bf16(b):
 @njit(cache=True, nogil=True)
 def widen(src, dst):
     """dst[i] = the float32 bits (uint32) of the bfloat16 src[i] (uint16): exact."""
+    wide_loops()
     for i in range(src.size):
         dst[i] = np.uint32(src[i]) << np.uint32(16)
 
@@ -61,5 +68,6 @@ def widen(src, dst):
 @njit(cache=True, nogil=True)
 def narrow(src, dst):
     """dst[i] = the bfloat16 bits (uint16) of float32 src[i], rounded to nearest even (to_bf16)."""
+    wide_loops()
     for i in range(src.size):
         dst[i] = to_bf16(src[i])

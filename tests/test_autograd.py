@@ -136,6 +136,33 @@ def test_rms_norm(gen, dtype, weight, residual):
     _compare(lambda x, w, r: nka.rms_norm(x, w, residual=r), _rms_ref, [x, w, r], dtype, gen)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_bfloat16(gen, op, residual):
+    """bfloat16 x, weight, bias and residual (PyTorch's bfloat16 norms): against PyTorch's
+    autograd of the same bfloat16 values in float64, outputs and gradients rounded to
+    bfloat16 once; ours normalize h rounded to bfloat16 and run the float32 backward on the
+    widened tensors: within 2^-6 normwise."""
+    d = 40
+    x = _randn(gen, 3, 5, d, dtype=torch.bfloat16)
+    w = _randn(gen, d, dtype=torch.bfloat16)
+    r = _randn(gen, 3, 5, d, dtype=torch.bfloat16) if residual else None
+
+    def rounded(out):
+        return tuple(o.bfloat16() for o in out) if isinstance(out, tuple) else out.bfloat16()
+
+    if op == "layer_norm":
+        b = _randn(gen, d, dtype=torch.bfloat16)
+        _compare(lambda x, w, b, r: nka.layer_norm(x, w, b, residual=r),
+                 lambda x, w, b, r: rounded(_ln_ref(x.double(), w.double(), b.double(),
+                                                    None if r is None else r.double())),
+                 [x, w, b, r], torch.bfloat16, gen)
+    else:
+        _compare(lambda x, w, r: nka.rms_norm(x, w, residual=r),
+                 lambda x, w, r: rounded(_rms_ref(x.double(), w.double(), None if r is None else r.double())),
+                 [x, w, r], torch.bfloat16, gen)
+
+
 ACTS = {
     "relu": (nka.relu, F.relu),
     "silu": (nka.silu, F.silu),

@@ -559,7 +559,8 @@ def test_kept_plans_take_each_call_s_arrays(impl, rows):
 @pytest.mark.skipif(ON_CUDA, reason="the CPU packed paths' launch")
 @pytest.mark.parametrize("team_free", [True, False], ids=["team", "team-busy"])
 @pytest.mark.parametrize("rows", [1, 64, 600])
-@pytest.mark.parametrize("impl", [p for p in host_impls("dynamic_quant_linear", "cpu") if p.values[0] != "cpu-portable"])
+@pytest.mark.parametrize("impl", [p for p in host_impls("dynamic_quant_linear", "cpu")
+                                  if p.values[0] != "cpu-portable"])
 def test_packed_call_each_launch(impl, rows, team_free, monkeypatch):
     """Every way a packed-path call is launched (dispatch/ops/int8_linalg.py _run_packed): A
     packed on the calling thread first (one row; out= given), by the GEMM's tasks (no

@@ -75,13 +75,15 @@ print(json.dumps(n))
 
 
 def test_warmup_bfloat16_linear(tmp_path):
-    """--dtypes bfloat16 compiles linear's bfloat16-activation kernels (and only linear has
-    them); a later process's bfloat16 linear calls then compile nothing."""
+    """--dtypes bfloat16 compiles the bfloat16 kernels of the ops that have them (linear's and
+    the norms'); a later process's bfloat16 linear calls then compile nothing."""
     from dispatch import warmup
 
-    names = {impl for op, impl, dt in warmup.plan(None, ["bfloat16"])}
-    assert {op for op, _, _ in warmup.plan(None, ["bfloat16"])} == {"linear"}
+    planned = warmup.plan(None, ["bfloat16"])
+    assert {op for op, _, _ in planned} == {"linear", "layer_norm", "rms_norm"}, planned
+    names = {impl for op, impl, dt in planned if op == "linear"}
     assert names == {"cpu-bf16-dot", "cpu-wo-gemv", "cpu-wo-gemm"}, names
+    assert {impl for op, impl, _ in planned if op != "linear"} == {"cpu-serial", "cpu-parallel"}
     assert "cpu-bf16-dot" not in {impl for _, impl, _ in warmup.plan(["linear"], ["float32"])}
     env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     p = _run([sys.executable, "-c", _BF16_CALLS], env)

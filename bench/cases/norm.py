@@ -7,4 +7,9 @@ CASES = [
     _c("layer_norm", "bert-base batch 32", "BERT-base", {"x": (32 * 128, 768), "weight": (768,), "bias": (768,)}),
     _c("rms_norm", "llama-7b prefill 512", "Llama-7B", {"x": (512, 4096), "weight": (4096,)}, quick=True),
     _c("rms_norm", "llama-7b decode", "Llama-7B", {"x": (1, 4096), "weight": (4096,)}),
+    # a bfloat16 model's norms (x, weight and bias bfloat16; PyTorch's bfloat16 layer_norm / rms_norm)
+    _c("layer_norm", "bert-base bfloat16", "BERT-base", {"x": (128, 768), "weight": (768,), "bias": (768,)},
+       activations="bfloat16"),
+    _c("rms_norm", "llama-7b prefill 512 bfloat16", "Llama-7B", {"x": (512, 4096), "weight": (4096,)},
+       activations="bfloat16"),
 ]

@@ -3,7 +3,10 @@
 Both take x of any shape (..., D), optional (D,) weight (and bias for layer_norm), and an
 optional residual of x's shape: then h = x + residual is formed in the same pass and the
 call returns (norm(h), h) -- the pre-norm transformer pattern, one pass over memory.
-float32 or float64; mixed dtypes are a TypeError.
+float32 or float64; mixed dtypes are a TypeError.  On the CPU x may also be bfloat16
+(ml_dtypes.bfloat16, as PyTorch's bfloat16 norms): residual bfloat16, weight and bias
+bfloat16 or float32; computed in float32 and rounded to bfloat16 (nearest even), with h =
+x + residual rounded first and normalized as rounded.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 from kernels_cpu import norm as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
 from . import _arena
 from ._common import (HOST_COPY_NOTE, const_vector, contiguous, deliver, kernel_rows, result_buffer,
                       serial_parallel_rule, size_bucket)
@@ -52,6 +55,13 @@ from ._common import (HOST_COPY_NOTE, const_vector, contiguous, deliver, kernel_
 # 43.2; 256x768 (2^17.6) 49.9 / 46.1 | 310 / 410 | 78.8 / 90.3 | 67.9 / 43.8 | 96.8 / 71.2 |
 # 107 / 106; rms_norm 128x768 23.8 / 18.4 | 327 / 373 | 37.5 / 54.9 | 30.3 / 23.8 | 57.8 /
 # 47.4 | 36.5 / 66.4.  The same picture: 2^18 stays.
+# bfloat16 x (the same kernels' arithmetic on widened rows, Zen 4, 2026-12-06,
+# /tmp/w/xover55.py, same columns): layer_norm 64x768 24.5 / 21.3 | 272 / 329 | 40.1 / 39.0 |
+# 25.4 / 23.1 | 35.6 / 29.8 | 48.1 / 46.6; 128x768 40.1 / 31.0 | 307 / 382 | 51.0 / 47.8 | 41.0
+# / 33.9 | 51.7 / 61.7 | 52.4 / 71.6; 256x768 69.7 / 48.6 | 333 / 394 | 76.9 / 66.0 | 70.0 /
+# 49.4 | 80.1 / 61.1 | 77.7 / 92.4; 512x768 128 / 80.3 | 416 / 452 | 166 / 122 | 130 / 101 |
+# 131 / 122 | 137 / 206.  Parallel wins more of the settings than for float32 below 2^18
+# but still loses after idle and next to PyTorch: the same threshold.
 PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
 _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (thread team, loop, after idle and paced): serial "
                            "ahead below 2^17, mixed at 2^17.6, parallel ahead from 2^18 elements",
@@ -59,7 +69,11 @@ _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (thread team, 
                          "ahead below 2^17 but in a loop, mixed at 2^17.6, parallel ahead from 2^18 elements"}
 
 
-_KERNELS = ("kernels_cpu.norm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.norm", "kernels_cpu.bf16", "kernels_cpu.approx", "kernels_cpu.parallel")
+_F32 = np.dtype(np.float32)
+_DTYPES = FLOAT_DTYPES + (V.BF16,)
+_BF16_NOTE = ("; bfloat16: rows widened to float32 a few at a time, h = x + residual and the output rounded to "
+              "bfloat16 (nearest even)")
 
 
 class NormKey(NamedTuple):
@@ -84,17 +98,29 @@ class NormArgs(NamedTuple):
 
 def _check(name, x, weight, bias, eps, residual, out):
     dev = V.device_of(x=x, weight=weight, bias=bias, residual=residual, out=out)
-    dt = V.float_dtype("x", x)
+    bf16 = dev == "cpu" and V.is_bfloat16(V.dtype_of(x))
+    if bf16:
+        dt = V.dtype_of(x)
+    else:
+        try:
+            dt = V.float_dtype("x", x)
+        except TypeError as e:
+            raise TypeError(f"{e}{' (or bfloat16)' if dev == 'cpu' else ''}") from None
     V.rank("x", x, (1, 64), " (..., D)")
     d = x.shape[-1]
     for pname, p in (("weight", weight), ("bias", bias)):
         if p is not None:
-            V.same_dtype(pname, p, "x", dt)
+            if bf16:   # PyTorch's mixed form too: float32 parameters of a bfloat16 x
+                pdt = V.dtype_of(p)
+                if not (V.is_bfloat16(pdt) or pdt == np.float32):
+                    raise TypeError(f"{pname} must have dtype bfloat16 or float32 for a bfloat16 x, got {pdt}")
+            else:
+                V.same_dtype(pname, p, "x", dt)
             V.shape(pname, p, (d,), " (D,) for x's last dimension")
     if residual is not None:
         V.same_dtype("residual", residual, "x", dt)
         V.shape("residual", residual, tuple(x.shape), " (x's shape)")
-    eps = V.finite("eps", eps, positive=True, dtype=dt)
+    eps = V.finite("eps", eps, positive=True, dtype=np.float32 if bf16 else dt)
     V.out(out, x.shape, dt, x=x, weight=weight, bias=bias, residual=residual)
     key = NormKey(name, dev, dt, size_bucket(*x.shape), bucket(d),
                   weight is not None, bias is not None, residual is not None)
@@ -111,13 +137,33 @@ def _describe_rms(x, weight=None, *, eps=1e-6, residual=None, out=None):
     return _check("rms_norm", x, weight, None, eps, residual, out)
 
 
-def _host(kernel, with_bias):
+def _f32(p, d, fill):
+    """A weight / bias of a bfloat16 call as the kernel's float32 vector (None: `fill`)."""
+    if p is None:
+        return const_vector(d, _F32, fill)
+    return contiguous(p) if p.dtype == _F32 else np.ascontiguousarray(p, dtype=_F32)
+
+
+def _run_bf16(kernel, rms, x, weight, bias, residual, eps, res, h, d):
+    """The bfloat16 kernels (kernels_cpu/norm.py) on the 16-bit patterns of x, residual,
+    h and the result, with float32 weight and bias."""
+    xc = kernel_rows(x, d).view(np.uint16)
+    res2 = (res if res.ndim == 2 else res.reshape(-1, d)).view(np.uint16)
+    r = hc = xc
+    if residual is not None:
+        r, hc = kernel_rows(residual, d).view(np.uint16), h.reshape(-1, d).view(np.uint16)
+    kernel(xc, r, hc, _f32(weight, d, 1.0), _f32(bias, d, 0.0), _F32.type(eps), res2, residual is not None, rms)
+
+
+def _host(kernel, with_bias, kernel_bf16):
     def run(params, x, weight, bias, residual, eps, out):
         d = x.shape[-1]
         dt = x.dtype
         res = result_buffer(out, x.shape, dt)
         h = None if residual is None else _arena.empty(x.shape, dt)
-        if x.size:
+        if x.size and dt.itemsize == 2:   # bfloat16 (_check)
+            _run_bf16(kernel_bf16, not with_bias, x, weight, bias, residual, eps, res, h, d)
+        elif x.size:
             xc = kernel_rows(x, d)
             res2 = res if res.ndim == 2 else res.reshape(-1, d)
             w = const_vector(d, dt, 1.0) if weight is None else contiguous(weight)
@@ -154,7 +200,11 @@ def _bytes(call):
 
 
 def _synthesize(shapes, params, rng, dtype):
-    """Benchmark inputs: standard-normal x (and bias, residual), weight near 1."""
+    """Benchmark inputs: standard-normal x (and bias, residual), weight near 1; with
+    activations="bfloat16" every array in bfloat16 (a bfloat16 model's norm)."""
+    if params.get("activations") == "bfloat16":
+        import ml_dtypes   # a test / benchmark dependency only
+        dtype = ml_dtypes.bfloat16
     out = {}
     for name, shape in shapes.items():
         v = rng.standard_normal(shape)
@@ -174,10 +224,11 @@ def _register(name, describe, signature, flops, serial, parallel, with_bias):
     rule = serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])
     op = register_op(Op(name, describe, memo=True, family="norm", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}, synthesize=_synthesize))
-    register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias), notes=HOST_COPY_NOTE,
-                            kernel_modules=_KERNELS))
-    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, with_bias), kernel_modules=_KERNELS,
-                            notes=HOST_COPY_NOTE + "; rows split over threads"))
+    register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias, K.norm_bf16_serial),
+                            dtypes=_DTYPES, notes=HOST_COPY_NOTE + _BF16_NOTE, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, with_bias, K.norm_bf16_parallel),
+                            dtypes=_DTYPES, kernel_modules=_KERNELS,
+                            notes=HOST_COPY_NOTE + "; rows split over threads" + _BF16_NOTE))
     return op
 
 
@@ -194,7 +245,9 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None, out=None):
 
     With residual (x's shape): h = x + residual, returns (layer_norm(h), h), computed in
     one pass; out= then receives the normalized output and h is a new array.
-    eps must be finite and > 0 (ValueError naming eps)."""
+    eps must be finite and > 0 (ValueError naming eps).  x float32 / float64, or on the CPU
+    bfloat16 (ml_dtypes; weight / bias bfloat16 or float32): float32 inside, h and the
+    result rounded to bfloat16."""
     return _layer_norm(x, weight, bias, eps=eps, residual=residual, out=out)
 
 
@@ -205,5 +258,6 @@ def rms_norm(x, weight=None, *, eps=1e-6, residual=None, out=None):
 
     With residual (x's shape): h = x + residual, returns (rms_norm(h), h) in one pass;
     out= then receives the normalized output and h is a new array.
-    eps must be finite and > 0 (ValueError naming eps)."""
+    eps must be finite and > 0 (ValueError naming eps).  bfloat16 x on the CPU as
+    layer_norm."""
     return _rms_norm(x, weight, eps=eps, residual=residual, out=out)

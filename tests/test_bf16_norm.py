@@ -1,0 +1,182 @@
+"""layer_norm and rms_norm of bfloat16 x (PyTorch's bfloat16 norms; CPU): float32 inside, the
+result rounded once to bfloat16; with a residual h = bf16(x + residual) is returned and
+normalized as rounded.  Every CPU implementation is forced and compared with the float64
+reference of the same bfloat16 values: rows of 1 and of 4096, batched and 1-D x, bfloat16
+and float32 (PyTorch's mixed form) parameters or none, views and read-only inputs,
+NaN-poisoned out=, NaN rows, threads, and bad input that changes nothing."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import norm as ref
+from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input")
+
+BF = ml_dtypes.bfloat16
+# bfloat16 keeps 8 significant bits: its rounding to nearest is within 2^-8 of the value
+U_BF16 = 2.0 ** -8
+# the float32 arithmetic before the rounding, relative to the size of the output's terms
+F32_SLACK = 1e-5
+
+SHAPES = [(7,), (3, 5), (1, 1), (5, 67), (2, 3, 37)] if SMALL_SHAPES else \
+    [(7,), (3, 5), (1, 1), (33, 1), (5, 768), (2, 3, 257), (3, 4096), (2, 3, 4, 9)]
+OPS = [("layer_norm", dispatch.layer_norm, ref.layer_norm), ("rms_norm", dispatch.rms_norm, ref.rms_norm)]
+
+
+def _cases():
+    return [pytest.param(name, fn, reference, p.values[0], id=f"{name}-{p.id}", marks=p.marks)
+            for name, fn, reference in OPS for p in impl_params(name, "cpu")]
+
+
+def bf16(a):
+    return np.asarray(a, np.float32).astype(BF)
+
+
+def _params(g, name, d, kind):
+    """(weight, bias) of a call: bfloat16, float32 or none."""
+    if kind is None:
+        return None, None
+    dt = BF if kind == "bf16" else np.float32
+    w = (1 + 0.1 * randn(g, (d,), np.float32)).astype(dt)
+    b = randn(g, (d,), np.float32).astype(dt) if name == "layer_norm" else None
+    return w, b
+
+
+def _call(impl, fn, name, x, w, b, **kw):
+    args = (x, w, b) if name == "layer_norm" else (x, w)
+    return run(impl, fn, *args, _op=name, **kw)
+
+
+def check(got, want, x, w, b, what=""):
+    """got (bfloat16) against the float64 want: per element within bfloat16's rounding of the
+    value plus the float32 arithmetic's error on the output's terms (normalized value times
+    weight, and bias), NaN exactly where want has NaN."""
+    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
+    g = np.asarray(got, np.float64)
+    nan = np.isnan(want)
+    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
+    terms = np.full(want.shape, 4.0)   # |normalized| is at most sqrt(D); values here are O(1)..O(4)
+    if w is not None:
+        terms = terms * np.abs(np.asarray(w, np.float64))
+    if b is not None:
+        terms = terms + np.abs(np.asarray(b, np.float64))
+    err = np.abs(g - want)[~nan]
+    bound = U_BF16 * np.abs(want)[~nan] + F32_SLACK * terms[~nan]
+    if err.size:
+        i = int(np.argmax(err - bound))
+        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
+                                      f"(ref {want[~nan][i]:.6g})")
+
+
+@pytest.mark.parametrize("params", ["bf16", "f32", None], ids=["bf16-params", "f32-params", "no-params"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, impl", _cases())
+def test_matches_reference(name, fn, reference, impl, shape, residual, params):
+    g = rng()
+    x = bf16(randn(g, shape, np.float32) * 2 + 0.5)
+    w, b = _params(g, name, shape[-1], params)
+    eps = float(g.choice([1e-5, 1e-6, 1e-2]))
+    out = poisoned(shape, BF)
+    what = f"{impl} {shape} params={params}"
+    if not residual:
+        got = _call(impl, fn, name, x, w, b, eps=eps, out=out)
+        assert got is out
+        check(got, reference(x, w, b, eps=eps) if name == "layer_norm" else reference(x, w, eps=eps), x, w, b, what)
+        return
+    r = bf16(randn(g, shape, np.float32))
+    got, h = _call(impl, fn, name, x, w, b, eps=eps, residual=r, out=out)
+    assert got is out
+    want_h = (x.astype(np.float32) + r.astype(np.float32)).astype(BF)   # one rounding to bfloat16
+    assert h.dtype == BF and h.shape == shape
+    np.testing.assert_array_equal(h.view(np.uint16), want_h.view(np.uint16))
+    want = reference(want_h, w, b, eps=eps) if name == "layer_norm" else reference(want_h, w, eps=eps)
+    check(got, want, want_h, w, b, what + " residual")
+
+
+@pytest.mark.parametrize("name, fn, reference, impl", _cases())
+def test_views_read_only_and_out(name, fn, reference, impl):
+    """A strided x, read-only parameters, rows all equal (a broadcast view), a
+    non-contiguous out= (filled by a copy); a constant row gives the bias exactly."""
+    g = rng()
+    m, d = (4, 9) if SMALL_SHAPES else (40, 130)
+    x = bf16(randn(g, (m, d), np.float32))
+    w, b = _params(g, name, d, "bf16")
+    for p in (w, b):
+        if p is not None:
+            p.flags.writeable = False
+    xs = strided(x)
+    assert not xs.flags.c_contiguous
+    want = reference(x, w, b) if name == "layer_norm" else reference(x, w)
+    check(_call(impl, fn, name, xs, w, b), want, x, w, b, f"{impl} strided x")
+    xb = np.broadcast_to(x[:1], x.shape)
+    check(_call(impl, fn, name, xb, w, b), want[:1].repeat(m, 0), x, w, b, f"{impl} broadcast x")
+    tout = np.full((d, m), np.nan, BF).T
+    assert _call(impl, fn, name, x, w, b, out=tout) is tout
+    check(tout, want, x, w, b, f"{impl} non-contiguous out=")
+    if name == "layer_norm":
+        const = np.full((3, d), 7.5, BF)
+        got = _call(impl, fn, name, const, w, b)
+        np.testing.assert_array_equal(got.view(np.uint16), np.broadcast_to(b, (3, d)).view(np.uint16))
+
+
+@pytest.mark.parametrize("name, fn, reference, impl", _cases())
+def test_nan_rows_and_empty(name, fn, reference, impl):
+    g = rng()
+    m, d = (4, 12) if SMALL_SHAPES else (20, 300)
+    x = randn(g, (m, d), np.float32)
+    x[1, d // 2] = np.nan
+    x[2, 3] = np.inf
+    x = bf16(x)
+    w, b = _params(g, name, d, "bf16")
+    got = _call(impl, fn, name, x, w, b)
+    assert np.isnan(np.asarray(got, np.float64)[1]).all()
+    # an inf: layer_norm's row is all NaN; rms_norm's is 0 but NaN at the inf (x / inf), as in float64
+    check(got, reference(x, w, b) if name == "layer_norm" else reference(x, w), x, w, b, f"{impl} NaN / inf rows")
+    empty = _call(impl, fn, name, np.zeros((0, d), BF), w, b)
+    assert empty.shape == (0, d) and empty.dtype == BF
+
+
+@pytest.mark.parametrize("name, fn, reference", OPS, ids=[o[0] for o in OPS])
+def test_bad_input_changes_nothing(name, fn, reference):
+    g = rng()
+    x = bf16(randn(g, (3, 8), np.float32))
+    w, b = _params(g, name, 8, "bf16")
+    out = np.full((3, 8), np.nan, BF)
+    bad = [
+        ((x.astype(np.float16), w, b), {}, TypeError, "x must have dtype float32 or float64.*bfloat16"),
+        ((x, w.astype(np.float64), b), {}, TypeError, "weight must have dtype bfloat16 or float32"),
+        ((x, w[:7], b), {}, ValueError, "weight must have shape"),
+        ((x, w, b), {"residual": x.astype(np.float32)}, TypeError, "residual"),
+        ((x, w, b), {"out": np.full((3, 8), np.nan, np.float32)}, (TypeError, ValueError), "out"),
+        ((x, w, b), {"eps": float("nan")}, ValueError, "eps"),
+    ]
+    if name == "layer_norm":
+        bad.append(((x, w, b.astype(np.float16)), {}, TypeError, "bias must have dtype bfloat16 or float32"))
+    for args, kw, exc, match in bad:
+        args = args if name == "layer_norm" else args[:2]
+        with pytest.raises(exc, match=match):
+            fn(*args, out=out, **kw) if "out" not in kw else fn(*args, **kw)
+        assert np.isnan(out.astype(np.float32)).all(), f"{match}: out= was written"
+
+
+def test_threads_bitwise():
+    """Calls from 4 Python threads at once give each case its single-threaded bits (the
+    kernels' scratch rows are per call)."""
+    g = rng()
+    cases = []
+    for i in range(4):
+        m, d = (8 + 37 * i, 64 * (i + 1)) if not SMALL_SHAPES else (3 + i, 8 * (i + 1))
+        x, r = bf16(randn(g, (m, d), np.float32)), bf16(randn(g, (m, d), np.float32))
+        w, b = _params(g, "layer_norm", d, "bf16")
+        cases.append((x, r, w, b))
+
+    def call(case):
+        x, r, w, b = case
+        out, h = dispatch.layer_norm(x, w, b, residual=r)
+        return np.concatenate([out.view(np.uint16), h.view(np.uint16), dispatch.rms_norm(x, w).view(np.uint16)])
+
+    assert concurrent_mismatches(call, cases) == []
