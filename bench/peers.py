@@ -111,11 +111,11 @@ def _linear(x, weight, bias=None, activation=None):
 
 
 NUMPY = {
-    "relu": lambda i: np.maximum(i["x"], 0),
-    "silu": lambda i: _silu(i["x"]),
-    "gelu": lambda i: _gelu(i["x"], i.get("approximate", "none")),
-    "swiglu": lambda i: _silu(i["gate"]) * i["up"],
-    "geglu": lambda i: _gelu(i["gate"], i.get("approximate", "none")) * i["up"],
+    "relu": lambda i: np.maximum(_f32(i["x"]), 0),
+    "silu": lambda i: _silu(_f32(i["x"])),
+    "gelu": lambda i: _gelu(_f32(i["x"]), i.get("approximate", "none")),
+    "swiglu": lambda i: _silu(_f32(i["gate"])) * _f32(i["up"]),
+    "geglu": lambda i: _gelu(_f32(i["gate"]), i.get("approximate", "none")) * _f32(i["up"]),
     "matmul": lambda i: i["a"] @ i["b"],
     "linear": lambda i: _linear(i["x"], i["weight"], i.get("bias"), i.get("activation")),
     "softmax": lambda i: _softmax(i["x"]),

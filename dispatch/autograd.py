@@ -385,19 +385,29 @@ def _gelu(x: Tensor, approximate: str) -> Tensor:
     return dispatch.gelu(x, approximate)
 
 
+def _widened(backward, *args):
+    """backward(*args); with bfloat16 tensors (PyTorch's bfloat16 activations) the float32
+    backward kernels run on the widened (exact) values and each gradient is rounded once to
+    bfloat16."""
+    if not any(isinstance(a, Tensor) and a.dtype == torch.bfloat16 for a in args):
+        return backward(*args)
+    out = backward(*(a.float() if isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a for a in args))
+    return tuple(o.bfloat16() for o in out) if isinstance(out, tuple) else out.bfloat16()
+
+
 @_op("relu_backward", _like)
 def _relu_backward(grad_out: Tensor, x: Tensor) -> Tensor:
-    return dispatch.relu_backward(grad_out, x)
+    return _widened(dispatch.relu_backward, grad_out, x)
 
 
 @_op("silu_backward", _like)
 def _silu_backward(grad_out: Tensor, x: Tensor) -> Tensor:
-    return dispatch.silu_backward(grad_out, x)
+    return _widened(dispatch.silu_backward, grad_out, x)
 
 
 @_op("gelu_backward", _like)
 def _gelu_backward(grad_out: Tensor, x: Tensor, approximate: str) -> Tensor:
-    return dispatch.gelu_backward(grad_out, x, approximate)
+    return _widened(dispatch.gelu_backward, grad_out, x, approximate)
 
 
 def _save_inputs(ctx, inputs, output):
@@ -442,13 +452,13 @@ def _geglu(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
 
 @_op("swiglu_backward", _pair_fake)
 def _swiglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    dg, du = dispatch.swiglu_backward(grad_out, gate, up)
+    dg, du = _widened(dispatch.swiglu_backward, grad_out, gate, up)
     return dg, du
 
 
 @_op("geglu_backward", _pair_fake)
 def _geglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
-    dg, du = dispatch.geglu_backward(grad_out, gate, up, approximate)
+    dg, du = _widened(dispatch.geglu_backward, grad_out, gate, up, approximate)
     return dg, du
 
 

@@ -4,10 +4,15 @@ Shapes: every kernel takes 1-D C-contiguous arrays of equal length (dispatch fla
 ``*_serial`` runs on the calling thread; ``*_parallel`` lets the team's threads claim ranges of
 chunks of CHUNK elements (parallel.row_run).  The activation is chosen by an integer code
 (approx.ACT_*) outside the loop so that each loop body is branch-free and vectorizes.
+
+bfloat16 (``*_bf16_*``; arrays of 16-bit patterns, uint16): each value widened to float32
+(exact), the float32 activation (times up, widened, for the gated units) and one rounding
+to bfloat16 (nearest even), in the same loop.
 """
 import numpy as np
 from numba import njit
 
+from .bf16 import from_bf16, to_bf16
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, activate_lit, gelu,
                      gelu_tanh, relu, silu, wide_loops)
 from .parallel import (RW_D, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
@@ -135,3 +140,99 @@ def gated_parallel(gate, up, out, code):
     code = int(code) if code in GATED_CODES else ACT_RELU
     row_run(_launch, worker_address(activation_worker, (bool(gate.dtype == np.float64), only_if(True), code)),
             gate, up, out, code)
+
+
+@njit(**JIT_INNER)
+def activation_block_bf16(x, out, code):
+    """out[:] = bf16(act(x[:])) for 1-D bfloat16 bit arrays (activation_block's branches)."""
+    wide_loops()
+    n = x.shape[0]
+    if code == ACT_RELU:
+        for i in range(n):
+            out[i] = to_bf16(relu(from_bf16(x[i])))
+    elif code == ACT_GELU:
+        for i in range(n):
+            out[i] = to_bf16(gelu(from_bf16(x[i])))
+    elif code == ACT_GELU_TANH:
+        for i in range(n):
+            out[i] = to_bf16(gelu_tanh(from_bf16(x[i])))
+    elif code == ACT_SILU:
+        for i in range(n):
+            out[i] = to_bf16(silu(from_bf16(x[i])))
+    else:
+        for i in range(n):
+            out[i] = x[i]
+
+
+@njit(**JIT_INNER)
+def gated_block_bf16(gate, up, out, code):
+    """out[:] = bf16(act(gate[:]) * up[:]), one rounding (gated_block's branches)."""
+    wide_loops()
+    n = gate.shape[0]
+    if code == ACT_SILU:
+        for i in range(n):
+            out[i] = to_bf16(silu(from_bf16(gate[i])) * from_bf16(up[i]))
+    elif code == ACT_GELU:
+        for i in range(n):
+            out[i] = to_bf16(gelu(from_bf16(gate[i])) * from_bf16(up[i]))
+    elif code == ACT_GELU_TANH:
+        for i in range(n):
+            out[i] = to_bf16(gelu_tanh(from_bf16(gate[i])) * from_bf16(up[i]))
+    else:
+        for i in range(n):
+            out[i] = to_bf16(relu(from_bf16(gate[i])) * from_bf16(up[i]))
+
+
+@njit(**JIT_INNER)
+def activation_block_bf16_lit(x, out, code):
+    """activation_block_bf16 for a literal code (the parallel worker's; see activation_block_lit)."""
+    wide_loops()
+    for i in range(x.shape[0]):
+        out[i] = to_bf16(activate_lit(from_bf16(x[i]), code))
+
+
+@njit(**JIT_INNER)
+def gated_block_bf16_lit(gate, up, out, code):
+    """gated_block_bf16 for a literal code in GATED_CODES or ACT_RELU."""
+    wide_loops()
+    for i in range(gate.shape[0]):
+        out[i] = to_bf16(activate_lit(from_bf16(gate[i]), code) * from_bf16(up[i]))
+
+
+@njit(**JIT)
+def activation_bf16_serial(x, out, code):
+    activation_block_bf16(x, out, code)
+
+
+@njit(**JIT)
+def gated_bf16_serial(gate, up, out, code):
+    gated_block_bf16(gate, up, out, code)
+
+
+@njit(**JIT_BY_ADDRESS)
+def bf16_worker(me, params, gated, code):
+    """activation_worker for bfloat16 arrays (x, up, out uint16)."""
+    p, _ = row_args(params)
+    n = p[RW_D]
+    x = c_array_at(p[0], np.uint16(0), (n,))
+    up = c_array_at(p[1], np.uint16(0), (n,))
+    out = c_array_at(p[2], np.uint16(0), (n,))
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        a, b = lo * CHUNK, min(hi * CHUNK, n)
+        if gated is not None:
+            gated_block_bf16_lit(x[a:b], up[a:b], out[a:b], code)
+        else:
+            activation_block_bf16_lit(x[a:b], out[a:b], code)
+        lo, hi = row_claim(p, me)
+
+
+def activation_bf16_parallel(x, out, code):
+    """activation_bf16_serial's result, chunks of CHUNK elements claimed by the team's threads."""
+    row_run(_launch, worker_address(bf16_worker, (only_if(False), int(code))), x, x, out, code)
+
+
+def gated_bf16_parallel(gate, up, out, code):
+    """gated_bf16_serial's result, chunks of CHUNK elements claimed by the team's threads."""
+    code = int(code) if code in GATED_CODES else ACT_RELU
+    row_run(_launch, worker_address(bf16_worker, (only_if(True), code)), gate, up, out, code)

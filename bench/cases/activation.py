@@ -12,4 +12,8 @@ CASES = [
     _c("swiglu", "llama-7b ffn prefill 512", "Llama-7B", {"gate": (512, 11008), "up": (512, 11008)}),
     _c("swiglu", "llama-7b ffn decode", "Llama-7B", {"gate": (1, 11008), "up": (1, 11008)}),
     _c("geglu", "bert-base-sized ffn", "BERT-base", {"gate": (128, 3072), "up": (128, 3072)}, quick=True),
+    # a bfloat16 model's activations (PyTorch's bfloat16 gelu / silu * up)
+    _c("gelu", "bert-base ffn bfloat16", "BERT-base", {"x": (128, 3072)}, activations="bfloat16"),
+    _c("swiglu", "llama-7b ffn prefill 128 bfloat16", "Llama-7B", {"gate": (128, 11008), "up": (128, 11008)},
+       activations="bfloat16"),
 ]

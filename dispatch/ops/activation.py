@@ -1,6 +1,9 @@
 """Public activations and gated linear units: gelu, silu, relu, swiglu, geglu.
 
-All are elementwise: any shape, float32 or float64, result of the input's shape.
+All are elementwise: any shape, float32 or float64, result of the input's shape.  On the
+CPU bfloat16 too (ml_dtypes.bfloat16, as PyTorch's bfloat16 activations): computed in
+float32 on the widened values, the result rounded once to bfloat16 (the gated units round
+act(gate) * up once, where PyTorch's two ops round act(gate) first).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from kernels_common.activation import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SIL
 from kernels_cpu import activation as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, register, register_op
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, draw_normal, register, register_op
 from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
 
 # Serial vs parallel through dispatch with each kernel forced (2 cores, AMD EPYC Zen 5 with
@@ -58,12 +61,23 @@ class GatedArgs(NamedTuple):
     code: int
 
 
+def _dtype(name, x, dev):
+    """x's dtype: float32 / float64 (V.float_dtype), or bfloat16 on the CPU."""
+    dt = V.dtype_of(x)
+    if dev == "cpu" and V.is_bfloat16(dt):
+        return dt
+    try:
+        return V.float_dtype(name, x)
+    except TypeError as e:
+        raise TypeError(f"{e}{' (or bfloat16)' if dev == 'cpu' else ''}") from None
+
+
 def _describe_unary(name, code):
     def describe(x, *, out=None):
         """Call.args = UnaryArgs(x, out, code)."""
         # a host array and no out=: the device without device_of's general walk (0.3 us)
         dev = "cpu" if out is None and type(x) is np.ndarray else V.device_of(x=x, out=out)
-        dt = V.float_dtype("x", x)
+        dt = _dtype("x", x, dev)
         V.out(out, x.shape, dt, x=x)
         return Call(Key(name, dev, dt, size_bucket(*x.shape), code), UnaryArgs(x, out, code))
 
@@ -74,7 +88,7 @@ def _describe_gated(name, code):
     def describe(gate, up, *, out=None):
         """Call.args = GatedArgs(gate, up, out, code): gate and up of one shape."""
         dev = V.device_of(gate=gate, up=up, out=out)
-        dt = V.float_dtype("gate", gate)
+        dt = _dtype("gate", gate, dev)
         V.same_dtype("up", up, "gate", dt)
         if tuple(up.shape) != tuple(gate.shape):
             raise ValueError(f"up must have the shape of gate {tuple(gate.shape)}, got {tuple(up.shape)}")
@@ -84,21 +98,33 @@ def _describe_gated(name, code):
     return describe
 
 
-def _unary_host(kernel):
+def _flat(a, bf16):
+    """a C-contiguous array as the kernels' 1-D view (bfloat16: its 16-bit patterns)."""
+    a = a if a.ndim == 1 else a.reshape(-1)
+    return a.view(np.uint16) if bf16 else a
+
+
+def _unary_host(kernels):
+    kernel, kernel_bf16 = kernels
+
     def run(params, x, out, code):
         xc = contiguous(x)
         res = result_buffer(out, x.shape, x.dtype)
-        kernel(xc if xc.ndim == 1 else xc.reshape(-1), res if res.ndim == 1 else res.reshape(-1), code)
+        bf16 = x.dtype.itemsize == 2   # bfloat16 (_dtype)
+        (kernel_bf16 if bf16 else kernel)(_flat(xc, bf16), _flat(res, bf16), code)
         return deliver(res, out)
 
     return run
 
 
-def _gated_host(kernel):
+def _gated_host(kernels):
+    kernel, kernel_bf16 = kernels
+
     def run(params, gate, up, out, code):
         g, u = contiguous(gate), contiguous(up)
         res = result_buffer(out, gate.shape, gate.dtype)
-        kernel(g.reshape(-1), u.reshape(-1), res if res.ndim == 1 else res.reshape(-1), code)
+        bf16 = gate.dtype.itemsize == 2
+        (kernel_bf16 if bf16 else kernel)(_flat(g, bf16), _flat(u, bf16), _flat(res, bf16), code)
         return deliver(res, out)
 
     return run
@@ -148,19 +174,32 @@ def _sig_geglu(i):
     return (i["gate"], i["up"]), {"approximate": i.get("approximate", "none")}
 
 
+def _synthesize(shapes, params, rng, dtype):
+    """Benchmark inputs: standard-normal arrays of the case's dtype, or of bfloat16 with
+    activations="bfloat16" (a bfloat16 model's activations)."""
+    if params.get("activations") == "bfloat16":
+        import ml_dtypes   # a test / benchmark dependency only
+        dtype = ml_dtypes.bfloat16
+    return {n: draw_normal(rng, s, dtype) for n, s in shapes.items()}
+
+
 def _register_family(name, describe, signature, host_run, flops, bytes_, kernels):
     op = register_op(Op(name, describe, memo=True, family="activation", bound="memory", signature=signature,
-                        flops=flops, bytes=bytes_, rules={"cpu": _RULE}))
-    serial, parallel = kernels
-    mods = ("kernels_cpu.activation", "kernels_cpu.approx")
-    register(Implementation(name, "cpu-serial", "cpu", host_run(serial), notes=HOST_COPY_NOTE, kernel_modules=mods))
-    register(Implementation(name, "cpu-parallel", "cpu", host_run(parallel), kernel_modules=mods,
-                            notes=HOST_COPY_NOTE + f"; chunks of {K.CHUNK} elements over threads"))
+                        flops=flops, bytes=bytes_, rules={"cpu": _RULE}, synthesize=_synthesize))
+    (serial, parallel), (serial_bf16, parallel_bf16) = kernels
+    mods = ("kernels_cpu.activation", "kernels_cpu.approx", "kernels_cpu.bf16")
+    register(Implementation(name, "cpu-serial", "cpu", host_run((serial, serial_bf16)), dtypes=_DTYPES,
+                            notes=HOST_COPY_NOTE + _BF16_NOTE, kernel_modules=mods))
+    register(Implementation(name, "cpu-parallel", "cpu", host_run((parallel, parallel_bf16)), dtypes=_DTYPES,
+                            kernel_modules=mods,
+                            notes=HOST_COPY_NOTE + f"; chunks of {K.CHUNK} elements over threads" + _BF16_NOTE))
     return op
 
 
-_UNARY = (K.activation_serial, K.activation_parallel)
-_GATED = (K.gated_serial, K.gated_parallel)
+_DTYPES = FLOAT_DTYPES + (V.BF16,)
+_BF16_NOTE = "; bfloat16: each value widened to float32, the result rounded once to bfloat16 (nearest even)"
+_UNARY = ((K.activation_serial, K.activation_parallel), (K.activation_bf16_serial, K.activation_bf16_parallel))
+_GATED = ((K.gated_serial, K.gated_parallel), (K.gated_bf16_serial, K.gated_bf16_parallel))
 _gelu_describe = {code: _describe_unary("gelu", code) for code in (ACT_GELU, ACT_GELU_TANH)}
 _geglu_describe = {code: _describe_gated("geglu", code) for code in (ACT_GELU, ACT_GELU_TANH)}
 

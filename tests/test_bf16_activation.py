@@ -1,0 +1,144 @@
+"""relu, silu, gelu (both forms), swiglu and geglu of bfloat16 inputs (PyTorch's bfloat16
+activations; CPU): float32 on the widened values, the result rounded once to bfloat16.
+Every CPU implementation is forced and compared with the float64 reference of the same
+bfloat16 values, rounded: per element within bfloat16's rounding plus the float32
+approximations' error; sizes across the parallel kernel's chunks, views, read-only and
+broadcast inputs, NaN-poisoned out=, NaN / inf, -0.0, threads, and bad input that changes
+nothing."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import activation as ref
+from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 inputs are CPU inputs")
+
+BF = ml_dtypes.bfloat16
+U_BF16 = 2.0 ** -8      # bfloat16's rounding to nearest is within 2^-8 of the value,
+SUB_BF16 = 2.0 ** -133  # or of one subnormal step below float32's normal range
+F32_SLACK = 2e-6        # the float32 erf / exp approximations, relative to the terms' size
+
+SHAPES = [(1,), (7,), (3, 5), (2, 3, 170)] if SMALL_SHAPES else [(1,), (7,), (3, 5), (2, 3, 1000), (4, 1, 16385)]
+UNARY = [("relu", dispatch.relu, ref.relu, {}), ("silu", dispatch.silu, ref.silu, {}),
+         ("gelu", dispatch.gelu, ref.gelu, {}), ("gelu", dispatch.gelu, ref.gelu, {"approximate": "tanh"})]
+GATED = [("swiglu", dispatch.swiglu, ref.swiglu, {}), ("geglu", dispatch.geglu, ref.geglu, {}),
+         ("geglu", dispatch.geglu, ref.geglu, {"approximate": "tanh"})]
+
+
+def _cases(table):
+    return [pytest.param(name, fn, r, kw, p.values[0], id=f"{name}{kw.get('approximate', '')}-{p.id}",
+                         marks=p.marks)
+            for name, fn, r, kw in table for p in impl_params(name, "cpu")]
+
+
+def bf16(a):
+    return np.asarray(a, np.float32).astype(BF)
+
+
+def check(got, want, scale, what=""):
+    """got (bfloat16) against the float64 want: within 2^-8 of the value (or a subnormal
+    step) plus F32_SLACK of the terms' size `scale` (|x|, or |x| * |up|); NaN exactly where
+    want has NaN, infinities equal; signs of zero aside."""
+    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
+    g = np.asarray(got, np.float64)
+    nan = np.isnan(want)
+    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
+    inf = np.isinf(want)
+    assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
+    fin = ~nan & ~inf
+    err = np.abs(g - want)[fin]
+    bound = U_BF16 * np.abs(want)[fin] + F32_SLACK * np.asarray(scale, np.float64)[fin] + SUB_BF16
+    if err.size:
+        i = int(np.argmax(err - bound))
+        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
+                                      f"(ref {want[fin][i]:.6g})")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(UNARY))
+def test_unary_matches_reference(name, fn, reference, kw, impl, shape):
+    x = bf16(randn(rng(), shape, np.float32) * 4)
+    out = poisoned(shape, BF)
+    got = run(impl, fn, x, out=out, **kw)
+    assert got is out
+    check(got, reference(x, **kw), np.abs(np.asarray(x, np.float64)), f"{impl} {name}{kw} {shape}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(GATED))
+def test_gated_matches_reference(name, fn, reference, kw, impl, shape):
+    g = rng()
+    gate, up = bf16(randn(g, shape, np.float32) * 4), bf16(randn(g, shape, np.float32))
+    out = poisoned(shape, BF)
+    got = run(impl, fn, gate, up, out=out, **kw)
+    assert got is out
+    scale = np.abs(np.asarray(gate, np.float64)) * np.abs(np.asarray(up, np.float64))
+    check(got, reference(gate, up, **kw), scale, f"{impl} {name}{kw} {shape}")
+
+
+@pytest.mark.parametrize("name, fn, reference, kw, impl", _cases(UNARY + GATED))
+def test_special_values_views_and_out(name, fn, reference, kw, impl):
+    """NaN, +-inf, +-0, the largest bfloat16 and a subnormal; a strided and a read-only
+    input, a broadcast one, a non-contiguous out= (filled by a copy); n = 0."""
+    g = rng()
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.3895e38, -3.3895e38, 1e-39, -1e-39, 1.5],
+                       np.float32)
+    n = special.size
+    x = bf16(np.concatenate([special, randn(g, (70,), np.float32) * 3]))
+    gated = name in ("swiglu", "geglu")
+    up = bf16(np.concatenate([np.full(n, 0.5, np.float32), randn(g, (70,), np.float32)])) if gated else None
+    args = (x, up) if gated else (x,)
+    want = reference(*args, **kw)
+    scale = np.abs(np.asarray(x, np.float64)) * (np.abs(np.asarray(up, np.float64)) if gated else 1)
+    what = f"{impl} {name}{kw}"
+    with np.errstate(invalid="ignore", over="ignore"):
+        check(run(impl, fn, *args, **kw), want, scale, what + " special values")
+        xs = tuple(strided(a) for a in args)
+        assert not xs[0].flags.c_contiguous
+        check(run(impl, fn, *xs, **kw), want, scale, what + " strided")
+        ro = tuple(a.copy() for a in args)
+        for a in ro:
+            a.flags.writeable = False
+        check(run(impl, fn, *ro, **kw), want, scale, what + " read-only")
+        tout = np.full((2, x.size // 2), np.nan, BF).T
+        two = tuple(a.reshape(x.size // 2, 2) for a in args)
+        assert run(impl, fn, *two, out=tout, **kw) is tout
+        check(tout, reference(*two, **kw), scale.reshape(tout.shape), what + " non-contiguous out=")
+    b = tuple(np.broadcast_to(a[n:n + 1], (5, 9)) for a in args)
+    check(run(impl, fn, *b, **kw), reference(*b, **kw), np.ones((5, 9)) * 10, what + " broadcast")
+    empty = run(impl, fn, *(a[:0] for a in args), **kw)
+    assert empty.shape == (0,) and empty.dtype == BF
+
+
+def test_bad_input_changes_nothing():
+    g = rng()
+    x = bf16(randn(g, (3, 8), np.float32))
+    out = np.full((3, 8), np.nan, BF)
+    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64.*bfloat16"):
+        dispatch.gelu(x.astype(np.float16), out=out)
+    with pytest.raises(TypeError, match="up must have the same dtype as gate"):
+        dispatch.swiglu(x, x.astype(np.float32), out=out)
+    with pytest.raises(ValueError, match="up must have the shape of gate"):
+        dispatch.geglu(x, x[:2], out=out)
+    with pytest.raises((TypeError, ValueError), match="out"):
+        dispatch.silu(x, out=np.full((3, 8), np.nan, np.float32))
+    with pytest.raises((TypeError, ValueError), match="out"):
+        dispatch.relu(x, out=out[:2])
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
+
+
+def test_threads_bitwise():
+    """Calls from 4 Python threads at once give each case its single-threaded bits."""
+    g = rng()
+    sizes = [3, 5000, 40000, 70000] if not SMALL_SHAPES else [3, 50, 100, 170]
+    cases = [(bf16(randn(g, (n,), np.float32) * 3), bf16(randn(g, (n,), np.float32))) for n in sizes]
+
+    def call(case):
+        x, up = case
+        return np.concatenate([dispatch.gelu(x).view(np.uint16), dispatch.swiglu(x, up).view(np.uint16),
+                               dispatch.silu(x).view(np.uint16)])
+
+    assert concurrent_mismatches(call, cases) == []
