@@ -189,6 +189,16 @@ def _given(t):
     return t if t is not None and t.numel() else None
 
 
+def _widened(backward, *args):
+    """backward(*args); with bfloat16 tensors (PyTorch's bfloat16 softmax and activations) the float32
+    backward kernels run on the widened (exact) values and each gradient is rounded once to
+    bfloat16."""
+    if not any(isinstance(a, Tensor) and a.dtype == torch.bfloat16 for a in args):
+        return backward(*args)
+    out = backward(*(a.float() if isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a for a in args))
+    return tuple(o.bfloat16() for o in out) if isinstance(out, tuple) else out.bfloat16()
+
+
 # ---- softmax, log_softmax ----------------------------------------------------------------
 
 @_op("softmax", _like)
@@ -203,12 +213,12 @@ def _log_softmax(x: Tensor, axis: int) -> Tensor:
 
 @_op("softmax_backward", _like)
 def _softmax_backward(grad_out: Tensor, y: Tensor, axis: int) -> Tensor:
-    return dispatch.softmax_backward(grad_out, y, axis)
+    return _widened(dispatch.softmax_backward, grad_out, y, axis)
 
 
 @_op("log_softmax_backward", _like)
 def _log_softmax_backward(grad_out: Tensor, y: Tensor, axis: int) -> Tensor:
-    return dispatch.log_softmax_backward(grad_out, y, axis)
+    return _widened(dispatch.log_softmax_backward, grad_out, y, axis)
 
 
 def _save_output_axis(ctx, inputs, output):
@@ -383,16 +393,6 @@ def _silu(x: Tensor) -> Tensor:
 @_op("gelu", _like)
 def _gelu(x: Tensor, approximate: str) -> Tensor:
     return dispatch.gelu(x, approximate)
-
-
-def _widened(backward, *args):
-    """backward(*args); with bfloat16 tensors (PyTorch's bfloat16 activations) the float32
-    backward kernels run on the widened (exact) values and each gradient is rounded once to
-    bfloat16."""
-    if not any(isinstance(a, Tensor) and a.dtype == torch.bfloat16 for a in args):
-        return backward(*args)
-    out = backward(*(a.float() if isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a for a in args))
-    return tuple(o.bfloat16() for o in out) if isinstance(out, tuple) else out.bfloat16()
 
 
 @_op("relu_backward", _like)

@@ -86,6 +86,19 @@ def float_dtype(name: str, arr) -> np.dtype:
     return dt
 
 
+def cpu_float_dtype(name: str, arr, device: str) -> np.dtype:
+    """arr's dtype for an op that also takes bfloat16 on the CPU (ml_dtypes.bfloat16, as
+    PyTorch's bfloat16 ops): float_dtype's float32 / float64, or bfloat16 when device is
+    "cpu"; a TypeError naming `name` and what it takes otherwise."""
+    dt = dtype_of(arr)
+    if device == "cpu" and is_bfloat16(dt):
+        return dt
+    try:
+        return float_dtype(name, arr)
+    except TypeError as e:
+        raise TypeError(f"{e}{' (or bfloat16)' if device == 'cpu' else ''}") from None
+
+
 def same_dtype(name: str, arr, ref_name: str, dtype) -> None:
     if arr.dtype != dtype and dtype_of(arr) != dtype:
         raise TypeError(

@@ -27,6 +27,7 @@ from numba.extending import overload
 
 from .approx import (OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like,
                      wide_loops)
+from .bf16 import from_bf16, to_bf16
 from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
                        require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
 
@@ -183,6 +184,56 @@ def _softmax_launch(x, out, log, worker, nw, fn, buf, team_run, team_state):
 def softmax_parallel(x, out, log):
     """softmax_serial's result, rows claimed by the team's threads (parallel.row_run)."""
     row_run(_softmax_launch, worker_address(softmax_worker, (bool(x.dtype == np.float64),)), x, out, log)
+
+
+@njit(**JIT_INNER)
+def softmax_rows_bf16(x, out, log, lo, hi):
+    """softmax_rows for bfloat16 rows (x, out uint16 bits): ROW_BLOCK rows at a time
+    widened into a float32 scratch block (exact), softmax_rows on it, each result rounded
+    to bfloat16 (nearest even), as PyTorch's bfloat16 softmax (float32 inside)."""
+    wide_loops()
+    n = x.shape[1]
+    if n == 0:
+        return
+    rb = max(1, min(ROW_BLOCK, ROW_BLOCK_ELEMENTS // n))
+    xs = np.empty((rb, n), np.float32)
+    os = np.empty((rb, n), np.float32)
+    for i0 in range(lo, hi, rb):
+        k = min(rb, hi - i0)
+        for i in range(k):
+            xr = row_of(x, i0 + i)
+            xsr = row_of(xs, i)
+            for j in range(n):
+                xsr[j] = from_bf16(xr[j])
+        softmax_rows(xs, os, log, 0, k)
+        for i in range(k):
+            orow = row_of(out, i0 + i)
+            osr = row_of(os, i)
+            for j in range(n):
+                orow[j] = to_bf16(osr[j])
+
+
+@njit(**JIT)
+def softmax_bf16_serial(x, out, log):
+    softmax_rows_bf16(x, out, log, 0, x.shape[0])
+
+
+@njit(**JIT_BY_ADDRESS)
+def softmax_bf16_worker(me, params):
+    """softmax_worker for bfloat16 rows (arrays x, out uint16)."""
+    p, _ = row_args(params)
+    x = c_array_at(p[0], np.uint16(0), (p[RW_N], p[RW_D]))
+    out = c_array_at(p[1], np.uint16(0), (p[RW_N], p[RW_D]))
+    log = p[RW_I] != 0
+    lo, hi = row_claim(p, me)
+    while lo < hi:
+        softmax_rows_bf16(x, out, log, lo, hi)
+        lo, hi = row_claim(p, me)
+
+
+def softmax_bf16_parallel(x, out, log):
+    """softmax_bf16_serial's result, rows claimed by the team's threads."""
+    row_run(_softmax_launch, worker_address(softmax_bf16_worker, ()), x, out, log)
 
 
 @njit(**JIT)

@@ -163,6 +163,16 @@ def test_norm_bfloat16(gen, op, residual):
                  [x, w, r], torch.bfloat16, gen)
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_bfloat16(gen, log, axis):
+    """bfloat16 x: against PyTorch's autograd of the same values in float64, rounded to
+    bfloat16 once (ours: the float32 backward on the widened tensors): within 2^-6."""
+    x = _randn(gen, 6, 40, dtype=torch.bfloat16)
+    ours, ref = (nka.log_softmax, torch.log_softmax) if log else (nka.softmax, torch.softmax)
+    _compare(lambda x: ours(x, axis), lambda x: ref(x.double(), axis).bfloat16(), [x], torch.bfloat16, gen)
+
+
 @pytest.mark.parametrize("op", ["relu", "silu", "gelu", "gelu_tanh", "swiglu", "geglu"])
 def test_activation_bfloat16(gen, op):
     """bfloat16 inputs (PyTorch's bfloat16 activations): against PyTorch's autograd of the

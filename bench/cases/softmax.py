@@ -10,4 +10,6 @@ CASES = [
     _c("log_softmax", "gpt-2 vocab 1024", "GPT-2", {"x": (1024, GPT2_VOCAB)}),
     _c("cross_entropy", "gpt-2 lm loss 128", "GPT-2", {"logits": (128, GPT2_VOCAB)}, quick=True),
     _c("cross_entropy", "gpt-2 lm loss 1024", "GPT-2", {"logits": (1024, GPT2_VOCAB)}),
+    # a bfloat16 model's attention scores (PyTorch's bfloat16 softmax)
+    _c("softmax", "bert-base attn scores bfloat16", "BERT-base", {"x": (1, 12, 128, 128)}, activations="bfloat16"),
 ]

@@ -7,7 +7,7 @@ import functools
 
 import numpy as np
 
-from ..registry import Rule, bucket
+from ..registry import Rule, bucket, draw_normal
 from . import _arena
 
 HOST_COPY_NOTE = "non-contiguous host inputs are copied to C order first; a non-contiguous out= is filled by one copy"
@@ -134,3 +134,20 @@ def size_bucket(*shape) -> int:
     for s in shape:
         n *= s
     return bucket(n)
+
+
+def case_dtype(params, dtype):
+    """A benchmark case's input dtype: the run's, or ml_dtypes.bfloat16 for a case with
+    activations="bfloat16" (a bfloat16 model's tensors; ml_dtypes is a test and benchmark
+    dependency, imported only then)."""
+    if params.get("activations") == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return dtype
+
+
+def draw_case(shapes, params, rng, dtype):
+    """Op.synthesize for ops whose inputs are all standard-normal arrays: draw_normal of
+    case_dtype."""
+    dt = case_dtype(params, dtype)
+    return {n: draw_normal(rng, s, dt) for n, s in shapes.items()}

@@ -15,8 +15,9 @@ from kernels_common.activation import ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SIL
 from kernels_cpu import activation as K
 
 from .. import validate as V
-from ..registry import FLOAT_DTYPES, Call, Implementation, Op, draw_normal, register, register_op
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, register, register_op
+from ._common import (HOST_COPY_NOTE, contiguous, deliver, draw_case, result_buffer, serial_parallel_rule,
+                      size_bucket)
 
 # Serial vs parallel through dispatch with each kernel forced (2 cores, AMD EPYC Zen 5 with
 # AVX-512, numba's tbb layer, float32, 2026-11-27), us per call:
@@ -61,23 +62,12 @@ class GatedArgs(NamedTuple):
     code: int
 
 
-def _dtype(name, x, dev):
-    """x's dtype: float32 / float64 (V.float_dtype), or bfloat16 on the CPU."""
-    dt = V.dtype_of(x)
-    if dev == "cpu" and V.is_bfloat16(dt):
-        return dt
-    try:
-        return V.float_dtype(name, x)
-    except TypeError as e:
-        raise TypeError(f"{e}{' (or bfloat16)' if dev == 'cpu' else ''}") from None
-
-
 def _describe_unary(name, code):
     def describe(x, *, out=None):
         """Call.args = UnaryArgs(x, out, code)."""
         # a host array and no out=: the device without device_of's general walk (0.3 us)
         dev = "cpu" if out is None and type(x) is np.ndarray else V.device_of(x=x, out=out)
-        dt = _dtype("x", x, dev)
+        dt = V.cpu_float_dtype("x", x, dev)
         V.out(out, x.shape, dt, x=x)
         return Call(Key(name, dev, dt, size_bucket(*x.shape), code), UnaryArgs(x, out, code))
 
@@ -88,7 +78,7 @@ def _describe_gated(name, code):
     def describe(gate, up, *, out=None):
         """Call.args = GatedArgs(gate, up, out, code): gate and up of one shape."""
         dev = V.device_of(gate=gate, up=up, out=out)
-        dt = _dtype("gate", gate, dev)
+        dt = V.cpu_float_dtype("gate", gate, dev)
         V.same_dtype("up", up, "gate", dt)
         if tuple(up.shape) != tuple(gate.shape):
             raise ValueError(f"up must have the shape of gate {tuple(gate.shape)}, got {tuple(up.shape)}")
@@ -174,18 +164,9 @@ def _sig_geglu(i):
     return (i["gate"], i["up"]), {"approximate": i.get("approximate", "none")}
 
 
-def _synthesize(shapes, params, rng, dtype):
-    """Benchmark inputs: standard-normal arrays of the case's dtype, or of bfloat16 with
-    activations="bfloat16" (a bfloat16 model's activations)."""
-    if params.get("activations") == "bfloat16":
-        import ml_dtypes   # a test / benchmark dependency only
-        dtype = ml_dtypes.bfloat16
-    return {n: draw_normal(rng, s, dtype) for n, s in shapes.items()}
-
-
 def _register_family(name, describe, signature, host_run, flops, bytes_, kernels):
     op = register_op(Op(name, describe, memo=True, family="activation", bound="memory", signature=signature,
-                        flops=flops, bytes=bytes_, rules={"cpu": _RULE}, synthesize=_synthesize))
+                        flops=flops, bytes=bytes_, rules={"cpu": _RULE}, synthesize=draw_case))
     (serial, parallel), (serial_bf16, parallel_bf16) = kernels
     mods = ("kernels_cpu.activation", "kernels_cpu.approx", "kernels_cpu.bf16")
     register(Implementation(name, "cpu-serial", "cpu", host_run((serial, serial_bf16)), dtypes=_DTYPES,

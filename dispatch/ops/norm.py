@@ -19,7 +19,7 @@ from kernels_cpu import norm as K
 from .. import validate as V
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import (HOST_COPY_NOTE, const_vector, contiguous, deliver, kernel_rows, result_buffer,
+from ._common import (HOST_COPY_NOTE, case_dtype, const_vector, contiguous, deliver, kernel_rows, result_buffer,
                       serial_parallel_rule, size_bucket)
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
@@ -98,14 +98,8 @@ class NormArgs(NamedTuple):
 
 def _check(name, x, weight, bias, eps, residual, out):
     dev = V.device_of(x=x, weight=weight, bias=bias, residual=residual, out=out)
-    bf16 = dev == "cpu" and V.is_bfloat16(V.dtype_of(x))
-    if bf16:
-        dt = V.dtype_of(x)
-    else:
-        try:
-            dt = V.float_dtype("x", x)
-        except TypeError as e:
-            raise TypeError(f"{e}{' (or bfloat16)' if dev == 'cpu' else ''}") from None
+    dt = V.cpu_float_dtype("x", x, dev)
+    bf16 = V.is_bfloat16(dt)
     V.rank("x", x, (1, 64), " (..., D)")
     d = x.shape[-1]
     for pname, p in (("weight", weight), ("bias", bias)):
@@ -202,9 +196,7 @@ def _bytes(call):
 def _synthesize(shapes, params, rng, dtype):
     """Benchmark inputs: standard-normal x (and bias, residual), weight near 1; with
     activations="bfloat16" every array in bfloat16 (a bfloat16 model's norm)."""
-    if params.get("activations") == "bfloat16":
-        import ml_dtypes   # a test / benchmark dependency only
-        dtype = ml_dtypes.bfloat16
+    dtype = case_dtype(params, dtype)
     out = {}
     for name, shape in shapes.items():
         v = rng.standard_normal(shape)

@@ -1,7 +1,8 @@
 """Public softmax, log_softmax and cross_entropy.
 
-softmax / log_softmax reduce along one axis (any axis; float32 or float64; the result has
-the input's shape).  cross_entropy takes (N, C) logits and (N,) integer class targets, with
+softmax / log_softmax reduce along one axis (any axis; float32 or float64, and bfloat16 on
+the CPU: float32 inside, the result rounded to bfloat16; the result has the input's shape).
+cross_entropy takes (N, C) logits and (N,) integer class targets, with
 PyTorch's semantics for reduction and ignore_index.
 
 Host implementations work on rows of the last axis: another axis is moved last and copied
@@ -18,9 +19,10 @@ import numpy as np
 from kernels_cpu import softmax as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, bucket, register, register_op
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import HOST_COPY_NOTE, contiguous, deliver, kernel_input, result_buffer, serial_parallel_rule, size_bucket
+from ._common import (HOST_COPY_NOTE, contiguous, deliver, draw_case, kernel_input, result_buffer,
+                      serial_parallel_rule, size_bucket)
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
 # tbb layer, float32; medians, 2026-11-26, quiet host), serial / parallel us per call in
@@ -37,7 +39,7 @@ PARALLEL_THRESHOLD = 1 << 17
 _MEASURED = "float32 serial vs parallel (tbb, loop and paced): serial ahead through 2^16, crossover 2^17..2^18 elements"
 
 REDUCTIONS = ("mean", "sum", "none")
-_KERNELS = ("kernels_cpu.softmax", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.softmax", "kernels_cpu.bf16", "kernels_cpu.approx", "kernels_cpu.parallel")
 
 
 class SoftmaxKey(NamedTuple):
@@ -79,7 +81,7 @@ def _describe_softmax(name, log):
     def describe(x, axis=-1, *, out=None):
         """Call.args = SoftmaxArgs; key SoftmaxKey."""
         dev = V.device_of(x=x, out=out)
-        dt = V.float_dtype("x", x)
+        dt = V.cpu_float_dtype("x", x, dev)
         if x.ndim == 0:
             raise ValueError(f"x must have at least 1 dimensions, got shape {tuple(x.shape)}")
         ax = V.axis("axis", axis, x.ndim)
@@ -90,8 +92,10 @@ def _describe_softmax(name, log):
     return describe
 
 
-def _softmax_host(kernel):
+def _softmax_host(kernels):
     def run(params, x, axis, out, log):
+        bf16 = x.dtype.itemsize == 2   # bfloat16 (cpu_float_dtype): the kernels take its bits
+        kernel = kernels[bf16]
         last = axis == x.ndim - 1
         xm = x if last else np.moveaxis(x, axis, -1)
         xc = contiguous(xm)
@@ -101,10 +105,8 @@ def _softmax_host(kernel):
         else:
             res = _arena.empty(xc.shape, x.dtype)
         if xc.size:
-            if xc.ndim == 2:
-                kernel(xc, res, log)
-            else:
-                kernel(xc.reshape(-1, n), res.reshape(-1, n), log)
+            x2, r2 = (xc, res) if xc.ndim == 2 else (xc.reshape(-1, n), res.reshape(-1, n))
+            kernel(x2.view(np.uint16), r2.view(np.uint16), log) if bf16 else kernel(x2, r2, log)
         if not last:
             res = np.moveaxis(res, -1, axis)
         return deliver(res, out)
@@ -123,6 +125,8 @@ def _softmax_bytes(call):
 
 
 _RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
+_DTYPES = FLOAT_DTYPES + (V.BF16,)
+_BF16_NOTE = "; bfloat16: rows widened to float32 a block at a time, the result rounded to bfloat16 (nearest even)"
 
 
 def _sig_softmax(i):
@@ -131,11 +135,14 @@ def _sig_softmax(i):
 
 def _register_softmax(name, log):
     op = register_op(Op(name, _describe_softmax(name, log), memo=True, family="softmax", bound="memory",
-                        signature=_sig_softmax, flops=_softmax_flops, bytes=_softmax_bytes, rules={"cpu": _RULE}))
-    register(Implementation(name, "cpu-serial", "cpu", _softmax_host(K.softmax_serial),
-                            notes=HOST_COPY_NOTE + AXIS_NOTE, kernel_modules=_KERNELS))
-    register(Implementation(name, "cpu-parallel", "cpu", _softmax_host(K.softmax_parallel),
-                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads", kernel_modules=_KERNELS))
+                        signature=_sig_softmax, flops=_softmax_flops, bytes=_softmax_bytes, rules={"cpu": _RULE},
+                        synthesize=draw_case))
+    register(Implementation(name, "cpu-serial", "cpu", _softmax_host((K.softmax_serial, K.softmax_bf16_serial)),
+                            dtypes=_DTYPES, notes=HOST_COPY_NOTE + AXIS_NOTE + _BF16_NOTE, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-parallel", "cpu",
+                            _softmax_host((K.softmax_parallel, K.softmax_bf16_parallel)), dtypes=_DTYPES,
+                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads" + _BF16_NOTE,
+                            kernel_modules=_KERNELS))
     return op
 
 
@@ -229,7 +236,8 @@ register(Implementation("cross_entropy", "cpu-parallel", "cpu", _cross_entropy_h
 def softmax(x, axis=-1, *, out=None):
     """exp(x - max) / sum(exp(x - max)) along `axis` (numerically stable for any finite
     input).  -inf entries give 0; a row of all -inf (or holding +inf / NaN) gives NaN, as
-    PyTorch.  Returns an array of x's shape and dtype (out= when given)."""
+    PyTorch.  Returns an array of x's shape and dtype (out= when given).  bfloat16 x (CPU):
+    computed in float32, each result rounded to bfloat16."""
     return _softmax(x, axis, out=out)
 
 

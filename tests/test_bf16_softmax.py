@@ -1,0 +1,114 @@
+"""softmax and log_softmax of bfloat16 x (PyTorch's bfloat16 softmax; CPU): float32 inside,
+each result rounded once to bfloat16.  Every CPU implementation is forced and compared
+with the float64 reference of the same bfloat16 values: rows of 1 to 32000, any axis,
+-inf entries and NaN / all -inf rows, views, NaN-poisoned out=, threads, bad input."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import softmax as ref
+from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input")
+
+BF = ml_dtypes.bfloat16
+U_BF16 = 2.0 ** -8      # bfloat16's rounding to nearest: within 2^-8 of the value,
+SUB_BF16 = 2.0 ** -133  # or one subnormal step
+F32_SLACK = 1e-5        # float32 exp / log and sums, relative to the terms (1, or |x| for log_softmax)
+
+SHAPES = [(1,), (7,), (3, 5), (2, 3, 37)] if SMALL_SHAPES else [(1,), (7,), (3, 5), (1, 12, 8, 128), (2, 32000),
+                                                               (5, 3, 9)]
+OPS = [("softmax", dispatch.softmax, ref.softmax), ("log_softmax", dispatch.log_softmax, ref.log_softmax)]
+
+
+def _cases():
+    return [pytest.param(name, fn, r, p.values[0], id=f"{name}-{p.id}", marks=p.marks)
+            for name, fn, r in OPS for p in impl_params(name, "cpu")]
+
+
+def bf16(a):
+    return np.asarray(a, np.float32).astype(BF)
+
+
+def check(got, want, x, log, what=""):
+    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
+    g = np.asarray(got, np.float64)
+    nan = np.isnan(want)
+    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
+    inf = np.isinf(want)
+    assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
+    fin = ~nan & ~inf
+    terms = (np.abs(np.asarray(x, np.float64)) + 1.0) if log else np.ones(want.shape)
+    err = np.abs(g - want)[fin]
+    bound = U_BF16 * np.abs(want)[fin] + F32_SLACK * terms[fin] + SUB_BF16
+    if err.size:
+        i = int(np.argmax(err - bound))
+        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
+                                      f"(ref {want[fin][i]:.6g})")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name, fn, reference, impl", _cases())
+def test_matches_reference(name, fn, reference, impl, shape):
+    x = bf16(randn(rng(), shape, np.float32) * 4)
+    log = name == "log_softmax"
+    for axis in sorted({-1, 0}):
+        out = poisoned(shape, BF)
+        got = run(impl, fn, x, axis, out=out)
+        assert got is out
+        with np.errstate(divide="ignore"):
+            check(got, reference(x, axis), x, log, f"{impl} {shape} axis {axis}")
+
+
+@pytest.mark.parametrize("name, fn, reference, impl", _cases())
+def test_special_rows_views_and_out(name, fn, reference, impl):
+    """-inf entries (0 / -inf), a NaN row, an all -inf row and a +inf row (all NaN), the
+    largest bfloat16; a strided x, a non-contiguous out=; no rows."""
+    g = rng()
+    n = 9 if SMALL_SHAPES else 300
+    x = randn(g, (6, n), np.float32) * 3
+    x[0, ::3] = -np.inf
+    x[1, 2] = np.nan
+    x[2, :] = -np.inf
+    x[3, 4] = np.inf
+    x[4, 1] = 3.3895e38
+    x = bf16(x)
+    log = name == "log_softmax"
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        want = reference(x)
+        want[1:4] = np.nan       # as PyTorch (and the float32 kernels): such rows give NaN
+        check(run(impl, fn, x), want, x, log, f"{impl} special rows")
+        xs = strided(x)
+        assert not xs.flags.c_contiguous
+        check(run(impl, fn, xs), want, x, log, f"{impl} strided")
+        tout = np.full((n, 6), np.nan, BF).T
+        assert run(impl, fn, x, out=tout) is tout
+        check(tout, want, x, log, f"{impl} non-contiguous out=")
+    empty = run(impl, fn, np.zeros((0, n), BF))
+    assert empty.shape == (0, n) and empty.dtype == BF
+
+
+def test_bad_input_changes_nothing():
+    x = bf16(randn(rng(), (3, 8), np.float32))
+    out = np.full((3, 8), np.nan, BF)
+    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64.*bfloat16"):
+        dispatch.softmax(x.astype(np.float16), out=out)
+    with pytest.raises((TypeError, ValueError), match="out"):
+        dispatch.log_softmax(x, out=np.full((3, 8), np.nan, np.float32))
+    with pytest.raises(ValueError, match="axis"):
+        dispatch.softmax(x, 2, out=out)
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
+
+
+def test_threads_bitwise():
+    g = rng()
+    shapes = [(3, 7), (40, 128), (8, 3000), (300, 64)] if not SMALL_SHAPES else [(3, 7), (4, 16), (2, 30), (5, 9)]
+    cases = [bf16(randn(g, s, np.float32) * 3) for s in shapes]
+
+    def call(x):
+        return np.concatenate([dispatch.softmax(x).view(np.uint16).ravel(),
+                               dispatch.log_softmax(x).view(np.uint16).ravel()])
+
+    assert concurrent_mismatches(call, cases) == []
