@@ -123,7 +123,7 @@ NUMPY = {
     "cross_entropy": lambda i: _cross_entropy(i["logits"], i["targets"]),
     "layer_norm": lambda i: _layer_norm(_f32(i["x"]), _f32(i["weight"]), _f32(i["bias"])),
     "rms_norm": lambda i: _rms_norm(_f32(i["x"]), _f32(i["weight"])),
-    "rope": lambda i: _rope(i["x"], i["cos"], i["sin"]),
+    "rope": lambda i: _rope(_f32(i["x"]), _f32(i["cos"]), _f32(i["sin"])),
     "attention": lambda i: _attention(i["q"], i["k"], i["v"], i.get("causal", False)),
 }
 

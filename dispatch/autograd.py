@@ -486,7 +486,7 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
 
 @_op("rope_backward", lambda grad_out, cos, sin, interleaved: torch.empty_like(grad_out))
 def _rope_backward(grad_out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    return dispatch.rope_backward(grad_out, cos, sin, interleaved=interleaved)
+    return _widened(lambda g, c, s: dispatch.rope_backward(g, c, s, interleaved=interleaved), grad_out, cos, sin)
 
 
 def _rope_setup(ctx, inputs, output):

@@ -8,9 +8,9 @@ integer operations on the bits, which LLVM vectorizes.
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from .approx import wide_loops
+from .approx import OVERLOAD, wide_loops
 
 
 @intrinsic
@@ -58,6 +58,21 @@ def to_bf16(v):
 def from_bf16(b):
     """The float32 value of the bfloat16 bits b (uint16): exact."""
     return bits_float(np.uint32(b) << np.uint32(16))
+
+
+def as_f32(v):
+    """v as float32: a bfloat16 bit pattern (uint16) widened, a float32 as it is (for kernels
+    that take a table in either dtype)."""
+    return v
+
+
+@overload(as_f32, inline="always", **OVERLOAD)
+def _as_f32_overload(v):
+    if v == types.uint16:
+        return lambda v: from_bf16(v)
+    if v == types.float32:
+        return lambda v: v
+    return None
 
 
 @njit(cache=True, nogil=True)

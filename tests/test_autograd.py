@@ -163,6 +163,27 @@ def test_norm_bfloat16(gen, op, residual):
                  [x, w, r], torch.bfloat16, gen)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_bfloat16(gen, interleaved):
+    """bfloat16 x with float32 tables (as a bfloat16 model keeps them): against PyTorch's
+    autograd of the rotation in float64, rounded to bfloat16 once: within 2^-6."""
+    from dispatch.ops.rope import tables
+    x = _randn(gen, 2, 3, 6, 16, dtype=torch.bfloat16)
+    t = tables(6, 16, np.float32)
+    cos, sin = torch.from_numpy(t["cos"]), torch.from_numpy(t["sin"])
+
+    def ref(x):
+        x = x.double()
+        c, s = cos.double(), sin.double()
+        if interleaved:
+            a, b = x[..., 0::2], x[..., 1::2]
+            return torch.stack([a * c - b * s, b * c + a * s], dim=-1).flatten(-2).bfloat16()
+        a, b = x[..., :8], x[..., 8:]
+        return torch.cat([a * c - b * s, b * c + a * s], dim=-1).bfloat16()
+
+    _compare(lambda x: nka.rope(x, cos, sin, interleaved=interleaved), ref, [x], torch.bfloat16, gen)
+
+
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_bfloat16(gen, log, axis):

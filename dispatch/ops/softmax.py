@@ -93,9 +93,11 @@ def _describe_softmax(name, log):
 
 
 def _softmax_host(kernels):
+    kernel32, kernel_bf16 = kernels   # (held by the closure one by one: the contract tests find them there)
+
     def run(params, x, axis, out, log):
         bf16 = x.dtype.itemsize == 2   # bfloat16 (cpu_float_dtype): the kernels take its bits
-        kernel = kernels[bf16]
+        kernel = kernel_bf16 if bf16 else kernel32
         last = axis == x.ndim - 1
         xm = x if last else np.moveaxis(x, axis, -1)
         xc = contiguous(xm)
