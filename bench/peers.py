@@ -124,7 +124,7 @@ NUMPY = {
     "layer_norm": lambda i: _layer_norm(_f32(i["x"]), _f32(i["weight"]), _f32(i["bias"])),
     "rms_norm": lambda i: _rms_norm(_f32(i["x"]), _f32(i["weight"])),
     "rope": lambda i: _rope(_f32(i["x"]), _f32(i["cos"]), _f32(i["sin"])),
-    "attention": lambda i: _attention(i["q"], i["k"], i["v"], i.get("causal", False)),
+    "attention": lambda i: _attention(_f32(i["q"]), _f32(i["k"]), _f32(i["v"]), i.get("causal", False)),
 }
 
 

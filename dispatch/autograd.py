@@ -625,7 +625,8 @@ def matmul(a, b, *, bias=None, activation=None):
 # ---- attention ----------------------------------------------------------------------------------
 
 def _attn_fake(q, k, v, mask, causal, scale):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1])
+    # a bfloat16 attention's log-sum-exp is float32 (dispatch/ops/attention.py)
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32 if q.dtype == torch.bfloat16 else None)
 
 
 @_op("attention", _attn_fake)
@@ -639,7 +640,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: 
     torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 def _attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         mask: Optional[Tensor], causal: bool, scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = dispatch.attention_backward(grad_out, q, k, v, out, lse, causal=causal, mask=mask, scale=scale)
+    dq, dk, dv = _widened(lambda g, q, k, v, o, m: dispatch.attention_backward(g, q, k, v, o, lse, causal=causal,
+                                                                               mask=m, scale=scale),
+                          grad_out, q, k, v, out, mask)
     return dq, dk, dv
 
 

@@ -163,6 +163,20 @@ def test_norm_bfloat16(gen, op, residual):
                  [x, w, r], torch.bfloat16, gen)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_bfloat16(gen, causal):
+    """bfloat16 q / k / v with GQA and a bool mask: against PyTorch's autograd of the float64
+    attention of the same values, rounded to bfloat16 once: within 2^-6."""
+    q = _randn(gen, 2, 4, 9, 16, dtype=torch.bfloat16)
+    k = _randn(gen, 2, 2, 11, 16, dtype=torch.bfloat16)
+    v = _randn(gen, 2, 2, 11, 16, dtype=torch.bfloat16)
+    mask = torch.rand(2, 1, 1, 11, generator=gen) > 0.2
+    mask[..., -1] = True
+    _compare(lambda q, k, v: nka.attention(q, k, v, causal=causal, mask=mask),
+             lambda q, k, v: _attn_ref(q.double(), k.double(), v.double(), causal, mask).bfloat16(),
+             [q, k, v], torch.bfloat16, gen)
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rope_bfloat16(gen, interleaved):
     """bfloat16 x with float32 tables (as a bfloat16 model keeps them): against PyTorch's

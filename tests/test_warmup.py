@@ -76,16 +76,16 @@ print(json.dumps(n))
 
 def test_warmup_bfloat16_linear(tmp_path):
     """--dtypes bfloat16 compiles the bfloat16 kernels of the ops that have them (linear's, the
-    norms', the activations', softmax's and rope's); a later process's bfloat16 linear
-    calls then compile nothing."""
+    norms', the activations', softmax's, rope's and attention's); a later process's bfloat16
+    linear calls then compile nothing."""
     from dispatch import warmup
 
     planned = warmup.plan(None, ["bfloat16"])
     assert {op for op, _, _ in planned} == {"linear", "layer_norm", "rms_norm", "relu", "silu", "gelu", "swiglu",
-                                           "geglu", "softmax", "log_softmax", "rope"}, planned
+                                           "geglu", "softmax", "log_softmax", "rope", "attention"}, planned
     names = {impl for op, impl, dt in planned if op == "linear"}
     assert names == {"cpu-bf16-dot", "cpu-wo-gemv", "cpu-wo-gemm"}, names
-    assert {impl for op, impl, _ in planned if op != "linear"} == {"cpu-serial", "cpu-parallel"}
+    assert {impl for op, impl, _ in planned if op not in ("linear", "attention")} == {"cpu-serial", "cpu-parallel"}
     assert "cpu-bf16-dot" not in {impl for _, impl, _ in warmup.plan(["linear"], ["float32"])}
     env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     p = _run([sys.executable, "-c", _BF16_CALLS], env)

@@ -14,4 +14,8 @@ CASES = [
        {"q": (1, 32, 1, 128), "k": (1, 32, 4096, 128), "v": (1, 32, 4096, 128)}, quick=True),
     _c("attention", "long seq 2048 causal", "Llama-7B",
        {"q": (1, 12, 2048, 64), "k": (1, 12, 2048, 64), "v": (1, 12, 2048, 64)}, causal=True),
+    # a bfloat16 model's attention (PyTorch's bfloat16 scaled_dot_product_attention)
+    _c("attention", "llama-7b prefill 512 causal bfloat16", "Llama-7B",
+       {"q": (1, 32, 512, 128), "k": (1, 32, 512, 128), "v": (1, 32, 512, 128)}, causal=True,
+       activations="bfloat16"),
 ]
