@@ -10,25 +10,13 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .approx import OVERLOAD, wide_loops
-
-
-@intrinsic
-def float_bits(typingctx, v):
-    """The bits of float32 v as uint32."""
-    if v != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(v), codegen
+from .approx import OVERLOAD, float_to_bits, wide_loops
 
 
 @intrinsic
 def bits_float(typingctx, u):
     """The float32 whose bits are the low 32 bits of the integer u (numba widens uint32
-    shifts to 64 bits)."""
+    shifts to 64 bits; approx.bits_to_float takes int32 / int64 only)."""
     if not isinstance(u, types.Integer):
         return None
 
@@ -47,7 +35,7 @@ def to_bf16(v):
     NaN of its sign.  The NaN case is a select of the 32-bit value before the one shift and
     narrowing (a return of its own narrowed both: relu of 128 x 11008 bfloat16, one thread,
     Zen 4, 2026-12-06: 201 -> 170 us; silu(gate) * up 714 -> 653)."""
-    u = float_bits(v)
+    u = np.uint32(float_to_bits(v))
     r = np.uint32(u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
     if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
         r = np.uint32(u | np.uint32(0x400000))

@@ -78,6 +78,7 @@ from kernels_common.memory import aligned_empty
 
 from . import target
 from .approx import OVERLOAD, ACT_NONE, ACTIVATIONS, JIT_BY_ADDRESS, wide_loops
+from .bf16 import bits_float
 from .llvm_ir import arg_readers
 from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, launch, run_serial,
                        run_workers, worker_address)
@@ -552,21 +553,6 @@ def _rint(v):
     return (v + _RINT_MAGIC) - _RINT_MAGIC
 
 
-@intrinsic
-def _f32_of_bits(typingctx, b):
-    """The float32 whose bit pattern is the low 32 bits of the integer b."""
-    if not isinstance(b, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        if v.type.width != 32:
-            v = builder.trunc(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
-
-    return types.float32(b), codegen
-
-
 _NEG_INF_KEY = np.int32(-2139095041)  # _order_key(-inf) = 0xFF800000 ^ 0x7FFFFFFF as int32
 _POS_INF_KEY = np.int32(0x7F800000)
 
@@ -592,7 +578,7 @@ def _row_range(row, K):
     finite = hi < _POS_INF_KEY and lo > _NEG_INF_KEY
     lo = lo ^ ((lo >> 31) & np.int32(0x7FFFFFFF))
     hi = hi ^ ((hi >> 31) & np.int32(0x7FFFFFFF))
-    return _f32_of_bits(lo), _f32_of_bits(hi), finite
+    return bits_float(lo), bits_float(hi), finite
 
 
 @njit(inline="always")

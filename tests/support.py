@@ -492,3 +492,30 @@ def assert_close(got, ref, tol, what="", *, rtol=None, atol=None, cancel=False, 
             f"(rtol {rtol:.1e}, atol {atol:.1e}); worst element {i}: got {got[i]!s}, ref {ref[i]!s}, "
             f"|got - ref| = {diff[w]:.3e} > {bound[w]:.3e} [{_seed_note()}]")
 
+
+
+# bfloat16 keeps 8 significant bits: its rounding to nearest is within 2^-8 of the value, or
+# of one subnormal step (2^-133) below float32's normal range
+U_BF16 = 2.0 ** -8
+SUB_BF16 = 2.0 ** -133
+
+
+def assert_bf16_close(got, want, slack, what=""):
+    """got (a bfloat16 array) against the float64 want: NaN exactly where want has NaN,
+    infinities equal, and elsewhere within bfloat16's rounding of the value plus `slack`
+    (a number or an array of want's shape: the float32 arithmetic's error before the
+    rounding, for the op to state)."""
+    assert got.dtype.name == "bfloat16", f"{what}: result dtype {got.dtype}, want bfloat16"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
+    g = np.asarray(got, np.float64)
+    nan = np.isnan(want)
+    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
+    inf = np.isinf(want)
+    assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
+    fin = ~nan & ~inf
+    err = np.abs(g - want)[fin]
+    bound = (U_BF16 * np.abs(want) + np.broadcast_to(np.asarray(slack, np.float64), want.shape) + SUB_BF16)[fin]
+    if err.size:
+        i = int(np.argmax(err - bound))
+        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
+                                      f"(ref {want[fin][i]:.6g})")

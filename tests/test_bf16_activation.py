@@ -11,13 +11,12 @@ import pytest
 
 import dispatch
 from tests.reference import activation as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_bf16_close, concurrent_mismatches, impl_params, poisoned,
+                           randn, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 inputs are CPU inputs")
 
 BF = ml_dtypes.bfloat16
-U_BF16 = 2.0 ** -8      # bfloat16's rounding to nearest is within 2^-8 of the value,
-SUB_BF16 = 2.0 ** -133  # or of one subnormal step below float32's normal range
 F32_SLACK = 2e-6        # the float32 erf / exp approximations, relative to the terms' size
 
 SHAPES = [(1,), (7,), (3, 5), (2, 3, 170)] if SMALL_SHAPES else [(1,), (7,), (3, 5), (2, 3, 1000), (4, 1, 16385)]
@@ -38,23 +37,9 @@ def bf16(a):
 
 
 def check(got, want, scale, what=""):
-    """got (bfloat16) against the float64 want: within 2^-8 of the value (or a subnormal
-    step) plus F32_SLACK of the terms' size `scale` (|x|, or |x| * |up|); NaN exactly where
-    want has NaN, infinities equal; signs of zero aside."""
-    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
-    g = np.asarray(got, np.float64)
-    nan = np.isnan(want)
-    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
-    inf = np.isinf(want)
-    assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
-    fin = ~nan & ~inf
-    err = np.abs(g - want)[fin]
-    bound = U_BF16 * np.abs(want)[fin] + F32_SLACK * np.asarray(scale, np.float64)[fin] + SUB_BF16
-    if err.size:
-        i = int(np.argmax(err - bound))
-        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
-                                      f"(ref {want[fin][i]:.6g})")
+    """assert_bf16_close with the float32 approximations' error relative to the terms'
+    size `scale` (|x|, or |x| * |up|); signs of zero aside."""
+    assert_bf16_close(got, want, F32_SLACK * np.asarray(scale, np.float64), what)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

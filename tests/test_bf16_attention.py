@@ -9,12 +9,12 @@ import pytest
 
 import dispatch
 from tests.reference import attention as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_bf16_close, concurrent_mismatches, impl_params, poisoned,
+                           randn, rng, run)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 q / k / v are CPU inputs")
 
 BF = ml_dtypes.bfloat16
-U_BF16 = 2.0 ** -8      # bfloat16's rounding to nearest: within 2^-8 of the value
 F32_SLACK = 1e-5        # the float32 kernels, relative to max |v| (an output is a weighted mean of v rows)
 IMPLS = impl_params("attention", "cpu")
 
@@ -34,15 +34,10 @@ def _qkv(g, shape):
 
 
 def check(got, q, k, v, what, **kw):
-    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
-    want = ref.attention(q, k, v, **kw)
-    g = np.asarray(got, np.float64)
-    assert got.shape == want.shape
+    """assert_bf16_close against the float64 attention, the float32 error relative to
+    max |v| (an output is a weighted mean of v's rows)."""
     vmax = np.abs(np.asarray(v, np.float64)).max() if v.size else 0.0
-    err = np.abs(g - want)
-    bound = U_BF16 * np.abs(want) + F32_SLACK * vmax
-    i = int(np.argmax(err - bound))
-    assert (err <= bound).all(), f"{what}: element {i} off by {err.flat[i]:.3g}, allowed {bound.flat[i]:.3g}"
+    assert_bf16_close(got, ref.attention(q, k, v, **kw), F32_SLACK * vmax, what)
 
 
 @pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])

@@ -15,7 +15,7 @@ from kernels_cpu import bf16 as KBF
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import target
 from tests.reference import linalg as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, concurrent_mismatches, poisoned, product_scale, randn,
+from tests.support import (ON_CUDA, SMALL_SHAPES, U_BF16, concurrent_mismatches, poisoned, product_scale, randn,
                            reduction_tol, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input (CUDA takes float32 / float16 x)")
@@ -25,8 +25,6 @@ DOT = pytest.param("cpu-bf16-dot", id="cpu-bf16-dot",
                    marks=pytest.mark.skipif(KB.host_refusal() is not None, reason=str(KB.host_refusal())))
 IMPLS = [DOT, "cpu-wo-gemv", "cpu-wo-gemm"]
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
-# bfloat16 keeps 8 significant bits: its rounding to nearest is within 2^-8 of the value
-U_BF16 = 2.0 ** -8
 
 # (x shape, weight shape (N, K)); K even (an odd K is refused by cpu-bf16-dot: test_odd_k)
 SHAPES_FULL = [

@@ -10,13 +10,12 @@ import pytest
 
 import dispatch
 from tests.reference import norm as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_bf16_close, concurrent_mismatches, impl_params, poisoned,
+                           randn, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input")
 
 BF = ml_dtypes.bfloat16
-# bfloat16 keeps 8 significant bits: its rounding to nearest is within 2^-8 of the value
-U_BF16 = 2.0 ** -8
 # the float32 arithmetic before the rounding, relative to the size of the output's terms
 F32_SLACK = 1e-5
 
@@ -50,25 +49,14 @@ def _call(impl, fn, name, x, w, b, **kw):
 
 
 def check(got, want, x, w, b, what=""):
-    """got (bfloat16) against the float64 want: per element within bfloat16's rounding of the
-    value plus the float32 arithmetic's error on the output's terms (normalized value times
-    weight, and bias), NaN exactly where want has NaN."""
-    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
-    g = np.asarray(got, np.float64)
-    nan = np.isnan(want)
-    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
-    terms = np.full(want.shape, 4.0)   # |normalized| is at most sqrt(D); values here are O(1)..O(4)
+    """assert_bf16_close with the float32 arithmetic's error relative to the output's terms
+    (the normalized value, at most ~4 here, times |weight|, plus |bias|)."""
+    terms = np.full(want.shape, 4.0)
     if w is not None:
         terms = terms * np.abs(np.asarray(w, np.float64))
     if b is not None:
         terms = terms + np.abs(np.asarray(b, np.float64))
-    err = np.abs(g - want)[~nan]
-    bound = U_BF16 * np.abs(want)[~nan] + F32_SLACK * terms[~nan]
-    if err.size:
-        i = int(np.argmax(err - bound))
-        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
-                                      f"(ref {want[~nan][i]:.6g})")
+    assert_bf16_close(got, want, F32_SLACK * terms, what)
 
 
 @pytest.mark.parametrize("params", ["bf16", "f32", None], ids=["bf16-params", "f32-params", "no-params"])

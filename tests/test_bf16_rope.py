@@ -9,13 +9,12 @@ import pytest
 import dispatch
 from dispatch.ops.rope import tables
 from tests.reference import rope as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_bf16_close, concurrent_mismatches, impl_params, poisoned,
+                           randn, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input")
 
 BF = ml_dtypes.bfloat16
-U_BF16 = 2.0 ** -8      # bfloat16's rounding to nearest: within 2^-8 of the value,
-SUB_BF16 = 2.0 ** -133  # or one subnormal step
 F32_SLACK = 1e-6        # the float32 products and sum, relative to |a| + |b|
 
 SHAPES = [(3, 4), (2, 5, 8)] if SMALL_SHAPES else [(1, 2), (3, 4), (2, 5, 8), (1, 12, 33, 64), (2, 3, 7, 128)]
@@ -27,24 +26,13 @@ def bf16(a):
 
 
 def check(got, x, cos, sin, interleaved, what=""):
-    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
+    """assert_bf16_close against the float64 rotation, the float32 error relative to
+    |a| + |b| of each pair."""
     want = ref.rope(x, cos, sin, interleaved=interleaved)
-    assert got.shape == want.shape
-    g = np.asarray(got, np.float64)
-    nan = np.isnan(want)
-    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
-    inf = np.isinf(want)
-    assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
-    fin = ~nan & ~inf
     xa = np.abs(np.asarray(x, np.float64))
     d = x.shape[-1]
     partner = xa.reshape(-1, d // 2, 2)[..., ::-1].reshape(x.shape) if interleaved else np.roll(xa, d // 2, axis=-1)
-    err = np.abs(g - want)[fin]
-    bound = U_BF16 * np.abs(want)[fin] + F32_SLACK * (xa + partner)[fin] + SUB_BF16
-    if err.size:
-        i = int(np.argmax(err - bound))
-        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
-                                      f"(ref {want[fin][i]:.6g})")
+    assert_bf16_close(got, want, F32_SLACK * (xa + partner), what)
 
 
 @pytest.mark.parametrize("table_dtype", ["bfloat16", "float32"])

@@ -8,13 +8,12 @@ import pytest
 
 import dispatch
 from tests.reference import softmax as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, concurrent_mismatches, impl_params, poisoned, randn, rng, run, strided
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_bf16_close, concurrent_mismatches, impl_params, poisoned,
+                           randn, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input")
 
 BF = ml_dtypes.bfloat16
-U_BF16 = 2.0 ** -8      # bfloat16's rounding to nearest: within 2^-8 of the value,
-SUB_BF16 = 2.0 ** -133  # or one subnormal step
 F32_SLACK = 1e-5        # float32 exp / log and sums, relative to the terms (1, or |x| for log_softmax)
 
 SHAPES = [(1,), (7,), (3, 5), (2, 3, 37)] if SMALL_SHAPES else [(1,), (7,), (3, 5), (1, 12, 8, 128), (2, 32000),
@@ -32,21 +31,10 @@ def bf16(a):
 
 
 def check(got, want, x, log, what=""):
-    assert got.dtype == BF, f"{what}: result dtype {got.dtype}, want bfloat16"
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
-    g = np.asarray(got, np.float64)
-    nan = np.isnan(want)
-    assert (np.isnan(g) == nan).all(), f"{what}: NaN pattern differs"
-    inf = np.isinf(want)
-    assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
-    fin = ~nan & ~inf
-    terms = (np.abs(np.asarray(x, np.float64)) + 1.0) if log else np.ones(want.shape)
-    err = np.abs(g - want)[fin]
-    bound = U_BF16 * np.abs(want)[fin] + F32_SLACK * terms[fin] + SUB_BF16
-    if err.size:
-        i = int(np.argmax(err - bound))
-        assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
-                                      f"(ref {want[fin][i]:.6g})")
+    """assert_bf16_close with the float32 error relative to the terms (1, or |x| + 1 for
+    log_softmax)."""
+    terms = (np.abs(np.asarray(x, np.float64)) + 1.0) if log else 1.0
+    assert_bf16_close(got, want, F32_SLACK * terms, what)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
