@@ -100,7 +100,7 @@ def _unary_host(kernels):
     def run(params, x, out, code):
         xc = contiguous(x)
         res = result_buffer(out, x.shape, x.dtype)
-        bf16 = x.dtype.itemsize == 2   # bfloat16 (_dtype)
+        bf16 = x.dtype.itemsize == 2   # bfloat16 (validate.cpu_float_dtype)
         (kernel_bf16 if bf16 else kernel)(_flat(xc, bf16), _flat(res, bf16), code)
         return deliver(res, out)
 

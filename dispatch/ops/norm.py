@@ -155,7 +155,7 @@ def _host(kernel, with_bias, kernel_bf16):
         dt = x.dtype
         res = result_buffer(out, x.shape, dt)
         h = None if residual is None else _arena.empty(x.shape, dt)
-        if x.size and dt.itemsize == 2:   # bfloat16 (_check)
+        if x.size and dt.itemsize == 2:   # bfloat16 (validate.cpu_float_dtype in _check)
             _run_bf16(kernel_bf16, not with_bias, x, weight, bias, residual, eps, res, h, d)
         elif x.size:
             xc = kernel_rows(x, d)
