@@ -50,6 +50,7 @@ import dispatch
 from dispatch import interop
 
 _NS = "nk"
+_HALF = (torch.bfloat16, torch.float16)   # 16-bit tensors: float32 backward kernels on widened values
 _ACT_BACKWARD = {"relu": ("relu_backward", {}), "silu": ("silu_backward", {}),
                  "gelu": ("gelu_backward", {"approximate": "none"}),
                  "gelu_tanh": ("gelu_backward", {"approximate": "tanh"})}
@@ -75,7 +76,7 @@ class _Op:
     def eager(self, args):
         """raw on args outside torch.compile: on numpy views of CPU tensors, made once here
         and turned back into tensors once (dispatch's own conversion of tensor arguments
-        then has nothing to do); other tensors (CUDA, bfloat16) go to raw as they are."""
+        then has nothing to do); other tensors (CUDA, bfloat16, float16) go to raw as they are."""
         arrays = _host_arrays(args)
         if arrays is None:
             return self.raw(*args)
@@ -155,7 +156,7 @@ def _host_arrays(args):
     out = list(args)
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
-            if not a.is_cpu or a.dtype is torch.bfloat16:
+            if not a.is_cpu or a.dtype in _HALF:   # (the 16-bit backward widens tensors: _widened)
                 return None
             out[i] = a.numpy(force=True)   # detached; conj / neg views resolved (copied)
     return out
@@ -190,13 +191,14 @@ def _given(t):
 
 
 def _widened(backward, *args):
-    """backward(*args); with bfloat16 tensors (PyTorch's bfloat16 softmax and activations) the float32
-    backward kernels run on the widened (exact) values and each gradient is rounded once to
-    bfloat16."""
-    if not any(isinstance(a, Tensor) and a.dtype == torch.bfloat16 for a in args):
+    """backward(*args); with bfloat16 / float16 tensors (PyTorch's 16-bit softmax and
+    activations) the float32 backward kernels run on the widened (exact) values and each
+    gradient is rounded once to that 16-bit dtype."""
+    half = next((a.dtype for a in args if isinstance(a, Tensor) and a.dtype in _HALF), None)
+    if half is None:
         return backward(*args)
-    out = backward(*(a.float() if isinstance(a, Tensor) and a.dtype == torch.bfloat16 else a for a in args))
-    return tuple(o.bfloat16() for o in out) if isinstance(out, tuple) else out.bfloat16()
+    out = backward(*(a.float() if isinstance(a, Tensor) and a.dtype in _HALF else a for a in args))
+    return tuple(o.to(half) for o in out) if isinstance(out, tuple) else out.to(half)
 
 
 # ---- softmax, log_softmax ----------------------------------------------------------------
@@ -312,10 +314,10 @@ def _ln_bwd_fake(grad_out, x, weight, bias, grad_residual, eps):
 
 
 def _norm_backward_of(backward, grad_out, x, params, grad_residual, eps):
-    """backward(grad_out, x, *params, eps=, grad_residual=) -> (dx, *dparams); for bfloat16 x
-    (PyTorch's bfloat16 norms) the float32 kernels run on the widened (exact) tensors and
-    each gradient is rounded once to its input's dtype (a float32 weight's stays float32)."""
-    if x.dtype != torch.bfloat16:
+    """backward(grad_out, x, *params, eps=, grad_residual=) -> (dx, *dparams); for bfloat16 /
+    float16 x (PyTorch's 16-bit norms) the float32 kernels run on the widened (exact) tensors
+    and each gradient is rounded once to its input's dtype (a float32 weight's stays float32)."""
+    if x.dtype not in _HALF:
         return backward(grad_out, x, *params, eps=eps, grad_residual=grad_residual)
 
     def wide(t):
@@ -507,10 +509,10 @@ def rope(x, cos, sin, *, interleaved=False):
 
 def _act(activation, pre):
     """The activation applied to the kept pre-activation (its own elementwise op).  A
-    bfloat16 pre-activation (linear with bfloat16 activations) goes through the float32
-    kernel and is rounded back, as PyTorch's bfloat16 activation does."""
-    if pre.dtype == torch.bfloat16:
-        return _act(activation, pre.float()).bfloat16()
+    16-bit pre-activation (linear with bfloat16 activations) goes through the float32
+    kernel and is rounded back, as PyTorch's 16-bit activation does."""
+    if pre.dtype in _HALF:
+        return _act(activation, pre.float()).to(pre.dtype)
     if activation == "gelu_tanh":
         return dispatch.gelu(pre, "tanh")
     return getattr(dispatch, activation)(pre)
@@ -552,15 +554,15 @@ def _product_bwd_fake(grad_out, a, b, pre, activation, has_bias):
 @_op("linear_backward", _product_bwd_fake)
 def _linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, pre: Tensor, activation: Optional[str],
                      has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    bf16 = grad_out.dtype == torch.bfloat16
-    if bf16:
-        # bfloat16 training: the float32 backward kernels on the widened (exact) tensors, the
-        # gradients rounded to bfloat16 once (PyTorch's bfloat16 linear also sums in float32)
+    half = grad_out.dtype if grad_out.dtype in _HALF else None
+    if half is not None:
+        # 16-bit training: the float32 backward kernels on the widened (exact) tensors, the
+        # gradients rounded to x's dtype once (PyTorch's 16-bit linear also sums in float32)
         grad_out, x, weight, pre = grad_out.float(), x.float(), weight.float(), pre.float()
     dx, dw, db = dispatch.linear_backward(grad_out, x, weight, pre if activation is not None else None,
                                           activation=activation, has_bias=has_bias)
-    if bf16:
-        dx, dw, db = dx.bfloat16(), dw.bfloat16(), None if db is None else db.bfloat16()
+    if half is not None:
+        dx, dw, db = dx.to(half), dw.to(half), None if db is None else db.to(half)
     return dx, dw, _absent(x) if db is None else db
 
 
@@ -603,9 +605,9 @@ def linear(x, weight, bias=None, *, activation=None):
     """dispatch.linear (x @ weight.T + bias, then the activation), differentiable in x,
     weight and bias.  The backward is dispatch.linear_backward: the activation's derivative
     is applied to the incoming gradient inside the backward GEMMs' packing (no separate
-    elementwise pass), dbias from the same packed panels.  bfloat16 tensors (x, weight and
-    bias all bfloat16, as PyTorch's bfloat16 linear): the backward runs in float32 on the
-    widened tensors and rounds the gradients to bfloat16."""
+    elementwise pass), dbias from the same packed panels.  bfloat16 / float16 tensors (x,
+    weight and bias all of one, as PyTorch's 16-bit linear): the backward runs in float32 on
+    the widened tensors and rounds the gradients to that dtype."""
     _check_activation(activation)
     if not _tracking(x, weight, bias):
         return dispatch.linear(x, weight, bias, activation=activation)
@@ -625,8 +627,9 @@ def matmul(a, b, *, bias=None, activation=None):
 # ---- attention ----------------------------------------------------------------------------------
 
 def _attn_fake(q, k, v, mask, causal, scale):
-    # a bfloat16 attention's log-sum-exp is float32 (dispatch/ops/attention.py)
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32 if q.dtype == torch.bfloat16 else None)
+    # a 16-bit attention's log-sum-exp is float32 on the CPU (dispatch/ops/attention.py)
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32 if q.dtype in _HALF and q.is_cpu
+                                            else None)
 
 
 @_op("attention", _attn_fake)

@@ -86,17 +86,27 @@ def float_dtype(name: str, arr) -> np.dtype:
     return dt
 
 
+F16 = np.dtype(np.float16)
+HALF_DTYPES = (BF16, F16)  # an Implementation's dtypes entry: the 16-bit formats of cpu_float_dtype
+
+
+def is_half(dtype) -> bool:
+    """bfloat16 or float16: a 16-bit format that the CPU kernels take as bits (half.py)."""
+    return dtype == F16 or is_bfloat16(dtype)
+
+
 def cpu_float_dtype(name: str, arr, device: str) -> np.dtype:
-    """arr's dtype for an op that also takes bfloat16 on the CPU (ml_dtypes.bfloat16, as
-    PyTorch's bfloat16 ops): float_dtype's float32 / float64, or bfloat16 when device is
-    "cpu"; a TypeError naming `name` and what it takes otherwise."""
+    """arr's dtype for an op that also takes 16-bit floats on the CPU (ml_dtypes.bfloat16 or
+    float16, as PyTorch's bfloat16 / float16 ops: float32 inside, one rounding): float_dtype's
+    float32 / float64 (and float16 on CUDA), or bfloat16 / float16 when device is "cpu"; a
+    TypeError naming `name` and what it takes otherwise."""
     dt = dtype_of(arr)
-    if device == "cpu" and is_bfloat16(dt):
+    if device == "cpu" and is_half(dt):
         return dt
     try:
         return float_dtype(name, arr)
     except TypeError as e:
-        raise TypeError(f"{e}{' (or bfloat16)' if device == 'cpu' else ''}") from None
+        raise TypeError(f"{e}{' (or bfloat16 / float16)' if device == 'cpu' else ''}") from None
 
 
 def same_dtype(name: str, arr, ref_name: str, dtype) -> None:

@@ -5,18 +5,18 @@ Shapes: every kernel takes 1-D C-contiguous arrays of equal length (dispatch fla
 chunks of CHUNK elements (parallel.row_run).  The activation is chosen by an integer code
 (approx.ACT_*) outside the loop so that each loop body is branch-free and vectorizes.
 
-bfloat16 (``*_bf16_*``; arrays of 16-bit patterns, uint16): each value widened to float32
-(exact), the float32 activation (times up, widened, for the gated units) and one rounding
-to bfloat16 (nearest even), in the same loop.
+bfloat16 and float16 (``*_half_*``; arrays of 16-bit patterns, uint16 / int16: half.py):
+each value widened to float32 (exact), the float32 activation (times up, widened, for the
+gated units) and one rounding to the arrays' format (nearest even), in the same loop.
 """
 import numpy as np
 from numba import njit
 
-from .bf16 import from_bf16, to_bf16
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, activate_lit, gelu,
                      gelu_tanh, relu, silu, wide_loops)
+from .half import round_to, widen
 from .parallel import (RW_D, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
-                       worker_address)
+                       worker_address, zero_of)
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
 # measurement of its own (the serial/parallel threshold in dispatch/ops/activation.py is).
@@ -143,96 +143,98 @@ def gated_parallel(gate, up, out, code):
 
 
 @njit(**JIT_INNER)
-def activation_block_bf16(x, out, code):
-    """out[:] = bf16(act(x[:])) for 1-D bfloat16 bit arrays (activation_block's branches)."""
+def activation_block_half(x, out, code):
+    """out[:] = round(act(x[:])) for 1-D 16-bit arrays of one format (activation_block's branches)."""
     wide_loops()
     n = x.shape[0]
     if code == ACT_RELU:
         for i in range(n):
-            out[i] = to_bf16(relu(from_bf16(x[i])))
+            out[i] = round_to(relu(widen(x[i])), out)
     elif code == ACT_GELU:
         for i in range(n):
-            out[i] = to_bf16(gelu(from_bf16(x[i])))
+            out[i] = round_to(gelu(widen(x[i])), out)
     elif code == ACT_GELU_TANH:
         for i in range(n):
-            out[i] = to_bf16(gelu_tanh(from_bf16(x[i])))
+            out[i] = round_to(gelu_tanh(widen(x[i])), out)
     elif code == ACT_SILU:
         for i in range(n):
-            out[i] = to_bf16(silu(from_bf16(x[i])))
+            out[i] = round_to(silu(widen(x[i])), out)
     else:
         for i in range(n):
             out[i] = x[i]
 
 
 @njit(**JIT_INNER)
-def gated_block_bf16(gate, up, out, code):
-    """out[:] = bf16(act(gate[:]) * up[:]), one rounding (gated_block's branches)."""
+def gated_block_half(gate, up, out, code):
+    """out[:] = round(act(gate[:]) * up[:]), one rounding (gated_block's branches)."""
     wide_loops()
     n = gate.shape[0]
     if code == ACT_SILU:
         for i in range(n):
-            out[i] = to_bf16(silu(from_bf16(gate[i])) * from_bf16(up[i]))
+            out[i] = round_to(silu(widen(gate[i])) * widen(up[i]), out)
     elif code == ACT_GELU:
         for i in range(n):
-            out[i] = to_bf16(gelu(from_bf16(gate[i])) * from_bf16(up[i]))
+            out[i] = round_to(gelu(widen(gate[i])) * widen(up[i]), out)
     elif code == ACT_GELU_TANH:
         for i in range(n):
-            out[i] = to_bf16(gelu_tanh(from_bf16(gate[i])) * from_bf16(up[i]))
+            out[i] = round_to(gelu_tanh(widen(gate[i])) * widen(up[i]), out)
     else:
         for i in range(n):
-            out[i] = to_bf16(relu(from_bf16(gate[i])) * from_bf16(up[i]))
+            out[i] = round_to(relu(widen(gate[i])) * widen(up[i]), out)
 
 
 @njit(**JIT_INNER)
-def activation_block_bf16_lit(x, out, code):
-    """activation_block_bf16 for a literal code (the parallel worker's; see activation_block_lit)."""
+def activation_block_half_lit(x, out, code):
+    """activation_block_half for a literal code (the parallel worker's; see activation_block_lit)."""
     wide_loops()
     for i in range(x.shape[0]):
-        out[i] = to_bf16(activate_lit(from_bf16(x[i]), code))
+        out[i] = round_to(activate_lit(widen(x[i]), code), out)
 
 
 @njit(**JIT_INNER)
-def gated_block_bf16_lit(gate, up, out, code):
-    """gated_block_bf16 for a literal code in GATED_CODES or ACT_RELU."""
+def gated_block_half_lit(gate, up, out, code):
+    """gated_block_half for a literal code in GATED_CODES or ACT_RELU."""
     wide_loops()
     for i in range(gate.shape[0]):
-        out[i] = to_bf16(activate_lit(from_bf16(gate[i]), code) * from_bf16(up[i]))
+        out[i] = round_to(activate_lit(widen(gate[i]), code) * widen(up[i]), out)
 
 
 @njit(**JIT)
-def activation_bf16_serial(x, out, code):
-    activation_block_bf16(x, out, code)
+def activation_half_serial(x, out, code):
+    activation_block_half(x, out, code)
 
 
 @njit(**JIT)
-def gated_bf16_serial(gate, up, out, code):
-    gated_block_bf16(gate, up, out, code)
+def gated_half_serial(gate, up, out, code):
+    gated_block_half(gate, up, out, code)
 
 
 @njit(**JIT_BY_ADDRESS)
-def bf16_worker(me, params, gated, code):
-    """activation_worker for bfloat16 arrays (x, up, out uint16)."""
+def half_worker(me, params, fmt, gated, code):
+    """activation_worker for 16-bit arrays (x, up, out of the literal type character fmt:
+    "H" bfloat16 bits, "h" float16 bits; parallel.zero_of)."""
     p, _ = row_args(params)
     n = p[RW_D]
-    x = c_array_at(p[0], np.uint16(0), (n,))
-    up = c_array_at(p[1], np.uint16(0), (n,))
-    out = c_array_at(p[2], np.uint16(0), (n,))
+    z = zero_of(fmt)
+    x = c_array_at(p[0], z, (n,))
+    up = c_array_at(p[1], z, (n,))
+    out = c_array_at(p[2], z, (n,))
     lo, hi = row_claim(p, me)
     while lo < hi:
         a, b = lo * CHUNK, min(hi * CHUNK, n)
         if gated is not None:
-            gated_block_bf16_lit(x[a:b], up[a:b], out[a:b], code)
+            gated_block_half_lit(x[a:b], up[a:b], out[a:b], code)
         else:
-            activation_block_bf16_lit(x[a:b], out[a:b], code)
+            activation_block_half_lit(x[a:b], out[a:b], code)
         lo, hi = row_claim(p, me)
 
 
-def activation_bf16_parallel(x, out, code):
-    """activation_bf16_serial's result, chunks of CHUNK elements claimed by the team's threads."""
-    row_run(_launch, worker_address(bf16_worker, (only_if(False), int(code))), x, x, out, code)
+def activation_half_parallel(x, out, code):
+    """activation_half_serial's result, chunks of CHUNK elements claimed by the team's threads."""
+    row_run(_launch, worker_address(half_worker, (x.dtype.char, only_if(False), int(code))), x, x, out, code)
 
 
-def gated_bf16_parallel(gate, up, out, code):
-    """gated_bf16_serial's result, chunks of CHUNK elements claimed by the team's threads."""
+def gated_half_parallel(gate, up, out, code):
+    """gated_half_serial's result, chunks of CHUNK elements claimed by the team's threads."""
     code = int(code) if code in GATED_CODES else ACT_RELU
-    row_run(_launch, worker_address(bf16_worker, (only_if(True), code)), gate, up, out, code)
+    row_run(_launch, worker_address(half_worker, (gate.dtype.char, only_if(True), code)), gate, up, out, code)

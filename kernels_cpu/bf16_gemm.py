@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import target
-from .bf16 import to_bf16
+from .half import to_bf16
 from .approx import ACT_NONE, JIT_BY_ADDRESS
 from .gemm import _U, _pack_strided, _transpose_block, epilogue_address
 from .llvm_ir import arg_readers

@@ -78,7 +78,7 @@ from kernels_common.memory import aligned_empty
 
 from . import target
 from .approx import OVERLOAD, ACT_NONE, ACTIVATIONS, JIT_BY_ADDRESS, wide_loops
-from .bf16 import bits_float
+from .half import bits_float
 from .llvm_ir import arg_readers
 from .parallel import (addresses, c_array_at, call_address, call_literal, fetch_add, launch, run_serial,
                        run_workers, worker_address)

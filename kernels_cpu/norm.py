@@ -17,11 +17,12 @@ The parallel kernels let their threads claim ranges of rows (see parallel.claim)
 weight / bias are always arrays here (dispatch passes ones / zeros for None).  Without a
 residual, pass has_res=False and any arrays of x's shape for r and h (they are not touched).
 
-bfloat16 rows (norm_bf16_*; x, r, h, out their 16-bit patterns, uint16; weight and bias
-float32) take the float32 kernels' arithmetic on each row widened into a float32 scratch
-row, and round the output to bfloat16 (nearest even): h = bf16(x + r) first (stored), then
-the norm of that rounded h, as PyTorch's bfloat16 ops compute `layer_norm(x + r)` (float32
-inside each op, bfloat16 between them).  Memory sees 2 bytes an element each way.
+16-bit rows (norm_half_*; bfloat16 or float16, x, r, h, out their bit patterns: uint16 /
+int16, see half.py; weight and bias float32) take the float32 kernels' arithmetic on each
+row widened into a float32 scratch row, and round the output to x's format (nearest even):
+h = round(x + r) first (stored), then the norm of that rounded h, as PyTorch's bfloat16 /
+float16 ops compute `layer_norm(x + r)` (float32 inside each op, 16 bits between them).
+Memory sees 2 bytes an element each way.
 """
 import math
 
@@ -29,9 +30,9 @@ import numpy as np
 from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, like, wide_loops
-from .bf16 import from_bf16, to_bf16
+from .half import round_to, widen
 from .parallel import (RW_D, RW_I, RW_N, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim,
-                       row_of, row_run, worker_address)
+                       row_of, row_run, worker_address, zero_of)
 
 
 @njit(inline="always")
@@ -187,10 +188,10 @@ def rms_norm_parallel(x, r, h, w, eps, out, has_res):
 
 
 @njit(**JIT_INNER)
-def norm_rows_bf16(x, r, h, w, b, eps, out, has_res, rms, lo, hi):
-    """Rows lo..hi of bfloat16 x (uint16 bits, (n, D)): with has_res h = bf16(x + r) is
-    stored and normalized, else x; out = bf16(layer_norm) (rms False: weight w, bias b) or
-    bf16(rms_norm) (w), in float32 by layer_norm_rows' / rms_norm_rows' arithmetic: the
+def norm_rows_half(x, r, h, w, b, eps, out, has_res, rms, lo, hi):
+    """Rows lo..hi of 16-bit x (bits, (n, D); half.py): with has_res h = round(x + r) is
+    stored and normalized, else x; out = round(layer_norm) (rms False: weight w, bias b) or
+    round(rms_norm) (w), rounded to x's format, in float32 by layer_norm_rows' / rms_norm_rows' arithmetic: the
     first pass widens the row into a float32 scratch row while summing (the shifted sum or
     the sum of squares), the last rounds each output value as it is made."""
     wide_loops()
@@ -206,67 +207,70 @@ def norm_rows_bf16(x, r, h, w, b, eps, out, has_res, rms, lo, hi):
         if has_res:
             rr = row_of(r, i)
             hr = row_of(h, i)
-            x0 = from_bf16(to_bf16(from_bf16(xr[0]) + from_bf16(rr[0])))
+            x0 = widen(round_to(widen(xr[0]) + widen(rr[0]), x))
             if rms:
                 for j in range(d):
-                    hv = to_bf16(from_bf16(xr[j]) + from_bf16(rr[j]))
+                    hv = round_to(widen(xr[j]) + widen(rr[j]), x)
                     hr[j] = hv
-                    v = from_bf16(hv)
+                    v = widen(hv)
                     src[j] = v
                     s += v * v
             else:
                 for j in range(d):
-                    hv = to_bf16(from_bf16(xr[j]) + from_bf16(rr[j]))
+                    hv = round_to(widen(xr[j]) + widen(rr[j]), x)
                     hr[j] = hv
-                    v = from_bf16(hv)
+                    v = widen(hv)
                     src[j] = v
                     s += v - x0
         else:
-            x0 = from_bf16(xr[0])
+            x0 = widen(xr[0])
             if rms:
                 for j in range(d):
-                    v = from_bf16(xr[j])
+                    v = widen(xr[j])
                     src[j] = v
                     s += v * v
             else:
                 for j in range(d):
-                    v = from_bf16(xr[j])
+                    v = widen(xr[j])
                     src[j] = v
                     s += v - x0
         if rms:
             rstd = one / math.sqrt(s * inv_d + eps)
             for j in range(d):
-                orow[j] = to_bf16(src[j] * rstd * w[j])
+                orow[j] = round_to(src[j] * rstd * w[j], out)
         else:
             mc, rstd = centered_stats(src, x0, s, dst, eps)
             for j in range(d):
-                orow[j] = to_bf16((dst[j] - mc) * rstd * w[j] + b[j])
+                orow[j] = round_to((dst[j] - mc) * rstd * w[j] + b[j], out)
 
 
 @njit(**JIT)
-def norm_bf16_serial(x, r, h, w, b, eps, out, has_res, rms):
-    norm_rows_bf16(x, r, h, w, b, eps, out, has_res, rms, 0, x.shape[0])
+def norm_half_serial(x, r, h, w, b, eps, out, has_res, rms):
+    norm_rows_half(x, r, h, w, b, eps, out, has_res, rms, 0, x.shape[0])
 
 
 @njit(**JIT_BY_ADDRESS)
-def norm_bf16_worker(me, params, rms):
-    """norm_worker for bfloat16 rows (arrays x, r, h, out uint16; w, b float32)."""
+def norm_half_worker(me, params, fmt, rms):
+    """norm_worker for 16-bit rows (arrays x, r, h, out of the literal type character fmt,
+    "H" bfloat16 bits / "h" float16 bits (parallel.zero_of); w, b float32)."""
     p, eps64 = row_args(params)
     n, d = p[RW_N], p[RW_D]
-    x = c_array_at(p[0], np.uint16(0), (n, d))
-    r = c_array_at(p[1], np.uint16(0), (n, d))
-    h = c_array_at(p[2], np.uint16(0), (n, d))
+    z = zero_of(fmt)
+    x = c_array_at(p[0], z, (n, d))
+    r = c_array_at(p[1], z, (n, d))
+    h = c_array_at(p[2], z, (n, d))
     w = c_array_at(p[3], np.float32(0), (d,))
     b = c_array_at(p[4], np.float32(0), (d,))
-    out = c_array_at(p[5], np.uint16(0), (n, d))
+    out = c_array_at(p[5], z, (n, d))
     eps = np.float32(eps64)
     has_res = p[RW_I] != 0
     lo, hi = row_claim(p, me)
     while lo < hi:
-        norm_rows_bf16(x, r, h, w, b, eps, out, has_res, rms, lo, hi)
+        norm_rows_half(x, r, h, w, b, eps, out, has_res, rms, lo, hi)
         lo, hi = row_claim(p, me)
 
 
-def norm_bf16_parallel(x, r, h, w, b, eps, out, has_res, rms):
-    """norm_bf16_serial's result, rows claimed by the team's threads (parallel.row_run)."""
-    row_run(_norm_launch, worker_address(norm_bf16_worker, (bool(rms),)), x, r, h, w, b, eps, out, has_res)
+def norm_half_parallel(x, r, h, w, b, eps, out, has_res, rms):
+    """norm_half_serial's result, rows claimed by the team's threads (parallel.row_run)."""
+    row_run(_norm_launch, worker_address(norm_half_worker, (x.dtype.char, bool(rms))), x, r, h, w, b, eps, out,
+            has_res)

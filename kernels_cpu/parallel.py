@@ -698,6 +698,24 @@ def _like_dtype_overload(is64):
     return lambda is64: np.float32(0)
 
 
+_ZEROS = {"H": np.uint16(0), "h": np.int16(0), "f": np.float32(0), "d": np.float64(0)}
+
+
+def zero_of(char):
+    return _ZEROS[char]
+
+
+@overload(zero_of, **OVERLOAD)
+def _zero_of_overload(char):
+    """A zero of the element type named by the literal numpy type character char (a
+    worker's variant value, dtype.char: "H" uint16, "h" int16, "f" float32, "d" float64;
+    dtype.char costs 0.04 us, dtype.name 1.8): the type of the arrays c_array_at makes."""
+    if not isinstance(char, types.StringLiteral) or char.literal_value not in _ZEROS:
+        return None
+    z = _ZEROS[char.literal_value]
+    return lambda char: z
+
+
 @njit(cache=True)
 def addresses(p, arrays):
     """p[i] = the data address of arrays[i] (a tuple of arrays: the first slots of a worker's

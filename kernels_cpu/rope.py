@@ -8,22 +8,21 @@ cos[t, i] / sin[t, i]:
 (a, b) -> (a cos - b sin, b cos + a sin).  Each element is read once and written once; the
 cos / sin rows of one position are reused from cache by every batch row.
 
-bfloat16 x (rope_bf16_*: x and out their 16-bit patterns, uint16; cos / sin bfloat16 bits
-or float32): each value widened, the rotation in float32, each result rounded once to
-bfloat16.
+16-bit x (rope_half_*: x and out bfloat16 or float16 bits, uint16 / int16, half.py; cos /
+sin bits of x's format or float32): each value widened, the rotation in float32, each
+result rounded once to x's format.
 
 The row loop and the pair loop live in one function with the layout branch outside both:
 calling a per-row helper (D = 128) cost 0.48 ns/element in cache against 0.14 for this
 form (a plain copy: 0.10), the call and its alias checks dominating such short rows.
 """
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
-from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, OVERLOAD, wide_loops
-from .bf16 import as_f32, from_bf16, to_bf16
+from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, wide_loops
+from .half import round_to, widen
 from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, launch, like_dtype, row_args, row_block,
-                       row_claim, row_of, row_run, worker_address)
+                       row_claim, row_of, row_run, worker_address, zero_of)
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
 
@@ -102,8 +101,8 @@ def rope_parallel(x, cos, sin, out, interleaved):
 
 
 @njit(**JIT_INNER)
-def rope_rows_bf16(x, cos, sin, out, lo, hi, interleaved):
-    """rope_rows for bfloat16 rows (x, out uint16; cos / sin uint16 bits or float32)."""
+def rope_rows_half(x, cos, sin, out, lo, hi, interleaved):
+    """rope_rows for 16-bit rows (x, out bits of one format; cos / sin bits of it or float32)."""
     wide_loops()
     seq = cos.shape[0]
     h = cos.shape[1]
@@ -115,61 +114,49 @@ def rope_rows_bf16(x, cos, sin, out, lo, hi, interleaved):
         s = row_of(sin, t)
         if interleaved:
             for i in range(h):
-                a = from_bf16(xr[2 * i])
-                b = from_bf16(xr[2 * i + 1])
-                ci, si = as_f32(c[i]), as_f32(s[i])
-                orow[2 * i] = to_bf16(a * ci - b * si)
-                orow[2 * i + 1] = to_bf16(b * ci + a * si)
+                a = widen(xr[2 * i])
+                b = widen(xr[2 * i + 1])
+                ci, si = widen(c[i]), widen(s[i])
+                orow[2 * i] = round_to(a * ci - b * si, out)
+                orow[2 * i + 1] = round_to(b * ci + a * si, out)
         else:
             for i in range(h):
-                a = from_bf16(xr[i])
-                b = from_bf16(xr[i + h])
-                ci, si = as_f32(c[i]), as_f32(s[i])
-                orow[i] = to_bf16(a * ci - b * si)
-                orow[i + h] = to_bf16(b * ci + a * si)
+                a = widen(xr[i])
+                b = widen(xr[i + h])
+                ci, si = widen(c[i]), widen(s[i])
+                orow[i] = round_to(a * ci - b * si, out)
+                orow[i + h] = round_to(b * ci + a * si, out)
         t += 1
         if t == seq:
             t = 0
 
 
 @njit(**JIT)
-def rope_bf16_serial(x, cos, sin, out, interleaved):
-    rope_rows_bf16(x, cos, sin, out, 0, x.shape[0], interleaved)
-
-
-def _table_zero(tables_bf16):
-    return np.float32(0)
-
-
-@overload(_table_zero, **OVERLOAD)
-def _table_zero_overload(tables_bf16):
-    """A zero of the tables' element type for the literal flag (uint16 bits, or float32)."""
-    if not isinstance(tables_bf16, types.BooleanLiteral):
-        return None
-    if tables_bf16.literal_value:
-        return lambda tables_bf16: np.uint16(0)
-    return lambda tables_bf16: np.float32(0)
+def rope_half_serial(x, cos, sin, out, interleaved):
+    rope_rows_half(x, cos, sin, out, 0, x.shape[0], interleaved)
 
 
 @njit(**JIT_BY_ADDRESS)
-def rope_bf16_worker(me, params, tables_bf16):
-    """rope_worker for bfloat16 rows; the literal tables_bf16 says whether cos / sin are
-    bfloat16 bits (else float32)."""
+def rope_half_worker(me, params, fmt, tables):
+    """rope_worker for 16-bit rows: x and out of the literal type character fmt ("H"
+    bfloat16 bits, "h" float16 bits), cos / sin of the literal tables (fmt, or "f" float32;
+    parallel.zero_of)."""
     p, _ = row_args(params)
     n, d = p[RW_N], p[RW_D]
-    x = c_array_at(p[0], np.uint16(0), (n, d))
-    tz = _table_zero(tables_bf16)
+    z = zero_of(fmt)
+    x = c_array_at(p[0], z, (n, d))
+    tz = zero_of(tables)
     cos = c_array_at(p[1], tz, (p[RW_I2], p[RW_I3]))
     sin = c_array_at(p[2], tz, (p[RW_I2], p[RW_I3]))
-    out = c_array_at(p[3], np.uint16(0), (n, d))
+    out = c_array_at(p[3], z, (n, d))
     interleaved = p[RW_I] != 0
     lo, hi = row_claim(p, me)
     while lo < hi:
-        rope_rows_bf16(x, cos, sin, out, lo, hi, interleaved)
+        rope_rows_half(x, cos, sin, out, lo, hi, interleaved)
         lo, hi = row_claim(p, me)
 
 
-def rope_bf16_parallel(x, cos, sin, out, interleaved):
-    """rope_bf16_serial's result, rows claimed by the team's threads."""
-    row_run(_launch, worker_address(rope_bf16_worker, (bool(cos.dtype == np.uint16),)), x, cos, sin, out,
+def rope_half_parallel(x, cos, sin, out, interleaved):
+    """rope_half_serial's result, rows claimed by the team's threads."""
+    row_run(_launch, worker_address(rope_half_worker, (x.dtype.char, cos.dtype.char)), x, cos, sin, out,
             interleaved)

@@ -27,9 +27,10 @@ from numba.extending import overload
 
 from .approx import (OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like,
                      wide_loops)
-from .bf16 import from_bf16, to_bf16
+from .half import round_to, widen
 from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
-                       require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address)
+                       require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address,
+                       zero_of)
 
 
 # Row max as an integer max over the float bits: LLVM does not vectorize a float max
@@ -187,10 +188,11 @@ def softmax_parallel(x, out, log):
 
 
 @njit(**JIT_INNER)
-def softmax_rows_bf16(x, out, log, lo, hi):
-    """softmax_rows for bfloat16 rows (x, out uint16 bits): ROW_BLOCK rows at a time
-    widened into a float32 scratch block (exact), softmax_rows on it, each result rounded
-    to bfloat16 (nearest even), as PyTorch's bfloat16 softmax (float32 inside)."""
+def softmax_rows_half(x, out, log, lo, hi):
+    """softmax_rows for 16-bit rows (x, out bfloat16 / float16 bits, half.py): ROW_BLOCK
+    rows at a time widened into a float32 scratch block (exact), softmax_rows on it, each
+    result rounded to x's format (nearest even), as PyTorch's bfloat16 / float16 softmax
+    (float32 inside)."""
     wide_loops()
     n = x.shape[1]
     if n == 0:
@@ -204,36 +206,38 @@ def softmax_rows_bf16(x, out, log, lo, hi):
             xr = row_of(x, i0 + i)
             xsr = row_of(xs, i)
             for j in range(n):
-                xsr[j] = from_bf16(xr[j])
+                xsr[j] = widen(xr[j])
         softmax_rows(xs, os, log, 0, k)
         for i in range(k):
             orow = row_of(out, i0 + i)
             osr = row_of(os, i)
             for j in range(n):
-                orow[j] = to_bf16(osr[j])
+                orow[j] = round_to(osr[j], out)
 
 
 @njit(**JIT)
-def softmax_bf16_serial(x, out, log):
-    softmax_rows_bf16(x, out, log, 0, x.shape[0])
+def softmax_half_serial(x, out, log):
+    softmax_rows_half(x, out, log, 0, x.shape[0])
 
 
 @njit(**JIT_BY_ADDRESS)
-def softmax_bf16_worker(me, params):
-    """softmax_worker for bfloat16 rows (arrays x, out uint16)."""
+def softmax_half_worker(me, params, fmt):
+    """softmax_worker for 16-bit rows (arrays x, out of the literal type character fmt:
+    "H" bfloat16 bits, "h" float16 bits; parallel.zero_of)."""
     p, _ = row_args(params)
-    x = c_array_at(p[0], np.uint16(0), (p[RW_N], p[RW_D]))
-    out = c_array_at(p[1], np.uint16(0), (p[RW_N], p[RW_D]))
+    z = zero_of(fmt)
+    x = c_array_at(p[0], z, (p[RW_N], p[RW_D]))
+    out = c_array_at(p[1], z, (p[RW_N], p[RW_D]))
     log = p[RW_I] != 0
     lo, hi = row_claim(p, me)
     while lo < hi:
-        softmax_rows_bf16(x, out, log, lo, hi)
+        softmax_rows_half(x, out, log, lo, hi)
         lo, hi = row_claim(p, me)
 
 
-def softmax_bf16_parallel(x, out, log):
-    """softmax_bf16_serial's result, rows claimed by the team's threads."""
-    row_run(_softmax_launch, worker_address(softmax_bf16_worker, ()), x, out, log)
+def softmax_half_parallel(x, out, log):
+    """softmax_half_serial's result, rows claimed by the team's threads."""
+    row_run(_softmax_launch, worker_address(softmax_half_worker, (x.dtype.char,)), x, out, log)
 
 
 @njit(**JIT)

@@ -76,6 +76,13 @@ def _test_seed(request):
     support.end_test()
 
 
+@pytest.fixture(params=list(support.HALF_FORMATS))
+def half(request):
+    """Each 16-bit format the CPU ops take (bfloat16, float16: support.HALF_FORMATS), as its
+    numpy dtype: a test that takes `half` runs once per format."""
+    return support.half_dtype(request.param)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

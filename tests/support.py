@@ -494,18 +494,45 @@ def assert_close(got, ref, tol, what="", *, rtol=None, atol=None, cancel=False, 
 
 
 
-# bfloat16 keeps 8 significant bits: its rounding to nearest is within 2^-8 of the value, or
-# of one subnormal step (2^-133) below float32's normal range
-U_BF16 = 2.0 ** -8
-SUB_BF16 = 2.0 ** -133
+# The 16-bit formats the CPU ops take (kernels_cpu/half.py): name -> (dtype, u, sub).  Rounding
+# to nearest is within u of the value (bfloat16 keeps 8 significant bits, float16 11), or of
+# half a subnormal step below the format's normal range (2^-133 / 2^-25).
+HALF_FORMATS = {"bfloat16": (None, 2.0 ** -8, 2.0 ** -133), "float16": (np.dtype(np.float16), 2.0 ** -11, 2.0 ** -25)}
 
 
-def assert_bf16_close(got, want, slack, what=""):
-    """got (a bfloat16 array) against the float64 want: NaN exactly where want has NaN,
-    infinities equal, and elsewhere within bfloat16's rounding of the value plus `slack`
-    (a number or an array of want's shape: the float32 arithmetic's error before the
-    rounding, for the op to state)."""
-    assert got.dtype.name == "bfloat16", f"{what}: result dtype {got.dtype}, want bfloat16"
+def half_dtype(name):
+    """The numpy dtype of the 16-bit format `name` (ml_dtypes.bfloat16 imported only here)."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return HALF_FORMATS[name][0]
+
+
+def other_half(dt):
+    """The 16-bit dtype that is not dt (a wrong dtype of the same size, for bad-input tests)."""
+    return half_dtype("float16" if dt.name == "bfloat16" else "bfloat16")
+
+
+def as_half(dt, a):
+    """a rounded to the 16-bit dtype dt (through float32, as a model's tensors are made)."""
+    return np.asarray(a, np.float32).astype(dt)
+
+
+def half_limits(dt):
+    """(largest finite, a subnormal) of the 16-bit dtype dt: the edge values tests feed."""
+    import ml_dtypes
+    fi = ml_dtypes.finfo(dt)
+    return float(fi.max), 3.0 * float(fi.smallest_subnormal)
+
+
+def assert_half_close(got, want, slack, what=""):
+    """got (a bfloat16 / float16 array) against the float64 want: NaN exactly where want has
+    NaN, infinities equal, and elsewhere within the format's rounding of the value plus
+    `slack` (a number or an array of want's shape: the float32 arithmetic's error before
+    the rounding, for the op to state)."""
+    name = got.dtype.name
+    assert name in HALF_FORMATS, f"{what}: result dtype {got.dtype}, want bfloat16 or float16"
+    _, u, sub = HALF_FORMATS[name]
     assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
     g = np.asarray(got, np.float64)
     nan = np.isnan(want)
@@ -514,7 +541,7 @@ def assert_bf16_close(got, want, slack, what=""):
     assert (g[inf] == want[inf]).all(), f"{what}: infinities differ"
     fin = ~nan & ~inf
     err = np.abs(g - want)[fin]
-    bound = (U_BF16 * np.abs(want) + np.broadcast_to(np.asarray(slack, np.float64), want.shape) + SUB_BF16)[fin]
+    bound = (u * np.abs(want) + np.broadcast_to(np.asarray(slack, np.float64), want.shape) + sub)[fin]
     if err.size:
         i = int(np.argmax(err - bound))
         assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "

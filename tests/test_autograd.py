@@ -372,18 +372,19 @@ def test_gradcheck(gen, name):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
-def test_bfloat16_llama_block(gen):
-    """A Llama-style pre-norm block on bfloat16 tensors, every op ours (rms_norm with the fused
-    residual, linear, rope, GQA causal attention, swiglu): output and every gradient against
-    PyTorch's autograd of the same block in float64 on the same bfloat16 values, within 2^-5
-    normwise (a dozen bfloat16 roundings along the way)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_half_llama_block(gen, dtype):
+    """A Llama-style pre-norm block on bfloat16 / float16 tensors, every op ours (rms_norm with
+    the fused residual, linear, rope, GQA causal attention, swiglu): output and every gradient
+    against PyTorch's autograd of the same block in float64 on the same 16-bit values, within
+    2^-5 normwise (a dozen 16-bit roundings along the way)."""
     from dispatch.ops.rope import tables
     B, S, d, hq, hkv, hd, f = 2, 12, 32, 4, 2, 8, 48
-    x = _randn(gen, B, S, d, dtype=torch.bfloat16)
-    ws = [(_randn(gen, *shape, dtype=torch.float32) / shape[-1] ** 0.5).bfloat16().requires_grad_()
+    x = _randn(gen, B, S, d, dtype=dtype)
+    ws = [(_randn(gen, *shape, dtype=torch.float32) / shape[-1] ** 0.5).to(dtype).requires_grad_()
           for shape in ((hq * hd, d), (hkv * hd, d), (hkv * hd, d), (d, hq * hd), (f, d), (f, d), (d, f))]
-    n1, n2 = (1 + 0.1 * _randn(gen, d, grad=False)).bfloat16().requires_grad_(), \
-        (1 + 0.1 * _randn(gen, d, grad=False)).bfloat16().requires_grad_()
+    n1, n2 = (1 + 0.1 * _randn(gen, d, grad=False)).to(dtype).requires_grad_(), \
+        (1 + 0.1 * _randn(gen, d, grad=False)).to(dtype).requires_grad_()
     t = tables(S, hd, np.float32)
     cos, sin = torch.from_numpy(t["cos"]), torch.from_numpy(t["sin"])
 
@@ -417,7 +418,7 @@ def test_bfloat16_llama_block(gen):
            "swiglu": lambda g, u: F.silu(g) * u}
     inputs = [x, *ws, n1, n2]
     _compare(lambda *a: block(ours, *a),
-             lambda *a: block(ref, *(t.double() for t in a)).bfloat16(), inputs, torch.bfloat16, gen,
+             lambda *a: block(ref, *(t.double() for t in a)).to(dtype), inputs, dtype, gen,
              tol=2.0 ** -5)
 
 

@@ -76,8 +76,8 @@ print(json.dumps(n))
 
 def test_warmup_bfloat16_linear(tmp_path):
     """--dtypes bfloat16 compiles the bfloat16 kernels of the ops that have them (linear's, the
-    norms', the activations', softmax's, rope's and attention's); a later process's bfloat16
-    linear calls then compile nothing."""
+    norms', the activations', softmax's, rope's and attention's; --dtypes float16 the same
+    ops'); a later process's bfloat16 linear calls then compile nothing."""
     from dispatch import warmup
 
     planned = warmup.plan(None, ["bfloat16"])
@@ -87,6 +87,9 @@ def test_warmup_bfloat16_linear(tmp_path):
     assert names == {"cpu-bf16-dot", "cpu-wo-gemv", "cpu-wo-gemm"}, names
     assert {impl for op, impl, _ in planned if op not in ("linear", "attention")} == {"cpu-serial", "cpu-parallel"}
     assert "cpu-bf16-dot" not in {impl for _, impl, _ in warmup.plan(["linear"], ["float32"])}
+    half = warmup.plan(None, ["float16"])   # the same ops' float16 paths (linear: x widened, no vdpbf16ps)
+    assert {op for op, _, _ in half} == {op for op, _, _ in planned}, half
+    assert {impl for op, impl, _ in half if op == "linear"} == {"cpu-wo-gemv", "cpu-wo-gemm"}
     env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     p = _run([sys.executable, "-c", _BF16_CALLS], env)
     assert p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1]), \

@@ -11,8 +11,8 @@ import pytest
 import dispatch
 from dispatch.quantized import QuantizedArray
 from tests.reference import weight_only as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, concurrent_mismatches, impl_params, poisoned,
-                           product_scale, randn, read_only, reduction_tol, rng, run, strided, to_target)
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, assert_half_close, concurrent_mismatches, impl_params,
+                           poisoned, product_scale, randn, read_only, reduction_tol, rng, run, strided, to_target)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 FORMATS = ["float16", "bfloat16", "int8-channel", "int8-tensor", "int8-asym"]
@@ -284,7 +284,7 @@ def test_accuracy_against_float32_linear():
     assert err(wo.astype(ml_dtypes.bfloat16), wo) < 1e-2  # bfloat16's exponent takes outliers in stride
 
 
-@pytest.mark.skipif(not ON_CUDA, reason="float16 x is a CUDA input")
+@pytest.mark.skipif(not ON_CUDA, reason="float16 x on CUDA (test_cpu_float16_x_and_weight: the CPU)")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_float16_x(fmt):
     """float16 x (and bias, out) with a low-precision weight: float32 accumulation, the result
@@ -302,6 +302,29 @@ def test_cuda_float16_x(fmt):
                      scale=_scale(x, w, bias))
         text = str(dispatch.explain("linear", to_target(x), on_target(w)))
         assert "chosen: cuda-wo-gemv" in text and "cuda-gemv: refused" in text, text
+
+
+@pytest.mark.skipif(ON_CUDA, reason="float16 x with a float16 weight is CUDA's dense op; the CPU widens x")
+@pytest.mark.parametrize("sx, sw", SHAPES, ids=str)
+@pytest.mark.parametrize("impl", WO_IMPLS)
+def test_cpu_float16_x_and_weight(impl, sx, sw):
+    """float16 x, weight and bias on the CPU (PyTorch's float16 linear): x widened to float32,
+    the float16 weight read by the weight-only kernels, bias and activation in float32, the
+    result rounded once to float16; a strided x, out=; the other 16-bit format refused."""
+    g = rng()
+    x, bias = randn(g, sx, np.float16), randn(g, sw[:1], np.float16)
+    w = randn(g, sw, np.float16)
+    shape = sx[:-1] + sw[:1]
+    out = poisoned(shape, np.float16)
+    got = run(impl, dispatch.linear, x, w, bias, activation="gelu", out=out)
+    assert got is out
+    slack = _tol(sx[-1]) * _scale(x, w, bias)
+    assert_half_close(got, ref.linear(x, w, bias, activation="gelu"), slack, f"{impl} float16 linear")
+    xs = strided(x) if x.ndim == 2 else x
+    assert_half_close(run(impl, dispatch.linear, xs, w), ref.linear(x, w), _tol(sx[-1]) * _scale(x, w, None),
+                      f"{impl} float16 linear, strided x")
+    with pytest.raises(TypeError, match="x must be float32 .*bfloat16 / float16 too with a weight of that dtype"):
+        dispatch.linear(x, w.astype(ml_dtypes.bfloat16), out=out)
 
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8-channel"])

@@ -137,13 +137,22 @@ def size_bucket(*shape) -> int:
 
 
 def case_dtype(params, dtype):
-    """A benchmark case's input dtype: the run's, or ml_dtypes.bfloat16 for a case with
-    activations="bfloat16" (a bfloat16 model's tensors; ml_dtypes is a test and benchmark
-    dependency, imported only then)."""
-    if params.get("activations") == "bfloat16":
+    """A benchmark case's input dtype: the run's, or the 16-bit format of a case with
+    activations="bfloat16" (ml_dtypes.bfloat16: a bfloat16 model's tensors; ml_dtypes is a
+    test and benchmark dependency, imported only then) or activations="float16"."""
+    act = params.get("activations")
+    if act == "bfloat16":
         import ml_dtypes
         return ml_dtypes.bfloat16
+    if act == "float16":
+        return np.dtype(np.float16)
     return dtype
+
+
+def half_bits(a):
+    """The bit patterns of a bfloat16 / float16 array as the CPU kernels take them (a view:
+    uint16 for bfloat16, int16 for float16; kernels_cpu/half.py)."""
+    return a.view(np.int16 if a.dtype.kind == "f" else np.uint16)
 
 
 def draw_case(shapes, params, rng, dtype):

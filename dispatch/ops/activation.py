@@ -1,9 +1,9 @@
 """Public activations and gated linear units: gelu, silu, relu, swiglu, geglu.
 
 All are elementwise: any shape, float32 or float64, result of the input's shape.  On the
-CPU bfloat16 too (ml_dtypes.bfloat16, as PyTorch's bfloat16 activations): computed in
-float32 on the widened values, the result rounded once to bfloat16 (the gated units round
-act(gate) * up once, where PyTorch's two ops round act(gate) first).
+CPU bfloat16 (ml_dtypes.bfloat16) and float16 too, as PyTorch's 16-bit activations:
+computed in float32 on the widened values, the result rounded once to the input's dtype
+(the gated units round act(gate) * up once, where PyTorch's two ops round act(gate) first).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kernels_cpu import activation as K
 
 from .. import validate as V
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, register, register_op
-from ._common import (HOST_COPY_NOTE, contiguous, deliver, draw_case, result_buffer, serial_parallel_rule,
+from ._common import (HOST_COPY_NOTE, contiguous, deliver, draw_case, half_bits, result_buffer, serial_parallel_rule,
                       size_bucket)
 
 # Serial vs parallel through dispatch with each kernel forced (2 cores, AMD EPYC Zen 5 with
@@ -88,33 +88,33 @@ def _describe_gated(name, code):
     return describe
 
 
-def _flat(a, bf16):
-    """a C-contiguous array as the kernels' 1-D view (bfloat16: its 16-bit patterns)."""
+def _flat(a, half):
+    """a C-contiguous array as the kernels' 1-D view (bfloat16 / float16: its bits)."""
     a = a if a.ndim == 1 else a.reshape(-1)
-    return a.view(np.uint16) if bf16 else a
+    return half_bits(a) if half else a
 
 
 def _unary_host(kernels):
-    kernel, kernel_bf16 = kernels
+    kernel, kernel_half = kernels
 
     def run(params, x, out, code):
         xc = contiguous(x)
         res = result_buffer(out, x.shape, x.dtype)
-        bf16 = x.dtype.itemsize == 2   # bfloat16 (validate.cpu_float_dtype)
-        (kernel_bf16 if bf16 else kernel)(_flat(xc, bf16), _flat(res, bf16), code)
+        half = x.dtype.itemsize == 2   # bfloat16 / float16 (validate.cpu_float_dtype)
+        (kernel_half if half else kernel)(_flat(xc, half), _flat(res, half), code)
         return deliver(res, out)
 
     return run
 
 
 def _gated_host(kernels):
-    kernel, kernel_bf16 = kernels
+    kernel, kernel_half = kernels
 
     def run(params, gate, up, out, code):
         g, u = contiguous(gate), contiguous(up)
         res = result_buffer(out, gate.shape, gate.dtype)
-        bf16 = gate.dtype.itemsize == 2
-        (kernel_bf16 if bf16 else kernel)(_flat(g, bf16), _flat(u, bf16), _flat(res, bf16), code)
+        half = gate.dtype.itemsize == 2
+        (kernel_half if half else kernel)(_flat(g, half), _flat(u, half), _flat(res, half), code)
         return deliver(res, out)
 
     return run
@@ -167,20 +167,21 @@ def _sig_geglu(i):
 def _register_family(name, describe, signature, host_run, flops, bytes_, kernels):
     op = register_op(Op(name, describe, memo=True, family="activation", bound="memory", signature=signature,
                         flops=flops, bytes=bytes_, rules={"cpu": _RULE}, synthesize=draw_case))
-    (serial, parallel), (serial_bf16, parallel_bf16) = kernels
-    mods = ("kernels_cpu.activation", "kernels_cpu.approx", "kernels_cpu.bf16")
-    register(Implementation(name, "cpu-serial", "cpu", host_run((serial, serial_bf16)), dtypes=_DTYPES,
-                            notes=HOST_COPY_NOTE + _BF16_NOTE, kernel_modules=mods))
-    register(Implementation(name, "cpu-parallel", "cpu", host_run((parallel, parallel_bf16)), dtypes=_DTYPES,
+    (serial, parallel), (serial_half, parallel_half) = kernels
+    mods = ("kernels_cpu.activation", "kernels_cpu.approx", "kernels_cpu.half")
+    register(Implementation(name, "cpu-serial", "cpu", host_run((serial, serial_half)), dtypes=_DTYPES,
+                            notes=HOST_COPY_NOTE + _HALF_NOTE, kernel_modules=mods))
+    register(Implementation(name, "cpu-parallel", "cpu", host_run((parallel, parallel_half)), dtypes=_DTYPES,
                             kernel_modules=mods,
-                            notes=HOST_COPY_NOTE + f"; chunks of {K.CHUNK} elements over threads" + _BF16_NOTE))
+                            notes=HOST_COPY_NOTE + f"; chunks of {K.CHUNK} elements over threads" + _HALF_NOTE))
     return op
 
 
-_DTYPES = FLOAT_DTYPES + (V.BF16,)
-_BF16_NOTE = "; bfloat16: each value widened to float32, the result rounded once to bfloat16 (nearest even)"
-_UNARY = ((K.activation_serial, K.activation_parallel), (K.activation_bf16_serial, K.activation_bf16_parallel))
-_GATED = ((K.gated_serial, K.gated_parallel), (K.gated_bf16_serial, K.gated_bf16_parallel))
+_DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
+_HALF_NOTE = ("; bfloat16 / float16: each value widened to float32, the result rounded once to the input's dtype "
+              "(nearest even)")
+_UNARY = ((K.activation_serial, K.activation_parallel), (K.activation_half_serial, K.activation_half_parallel))
+_GATED = ((K.gated_serial, K.gated_parallel), (K.gated_half_serial, K.gated_half_parallel))
 _gelu_describe = {code: _describe_unary("gelu", code) for code in (ACT_GELU, ACT_GELU_TANH)}
 _geglu_describe = {code: _describe_gated("geglu", code) for code in (ACT_GELU, ACT_GELU_TANH)}
 

@@ -13,9 +13,9 @@ attention(q, k, v, *, causal=False, mask=None, scale=None, out=None, return_lse=
   attention_backward (dispatch/ops/attention_grad.py) recomputes the probabilities from;
   the flash and split-KV kernels have the running max and sum at the end of each row, so
   it costs one store per row.
-  bfloat16 q / k / v on the CPU (PyTorch's bfloat16 attention): widened to float32 copies
-  (an additive mask too), computed in float32, the result rounded once to bfloat16; lse is
-  then float32.
+  bfloat16 / float16 q / k / v on the CPU (PyTorch's 16-bit attention): widened to float32
+  copies (an additive mask too), computed in float32, the result rounded once to q's dtype;
+  lse is then float32.
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ import numpy as np
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE
 from kernels_cpu import attention as K
-from kernels_cpu import bf16 as KBF
+from kernels_cpu import half as KH
 from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, Rule, bucket, bucket_up, register, register_op
 from . import _arena
-from ._common import deliver, draw_case, result_buffer, rows_input
+from ._common import deliver, draw_case, half_bits, result_buffer, rows_input
 
 # q/k/v views whose rows (last axis) are contiguous, e.g. qkv.reshape(B, S, 3, H, D)[:, :, i]
 # .transpose(0, 2, 1, 3), are read in place (_common.rows_input), and such an out= view written in place.
@@ -40,10 +40,10 @@ ROWS_NOTE = ("q/k/v views with unit-stride rows are read in place, other non-con
              "copied to C order first; an out= view with unit-stride rows (e.g. a (B, S, H, D) buffer "
              "transposed) is written in place, another non-contiguous out= is filled by one copy")
 
-_KERNELS = ("kernels_cpu.attention", "kernels_cpu.bf16", "kernels_cpu.approx", "kernels_cpu.parallel")
-_DTYPES = FLOAT_DTYPES + (V.BF16,)
-_BF16_NOTE = ("; bfloat16 q / k / v (and an additive mask): widened to float32 copies, the result rounded once to "
-              "bfloat16")
+_KERNELS = ("kernels_cpu.attention", "kernels_cpu.half", "kernels_cpu.approx", "kernels_cpu.parallel")
+_DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
+_HALF_NOTE = ("; bfloat16 / float16 q / k / v (and an additive mask): widened to float32 copies, the result rounded "
+              "once to q's dtype")
 
 
 class AttentionKey(NamedTuple):
@@ -108,7 +108,7 @@ def describe(q, k, v, *, causal=False, mask=None, scale=None, out=None, return_l
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     else:
-        scale = V.finite("scale", scale, dtype=np.float32 if V.is_bfloat16(dt) else dt)
+        scale = V.finite("scale", scale, dtype=np.float32 if dev == "cpu" and V.is_half(dt) else dt)
     V.out(out, (B, Hq, Sq, D), dt, q=q, k=k, v=v, mask=mask)
     key = AttentionKey("attention", dev, dt, bucket(B * Hq), bucket(Sq), bucket(Skv), bucket_up(D),
                        bucket(Hq // Hkv), causal, mkind, return_lse)
@@ -251,19 +251,19 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out, return_lse=False):
 
 
 def _widen(a):
-    """A bfloat16 array as a new C-contiguous float32 one (exact), from the result arena (a
-    decode step's widened K / V would otherwise fault in fresh pages on every call)."""
+    """A bfloat16 / float16 array as a new C-contiguous float32 one (exact), from the result
+    arena (a decode step's widened K / V would otherwise fault in fresh pages on every call)."""
     ac = np.ascontiguousarray(a)
     w = _arena.empty(ac.shape, np.float32)
-    KBF.widen(ac.reshape(-1).view(np.uint16), w.reshape(-1).view(np.uint32))
+    KH.widen_into(half_bits(ac.reshape(-1)), w.reshape(-1))
     return w
 
 
-def _bf16(run32):
-    """run32 for bfloat16 q / k / v as well (PyTorch's bfloat16 attention on the CPU): q, k, v
-    and an additive mask widened to float32 copies (exact; O(S x D) beside the O(S^2 x D)
-    work), the float32 kernel, and the result rounded once to bfloat16 (the log-sum-exp of
-    return_lse stays float32)."""
+def _half(run32):
+    """run32 for bfloat16 / float16 q / k / v as well (PyTorch's 16-bit attention on the
+    CPU): q, k, v and an additive mask widened to float32 copies (exact; O(S x D) beside the
+    O(S^2 x D) work), the float32 kernel, and the result rounded once to q's dtype (the
+    log-sum-exp of return_lse stays float32)."""
     def run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         if q.dtype.itemsize != 2:
             return run32(params, q, k, v, mask, causal, scale, out, return_lse)
@@ -271,7 +271,7 @@ def _bf16(run32):
         got = run32(params, _widen(q), _widen(k), _widen(v), m, causal, scale, None, return_lse)
         res32, lse = got if return_lse else (got, None)
         res = result_buffer(out, q.shape, q.dtype)   # C-contiguous: out itself, or copied into it
-        KBF.narrow(res32.reshape(-1), res.reshape(-1).view(np.uint16))
+        KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))
         return _result(res, out, lse)
 
     return run
@@ -304,21 +304,21 @@ _op = register_op(Op(
     flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)},
     variants={"bert": _bert_layout}, synthesize=draw_case))
 register(Implementation(
-    "attention", "cpu-flash", "cpu", _bf16(_run_flash(True)), kernel_modules=_KERNELS, dtypes=_DTYPES,
+    "attention", "cpu-flash", "cpu", _half(_run_flash(True)), kernel_modules=_KERNELS, dtypes=_DTYPES,
     notes=ROWS_NOTE + f"; each thread packs the K of its current kv head into 16-key K^T panels (and copies a "
           "V whose rows are not adjacent) when the head changes; work items (batch, kv head, "
           f"tile of {K.BQ} (query head, query) rows of its GQA group), handed out dynamically over threads; "
           f"up to {K.ONE_TILE} keys as one tile, longer key ranges in {K.BK}-key tiles streamed with an online "
           "softmax, causal tiles above the diagonal skipped; "
           "mask read through broadcast strides, converted to an additive row once per K tile for rows sharing it"
-          + _BF16_NOTE))
+          + _HALF_NOTE))
 register(Implementation(
-    "attention", "cpu-serial", "cpu", _bf16(_run_flash(False)), kernel_modules=_KERNELS, dtypes=_DTYPES,
-    notes=ROWS_NOTE + "; the flash kernel on the calling thread" + _BF16_NOTE))
+    "attention", "cpu-serial", "cpu", _half(_run_flash(False)), kernel_modules=_KERNELS, dtypes=_DTYPES,
+    notes=ROWS_NOTE + "; the flash kernel on the calling thread" + _HALF_NOTE))
 register(Implementation(
-    "attention", "cpu-splitkv", "cpu", _bf16(_run_splitkv), kernel_modules=_KERNELS, dtypes=_DTYPES,
+    "attention", "cpu-splitkv", "cpu", _half(_run_splitkv), kernel_modules=_KERNELS, dtypes=_DTYPES,
     notes=ROWS_NOTE + f"; decode: work items (batch, kv head, kv split of >= {K.SPLIT_MIN} keys, "
-          f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group" + _BF16_NOTE,
+          f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group" + _HALF_NOTE,
     params={"items_per_thread": 4}, tunables={"items_per_thread": [1, 2, 4, 8]}))
 
 

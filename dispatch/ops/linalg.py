@@ -861,11 +861,12 @@ def _synthesize(shapes, params, rng, dtype):
         if fmt:
             from .weight_only import low_precision_weight
             out["weight"] = low_precision_weight(out["weight"], fmt)
-    if params.get("activations") == "bfloat16":  # x and bias too (PyTorch's bfloat16 linear)
+    act = params.get("activations")
+    if act in ("bfloat16", "float16"):  # x and bias too (PyTorch's 16-bit linear)
         from .weight_only import low_precision_weight
         for name in ("x", "bias"):
             if name in out:
-                out[name] = low_precision_weight(out[name], "bfloat16")
+                out[name] = low_precision_weight(out[name], act)
     return out
 
 

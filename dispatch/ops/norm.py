@@ -4,9 +4,9 @@ Both take x of any shape (..., D), optional (D,) weight (and bias for layer_norm
 optional residual of x's shape: then h = x + residual is formed in the same pass and the
 call returns (norm(h), h) -- the pre-norm transformer pattern, one pass over memory.
 float32 or float64; mixed dtypes are a TypeError.  On the CPU x may also be bfloat16
-(ml_dtypes.bfloat16, as PyTorch's bfloat16 norms): residual bfloat16, weight and bias
-bfloat16 or float32; computed in float32 and rounded to bfloat16 (nearest even), with h =
-x + residual rounded first and normalized as rounded.
+(ml_dtypes.bfloat16) or float16, as PyTorch's bfloat16 / float16 norms: residual in x's
+dtype, weight and bias in x's dtype or float32; computed in float32 and rounded to x's
+dtype (nearest even), with h = x + residual rounded first and normalized as rounded.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from kernels_cpu import norm as K
 from .. import validate as V
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import (HOST_COPY_NOTE, case_dtype, const_vector, contiguous, deliver, kernel_rows, result_buffer,
-                      serial_parallel_rule, size_bucket)
+from ._common import (HOST_COPY_NOTE, case_dtype, const_vector, contiguous, deliver, half_bits, kernel_rows,
+                      result_buffer, serial_parallel_rule, size_bucket)
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
 # tbb layer, float32, D = 768, no residual; medians, 2026-11-26, quiet host; /tmp/xover.py
@@ -69,11 +69,11 @@ _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (thread team, 
                          "ahead below 2^17 but in a loop, mixed at 2^17.6, parallel ahead from 2^18 elements"}
 
 
-_KERNELS = ("kernels_cpu.norm", "kernels_cpu.bf16", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.norm", "kernels_cpu.half", "kernels_cpu.approx", "kernels_cpu.parallel")
 _F32 = np.dtype(np.float32)
-_DTYPES = FLOAT_DTYPES + (V.BF16,)
-_BF16_NOTE = ("; bfloat16: rows widened to float32 a few at a time, h = x + residual and the output rounded to "
-              "bfloat16 (nearest even)")
+_DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
+_HALF_NOTE = ("; bfloat16 / float16: rows widened to float32 a few at a time, h = x + residual and the output rounded to "
+              "x's dtype (nearest even)")
 
 
 class NormKey(NamedTuple):
@@ -99,22 +99,22 @@ class NormArgs(NamedTuple):
 def _check(name, x, weight, bias, eps, residual, out):
     dev = V.device_of(x=x, weight=weight, bias=bias, residual=residual, out=out)
     dt = V.cpu_float_dtype("x", x, dev)
-    bf16 = V.is_bfloat16(dt)
+    half = V.is_half(dt)
     V.rank("x", x, (1, 64), " (..., D)")
     d = x.shape[-1]
     for pname, p in (("weight", weight), ("bias", bias)):
         if p is not None:
-            if bf16:   # PyTorch's mixed form too: float32 parameters of a bfloat16 x
+            if half:   # PyTorch's mixed form too: float32 parameters of a bfloat16 / float16 x
                 pdt = V.dtype_of(p)
-                if not (V.is_bfloat16(pdt) or pdt == np.float32):
-                    raise TypeError(f"{pname} must have dtype bfloat16 or float32 for a bfloat16 x, got {pdt}")
+                if not (pdt == dt or pdt == np.float32):
+                    raise TypeError(f"{pname} must have dtype {dt} or float32 for a {dt} x, got {pdt}")
             else:
                 V.same_dtype(pname, p, "x", dt)
             V.shape(pname, p, (d,), " (D,) for x's last dimension")
     if residual is not None:
         V.same_dtype("residual", residual, "x", dt)
         V.shape("residual", residual, tuple(x.shape), " (x's shape)")
-    eps = V.finite("eps", eps, positive=True, dtype=np.float32 if bf16 else dt)
+    eps = V.finite("eps", eps, positive=True, dtype=np.float32 if half else dt)
     V.out(out, x.shape, dt, x=x, weight=weight, bias=bias, residual=residual)
     key = NormKey(name, dev, dt, size_bucket(*x.shape), bucket(d),
                   weight is not None, bias is not None, residual is not None)
@@ -132,31 +132,31 @@ def _describe_rms(x, weight=None, *, eps=1e-6, residual=None, out=None):
 
 
 def _f32(p, d, fill):
-    """A weight / bias of a bfloat16 call as the kernel's float32 vector (None: `fill`)."""
+    """A weight / bias of a bfloat16 / float16 call as the kernel's float32 vector (None: `fill`)."""
     if p is None:
         return const_vector(d, _F32, fill)
     return contiguous(p) if p.dtype == _F32 else np.ascontiguousarray(p, dtype=_F32)
 
 
-def _run_bf16(kernel, rms, x, weight, bias, residual, eps, res, h, d):
-    """The bfloat16 kernels (kernels_cpu/norm.py) on the 16-bit patterns of x, residual,
-    h and the result, with float32 weight and bias."""
-    xc = kernel_rows(x, d).view(np.uint16)
-    res2 = (res if res.ndim == 2 else res.reshape(-1, d)).view(np.uint16)
+def _run_half(kernel, rms, x, weight, bias, residual, eps, res, h, d):
+    """The 16-bit kernels (kernels_cpu/norm.py) on the bit patterns of x, residual, h and
+    the result (bfloat16 or float16), with float32 weight and bias."""
+    xc = half_bits(kernel_rows(x, d))
+    res2 = half_bits(res if res.ndim == 2 else res.reshape(-1, d))
     r = hc = xc
     if residual is not None:
-        r, hc = kernel_rows(residual, d).view(np.uint16), h.reshape(-1, d).view(np.uint16)
+        r, hc = half_bits(kernel_rows(residual, d)), half_bits(h.reshape(-1, d))
     kernel(xc, r, hc, _f32(weight, d, 1.0), _f32(bias, d, 0.0), _F32.type(eps), res2, residual is not None, rms)
 
 
-def _host(kernel, with_bias, kernel_bf16):
+def _host(kernel, with_bias, kernel_half):
     def run(params, x, weight, bias, residual, eps, out):
         d = x.shape[-1]
         dt = x.dtype
         res = result_buffer(out, x.shape, dt)
         h = None if residual is None else _arena.empty(x.shape, dt)
-        if x.size and dt.itemsize == 2:   # bfloat16 (validate.cpu_float_dtype in _check)
-            _run_bf16(kernel_bf16, not with_bias, x, weight, bias, residual, eps, res, h, d)
+        if x.size and dt.itemsize == 2:   # bfloat16 / float16 (validate.cpu_float_dtype in _check)
+            _run_half(kernel_half, not with_bias, x, weight, bias, residual, eps, res, h, d)
         elif x.size:
             xc = kernel_rows(x, d)
             res2 = res if res.ndim == 2 else res.reshape(-1, d)
@@ -195,7 +195,7 @@ def _bytes(call):
 
 def _synthesize(shapes, params, rng, dtype):
     """Benchmark inputs: standard-normal x (and bias, residual), weight near 1; with
-    activations="bfloat16" every array in bfloat16 (a bfloat16 model's norm)."""
+    activations="bfloat16" / "float16" every array in that dtype (a 16-bit model's norm)."""
     dtype = case_dtype(params, dtype)
     out = {}
     for name, shape in shapes.items():
@@ -216,11 +216,11 @@ def _register(name, describe, signature, flops, serial, parallel, with_bias):
     rule = serial_parallel_rule("size", PARALLEL_THRESHOLD[name], _MEASURED[name])
     op = register_op(Op(name, describe, memo=True, family="norm", bound="memory", signature=signature, flops=flops,
                         bytes=_bytes, rules={"cpu": rule}, synthesize=_synthesize))
-    register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias, K.norm_bf16_serial),
-                            dtypes=_DTYPES, notes=HOST_COPY_NOTE + _BF16_NOTE, kernel_modules=_KERNELS))
-    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, with_bias, K.norm_bf16_parallel),
+    register(Implementation(name, "cpu-serial", "cpu", _host(serial, with_bias, K.norm_half_serial),
+                            dtypes=_DTYPES, notes=HOST_COPY_NOTE + _HALF_NOTE, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-parallel", "cpu", _host(parallel, with_bias, K.norm_half_parallel),
                             dtypes=_DTYPES, kernel_modules=_KERNELS,
-                            notes=HOST_COPY_NOTE + "; rows split over threads" + _BF16_NOTE))
+                            notes=HOST_COPY_NOTE + "; rows split over threads" + _HALF_NOTE))
     return op
 
 
@@ -238,8 +238,8 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, residual=None, out=None):
     With residual (x's shape): h = x + residual, returns (layer_norm(h), h), computed in
     one pass; out= then receives the normalized output and h is a new array.
     eps must be finite and > 0 (ValueError naming eps).  x float32 / float64, or on the CPU
-    bfloat16 (ml_dtypes; weight / bias bfloat16 or float32): float32 inside, h and the
-    result rounded to bfloat16."""
+    bfloat16 (ml_dtypes) or float16 (weight / bias in x's dtype or float32): float32
+    inside, h and the result rounded to x's dtype."""
     return _layer_norm(x, weight, bias, eps=eps, residual=residual, out=out)
 
 
@@ -250,6 +250,6 @@ def rms_norm(x, weight=None, *, eps=1e-6, residual=None, out=None):
 
     With residual (x's shape): h = x + residual, returns (rms_norm(h), h) in one pass;
     out= then receives the normalized output and h is a new array.
-    eps must be finite and > 0 (ValueError naming eps).  bfloat16 x on the CPU as
-    layer_norm."""
+    eps must be finite and > 0 (ValueError naming eps).  bfloat16 / float16 x on the
+    CPU as layer_norm."""
     return _rms_norm(x, weight, eps=eps, residual=residual, out=out)

@@ -1,7 +1,8 @@
 """Public softmax, log_softmax and cross_entropy.
 
-softmax / log_softmax reduce along one axis (any axis; float32 or float64, and bfloat16 on
-the CPU: float32 inside, the result rounded to bfloat16; the result has the input's shape).
+softmax / log_softmax reduce along one axis (any axis; float32 or float64, and bfloat16 /
+float16 on the CPU: float32 inside, the result rounded to the input's dtype; the result has
+the input's shape).
 cross_entropy takes (N, C) logits and (N,) integer class targets, with
 PyTorch's semantics for reduction and ignore_index.
 
@@ -21,7 +22,7 @@ from kernels_cpu import softmax as K
 from .. import validate as V
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, bucket, register, register_op
 from . import _arena
-from ._common import (HOST_COPY_NOTE, contiguous, deliver, draw_case, kernel_input, result_buffer,
+from ._common import (HOST_COPY_NOTE, contiguous, deliver, draw_case, half_bits, kernel_input, result_buffer,
                       serial_parallel_rule, size_bucket)
 
 # Measured through dispatch with each kernel forced (2 cores, Sapphire Rapids host, numba's
@@ -39,7 +40,7 @@ PARALLEL_THRESHOLD = 1 << 17
 _MEASURED = "float32 serial vs parallel (tbb, loop and paced): serial ahead through 2^16, crossover 2^17..2^18 elements"
 
 REDUCTIONS = ("mean", "sum", "none")
-_KERNELS = ("kernels_cpu.softmax", "kernels_cpu.bf16", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.softmax", "kernels_cpu.half", "kernels_cpu.approx", "kernels_cpu.parallel")
 
 
 class SoftmaxKey(NamedTuple):
@@ -93,11 +94,11 @@ def _describe_softmax(name, log):
 
 
 def _softmax_host(kernels):
-    kernel32, kernel_bf16 = kernels   # (held by the closure one by one: the contract tests find them there)
+    kernel32, kernel_half = kernels   # (held by the closure one by one: the contract tests find them there)
 
     def run(params, x, axis, out, log):
-        bf16 = x.dtype.itemsize == 2   # bfloat16 (cpu_float_dtype): the kernels take its bits
-        kernel = kernel_bf16 if bf16 else kernel32
+        half = x.dtype.itemsize == 2   # bfloat16 / float16 (cpu_float_dtype): the kernels take its bits
+        kernel = kernel_half if half else kernel32
         last = axis == x.ndim - 1
         xm = x if last else np.moveaxis(x, axis, -1)
         xc = contiguous(xm)
@@ -108,7 +109,7 @@ def _softmax_host(kernels):
             res = _arena.empty(xc.shape, x.dtype)
         if xc.size:
             x2, r2 = (xc, res) if xc.ndim == 2 else (xc.reshape(-1, n), res.reshape(-1, n))
-            kernel(x2.view(np.uint16), r2.view(np.uint16), log) if bf16 else kernel(x2, r2, log)
+            kernel(half_bits(x2), half_bits(r2), log) if half else kernel(x2, r2, log)
         if not last:
             res = np.moveaxis(res, -1, axis)
         return deliver(res, out)
@@ -127,8 +128,9 @@ def _softmax_bytes(call):
 
 
 _RULE = serial_parallel_rule("size", PARALLEL_THRESHOLD, _MEASURED)
-_DTYPES = FLOAT_DTYPES + (V.BF16,)
-_BF16_NOTE = "; bfloat16: rows widened to float32 a block at a time, the result rounded to bfloat16 (nearest even)"
+_DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
+_HALF_NOTE = ("; bfloat16 / float16: rows widened to float32 a block at a time, the result rounded to the input's "
+              "dtype (nearest even)")
 
 
 def _sig_softmax(i):
@@ -139,11 +141,11 @@ def _register_softmax(name, log):
     op = register_op(Op(name, _describe_softmax(name, log), memo=True, family="softmax", bound="memory",
                         signature=_sig_softmax, flops=_softmax_flops, bytes=_softmax_bytes, rules={"cpu": _RULE},
                         synthesize=draw_case))
-    register(Implementation(name, "cpu-serial", "cpu", _softmax_host((K.softmax_serial, K.softmax_bf16_serial)),
-                            dtypes=_DTYPES, notes=HOST_COPY_NOTE + AXIS_NOTE + _BF16_NOTE, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-serial", "cpu", _softmax_host((K.softmax_serial, K.softmax_half_serial)),
+                            dtypes=_DTYPES, notes=HOST_COPY_NOTE + AXIS_NOTE + _HALF_NOTE, kernel_modules=_KERNELS))
     register(Implementation(name, "cpu-parallel", "cpu",
-                            _softmax_host((K.softmax_parallel, K.softmax_bf16_parallel)), dtypes=_DTYPES,
-                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads" + _BF16_NOTE,
+                            _softmax_host((K.softmax_parallel, K.softmax_half_parallel)), dtypes=_DTYPES,
+                            notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads" + _HALF_NOTE,
                             kernel_modules=_KERNELS))
     return op
 
@@ -238,8 +240,8 @@ register(Implementation("cross_entropy", "cpu-parallel", "cpu", _cross_entropy_h
 def softmax(x, axis=-1, *, out=None):
     """exp(x - max) / sum(exp(x - max)) along `axis` (numerically stable for any finite
     input).  -inf entries give 0; a row of all -inf (or holding +inf / NaN) gives NaN, as
-    PyTorch.  Returns an array of x's shape and dtype (out= when given).  bfloat16 x (CPU):
-    computed in float32, each result rounded to bfloat16."""
+    PyTorch.  Returns an array of x's shape and dtype (out= when given).  bfloat16 / float16
+    x (CPU): computed in float32, each result rounded to x's dtype."""
     return _softmax(x, axis, out=out)
 
 

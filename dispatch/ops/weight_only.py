@@ -41,7 +41,7 @@ import numpy as np
 
 from kernels_common.activation import ACT_NONE
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
-from kernels_cpu import bf16 as KBF
+from kernels_cpu import half as KH
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import weight_only as KW
 
@@ -50,7 +50,7 @@ from ..validate import BF16, is_bfloat16
 from ..quantized import QuantizedArray
 from ..registry import Call, Implementation, register
 from . import linalg as L
-from ._common import deliver, kernel_input, result_buffer
+from ._common import deliver, half_bits, kernel_input, result_buffer
 
 _KERNELS = ("kernels_cpu.weight_only", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
 _F32 = np.dtype(np.float32)
@@ -75,8 +75,8 @@ def weight_format(x_dtype, weight) -> int:
         dt = V.dtype_of(weight)
     except Exception:  # noqa: BLE001 - not an array: the dense path's validation names it
         return WEIGHT_DENSE
-    if dt == _F16 and np.dtype(x_dtype) != _F16:
-        return WEIGHT_F16
+    if dt == _F16 and (np.dtype(x_dtype) != _F16 or type(weight) is np.ndarray):
+        return WEIGHT_F16   # (float16 x and weight: CUDA's dense float16 GEMM; on the CPU widened x, below)
     if dt == np.uint16:
         raise TypeError("weight has dtype uint16: bfloat16 weights are passed as ml_dtypes.bfloat16 arrays "
                         "(bits.view(ml_dtypes.bfloat16) for their 16-bit patterns), float16 ones as float16")
@@ -84,6 +84,12 @@ def weight_format(x_dtype, weight) -> int:
         raise TypeError(f"weight has dtype {dt}: an integer weight needs its scale, pass it as a "
                         "dispatch.QuantizedArray(values, scale, zero_point, axis=0) (per output row) or axis=None")
     return WEIGHT_DENSE
+
+
+def _same_half(xdt, fmt) -> bool:
+    """x is bfloat16 with a bfloat16 weight, or float16 with a float16 one (PyTorch's 16-bit
+    linear): the CPU widens x to float32 and rounds the float32 result back (_prepare)."""
+    return (fmt == WEIGHT_BF16 and is_bfloat16(xdt)) or (fmt == WEIGHT_F16 and xdt == _F16)
 
 
 def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
@@ -98,9 +104,9 @@ def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
     dev = V.device_of(x=x, weight=values, bias=bias, out=out)
     xdt = V.dtype_of(x)
     allowed = (_F32,) if dev == "cpu" else (_F32, _F16)
-    if xdt not in allowed and not (dev == "cpu" and fmt == WEIGHT_BF16 and is_bfloat16(xdt)):
+    if xdt not in allowed and not (dev == "cpu" and _same_half(xdt, fmt)):
         names = " or ".join(d.name for d in allowed)
-        also = " (bfloat16 too with a bfloat16 weight)" if dev == "cpu" else ""
+        also = " (bfloat16 / float16 too with a weight of that dtype)" if dev == "cpu" else ""
         raise TypeError(f"x must be {names}{also} with a {WEIGHT_FORMAT_NAMES[fmt]} weight (the kernels accumulate "
                         f"in float32), got {xdt}" + ("; cast x to float32" if xdt == np.float64 else ""))
     if bias is not None:
@@ -174,16 +180,17 @@ def host_weight(weight):
 
 
 def _prepare(x, weight, bias, out):
-    """The kernels' float32 arguments.  bfloat16 x (with a bfloat16 weight) is widened to
-    float32 (exact) and the result made in float32, for _finish to round into x's dtype."""
+    """The kernels' float32 arguments.  bfloat16 / float16 x (with a weight of its dtype) is
+    widened to float32 (exact) and the result made in float32, for _finish to round into x's
+    dtype."""
     k = x.shape[-1]
     m = math.prod(x.shape[:-1])
     w2, fmt, sc, zp = host_weight(weight)
     n = w2.shape[0]
     shape = tuple(x.shape[:-1]) + (n,)
-    if is_bfloat16(x.dtype):
+    if x.dtype.itemsize == 2:   # bfloat16 / float16 (_same_half)
         x2 = np.empty((m, k), _F32)
-        KBF.widen(kernel_input(np.ascontiguousarray(x).reshape(-1).view(np.uint16)), x2.reshape(-1).view(np.uint32))
+        KH.widen_into(kernel_input(half_bits(np.ascontiguousarray(x).reshape(-1))), x2.reshape(-1))
         res = np.empty(shape, _F32)
         bias_v = L._zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
     else:
@@ -194,12 +201,12 @@ def _prepare(x, weight, bias, out):
 
 
 def _finish(res, x, out):
-    """The public result of a weight-only call: res, or for bfloat16 x, res (float32) rounded
-    to bfloat16 (nearest even)."""
-    if not is_bfloat16(x.dtype):
+    """The public result of a weight-only call: res, or for bfloat16 / float16 x, res
+    (float32) rounded to x's dtype (nearest even)."""
+    if x.dtype.itemsize != 2:
         return deliver(res, out)
     final = result_buffer(out, res.shape, x.dtype)
-    KBF.narrow(res.reshape(-1), final.reshape(-1).view(np.uint16))
+    KH.round_into(res.reshape(-1), half_bits(final.reshape(-1)))
     return deliver(final, out)
 
 
@@ -277,7 +284,7 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     return _finish(res, x, out)
 
 
-_BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.bf16", "kernels_cpu.gemm", "kernels_cpu.approx",
+_BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.half", "kernels_cpu.gemm", "kernels_cpu.approx",
                  "kernels_cpu.parallel")
 
 
@@ -382,7 +389,8 @@ def _widened_order(key):
             "widened into the GEMM's packed panels, then the dense GEMM (compute bound; measured beside WO_GEMV_ROWS)")
 
 
-_NOTES_BF16_X = "; bfloat16 x: widened to float32 (exact) first, the float32 result rounded to bfloat16"
+_NOTES_HALF_X = ("; bfloat16 / float16 x (with a weight of its dtype): widened to float32 (exact) first, the float32 "
+                 "result rounded to x's dtype")
 _NOTES_BF16_DOT = ("bfloat16 x and weight: AVX-512 BF16 vdpbf16ps (pairs of bfloat16 products summed in float32), "
                    "6 weight rows (read in place, broadcast words) x 64 rows of x (packed once per call) per "
                    "register tile; tasks of 48 weight rows x 128 rows of x; bias + activation on the float32 sums, "
@@ -395,10 +403,10 @@ _NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS 
                "float32 straight into the GEMM's packed panels (the calling thread's buffer), then the own GEMM "
                "(cpu-gemm) on each block with bias + activation fused")
 
-register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16), supports=refuse_dense,
-                        notes=_NOTES_GEMV + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16",)))
-register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16), supports=refuse_dense,
-                        notes=_NOTES_GEMM + _NOTES_BF16_X, kernel_modules=_KERNELS + ("kernels_cpu.bf16",)))
+register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
+                        notes=_NOTES_GEMV + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
+register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
+                        notes=_NOTES_GEMM + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
 register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=_bf16_dot_supports,
                         notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
 

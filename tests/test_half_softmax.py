@@ -1,19 +1,18 @@
-"""softmax and log_softmax of bfloat16 x (PyTorch's bfloat16 softmax; CPU): float32 inside,
-each result rounded once to bfloat16.  Every CPU implementation is forced and compared
-with the float64 reference of the same bfloat16 values: rows of 1 to 32000, any axis,
--inf entries and NaN / all -inf rows, views, NaN-poisoned out=, threads, bad input."""
-import ml_dtypes
+"""softmax and log_softmax of bfloat16 / float16 x (PyTorch's 16-bit softmax; CPU), each
+test once per format (the `half` fixture): float32 inside, each result rounded once to x's
+dtype.  Every CPU implementation is forced and compared with the float64 reference of the
+same 16-bit values: rows of 1 to 32000, any axis, -inf entries and NaN / all -inf rows, the
+largest finite value, views, NaN-poisoned out=, threads, bad input."""
 import numpy as np
 import pytest
 
 import dispatch
 from tests.reference import softmax as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, assert_bf16_close, concurrent_mismatches, impl_params, poisoned,
-                           randn, rng, run, strided)
+from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, half_limits,
+                           impl_params, poisoned, randn, rng, run, strided)
 
-pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input")
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 x is a CPU input here")
 
-BF = ml_dtypes.bfloat16
 F32_SLACK = 1e-5        # float32 exp / log and sums, relative to the terms (1, or |x| for log_softmax)
 
 SHAPES = [(1,), (7,), (3, 5), (2, 3, 37)] if SMALL_SHAPES else [(1,), (7,), (3, 5), (1, 12, 8, 128), (2, 32000),
@@ -26,24 +25,20 @@ def _cases():
             for name, fn, r in OPS for p in impl_params(name, "cpu")]
 
 
-def bf16(a):
-    return np.asarray(a, np.float32).astype(BF)
-
-
 def check(got, want, x, log, what=""):
-    """assert_bf16_close with the float32 error relative to the terms (1, or |x| + 1 for
+    """assert_half_close with the float32 error relative to the terms (1, or |x| + 1 for
     log_softmax)."""
     terms = (np.abs(np.asarray(x, np.float64)) + 1.0) if log else 1.0
-    assert_bf16_close(got, want, F32_SLACK * terms, what)
+    assert_half_close(got, want, F32_SLACK * terms, what)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("name, fn, reference, impl", _cases())
-def test_matches_reference(name, fn, reference, impl, shape):
-    x = bf16(randn(rng(), shape, np.float32) * 4)
+def test_matches_reference(name, fn, reference, impl, shape, half):
+    x = as_half(half, randn(rng(), shape, np.float32) * 4)
     log = name == "log_softmax"
     for axis in sorted({-1, 0}):
-        out = poisoned(shape, BF)
+        out = poisoned(shape, half)
         got = run(impl, fn, x, axis, out=out)
         assert got is out
         with np.errstate(divide="ignore"):
@@ -51,9 +46,9 @@ def test_matches_reference(name, fn, reference, impl, shape):
 
 
 @pytest.mark.parametrize("name, fn, reference, impl", _cases())
-def test_special_rows_views_and_out(name, fn, reference, impl):
+def test_special_rows_views_and_out(name, fn, reference, impl, half):
     """-inf entries (0 / -inf), a NaN row, an all -inf row and a +inf row (all NaN), the
-    largest bfloat16; a strided x, a non-contiguous out=; no rows."""
+    largest finite value; a strided x, a non-contiguous out=; no rows."""
     g = rng()
     n = 9 if SMALL_SHAPES else 300
     x = randn(g, (6, n), np.float32) * 3
@@ -61,8 +56,8 @@ def test_special_rows_views_and_out(name, fn, reference, impl):
     x[1, 2] = np.nan
     x[2, :] = -np.inf
     x[3, 4] = np.inf
-    x[4, 1] = 3.3895e38
-    x = bf16(x)
+    x[4, 1] = half_limits(half)[0]
+    x = as_half(half, x)
     log = name == "log_softmax"
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         want = reference(x)
@@ -71,18 +66,18 @@ def test_special_rows_views_and_out(name, fn, reference, impl):
         xs = strided(x)
         assert not xs.flags.c_contiguous
         check(run(impl, fn, xs), want, x, log, f"{impl} strided")
-        tout = np.full((n, 6), np.nan, BF).T
+        tout = np.full((n, 6), np.nan, half).T
         assert run(impl, fn, x, out=tout) is tout
         check(tout, want, x, log, f"{impl} non-contiguous out=")
-    empty = run(impl, fn, np.zeros((0, n), BF))
-    assert empty.shape == (0, n) and empty.dtype == BF
+    empty = run(impl, fn, np.zeros((0, n), half))
+    assert empty.shape == (0, n) and empty.dtype == half
 
 
-def test_bad_input_changes_nothing():
-    x = bf16(randn(rng(), (3, 8), np.float32))
-    out = np.full((3, 8), np.nan, BF)
-    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64.*bfloat16"):
-        dispatch.softmax(x.astype(np.float16), out=out)
+def test_bad_input_changes_nothing(half):
+    x = as_half(half, randn(rng(), (3, 8), np.float32))
+    out = np.full((3, 8), np.nan, half)
+    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64.*bfloat16 / float16"):
+        dispatch.softmax(x.astype(np.int16), out=out)
     with pytest.raises((TypeError, ValueError), match="out"):
         dispatch.log_softmax(x, out=np.full((3, 8), np.nan, np.float32))
     with pytest.raises(ValueError, match="axis"):
@@ -90,10 +85,10 @@ def test_bad_input_changes_nothing():
     assert np.isnan(out.astype(np.float32)).all(), "out= was written"
 
 
-def test_threads_bitwise():
+def test_threads_bitwise(half):
     g = rng()
     shapes = [(3, 7), (40, 128), (8, 3000), (300, 64)] if not SMALL_SHAPES else [(3, 7), (4, 16), (2, 30), (5, 9)]
-    cases = [bf16(randn(g, s, np.float32) * 3) for s in shapes]
+    cases = [as_half(half, randn(g, s, np.float32) * 3) for s in shapes]
 
     def call(x):
         return np.concatenate([dispatch.softmax(x).view(np.uint16).ravel(),
