@@ -80,9 +80,9 @@ def _attention(q, k, v, causal=False):
 
 
 def _f32(a):
-    """A bfloat16 array (ml_dtypes) as float32, for numpy to compute on (its arithmetic on
-    bfloat16 arrays rounds every step to bfloat16); other arrays as they are."""
-    return a.astype(np.float32) if getattr(a.dtype, "name", "") == "bfloat16" else a
+    """A bfloat16 (ml_dtypes) or float16 array as float32, for numpy to compute on (its
+    arithmetic on 16-bit arrays rounds every step to 16 bits); other arrays as they are."""
+    return a.astype(np.float32) if getattr(a.dtype, "name", "") in ("bfloat16", "float16") else a
 
 
 def _layer_norm(x, w, b, eps=1e-5):

@@ -23,9 +23,9 @@ from . import peers as P
 from . import ROOT, roofline, timing
 
 AGREE_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
-# a case with bfloat16 activations has a bfloat16 result: rounded to 8 significant bits, so
-# within 2^-8 of the float64 value, plus the float32 sums' error
-AGREE_TOL_BFLOAT16 = 2.0 ** -8 + 1e-4
+# a case with 16-bit activations has a 16-bit result: rounded to 8 (bfloat16) / 11 (float16)
+# significant bits, so within 2^-8 / 2^-11 of the float64 value, plus the float32 sums' error
+AGREE_TOL_HALF = {"bfloat16": 2.0 ** -8 + 1e-4, "float16": 2.0 ** -11 + 1e-4}
 
 
 class Progress:
@@ -277,7 +277,7 @@ def measure_case(case, ceilings, *, dtype=np.float32, rounds=5, max_rounds=None,
     if ref is None:
         row["notes"].append(f"outputs not checked against the float64 reference: its copies would exceed "
                             f"{P.REFERENCE_MAX_BYTES >> 30} GiB")
-    tol = AGREE_TOL_BFLOAT16 if case.params.get("activations") == "bfloat16" else AGREE_TOL[np.dtype(dtype)]
+    tol = AGREE_TOL_HALF.get(case.params.get("activations")) or AGREE_TOL[np.dtype(dtype)]
     row["agreement"] = {}
     # a state the op updates in place (Op.updates) is shared with the peers' views of the
     # inputs: each first call starts from the same state, so the outputs are comparable

@@ -49,7 +49,7 @@ def plan(ops=None, dtypes=("float32",)):
 
 def _dtype(name):
     """np.dtype of a --dtypes name; "bfloat16" is ml_dtypes' (imported here, on request only:
-    linear with bfloat16 activations)."""
+    the ops' bfloat16 paths)."""
     if str(name) == "bfloat16":
         try:
             import ml_dtypes
@@ -89,8 +89,9 @@ def compile_one(op_name, impl_name, dtype):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dispatch.warmup", description=__doc__.split("\n\n")[0])
     p.add_argument("ops", nargs="*", help="ops to compile (default: all registered)")
-    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64", "bfloat16"],
-                   help="bfloat16: the kernels of linear with bfloat16 activations (needs ml_dtypes)")
+    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64", "bfloat16", "float16"],
+                   help="bfloat16 / float16: the 16-bit kernels of the ops that have them (linear, the norms, "
+                        "activations, softmax, rope, attention; bfloat16 needs ml_dtypes)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
     t0 = time.perf_counter()

@@ -16,4 +16,7 @@ CASES = [
     _c("gelu", "bert-base ffn bfloat16", "BERT-base", {"x": (128, 3072)}, activations="bfloat16"),
     _c("swiglu", "llama-7b ffn prefill 128 bfloat16", "Llama-7B", {"gate": (128, 11008), "up": (128, 11008)},
        activations="bfloat16"),
+    # a float16 model's (PyTorch's float16 silu(gate) * up on the CPU)
+    _c("swiglu", "llama-7b ffn prefill 128 float16", "Llama-7B", {"gate": (128, 11008), "up": (128, 11008)},
+       activations="float16"),
 ]

@@ -18,4 +18,7 @@ CASES = [
     _c("attention", "llama-7b prefill 512 causal bfloat16", "Llama-7B",
        {"q": (1, 32, 512, 128), "k": (1, 32, 512, 128), "v": (1, 32, 512, 128)}, causal=True,
        activations="bfloat16"),
+    _c("attention", "llama-7b prefill 512 causal float16", "Llama-7B",
+       {"q": (1, 32, 512, 128), "k": (1, 32, 512, 128), "v": (1, 32, 512, 128)}, causal=True,
+       activations="float16"),
 ]

@@ -12,4 +12,7 @@ CASES = [
        activations="bfloat16"),
     _c("rms_norm", "llama-7b prefill 512 bfloat16", "Llama-7B", {"x": (512, 4096), "weight": (4096,)},
        activations="bfloat16"),
+    # a float16 model's (PyTorch's float16 rms_norm on the CPU)
+    _c("rms_norm", "llama-7b prefill 512 float16", "Llama-7B", {"x": (512, 4096), "weight": (4096,)},
+       activations="float16"),
 ]

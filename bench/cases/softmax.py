@@ -12,4 +12,5 @@ CASES = [
     _c("cross_entropy", "gpt-2 lm loss 1024", "GPT-2", {"logits": (1024, GPT2_VOCAB)}),
     # a bfloat16 model's attention scores (PyTorch's bfloat16 softmax)
     _c("softmax", "bert-base attn scores bfloat16", "BERT-base", {"x": (1, 12, 128, 128)}, activations="bfloat16"),
+    _c("softmax", "bert-base attn scores float16", "BERT-base", {"x": (1, 12, 128, 128)}, activations="float16"),
 ]

@@ -37,15 +37,15 @@ def _probe(fmt):
     return probe
 
 
-def _probe_bf16_activations(case, data):
-    """bfloat16 x, weight and bias (as the case's synthesis rounds them) against the float32
-    linear of the float32 data."""
+def _probe_half_activations(case, data):
+    """16-bit x, weight and bias (bfloat16 / float16, as the case's synthesis rounds them)
+    against the float32 linear of the float32 data."""
     import dispatch
     from dispatch.ops.weight_only import low_precision_weight
 
     x, w, b = data["x"], data["weight"] / np.float32(np.sqrt(data["weight"].shape[1])), data.get("bias")
-    act = case.params.get("activation")
-    low = dispatch.linear(*(low_precision_weight(v, "bfloat16") if v is not None else None for v in (x, w, b)),
+    act, fmt = case.params.get("activation"), case.params["activations"]
+    low = dispatch.linear(*(low_precision_weight(v, fmt) if v is not None else None for v in (x, w, b)),
                           activation=act)
     return np.asarray(low, np.float32), dispatch.linear(x, w, b, activation=act)
 
@@ -63,9 +63,13 @@ CASES = [
     # bfloat16 activations too (PyTorch's bfloat16 linear: cpu-bf16-dot, vdpbf16ps, on hosts
     # with AVX-512 BF16); the accuracy columns: against the float32 linear of the float32 data
     _c("linear", "llama-7b prefill 128 gate bfloat16 activations", "Llama-7B",
-       {"x": (128, _H), "weight": (_F, _H)}, accuracy=_probe_bf16_activations, weight_format="bfloat16",
+       {"x": (128, _H), "weight": (_F, _H)}, accuracy=_probe_half_activations, weight_format="bfloat16",
        activations="bfloat16"),
     _c("linear", "bert-base ffn-up +gelu bfloat16 activations", "BERT-base",
-       {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, accuracy=_probe_bf16_activations,
+       {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, accuracy=_probe_half_activations,
        weight_format="bfloat16", activations="bfloat16", activation="gelu"),
+    # float16 activations (PyTorch's float16 linear): x widened, the weight-only kernels
+    _c("linear", "bert-base ffn-up +gelu float16 activations", "BERT-base",
+       {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, accuracy=_probe_half_activations,
+       weight_format="float16", activations="float16", activation="gelu"),
 ]
