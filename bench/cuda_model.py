@@ -566,11 +566,21 @@ def combine(b, launches=1):
 def describe(case, dtype=np.float32):
     """The validated call of a benchmark case with inputs of `dtype` (zeros drawn without a
     generator: only shapes and dtypes matter here), as the dispatcher sees it for device
-    arrays.  float16 is accepted for device arrays only, so a float16 call is described with
-    float32 host zeros, then its float32 arrays and its key are given float16."""
+    arrays.  A float16 call is described with float32 host zeros, then its float32 arrays and
+    its key are given float16 (the CPU's float16 ops validate differently).  A case with
+    activations= (its inputs' dtype fixed) is described in that dtype only: TypeError
+    otherwise, as for an op that does not take the dtype."""
     from dispatch import registry
 
     dt = np.dtype(dtype)
+    act = case.params.get("activations")   # a case whose inputs have a dtype of their own
+    if act is not None and act != dt.name:
+        raise TypeError(f"the case's inputs are {act} (activations={act!r}), not {dt.name}")
+    if act == "float16" and case.params.get("weight_format") == "float16":
+        # host float16 x and weight are the CPU's widened weight-only linear; device ones
+        # are CUDA's dense float16 GEMM, which the same case without activations= shows
+        raise TypeError("float16 x and weight: on CUDA the dense float16 GEMM (the float16 run of the case's "
+                        "float32 twin), not describable from host arrays")
     args, kw = case.call_args(case.inputs(None, np.float32 if dt == np.float16 else dt.type, shape_only=True))
     call = registry.OPS[case.op].describe(*args, **kw)
     if dt != np.float16:
