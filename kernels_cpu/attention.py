@@ -48,8 +48,9 @@ from numba.extending import intrinsic, overload
 
 from .approx import (OVERLOAD, JIT, JIT_INNER, JIT_BY_ADDRESS, _target_has_avx512, bits_to_float, fexp, fexp_nonpos,
                      like, wide_loops)
+from .half import widen
 from .parallel import (c_array_at, call_address, fetch_add, keep_alive, like_dtype, prefetch, run_serial,
-                       run_workers, view_at, worker_address, worker_addresses)
+                       run_workers, view_at, worker_address, worker_addresses, zero_of)
 
 from kernels_common.attention import MASK_ADD, MASK_BOOL, MASK_NONE  # noqa: F401  (one table with CUDA)
 
@@ -571,7 +572,7 @@ def flash_item(w, block, is64, masked):
     ip = c_array_at(block, np.int64(0), (J_COUNT,))
     p = c_array_at(ip[J_PARAMS], np.int64(0), (F_COUNT,))
     z = like_dtype(is64)
-    q, k, _, masks, out, scale = _views(p, z)
+    q, k, _, masks, out, scale = _views(p, z, z)
     lse = _lse_view(p, z)
     mkind, causal = p[F_MKIND], p[F_CAUSAL] != 0
     Hkv = k.shape[1]
@@ -726,7 +727,7 @@ def _params(q, k, v, mask, mkind, causal, out, scale, lse=None):
     room for."""
     if lse is not None and not (lse.flags.c_contiguous and lse.dtype == q.dtype and lse.shape == q.shape[:3]):
         raise ValueError("attention kernels: lse must be a C-contiguous (B, Hq, Sq) array of q's dtype")
-    p = _plan(q.shape, v.shape, q.itemsize, (q.strides, k.strides, v.strides, mask.strides, out.strides),
+    p = _plan(q.shape, v.shape, q.itemsize, k.itemsize, (q.strides, k.strides, v.strides, mask.strides, out.strides),
               mask.itemsize, (q.size > 0, k.size > 0, v.size > 0, mask.size > 0, out.size > 0),
               int(mkind), bool(causal), float(scale)).copy()
     p[F_Q], p[F_K], p[F_V] = q.ctypes.data, k.ctypes.data, v.ctypes.data
@@ -737,23 +738,24 @@ def _params(q, k, v, mask, mkind, causal, out, scale, lse=None):
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(qshape, vshape, itemsize, strides_all, mitemsize, nonempty, mkind, causal, scale):
+def _plan(qshape, vshape, itemsize, kvitemsize, strides_all, mitemsize, nonempty, mkind, causal, scale):
     """_params' block without addresses, read-only (each call copies it); strides_all and
-    nonempty: the strides of q, k, v, mask and out, and whether each has elements."""
+    nonempty: the strides of q, k, v, mask and out, and whether each has elements;
+    kvitemsize: k's and v's (2 for split-KV's 16-bit K / V, else itemsize)."""
     B, Hq, Sq, D = qshape
     Hkv, Skv = vshape[1], vshape[2]
     vs = strides_all[2]
     p = np.zeros(F_COUNT, np.int64)
     for i, slot in enumerate((F_Q, F_K, F_V, F_MASK, F_OUT)):
         strides = strides_all[i]
-        isz = mitemsize if slot == F_MASK else itemsize
+        isz = mitemsize if slot == F_MASK else kvitemsize if slot in (F_K, F_V) else itemsize
         if nonempty[i] and (min(strides) < 0 or (slot != F_MASK and strides[-1] != isz)):
             raise ValueError("attention kernels: strides must be non-negative, and q/k/v/out rows unit-stride")
         base = F_STRIDES + 4 * (slot - F_Q)
         p[base:base + 4] = strides
     p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D] = B, Hq, Hkv, Sq, Skv, D
     p[F_SCALE] = np.float64(scale).view(np.int64)
-    p[F_VROWS] = int(vs[2] != D * itemsize)  # V rows not adjacent: each head is copied
+    p[F_VROWS] = int(vs[2] != D * kvitemsize)  # V rows not adjacent: each head is copied
     p[F_CHUNK] = 1
     p[F_MKIND], p[F_CAUSAL] = mkind, int(causal)
     p.flags.writeable = False
@@ -813,15 +815,16 @@ def _mask_arg_overload(masked, masks):
 
 
 @njit(inline="always")
-def _views(p, z):
+def _views(p, z, zkv):
     """(q, k, v, masks, out, scale) rebuilt from the int64 block p (see _params) as
-    strided views; z: a zero of the element type; masks: the mask as a bool and as a float
-    view (_mask_row reads the one its run-time kind names; a dummy for no mask)."""
+    strided views; z: a zero of the element type, zkv: of k's and v's (z, or split-KV's
+    16-bit bits); masks: the mask as a bool and as a float view (_mask_row reads the one
+    its run-time kind names; a dummy for no mask)."""
     B, Hq, Hkv, Sq, Skv, D = p[F_B], p[F_HQ], p[F_HKV], p[F_SQ], p[F_SKV], p[F_D]
     s = F_STRIDES
     q = view_at(p[F_Q], z, (B, Hq, Sq, D), (p[s], p[s + 1], p[s + 2], p[s + 3]))
-    k = view_at(p[F_K], z, (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
-    v = view_at(p[F_V], z, (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
+    k = view_at(p[F_K], zkv, (B, Hkv, Skv, D), (p[s + 4], p[s + 5], p[s + 6], p[s + 7]))
+    v = view_at(p[F_V], zkv, (B, Hkv, Skv, D), (p[s + 8], p[s + 9], p[s + 10], p[s + 11]))
     mstrides = (p[s + 12], p[s + 13], p[s + 14], p[s + 15])
     masks = (view_at(p[F_MASK], False, (B, Hq, Sq, Skv), mstrides), view_at(p[F_MASK], z, (B, Hq, Sq, Skv), mstrides))
     out = view_at(p[F_OUT], z, (B, Hq, Sq, D), (p[s + 16], p[s + 17], p[s + 18], p[s + 19]))
@@ -919,7 +922,10 @@ def _split_item(q, k, v, masks, mkind, causal, scale, b, hk, sp, rc, split_len, 
                 qs, st, acc):
     """Keys [sp*split_len, ...) for query rows rc*RC .. of kv group hk; rows enumerate
     (head in group, query): row rr -> head hk*G + rr // Sq, query rr % Sq.  Writes the
-    unnormalized partial (m, l, acc) of split sp.  masks, mkind, causal: as flash_item's."""
+    unnormalized partial (m, l, acc) of split sp.  masks, mkind, causal: as flash_item's.
+    k and v may hold bfloat16 / float16 bits (half.py) with q float32: each element widened
+    as it is read, so a decode step streams 2 bytes per cached element, not the 4 + 4 + 2
+    of a float32 copy made first (then the plain p V loop: row_micro reads float32)."""
     Hq, Sq, D = q.shape[1], q.shape[2], q.shape[3]
     Hkv, Skv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -957,12 +963,13 @@ def _split_item(q, k, v, masks, mkind, causal, scale, b, hk, sp, rc, split_len, 
         mvals[r0 + r] = ninf
         lvals[r0 + r] = zero
     isz = q.itemsize
+    kisz = kh.itemsize
     rnc = ROW_NC if isz == 4 else ROW_NC // 2
-    by_block = D % rnc == 0
+    by_block = D % rnc == 0 and kisz == isz
     st_p, acc_p, v_p = st.ctypes.data, acc.ctypes.data, vh.ctypes.data
-    ldv = vh.strides[0] // isz
-    ldk = kh.strides[0] // isz
-    line = 64 // isz
+    ldv = vh.strides[0] // kisz
+    ldk = kh.strides[0] // kisz
+    line = 64 // kisz
     for j0 in range(js, je, BK):
         jn = min(BK, je - j0)
         for j in range(jn):
@@ -980,7 +987,7 @@ def _split_item(q, k, v, masks, mkind, causal, scale, b, hk, sp, rc, split_len, 
                 qrow = qs[r]
                 s = zero
                 for d in range(D):
-                    s += qrow[d] * krow[d]
+                    s += qrow[d] * widen(krow[d])
                 st[r, j] = s
         for r in range(nr):
             rr = r0 + r
@@ -1012,7 +1019,7 @@ def _split_item(q, k, v, masks, mkind, causal, scale, b, hk, sp, rc, split_len, 
                     p = st[r, j]
                     arow = acc[r]
                     for d in range(D):
-                        arow[d] += p * vrow[d]
+                        arow[d] += p * widen(vrow[d])
     dst = pacc[b, hk, sp]
     for r in range(nr):
         drow = dst[r0 + r]
@@ -1036,19 +1043,20 @@ def splitkv(q, k, v, mask, mkind, causal, scale, out, nsplit, split_len, pm, pl,
             raise ValueError("splitkv: the partials must be C-contiguous arrays of q's dtype")
         p[slot] = arr.ctypes.data
     p[F_NSPLIT], p[F_SPLIT_LEN] = nsplit, split_len
-    fn = worker_address(splitkv_worker, _variant(q, mkind))
+    fn = worker_address(splitkv_worker, _variant(q, mkind) + (k.dtype.char,))
     for phase, nitems in ((0, B * Hkv * nsplit * ((R + RC - 1) // RC)), (1, B * Hkv * R)):
         p[F_PHASE], p[F_NEXT] = phase, 0
         run_workers(fn, p, max(1, min(nworkers, nitems)))
 
 
 @njit(**JIT_BY_ADDRESS)
-def splitkv_worker(w, params, is64, masked):
+def splitkv_worker(w, params, is64, masked, kv):
     """Worker w of one splitkv() pass (the block's F_PHASE): 0, split items (batch, kv
     head, split, chunk of RC query rows) writing the partials; 1, rows combining them.
-    Items are taken from the block's counter one at a time."""
+    Items are taken from the block's counter one at a time.  kv: the literal type
+    character of k and v (q's, or "H" / "h" for bfloat16 / float16 bits)."""
     p = c_array_at(params, np.int64(0), (F_COUNT,))
-    q, k, v, masks, out, scale = _views(p, like_dtype(is64))
+    q, k, v, masks, out, scale = _views(p, like_dtype(is64), zero_of(kv))
     lse = _lse_view(p, like_dtype(is64))
     mkind, causal = p[F_MKIND], p[F_CAUSAL] != 0
     B, Hq, Sq, D = q.shape

@@ -81,8 +81,8 @@ def to_f16(typingctx, v):
 
 def widen(b):
     """b as float32: the 16-bit pattern b in its format (uint16 bfloat16, int16 float16)
-    widened exactly, a float32 as it is (for kernels whose tables or parameters come in
-    either the 16-bit format or float32)."""
+    widened exactly; a float32 / float64 as it is (for kernels whose tables, parameters or
+    K / V come in either a 16-bit format or the computing dtype)."""
     return b
 
 
@@ -92,7 +92,7 @@ def _widen_overload(b):
         return lambda b: from_bf16(b)
     if b == types.int16:
         return lambda b: from_f16(b)
-    if b == types.float32:
+    if b == types.float32 or b == types.float64:
         return lambda b: b
     return None
 

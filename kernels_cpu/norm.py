@@ -191,9 +191,10 @@ def rms_norm_parallel(x, r, h, w, eps, out, has_res):
 def norm_rows_half(x, r, h, w, b, eps, out, has_res, rms, lo, hi):
     """Rows lo..hi of 16-bit x (bits, (n, D); half.py): with has_res h = round(x + r) is
     stored and normalized, else x; out = round(layer_norm) (rms False: weight w, bias b) or
-    round(rms_norm) (w), rounded to x's format, in float32 by layer_norm_rows' / rms_norm_rows' arithmetic: the
-    first pass widens the row into a float32 scratch row while summing (the shifted sum or
-    the sum of squares), the last rounds each output value as it is made."""
+    round(rms_norm) (w), rounded to x's format, in float32 by layer_norm_rows' /
+    rms_norm_rows' arithmetic: the first pass widens the row into a float32 scratch row
+    while summing (the shifted sum or the sum of squares), the last rounds each output
+    value as it is made."""
     wide_loops()
     d = x.shape[1]
     src = np.empty(d, np.float32)

@@ -259,16 +259,19 @@ def _widen(a):
     return w
 
 
-def _half(run32):
+def _half(run32, kv_bits=False):
     """run32 for bfloat16 / float16 q / k / v as well (PyTorch's 16-bit attention on the
-    CPU): q, k, v and an additive mask widened to float32 copies (exact; O(S x D) beside the
-    O(S^2 x D) work), the float32 kernel, and the result rounded once to q's dtype (the
-    log-sum-exp of return_lse stays float32)."""
+    CPU): q and an additive mask widened to float32 copies (exact), k and v too (O(S x D)
+    beside the flash kernels' O(S^2 x D) work) or, with kv_bits (split-KV, whose decode
+    step is a stream of K / V), passed as their bits for the kernel to widen as it reads
+    them; the float32 kernel, and the result rounded once to q's dtype (the log-sum-exp of
+    return_lse stays float32)."""
     def run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         if q.dtype.itemsize != 2:
             return run32(params, q, k, v, mask, causal, scale, out, return_lse)
         m = mask if mask is None or mask.dtype == np.bool_ else _widen(mask)
-        got = run32(params, _widen(q), _widen(k), _widen(v), m, causal, scale, None, return_lse)
+        kk, vv = (half_bits(k), half_bits(v)) if kv_bits else (_widen(k), _widen(v))
+        got = run32(params, _widen(q), kk, vv, m, causal, scale, None, return_lse)
         res32, lse = got if return_lse else (got, None)
         res = result_buffer(out, q.shape, q.dtype)   # C-contiguous: out itself, or copied into it
         KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))
@@ -316,9 +319,11 @@ register(Implementation(
     "attention", "cpu-serial", "cpu", _half(_run_flash(False)), kernel_modules=_KERNELS, dtypes=_DTYPES,
     notes=ROWS_NOTE + "; the flash kernel on the calling thread" + _HALF_NOTE))
 register(Implementation(
-    "attention", "cpu-splitkv", "cpu", _half(_run_splitkv), kernel_modules=_KERNELS, dtypes=_DTYPES,
+    "attention", "cpu-splitkv", "cpu", _half(_run_splitkv, kv_bits=True), kernel_modules=_KERNELS, dtypes=_DTYPES,
     notes=ROWS_NOTE + f"; decode: work items (batch, kv head, kv split of >= {K.SPLIT_MIN} keys, "
-          f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group" + _HALF_NOTE,
+          f"{K.RC} query rows of the GQA group) then a combine pass; K/V rows read once per group"
+          "; bfloat16 / float16 K / V read as they are (each element widened to float32 as it is read), q and an "
+          "additive mask widened to float32 copies, the result rounded once to q's dtype",
     params={"items_per_thread": 4}, tunables={"items_per_thread": [1, 2, 4, 8]}))
 
 
