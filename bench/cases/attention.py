@@ -21,4 +21,9 @@ CASES = [
     _c("attention", "llama-7b prefill 512 causal float16", "Llama-7B",
        {"q": (1, 32, 512, 128), "k": (1, 32, 512, 128), "v": (1, 32, 512, 128)}, causal=True,
        activations="float16"),
+    # a decode step against a 16-bit KV cache (split-KV reads it as it is)
+    _c("attention", "llama-7b decode kv 4096 bfloat16", "Llama-7B",
+       {"q": (1, 32, 1, 128), "k": (1, 32, 4096, 128), "v": (1, 32, 4096, 128)}, activations="bfloat16"),
+    _c("attention", "llama-7b decode kv 4096 float16", "Llama-7B",
+       {"q": (1, 32, 1, 128), "k": (1, 32, 4096, 128), "v": (1, 32, 4096, 128)}, activations="float16"),
 ]
