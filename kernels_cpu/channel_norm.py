@@ -23,6 +23,13 @@ group has d == 0 and mc == 0, so its output is exactly bias (before the activati
 groups with a large common offset keep their precision.  The row stays in L2 between the
 passes (40960 floats = 160 KiB for Stable Diffusion's 10 channels x 64 x 64).
 
+16-bit x (bfloat16 / float16 bits, uint16 / int16: half.py; *_half_*) with float32
+parameters: batch_norm widens pieces of at most HALF_CHUNK elements of one plane into a
+float32 scratch, applies the affine + activation there and rounds each value into out;
+group_norm widens each (sample, group) row into a float32 scratch row, takes the same
+statistics and affine passes on it, and rounds the row into out.  One rounding per output
+(PyTorch's 16-bit norms compute in float32 too).
+
 The activation is a runtime code (kernels_common.activation.ACT_*), branched on outside the
 element loops (affine_act) so every loop body is branch-free and vectorizes, and one
 compiled kernel serves every activation.  weight / bias are always arrays here (dispatch
@@ -34,9 +41,10 @@ from numba import njit
 
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu,
                      gelu_tanh, like, relu, silu)
+from .half import round_to, widen
 from .norm import centered_stats
 from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, like_dtype, only_if, row_args,
-                       row_block, row_claim, row_of, row_run, worker_address)
+                       row_block, row_claim, row_of, row_run, worker_address, zero_of)
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
 # to a multiple of ALIGN elements (whole cache lines between tasks, aligned vector loops).
@@ -46,6 +54,9 @@ ALIGN = 64
 # while they are in L1 (a separate vector-parameter copy of every activation loop cost
 # 2.4 s of compile time on the cold first call).
 VEC_CHUNK = 1024
+# 16-bit batch_norm: elements widened into the float32 scratch at a time (4 KiB: stays in L1
+# between the widening, the affine + activation and the rounding; not measured on its own)
+HALF_CHUNK = 1024
 
 
 @njit(**JIT_INNER)
@@ -217,4 +228,116 @@ def group_norm_serial(x, w, b, eps, out, cg, s, code):
 def group_norm_parallel(x, w, b, eps, out, cg, s, code):
     """group_norm_serial's result, (sample, group) rows claimed by the team's threads."""
     row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), only_if(True))),
+            x, w, b, out, eps, cg, s, code)
+
+
+# ---- bfloat16 / float16 x (half.py): float32 arithmetic on widened values ----------------------
+
+@njit(**JIT_INNER)
+def batch_norm_range_half(x, scale, shift, out, s, code, lo, hi):
+    """batch_norm_range for 16-bit x / out (bits of one format) with float32 scale / shift:
+    pieces of one plane (or, with s == 1, of one row of C) of at most HALF_CHUNK elements
+    widened into a float32 scratch, act(x * scale + shift) there, each value rounded into out."""
+    nc = scale.shape[0]
+    buf = np.empty(HALF_CHUNK, np.float32)
+    one, zero = np.float32(1.0), np.float32(0.0)
+    j = lo
+    while j < hi:
+        if s == 1:  # (N, C): the channel runs along each row of C
+            c = j % nc
+            end = min(hi, j + (nc - c), j + HALF_CHUNK)
+            for t in range(j, end):
+                buf[t - j] = widen(x[t]) * scale[c + t - j] + shift[c + t - j]
+            if code != ACT_NONE:
+                affine_act_inplace(buf, one, zero, code, np.int64(0), end - j)
+        else:
+            c = (j // s) % nc
+            end = min(hi, (j // s + 1) * s, j + HALF_CHUNK)
+            for t in range(j, end):
+                buf[t - j] = widen(x[t])
+            affine_act_inplace(buf, scale[c], shift[c], code, np.int64(0), end - j)
+        for t in range(j, end):
+            out[t] = round_to(buf[t - j], out)
+        j = end
+
+
+@njit(**JIT)
+def batch_norm_half_serial(x, scale, shift, out, s, code):
+    """x, out: flat (N*C*S,) 16-bit bits; scale, shift: (C,) float32."""
+    batch_norm_range_half(x, scale, shift, out, s, code, np.int64(0), x.shape[0])
+
+
+@njit(**JIT_INNER)
+def group_norm_rows_half(x, w, b, eps, out, cg, s, code, lo, hi):
+    """group_norm_rows for 16-bit rows (bits of one format) with float32 w, b, eps: each row
+    widened into a float32 scratch row, the statistics and per-channel affine + activation
+    there, the row rounded into out."""
+    d = x.shape[1]
+    ng = w.shape[0] // cg
+    src = np.empty(d, np.float32)
+    dst = np.empty(d, np.float32)
+    g = lo % ng
+    for i in range(lo, hi):
+        xr = row_of(x, i)
+        orow = row_of(out, i)
+        x0 = widen(xr[0])
+        t = np.float32(0.0)
+        for j in range(d):
+            v = widen(xr[j])
+            src[j] = v
+            t += v - x0
+        mc, rstd = centered_stats(src, x0, t, dst, eps)
+        for k in range(cg):
+            c = g * cg + k
+            a = rstd * w[c]
+            affine_act_inplace(dst, a, b[c] - mc * a, code, k * s, (k + 1) * s)
+        for j in range(d):
+            orow[j] = round_to(dst[j], out)
+        g += 1
+        if g == ng:
+            g = 0
+
+
+@njit(**JIT)
+def group_norm_half_serial(x, w, b, eps, out, cg, s, code):
+    group_norm_rows_half(x, w, b, eps, out, cg, s, code, np.int64(0), x.shape[0])
+
+
+@njit(**JIT_BY_ADDRESS)
+def channel_norm_half_worker(me, params, fmt, group):
+    """channel_norm_worker for 16-bit x / out (arrays of the literal type character fmt: "H"
+    bfloat16 bits, "h" float16 bits; parallel.zero_of), float32 w / b (or scale / shift)."""
+    p, eps64 = row_args(params)
+    z = zero_of(fmt)
+    nc = p[RW_I4]
+    w = c_array_at(p[1], np.float32(0), (nc,))
+    b = c_array_at(p[2], np.float32(0), (nc,))
+    s, code = p[RW_I2], p[RW_I3]
+    lo, hi = row_claim(p, me)
+    if group is not None:
+        n, d = p[RW_N], p[RW_D]
+        x = c_array_at(p[0], z, (n, d))
+        out = c_array_at(p[3], z, (n, d))
+        eps = np.float32(eps64)
+        while lo < hi:
+            group_norm_rows_half(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
+            lo, hi = row_claim(p, me)
+    else:
+        total = p[RW_D]
+        x = c_array_at(p[0], z, (total,))
+        out = c_array_at(p[3], z, (total,))
+        while lo < hi:
+            batch_norm_range_half(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
+            lo, hi = row_claim(p, me)
+
+
+def batch_norm_half_parallel(x, scale, shift, out, s, code):
+    """batch_norm_half_serial's result, element ranges claimed by the team's threads."""
+    row_run(_launch, worker_address(channel_norm_half_worker, (x.dtype.char, only_if(False))),
+            x, scale, shift, out, 0.0, 0, s, code)
+
+
+def group_norm_half_parallel(x, w, b, eps, out, cg, s, code):
+    """group_norm_half_serial's result, (sample, group) rows claimed by the team's threads."""
+    row_run(_launch, worker_address(channel_norm_half_worker, (x.dtype.char, only_if(True))),
             x, w, b, out, eps, cg, s, code)

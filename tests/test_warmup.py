@@ -76,13 +76,15 @@ print(json.dumps(n))
 
 def test_warmup_bfloat16_linear(tmp_path):
     """--dtypes bfloat16 compiles the bfloat16 kernels of the ops that have them (linear's, the
-    norms', the activations', softmax's, rope's and attention's; --dtypes float16 the same
-    ops'); a later process's bfloat16 linear calls then compile nothing."""
+    norms' (batch_norm and group_norm too), the activations', softmax's, rope's and
+    attention's; --dtypes float16 the same ops'); a later process's bfloat16 linear calls
+    then compile nothing."""
     from dispatch import warmup
 
     planned = warmup.plan(None, ["bfloat16"])
     assert {op for op, _, _ in planned} == {"linear", "layer_norm", "rms_norm", "relu", "silu", "gelu", "swiglu",
-                                           "geglu", "softmax", "log_softmax", "rope", "attention"}, planned
+                                           "geglu", "softmax", "log_softmax", "rope", "attention", "batch_norm",
+                                           "group_norm"}, planned
     names = {impl for op, impl, dt in planned if op == "linear"}
     assert names == {"cpu-bf16-dot", "cpu-wo-gemv", "cpu-wo-gemm"}, names
     assert {impl for op, impl, _ in planned if op not in ("linear", "attention")} == {"cpu-serial", "cpu-parallel"}

@@ -21,4 +21,8 @@ CASES = [
        {"x": (1, 64, 112, 112), **_bn(64)}, quick=True, activation="relu"),
     _c("batch_norm", "resnet50 stage1 256ch 56x56 +relu", "ResNet-50",
        {"x": (1, 256, 56, 56), **_bn(256)}, activation="relu"),
+    # the U-Net's GroupNorm + SiLU with 16-bit activations (PyTorch's float16 / bfloat16 group_norm)
+    *(_c("group_norm", f"sd-unet resblock 320ch 64x64 +silu {fmt}", "SD-1.5 U-Net",
+         {"x": (1, 320, 64, 64), "weight": (320,), "bias": (320,)}, num_groups=32, activation="silu",
+         activations=fmt) for fmt in ("float16", "bfloat16")),
 ]

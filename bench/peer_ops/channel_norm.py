@@ -3,7 +3,7 @@
 (BatchNormalization; group norm as torch.onnx exports it at opset 17)."""
 import numpy as np
 
-from ..peers import _ACT, _ort_act
+from ..peers import _ACT, _f32, _ort_act
 
 
 def _per_channel(p, ndim):
@@ -11,7 +11,9 @@ def _per_channel(p, ndim):
 
 
 def _numpy_bn(i):
-    """What a numpy user writes: broadcast the (C,) statistics over (N, C, *spatial)."""
+    """What a numpy user writes: broadcast the (C,) statistics over (N, C, *spatial) (a
+    16-bit case's arrays widened to float32 first, as for the other ops: peers._f32)."""
+    i = {k: _f32(v) if isinstance(v, np.ndarray) else v for k, v in i.items()}
     x = i["x"]
     y = (x - _per_channel(i["running_mean"], x.ndim)) / np.sqrt(_per_channel(i["running_var"], x.ndim)
                                                                 + x.dtype.type(i.get("eps", 1e-5)))
@@ -23,6 +25,7 @@ def _numpy_bn(i):
 
 
 def _numpy_gn(i):
+    i = {k: _f32(v) if isinstance(v, np.ndarray) else v for k, v in i.items()}
     x = i["x"]
     blocks = x.reshape(x.shape[0], i["num_groups"], -1)
     mu = blocks.mean(-1, keepdims=True)

@@ -9,8 +9,10 @@ Semantics of torch.nn.functional.batch_norm(training=False) and group_norm (bias
 over each (sample, group) block of C / num_groups channels x spatial), then the activation:
 None, "relu", "gelu", "gelu_tanh" or "silu" (the diffusion U-Net's GroupNorm(32) + SiLU and
 ResNet's BatchNorm + ReLU in one pass).  Running statistics, weight and bias are (C,).
-float32 or float64 (float16 on CUDA); mixed dtypes are a TypeError.  A negative
-running_var gives NaN in its channel, as PyTorch.
+float32 or float64 (float16 on CUDA); on the CPU x may also be bfloat16 (ml_dtypes) or
+float16, as PyTorch's 16-bit norms: the parameters in x's dtype or float32, computed in
+float32, each result rounded once to x's dtype.  Mixed dtypes otherwise are a TypeError.
+A negative running_var gives NaN in its channel, as PyTorch.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import channel_norm as K
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
-from ._common import HOST_COPY_NOTE, const_vector, contiguous, deliver, result_buffer, serial_parallel_rule, size_bucket
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, Rule, bucket, register, register_op
+from ._common import (HOST_COPY_NOTE, case_dtype, const_vector, contiguous, deliver, half_bits, result_buffer,
+                      serial_parallel_rule, size_bucket)
 
 # Measured 2026-11-23 (AMD znver3, 2 cores; cpu-serial vs cpu-parallel, medians of 7
 # alternating rounds, back to back / after 0.2 s idle, float32): batch_norm + relu on
@@ -49,7 +52,10 @@ _MEASURED = {"batch_norm": "on the thread team parallel ahead from 2^18 elements
              "group_norm": "on the thread team parallel ahead back to back from 2^16, after idle and paced from 2^18; "
                            "mixed at 2^17 (measured, 2 cores)"}
 
-_KERNELS = ("kernels_cpu.channel_norm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.channel_norm", "kernels_cpu.half", "kernels_cpu.approx", "kernels_cpu.parallel")
+_F32 = np.dtype(np.float32)
+_HALF_NOTE = ("; bfloat16 / float16 x: widened to float32 (planes in pieces for batch_norm, whole (sample, group) "
+              "rows for group_norm), float32 parameters, each result rounded once to x's dtype")
 
 # Example inputs for warmup and the contract tests (dispatch/examples.py): the serial side
 # (odd channel count, 5 x 7 planes), past the parallel threshold, and a batch of one
@@ -105,21 +111,27 @@ def _nc_s(shape):
 
 
 def _params(x, dt, c, **params):
+    half = V.is_half(dt)
     for pname, p in params.items():
         if p is not None:
-            V.same_dtype(pname, p, "x", dt)
+            if half:   # PyTorch's mixed form too: float32 parameters of a 16-bit x
+                pdt = V.dtype_of(p)
+                if not (pdt == dt or pdt == np.float32):
+                    raise TypeError(f"{pname} must have dtype {dt} or float32 for a {dt} x, got {pdt}")
+            else:
+                V.same_dtype(pname, p, "x", dt)
             V.shape(pname, p, (c,), " (C,) for x's channel dimension 1")
 
 
 def _describe_bn(x, running_mean, running_var, weight=None, bias=None, *, eps=1e-5, activation=None, out=None):
     """Call.args = BatchNormArgs, key ChannelNormKey (blocks: N*C planes)."""
     dev = V.device_of(x=x, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias, out=out)
-    dt = V.float_dtype("x", x)
+    dt = V.cpu_float_dtype("x", x, dev)
     V.rank("x", x, (2, 64), " (N, C, *spatial)")
     V.required(running_mean=running_mean, running_var=running_var)
     n, c, s = _nc_s(x.shape)
     _params(x, dt, c, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
-    eps = V.finite("eps", eps, positive=True, dtype=dt)
+    eps = V.finite("eps", eps, positive=True, dtype=_F32 if V.is_half(dt) else dt)
     V.choice("activation", activation, list(ACTIVATION_CODES))
     code = ACTIVATION_CODES[activation]
     V.out(out, x.shape, dt, x=x, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
@@ -131,7 +143,7 @@ def _describe_bn(x, running_mean, running_var, weight=None, bias=None, *, eps=1e
 def _describe_gn(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation=None, out=None):
     """Call.args = GroupNormArgs, key ChannelNormKey (blocks: N*G groups)."""
     dev = V.device_of(x=x, weight=weight, bias=bias, out=out)
-    dt = V.float_dtype("x", x)
+    dt = V.cpu_float_dtype("x", x, dev)
     V.rank("x", x, (2, 64), " (N, C, *spatial)")
     n, c, s = _nc_s(x.shape)
     g = V.integer("num_groups", num_groups)
@@ -140,7 +152,7 @@ def _describe_gn(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation=
     if c % g:
         raise ValueError(f"num_groups must divide the channel count C = {c} (x's dimension 1), got {g}")
     _params(x, dt, c, weight=weight, bias=bias)
-    eps = V.finite("eps", eps, positive=True, dtype=dt)
+    eps = V.finite("eps", eps, positive=True, dtype=_F32 if V.is_half(dt) else dt)
     V.choice("activation", activation, list(ACTIVATION_CODES))
     code = ACTIVATION_CODES[activation]
     V.out(out, x.shape, dt, x=x, weight=weight, bias=bias)
@@ -164,20 +176,31 @@ def fold(running_mean, running_var, weight, bias, eps, dtype):
         return scale.astype(dtype), shift.astype(dtype)
 
 
-def _bn_host(kernel):
+def _bn_host(kernel32, kernel_half):
     def run(params, x, running_mean, running_var, weight, bias, eps, code, out):
         dt = x.dtype
         res = result_buffer(out, x.shape, dt)
         if x.size:
             _, _, s = _nc_s(x.shape)
-            scale, shift = fold(running_mean, running_var, weight, bias, eps, dt)
-            kernel(contiguous(x).reshape(-1), scale, shift, res.reshape(-1), s, code)
+            if dt.itemsize == 2:   # bfloat16 / float16 (cpu_float_dtype): float32 scale / shift, the bits
+                scale, shift = fold(running_mean, running_var, weight, bias, eps, _F32)
+                kernel_half(half_bits(contiguous(x).reshape(-1)), scale, shift, half_bits(res.reshape(-1)), s, code)
+            else:
+                scale, shift = fold(running_mean, running_var, weight, bias, eps, dt)
+                kernel32(contiguous(x).reshape(-1), scale, shift, res.reshape(-1), s, code)
         return deliver(res, out)
 
     return run
 
 
-def _gn_host(kernel):
+def _vector(p, c, dt, fill):
+    """A weight / bias as the kernel's (C,) vector of dt (None: `fill`)."""
+    if p is None:
+        return const_vector(c, dt, fill)
+    return contiguous(p) if p.dtype == dt else np.ascontiguousarray(p, dtype=dt)
+
+
+def _gn_host(kernel32, kernel_half):
     def run(params, x, num_groups, weight, bias, eps, code, out):
         dt = x.dtype
         res = result_buffer(out, x.shape, dt)
@@ -185,9 +208,14 @@ def _gn_host(kernel):
             n, c, s = _nc_s(x.shape)
             cg = c // num_groups
             rows, row_len = n * num_groups, cg * s
-            w = const_vector(c, dt, 1.0) if weight is None else contiguous(weight)
-            b = const_vector(c, dt, 0.0) if bias is None else contiguous(bias)
-            kernel(contiguous(x).reshape(rows, row_len), w, b, dt.type(eps), res.reshape(rows, row_len), cg, s, code)
+            half = dt.itemsize == 2   # bfloat16 / float16 (cpu_float_dtype): float32 parameters, the bits
+            pdt = _F32 if half else dt
+            w, b = _vector(weight, c, pdt, 1.0), _vector(bias, c, pdt, 0.0)
+            xr, rr = contiguous(x).reshape(rows, row_len), res.reshape(rows, row_len)
+            if half:
+                kernel_half(half_bits(xr), w, b, _F32.type(eps), half_bits(rr), cg, s, code)
+            else:
+                kernel32(xr, w, b, dt.type(eps), rr, cg, s, code)
         return deliver(res, out)
 
     return run
@@ -216,7 +244,9 @@ def _default_groups(c):
 
 def _synthesize(shapes, params, rng, dtype):
     """Benchmark inputs: standard-normal x and bias, weight near 1, running_mean near 0 and
-    running_var near 1 (positive)."""
+    running_var near 1 (positive); every array in the 16-bit dtype of a case with
+    activations="bfloat16" / "float16"."""
+    dtype = case_dtype(params, dtype)
     out = {}
     for name, shape in shapes.items():
         v = rng.standard_normal(shape)
@@ -265,18 +295,21 @@ def _gn_rule():
 def _register(name, describe, signature, flops, synthesize, rule, host, serial, parallel, what):
     op = register_op(Op(name, describe, family="channel_norm", bound="memory", signature=signature, flops=flops,
                         memo=True, bytes=_bytes, rules={"cpu": rule}, synthesize=synthesize))
-    register(Implementation(name, "cpu-serial", "cpu", host(serial), notes=HOST_COPY_NOTE,
-                            kernel_modules=_KERNELS))
-    register(Implementation(name, "cpu-parallel", "cpu", host(parallel), kernel_modules=_KERNELS,
-                            notes=f"{HOST_COPY_NOTE}; {what} split over threads"))
+    register(Implementation(name, "cpu-serial", "cpu", host(*serial), notes=HOST_COPY_NOTE + _HALF_NOTE,
+                            dtypes=_DTYPES, kernel_modules=_KERNELS))
+    register(Implementation(name, "cpu-parallel", "cpu", host(*parallel), kernel_modules=_KERNELS, dtypes=_DTYPES,
+                            notes=f"{HOST_COPY_NOTE}; {what} split over threads" + _HALF_NOTE))
     return op
 
 
+_DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
 _batch_norm = _register("batch_norm", _describe_bn, _sig_bn, _flops_bn, _synthesize,
                         serial_parallel_rule("size", PARALLEL_THRESHOLD["batch_norm"], _MEASURED["batch_norm"]),
-                        _bn_host, K.batch_norm_serial, K.batch_norm_parallel, "even element ranges")
+                        _bn_host, (K.batch_norm_serial, K.batch_norm_half_serial),
+                        (K.batch_norm_parallel, K.batch_norm_half_parallel), "even element ranges")
 _group_norm = _register("group_norm", _describe_gn, _sig_gn, _flops_gn, _synthesize_gn, _gn_rule(), _gn_host,
-                        K.group_norm_serial, K.group_norm_parallel, "(sample, group) blocks")
+                        (K.group_norm_serial, K.group_norm_half_serial),
+                        (K.group_norm_parallel, K.group_norm_half_parallel), "(sample, group) blocks")
 
 
 @_batch_norm.expose
