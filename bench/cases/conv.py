@@ -21,4 +21,8 @@ CASES = [
        {"x": (1, 384, 14, 14), "weight": (384, 1, 3, 3), "bias": (384,)}, padding=1, groups=384, activation="relu"),
     _c("conv2d", "sd-unet resblock 3x3 320ch 64x64", "SD-1.5 U-Net",
        {"x": (1, 320, 64, 64), "weight": (320, 320, 3, 3), "bias": (320,)}, padding=1),
+    # 16-bit activations and weights (PyTorch's float16 / bfloat16 conv2d on the CPU)
+    *(_c("conv2d", f"resnet50 3x3 64ch 56x56 {fmt}", "ResNet-50",
+         {"x": (1, 64, 56, 56), "weight": (64, 64, 3, 3), "bias": (64,)}, padding=1, activation="relu",
+         activations=fmt) for fmt in ("float16", "bfloat16")),
 ]

@@ -1,7 +1,7 @@
 """Peers of conv2d (see bench/peer_ops/__init__.py)."""
 import numpy as np
 
-from ..peers import _ACT, _ort_act
+from ..peers import _ACT, _f32, _ort_act
 
 
 def _pair(v):
@@ -10,8 +10,10 @@ def _pair(v):
 
 def _numpy_conv(i):
     """What a numpy user writes: zero-pad, take the sliding windows (a strided view), one
-    tensordot per group (numpy's BLAS does the work)."""
-    x, w, b = i["x"], i["weight"], i.get("bias")
+    tensordot per group (numpy's BLAS does the work; a 16-bit case's arrays widened to
+    float32 first: numpy has no 16-bit BLAS)."""
+    x, w, b = _f32(i["x"]), _f32(i["weight"]), i.get("bias")
+    b = None if b is None else _f32(b)
     sh, sw = _pair(i.get("stride", 1))
     ph, pw = _pair(i.get("padding", 0))
     dh, dw = _pair(i.get("dilation", 1))

@@ -155,6 +155,18 @@ def half_bits(a):
     return a.view(np.int16 if a.dtype.kind == "f" else np.uint16)
 
 
+def widened(a):
+    """A bfloat16 / float16 array as a new C-contiguous float32 one (exact), from the result
+    arena (the inputs a 16-bit call hands a float32 kernel: fresh pages on every call would
+    fault them in again)."""
+    from kernels_cpu.half import widen_into
+
+    ac = np.ascontiguousarray(a)
+    w = _arena.empty(ac.shape, np.float32)
+    widen_into(half_bits(ac.reshape(-1)), w.reshape(-1))
+    return w
+
+
 def draw_case(shapes, params, rng, dtype):
     """Op.synthesize for ops whose inputs are all standard-normal arrays: draw_normal of
     case_dtype."""

@@ -32,7 +32,7 @@ from kernels_cpu.parallel import num_threads
 from .. import validate as V
 from ..registry import FLOAT_DTYPES, Call, Implementation, Op, Rule, bucket, bucket_up, register, register_op
 from . import _arena
-from ._common import deliver, draw_case, half_bits, result_buffer, rows_input
+from ._common import deliver, draw_case, half_bits, result_buffer, rows_input, widened
 
 # q/k/v views whose rows (last axis) are contiguous, e.g. qkv.reshape(B, S, 3, H, D)[:, :, i]
 # .transpose(0, 2, 1, 3), are read in place (_common.rows_input), and such an out= view written in place.
@@ -250,15 +250,6 @@ def _run_splitkv(params, q, k, v, mask, causal, scale, out, return_lse=False):
     return _result(res, out, lse)
 
 
-def _widen(a):
-    """A bfloat16 / float16 array as a new C-contiguous float32 one (exact), from the result
-    arena (a decode step's widened K / V would otherwise fault in fresh pages on every call)."""
-    ac = np.ascontiguousarray(a)
-    w = _arena.empty(ac.shape, np.float32)
-    KH.widen_into(half_bits(ac.reshape(-1)), w.reshape(-1))
-    return w
-
-
 def _half(run32, kv_bits=False):
     """run32 for bfloat16 / float16 q / k / v as well (PyTorch's 16-bit attention on the
     CPU): q and an additive mask widened to float32 copies (exact), k and v too (O(S x D)
@@ -269,9 +260,9 @@ def _half(run32, kv_bits=False):
     def run(params, q, k, v, mask, causal, scale, out, return_lse=False):
         if q.dtype.itemsize != 2:
             return run32(params, q, k, v, mask, causal, scale, out, return_lse)
-        m = mask if mask is None or mask.dtype == np.bool_ else _widen(mask)
-        kk, vv = (half_bits(k), half_bits(v)) if kv_bits else (_widen(k), _widen(v))
-        got = run32(params, _widen(q), kk, vv, m, causal, scale, None, return_lse)
+        m = mask if mask is None or mask.dtype == np.bool_ else widened(mask)
+        kk, vv = (half_bits(k), half_bits(v)) if kv_bits else (widened(k), widened(v))
+        got = run32(params, widened(q), kk, vv, m, causal, scale, None, return_lse)
         res32, lse = got if return_lse else (got, None)
         res = result_buffer(out, q.shape, q.dtype)   # C-contiguous: out itself, or copied into it
         KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))

@@ -22,15 +22,16 @@ from kernels_common.activation import ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_cpu import conv as K
 from kernels_cpu.parallel import num_threads
 from kernels_cpu import conv_winograd as KW
+from kernels_cpu import half as KH
 from kernels_cpu.gemm import active_tile
 
 from .. import validate as V
-from ..registry import Call, Implementation, Op, Rule, bucket, register, register_op
-from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer
+from ..registry import FLOAT_DTYPES, Call, Implementation, Op, Rule, bucket, register, register_op
+from ._common import HOST_COPY_NOTE, case_dtype, contiguous, deliver, half_bits, result_buffer, widened
 from ._spatial import out_size, pair
 from .linalg import PackedWeight, _readonly_source, _zeros, register_prepacker
 
-_KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.conv", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel", "kernels_cpu.half")
 _WINOGRAD_KERNELS = _KERNELS + ("kernels_cpu.conv_winograd",)
 
 # Winograd F(2x2, 3x3) (kernels_cpu/conv_winograd.py) for 3x3 stride-1 dense convolutions
@@ -129,7 +130,10 @@ def describe(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     weight, packed = _unpack(weight, groups)
     V.required(x=x, weight=weight)
     dev = V.device_of(x=x, weight=weight, bias=bias, out=out)
-    dt = V.float_dtype("x", x)
+    dt = V.cpu_float_dtype("x", x, dev)
+    if packed is not None and V.is_half(dt):
+        raise TypeError(f"weight: a PackedWeight holds float32 / float64 panels; a {dt} x takes its {dt} weight "
+                        "as an array (widened to float32 per call)")
     V.same_dtype("weight", weight, "x", dt)
     if bias is not None:
         V.same_dtype("bias", bias, "x", dt)
@@ -207,6 +211,22 @@ def _run_winograd(params, x, weight, bias, stride, pad, dilation, groups, act, o
     return deliver(res, out)
 
 
+def _half(run32):
+    """run32 for bfloat16 / float16 x, weight and bias as well (PyTorch's 16-bit conv2d on
+    the CPU): x, weight and bias widened to float32 copies (O(input + weight) beside the
+    O(output x C x KH x KW) work), the float32 kernel, the result rounded once to x's dtype."""
+    def run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+        if x.dtype.itemsize != 2:
+            return run32(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed)
+        res32 = run32(params, widened(x), widened(weight), None if bias is None else widened(bias), stride, pad,
+                      dilation, groups, act, out_hw, None, None)
+        res = result_buffer(out, res32.shape, x.dtype)   # C-contiguous: out itself, or copied into it
+        KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))
+        return deliver(res, out)
+
+    return run
+
+
 def _winograd_refusals(key):
     """Why cpu-winograd cannot run a call (empty: it can)."""
     why = []
@@ -269,7 +289,9 @@ def _signature(i):
 
 def _synthesize(shapes, params, rng, dtype):
     """Benchmark inputs: x standard normal, weight scaled by 1/sqrt(fan-in) (He-like, so
-    activations stay O(1) through the layer), bias small."""
+    activations stay O(1) through the layer), bias small; all in the 16-bit dtype of a case
+    with activations="bfloat16" / "float16"."""
+    dtype = case_dtype(params, dtype)
     out = {}
     for name, shape in shapes.items():
         v = rng.standard_normal(shape)
@@ -306,33 +328,39 @@ def _prepack_conv(weight, dt, op, groups):
 
 
 register_prepacker("conv2d", _prepack_conv, options=("groups",))
+_DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
+_HALF_NOTE = ("; bfloat16 / float16 x, weight, bias: widened to float32 copies, the result rounded once to x's "
+              "dtype")
 
 _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
                          memo=True, bytes=_bytes,
                          rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial"),
                                             _choose)},
                          synthesize=_synthesize))
-register(Implementation("conv2d", "cpu-gemm", "cpu", _run_gemm, kernel_modules=_KERNELS,
+register(Implementation("conv2d", "cpu-gemm", "cpu", _half(_run_gemm), kernel_modules=_KERNELS, dtypes=_DTYPES,
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "
                         "fused; each task (a run of output tiles) copies the input rows it reads, zero-padded and "
                         "phase-split (stride), and reads B from there through a k -> offset table (an unpadded "
                         "stride-1 1x1 packs each tile's B rows from x's channel planes instead); extra memory per "
                         "thread: a task's input rows and 4 tiles of output; the weight's panels packed per call, or "
-                        "once when given as a PackedWeight"))
-register(Implementation("conv2d", "cpu-winograd", "cpu", _run_winograd, kernel_modules=_WINOGRAD_KERNELS,
+                        "once when given as a PackedWeight" + _HALF_NOTE))
+register(Implementation("conv2d", "cpu-winograd", "cpu", _half(_run_winograd), kernel_modules=_WINOGRAD_KERNELS,
+                        dtypes=_DTYPES,
                         supports=_winograd_refusals,
                         notes=HOST_COPY_NOTE + "; 3x3 stride 1 by Winograd F(2x2, 3x3): 16 GEMMs of the transformed "
                         "filters and input tiles on the register-tiled micro-kernel, bias + activation fused into the "
                         "output transform; extra memory per thread: a task's input rows, 16 x C x NR transformed "
-                        "tiles, 16 x MR x NR products; the filters transformed per call, or once by prepack"))
-register(Implementation("conv2d", "cpu-depthwise", "cpu", _depthwise(True), kernel_modules=_KERNELS,
+                        "tiles, 16 x MR x NR products; the filters transformed per call, or once by prepack"
+                        + _HALF_NOTE))
+register(Implementation("conv2d", "cpu-depthwise", "cpu", _half(_depthwise(True)), kernel_modules=_KERNELS,
+                        dtypes=_DTYPES,
                         supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; blocks of planes over threads; per plane register tiles of 7 rows x one "
-                              "vector read with masked loads (column stride 1), else the stride phases"))
-register(Implementation("conv2d", "cpu-depthwise-serial", "cpu", _depthwise(False),
+                              "vector read with masked loads (column stride 1), else the stride phases" + _HALF_NOTE))
+register(Implementation("conv2d", "cpu-depthwise-serial", "cpu", _half(_depthwise(False)), dtypes=_DTYPES,
                         kernel_modules=_KERNELS, supports=_depthwise_only,
                         notes=HOST_COPY_NOTE + "; one thread; per plane register tiles of 7 rows x one vector read with "
-                              "masked loads (column stride 1), else the stride phases"))
+                              "masked loads (column stride 1), else the stride phases" + _HALF_NOTE))
 
 
 @_conv2d.expose
@@ -343,6 +371,9 @@ def conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, a
 
     stride, dilation: int or pair >= 1; padding: int or pair >= 0, "valid" or "same"
     (stride 1); groups divides C and Cout.  Returns (N, Cout, OH, OW) with
-    OH = (H + 2 ph - dh (KH - 1) - 1) // sh + 1 (likewise OW); out= receives it."""
+    OH = (H + 2 ph - dh (KH - 1) - 1) // sh + 1 (likewise OW); out= receives it.
+    float32 / float64; on the CPU also bfloat16 (ml_dtypes) or float16 x with weight and
+    bias of its dtype (as PyTorch): widened to float32, the result rounded once to x's
+    dtype (a PackedWeight takes float32 / float64 only)."""
     return _conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
                    activation=activation, out=out)

@@ -1,0 +1,132 @@
+"""conv2d of bfloat16 / float16 x, weight and bias (PyTorch's 16-bit conv2d; CPU), each test
+once per format (the `half` fixture): widened to float32, the float32 kernels, the result
+rounded once to x's dtype.  Every CPU implementation that takes a geometry is forced and
+compared with the float64 convolution of the same 16-bit values: dense / grouped /
+depthwise, strides, dilation, padding, 1x1 and 7x7, unbatched x, every activation, a strided
+x, NaN-poisoned and non-contiguous out=, threads, and bad input that changes nothing."""
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import conv as ref
+from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, impl_params,
+                           other_half, poisoned, randn, reduction_tol, rng, run, strided)
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 x is a CPU input here (float16 on CUDA: "
+                                "test_conv)")
+
+# (x shape, weight shape, keyword arguments)
+GEOMETRIES = [
+    ((1, 3, 7, 7), (5, 3, 3, 3), dict(padding=1)),                       # Winograd takes it
+    ((3, 4, 6, 5), (6, 2, 3, 3), dict(stride=2, groups=2)),
+    ((1, 4, 7, 6), (4, 1, 3, 3), dict(padding=1, groups=4, dilation=(2, 1))),   # depthwise
+    ((2, 3, 5, 5), (6, 3, 1, 1), dict()),
+] + ([] if SMALL_SHAPES else [
+    ((1, 3, 23, 21), (10, 3, 7, 7), dict(stride=2, padding=3)),
+    ((1, 20, 9, 9), (33, 20, 1, 1), dict()),
+    ((2, 16, 12, 13), (24, 16, 3, 3), dict(padding=1)),                 # Winograd, several tiles
+    ((1, 8, 10, 9), (8, 1, 3, 3), dict(padding="same", groups=8)),     # depthwise
+])
+
+
+def _supports(impl, wshape, kw):
+    groups = kw.get("groups", 1)
+    depthwise = groups > 1 and wshape[1] == 1
+    if "winograd" in impl:
+        return (groups == 1 and tuple(wshape[2:]) == (3, 3) and kw.get("stride", 1) in (1, (1, 1))
+                and kw.get("dilation", 1) in (1, (1, 1)))
+    return depthwise or "depthwise" not in impl
+
+
+def _cases():
+    return [pytest.param(p.values[0], geo, id=f"{p.id}-{i}", marks=p.marks)
+            for p in impl_params("conv2d", "cpu") for i, geo in enumerate(GEOMETRIES)
+            if _supports(p.values[0] or "", geo[1], geo[2])]
+
+
+def _inputs(g, xs, ws, half):
+    x = as_half(half, randn(g, xs, np.float32))
+    w = as_half(half, randn(g, ws, np.float32) / np.sqrt(np.prod(ws[1:])))
+    b = as_half(half, 0.1 * randn(g, (ws[0],), np.float32))
+    return x, w, b
+
+
+def check(got, x, w, b, activation, kw, what):
+    """Within the 16-bit rounding plus the float32 sum's error over the fan-in, relative to
+    the size of the terms each output sums (support.product_scale's reasoning)."""
+    absb = None if b is None else np.abs(np.asarray(b, np.float64))
+    terms = ref.conv2d(np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)), absb, **kw)
+    fan_in = int(np.prod(w.shape[1:]))
+    want = ref.conv2d(x, w, b, activation=activation, **kw)
+    assert_half_close(got, want, 1.2 * reduction_tol(np.float32, fan_in) * terms, what)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "silu"] if not SMALL_SHAPES else ["silu"], ids=str)
+@pytest.mark.parametrize("impl, geo", _cases())
+def test_matches_reference(impl, geo, activation, half):
+    xs, ws, kw = geo
+    g = rng()
+    x, w, b = _inputs(g, xs, ws, half)
+    oshape = ref.conv2d(x, w, None, **kw).shape
+    out = poisoned(oshape, half)
+    got = run(impl, dispatch.conv2d, x, w, b, activation=activation, out=out, _op="conv2d", **kw)
+    assert got is out and got.dtype == half
+    check(got, x, w, b, activation, kw, f"{impl} {geo} {activation}")
+    got = run(impl, dispatch.conv2d, x, w, _op="conv2d", **kw)   # no bias, no activation
+    check(got, x, w, None, None, kw, f"{impl} {geo} plain")
+
+
+@pytest.mark.parametrize("impl", [p for p in impl_params("conv2d", "cpu") if "depthwise" not in (p.values[0] or "")])
+def test_views_unbatched_and_out(impl, half):
+    """A strided x, an unbatched (C, H, W) x, a non-contiguous out=, NaN in x."""
+    g = rng()
+    x, w, b = _inputs(g, (1, 4, 8, 8), (6, 4, 3, 3), half)
+    kw = dict(padding=1)
+    want_shape = (1, 6, 8, 8)
+    check(run(impl, dispatch.conv2d, strided(x), w, b, _op="conv2d", **kw), x, w, b, None, kw, f"{impl} strided")
+    got = run(impl, dispatch.conv2d, x[0], w, b, _op="conv2d", **kw)
+    assert got.shape == want_shape[1:]
+    check(got[None], x, w, b, None, kw, f"{impl} unbatched")
+    tout = np.full((8, 8, 6, 1), np.nan, half).T
+    assert run(impl, dispatch.conv2d, x, w, b, out=tout, _op="conv2d", **kw) is tout
+    check(tout, x, w, b, None, kw, f"{impl} non-contiguous out=")
+    xn = np.asarray(x, np.float32)
+    xn[0, 1, 4, 4] = np.nan
+    xn = as_half(half, xn)
+    got = run(impl, dispatch.conv2d, xn, w, b, _op="conv2d", **kw)
+    assert np.isnan(np.asarray(got[0, :, 3:6, 3:6], np.float32)).all()
+    check(got, xn, w, b, None, kw, f"{impl} NaN")
+
+
+def test_bad_input_changes_nothing(half):
+    g = rng()
+    x, w, b = _inputs(g, (1, 4, 6, 6), (5, 4, 3, 3), half)
+    out = np.full((1, 5, 4, 4), np.nan, half)
+    with pytest.raises(TypeError, match="weight must have the same dtype as x"):
+        dispatch.conv2d(x, w.astype(np.float32), out=out)
+    with pytest.raises(TypeError, match="weight must have the same dtype as x"):
+        dispatch.conv2d(x, w.astype(other_half(half)), out=out)
+    with pytest.raises(TypeError, match="bias must have the same dtype as x"):
+        dispatch.conv2d(x, w, b.astype(np.float32), out=out)
+    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64.*bfloat16 / float16"):
+        dispatch.conv2d(x.astype(np.int16), w, out=out)
+    with pytest.raises((TypeError, ValueError), match="out"):
+        dispatch.conv2d(x, w, out=np.full((1, 5, 4, 4), np.nan, np.float32))
+    with pytest.raises(TypeError, match="PackedWeight holds float32"):
+        dispatch.conv2d(x, dispatch.prepack(np.asarray(w, np.float32), op="conv2d"), out=out)
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
+
+
+def test_threads_bitwise(half):
+    """Calls from 4 Python threads at once give each case its single-threaded bits (the
+    widened copies come from each call's own arena buffers)."""
+    g = rng()
+    geos = [((1, 8, 12, 12), (16, 8, 3, 3), dict(padding=1)), ((2, 6, 9, 9), (6, 1, 3, 3), dict(groups=6)),
+            ((1, 16, 7, 7), (8, 16, 1, 1), dict()), ((1, 3, 15, 15), (8, 3, 5, 5), dict(stride=2))]
+    cases = [(_inputs(g, xs, ws, half), kw) for xs, ws, kw in geos]
+
+    def call(case):
+        (x, w, b), kw = case
+        return dispatch.conv2d(x, w, b, activation="relu", **kw).view(np.uint16).ravel()
+
+    assert concurrent_mismatches(call, cases) == []
