@@ -37,13 +37,14 @@ passes ones / zeros for None).
 """
 import numpy as np
 from numpy import uintp
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
-from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, gelu,
-                     gelu_tanh, like, relu, silu)
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, OVERLOAD,
+                     gelu, gelu_tanh, like, relu, silu)
 from .half import round_to, widen
 from .norm import centered_stats
-from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, like_dtype, only_if, row_args,
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, only_if, row_args,
                        row_block, row_claim, row_of, row_run, worker_address, zero_of)
 
 # Parallel batch_norm tasks cover at least this many elements, their bounds rounded down
@@ -148,34 +149,40 @@ def batch_norm_serial(x, scale, shift, out, s, code):
 
 
 @njit(**JIT_BY_ADDRESS)
-def channel_norm_worker(me, params, is64, group):
+def channel_norm_worker(me, params, xfmt, pfmt, group):
     """Claims from the block (parallel.row_block).  group_norm (group True): rows of (N*G,
     cg*s), f = eps, i = cg, i2 = s, i3 = code, i4 = C; arrays x, w, b, out.  batch_norm
     (group None: parallel.only_if, the other op's path is not compiled): blocks of ALIGN
     elements of the flat x (d elements), i2 = s, i3 = code, i4 = C; arrays x, scale, shift,
-    out."""
+    out.  xfmt / pfmt: the literal type characters (parallel.zero_of) of x and out ("f",
+    "d", or 16-bit bits "H" / "h": the *_half rows) and of the parameters (x's, or "f")."""
     p, eps64 = row_args(params)
-    z = like_dtype(is64)
+    z, pz = zero_of(xfmt), zero_of(pfmt)
     nc = p[RW_I4]
-    w = c_array_at(p[1], z, (nc,))
-    b = c_array_at(p[2], z, (nc,))
+    w = c_array_at(p[1], pz, (nc,))
+    b = c_array_at(p[2], pz, (nc,))
     s, code = p[RW_I2], p[RW_I3]
     lo, hi = row_claim(p, me)
     if group is not None:
         n, d = p[RW_N], p[RW_D]
         x = c_array_at(p[0], z, (n, d))
         out = c_array_at(p[3], z, (n, d))
-        eps = like(z, eps64)
+        eps = like(pz, eps64)
         while lo < hi:
-            group_norm_rows(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
+            _group_rows(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
             lo, hi = row_claim(p, me)
     else:
         total = p[RW_D]
         x = c_array_at(p[0], z, (total,))
         out = c_array_at(p[3], z, (total,))
         while lo < hi:
-            batch_norm_range(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
+            _bn_range(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
             lo, hi = row_claim(p, me)
+
+
+def _variant(x, w, group):
+    """channel_norm_worker's literals for these arrays (dtype.char: 0.04 us, dtype.name 1.8)."""
+    return x.dtype.char, w.dtype.char, only_if(group)
 
 
 @njit(**JIT)
@@ -192,8 +199,8 @@ def _launch(x, w, b, out, eps, cg, s, code, worker, nw, fn, buf, team_run, team_
 
 def batch_norm_parallel(x, scale, shift, out, s, code):
     """batch_norm_serial's result, element ranges claimed by the team's threads (parallel.row_run)."""
-    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), only_if(False))),
-            x, scale, shift, out, 0.0, 0, s, code)
+    row_run(_launch, worker_address(channel_norm_worker, _variant(x, scale, False)), x, scale, shift, out, 0.0, 0, s,
+            code)
 
 
 @njit(**JIT_INNER)
@@ -227,8 +234,7 @@ def group_norm_serial(x, w, b, eps, out, cg, s, code):
 
 def group_norm_parallel(x, w, b, eps, out, cg, s, code):
     """group_norm_serial's result, (sample, group) rows claimed by the team's threads."""
-    row_run(_launch, worker_address(channel_norm_worker, (bool(x.dtype == np.float64), only_if(True))),
-            x, w, b, out, eps, cg, s, code)
+    row_run(_launch, worker_address(channel_norm_worker, _variant(x, w, True)), x, w, b, out, eps, cg, s, code)
 
 
 # ---- bfloat16 / float16 x (half.py): float32 arithmetic on widened values ----------------------
@@ -303,41 +309,39 @@ def group_norm_half_serial(x, w, b, eps, out, cg, s, code):
     group_norm_rows_half(x, w, b, eps, out, cg, s, code, np.int64(0), x.shape[0])
 
 
-@njit(**JIT_BY_ADDRESS)
-def channel_norm_half_worker(me, params, fmt, group):
-    """channel_norm_worker for 16-bit x / out (arrays of the literal type character fmt: "H"
-    bfloat16 bits, "h" float16 bits; parallel.zero_of), float32 w / b (or scale / shift)."""
-    p, eps64 = row_args(params)
-    z = zero_of(fmt)
-    nc = p[RW_I4]
-    w = c_array_at(p[1], np.float32(0), (nc,))
-    b = c_array_at(p[2], np.float32(0), (nc,))
-    s, code = p[RW_I2], p[RW_I3]
-    lo, hi = row_claim(p, me)
-    if group is not None:
-        n, d = p[RW_N], p[RW_D]
-        x = c_array_at(p[0], z, (n, d))
-        out = c_array_at(p[3], z, (n, d))
-        eps = np.float32(eps64)
-        while lo < hi:
-            group_norm_rows_half(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
-            lo, hi = row_claim(p, me)
-    else:
-        total = p[RW_D]
-        x = c_array_at(p[0], z, (total,))
-        out = c_array_at(p[3], z, (total,))
-        while lo < hi:
-            batch_norm_range_half(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
-            lo, hi = row_claim(p, me)
-
-
 def batch_norm_half_parallel(x, scale, shift, out, s, code):
     """batch_norm_half_serial's result, element ranges claimed by the team's threads."""
-    row_run(_launch, worker_address(channel_norm_half_worker, (x.dtype.char, only_if(False))),
-            x, scale, shift, out, 0.0, 0, s, code)
+    row_run(_launch, worker_address(channel_norm_worker, _variant(x, scale, False)), x, scale, shift, out, 0.0, 0, s,
+            code)
 
 
 def group_norm_half_parallel(x, w, b, eps, out, cg, s, code):
     """group_norm_half_serial's result, (sample, group) rows claimed by the team's threads."""
-    row_run(_launch, worker_address(channel_norm_half_worker, (x.dtype.char, only_if(True))),
-            x, w, b, out, eps, cg, s, code)
+    row_run(_launch, worker_address(channel_norm_worker, _variant(x, w, True)), x, w, b, out, eps, cg, s, code)
+
+
+def _group_rows(x, w, b, eps, out, cg, s, code, lo, hi):
+    return None
+
+
+@overload(_group_rows, **OVERLOAD)
+def _group_rows_overload(x, w, b, eps, out, cg, s, code, lo, hi):
+    """group_norm_rows, or group_norm_rows_half for 16-bit bits (an integer x): the worker's
+    rows by x's type, resolved at compile time."""
+    if isinstance(x.dtype, types.Integer):
+        return lambda x, w, b, eps, out, cg, s, code, lo, hi: group_norm_rows_half(x, w, b, eps, out, cg, s, code,
+                                                                                   lo, hi)
+    return lambda x, w, b, eps, out, cg, s, code, lo, hi: group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi)
+
+
+def _bn_range(x, scale, shift, out, s, code, lo, hi):
+    return None
+
+
+@overload(_bn_range, **OVERLOAD)
+def _bn_range_overload(x, scale, shift, out, s, code, lo, hi):
+    """batch_norm_range, or batch_norm_range_half for 16-bit bits (as _group_rows)."""
+    if isinstance(x.dtype, types.Integer):
+        return lambda x, scale, shift, out, s, code, lo, hi: batch_norm_range_half(x, scale, shift, out, s, code,
+                                                                                   lo, hi)
+    return lambda x, scale, shift, out, s, code, lo, hi: batch_norm_range(x, scale, shift, out, s, code, lo, hi)
