@@ -569,8 +569,13 @@ def _linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, pre: Tensor, a
 @_op("matmul_backward", _product_bwd_fake)
 def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, pre: Tensor, activation: Optional[str],
                      has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    half = grad_out.dtype if grad_out.dtype in _HALF else None
+    if half is not None:   # as _linear_backward: float32 kernels on the widened tensors, rounded once
+        grad_out, a, b, pre = grad_out.float(), a.float(), b.float(), pre.float()
     da, db_, dbias = dispatch.matmul_backward(grad_out, a, b, pre if activation is not None else None,
                                               activation=activation, has_bias=has_bias)
+    if half is not None:
+        da, db_, dbias = da.to(half), db_.to(half), None if dbias is None else dbias.to(half)
     return da, db_, _absent(a) if dbias is None else dbias
 
 

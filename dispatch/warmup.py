@@ -90,8 +90,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dispatch.warmup", description=__doc__.split("\n\n")[0])
     p.add_argument("ops", nargs="*", help="ops to compile (default: all registered)")
     p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64", "bfloat16", "float16"],
-                   help="bfloat16 / float16: the 16-bit kernels of the ops that have them (linear, conv2d, the norms, "
-                        "activations, softmax, rope, attention; bfloat16 needs ml_dtypes)")
+                   help="bfloat16 / float16: the 16-bit kernels of the ops that have them (linear, matmul, conv2d, "
+                        "the norms, activations, softmax, rope, attention; bfloat16 needs ml_dtypes)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
     t0 = time.perf_counter()

@@ -75,20 +75,20 @@ print(json.dumps(n))
 
 
 def test_warmup_bfloat16_linear(tmp_path):
-    """--dtypes bfloat16 compiles the bfloat16 kernels of the ops that have them (linear's, the
-    norms' (batch_norm and group_norm too), the activations', softmax's, rope's, attention's
-    and conv2d's; --dtypes float16 the same ops'); a later process's bfloat16 linear calls
-    then compile nothing."""
+    """--dtypes bfloat16 compiles the bfloat16 kernels of the ops that have them (linear's,
+    matmul's, conv2d's, the norms' (batch_norm and group_norm too), the activations',
+    softmax's, rope's and attention's; --dtypes float16 the same ops'); a later process's
+    bfloat16 linear calls then compile nothing."""
     from dispatch import warmup
 
     planned = warmup.plan(None, ["bfloat16"])
     assert {op for op, _, _ in planned} == {"linear", "layer_norm", "rms_norm", "relu", "silu", "gelu", "swiglu",
                                            "geglu", "softmax", "log_softmax", "rope", "attention", "batch_norm",
-                                           "group_norm", "conv2d"}, planned
+                                           "group_norm", "conv2d", "matmul"}, planned
     names = {impl for op, impl, dt in planned if op == "linear"}
     assert names == {"cpu-bf16-dot", "cpu-wo-gemv", "cpu-wo-gemm"}, names
-    assert {impl for op, impl, _ in planned if op not in ("linear", "attention", "conv2d")} == {"cpu-serial",
-                                                                                            "cpu-parallel"}
+    assert {impl for op, impl, _ in planned if op not in ("linear", "matmul", "attention", "conv2d")} == {
+        "cpu-serial", "cpu-parallel"}
     assert "cpu-bf16-dot" not in {impl for _, impl, _ in warmup.plan(["linear"], ["float32"])}
     half = warmup.plan(None, ["float16"])   # the same ops' float16 paths (linear: x widened, no vdpbf16ps)
     assert {op for op, _, _ in half} == {op for op, _, _ in planned}, half

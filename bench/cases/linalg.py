@@ -8,6 +8,9 @@ CASES = [
     _c("matmul", "llama-7b prefill 512 proj", "Llama-7B", {"a": (512, 4096), "b": (4096, 4096)}),
     _c("matmul", "minilm proj", "MiniLM-L6", {"a": (128, 384), "b": (384, 384)}),
     _c("matmul", "square 1024", "GEMM", {"a": (1024, 1024), "b": (1024, 1024)}),
+    # 16-bit operands (PyTorch's float16 / bfloat16 matmul on the CPU)
+    *(_c("matmul", f"bert-base qkv proj {fmt}", "BERT-base", {"a": (128, 768), "b": (768, 768)}, activations=fmt)
+      for fmt in ("float16", "bfloat16")),
     _c("linear", "bert-base ffn-up +gelu", "BERT-base",
        {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, quick=True, activation="gelu"),
     _c("linear", "bert-base ffn-down", "BERT-base", {"x": (128, 3072), "weight": (768, 3072), "bias": (768,)}),

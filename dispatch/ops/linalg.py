@@ -32,15 +32,16 @@ from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEM
 from kernels_common.memory import ALIGN, aligned_empty
 from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
 from kernels_cpu import gemm as K
+from kernels_cpu import half as KH
 from kernels_cpu.parallel import num_threads
 
 from .. import validate as V
 from ..quantized import QuantizedArray
-from ..registry import (Call, Implementation, Op, Rule, bucket, bucket_half, bucket_half_end, draw_normal, register,
-                        register_op, shape_only)
-from ._common import deliver, kernel_input, result_buffer
+from ..registry import (FLOAT_DTYPES, Call, Implementation, Op, Rule, bucket, bucket_half, bucket_half_end,
+                        draw_normal, register, register_op, shape_only)
+from ._common import deliver, half_bits, kernel_input, result_buffer, widened
 
-_KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
+_KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel", "kernels_cpu.half")
 
 
 class GemmKey(NamedTuple):
@@ -195,10 +196,12 @@ def _unpack(name, w, op):
     return w.kernel_weight, w.panels
 
 
-def _common_checks(first_name, first, second_name, second, bias, out, activation):
+def _common_checks(first_name, first, second_name, second, bias, out, activation, half_ok=False):
+    """(device, dtype, activation code) after the checks both products share; half_ok: the
+    first operand may also be bfloat16 / float16 on the CPU (matmul), the rest of its dtype."""
     V.required(**{first_name: first, second_name: second})
     dev = V.device_of(**{first_name: first, second_name: second, "bias": bias, "out": out})
-    dt = V.float_dtype(first_name, first)
+    dt = V.cpu_float_dtype(first_name, first, dev) if half_ok else V.float_dtype(first_name, first)
     V.same_dtype(second_name, second, first_name, dt)
     if bias is not None:
         V.same_dtype("bias", bias, first_name, dt)
@@ -221,7 +224,10 @@ def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     """Validate a matmul call: Call.args = GemmArgs (b_is_nk False; batch dims not yet
     broadcast), key GemmKey.  b may be a PackedWeight (op="matmul")."""
     b, packed = _unpack("b", b, "matmul")
-    dev, dt, code = _common_checks("a", a, "b", b, bias, out, activation)
+    if packed is not None and V.is_half(getattr(a, "dtype", None)):
+        raise TypeError(f"b: a PackedWeight holds float32 / float64 panels; a {a.dtype} a takes its {a.dtype} b as "
+                        "an array (widened to float32 per call)")
+    dev, dt, code = _common_checks("a", a, "b", b, bias, out, activation, half_ok=True)
     V.rank("a", a, (2, 64), " (..., M, K)")
     V.rank("b", b, (2, 64), " (..., K, N)")
     m, k = a.shape[-2], a.shape[-1]
@@ -862,9 +868,9 @@ def _synthesize(shapes, params, rng, dtype):
             from .weight_only import low_precision_weight
             out["weight"] = low_precision_weight(out["weight"], fmt)
     act = params.get("activations")
-    if act in ("bfloat16", "float16"):  # x and bias too (PyTorch's 16-bit linear)
+    if act in ("bfloat16", "float16"):  # linear's x and bias too (its weight: weight_format), matmul's all
         from .weight_only import low_precision_weight
-        for name in ("x", "bias"):
+        for name in (("x", "bias") if "x" in out else tuple(out)):
             if name in out:
                 out[name] = low_precision_weight(out[name], act)
     return out
@@ -920,21 +926,41 @@ def _epilogue_variants(bias_at):
     return out
 
 
-def _register(name, describe, signature, bias_at):
+def _half(run32):
+    """run32 for bfloat16 / float16 a, b and bias as well (PyTorch's 16-bit matmul on the
+    CPU): widened to float32 copies (O(MK + KN) beside the O(MNK) work), the float32 kernel,
+    the result rounded once to a's dtype."""
+    def run(params, a, b, bias, out, code, b_is_nk, packed=None):
+        if a.dtype.itemsize != 2:
+            return run32(params, a, b, bias, out, code, b_is_nk, packed)
+        res32 = run32(params, widened(a), widened(b), None if bias is None else widened(bias), None, code, b_is_nk)
+        res = result_buffer(out, res32.shape, a.dtype)   # C-contiguous: out itself, or copied into it
+        KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))
+        return deliver(res, out)
+
+    return run
+
+
+_HALF_NOTE = ("; bfloat16 / float16 (matmul): a, b, bias widened to float32 copies, the result rounded once to a's "
+              "dtype")
+
+
+def _register(name, describe, signature, bias_at, half):
     op = register_op(Op(name, describe, memo=True, family="linalg", bound="compute", signature=signature, flops=_flops,
                         bytes=_bytes, rules={"cpu": _RULE_LINEAR if name == "linear" else _RULE}, synthesize=_synthesize,
                         variants=_epilogue_variants(bias_at)))
-    register(Implementation(name, "cpu-gemm", "cpu", _run_gemm, notes=_NOTES_GEMM, kernel_modules=_KERNELS,
-                            supports=dense_weight))
-    register(Implementation(name, "cpu-gemv", "cpu", _run_gemv, notes=_NOTES_GEMV, kernel_modules=_KERNELS,
-                            supports=dense_weight))
-    register(Implementation(name, "blas", "cpu", _run_blas, notes=_NOTES_BLAS, kernel_modules=_KERNELS,
-                            supports=dense_weight))
+    wrap, dtypes, note = (_half, FLOAT_DTYPES + V.HALF_DTYPES, _HALF_NOTE) if half else (lambda r: r, FLOAT_DTYPES, "")
+    register(Implementation(name, "cpu-gemm", "cpu", wrap(_run_gemm), notes=_NOTES_GEMM + note, kernel_modules=_KERNELS,
+                            supports=dense_weight, dtypes=dtypes))
+    register(Implementation(name, "cpu-gemv", "cpu", wrap(_run_gemv), notes=_NOTES_GEMV + note, kernel_modules=_KERNELS,
+                            supports=dense_weight, dtypes=dtypes))
+    register(Implementation(name, "blas", "cpu", wrap(_run_blas), notes=_NOTES_BLAS + note, kernel_modules=_KERNELS,
+                            supports=dense_weight, dtypes=dtypes))
     return op
 
 
-_matmul = _register("matmul", describe_matmul, _sig_matmul, ("kwargs", "bias"))
-_linear = _register("linear", describe_linear, _sig_linear, ("args", 2))
+_matmul = _register("matmul", describe_matmul, _sig_matmul, ("kwargs", "bias"), half=True)
+_linear = _register("linear", describe_linear, _sig_linear, ("args", 2), half=False)   # 16-bit: weight_only.py
 
 
 @_matmul.expose

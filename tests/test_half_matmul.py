@@ -1,0 +1,114 @@
+"""matmul of bfloat16 / float16 a, b and bias (PyTorch's 16-bit matmul; CPU), each test once
+per format (the `half` fixture): widened to float32, the float32 kernels, the result rounded
+once to a's dtype.  Every CPU implementation is forced and compared with the float64
+product of the same 16-bit values: matrix, batched and broadcast operands, vectors of
+one row / column, bias and each activation, strided operands, NaN-poisoned and
+non-contiguous out=, autograd, threads, and bad input that changes nothing."""
+import numpy as np
+import pytest
+
+import dispatch
+from tests.reference import linalg as ref
+from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, impl_params,
+                           other_half, poisoned, product_scale, randn, reduction_tol, rng, run, strided)
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 a is a CPU input here (float16 on CUDA: "
+                                "test_linalg)")
+
+SHAPES = [((3, 5), (5, 4)), ((1, 7), (7, 1)), ((2, 3, 6), (6, 5)), ((2, 1, 4, 3), (3, 3, 2))] + ([] if SMALL_SHAPES
+                                                                                              else [((70, 130), (130, 90)),
+                                                                                                    ((1, 300), (300, 257))])
+IMPLS = [p for p in impl_params("matmul", "cpu")]
+
+
+def check(got, a, b, bias, activation, what):
+    """Within the 16-bit rounding plus the float32 sum's error over K, relative to the
+    size of the terms each output sums."""
+    slack = reduction_tol(np.float32, a.shape[-1]) * product_scale(a, b, bias)
+    assert_half_close(got, ref.matmul(a, b, bias=bias, activation=activation), slack, what)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"], ids=str)
+@pytest.mark.parametrize("sa, sb", SHAPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_reference(impl, sa, sb, activation, half):
+    g = rng()
+    a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
+    bias = as_half(half, randn(g, (sb[-1],), np.float32))
+    oshape = ref.matmul(a, b).shape
+    out = poisoned(oshape, half)
+    got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation, out=out)
+    assert got is out and got.dtype == half
+    check(got, a, b, bias, activation, f"{impl} {sa} @ {sb} {activation}")
+    check(run(impl, dispatch.matmul, a, b), a, b, None, None, f"{impl} {sa} @ {sb} plain")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_views_out_and_nan(impl, half):
+    g = rng()
+    a, b = as_half(half, randn(g, (6, 8), np.float32)), as_half(half, randn(g, (8, 5), np.float32))
+    check(run(impl, dispatch.matmul, strided(a), b), a, b, None, None, f"{impl} strided a")
+    check(run(impl, dispatch.matmul, a, b.T.copy().T), a, b, None, None, f"{impl} transposed b")
+    tout = np.full((5, 6), np.nan, half).T
+    assert run(impl, dispatch.matmul, a, b, out=tout) is tout
+    check(tout, a, b, None, None, f"{impl} non-contiguous out=")
+    an = np.asarray(a, np.float32)
+    an[2, 3] = np.nan
+    an = as_half(half, an)
+    got = run(impl, dispatch.matmul, an, b)
+    assert np.isnan(np.asarray(got[2], np.float32)).all()
+    check(got, an, b, None, None, f"{impl} NaN")
+
+
+def test_bad_input_changes_nothing(half):
+    g = rng()
+    a, b = as_half(half, randn(g, (3, 4), np.float32)), as_half(half, randn(g, (4, 2), np.float32))
+    out = np.full((3, 2), np.nan, half)
+    with pytest.raises(TypeError, match="b must have the same dtype as a"):
+        dispatch.matmul(a, b.astype(other_half(half)), out=out)
+    with pytest.raises(TypeError, match="b must have the same dtype as a"):
+        dispatch.matmul(a, b.astype(np.float32), out=out)
+    with pytest.raises(TypeError, match="bias must have the same dtype as a"):
+        dispatch.matmul(a, b, bias=np.zeros(2, np.float32), out=out)
+    with pytest.raises(TypeError, match=r"a must have dtype float32 or float64.*bfloat16 / float16"):
+        dispatch.matmul(a.astype(np.int16), b, out=out)
+    with pytest.raises((TypeError, ValueError), match="out"):
+        dispatch.matmul(a, b, out=np.full((3, 2), np.nan, np.float32))
+    with pytest.raises(TypeError, match="PackedWeight holds float32"):
+        dispatch.matmul(a, dispatch.prepack(np.asarray(b, np.float32), op="matmul"), out=out)
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
+
+
+def test_autograd_matches_float64(half):
+    """dispatch.autograd.matmul on 16-bit tensors: the forward as above, the backward in
+    float32 on the widened tensors with each gradient rounded once (as linear's)."""
+    torch = pytest.importorskip("torch")
+    import dispatch.autograd as nka
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[half.name]
+    g = torch.Generator().manual_seed(int(rng().integers(2**31)))
+    a = torch.randn(2, 5, 6, generator=g).to(tdt).requires_grad_()
+    b = torch.randn(6, 3, generator=g).to(tdt).requires_grad_()
+    bias = torch.randn(3, generator=g).to(tdt).requires_grad_()
+    y = nka.matmul(a, b, bias=bias, activation="silu")
+    assert y.dtype == tdt
+    gy = torch.randn(y.shape, generator=g).to(tdt)
+    y.backward(gy)
+    a64, b64, bias64 = (t.detach().double().requires_grad_() for t in (a, b, bias))
+    y64 = torch.nn.functional.silu(a64 @ b64 + bias64)
+    y64.backward(gy.double())
+    tol = 2.0 ** -6   # a few 16-bit roundings (the pre-activation, the activation, each gradient)
+    for got, want, name in ((y, y64, "y"), (a.grad, a64.grad, "da"), (b.grad, b64.grad, "db"),
+                            (bias.grad, bias64.grad, "dbias")):
+        err = (got.double() - want).abs().max().item()
+        assert err <= tol * (want.abs().max().item() + 1), (name, err)
+
+
+def test_threads_bitwise(half):
+    g = rng()
+    shapes = [((3, 5), (5, 4)), ((40, 64), (64, 48)), ((2, 30, 20), (20, 33)), ((1, 200), (200, 100))]
+    cases = [(as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32))) for sa, sb in shapes]
+
+    def call(case):
+        return dispatch.matmul(*case, activation="relu").view(np.uint16).ravel()
+
+    assert concurrent_mismatches(call, cases) == []
