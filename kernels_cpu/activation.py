@@ -9,13 +9,12 @@ bfloat16 and float16 (``*_half_*``; arrays of 16-bit patterns, uint16 / int16: h
 each value widened to float32 (exact), the float32 activation (times up, widened, for the
 gated units) and one rounding to the arrays' format (nearest even), in the same loop.
 """
-import numpy as np
 from numba import njit
 
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, activate_lit, gelu,
                      gelu_tanh, relu, silu, wide_loops)
 from .half import round_to, widen
-from .parallel import (RW_D, c_array_at, launch, like_dtype, only_if, row_args, row_block, row_claim, row_run,
+from .parallel import (RW_D, c_array_at, launch, only_if, row_args, row_block, row_claim, row_run,
                        worker_address, zero_of)
 
 # Elements per parallel task: 64 KiB of float32, a few L2-friendly pages.  Not tuned by a
@@ -93,14 +92,16 @@ def activation_serial(x, out, code):
 
 
 @njit(**JIT_BY_ADDRESS)
-def activation_worker(me, params, is64, gated, code):
+def activation_worker(me, params, fmt, half, gated, code):
     """Chunks of CHUNK elements claimed from the block (parallel.row_block: units = chunks,
-    d = elements; arrays x, up (gated only), out).  gated (parallel.only_if) and the
-    activation code are literals: a variant compiles one activation's loop.  Cold first
-    call of relu 128x3072 (empty cache, Zen 4, 2026-12-04): every activation compiled
-    into the worker, 0.69 s of its 1.18 s."""
+    d = elements; arrays x, up (gated only), out).  fmt: the arrays' literal type character
+    (parallel.zero_of: "f", "d", or 16-bit bits "H" / "h", which take the *_half blocks:
+    half, as gated, a parallel.only_if literal).  gated and the activation code are
+    literals: a variant compiles one activation's loop.  Cold first call of relu 128x3072
+    (empty cache, Zen 4, 2026-12-04): every activation compiled into the worker, 0.69 s of
+    its 1.18 s."""
     p, _ = row_args(params)
-    z = like_dtype(is64)
+    z = zero_of(fmt)
     n = p[RW_D]
     x = c_array_at(p[0], z, (n,))
     up = c_array_at(p[1], z, (n,))
@@ -109,10 +110,20 @@ def activation_worker(me, params, is64, gated, code):
     while lo < hi:
         a, b = lo * CHUNK, min(hi * CHUNK, n)
         if gated is not None:
-            gated_block_lit(x[a:b], up[a:b], out[a:b], code)
+            if half is not None:
+                gated_block_half_lit(x[a:b], up[a:b], out[a:b], code)
+            else:
+                gated_block_lit(x[a:b], up[a:b], out[a:b], code)
+        elif half is not None:
+            activation_block_half_lit(x[a:b], out[a:b], code)
         else:
             activation_block_lit(x[a:b], out[a:b], code)
         lo, hi = row_claim(p, me)
+
+
+def _variant(x, gated, code):
+    """activation_worker's literals for arrays like x (dtype.char: 0.04 us, dtype.name 1.8)."""
+    return x.dtype.char, only_if(x.dtype.itemsize == 2), only_if(gated), int(code)
 
 
 @njit(**JIT)
@@ -126,8 +137,7 @@ def _launch(x, up, out, code, worker, nw, fn, buf, team_run, team_state):
 def activation_parallel(x, out, code):
     """activation_serial's result, chunks of CHUNK elements claimed by the team's threads
     (parallel.row_run)."""
-    row_run(_launch, worker_address(activation_worker, (bool(x.dtype == np.float64), only_if(False), int(code))),
-            x, x, out, code)
+    row_run(_launch, worker_address(activation_worker, _variant(x, False, code)), x, x, out, code)
 
 
 @njit(**JIT)
@@ -138,8 +148,7 @@ def gated_serial(gate, up, out, code):
 def gated_parallel(gate, up, out, code):
     """gated_serial's result, chunks of CHUNK elements claimed by the team's threads."""
     code = int(code) if code in GATED_CODES else ACT_RELU
-    row_run(_launch, worker_address(activation_worker, (bool(gate.dtype == np.float64), only_if(True), code)),
-            gate, up, out, code)
+    row_run(_launch, worker_address(activation_worker, _variant(gate, True, code)), gate, up, out, code)
 
 
 @njit(**JIT_INNER)
@@ -209,32 +218,3 @@ def gated_half_serial(gate, up, out, code):
     gated_block_half(gate, up, out, code)
 
 
-@njit(**JIT_BY_ADDRESS)
-def half_worker(me, params, fmt, gated, code):
-    """activation_worker for 16-bit arrays (x, up, out of the literal type character fmt:
-    "H" bfloat16 bits, "h" float16 bits; parallel.zero_of)."""
-    p, _ = row_args(params)
-    n = p[RW_D]
-    z = zero_of(fmt)
-    x = c_array_at(p[0], z, (n,))
-    up = c_array_at(p[1], z, (n,))
-    out = c_array_at(p[2], z, (n,))
-    lo, hi = row_claim(p, me)
-    while lo < hi:
-        a, b = lo * CHUNK, min(hi * CHUNK, n)
-        if gated is not None:
-            gated_block_half_lit(x[a:b], up[a:b], out[a:b], code)
-        else:
-            activation_block_half_lit(x[a:b], out[a:b], code)
-        lo, hi = row_claim(p, me)
-
-
-def activation_half_parallel(x, out, code):
-    """activation_half_serial's result, chunks of CHUNK elements claimed by the team's threads."""
-    row_run(_launch, worker_address(half_worker, (x.dtype.char, only_if(False), int(code))), x, x, out, code)
-
-
-def gated_half_parallel(gate, up, out, code):
-    """gated_half_serial's result, chunks of CHUNK elements claimed by the team's threads."""
-    code = int(code) if code in GATED_CODES else ACT_RELU
-    row_run(_launch, worker_address(half_worker, (gate.dtype.char, only_if(True), code)), gate, up, out, code)

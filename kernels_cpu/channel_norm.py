@@ -37,10 +37,9 @@ passes ones / zeros for None).
 """
 import numpy as np
 from numpy import uintp
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
-from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER, OVERLOAD,
+from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER,
                      gelu, gelu_tanh, like, relu, silu)
 from .half import round_to, widen
 from .norm import centered_stats
@@ -149,13 +148,14 @@ def batch_norm_serial(x, scale, shift, out, s, code):
 
 
 @njit(**JIT_BY_ADDRESS)
-def channel_norm_worker(me, params, xfmt, pfmt, group):
+def channel_norm_worker(me, params, xfmt, pfmt, half, group):
     """Claims from the block (parallel.row_block).  group_norm (group True): rows of (N*G,
     cg*s), f = eps, i = cg, i2 = s, i3 = code, i4 = C; arrays x, w, b, out.  batch_norm
     (group None: parallel.only_if, the other op's path is not compiled): blocks of ALIGN
     elements of the flat x (d elements), i2 = s, i3 = code, i4 = C; arrays x, scale, shift,
     out.  xfmt / pfmt: the literal type characters (parallel.zero_of) of x and out ("f",
-    "d", or 16-bit bits "H" / "h": the *_half rows) and of the parameters (x's, or "f")."""
+    "d", or 16-bit bits "H" / "h", which take the *_half rows: half, a parallel.only_if
+    literal) and of the parameters (x's, or "f")."""
     p, eps64 = row_args(params)
     z, pz = zero_of(xfmt), zero_of(pfmt)
     nc = p[RW_I4]
@@ -169,20 +169,26 @@ def channel_norm_worker(me, params, xfmt, pfmt, group):
         out = c_array_at(p[3], z, (n, d))
         eps = like(pz, eps64)
         while lo < hi:
-            _group_rows(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
+            if half is not None:
+                group_norm_rows_half(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
+            else:
+                group_norm_rows(x, w, b, eps, out, p[RW_I], s, code, lo, hi)
             lo, hi = row_claim(p, me)
     else:
         total = p[RW_D]
         x = c_array_at(p[0], z, (total,))
         out = c_array_at(p[3], z, (total,))
         while lo < hi:
-            _bn_range(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
+            if half is not None:
+                batch_norm_range_half(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
+            else:
+                batch_norm_range(x, w, b, out, s, code, lo * ALIGN, min(hi * ALIGN, total))
             lo, hi = row_claim(p, me)
 
 
 def _variant(x, w, group):
     """channel_norm_worker's literals for these arrays (dtype.char: 0.04 us, dtype.name 1.8)."""
-    return x.dtype.char, w.dtype.char, only_if(group)
+    return x.dtype.char, w.dtype.char, only_if(x.dtype.itemsize == 2), only_if(group)
 
 
 @njit(**JIT)
@@ -307,41 +313,3 @@ def group_norm_rows_half(x, w, b, eps, out, cg, s, code, lo, hi):
 @njit(**JIT)
 def group_norm_half_serial(x, w, b, eps, out, cg, s, code):
     group_norm_rows_half(x, w, b, eps, out, cg, s, code, np.int64(0), x.shape[0])
-
-
-def batch_norm_half_parallel(x, scale, shift, out, s, code):
-    """batch_norm_half_serial's result, element ranges claimed by the team's threads."""
-    row_run(_launch, worker_address(channel_norm_worker, _variant(x, scale, False)), x, scale, shift, out, 0.0, 0, s,
-            code)
-
-
-def group_norm_half_parallel(x, w, b, eps, out, cg, s, code):
-    """group_norm_half_serial's result, (sample, group) rows claimed by the team's threads."""
-    row_run(_launch, worker_address(channel_norm_worker, _variant(x, w, True)), x, w, b, out, eps, cg, s, code)
-
-
-def _group_rows(x, w, b, eps, out, cg, s, code, lo, hi):
-    return None
-
-
-@overload(_group_rows, **OVERLOAD)
-def _group_rows_overload(x, w, b, eps, out, cg, s, code, lo, hi):
-    """group_norm_rows, or group_norm_rows_half for 16-bit bits (an integer x): the worker's
-    rows by x's type, resolved at compile time."""
-    if isinstance(x.dtype, types.Integer):
-        return lambda x, w, b, eps, out, cg, s, code, lo, hi: group_norm_rows_half(x, w, b, eps, out, cg, s, code,
-                                                                                   lo, hi)
-    return lambda x, w, b, eps, out, cg, s, code, lo, hi: group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi)
-
-
-def _bn_range(x, scale, shift, out, s, code, lo, hi):
-    return None
-
-
-@overload(_bn_range, **OVERLOAD)
-def _bn_range_overload(x, scale, shift, out, s, code, lo, hi):
-    """batch_norm_range, or batch_norm_range_half for 16-bit bits (as _group_rows)."""
-    if isinstance(x.dtype, types.Integer):
-        return lambda x, scale, shift, out, s, code, lo, hi: batch_norm_range_half(x, scale, shift, out, s, code,
-                                                                                   lo, hi)
-    return lambda x, scale, shift, out, s, code, lo, hi: batch_norm_range(x, scale, shift, out, s, code, lo, hi)

@@ -16,12 +16,11 @@ The row loop and the pair loop live in one function with the layout branch outsi
 calling a per-row helper (D = 128) cost 0.48 ns/element in cache against 0.14 for this
 form (a plain copy: 0.10), the call and its alias checks dominating such short rows.
 """
-import numpy as np
 from numba import njit
 
 from .approx import JIT, JIT_BY_ADDRESS, JIT_INNER, wide_loops
 from .half import round_to, widen
-from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, launch, like_dtype, row_args, row_block,
+from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_N, c_array_at, launch, only_if, row_args, row_block,
                        row_claim, row_of, row_run, worker_address, zero_of)
 
 ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats = 32 KiB); not measured on its own
@@ -70,21 +69,31 @@ def rope_serial(x, cos, sin, out, interleaved):
 
 
 @njit(**JIT_BY_ADDRESS)
-def rope_worker(me, params, is64):
+def rope_worker(me, params, fmt, tables, half):
     """Rows claimed from the block (parallel.row_block: n rows of d, i = interleaved, i2, i3
-    = cos's and sin's (S, h); arrays x, cos, sin, out)."""
+    = cos's and sin's (S, h); arrays x, cos, sin, out).  fmt / tables: the literal type
+    characters (parallel.zero_of) of x and out ("f", "d", or 16-bit bits "H" / "h", which
+    take rope_rows_half: half, a parallel.only_if literal) and of cos / sin (fmt, or "f")."""
     p, _ = row_args(params)
-    z = like_dtype(is64)
+    z, tz = zero_of(fmt), zero_of(tables)
     n, d = p[RW_N], p[RW_D]
     x = c_array_at(p[0], z, (n, d))
-    cos = c_array_at(p[1], z, (p[RW_I2], p[RW_I3]))
-    sin = c_array_at(p[2], z, (p[RW_I2], p[RW_I3]))
+    cos = c_array_at(p[1], tz, (p[RW_I2], p[RW_I3]))
+    sin = c_array_at(p[2], tz, (p[RW_I2], p[RW_I3]))
     out = c_array_at(p[3], z, (n, d))
     interleaved = p[RW_I] != 0
     lo, hi = row_claim(p, me)
     while lo < hi:
-        rope_rows(x, cos, sin, out, lo, hi, interleaved)
+        if half is not None:
+            rope_rows_half(x, cos, sin, out, lo, hi, interleaved)
+        else:
+            rope_rows(x, cos, sin, out, lo, hi, interleaved)
         lo, hi = row_claim(p, me)
+
+
+def _variant(x, cos):
+    """rope_worker's literals for x and its tables (dtype.char: 0.04 us, dtype.name 1.8)."""
+    return x.dtype.char, cos.dtype.char, only_if(x.dtype.itemsize == 2)
 
 
 @njit(**JIT)
@@ -97,7 +106,7 @@ def _launch(x, cos, sin, out, interleaved, worker, nw, fn, buf, team_run, team_s
 
 def rope_parallel(x, cos, sin, out, interleaved):
     """rope_serial's result, rows claimed by the team's threads (parallel.row_run)."""
-    row_run(_launch, worker_address(rope_worker, (bool(x.dtype == np.float64),)), x, cos, sin, out, interleaved)
+    row_run(_launch, worker_address(rope_worker, _variant(x, cos)), x, cos, sin, out, interleaved)
 
 
 @njit(**JIT_INNER)
@@ -134,29 +143,3 @@ def rope_rows_half(x, cos, sin, out, lo, hi, interleaved):
 @njit(**JIT)
 def rope_half_serial(x, cos, sin, out, interleaved):
     rope_rows_half(x, cos, sin, out, 0, x.shape[0], interleaved)
-
-
-@njit(**JIT_BY_ADDRESS)
-def rope_half_worker(me, params, fmt, tables):
-    """rope_worker for 16-bit rows: x and out of the literal type character fmt ("H"
-    bfloat16 bits, "h" float16 bits), cos / sin of the literal tables (fmt, or "f" float32;
-    parallel.zero_of)."""
-    p, _ = row_args(params)
-    n, d = p[RW_N], p[RW_D]
-    z = zero_of(fmt)
-    x = c_array_at(p[0], z, (n, d))
-    tz = zero_of(tables)
-    cos = c_array_at(p[1], tz, (p[RW_I2], p[RW_I3]))
-    sin = c_array_at(p[2], tz, (p[RW_I2], p[RW_I3]))
-    out = c_array_at(p[3], z, (n, d))
-    interleaved = p[RW_I] != 0
-    lo, hi = row_claim(p, me)
-    while lo < hi:
-        rope_rows_half(x, cos, sin, out, lo, hi, interleaved)
-        lo, hi = row_claim(p, me)
-
-
-def rope_half_parallel(x, cos, sin, out, interleaved):
-    """rope_half_serial's result, rows claimed by the team's threads."""
-    row_run(_launch, worker_address(rope_half_worker, (x.dtype.char, cos.dtype.char)), x, cos, sin, out,
-            interleaved)

@@ -28,7 +28,7 @@ from numba.extending import overload
 from .approx import (OVERLOAD, HELPER, JIT, JIT_BY_ADDRESS, JIT_INNER, bits_to_float, fence, fexp_nonpos, like,
                      wide_loops)
 from .half import round_to, widen
-from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, row_args,
+from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dtype, num_threads, only_if, row_args,
                        require_c_arrays, row_block, row_claim, row_of, row_run, run_workers, tasks_for, worker_address,
                        zero_of)
 
@@ -162,17 +162,27 @@ def softmax_serial(x, out, log):
 
 
 @njit(**JIT_BY_ADDRESS)
-def softmax_worker(me, params, is64):
-    """Rows claimed from the block (parallel.row_block: i = log; arrays x, out)."""
+def softmax_worker(me, params, fmt, half):
+    """Rows claimed from the block (parallel.row_block: i = log; arrays x, out of the
+    literal type character fmt (parallel.zero_of): "f", "d", or 16-bit bits "H" / "h",
+    which take softmax_rows_half (half: a parallel.only_if literal))."""
     p, _ = row_args(params)
-    z = like_dtype(is64)
+    z = zero_of(fmt)
     x = c_array_at(p[0], z, (p[RW_N], p[RW_D]))
     out = c_array_at(p[1], z, (p[RW_N], p[RW_D]))
     log = p[RW_I] != 0
     lo, hi = row_claim(p, me)
     while lo < hi:
-        softmax_rows(x, out, log, lo, hi)
+        if half is not None:
+            softmax_rows_half(x, out, log, lo, hi)
+        else:
+            softmax_rows(x, out, log, lo, hi)
         lo, hi = row_claim(p, me)
+
+
+def _variant(x):
+    """softmax_worker's literals for x (dtype.char: 0.04 us, dtype.name 1.8)."""
+    return x.dtype.char, only_if(x.dtype.itemsize == 2)
 
 
 @njit(**JIT)
@@ -184,7 +194,7 @@ def _softmax_launch(x, out, log, worker, nw, fn, buf, team_run, team_state):
 
 def softmax_parallel(x, out, log):
     """softmax_serial's result, rows claimed by the team's threads (parallel.row_run)."""
-    row_run(_softmax_launch, worker_address(softmax_worker, (bool(x.dtype == np.float64),)), x, out, log)
+    row_run(_softmax_launch, worker_address(softmax_worker, _variant(x)), x, out, log)
 
 
 @njit(**JIT_INNER)
@@ -218,26 +228,6 @@ def softmax_rows_half(x, out, log, lo, hi):
 @njit(**JIT)
 def softmax_half_serial(x, out, log):
     softmax_rows_half(x, out, log, 0, x.shape[0])
-
-
-@njit(**JIT_BY_ADDRESS)
-def softmax_half_worker(me, params, fmt):
-    """softmax_worker for 16-bit rows (arrays x, out of the literal type character fmt:
-    "H" bfloat16 bits, "h" float16 bits; parallel.zero_of)."""
-    p, _ = row_args(params)
-    z = zero_of(fmt)
-    x = c_array_at(p[0], z, (p[RW_N], p[RW_D]))
-    out = c_array_at(p[1], z, (p[RW_N], p[RW_D]))
-    log = p[RW_I] != 0
-    lo, hi = row_claim(p, me)
-    while lo < hi:
-        softmax_rows_half(x, out, log, lo, hi)
-        lo, hi = row_claim(p, me)
-
-
-def softmax_half_parallel(x, out, log):
-    """softmax_half_serial's result, rows claimed by the team's threads."""
-    row_run(_softmax_launch, worker_address(softmax_half_worker, (x.dtype.char,)), x, out, log)
 
 
 @njit(**JIT)

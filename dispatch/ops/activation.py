@@ -180,8 +180,9 @@ def _register_family(name, describe, signature, host_run, flops, bytes_, kernels
 _DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
 _HALF_NOTE = ("; bfloat16 / float16: each value widened to float32, the result rounded once to the input's dtype "
               "(nearest even)")
-_UNARY = ((K.activation_serial, K.activation_parallel), (K.activation_half_serial, K.activation_half_parallel))
-_GATED = ((K.gated_serial, K.gated_parallel), (K.gated_half_serial, K.gated_half_parallel))
+# (the parallel kernels take every dtype: their worker picks the 16-bit blocks by the arrays' type)
+_UNARY = ((K.activation_serial, K.activation_parallel), (K.activation_half_serial, K.activation_parallel))
+_GATED = ((K.gated_serial, K.gated_parallel), (K.gated_half_serial, K.gated_parallel))
 _gelu_describe = {code: _describe_unary("gelu", code) for code in (ACT_GELU, ACT_GELU_TANH)}
 _geglu_describe = {code: _describe_gated("geglu", code) for code in (ACT_GELU, ACT_GELU_TANH)}
 

@@ -306,10 +306,10 @@ _DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
 _batch_norm = _register("batch_norm", _describe_bn, _sig_bn, _flops_bn, _synthesize,
                         serial_parallel_rule("size", PARALLEL_THRESHOLD["batch_norm"], _MEASURED["batch_norm"]),
                         _bn_host, (K.batch_norm_serial, K.batch_norm_half_serial),
-                        (K.batch_norm_parallel, K.batch_norm_half_parallel), "even element ranges")
+                        (K.batch_norm_parallel, K.batch_norm_parallel), "even element ranges")
 _group_norm = _register("group_norm", _describe_gn, _sig_gn, _flops_gn, _synthesize_gn, _gn_rule(), _gn_host,
                         (K.group_norm_serial, K.group_norm_half_serial),
-                        (K.group_norm_parallel, K.group_norm_half_parallel), "(sample, group) blocks")
+                        (K.group_norm_parallel, K.group_norm_parallel), "(sample, group) blocks")
 
 
 @_batch_norm.expose

@@ -135,7 +135,7 @@ _HALF_NOTE = ("; bfloat16 / float16 x: each value widened, the rotation in float
               "dtype")
 register(Implementation("rope", "cpu-serial", "cpu", _host((K.rope_serial, K.rope_half_serial)),
                         dtypes=FLOAT_DTYPES + V.HALF_DTYPES, notes=HOST_COPY_NOTE + _HALF_NOTE, kernel_modules=_KERNELS))
-register(Implementation("rope", "cpu-parallel", "cpu", _host((K.rope_parallel, K.rope_half_parallel)),
+register(Implementation("rope", "cpu-parallel", "cpu", _host((K.rope_parallel, K.rope_parallel)),
                         dtypes=FLOAT_DTYPES + V.HALF_DTYPES, kernel_modules=_KERNELS,
                         notes=HOST_COPY_NOTE + "; rows (batch x position) split over threads" + _HALF_NOTE))
 

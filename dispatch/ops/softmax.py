@@ -144,7 +144,7 @@ def _register_softmax(name, log):
     register(Implementation(name, "cpu-serial", "cpu", _softmax_host((K.softmax_serial, K.softmax_half_serial)),
                             dtypes=_DTYPES, notes=HOST_COPY_NOTE + AXIS_NOTE + _HALF_NOTE, kernel_modules=_KERNELS))
     register(Implementation(name, "cpu-parallel", "cpu",
-                            _softmax_host((K.softmax_parallel, K.softmax_half_parallel)), dtypes=_DTYPES,
+                            _softmax_host((K.softmax_parallel, K.softmax_parallel)), dtypes=_DTYPES,
                             notes=HOST_COPY_NOTE + AXIS_NOTE + "; rows split over threads" + _HALF_NOTE,
                             kernel_modules=_KERNELS))
     return op
