@@ -22,7 +22,7 @@ Instruction paths (chosen per call by the dispatcher from the host's features, s
 `host_paths`; each compiled only when used, so a host without AVX-512 never compiles the
 VNNI kernel):
   PATH_AMX      AMX-INT8 `tdpbusd` (Sapphire Rapids and later; Linux grants the tile state
-                on request, `_amx_permission`): a 32 x 32 block as 2 x 2 tiles of 16 x 16
+                on request, `amx.permission`): a 32 x 32 block as 2 x 2 tiles of 16 x 16
                 int32, per 64-byte K chunk two A tiles (16 rows x 64 u8, read in place
                 from A's rows) and two B tiles (16 groups x 16 columns x 4 s8) from the
                 same [k/4][NR][4] panel layout as VNNI with NR = 32.  onnxruntime's MLAS
@@ -76,7 +76,7 @@ from numba.extending import intrinsic, overload
 
 from kernels_common.memory import aligned_empty
 
-from . import target
+from . import amx, target
 from .approx import OVERLOAD, ACT_NONE, ACTIVATIONS, JIT_BY_ADDRESS, wide_loops
 from .half import bits_float
 from .llvm_ir import arg_readers
@@ -116,30 +116,6 @@ def k_words(k, path):
     return -(-k // al) * al // TILES[path][2]
 
 
-_AMX_PERMISSION = None
-
-
-def _amx_permission():
-    """Ask Linux for the AMX tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA),
-    once per process; None when granted, else the reason.  Without it the first tile
-    instruction kills the process (SIGILL)."""
-    global _AMX_PERMISSION
-    if _AMX_PERMISSION is None:
-        try:
-            import ctypes
-            import sys
-            if not sys.platform.startswith("linux"):
-                _AMX_PERMISSION = "AMX permission is requested through Linux's arch_prctl only"
-            else:
-                libc = ctypes.CDLL(None, use_errno=True)
-                sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-                rc = libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
-                _AMX_PERMISSION = "" if rc == 0 else f"the kernel refused AMX tile state (errno {ctypes.get_errno()})"
-        except Exception as exc:  # noqa: BLE001
-            _AMX_PERMISSION = f"could not request AMX permission ({exc.__class__.__name__})"
-    return _AMX_PERMISSION or None
-
-
 def host_paths():
     """{path: None if it can run on this host, else the reason it cannot}: the features numba
     compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES when the user set them, e.g. for a
@@ -151,8 +127,7 @@ def host_paths():
     miss = [f for f in need if f not in feats]
     out[PATH_VNNI512] = None if not miss else f"host {cpu} lacks {', '.join(miss)}"
     out[PATH_AVX2] = None if "avx2" in feats else f"host {cpu} lacks avx2"
-    miss = [f for f in ("amx-tile", "amx-int8") if f not in feats]
-    out[PATH_AMX] = f"host {cpu} lacks {', '.join(miss)}" if miss else _amx_permission()
+    out[PATH_AMX] = amx.refusal("amx-int8")
     out[PATH_AMX_ROWS] = out[PATH_VNNI512] or out[PATH_AMX]  # vpdpbusd on the AMX path's panels
     out[PATH_VNNI_ROWS] = out[PATH_VNNI512]
     for path, name in _KERNEL_NAMES.items():  # declared x86-only in target.X86_ONLY
@@ -234,36 +209,6 @@ def _micro_typer(path):
     return typer
 
 
-def _amx_config(context, builder):
-    """ldtilecfg: palette 1, tiles 0-7 all 16 rows x 64 bytes (C: 16 x 16 int32; A: 16 rows x
-    64 u8 of K; B: 16 groups of 4 K values x 16 columns).  Tile state is per thread: each
-    worker loads it before its first tile instruction (tilerelease after its last)."""
-    i8 = ir.IntType(8)
-    cfg = [0] * 64
-    cfg[0] = 1
-    for tile in range(8):
-        cfg[16 + 2 * tile] = 64
-        cfg[48 + tile] = 16
-    arrty = ir.ArrayType(i8, 64)
-    slot = cgutils.alloca_once(builder, arrty)
-    builder.store(ir.Constant(arrty, [ir.Constant(i8, v) for v in cfg]), slot)
-    builder.call(_amx_fns(builder)["cfg"], [builder.bitcast(slot, i8.as_pointer())])
-
-
-def _amx_fns(builder):
-    i8, i64 = ir.IntType(8), ir.IntType(64)
-    p8 = i8.as_pointer()
-    mod = builder.module
-    void = ir.VoidType()
-    return {"load": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8, p8, i64]), "llvm.x86.tileloadd64"),
-            "store": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8, p8, i64]),
-                                                    "llvm.x86.tilestored64"),
-            "dp": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8, i8, i8]), "llvm.x86.tdpbusd"),
-            "zero": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [i8]), "llvm.x86.tilezero"),
-            "cfg": cgutils.get_or_insert_function(mod, ir.FunctionType(void, [p8]), "llvm.x86.ldtilecfg"),
-            "release": cgutils.get_or_insert_function(mod, ir.FunctionType(void, []), "llvm.x86.tilerelease")}
-
-
 def _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     """PATH_AMX's micro-kernel: t[i*NR_X + j] (int32, 32 x 32) = u8(A) . s8(B) for a 32-row A
     block (its rows in place at ap[aoff + i*lda], lda in words, K padded to 64-byte chunks)
@@ -271,7 +216,7 @@ def _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     64-byte K chunk, two A tiles (tmm4, tmm5: 16 rows each) and two B tiles (tmm6, tmm7: 16
     columns each, row stride 128 bytes) loaded, four `tdpbusd` into the C tiles tmm0-3 (16 x
     16 x 64 products each); then the C tiles stored into t.  The tile configuration
-    (_amx_config, tiles_begin) must have been loaded on this thread."""
+    (amx.config, tiles_begin) must have been loaded on this thread."""
     for arr in (ap, bp, t):
         if not (isinstance(arr, types.Array) and arr.dtype == types.int32):
             return None
@@ -279,7 +224,7 @@ def _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     def codegen(context, builder, sig, args):
         i8, i64 = ir.IntType(8), ir.IntType(64)
         p8 = i8.as_pointer()
-        f = _amx_fns(builder)
+        f = amx.fns(builder)
 
         i64_of, data = arg_readers(context, builder, sig, args)
 
@@ -303,10 +248,10 @@ def _amx_typer(kq, ap, aoff, lda, bp, boff, t, toff, ldt):
             builder.call(f["load"], [C(5), builder.gep(a1, [aoff]), lda_b])
             builder.call(f["load"], [C(6), builder.gep(bbase, [boffc]), bstride])
             builder.call(f["load"], [C(7), builder.gep(bbase, [builder.add(boffc, ir.Constant(i64, 64))]), bstride])
-            builder.call(f["dp"], [C(0), C(4), C(6)])
-            builder.call(f["dp"], [C(1), C(4), C(7)])
-            builder.call(f["dp"], [C(2), C(5), C(6)])
-            builder.call(f["dp"], [C(3), C(5), C(7)])
+            builder.call(f["dpbusd"], [C(0), C(4), C(6)])
+            builder.call(f["dpbusd"], [C(1), C(4), C(7)])
+            builder.call(f["dpbusd"], [C(2), C(5), C(6)])
+            builder.call(f["dpbusd"], [C(3), C(5), C(7)])
         tdata = byte_ptr(6, 7)  # t[toff:] (the gep scales by int32) as bytes
         ldt_b = builder.mul(i64_of(8), ir.Constant(i64, 4))
         for i in range(2):
@@ -357,13 +302,13 @@ def _tiles_intrinsic(begin):
     def typer(typingctx, path):
         if not isinstance(path, types.IntegerLiteral):
             return None
-        amx = path.literal_value == PATH_AMX
+        on_amx = path.literal_value == PATH_AMX
 
         def codegen(context, builder, sig, args):
-            if amx and begin:
-                _amx_config(context, builder)
-            elif amx:
-                builder.call(_amx_fns(builder)["release"], [])
+            if on_amx and begin:
+                amx.config(builder)
+            elif on_amx:
+                builder.call(amx.fns(builder)["release"], [])
             return context.get_dummy_value()
 
         return types.none(path), codegen
