@@ -1,23 +1,38 @@
-"""bfloat16 x bfloat16 GEMM with float32 accumulation on AVX-512 BF16 (`vdpbf16ps`):
-linear with bfloat16 activations and a bfloat16 weight, as PyTorch's bfloat16 linear.
+"""bfloat16 x bfloat16 GEMM with float32 accumulation: linear and matmul with bfloat16
+operands, as PyTorch's bfloat16 linear / matmul, on AMX tiles (`tdpbf16ps`, Sapphire Rapids
+and later) or AVX-512 BF16 (`vdpbf16ps`, Zen 4, Cooper Lake and later).
 
-    out[m, n] = bf16(act(sum_k x[m, k] * w[n, k] + bias[n]))
+    out[m, n] = bf16(act(sum_k x[m, k] * w[n, k] + bias[n]))      (linear; matmul: b[k, n])
 
-x (M, K) and w (N, K) hold bfloat16 bit patterns (uint16), K even; the sum is float32:
-`vdpbf16ps` multiplies pairs of bfloat16 (exact in float32: 8-bit significands) and adds
-them to a float32 lane (round to nearest even, bfloat16 and float32 subnormals read and
-written as zero: the instruction ignores MXCSR).  Bias (float32) and the activation are
-applied to the float32 sum, which is then rounded once to bfloat16 (to nearest even, NaN
-kept a NaN).
+x (M, K) and w (N, K) hold bfloat16 bit patterns (uint16), K even (but for matmul's b on
+the AMX path); the sum is float32: both instructions multiply pairs of bfloat16 (exact in
+float32: 8-bit significands) and add them to a float32 lane (round to nearest even,
+bfloat16 and float32 subnormals read and written as zero: they ignore MXCSR).  Bias
+(float32) and the activation are applied to the float32 sum, which is then rounded once to
+bfloat16 (to nearest even, NaN kept a NaN).
 
-Layout (the roles swapped against the float32 GEMM, so that the large operand is never
-packed): the weight is the broadcast operand, read in place: a 32-bit word of w's row n
-is a pair (k, k+1) of its values, which `vdpbf16ps` takes with a {1to16} broadcast.  x is
-packed once per call into panels of NR rows: xp[panel][k/2][NR] 32-bit words, the word of
-x row m and pair k/2 at lane m of the panel (pack_x; M x K x 2 bytes, small beside the
-weight).  The register tile is MR weight rows x NR x rows: MR * NR/16 = 24 zmm
-accumulators, NR/16 = 4 x vectors and one broadcast word (29 of 32).  Per K pair: 4 zmm
-loads, 6 broadcast words, 24 `vdpbf16ps` (64 flops each).
+AMX path (run_amx; linear's and matmul's, batched): C = x . w^T on 2 x 2 tiles of 16 x 16
+float32 (amx_tile: 32 rows of x x 32 output columns, per chunk of 32 values of K two A
+tiles of x's rows and two B tiles of the weight's pairs).  x is packed once per call into
+tile-ordered row chunks (pack_group: the 32 x 32 values of a chunk in one 2 KiB piece),
+matmul's b matrices once into B panels of AMX_NR columns (two rows interleaved,
+_pack_kn_pairs), both by packing tasks that every worker takes first (one launch a call);
+then each task packs its AMX_TASK_ROWS linear weight rows (a 32-bit word transpose,
+pack_panel) into B panels on the thread that multiplies them, and runs them over a block of x's rows
+(AMX_X_BYTES of them, so the weight is read from memory once per that much x).  The
+tiles are the output's rows: stored into a float32 block, bias + activation, rounded.
+Every tile operand sits on a cache line: a tile row across two lines halved the tiles'
+rate (_lined).  Tile rate, one core, operands in L1 / L2 (Sapphire Rapids VM at 2.6 GHz,
+2026-12-06): 2.1-2.7 / 1.45-1.65 TFLOP/s (peak 1024 flops a cycle, 2.66 TFLOP/s).
+
+vdpbf16ps path (run; linear only).  Layout (the roles swapped against the float32 GEMM, so
+that the large operand is never packed): the weight is the broadcast operand, read in
+place: a 32-bit word of w's row n is a pair (k, k+1) of its values, which `vdpbf16ps`
+takes with a {1to16} broadcast.  x is packed once per call into panels of NR rows:
+xp[panel][k/2][NR] 32-bit words, the word of x row m and pair k/2 at lane m of the panel
+(pack_x; M x K x 2 bytes, small beside the weight).  The register tile is MR weight rows x
+NR x rows: MR * NR/16 = 24 zmm accumulators, NR/16 = 4 x vectors and one broadcast word
+(29 of 32).  Per K pair: 4 zmm loads, 6 broadcast words, 24 `vdpbf16ps` (64 flops each).
 
 Work: tasks of TASK_ROWS weight rows x X_BLOCK rows of x, taken from a counter (the x
 block outer, so both threads stream the weight past the same block of x); a task runs
@@ -37,11 +52,13 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from . import target
+from kernels_common.memory import ALIGN
+
+from . import amx, target
 from .half import to_bf16
-from .approx import ACT_NONE, JIT_BY_ADDRESS
+from .approx import ACT_NONE, JIT_BY_ADDRESS, OVERLOAD
 from .gemm import _U, _pack_strided, _transpose_block, epilogue_address
 from .llvm_ir import arg_readers
 from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
@@ -53,6 +70,26 @@ MR, NR, LANES = 6, 64, 16
 # 0.430 / 5.89 (PyTorch's bfloat16 linear beside them 0.38-0.40 / 5.0-5.2).
 TASK_ROWS = 48
 X_BLOCK = 128
+# The AMX path (amx_tile): 32 rows of x (two A tiles) x AMX_NR output columns (two B
+# tiles) per tile call; K in chunks of AMX_K values (a tile row of 64 bytes), zero-padded.
+# Both operands packed so that a call's chunk of each is 2 KiB in one piece, which the
+# prefetchers stream: weight rows read in place as 16-row A tiles (a stride of K values)
+# and x in 64-row panels ran the tiles at 660 GFLOP/s, packed 1380 (512x768x3072, one
+# core, Sapphire Rapids VM, 2026-12-06); and the tiles as the output's rows drop the
+# transposes (epilogue 0.54 -> 0.22 ms of that product).
+AMX_ROWS, AMX_K = 32, 32
+AMX_NR = 32
+AMX_TASK_ROWS = 64
+# K chunks per block (the worker's K loop): the tile phase alone, one core, us at 128x768x768
+# / 128x4096x1024 (operands packed, Sapphire Rapids VM, 2026-12-06), chunks per block 2 /
+# 4 / 8 / 12 / 24 / all: 128-132 / 103 / 89-96 / 92-97 / 112-121 / 115-124, 1019-1045 / 905-935
+# / 784-816 / 960-980 / 986-1005 / 947.  (With unaligned operands, no gain.)
+AMX_KCH = 8
+# A task runs its weight rows over up to this many bytes of x (whole X_BLOCKs), so that
+# the weight streams from memory once per that much x.  ms, 2 threads, medians of 7
+# rotating calls (same VM, 2026-12-06), 1 / 2 / 4 / 8 MiB: 512x4096x4096 12.2 / 10.6 / 10.1
+# / 10.1; 512x768x3072 1.61 / 1.54 / 1.58 / 1.61; 1024^3 1.57 / 1.67 / 1.61 / 1.52.
+AMX_X_BYTES = 4 << 20
 
 
 class _BFloat(ir.types._BaseFloatType):
@@ -80,6 +117,15 @@ def host_refusal():
     if miss:
         return f"host {target.cpu_name()} lacks {', '.join(miss)} (vdpbf16ps)"
     return None
+
+
+def amx_refusal():
+    """None when this target can run the AMX path (AMX-BF16 tiles, granted by Linux), else
+    why not."""
+    off_x86 = target.x86_only_refusal(__name__, "bf16_worker")
+    if off_x86 is not None:
+        return off_x86
+    return amx.refusal("amx-bf16")
 
 
 @intrinsic
@@ -130,6 +176,240 @@ def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt):
     return types.none(kq, w, wo, xp, xoff, t, toff, ldt), codegen
 
 
+@intrinsic
+def amx_tile(typingctx, nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c):
+    """The AMX path's tile: t[toff + i*ldt + j] (float32) = the dot product over K of row i
+    (i < AMX_ROWS) of x and column j (j < AMX_NR) of the weight's transpose, by `tdpbf16ps`
+    (pairs of bfloat16 products summed in float32) on 2 x 2 C tiles (tmm0-3) of 16 x 16.
+    x's rows come packed (pack_group): chunk c of AMX_K values of the AMX_ROWS rows at uint16
+    ap[aoff + c*AMX_ROWS*AMX_K:], row by row (A tiles tmm4, tmm5: 16 rows each, 1 KiB in one
+    piece); the weight is one panel (pack_panel), the pair q of its row j as the 32-bit word
+    bp[boff + q*AMX_NR + j] (B tiles tmm6, tmm7: 16 pairs x 16 columns at a stride of AMX_NR
+    words, the chunk's 2 KiB in one piece).  Both zero past K.  With load_c nonzero the C
+    tiles start from t's values (a block of K after the first), else from zero.  The
+    thread's tile configuration (amx_on) must be loaded."""
+    if not (isinstance(ap, types.Array) and ap.dtype == types.uint16 and isinstance(bp, types.Array)
+            and bp.dtype in (types.uint32, types.float32) and isinstance(t, types.Array)
+            and t.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64_of, data = arg_readers(context, builder, sig, args)
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        p8 = i8.as_pointer()
+        f = amx.fns(builder)
+
+        def c8(v):
+            return ir.Constant(i8, v)
+
+        def c64(v):
+            return ir.Constant(i64, v)
+
+        def bytes_at(pos, off):
+            return builder.bitcast(builder.gep(data(pos), [off]), p8)
+
+        a0 = bytes_at(1, i64_of(2))
+        lda = c64(AMX_K * 2)
+        xb = bytes_at(3, i64_of(4))
+        ldb = c64(AMX_NR * 4)
+        tb = bytes_at(5, i64_of(6))
+        ldt = builder.mul(i64_of(7), c64(4))
+        c_at = [builder.gep(tb, [builder.add(builder.mul(ldt, c64(16 * a)), c64(16 * b * 4))])
+                for a in range(2) for b in range(2)]
+        with builder.if_else(builder.icmp_signed("!=", i64_of(8), c64(0))) as (then, other):
+            with then:
+                for tile in range(4):
+                    builder.call(f["load"], [c8(tile), c_at[tile], ldt])
+            with other:
+                for tile in range(4):
+                    builder.call(f["zero"], [c8(tile)])
+        with cgutils.for_range(builder, i64_of(0)) as loop:
+            ta = builder.gep(a0, [builder.mul(loop.index, c64(AMX_ROWS * AMX_K * 2))])
+            tx = builder.gep(xb, [builder.mul(loop.index, c64(AMX_K // 2 * AMX_NR * 4))])
+            # each dot product as soon as its tiles are in: 1130-1470 GFLOP/s on one core
+            # against 600-1100 with the four loads first (L1-resident operands, Sapphire
+            # Rapids VM, 2026-12-06)
+            builder.call(f["load"], [c8(4), ta, lda])
+            builder.call(f["load"], [c8(6), tx, ldb])
+            builder.call(f["dpbf16ps"], [c8(0), c8(4), c8(6)])
+            builder.call(f["load"], [c8(7), builder.gep(tx, [c64(64)]), ldb])
+            builder.call(f["dpbf16ps"], [c8(1), c8(4), c8(7)])
+            builder.call(f["load"], [c8(5), builder.gep(ta, [c64(16 * AMX_K * 2)]), lda])
+            builder.call(f["dpbf16ps"], [c8(2), c8(5), c8(6)])
+            builder.call(f["dpbf16ps"], [c8(3), c8(5), c8(7)])
+        for tile in range(4):
+            builder.call(f["store"], [c8(tile), c_at[tile], ldt])
+        return context.get_dummy_value()
+
+    return types.none(nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c), codegen
+
+
+@intrinsic
+def _copy_chunks(typingctx, wb, woff, w16, soff, nch):
+    """wb[woff + c*AMX_ROWS*AMX_K + k] = w16[soff + c*AMX_K + k] for c < nch, k < AMX_K: one
+    64-byte vector move per chunk (uint16 slices in numba moved 4 GB/s, this 13-19)."""
+    if not (isinstance(wb, types.Array) and wb.dtype == types.uint16 and isinstance(w16, types.Array)
+            and w16.dtype == types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64_of, data = arg_readers(context, builder, sig, args)
+        i64 = ir.IntType(64)
+        vty = ir.VectorType(ir.IntType(16), AMX_K).as_pointer()
+        dst = builder.gep(data(0), [i64_of(1)])
+        src = builder.gep(data(2), [i64_of(3)])
+        with cgutils.for_range(builder, i64_of(4)) as loop:
+            d = builder.gep(dst, [builder.mul(loop.index, ir.Constant(i64, AMX_ROWS * AMX_K))])
+            v = builder.load(builder.bitcast(builder.gep(src, [builder.mul(loop.index, ir.Constant(i64, AMX_K))]),
+                                             vty), align=2)
+            builder.store(v, builder.bitcast(d, vty), align=2)
+        return context.get_dummy_value()
+
+    return types.none(wb, woff, w16, soff, nch), codegen
+
+
+@njit(inline="always")
+def pack_group(w16, N, K, r0, wb, woff, nct):
+    """wb[woff + c*AMX_ROWS*AMX_K + i*AMX_K + k] = w16[(r0 + i)*K + c*AMX_K + k]: the AMX_ROWS
+    rows from r0 of w16 (uint16, N rows of K) as nct chunks of AMX_K values, each chunk's
+    rows contiguous (amx_tile's A tiles), zeros past K and past row N.  (Row by row: the
+    rows' chunks one after another, 13.7 GB/s from memory on one core against 11.2 chunk by
+    chunk, 11008 x 4096, 2026-12-06.)"""
+    cb = AMX_ROWS * AMX_K
+    kf = K - K % AMX_K
+    for i in range(AMX_ROWS):
+        d = woff + i * AMX_K
+        if r0 + i < N:
+            _copy_chunks(wb, d, w16, (r0 + i) * K, K // AMX_K)
+            if kf < K:
+                for k in range(AMX_K):
+                    wb[_U(d + kf // AMX_K * cb + k)] = w16[_U((r0 + i) * K + kf + k)] if kf + k < K else 0
+        else:
+            for c in range(nct):
+                for k in range(AMX_K):
+                    wb[_U(d + c * cb + k)] = 0
+
+
+@njit(inline="always")
+def pack_panel(w32, s0, nrows, K2, wb, d0, K2p):
+    """wb[d0 + q*AMX_NR + j] = w32[s0 + j*K2 + q]: AMX_NR rows of an (N, K) weight from word
+    s0 (nrows of them, zeros after; w32 the weight's 32-bit words, pairs of bfloat16, as
+    float32) as the AMX path's B panel, K2p pairs (zeros past K2)."""
+    _pack_strided(w32, s0, K2, nrows, K2, wb, d0, AMX_NR)
+    for i in range(K2 * AMX_NR, K2p * AMX_NR):
+        wb[_U(d0 + i)] = 0
+
+
+@intrinsic
+def _interleave_pair(typingctx, dst, d0, dstride, b16, s0, N, npan):
+    """dst[d0 + p*dstride + j] = b16[s0 + p*AMX_NR + j] | b16[s0 + N + p*AMX_NR + j] << 16
+    for p < npan, j < AMX_NR: two rows of b, AMX_NR values of each at a time (64-byte
+    loads), interleaved by one shuffle into the 128-byte row of panel p."""
+    if not (isinstance(dst, types.Array) and dst.dtype == types.uint32 and isinstance(b16, types.Array)
+            and b16.dtype == types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64_of, data = arg_readers(context, builder, sig, args)
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        half = ir.VectorType(i16, AMX_NR)
+        whole = ir.VectorType(i16, 2 * AMX_NR)
+        mask = ir.Constant(ir.VectorType(i32, 2 * AMX_NR), [j // 2 + (j % 2) * AMX_NR for j in range(2 * AMX_NR)])
+        d = builder.gep(data(0), [i64_of(1)])
+        r0 = builder.gep(data(3), [i64_of(4)])
+        r1 = builder.gep(r0, [i64_of(5)])
+        with cgutils.for_range(builder, i64_of(6)) as loop:
+            off = builder.mul(loop.index, ir.Constant(i64, AMX_NR))
+            v0 = builder.load(builder.bitcast(builder.gep(r0, [off]), half.as_pointer()), align=2)
+            v1 = builder.load(builder.bitcast(builder.gep(r1, [off]), half.as_pointer()), align=2)
+            dp = builder.gep(d, [builder.mul(loop.index, i64_of(2))])
+            builder.store(builder.shuffle_vector(v0, v1, mask), builder.bitcast(dp, whole.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(dst, d0, dstride, b16, s0, N, npan), codegen
+
+
+# Pairs of b's rows per packing task of the AMX path (matmul), and x's row groups per task.
+KN_PAIRS = 32
+PACK_GROUPS = 4
+
+
+@njit(inline="always")
+def _pack_kn_pairs(b16, dst, m, q0, q1, K, N, K2p):
+    """Pairs q0 <= q < q1 of rows of b matrix m (b16: (K, N) uint16 matrices) into its B
+    panels at dst (uint32 [matrix][panel of AMX_NR columns][K2p pairs][AMX_NR]): the pair
+    (b[2q, n], b[2q + 1, n]) one 32-bit word, zeros past K and N.  Each row is read from
+    start to end (a panel at a time per task, 64 bytes from each of K rows N values
+    apart, read b at 4.6-7.7 GB/s, 4096 x 4096 one core, Sapphire Rapids VM)."""
+    npan = (N + AMX_NR - 1) // AMX_NR
+    full = N // AMX_NR
+    for q in range(q0, q1):
+        d0 = (m * npan * K2p + q) * AMX_NR
+        k0 = 2 * q
+        s0 = (m * K + k0) * N
+        if k0 + 1 < K:
+            _interleave_pair(dst, d0, K2p * AMX_NR, b16, s0, N, full)
+        for pn in range(full if k0 + 1 < K else 0, npan):
+            for j in range(AMX_NR):
+                c = pn * AMX_NR + j
+                lo = np.uint32(b16[_U(s0 + c)]) if k0 < K and c < N else np.uint32(0)
+                hi = np.uint32(b16[_U(s0 + N + c)]) if k0 + 1 < K and c < N else np.uint32(0)
+                dst[_U(d0 + pn * K2p * AMX_NR + j)] = lo | (hi << np.uint32(16))
+
+
+@intrinsic
+def _pause(typingctx):
+    """The x86 spin-wait hint (the AMX worker's wait for the packing tasks: x86 only)."""
+    def codegen(context, builder, sig, args):
+        fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+def kn_panels_size(count, k, n):
+    """uint32 words of the B panels of `count` (K, N) matrices (_pack_kn_pairs)."""
+    return count * -(-n // AMX_NR) * -(-k // AMX_K) * (AMX_K // 2) * AMX_NR
+
+
+def _tiles_switch(on):
+    def typer(typingctx, flag):
+        if not isinstance(flag, (types.BooleanLiteral, types.NoneType)):
+            return None   # (numba tries the non-literal type first)
+
+        def codegen(context, builder, sig, args):
+            if isinstance(flag, types.BooleanLiteral) and flag.literal_value:
+                if on:
+                    amx.config(builder)
+                else:
+                    builder.call(amx.fns(builder)["release"], [])
+            return context.get_dummy_value()
+        return types.none(flag), codegen
+    return typer
+
+
+amx_on = intrinsic(_tiles_switch(True))
+amx_on.__doc__ = "With a literal True, load this thread's AMX tile configuration (amx.config); else nothing."
+amx_off = intrinsic(_tiles_switch(False))
+amx_off.__doc__ = "With a literal True, release this thread's AMX tile state; else nothing."
+
+
+def task_shape(use_amx):
+    return 0, 0, 0
+
+
+@overload(task_shape, **OVERLOAD)
+def _task_shape_overload(use_amx):
+    """(weight rows per tile call, weight rows per task, rows of x per block) of a path: the
+    AMX path for a literal True, vdpbf16ps for None."""
+    if isinstance(use_amx, types.NoneType):
+        return lambda use_amx: (MR, TASK_ROWS, X_BLOCK)
+    if isinstance(use_amx, types.BooleanLiteral) and use_amx.literal_value:
+        return lambda use_amx: (AMX_ROWS, AMX_TASK_ROWS, X_BLOCK)
+    return None
+
+
 @njit(cache=True, nogil=True)
 def pack_x(x32, xp):
     """xp[p, q, j] = x32[p*NR + j, q] (zero past the last row): x's rows (M, K/2 words) as
@@ -142,86 +422,216 @@ def pack_x(x32, xp):
         _pack_strided(src, p * NR * K2, K2, min(NR, M - p * NR), K2, dst, p * K2 * NR, NR)
 
 
-# The int64 argument block of bf16_worker.
-(P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K2, P_NEXT, P_EPI, P_ADD_BIAS, P_COUNT) = range(11)
+@njit(inline="always")
+def _lined(n):
+    """An uninitialized float32 buffer of n values on a cache line (kernels_common.memory: a
+    tile row off a line is split across two, and the AMX tiles ran at half speed, 1.0 vs 2.1
+    TFLOP/s from L1 on one core, Sapphire Rapids VM, 2026-12-06)."""
+    raw = np.empty(n + ALIGN // 4, np.float32)
+    off = (ALIGN - raw.ctypes.data % ALIGN) % ALIGN // 4
+    return raw[off:off + n]
+
+
+# The int64 argument block of bf16_worker.  P_K2: pairs of K (rounded up), P_K2P: pairs per
+# row of x's panels (K/2 padded to whole AMX chunks on the AMX path); P_BATCH products, the
+# one of batch e multiplying x matrix P_AOF[e] by weight matrix P_BOF[e] (int64 arrays);
+# P_BKN: the weight is (K, N) (a matmul's b) rather than (N, K).
+# The AMX path's packing tasks (P_XSRC: the P_NA x matrices (M, K) into P_X; P_BSRC: with
+# P_BKN the P_NB (K, N) b matrices into their panels at P_W) from the P_PNEXT counter, the
+# finished ones counted in P_PDONE.
+(P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K, P_K2, P_K2P, P_XS, P_BATCH, P_AOF, P_BOF, P_BKN, P_NEXT, P_EPI, P_ADD_BIAS,
+ P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_COUNT) = range(24)
 
 
 @njit(**JIT_BY_ADDRESS)
-def bf16_worker(wk, params):
-    """A worker (parallel.run_workers) of run: tasks (X_BLOCK rows of x, TASK_ROWS weight
-    rows) from the P_NEXT counter, the x block outer."""
+def bf16_worker(wk, params, use_amx):
+    """A worker (parallel.run_workers) of run: tasks (X_BLOCK rows of x, task_shape's weight
+    rows) from the P_NEXT counter, the x block outer.  use_amx a literal True (AMX tiles,
+    amx_tile) or None (vdpbf16ps register tiles, dot_tile)."""
     p = c_array_at(params, np.int64(0), (P_COUNT,))
-    M, N, K2 = p[P_M], p[P_N], p[P_K2]
-    npan = (M + NR - 1) // NR
-    xp = c_array_at(p[P_X], np.uint32(0), (npan * K2 * NR,))
-    w = c_array_at(p[P_W], np.uint32(0), (N * K2,))
-    outf = c_array_at(p[P_OUT], np.uint16(0), (M * N,))
+    M, N, K2, K2p, nbatch = p[P_M], p[P_N], p[P_K2], p[P_K2P], p[P_BATCH]
+    GR, TR, XB = task_shape(use_amx)
+    outf = c_array_at(p[P_OUT], np.uint16(0), (nbatch * M * N,))
     bias = c_array_at(p[P_BIAS], np.float32(0), (N,))
-    nbn = (N + TASK_ROWS - 1) // TASK_ROWS
-    ntask = nbn * ((M + X_BLOCK - 1) // X_BLOCK)
-    # the tiles land weight row by weight row (accT: TASK_ROWS x X_BLOCK, vector stores),
-    # then 8 x 8 register transposes make the output's rows (acc: X_BLOCK x TASK_ROWS)
-    acc_t = np.empty(TASK_ROWS * X_BLOCK, np.float32)
-    acc = np.empty((X_BLOCK, TASK_ROWS), np.float32)
-    accf = acc.reshape(-1)
-    wo = np.empty(MR, np.int64)
+    aof = c_array_at(p[P_AOF], np.int64(0), (nbatch,))
+    bof = c_array_at(p[P_BOF], np.int64(0), (nbatch,))
+    XS = p[P_XS]
+    nbn = (N + TR - 1) // TR
+    per_batch = nbn * ((M + XS - 1) // XS)
+    ntask = nbatch * per_batch
+    # vdpbf16ps: the tiles land weight row by weight row (acc_t: TR x XB), then 8 x 8
+    # register transposes make the output's rows (acc: XB x TR); AMX: the tiles are the
+    # output's rows
+    acc_t = np.empty(TR * XB, np.float32)
+    accf = _lined(XB * TR)
+    if use_amx is not None:
+        K, nx, nw = p[P_K], p[P_NA], p[P_NB]
+        nct = K2p // (AMX_K // 2)
+        ngrp = (M + AMX_ROWS - 1) // AMX_ROWS
+        xsize = ngrp * nct * AMX_ROWS * AMX_K   # one x matrix, packed
+        xa = c_array_at(p[P_X], np.uint16(0), (nx * xsize,))
+        bkn = p[P_BKN] != 0
+        npan_kn = (N + AMX_NR - 1) // AMX_NR
+        w32 = c_array_at(p[P_W], np.float32(0), (0 if bkn else nw * N * K2,))   # (bit patterns, as float32)
+        wkn = c_array_at(p[P_W], np.uint32(0), (nw * npan_kn * K2p * AMX_NR if bkn else 0,))
+        wb = _lined(0 if bkn else TR * K2p)   # the task's weight rows as B panels
+        # the packing tasks first (x's row groups, b's pairs of rows), on every thread, then
+        # wait until all are done: one launch per call (a second one cost ~30 us)
+        x16 = c_array_at(p[P_XSRC], np.uint16(0), (nx * M * K,))
+        b16 = c_array_at(p[P_BSRC], np.uint16(0), (nw * K * N if bkn else 0,))
+        xt = (ngrp + PACK_GROUPS - 1) // PACK_GROUPS
+        bt = (K2p + KN_PAIRS - 1) // KN_PAIRS if bkn else 0
+        npack = nx * xt + nw * bt
+        t = fetch_add(p, P_PNEXT, 1)
+        while t < npack:
+            if t < nx * xt:
+                ai = t // xt
+                g0 = (t - ai * xt) * PACK_GROUPS
+                for g in range(g0, min(g0 + PACK_GROUPS, ngrp)):
+                    pack_group(x16[ai * M * K:(ai + 1) * M * K], M, K, g * AMX_ROWS, xa, (ai * ngrp + g) * nct * AMX_ROWS * AMX_K,
+                               nct)
+            else:
+                bi = (t - nx * xt) // bt
+                q0 = (t - nx * xt - bi * bt) * KN_PAIRS
+                _pack_kn_pairs(b16, wkn, bi, q0, min(q0 + KN_PAIRS, K2p), K, N, K2p)
+            fetch_add(p, P_PDONE, 1)
+            t = fetch_add(p, P_PNEXT, 1)
+        while fetch_add(p, P_PDONE, 0) < npack:
+            _pause()
+    else:
+        xp = c_array_at(p[P_X], np.uint32(0), ((M + NR - 1) // NR * K2 * NR,))
+        w = c_array_at(p[P_W], np.uint32(0), (N * K2,))
+        wo = np.empty(MR, np.int64)
+    amx_on(use_amx)
     task = fetch_add(p, P_NEXT, 1)
     while task < ntask:
-        bm = task // nbn
-        m0 = bm * X_BLOCK
-        n0 = (task - bm * nbn) * TASK_ROWS
-        ml = min(X_BLOCK, M - m0)
-        nl = min(TASK_ROWS, N - n0)
-        for g in range(0, nl, MR):
-            gl = min(MR, nl - g)
-            for i in range(MR):
-                wo[i] = (n0 + g + min(i, gl - 1)) * K2   # a short group repeats its last row
-            for pp in range(m0 // NR, (m0 + ml + NR - 1) // NR):
-                dot_tile(K2, w, wo, xp, pp * K2 * NR, acc_t, g * X_BLOCK + pp * NR - m0, X_BLOCK)
-        for i0 in range(0, nl, 8):
-            for r0 in range(0, ml, 8):
-                _transpose_block(acc_t, i0 * X_BLOCK + r0, X_BLOCK, accf, r0 * TASK_ROWS + i0, TASK_ROWS)
-        if p[P_EPI]:  # an activation: bias + activation by the float32 GEMM's epilogue
-            call_address(p[P_EPI], (acc.ctypes.data, TASK_ROWS, ml, nl, p[P_BIAS] + n0 * 4))
-        # rounded into out in one pass (with the bias when there is no activation): the
-        # epilogue called for bias alone, then this pass, took 11% of a 1024^3 product
-        for r in range(ml):
-            ob = _U((m0 + r) * N + n0)
-            ab = _U(r * TASK_ROWS)
-            if p[P_ADD_BIAS]:
-                for j in range(_U(nl)):
-                    outf[ob + j] = to_bf16(accf[ab + j] + bias[_U(n0) + j])
+        e = task // per_batch
+        bs = (task - e * per_batch) // nbn
+        n0 = (task - e * per_batch - bs * nbn) * TR
+        nl = min(TR, N - n0)
+        if use_amx is not None:
+            if bkn:   # b's panels, packed above
+                bsrc = wkn
+                boff = (bof[e] * npan_kn + n0 // AMX_NR) * K2p * AMX_NR
             else:
-                for j in range(_U(nl)):
-                    outf[ob + j] = to_bf16(accf[ab + j])
+                bsrc = wb.view(np.uint32)
+                boff = 0
+                for j in range(0, nl, AMX_NR):
+                    pack_panel(w32, (bof[e] * N + n0 + j) * K2, min(AMX_NR, nl - j), K2, wb, j * K2p, K2p)
+        for m0 in range(bs * XS, min(M, bs * XS + XS), XB):
+            ml = min(XB, M - m0)
+            if use_amx is not None:
+                # K in blocks of AMX_KCH chunks, each over every tile of the block (the C
+                # tiles stored and loaded again between blocks): a B panel's block stays
+                # in L1 for the block's rows of x
+                for kb in range(0, max(nct, 1), AMX_KCH):   # (K = 0: one block of none, zeros)
+                    kn = min(AMX_KCH, nct - kb)
+                    for j in range(0, nl, AMX_NR):
+                        for a in range(m0, m0 + ml, AMX_ROWS):
+                            amx_tile(kn, xa, aof[e] * xsize + (a // AMX_ROWS * nct + kb) * AMX_ROWS * AMX_K, bsrc,
+                                     boff + j * K2p + kb * (AMX_K // 2) * AMX_NR, accf, (a - m0) * TR + j, TR, kb)
+            else:
+                for g in range(0, nl, GR):
+                    gl = min(GR, nl - g)
+                    for i in range(MR):
+                        wo[i] = (n0 + g + min(i, gl - 1)) * K2   # a short group repeats its last row
+                    for pp in range(m0 // NR, (m0 + ml + NR - 1) // NR):
+                        dot_tile(K2, w, wo, xp, pp * K2p * NR, acc_t, g * XB + pp * NR - m0, XB)
+                for i0 in range(0, nl, 8):
+                    for r0 in range(0, ml, 8):
+                        _transpose_block(acc_t, i0 * XB + r0, XB, accf, r0 * TR + i0, TR)
+            if p[P_EPI]:  # an activation: bias + activation by the float32 GEMM's epilogue
+                call_address(p[P_EPI], (accf.ctypes.data, TR, ml, nl, p[P_BIAS] + n0 * 4))
+            # rounded into out in one pass (with the bias when there is no activation): the
+            # epilogue called for bias alone, then this pass, took 11% of a 1024^3 product
+            for r in range(ml):
+                ob = _U((e * M + m0 + r) * N + n0)
+                ab = _U(r * TR)
+                if p[P_ADD_BIAS]:
+                    for j in range(_U(nl)):
+                        outf[ob + j] = to_bf16(accf[ab + j] + bias[_U(n0) + j])
+                else:
+                    for j in range(_U(nl)):
+                        outf[ob + j] = to_bf16(accf[ab + j])
         task = fetch_add(p, P_NEXT, 1)
+    amx_off(use_amx)
 
 
 @njit(cache=True, nogil=True)
-def _params(p, xp, w2, bias, out2, M, N, K2):
+def _params(p, xp, w, bias, out, aof, bof, M, N, K, K2p):
     """Fill bf16_worker's argument block p; its address back (addresses are free in numba,
     1.6-1.9 us each through ctypes)."""
-    p[P_X], p[P_W], p[P_BIAS], p[P_OUT] = xp.ctypes.data, w2.ctypes.data, bias.ctypes.data, out2.ctypes.data
-    p[P_M], p[P_N], p[P_K2], p[P_NEXT] = M, N, K2, 0
+    p[P_X], p[P_W], p[P_BIAS], p[P_OUT] = xp.ctypes.data, w.ctypes.data, bias.ctypes.data, out.ctypes.data
+    p[P_AOF], p[P_BOF], p[P_BATCH] = aof.ctypes.data, bof.ctypes.data, aof.size
+    p[P_M], p[P_N], p[P_K], p[P_K2], p[P_K2P], p[P_NEXT] = M, N, K, (K + 1) // 2, K2p, 0
     return p.ctypes.data
 
 
-def panels_shape(m, k):
-    """The shape of pack_x's panels for x of m rows and k (even) columns."""
+_ZERO_INDEX = np.zeros(1, np.int64)
+
+
+def panels_shape(m, k, use_amx=False, count=1):
+    """The shape of x's packed form (uint32) for x of m rows and k columns (even but on the
+    AMX path): pack_x's panels, or on the AMX path pack_group's groups (k padded to whole
+    chunks of AMX_K) for `count` x matrices."""
+    if use_amx:
+        return (count * -(-m // AMX_ROWS), -(-k // AMX_K), AMX_ROWS * AMX_K // 2)
     return (-(-m // NR), k // 2, NR)
 
 
-def run(x2, w2, bias, code, out2, xp, has_bias=True):
+def run(x2, w2, bias, code, out2, xp, has_bias=True, use_amx=False):
     """out2 = bf16(act(x2 @ w2.T + bias)): x2 (M, K) and w2 (N, K) uint16 bfloat16 bits, K
     even, bias (N,) float32 (not added when has_bias is False: -0.0 stays -0.0), code an
-    ACT_*, out2 (M, N) uint16, all C-contiguous; xp a uint32 buffer of panels_shape(M, K)
-    (x's panels).  On numba's threads (bf16_worker)."""
+    ACT_*, out2 (M, N) uint16, all C-contiguous; xp a uint32 buffer of panels_shape(M, K,
+    use_amx) (x's panels).  On numba's threads (bf16_worker; AMX tiles when use_amx, which
+    needs amx_refusal() None: run_amx)."""
+    if use_amx:
+        run_amx(x2[None], w2[None], False, bias, code, out2[None], xp, has_bias)
+        return
     m, k = x2.shape
     n = w2.shape[0]
     pack_x(x2.view(np.float32), xp.view(np.float32))
-    p = np.empty(P_COUNT, np.int64)  # alive until the workers are done
-    addr = _params(p, xp, w2, bias, out2, m, n, k // 2)
+    _launch(None, xp, w2, bias, out2, _ZERO_INDEX, _ZERO_INDEX, m, n, k, k // 2, code, has_bias, X_BLOCK, TASK_ROWS,
+            False)
+
+
+def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None):
+    """out3[e] = bf16(act(x3[a_of[e]] @ W + bias)) for each e < out3.shape[0] on AMX tiles, W
+    = w3[b_of[e]].T (linear's (N, K) weights) or, b_kn, w3[b_of[e]] (matmul's (K, N) b's); x3
+    (A, M, K), w3 (B, N, K) or (B, K, N), out3 (E, M, N) uint16 bfloat16 bits, C-contiguous,
+    K even unless b_kn; a_of / b_of int64 (E,) (None: all 0); bias (N,) float32 (not added
+    when has_bias is False), code an ACT_*; xp a uint32 buffer of panels_shape(M, K, True,
+    A) on a cache line, and with b_kn bp one of kn_panels_size(B, K, N) words (b's panels,
+    _pack_kn_pairs).  Needs amx_refusal() None (a tile instruction without Linux's
+    permission is SIGILL)."""
+    why = amx.permission()   # (the implementation checked the target's features)
+    if why is not None:
+        raise RuntimeError(f"the AMX path cannot run here: {why}")
+    if xp.ctypes.data % ALIGN:
+        raise ValueError("xp: the AMX path's x buffer must start on a cache line (kernels_common.memory.aligned_empty)")
+    _, m, k = x3.shape
+    n = w3.shape[2] if b_kn else w3.shape[1]
+    src = None
+    if b_kn:
+        if bp is None or bp.ctypes.data % ALIGN or bp.size < kn_panels_size(w3.shape[0], k, n):
+            raise ValueError("bp: the panels of a (K, N) b need kn_panels_size words on a cache line")
+        src, w3 = w3, bp
+    a_of = _ZERO_INDEX if a_of is None else a_of
+    b_of = _ZERO_INDEX if b_of is None else b_of
+    xs = X_BLOCK * max(1, AMX_X_BYTES // (X_BLOCK * max(k, 1) * 2))
+    _launch(True, xp, w3, bias, out3, a_of, b_of, m, n, k, xp.shape[1] * AMX_K // 2, code, has_bias, xs,
+            AMX_TASK_ROWS, b_kn, x3, src)
+
+
+def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias, xs, task_rows, b_kn, x3=None,
+            bsrc=None):
+    p = np.zeros(P_COUNT, np.int64)  # alive until the workers are done
+    addr = _params(p, xp, w, bias, out, a_of, b_of, m, n, k, k2p)
+    if x3 is not None:   # the AMX path's sources: it packs them itself
+        p[P_XSRC], p[P_NA] = x3.ctypes.data, x3.shape[0]
+        p[P_BSRC], p[P_NB] = (bsrc.ctypes.data, bsrc.shape[0]) if bsrc is not None else (0, w.shape[0])
     p[P_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
     p[P_ADD_BIAS] = has_bias and code == ACT_NONE
-    ntask = -(-n // TASK_ROWS) * -(-m // X_BLOCK)
-    run_at(worker_address(bf16_worker, ()), addr, min(num_threads(), ntask))
+    p[P_XS], p[P_BKN] = xs, b_kn
+    ntask = a_of.size * -(-n // task_rows) * -(-m // xs)
+    run_at(worker_address(bf16_worker, (use_amx,)), addr, min(num_threads(), ntask))

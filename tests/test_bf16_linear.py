@@ -1,9 +1,10 @@
 """linear with bfloat16 activations and a bfloat16 weight (PyTorch's bfloat16 linear; CPU):
 the result in bfloat16, from float32 sums of the exact products, bias and activation in
-float32, one rounding.  Every implementation that takes it is forced (cpu-bf16-dot:
-vdpbf16ps, on hosts with AVX-512 BF16; the weight-only kernels on x widened to float32)
-and compared with the float64 linear of the same bfloat16 values: x rows across panels
-and blocks of the vdpbf16ps kernel, N not a multiple of its tiles, K = 2 and long K,
+float32, one rounding.  Every implementation that takes it is forced (cpu-bf16-amx: AMX
+tiles, on hosts with AMX-BF16; cpu-bf16-dot: vdpbf16ps, on hosts with AVX-512 BF16; the
+weight-only kernels on x widened to float32) and compared with the float64 linear of the
+same bfloat16 values: x rows across panels, tiles and blocks of the kernels, N not a
+multiple of their tiles, K = 2, K not a multiple of a 32-value AMX chunk and long K,
 batched / 1-D x, views and read-only inputs, NaN-poisoned out=, NaN propagation, threads,
 bad input and the rule."""
 import ml_dtypes
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 x is a CPU input (CUDA
 BF = ml_dtypes.bfloat16
 DOT = pytest.param("cpu-bf16-dot", id="cpu-bf16-dot",
                    marks=pytest.mark.skipif(KB.host_refusal() is not None, reason=str(KB.host_refusal())))
-IMPLS = [DOT, "cpu-wo-gemv", "cpu-wo-gemm"]
+AMX = pytest.param("cpu-bf16-amx", id="cpu-bf16-amx",
+                   marks=pytest.mark.skipif(KB.amx_refusal() is not None, reason=str(KB.amx_refusal())))
+IMPLS = [AMX, DOT, "cpu-wo-gemv", "cpu-wo-gemm"]
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
 # (x shape, weight shape (N, K)); K even (an odd K is refused by cpu-bf16-dot: test_odd_k)
@@ -33,6 +36,8 @@ SHAPES_FULL = [
     ((33, 130), (70, 130)),          # 33 rows: part of one 64-row panel
     ((64, 4096), (13, 4096)),        # long K
     ((130, 48), (300, 48)),          # 3 panels, 2 blocks of 128 rows, 7 tasks of 48 weight rows
+    ((97, 64), (95, 64)),            # AMX: whole chunks, a short last row group and panel
+    ((40, 1000), (33, 1000)),        # AMX: 31 whole chunks and 8 values
     ((5, 3, 34), (17, 34)),          # batched x
     ((66,), (9, 66)),                # 1-D x
 ]
@@ -149,27 +154,35 @@ def test_odd_k():
     check(dispatch.linear(x, w), x, w, what="odd K, as dispatched")
     e = str(dispatch.explain("linear", x, w))
     assert "k_odd=True" in e and "cpu-bf16-dot: refused: K is odd" in e, e
+    assert "cpu-bf16-amx: refused: K is odd" in e, e
     assert "chosen: cpu-wo-" in e, e
 
 
 @pytest.mark.skipif(KB.host_refusal() is not None, reason="the vdpbf16ps rule on a host with AVX-512 BF16")
 def test_rule():
+    """Many rows: AMX tiles on an AMX host, else vdpbf16ps; few rows: the widening GEMV."""
+    from dispatch.ops import weight_only as WO
+
     w = bf16(np.ones((64, 32)))
     many = str(dispatch.explain("linear", bf16(np.ones((128, 32))), w))
-    assert "chosen: cpu-bf16-dot" in many and "dtype=bfloat16" in many, many
+    first = "cpu-bf16-amx" if KB.amx_refusal() is None else "cpu-bf16-dot"
+    assert f"chosen: {first}" in many and "dtype=bfloat16" in many, many
     assert "cpu-gemm: refused" in many, many
-    few = str(dispatch.explain("linear", bf16(np.ones((4, 32))), w))
+    few = str(dispatch.explain("linear", bf16(np.ones((min(WO.BF16_AMX_MIN_ROWS, WO.BF16_DOT_MIN_ROWS) // 2, 32))), w))
     assert "chosen: cpu-wo-gemv" in few and "bfloat16 x widened to float32" in few, few
     f32 = str(dispatch.explain("linear", np.ones((128, 32), np.float32), w))
     assert "cpu-bf16-dot: refused: dtype float32 not supported" in f32, f32
+    assert "cpu-bf16-amx: refused: dtype float32 not supported" in f32, f32
 
 
-def test_host_without_avx512_bf16(monkeypatch):
-    """A host without AVX-512 BF16 (Zen 3, Ice Lake) refuses cpu-bf16-dot by name and runs
-    the widening kernels (their results checked in the tests above)."""
+@pytest.mark.parametrize("missing, impl", [("avx512bf16", "cpu-bf16-dot"), ("amx-bf16", "cpu-bf16-amx")])
+def test_host_without_the_instructions(monkeypatch, missing, impl):
+    """A host without AVX-512 BF16 (Zen 3, Ice Lake) refuses cpu-bf16-dot by name, one without
+    AMX-BF16 (every AMD host) cpu-bf16-amx, and the rule runs the next (their results checked
+    in the tests above)."""
     from dispatch import select
 
-    feats = target.features() - {"avx512bf16"}
+    feats = target.features() - {missing}
     monkeypatch.setattr(target, "features", lambda: feats)
     select.clear_cache()
     try:
@@ -177,8 +190,32 @@ def test_host_without_avx512_bf16(monkeypatch):
     finally:
         monkeypatch.undo()
         select.clear_cache()
-    assert "cpu-bf16-dot: refused: host" in e and "lacks" in e and "avx512bf16" in e, e
-    assert "chosen: cpu-wo-" in e, e
+    assert f"{impl}: refused: host" in e and "lacks" in e and missing in e, e
+    assert f"chosen: {impl}" not in e, e
+
+
+@pytest.mark.skipif(KB.amx_refusal() is not None, reason=str(KB.amx_refusal()))
+def test_amx_blocks_of_x(monkeypatch):
+    """The AMX path's tasks run a weight panel over a block of x's rows (AMX_X_BYTES of
+    them): with small blocks, rows in three blocks and a short last one."""
+    monkeypatch.setattr(KB, "AMX_X_BYTES", 1)
+    g = rng()
+    x, w, bias = bf16(randn(g, (300, 40), np.float32)), bf16(randn(g, (70, 40), np.float32)), \
+        bf16(randn(g, (70,), np.float32))
+    check(run("cpu-bf16-amx", dispatch.linear, x, w, bias, activation="gelu"), x, w, bias, "gelu", "blocks of x")
+
+
+@pytest.mark.skipif(KB.amx_refusal() is not None, reason=str(KB.amx_refusal()))
+def test_amx_x_buffer_on_a_cache_line():
+    """The AMX kernel refuses an x buffer off a cache line (its tiles would run at half
+    speed) rather than use it."""
+    from kernels_common.memory import aligned_empty
+
+    x, w = np.zeros((4, 32), np.uint16), np.zeros((3, 32), np.uint16)
+    shape = KB.panels_shape(4, 32, True)
+    raw = aligned_empty(int(np.prod(shape)) + 4, np.uint32)
+    with pytest.raises(ValueError, match="cache line"):
+        KB.run(x, w, np.zeros(3, np.float32), 0, np.zeros((4, 3), np.uint16), raw[4:].reshape(shape), True, True)
 
 
 def _bad_cases():

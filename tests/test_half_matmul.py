@@ -1,9 +1,11 @@
 """matmul of bfloat16 / float16 a, b and bias (PyTorch's 16-bit matmul; CPU), each test once
 per format (the `half` fixture): widened to float32, the float32 kernels, the result rounded
-once to a's dtype.  Every CPU implementation is forced and compared with the float64
-product of the same 16-bit values: matrix, batched and broadcast operands, vectors of
-one row / column, bias and each activation, strided operands, NaN-poisoned and
-non-contiguous out=, autograd, threads, and bad input that changes nothing."""
+once to a's dtype -- or bfloat16 on AMX tiles (cpu-bf16-amx, hosts with AMX-BF16).  Every
+CPU implementation that takes the format is forced and compared with the float64 product
+of the same 16-bit values: matrix, batched and broadcast operands, vectors of one row /
+column, odd K, rows and columns across the AMX tiles and tasks, bias and each activation,
+strided operands, NaN-poisoned and non-contiguous out=, autograd, threads, and bad input
+that changes nothing."""
 import numpy as np
 import pytest
 
@@ -17,8 +19,17 @@ pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 a is a CPU i
 
 SHAPES = [((3, 5), (5, 4)), ((1, 7), (7, 1)), ((2, 3, 6), (6, 5)), ((2, 1, 4, 3), (3, 3, 2))] + ([] if SMALL_SHAPES
                                                                                               else [((70, 130), (130, 90)),
-                                                                                                    ((1, 300), (300, 257))])
+                                                                                                    ((1, 300), (300, 257)),
+                                                                                                    ((3, 97, 33), (1, 33, 130))])
 IMPLS = [p for p in impl_params("matmul", "cpu")]
+
+
+def need(impl, half):
+    """Skip unless the forced implementation takes this format on this host (cpu-bf16-amx:
+    bfloat16 on AMX hosts)."""
+    from kernels_cpu import bf16_gemm as KB
+    if impl == "cpu-bf16-amx" and (np.dtype(half) != dispatch.validate.BF16 or KB.amx_refusal() is not None):
+        pytest.skip(f"cpu-bf16-amx takes bfloat16 on AMX hosts ({np.dtype(half)}; {KB.amx_refusal()})")
 
 
 def check(got, a, b, bias, activation, what):
@@ -32,6 +43,7 @@ def check(got, a, b, bias, activation, what):
 @pytest.mark.parametrize("sa, sb", SHAPES, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_reference(impl, sa, sb, activation, half):
+    need(impl, half)
     g = rng()
     a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
     bias = as_half(half, randn(g, (sb[-1],), np.float32))
@@ -45,6 +57,7 @@ def test_matches_reference(impl, sa, sb, activation, half):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_views_out_and_nan(impl, half):
+    need(impl, half)
     g = rng()
     a, b = as_half(half, randn(g, (6, 8), np.float32)), as_half(half, randn(g, (8, 5), np.float32))
     check(run(impl, dispatch.matmul, strided(a), b), a, b, None, None, f"{impl} strided a")
@@ -112,3 +125,26 @@ def test_threads_bitwise(half):
         return dispatch.matmul(*case, activation="relu").view(np.uint16).ravel()
 
     assert concurrent_mismatches(call, cases) == []
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_odd_k_and_tiles(impl, half):
+    """An odd K (AMX: the last pair completed with a zero), K past whole 32-value chunks, rows
+    and columns past whole tiles and 64-column tasks, a broadcast b."""
+    need(impl, half)
+    g = rng()
+    for sa, sb in [((5, 33), (33, 7)), ((2, 40, 1), (1, 70)), ((3, 2, 65, 77), (2, 77, 129))][:2 if SMALL_SHAPES else 3]:
+        a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
+        check(run(impl, dispatch.matmul, a, b, activation="silu"), a, b, None, "silu", f"{impl} {sa} @ {sb}")
+
+
+def test_rule(half):
+    """bfloat16 on an AMX host: AMX tiles; float16, or bfloat16 elsewhere: the float32 kernels
+    on widened copies, with cpu-bf16-amx's refusal named."""
+    from kernels_cpu import bf16_gemm as KB
+    a = as_half(half, np.ones((64, 64), np.float32))
+    e = str(dispatch.explain("matmul", a, a))
+    if np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None:
+        assert "chosen: cpu-bf16-amx" in e, e
+    else:
+        assert "chosen: cpu-bf16-amx" not in e and "cpu-bf16-amx: refused" in e, e

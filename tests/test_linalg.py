@@ -61,6 +61,9 @@ def _takes_dense(name):
 
 
 LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or _takes_dense(p.values[0])]
+# matmul's float32 / float64 implementations (cpu-bf16-amx takes bfloat16 only: test_half_matmul.py)
+MATMUL_IMPLS = [p for p in impl_params("matmul")
+                if p.values[0] is None or np.float32 in dispatch.registry.OPS["matmul"].implementations[p.values[0]].dtypes]
 
 
 def _out_shape_matmul(sa, sb):
@@ -73,7 +76,7 @@ def _tol(dtype, k):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("sa, sb", MATMUL_SHAPES, ids=str)
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_matmul_matches_reference(impl, sa, sb, dtype):
     g = rng()
     a, b, bias = randn(g, sa, dtype), randn(g, sb, dtype), randn(g, sb[-1:], dtype)
@@ -102,7 +105,7 @@ def test_linear_matches_reference(impl, sx, sw, dtype):
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_matmul_epilogues(impl, dtype, activation, with_bias):
     g = rng()
     sa, sb = EPI_MATMUL
@@ -129,7 +132,7 @@ def test_linear_epilogues(impl, dtype, activation, with_bias):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_views(impl, dtype):
     """Transposed views (read in place by the packing) and strided views (copied)."""
     g = rng()
@@ -166,7 +169,7 @@ def test_linear_views(impl, dtype):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="strided host out=")
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_non_contiguous_out(impl):
     g = rng()
     a, b = randn(g, (9, 12), np.float32), randn(g, (12, 20), np.float32)
@@ -181,7 +184,7 @@ def test_non_contiguous_out(impl):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="degenerate sizes: host only")
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_empty_and_zero_k(impl):
     g = rng()
     bias = randn(g, (4,), np.float64)
@@ -193,7 +196,7 @@ def test_empty_and_zero_k(impl):
     assert got.shape == (2, 0, 4)
 
 
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 @settings(max_examples=5 if SMALL_SHAPES else 15, deadline=None)
 @given(m=st.integers(1, 8 if SMALL_SHAPES else 40), k=st.integers(1, 8 if SMALL_SHAPES else 70),
        n=st.integers(1, 8 if SMALL_SHAPES else 40), batch=st.sampled_from([(), (2,), (2, 1), (1, 3)]),
@@ -219,7 +222,7 @@ def test_property_random_shapes(impl, m, k, n, batch, b_batch, activation, use_b
 
 @pytest.mark.skipif(ON_CUDA, reason="read-only host arrays: the CPU target")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_read_only_and_broadcast_inputs(impl, dtype):
     """Read-only a, b and bias (plain and as transposed views), a batch of a broadcast
     from one matrix, and a weight broadcast over a batch (np.broadcast_to, zero strides)."""
@@ -245,7 +248,7 @@ def test_read_only_and_broadcast_inputs(impl, dtype):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
-@pytest.mark.parametrize("impl", impl_params("matmul"))
+@pytest.mark.parametrize("impl", MATMUL_IMPLS)
 def test_read_only_inputs_reuse_the_compiled_kernels(impl):
     """Read-only and broadcast inputs run the machine code compiled for writeable arrays:
     no new specialization of any GEMM kernel, no warning."""

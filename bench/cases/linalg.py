@@ -11,6 +11,10 @@ CASES = [
     # 16-bit operands (PyTorch's float16 / bfloat16 matmul on the CPU)
     *(_c("matmul", f"bert-base qkv proj {fmt}", "BERT-base", {"a": (128, 768), "b": (768, 768)}, activations=fmt)
       for fmt in ("float16", "bfloat16")),
+    _c("matmul", "bert-base attention scores bfloat16", "BERT-base", {"a": (12, 128, 64), "b": (12, 64, 128)},
+       activations="bfloat16"),
+    _c("matmul", "llama-7b prefill 512 proj bfloat16", "Llama-7B", {"a": (512, 4096), "b": (4096, 4096)},
+       activations="bfloat16"),
     _c("linear", "bert-base ffn-up +gelu", "BERT-base",
        {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, quick=True, activation="gelu"),
     _c("linear", "bert-base ffn-down", "BERT-base", {"x": (128, 3072), "weight": (768, 3072), "bias": (768,)}),

@@ -60,10 +60,14 @@ CASES = [
        accuracy=_probe("int8"), weight_format="int8"),
     _c("linear", "llama-7b prefill 128 gate bfloat16", "Llama-7B", {"x": (128, _H), "weight": (_F, _H)},
        accuracy=_probe("bfloat16"), weight_format="bfloat16"),
-    # bfloat16 activations too (PyTorch's bfloat16 linear: cpu-bf16-dot, vdpbf16ps, on hosts
-    # with AVX-512 BF16); the accuracy columns: against the float32 linear of the float32 data
+    # bfloat16 activations too (PyTorch's bfloat16 linear: cpu-bf16-amx, AMX tiles, on hosts
+    # with AMX-BF16; cpu-bf16-dot, vdpbf16ps, on hosts with AVX-512 BF16); the accuracy
+    # columns: against the float32 linear of the float32 data
     _c("linear", "llama-7b prefill 128 gate bfloat16 activations", "Llama-7B",
        {"x": (128, _H), "weight": (_F, _H)}, accuracy=_probe_half_activations, weight_format="bfloat16",
+       activations="bfloat16"),
+    _c("linear", "llama-7b decode batch 16 gate bfloat16 activations", "Llama-7B",
+       {"x": (16, _H), "weight": (_F, _H)}, accuracy=_probe_half_activations, weight_format="bfloat16",
        activations="bfloat16"),
     _c("linear", "bert-base ffn-up +gelu bfloat16 activations", "BERT-base",
        {"x": (128, 768), "weight": (3072, 768), "bias": (3072,)}, accuracy=_probe_half_activations,

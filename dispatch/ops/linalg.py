@@ -775,6 +775,14 @@ def _order(key):
     if key.weight_format != WEIGHT_DENSE:
         from .weight_only import order  # it imports this module
         return order(key)
+    if key.op == "matmul" and V.is_bfloat16(key.dtype):
+        from .bf16_matmul import order  # it imports this module
+        return order(key, *_order_widened(key))
+    return _order_widened(key)
+
+
+def _order_widened(key):
+    """The order of the dense float kernels (16-bit operands widened to float32 first)."""
     m, n, k = key.m, key.n, key.k
     # the product thresholds below were measured on power-of-two buckets: the half-octave
     # ones of the key, floored to them (bucket(bucket_half(n)) == bucket(n))
@@ -841,7 +849,9 @@ _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel
 
 _RULE = Rule(("cpu-gemm", "cpu-gemv", "blas"), _order)
 # linear also takes low-precision weights (dispatch/ops/weight_only.py registers these)
-_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm", "cpu-bf16-dot"), _order)
+_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm", "cpu-bf16-dot", "cpu-bf16-amx"), _order)
+# and matmul bfloat16 operands on AMX tiles (dispatch/ops/bf16_matmul.py registers it)
+_RULE_MATMUL = Rule(_RULE.names + ("cpu-bf16-amx",), _order)
 
 
 def dense_weight(key) -> list:
@@ -947,7 +957,7 @@ _HALF_NOTE = ("; bfloat16 / float16 (matmul): a, b, bias widened to float32 copi
 
 def _register(name, describe, signature, bias_at, half):
     op = register_op(Op(name, describe, memo=True, family="linalg", bound="compute", signature=signature, flops=_flops,
-                        bytes=_bytes, rules={"cpu": _RULE_LINEAR if name == "linear" else _RULE}, synthesize=_synthesize,
+                        bytes=_bytes, rules={"cpu": _RULE_LINEAR if name == "linear" else _RULE_MATMUL}, synthesize=_synthesize,
                         variants=_epilogue_variants(bias_at)))
     wrap, dtypes, note = (_half, FLOAT_DTYPES + V.HALF_DTYPES, _HALF_NOTE) if half else (lambda r: r, FLOAT_DTYPES, "")
     register(Implementation(name, "cpu-gemm", "cpu", wrap(_run_gemm), notes=_NOTES_GEMM + note, kernel_modules=_KERNELS,

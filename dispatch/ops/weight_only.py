@@ -40,6 +40,7 @@ import threading
 import numpy as np
 
 from kernels_common.activation import ACT_NONE
+from kernels_common.memory import aligned_empty
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 from kernels_cpu import half as KH
 from kernels_cpu import bf16_gemm as KB
@@ -288,22 +289,24 @@ _BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.half", "kernels_cpu.gemm"
                  "kernels_cpu.parallel")
 
 
-def _x_panels(m, k):
-    """The calling thread's uint32 buffer for x's panels (KB.panels_shape), kept for the next
-    call up to linalg's WORKSPACE_KEEP bytes (per Python thread: the kernels release the GIL)."""
-    shape = KB.panels_shape(m, k)
+def _x_panels(m, k, use_amx=False, count=1):
+    """The calling thread's uint32 buffer for x's packed form (KB.panels_shape; count x
+    matrices on the AMX path), on a cache line (the AMX tiles' rows), kept for the next
+    call up to linalg's WORKSPACE_KEEP bytes (per Python thread: the kernels release the
+    GIL)."""
+    shape = KB.panels_shape(m, k, use_amx, count)
     need = math.prod(shape)
     buf = getattr(_WORKSPACE, "xp", None)
     if buf is None or buf.size < need:
-        buf = np.empty(need, np.uint32)
+        buf = aligned_empty(need, np.uint32)
         if need * 4 <= L.WORKSPACE_KEEP:
             _WORKSPACE.xp = buf
     return buf[:need].reshape(shape)
 
 
-def _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed=None):
-    """bfloat16 x (..., K) times a bfloat16 weight (N, K) by kernels_cpu.bf16_gemm (vdpbf16ps),
-    the result in bfloat16."""
+def _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed=None, use_amx=False):
+    """bfloat16 x (..., K) times a bfloat16 weight (N, K) by kernels_cpu.bf16_gemm (vdpbf16ps,
+    or AMX tiles when use_amx), the result in bfloat16."""
     k = x.shape[-1]
     m = math.prod(x.shape[:-1])
     w2 = kernel_input(np.ascontiguousarray(weight).view(np.uint16))
@@ -312,8 +315,13 @@ def _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed=None):
     if res.size:
         x2 = kernel_input(np.ascontiguousarray(x).reshape(m, k).view(np.uint16))
         bias_v = L._zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
-        KB.run(x2, w2, bias_v, code, res.reshape(m, n).view(np.uint16), _x_panels(m, k), bias is not None)
+        KB.run(x2, w2, bias_v, code, res.reshape(m, n).view(np.uint16), _x_panels(m, k, use_amx), bias is not None,
+               use_amx)
     return deliver(res, out)
+
+
+def _run_bf16_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
+    return _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed, use_amx=True)
 
 
 # ---- selection -----------------------------------------------------------------------------
@@ -347,6 +355,17 @@ def _gemv_rows():
 #               64 1.31 / 2.31 / 3.29, 128 3.42 / 4.25 / 4.96.
 BF16_DOT_MIN_ROWS = 32
 
+# bfloat16 x with a bfloat16 weight on an AMX host: rows of x from which cpu-bf16-amx runs
+# first.  It packs each weight panel (pairs of K interleaved, the B tiles' layout) on the
+# thread that multiplies it, so below this the GEMV, which reads the weight once in place,
+# wins.  Forced, medians of 7 rotating calls after 50 ms pauses (Sapphire Rapids VM, 2
+# threads, 2026-12-06, /tmp/w/xo.py), ms, bf16-amx / wo-gemv / bf16-dot at M =
+#   N x K 11008 x 4096: 1 5.17 / 3.50 / 27.4, 4 4.92 / 3.80 / 26.5, 8 5.12 / 6.26 / 26.9,
+#                       16 5.12 / 10.7 / 27.4, 64 7.09 / 39.5 / 28.9, 128 9.43 / 88.5 / 56.3;
+#   3072 x 768: 1 0.67 / 0.31 / 1.55, 4 0.67 / 0.41 / 1.58, 8 0.64 / 0.60 / 1.71,
+#               16 0.75 / 1.01 / 1.85, 64 0.90 / 2.39 / 1.64, 128 0.97 / 4.36 / 3.14.
+BF16_AMX_MIN_ROWS = 8
+
 
 def _bf16_dot_refusal(key):
     """Why cpu-bf16-dot cannot take this key (None: it can)."""
@@ -362,9 +381,28 @@ def _bf16_dot_supports(key) -> list:
     return [] if why is None else [why]
 
 
+def _bf16_amx_refusal(key):
+    """Why cpu-bf16-amx cannot take this key (None: it can)."""
+    if key.weight_format != WEIGHT_BF16:
+        return f"weight is {WEIGHT_FORMAT_NAMES[key.weight_format]}: tdpbf16ps multiplies bfloat16 by bfloat16"
+    if key.k_odd:
+        return "K is odd: tdpbf16ps multiplies pairs of K (the widening kernels take odd K)"
+    return KB.amx_refusal()
+
+
+def _bf16_amx_supports(key) -> list:
+    why = _bf16_amx_refusal(key)
+    return [] if why is None else [why]
+
+
 def order(key):
     """The CPU candidates for a low-precision key, best first, and why."""
     if is_bfloat16(key.dtype):
+        why = _bf16_amx_refusal(key)
+        if why is None and key.m >= BF16_AMX_MIN_ROWS:
+            return (("cpu-bf16-amx", "cpu-bf16-dot", "cpu-wo-gemm", "cpu-wo-gemv"),
+                    f"bfloat16 x and weight, M bucket {key.m} >= {BF16_AMX_MIN_ROWS}: AMX-BF16 tiles (tdpbf16ps, 16 "
+                    "times the float32 FMA's products per instruction); measured beside BF16_AMX_MIN_ROWS")
         why = _bf16_dot_refusal(key)
         if why is None and key.m >= BF16_DOT_MIN_ROWS:
             return (("cpu-bf16-dot", "cpu-wo-gemm", "cpu-wo-gemv"),
@@ -395,6 +433,10 @@ _NOTES_BF16_DOT = ("bfloat16 x and weight: AVX-512 BF16 vdpbf16ps (pairs of bflo
                    "6 weight rows (read in place, broadcast words) x 64 rows of x (packed once per call) per "
                    "register tile; tasks of 48 weight rows x 128 rows of x; bias + activation on the float32 sums, "
                    "one rounding to bfloat16")
+_NOTES_BF16_AMX = ("bfloat16 x and weight: AMX-BF16 tdpbf16ps on 2 x 2 tiles of 16 x 16 float32 (32 rows of x x 32 "
+                   "output columns per 32 values of K); x's rows packed once per call into tile-ordered chunks, each "
+                   "task's 64 weight rows packed as pairs (the B tiles' layout) on the thread that multiplies them, "
+                   "both on cache lines; bias + activation on the float32 sums, one rounding to bfloat16")
 _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
@@ -409,6 +451,8 @@ register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32,
                         notes=_NOTES_GEMM + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
 register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=_bf16_dot_supports,
                         notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
+register(Implementation("linear", "cpu-bf16-amx", "cpu", _run_bf16_amx, dtypes=(BF16,), supports=_bf16_amx_supports,
+                        notes=_NOTES_BF16_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",)))
 
 
 def zero_weight(shape, fmt):
