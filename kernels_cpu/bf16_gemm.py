@@ -18,9 +18,13 @@ tile-ordered row chunks (pack_group: the 32 x 32 values of a chunk in one 2 KiB 
 matmul's b matrices once into B panels of AMX_NR columns (two rows interleaved,
 _pack_kn_pairs), both by packing tasks that every worker takes first (one launch a call);
 then each task packs its AMX_TASK_ROWS linear weight rows (a 32-bit word transpose,
-pack_panel) into B panels on the thread that multiplies them, and runs them over a block of x's rows
-(AMX_X_BYTES of them, so the weight is read from memory once per that much x).  The
-tiles are the output's rows: stored into a float32 block, bias + activation, rounded.
+pack_panel) into B panels on the thread that multiplies them, and runs them over a block
+of x's rows (AMX_X_BYTES of them, so the weight is read from memory once per that much
+x), K in blocks of AMX_KCH chunks.  The tiles are the output's rows: stored into a
+float32 block, bias + activation, rounded.  Few rows (linear, M <= AMX_FEW_MAX: decode
+batches) swap the roles (few_rows): the weight rows are read in place as the A tiles (a
+stride of K values; a group's partial last chunk and a short last group copied), x packed
+as B panels, the tiles transposed into the output's rows: the call reads the weight once.
 Every tile operand sits on a cache line: a tile row across two lines halved the tiles'
 rate (_lined).  Tile rate, one core, operands in L1 / L2 (Sapphire Rapids VM at 2.6 GHz,
 2026-12-06): 2.1-2.7 / 1.45-1.65 TFLOP/s (peak 1024 flops a cycle, 2.66 TFLOP/s).
@@ -85,6 +89,13 @@ AMX_TASK_ROWS = 64
 # 4 / 8 / 12 / 24 / all: 128-132 / 103 / 89-96 / 92-97 / 112-121 / 115-124, 1019-1045 / 905-935
 # / 784-816 / 960-980 / 986-1005 / 947.  (With unaligned operands, no gain.)
 AMX_KCH = 8
+# Linear with at most this many rows of x reads the weight rows in place (few_rows) rather
+# than packing them per task.  ms, 2 threads, medians of 11 rotating calls (SPR VM,
+# 2026-12-06), at most 32 / 128 / 256 rows in place, M = 16 / 64 / 128 / 256:
+#   11008 x 4096: 4.65 4.75 4.59 / 8.67 7.06 6.90 / 11.7 11.2 11.2 / 18.1 18.5 20.3;
+#   3072 x 768: 0.42 0.42 0.40 / 0.87 0.59 0.65 / 1.09 0.84 0.84 / 1.36 1.51 1.43;
+#   768 x 768: 0.129 0.129 0.136 / 0.27 0.26 0.24 / 0.34 0.31 0.32 / 0.54 0.47 0.54.
+AMX_FEW_MAX = 128
 # A task runs its weight rows over up to this many bytes of x (whole X_BLOCKs), so that
 # the weight streams from memory once per that much x.  ms, 2 threads, medians of 7
 # rotating calls (same VM, 2026-12-06), 1 / 2 / 4 / 8 MiB: 512x4096x4096 12.2 / 10.6 / 10.1
@@ -177,15 +188,16 @@ def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt):
 
 
 @intrinsic
-def amx_tile(typingctx, nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c):
-    """The AMX path's tile: t[toff + i*ldt + j] (float32) = the dot product over K of row i
-    (i < AMX_ROWS) of x and column j (j < AMX_NR) of the weight's transpose, by `tdpbf16ps`
-    (pairs of bfloat16 products summed in float32) on 2 x 2 C tiles (tmm0-3) of 16 x 16.
-    x's rows come packed (pack_group): chunk c of AMX_K values of the AMX_ROWS rows at uint16
-    ap[aoff + c*AMX_ROWS*AMX_K:], row by row (A tiles tmm4, tmm5: 16 rows each, 1 KiB in one
-    piece); the weight is one panel (pack_panel), the pair q of its row j as the 32-bit word
-    bp[boff + q*AMX_NR + j] (B tiles tmm6, tmm7: 16 pairs x 16 columns at a stride of AMX_NR
-    words, the chunk's 2 KiB in one piece).  Both zero past K.  With load_c nonzero the C
+def amx_tile(typingctx, nchunks, ap, aoff, lda, astep, bp, boff, t, toff, ldt, load_c):
+    """The AMX path's tile: t[toff + i*ldt + j] (float32) = the dot product over K of A row i
+    (i < AMX_ROWS) and B column j (j < AMX_NR), by `tdpbf16ps` (pairs of bfloat16 products
+    summed in float32) on 2 x 2 C tiles (tmm0-3) of 16 x 16.  A's rows (A tiles tmm4, tmm5:
+    16 rows each): chunk c of AMX_K values of row i at uint16 ap[aoff + c*astep + i*lda] --
+    x's rows packed (pack_group: lda AMX_K, astep AMX_ROWS*AMX_K, a tile's 1 KiB in one
+    piece), or linear's weight rows in place (lda K, astep AMX_K: the few-rows form).  B is
+    one panel (pack_panel), the pair q of its column j as the 32-bit word bp[boff +
+    q*AMX_NR + j] (B tiles tmm6, tmm7: 16 pairs x 16 columns at a stride of AMX_NR words, the
+    chunk's 2 KiB in one piece).  Both zero past K.  With load_c nonzero the C
     tiles start from t's values (a block of K after the first), else from zero.  The
     thread's tile configuration (amx_on) must be loaded."""
     if not (isinstance(ap, types.Array) and ap.dtype == types.uint16 and isinstance(bp, types.Array)
@@ -209,14 +221,16 @@ def amx_tile(typingctx, nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c):
             return builder.bitcast(builder.gep(data(pos), [off]), p8)
 
         a0 = bytes_at(1, i64_of(2))
-        lda = c64(AMX_K * 2)
-        xb = bytes_at(3, i64_of(4))
+        lda = builder.mul(i64_of(3), c64(2))
+        astep = builder.mul(i64_of(4), c64(2))
+        a1 = builder.gep(a0, [builder.mul(lda, c64(16))])
+        xb = bytes_at(5, i64_of(6))
         ldb = c64(AMX_NR * 4)
-        tb = bytes_at(5, i64_of(6))
-        ldt = builder.mul(i64_of(7), c64(4))
+        tb = bytes_at(7, i64_of(8))
+        ldt = builder.mul(i64_of(9), c64(4))
         c_at = [builder.gep(tb, [builder.add(builder.mul(ldt, c64(16 * a)), c64(16 * b * 4))])
                 for a in range(2) for b in range(2)]
-        with builder.if_else(builder.icmp_signed("!=", i64_of(8), c64(0))) as (then, other):
+        with builder.if_else(builder.icmp_signed("!=", i64_of(10), c64(0))) as (then, other):
             with then:
                 for tile in range(4):
                     builder.call(f["load"], [c8(tile), c_at[tile], ldt])
@@ -224,7 +238,8 @@ def amx_tile(typingctx, nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c):
                 for tile in range(4):
                     builder.call(f["zero"], [c8(tile)])
         with cgutils.for_range(builder, i64_of(0)) as loop:
-            ta = builder.gep(a0, [builder.mul(loop.index, c64(AMX_ROWS * AMX_K * 2))])
+            ta = builder.gep(a0, [builder.mul(loop.index, astep)])
+            ta1 = builder.gep(a1, [builder.mul(loop.index, astep)])
             tx = builder.gep(xb, [builder.mul(loop.index, c64(AMX_K // 2 * AMX_NR * 4))])
             # each dot product as soon as its tiles are in: 1130-1470 GFLOP/s on one core
             # against 600-1100 with the four loads first (L1-resident operands, Sapphire
@@ -234,14 +249,14 @@ def amx_tile(typingctx, nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c):
             builder.call(f["dpbf16ps"], [c8(0), c8(4), c8(6)])
             builder.call(f["load"], [c8(7), builder.gep(tx, [c64(64)]), ldb])
             builder.call(f["dpbf16ps"], [c8(1), c8(4), c8(7)])
-            builder.call(f["load"], [c8(5), builder.gep(ta, [c64(16 * AMX_K * 2)]), lda])
+            builder.call(f["load"], [c8(5), ta1, lda])
             builder.call(f["dpbf16ps"], [c8(2), c8(5), c8(6)])
             builder.call(f["dpbf16ps"], [c8(3), c8(5), c8(7)])
         for tile in range(4):
             builder.call(f["store"], [c8(tile), c_at[tile], ldt])
         return context.get_dummy_value()
 
-    return types.none(nchunks, ap, aoff, bp, boff, t, toff, ldt, load_c), codegen
+    return types.none(nchunks, ap, aoff, lda, astep, bp, boff, t, toff, ldt, load_c), codegen
 
 
 @intrinsic
@@ -432,6 +447,38 @@ def _lined(n):
     return raw[off:off + n]
 
 
+@njit(inline="always")
+def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
+    """The AMX path for few rows of x (linear, M <= AMX_FEW_MAX): acc_t[i*XB + j] = weight
+    row n0 + i . x row j for i < nl, j < ml (whole groups of AMX_ROWS and AMX_NR), the
+    weight rows read in place as the A tiles (no packing: at these M the call streams the
+    weight once, and packing it was a second pass) and x's rows from m0 as B panels at
+    xb[xoff:] (pack_panel, K2p * AMX_NR words each).  A group's last partial
+    chunk of K comes from wt (the in-place rows would read past their ends), a short last
+    group's rows from wpad (rows of 2*K2p values); both zero past K."""
+    nfull, tail = K // AMX_K, K % AMX_K
+    kp = 2 * K2p
+    for g in range(0, nl, AMX_ROWS):
+        r0 = n0 + g
+        gl = min(AMX_ROWS, nl - g)
+        if gl == AMX_ROWS:
+            if tail:
+                for i in range(AMX_ROWS):
+                    for k in range(tail):
+                        wt[_U(i * AMX_K + k)] = w16[_U((r0 + i) * K + nfull * AMX_K + k)]
+            for j in range(0, ml, AMX_NR):
+                amx_tile(nfull, w16, r0 * K, K, AMX_K, xb, xoff + j * K2p, acc_t, g * XB + j, XB, 0)
+                if tail:
+                    amx_tile(1, wt, 0, AMX_K, AMX_ROWS * AMX_K, xb, xoff + j * K2p + nfull * (AMX_K // 2) * AMX_NR,
+                             acc_t, g * XB + j, XB, 1)
+        else:
+            for i in range(gl):
+                for k in range(K):
+                    wpad[_U(i * kp + k)] = w16[_U((r0 + i) * K + k)]
+            for j in range(0, ml, AMX_NR):
+                amx_tile(K2p // (AMX_K // 2), wpad, 0, kp, AMX_K, xb, xoff + j * K2p, acc_t, g * XB + j, XB, 0)
+
+
 # The int64 argument block of bf16_worker.  P_K2: pairs of K (rounded up), P_K2P: pairs per
 # row of x's panels (K/2 padded to whole AMX chunks on the AMX path); P_BATCH products, the
 # one of batch e multiplying x matrix P_AOF[e] by weight matrix P_BOF[e] (int64 arrays);
@@ -439,8 +486,10 @@ def _lined(n):
 # The AMX path's packing tasks (P_XSRC: the P_NA x matrices (M, K) into P_X; P_BSRC: with
 # P_BKN the P_NB (K, N) b matrices into their panels at P_W) from the P_PNEXT counter, the
 # finished ones counted in P_PDONE.
+# P_FEW: linear with at most AMX_FEW_MAX rows of x, the weight rows read in place as A
+# tiles and x packed as B panels (few_rows).
 (P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K, P_K2, P_K2P, P_XS, P_BATCH, P_AOF, P_BOF, P_BKN, P_NEXT, P_EPI, P_ADD_BIAS,
- P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_COUNT) = range(24)
+ P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_COUNT) = range(25)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -473,18 +522,27 @@ def bf16_worker(wk, params, use_amx):
         bkn = p[P_BKN] != 0
         npan_kn = (N + AMX_NR - 1) // AMX_NR
         w32 = c_array_at(p[P_W], np.float32(0), (0 if bkn else nw * N * K2,))   # (bit patterns, as float32)
+        w16 = c_array_at(p[P_W], np.uint16(0), (0 if bkn else nw * N * K2 * 2,))
         wkn = c_array_at(p[P_W], np.uint32(0), (nw * npan_kn * K2p * AMX_NR if bkn else 0,))
         wb = _lined(0 if bkn else TR * K2p)   # the task's weight rows as B panels
         # the packing tasks first (x's row groups, b's pairs of rows), on every thread, then
         # wait until all are done: one launch per call (a second one cost ~30 us)
         x16 = c_array_at(p[P_XSRC], np.uint16(0), (nx * M * K,))
         b16 = c_array_at(p[P_BSRC], np.uint16(0), (nw * K * N if bkn else 0,))
+        few = p[P_FEW] != 0
         xt = (ngrp + PACK_GROUPS - 1) // PACK_GROUPS
         bt = (K2p + KN_PAIRS - 1) // KN_PAIRS if bkn else 0
         npack = nx * xt + nw * bt
+        if few:
+            wt = np.zeros(AMX_ROWS * AMX_K, np.uint16)        # a group's last partial chunk
+            wpad = np.zeros(AMX_ROWS * 2 * K2p, np.uint16)    # a short last group's rows
         t = fetch_add(p, P_PNEXT, 1)
         while t < npack:
-            if t < nx * xt:
+            if few:   # x's rows as B panels of AMX_NR
+                for j in range(0, M, AMX_NR):
+                    pack_panel(c_array_at(p[P_XSRC], np.float32(0), (M * K2,)), j * K2, min(AMX_NR, M - j), K2,
+                               c_array_at(p[P_X], np.float32(0), (ngrp * K2p * AMX_NR,)), j * K2p, K2p)
+            elif t < nx * xt:
                 ai = t // xt
                 g0 = (t - ai * xt) * PACK_GROUPS
                 for g in range(g0, min(g0 + PACK_GROUPS, ngrp)):
@@ -513,14 +571,19 @@ def bf16_worker(wk, params, use_amx):
             if bkn:   # b's panels, packed above
                 bsrc = wkn
                 boff = (bof[e] * npan_kn + n0 // AMX_NR) * K2p * AMX_NR
-            else:
+            elif not few:
                 bsrc = wb.view(np.uint32)
                 boff = 0
                 for j in range(0, nl, AMX_NR):
                     pack_panel(w32, (bof[e] * N + n0 + j) * K2, min(AMX_NR, nl - j), K2, wb, j * K2p, K2p)
         for m0 in range(bs * XS, min(M, bs * XS + XS), XB):
             ml = min(XB, M - m0)
-            if use_amx is not None:
+            if use_amx is not None and few:
+                few_rows(w16, K, n0, nl, wt, wpad, xa.view(np.uint32), m0 * K2p, K2p, ml, acc_t, XB)
+                for i0 in range(0, nl, 8):
+                    for r0 in range(0, ml, 8):
+                        _transpose_block(acc_t, i0 * XB + r0, XB, accf, r0 * TR + i0, TR)
+            elif use_amx is not None:
                 # K in blocks of AMX_KCH chunks, each over every tile of the block (the C
                 # tiles stored and loaded again between blocks): a B panel's block stays
                 # in L1 for the block's rows of x
@@ -528,8 +591,9 @@ def bf16_worker(wk, params, use_amx):
                     kn = min(AMX_KCH, nct - kb)
                     for j in range(0, nl, AMX_NR):
                         for a in range(m0, m0 + ml, AMX_ROWS):
-                            amx_tile(kn, xa, aof[e] * xsize + (a // AMX_ROWS * nct + kb) * AMX_ROWS * AMX_K, bsrc,
-                                     boff + j * K2p + kb * (AMX_K // 2) * AMX_NR, accf, (a - m0) * TR + j, TR, kb)
+                            amx_tile(kn, xa, aof[e] * xsize + (a // AMX_ROWS * nct + kb) * AMX_ROWS * AMX_K, AMX_K,
+                                     AMX_ROWS * AMX_K, bsrc, boff + j * K2p + kb * (AMX_K // 2) * AMX_NR, accf,
+                                     (a - m0) * TR + j, TR, kb)
             else:
                 for g in range(0, nl, GR):
                     gl = min(GR, nl - g)
@@ -619,17 +683,19 @@ def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=N
     a_of = _ZERO_INDEX if a_of is None else a_of
     b_of = _ZERO_INDEX if b_of is None else b_of
     xs = X_BLOCK * max(1, AMX_X_BYTES // (X_BLOCK * max(k, 1) * 2))
+    few = not b_kn and m <= AMX_FEW_MAX and x3.shape[0] == 1 and a_of.size == 1
     _launch(True, xp, w3, bias, out3, a_of, b_of, m, n, k, xp.shape[1] * AMX_K // 2, code, has_bias, xs,
-            AMX_TASK_ROWS, b_kn, x3, src)
+            AMX_TASK_ROWS, b_kn, x3, src, few)
 
 
 def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias, xs, task_rows, b_kn, x3=None,
-            bsrc=None):
+            bsrc=None, few=False):
     p = np.zeros(P_COUNT, np.int64)  # alive until the workers are done
     addr = _params(p, xp, w, bias, out, a_of, b_of, m, n, k, k2p)
     if x3 is not None:   # the AMX path's sources: it packs them itself
         p[P_XSRC], p[P_NA] = x3.ctypes.data, x3.shape[0]
         p[P_BSRC], p[P_NB] = (bsrc.ctypes.data, bsrc.shape[0]) if bsrc is not None else (0, w.shape[0])
+        p[P_FEW] = few
     p[P_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
     p[P_ADD_BIAS] = has_bias and code == ACT_NONE
     p[P_XS], p[P_BKN] = xs, b_kn

@@ -206,6 +206,21 @@ def test_amx_blocks_of_x(monkeypatch):
 
 
 @pytest.mark.skipif(KB.amx_refusal() is not None, reason=str(KB.amx_refusal()))
+@pytest.mark.parametrize("few_max", [0, 1000], ids=["packed-weight", "weight-in-place"])
+def test_amx_both_forms(monkeypatch, few_max):
+    """Both forms of the AMX path at any M: the weight packed per task (AMX_FEW_MAX 0) and
+    read in place with x as B panels (AMX_FEW_MAX 1000: several blocks of x's rows), over
+    a K tail (130 = 4 chunks + 2), a short last row group and a bias + activation."""
+    monkeypatch.setattr(KB, "AMX_FEW_MAX", few_max)
+    g = rng()
+    for m in (1, 33, 300):
+        x, w, bias = bf16(randn(g, (m, 130), np.float32)), bf16(randn(g, (70, 130), np.float32) / 12), \
+            bf16(randn(g, (70,), np.float32))
+        check(run("cpu-bf16-amx", dispatch.linear, x, w, bias, activation="silu"), x, w, bias, "silu",
+              f"M {m}, AMX_FEW_MAX {few_max}")
+
+
+@pytest.mark.skipif(KB.amx_refusal() is not None, reason=str(KB.amx_refusal()))
 def test_amx_x_buffer_on_a_cache_line():
     """The AMX kernel refuses an x buffer off a cache line (its tiles would run at half
     speed) rather than use it."""

@@ -356,15 +356,15 @@ def _gemv_rows():
 BF16_DOT_MIN_ROWS = 32
 
 # bfloat16 x with a bfloat16 weight on an AMX host: rows of x from which cpu-bf16-amx runs
-# first.  It packs each weight panel (pairs of K interleaved, the B tiles' layout) on the
-# thread that multiplies it, so below this the GEMV, which reads the weight once in place,
-# wins.  Forced, medians of 7 rotating calls after 50 ms pauses (Sapphire Rapids VM, 2
-# threads, 2026-12-06, /tmp/w/xo.py), ms, bf16-amx / wo-gemv / bf16-dot at M =
-#   N x K 11008 x 4096: 1 5.17 / 3.50 / 27.4, 4 4.92 / 3.80 / 26.5, 8 5.12 / 6.26 / 26.9,
-#                       16 5.12 / 10.7 / 27.4, 64 7.09 / 39.5 / 28.9, 128 9.43 / 88.5 / 56.3;
-#   3072 x 768: 1 0.67 / 0.31 / 1.55, 4 0.67 / 0.41 / 1.58, 8 0.64 / 0.60 / 1.71,
-#               16 0.75 / 1.01 / 1.85, 64 0.90 / 2.39 / 1.64, 128 0.97 / 4.36 / 3.14.
-BF16_AMX_MIN_ROWS = 8
+# first.  Below it the GEMV on x widened to float32 is as fast (both read the weight once in
+# place: the AMX kernel's few-rows form, kernels_cpu.bf16_gemm.AMX_FEW_MAX).  Forced,
+# medians of 11 rotating calls after 50 ms pauses (Sapphire Rapids VM, 2 threads,
+# 2026-12-06, /tmp/w/xo.py), ms, bf16-amx / wo-gemv at M =
+#   N x K 11008 x 4096: 1 4.45 / 4.28, 2 4.33 / 4.45, 4 4.40 / 4.56, 8 4.42 / 7.09;
+#   3072 x 768: 1 0.453 / 0.414, 2 0.418 / 0.454, 4 0.461 / 0.533, 8 0.448 / 0.594.
+# (Before the few-rows form, which packed the weight at every M: 11008 x 4096 M 1 5.17 /
+# 3.50, 8 5.12 / 6.26, 16 5.12 / 10.7.)
+BF16_AMX_MIN_ROWS = 2
 
 
 def _bf16_dot_refusal(key):
