@@ -67,6 +67,7 @@ def is_x86() -> bool:
 X86_ONLY = {
     "kernels_cpu.bf16_gemm": {"bf16_worker": "AMX-BF16 tiles (llvm.x86.tdpbf16ps) or AVX-512 BF16 vdpbf16ps "
                                              "(llvm.x86.avx512bf16.dpbf16ps.512), by its variant"},
+    "kernels_cpu.attention_amx": {"flash_amx_worker": "AMX-BF16 tiles (llvm.x86.tdpbf16ps)"},
     "kernels_cpu.int8_gemm": {
         "gemm_packed": "AMX-INT8 tiles (llvm.x86.tdpbusd), AVX-512 VNNI vpdpbusd or AVX2 vpmaddwd, by its path",
     },

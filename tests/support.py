@@ -41,12 +41,13 @@ SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 SMALL_SHAPES = ON_CUDA and (SIMULATOR or os.environ.get("NK_TEST_SMALL_SHAPES", "0") not in ("", "0"))
 
 
-def impl_params(op: str, device: str = TARGET):
-    """pytest params: every implementation of op on the device, by name; a single
+def impl_params(op: str, device: str = TARGET, dtype=None):
+    """pytest params: every implementation of op on the device (that takes `dtype`, when
+    given: a bfloat16-only kernel is left out of a float32 test), by name; a single
     skip-marked param when there is none.  Parametrize with these params themselves (or
     copy ``p.marks`` when building new ones): taking ``p.values[0]`` alone drops the skip
     mark and the test then runs with impl=None (tests/conftest.py rejects that)."""
-    impls = registry.implementations(op, device=device)
+    impls = [i for i in registry.implementations(op, device=device) if dtype is None or np.dtype(dtype) in i.dtypes]
     return [pytest.param(impl.name, id=impl.name) for impl in impls] or [
         pytest.param(None, id=f"no-{device}-{op}",
                      marks=pytest.mark.skip(reason=f"no {device} implementation of {op}"))

@@ -11,7 +11,7 @@ from tests.reference import attention as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows,
                            impl_params, poisoned, randn, read_only, reduction_tol, rng, run)
 
-IMPLS = impl_params("attention")
+IMPLS = impl_params("attention", dtype=np.float32)
 DTYPES = [np.float32, np.float64]
 
 # (B, Hq, Hkv, Sq, Skv, D, causal)

@@ -176,6 +176,11 @@ def _order(key):
         return (("cpu-splitkv", "cpu-flash", "cpu-serial"),
                 f"{rows} query rows per kv head <= {SPLITKV_MAX_ROWS}: decode shape, split-KV streams K/V "
                 "once, split over threads")
+    from .attention_amx import first  # (it registers an implementation of this op: imported after it)
+    why = first(key)
+    if why is not None:
+        return (("cpu-flash-amx", "cpu-flash", "cpu-serial", "cpu-splitkv"),
+                f"{rows} query rows per kv head > {SPLITKV_MAX_ROWS}: {why}")
     work = 4 * key.heads * key.sq * key.skv * key.head_dim
     if work < SERIAL_MAX_FLOPS:
         return (("cpu-serial", "cpu-flash", "cpu-splitkv"),
@@ -295,7 +300,7 @@ def _bert_layout(args, kwargs):
 _op = register_op(Op(
     "attention", describe, memo=True, family="attention", bound="compute",
     signature=lambda i: ((i["q"], i["k"], i["v"]), {"causal": i.get("causal", False), "mask": i.get("mask")}),
-    flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial"), _order)},
+    flops=_flops, bytes=_bytes, rules={"cpu": Rule(("cpu-splitkv", "cpu-flash", "cpu-serial", "cpu-flash-amx"), _order)},
     variants={"bert": _bert_layout}, synthesize=draw_case))
 register(Implementation(
     "attention", "cpu-flash", "cpu", _half(_run_flash(True)), kernel_modules=_KERNELS, dtypes=_DTYPES,
