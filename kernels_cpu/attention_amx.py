@@ -19,7 +19,8 @@ items, (batch, query head, block of 32 queries), each: q's rows into A chunks, t
 block of BKA keys S = Q K^T (amx_tile into a float32 block), the scaled online softmax
 row by row, P into bfloat16 A chunks, O += P V (amx_tile on O's float32 rows, loaded and
 stored: the softmax rescales them between blocks); causal blocks past the last row's
-diagonal are skipped.
+diagonal are skipped.  A block's S tiles, then its softmax, then its P V: where the time
+goes is in BKA's note.
 """
 import numpy as np
 from numba import njit
@@ -33,7 +34,13 @@ from .gemm import _U, _pack_strided
 from .half import to_bf16
 from .parallel import c_array_at, fetch_add, num_threads, run_at, worker_address
 
-BKA = 64   # keys per block (two B panels of S, two A chunks of P)
+# Keys per block (BKA / 32 B panels of S, A chunks of P).  Llama-7B prefill 1 x 32 x 512 x
+# 128, ms causal / full, 2 threads (SPR VM, 2026-12-06; PyTorch's SDPA 5.4-6.0 beside them):
+# 64 7.44 / 10.6, 128 6.45 / 9.0, 256 6.48 / 7.6.  Of the full 7.1 ms: the softmax rows
+# 4.0 (its three passes over a 1 KiB row from L2: 0.5 ns a score from L1 alone; one fused
+# pass that rounds P as it goes was slower, 0.70), q K^T 1.7, P V 0.8, packing and the
+# rest 0.9.
+BKA = 256
 
 # The worker's int64 argument block: addresses, sizes, the packed K / V panels, counters
 # (packing tasks, their completions, items), then for each of q, k, v, out its element
@@ -148,7 +155,7 @@ def flash_amx_worker(w, params):
     acc = _lined(AMX_ROWS * dp)                                    # O, float32
     mv = np.empty(AMX_ROWS, np.float32)
     lv = np.empty(AMX_ROWS, np.float32)
-    mb = np.zeros(BKA, np.float32)
+    mb = np.zeros(BKA, np.float32)   # (no mask: _row_softmax_update does not read it)
     for i in range(pa.size):
         pa[i] = 0
     G = Hq // Hkv
