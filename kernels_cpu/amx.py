@@ -15,7 +15,9 @@ its first tile instruction and releases it after its last (`config`, fns()["rele
 from __future__ import annotations
 
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 from . import target
 
@@ -87,3 +89,25 @@ def fns(builder):
             "zero": fn([i8], "llvm.x86.tilezero"),
             "cfg": fn([p8], "llvm.x86.ldtilecfg"),
             "release": fn([], "llvm.x86.tilerelease")}
+
+
+def tiles_switch(begin, active):
+    """An intrinsic f(flag): this thread's ldtilecfg (config; begin) or tilerelease (not
+    begin), emitted when active(flag's numba type) is True, nothing when False; it does
+    not type (numba tries the next form, the literal) when active gives None.  A kernel
+    compiles one variant per literal, so only the AMX variant holds tile instructions."""
+    def typer(typingctx, flag):
+        on = active(flag)
+        if on is None:
+            return None
+
+        def codegen(context, builder, sig, args):
+            if on and begin:
+                config(builder)
+            elif on:
+                builder.call(fns(builder)["release"], [])
+            return context.get_dummy_value()
+
+        return types.none(flag), codegen
+
+    return intrinsic(typer)

@@ -388,25 +388,19 @@ def kn_panels_size(count, k, n):
     return count * -(-n // AMX_NR) * -(-k // AMX_K) * (AMX_K // 2) * AMX_NR
 
 
-def _tiles_switch(on):
-    def typer(typingctx, flag):
-        if not isinstance(flag, (types.BooleanLiteral, types.NoneType)):
-            return None   # (numba tries the non-literal type first)
-
-        def codegen(context, builder, sig, args):
-            if isinstance(flag, types.BooleanLiteral) and flag.literal_value:
-                if on:
-                    amx.config(builder)
-                else:
-                    builder.call(amx.fns(builder)["release"], [])
-            return context.get_dummy_value()
-        return types.none(flag), codegen
-    return typer
+def _amx_flag(flag):
+    """amx_on / amx_off's test of their argument: True for a literal True, False for None,
+    None (no typing: numba tries the non-literal type first) otherwise."""
+    if isinstance(flag, types.NoneType):
+        return False
+    if isinstance(flag, types.BooleanLiteral):
+        return bool(flag.literal_value)
+    return None
 
 
-amx_on = intrinsic(_tiles_switch(True))
+amx_on = amx.tiles_switch(True, _amx_flag)
 amx_on.__doc__ = "With a literal True, load this thread's AMX tile configuration (amx.config); else nothing."
-amx_off = intrinsic(_tiles_switch(False))
+amx_off = amx.tiles_switch(False, _amx_flag)
 amx_off.__doc__ = "With a literal True, release this thread's AMX tile state; else nothing."
 
 

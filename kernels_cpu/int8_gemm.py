@@ -298,27 +298,17 @@ def micro(typingctx, path, kq, ap, aoff, lda, bp, boff, t, toff, ldt):
     return types.none(path, *inner_sig.args), codegen
 
 
-def _tiles_intrinsic(begin):
-    def typer(typingctx, path):
-        if not isinstance(path, types.IntegerLiteral):
-            return None
-        on_amx = path.literal_value == PATH_AMX
-
-        def codegen(context, builder, sig, args):
-            if on_amx and begin:
-                amx.config(builder)
-            elif on_amx:
-                builder.call(amx.fns(builder)["release"], [])
-            return context.get_dummy_value()
-
-        return types.none(path), codegen
-
-    return typer
+def _amx_path(path):
+    """tiles_begin / tiles_end's test of their argument: True for the literal PATH_AMX,
+    False for another literal path, None (no typing) otherwise."""
+    if not isinstance(path, types.IntegerLiteral):
+        return None
+    return path.literal_value == PATH_AMX
 
 
-tiles_begin = intrinsic(_tiles_intrinsic(True))
+tiles_begin = amx.tiles_switch(True, _amx_path)
 tiles_begin.__doc__ = "On the AMX path (a literal) the tile configuration (ldtilecfg); nothing on the others."
-tiles_end = intrinsic(_tiles_intrinsic(False))
+tiles_end = amx.tiles_switch(False, _amx_path)
 tiles_end.__doc__ = "On the AMX path (a literal) tilerelease (the thread's tile state back to unused); nothing on the others."
 
 

@@ -149,6 +149,31 @@ def case_dtype(params, dtype):
     return dtype
 
 
+def supports_of(refusal):
+    """An implementation's supports(key) from its refusal(key) (a reason, or None when it can
+    take the key)."""
+    def supports(key) -> list:
+        why = refusal(key)
+        return [] if why is None else [why]
+
+    return supports
+
+
+def thread_buffer(local, name, size, dtype, keep):
+    """The first `size` elements of the calling thread's buffer `name` (an attribute of the
+    threading.local `local`), on a cache line (kernels_common.memory.aligned_empty: AMX
+    tile rows, zmm loads), grown when short and kept for the thread's next call when it has
+    at most `keep` elements (a fresh buffer pays its page faults on every call).  Per
+    Python thread: the kernels release the GIL."""
+    buf = getattr(local, name, None)
+    if buf is None or buf.size < size:
+        from kernels_common.memory import aligned_empty
+        buf = aligned_empty(size, dtype)
+        if size <= keep:
+            setattr(local, name, buf)
+    return buf[:size]
+
+
 def half_bits(a):
     """The bit patterns of a bfloat16 / float16 array as the CPU kernels take them (a view:
     uint16 for bfloat16, int16 for float16; kernels_cpu/half.py)."""

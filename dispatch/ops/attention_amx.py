@@ -16,12 +16,11 @@ import threading
 import numpy as np
 
 from kernels_common.attention import MASK_NONE
-from kernels_common.memory import aligned_empty
 from kernels_cpu import attention_amx as KA
 
 from ..registry import Implementation, register
 from ..validate import BF16
-from ._common import deliver, result_buffer, rows_input
+from ._common import deliver, result_buffer, rows_input, supports_of, thread_buffer
 
 _WORKSPACE = threading.local()
 # K / V panels up to this many uint32 words per thread are kept for the next call (32 MiB)
@@ -29,13 +28,8 @@ KEEP_WORDS = 1 << 23
 
 
 def _panels(name, words):
-    """The calling thread's uint32 buffer `name` of at least `words`, on a cache line."""
-    buf = getattr(_WORKSPACE, name, None)
-    if buf is None or buf.size < words:
-        buf = aligned_empty(words, np.uint32)
-        if words <= KEEP_WORDS:
-            setattr(_WORKSPACE, name, buf)
-    return buf[:words]
+    """The calling thread's uint32 buffer `name` of `words`, on a cache line."""
+    return thread_buffer(_WORKSPACE, name, words, np.uint32, KEEP_WORDS)
 
 
 def _run(params, q, k, v, mask, causal, scale, out, return_lse=False):
@@ -58,11 +52,6 @@ def refusal(key):
     return KA.refusal()
 
 
-def _supports(key) -> list:
-    why = refusal(key)
-    return [] if why is None else [why]
-
-
 def first(key):
     """The reason cpu-flash-amx leads for this key, or None when it does not."""
     if key.dtype != BF16 or refusal(key) is not None:
@@ -71,7 +60,7 @@ def first(key):
 
 
 register(Implementation(
-    "attention", "cpu-flash-amx", "cpu", _run, dtypes=(BF16,), supports=_supports,
+    "attention", "cpu-flash-amx", "cpu", _run, dtypes=(BF16,), supports=supports_of(refusal),
     kernel_modules=("kernels_cpu.attention_amx", "kernels_cpu.attention", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
                     "kernels_cpu.half", "kernels_cpu.approx", "kernels_cpu.parallel"),
     notes=("bfloat16 q / k / v on AMX-BF16 tiles: K and V of each (batch, kv head) packed once into the tiles' B "

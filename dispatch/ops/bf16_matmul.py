@@ -20,14 +20,13 @@ import threading
 
 import numpy as np
 
-from kernels_common.memory import aligned_empty
 
 from kernels_cpu import bf16_gemm as KB
 
 from ..registry import Implementation, register
 from ..validate import BF16
 from . import linalg as L
-from ._common import deliver, kernel_input, result_buffer
+from ._common import deliver, kernel_input, result_buffer, supports_of, thread_buffer
 from .weight_only import _x_panels
 
 _F32 = np.dtype(np.float32)
@@ -67,15 +66,9 @@ _WORKSPACE = threading.local()
 
 
 def _b_panels(size):
-    """The calling thread's uint32 buffer for b's panels, on a cache line, kept for the next
-    call up to linalg's WORKSPACE_KEEP words (a fresh 32 MiB buffer costs its page faults
-    on every call)."""
-    buf = getattr(_WORKSPACE, "bp", None)
-    if buf is None or buf.size < size:
-        buf = aligned_empty(size, np.uint32)
-        if size <= L.WORKSPACE_KEEP:
-            _WORKSPACE.bp = buf
-    return buf[:size]
+    """The calling thread's uint32 buffer for b's panels (on a cache line; kept up to
+    linalg's WORKSPACE_KEEP words)."""
+    return thread_buffer(_WORKSPACE, "bp", size, np.uint32, L.WORKSPACE_KEEP)
 
 
 def refusal(key):
@@ -83,11 +76,6 @@ def refusal(key):
     if key.prepacked:
         return "b is a PackedWeight (float32 / float64 panels)"
     return KB.amx_refusal()
-
-
-def _supports(key) -> list:
-    why = refusal(key)
-    return [] if why is None else [why]
 
 
 def order(key, widened_names, widened_reason):
@@ -107,6 +95,6 @@ _NOTES = ("bfloat16 a and b on AMX-BF16 tiles (tdpbf16ps on 2 x 2 tiles of 16 x 
           "numpy batch broadcasting without copies of the broadcast operand; bias + activation on the float32 "
           "sums, one rounding to bfloat16")
 
-register(Implementation("matmul", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,), supports=_supports, notes=_NOTES,
+register(Implementation("matmul", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,), supports=supports_of(refusal), notes=_NOTES,
                         kernel_modules=("kernels_cpu.bf16_gemm", "kernels_cpu.amx", "kernels_cpu.half",
                                         "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")))

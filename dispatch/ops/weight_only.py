@@ -40,7 +40,6 @@ import threading
 import numpy as np
 
 from kernels_common.activation import ACT_NONE
-from kernels_common.memory import aligned_empty
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 from kernels_cpu import half as KH
 from kernels_cpu import bf16_gemm as KB
@@ -51,7 +50,7 @@ from ..validate import BF16, is_bfloat16
 from ..quantized import QuantizedArray
 from ..registry import Call, Implementation, register
 from . import linalg as L
-from ._common import deliver, half_bits, kernel_input, result_buffer
+from ._common import deliver, half_bits, kernel_input, result_buffer, supports_of, thread_buffer
 
 _KERNELS = ("kernels_cpu.weight_only", "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel")
 _F32 = np.dtype(np.float32)
@@ -291,17 +290,10 @@ _BF16_KERNELS = ("kernels_cpu.bf16_gemm", "kernels_cpu.half", "kernels_cpu.gemm"
 
 def _x_panels(m, k, use_amx=False, count=1):
     """The calling thread's uint32 buffer for x's packed form (KB.panels_shape; count x
-    matrices on the AMX path), on a cache line (the AMX tiles' rows), kept for the next
-    call up to linalg's WORKSPACE_KEEP bytes (per Python thread: the kernels release the
-    GIL)."""
+    matrices on the AMX path), on a cache line (the AMX tiles' rows), kept up to linalg's
+    WORKSPACE_KEEP bytes."""
     shape = KB.panels_shape(m, k, use_amx, count)
-    need = math.prod(shape)
-    buf = getattr(_WORKSPACE, "xp", None)
-    if buf is None or buf.size < need:
-        buf = aligned_empty(need, np.uint32)
-        if need * 4 <= L.WORKSPACE_KEEP:
-            _WORKSPACE.xp = buf
-    return buf[:need].reshape(shape)
+    return thread_buffer(_WORKSPACE, "xp", math.prod(shape), np.uint32, L.WORKSPACE_KEEP // 4).reshape(shape)
 
 
 def _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed=None, use_amx=False):
@@ -367,32 +359,21 @@ BF16_DOT_MIN_ROWS = 32
 BF16_AMX_MIN_ROWS = 2
 
 
-def _bf16_dot_refusal(key):
-    """Why cpu-bf16-dot cannot take this key (None: it can)."""
-    if key.weight_format != WEIGHT_BF16:
-        return f"weight is {WEIGHT_FORMAT_NAMES[key.weight_format]}: vdpbf16ps multiplies bfloat16 by bfloat16"
-    if key.k_odd:
-        return "K is odd: vdpbf16ps multiplies pairs of K (the widening kernels take odd K)"
-    return KB.host_refusal()
+def _bf16_refusal(instruction, host_refusal):
+    """The refusal of a bfloat16 x bfloat16 kernel built on `instruction`: why it cannot take
+    a key (None: it can), the host's part asked of host_refusal()."""
+    def refusal(key):
+        if key.weight_format != WEIGHT_BF16:
+            return f"weight is {WEIGHT_FORMAT_NAMES[key.weight_format]}: {instruction} multiplies bfloat16 by bfloat16"
+        if key.k_odd:
+            return f"K is odd: {instruction} multiplies pairs of K (the widening kernels take odd K)"
+        return host_refusal()
+
+    return refusal
 
 
-def _bf16_dot_supports(key) -> list:
-    why = _bf16_dot_refusal(key)
-    return [] if why is None else [why]
-
-
-def _bf16_amx_refusal(key):
-    """Why cpu-bf16-amx cannot take this key (None: it can)."""
-    if key.weight_format != WEIGHT_BF16:
-        return f"weight is {WEIGHT_FORMAT_NAMES[key.weight_format]}: tdpbf16ps multiplies bfloat16 by bfloat16"
-    if key.k_odd:
-        return "K is odd: tdpbf16ps multiplies pairs of K (the widening kernels take odd K)"
-    return KB.amx_refusal()
-
-
-def _bf16_amx_supports(key) -> list:
-    why = _bf16_amx_refusal(key)
-    return [] if why is None else [why]
+_bf16_dot_refusal = _bf16_refusal("vdpbf16ps", KB.host_refusal)
+_bf16_amx_refusal = _bf16_refusal("tdpbf16ps", KB.amx_refusal)
 
 
 def order(key):
@@ -449,9 +430,9 @@ register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,
                         notes=_NOTES_GEMV + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
 register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
                         notes=_NOTES_GEMM + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
-register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=_bf16_dot_supports,
+register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=supports_of(_bf16_dot_refusal),
                         notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
-register(Implementation("linear", "cpu-bf16-amx", "cpu", _run_bf16_amx, dtypes=(BF16,), supports=_bf16_amx_supports,
+register(Implementation("linear", "cpu-bf16-amx", "cpu", _run_bf16_amx, dtypes=(BF16,), supports=supports_of(_bf16_amx_refusal),
                         notes=_NOTES_BF16_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",)))
 
 
