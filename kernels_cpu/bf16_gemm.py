@@ -65,7 +65,7 @@ from .half import to_bf16
 from .approx import ACT_NONE, JIT_BY_ADDRESS, OVERLOAD
 from .gemm import _U, _pack_strided, _transpose_block, epilogue_address
 from .llvm_ir import arg_readers
-from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
+from .parallel import c_array_at, call_address, fetch_add, num_threads, only_if, run_at, worker_address
 
 MR, NR, LANES = 6, 64, 16
 # Tasks: 48 weight rows (8 MR groups) x 128 rows of x (2 panels).  Linear through dispatch,
@@ -487,10 +487,12 @@ def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
 
 
 @njit(**JIT_BY_ADDRESS)
-def bf16_worker(wk, params, use_amx):
+def bf16_worker(wk, params, use_amx, kn, few):
     """A worker (parallel.run_workers) of run: tasks (X_BLOCK rows of x, task_shape's weight
     rows) from the P_NEXT counter, the x block outer.  use_amx a literal True (AMX tiles,
-    amx_tile) or None (vdpbf16ps register tiles, dot_tile)."""
+    amx_tile) or None (vdpbf16ps register tiles, dot_tile); on the AMX path kn (matmul's
+    (K, N) b) and few (linear's few-rows form) True or None too: each variant compiles only
+    its own packing and tile loops (one variant for all three: 5.2 s cold, empty cache)."""
     p = c_array_at(params, np.int64(0), (P_COUNT,))
     M, N, K2, K2p, nbatch = p[P_M], p[P_N], p[P_K2], p[P_K2P], p[P_BATCH]
     GR, TR, XB = task_shape(use_amx)
@@ -523,29 +525,32 @@ def bf16_worker(wk, params, use_amx):
         # wait until all are done: one launch per call (a second one cost ~30 us)
         x16 = c_array_at(p[P_XSRC], np.uint16(0), (nx * M * K,))
         b16 = c_array_at(p[P_BSRC], np.uint16(0), (nw * K * N if bkn else 0,))
-        few = p[P_FEW] != 0
         xt = (ngrp + PACK_GROUPS - 1) // PACK_GROUPS
         bt = (K2p + KN_PAIRS - 1) // KN_PAIRS if bkn else 0
         npack = nx * xt + nw * bt
-        if few:
+        if few is not None:
             wt = np.zeros(AMX_ROWS * AMX_K, np.uint16)        # a group's last partial chunk
             wpad = np.zeros(AMX_ROWS * 2 * K2p, np.uint16)    # a short last group's rows
         t = fetch_add(p, P_PNEXT, 1)
         while t < npack:
-            if few:   # x's rows as B panels of AMX_NR
+            if few is not None:   # x's rows as B panels of AMX_NR
                 for j in range(0, M, AMX_NR):
                     pack_panel(c_array_at(p[P_XSRC], np.float32(0), (M * K2,)), j * K2, min(AMX_NR, M - j), K2,
                                c_array_at(p[P_X], np.float32(0), (ngrp * K2p * AMX_NR,)), j * K2p, K2p)
-            elif t < nx * xt:
-                ai = t // xt
-                g0 = (t - ai * xt) * PACK_GROUPS
-                for g in range(g0, min(g0 + PACK_GROUPS, ngrp)):
-                    pack_group(x16[ai * M * K:(ai + 1) * M * K], M, K, g * AMX_ROWS, xa, (ai * ngrp + g) * nct * AMX_ROWS * AMX_K,
-                               nct)
             else:
-                bi = (t - nx * xt) // bt
-                q0 = (t - nx * xt - bi * bt) * KN_PAIRS
-                _pack_kn_pairs(b16, wkn, bi, q0, min(q0 + KN_PAIRS, K2p), K, N, K2p)
+                packed = False
+                if kn is not None:
+                    if t >= nx * xt:
+                        bi = (t - nx * xt) // bt
+                        q0 = (t - nx * xt - bi * bt) * KN_PAIRS
+                        _pack_kn_pairs(b16, wkn, bi, q0, min(q0 + KN_PAIRS, K2p), K, N, K2p)
+                        packed = True
+                if not packed:
+                    ai = t // xt
+                    g0 = (t - ai * xt) * PACK_GROUPS
+                    for g in range(g0, min(g0 + PACK_GROUPS, ngrp)):
+                        pack_group(x16[ai * M * K:(ai + 1) * M * K], M, K, g * AMX_ROWS, xa,
+                                   (ai * ngrp + g) * nct * AMX_ROWS * AMX_K, nct)
             fetch_add(p, P_PDONE, 1)
             t = fetch_add(p, P_PNEXT, 1)
         while fetch_add(p, P_PDONE, 0) < npack:
@@ -562,32 +567,34 @@ def bf16_worker(wk, params, use_amx):
         n0 = (task - e * per_batch - bs * nbn) * TR
         nl = min(TR, N - n0)
         if use_amx is not None:
-            if bkn:   # b's panels, packed above
+            if kn is not None:   # b's panels, packed above
                 bsrc = wkn
                 boff = (bof[e] * npan_kn + n0 // AMX_NR) * K2p * AMX_NR
-            elif not few:
+            else:
                 bsrc = wb.view(np.uint32)
                 boff = 0
-                for j in range(0, nl, AMX_NR):
-                    pack_panel(w32, (bof[e] * N + n0 + j) * K2, min(AMX_NR, nl - j), K2, wb, j * K2p, K2p)
+                if few is None:
+                    for j in range(0, nl, AMX_NR):
+                        pack_panel(w32, (bof[e] * N + n0 + j) * K2, min(AMX_NR, nl - j), K2, wb, j * K2p, K2p)
         for m0 in range(bs * XS, min(M, bs * XS + XS), XB):
             ml = min(XB, M - m0)
-            if use_amx is not None and few:
-                few_rows(w16, K, n0, nl, wt, wpad, xa.view(np.uint32), m0 * K2p, K2p, ml, acc_t, XB)
-                for i0 in range(0, nl, 8):
-                    for r0 in range(0, ml, 8):
-                        _transpose_block(acc_t, i0 * XB + r0, XB, accf, r0 * TR + i0, TR)
-            elif use_amx is not None:
-                # K in blocks of AMX_KCH chunks, each over every tile of the block (the C
-                # tiles stored and loaded again between blocks): a B panel's block stays
-                # in L1 for the block's rows of x
-                for kb in range(0, max(nct, 1), AMX_KCH):   # (K = 0: one block of none, zeros)
-                    kn = min(AMX_KCH, nct - kb)
-                    for j in range(0, nl, AMX_NR):
-                        for a in range(m0, m0 + ml, AMX_ROWS):
-                            amx_tile(kn, xa, aof[e] * xsize + (a // AMX_ROWS * nct + kb) * AMX_ROWS * AMX_K, AMX_K,
-                                     AMX_ROWS * AMX_K, bsrc, boff + j * K2p + kb * (AMX_K // 2) * AMX_NR, accf,
-                                     (a - m0) * TR + j, TR, kb)
+            if use_amx is not None:
+                if few is not None:
+                    few_rows(w16, K, n0, nl, wt, wpad, xa.view(np.uint32), m0 * K2p, K2p, ml, acc_t, XB)
+                    for i0 in range(0, nl, 8):
+                        for r0 in range(0, ml, 8):
+                            _transpose_block(acc_t, i0 * XB + r0, XB, accf, r0 * TR + i0, TR)
+                else:
+                    # K in blocks of AMX_KCH chunks, each over every tile of the block (the C
+                    # tiles stored and loaded again between blocks): a B panel's block stays
+                    # in L1 for the block's rows of x
+                    for kb in range(0, max(nct, 1), AMX_KCH):   # (K = 0: one block of none, zeros)
+                        nkb = min(AMX_KCH, nct - kb)   # (not kn: the literal argument)
+                        for j in range(0, nl, AMX_NR):
+                            for a in range(m0, m0 + ml, AMX_ROWS):
+                                amx_tile(nkb, xa, aof[e] * xsize + (a // AMX_ROWS * nct + kb) * AMX_ROWS * AMX_K, AMX_K,
+                                         AMX_ROWS * AMX_K, bsrc, boff + j * K2p + kb * (AMX_K // 2) * AMX_NR, accf,
+                                         (a - m0) * TR + j, TR, kb)
             else:
                 for g in range(0, nl, GR):
                     gl = min(GR, nl - g)
@@ -694,4 +701,4 @@ def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias,
     p[P_ADD_BIAS] = has_bias and code == ACT_NONE
     p[P_XS], p[P_BKN] = xs, b_kn
     ntask = a_of.size * -(-n // task_rows) * -(-m // xs)
-    run_at(worker_address(bf16_worker, (use_amx,)), addr, min(num_threads(), ntask))
+    run_at(worker_address(bf16_worker, (use_amx, only_if(b_kn), only_if(few))), addr, min(num_threads(), ntask))
