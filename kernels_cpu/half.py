@@ -56,8 +56,9 @@ def from_bf16(b):
 
 @intrinsic
 def from_f16(typingctx, b):
-    """The float32 value of the float16 bits b (int16): exact (fpext of half)."""
-    if b != types.int16:
+    """The float32 value of the float16 bits b (int16, or uint16 as the weight-only GEMV
+    reads a float16 weight): exact (fpext of half: vcvtph2ps)."""
+    if b not in (types.int16, types.uint16):
         return None
 
     def codegen(context, builder, sig, args):

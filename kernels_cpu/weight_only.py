@@ -42,6 +42,7 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
 from .approx import OVERLOAD, JIT_BY_ADDRESS
+from .half import from_f16
 from .gemm import _pack_strided, epilogue_address
 from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
 from .dot_tile import emit_tile
@@ -357,20 +358,8 @@ def _widen16_overload(src, d, K, fmt):
                 dv[k] = np.uint32(src[k]) << np.uint32(16)
         else:
             for k in range(K):
-                d[k] = half_to_float(src[k])
+                d[k] = from_f16(src[k])
     return impl
-
-
-@intrinsic
-def half_to_float(typingctx, u):
-    """The float32 of the float16 whose bits are the uint16 u (fpext: vcvtph2ps)."""
-    if u != types.uint16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(u), codegen
 
 
 _LANES = [host_lanes()]
