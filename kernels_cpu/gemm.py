@@ -186,6 +186,11 @@ def active_tile() -> Tile:
     return TILES[_ACTIVE[0]]
 
 
+def active_index() -> int:
+    """active_tile()'s index in TILES (what the workers are compiled for)."""
+    return _ACTIVE[0]
+
+
 def use_tile(name) -> str:
     """Make `name` (a TILE_NAMES entry, or "auto") the active tile for later calls in this
     process and return the previous one's name.  For tests and measurements (not
@@ -822,10 +827,25 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
         raise ValueError("gemm_parallel: out3 must be C-contiguous")
     if accumulate and epilogue:
         raise ValueError("gemm_parallel: accumulate=True takes no epilogue")
-    plan, nsync, fn, nw, need_a, need_b, ti = _gemm_plan(
-        a3.shape[0], b3.shape[0], nbatch, M, N, K, bool(transa), bool(transb), out3.dtype, _tile_index(tile),
-        bool(b_packed), mc_panels, nc_panels, kc, bool(epilogue), int(code), pack_a, pack_b, len(extra),
-        bool(accumulate), nworkers, bool(both_a_forms))
+    args = plan_args(a3.shape[0], b3.shape[0], nbatch, M, N, K, transa, transb, out3.dtype, tile, b_packed, mc_panels,
+                     nc_panels, kc, epilogue, code, nworkers, pack_a, pack_b, len(extra), accumulate, both_a_forms)
+    gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra)
+
+
+def plan_args(na, nb, nbatch, M, N, K, transa, transb, dtype, tile, b_packed, mc_panels, nc_panels, kc, epilogue, code,
+              nworkers, pack_a=None, pack_b=None, nextra=0, accumulate=False, both_a_forms=False) -> tuple:
+    """The plan of a gemm_parallel call (its arguments less the arrays, see there), as
+    gemm_launch takes it: a caller that makes the same call often (dispatch's linalg) keeps
+    it and launches with it directly."""
+    return (na, nb, nbatch, M, N, K, bool(transa), bool(transb), np.dtype(dtype), _tile_index(tile), bool(b_packed),
+            mc_panels, nc_panels, kc, bool(epilogue), int(code), pack_a, pack_b, nextra, bool(accumulate), nworkers,
+            bool(both_a_forms))
+
+
+def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=()):
+    """gemm_parallel's call for plan_args(...) = args on these arrays, which the caller
+    made as gemm_parallel checks them (C-contiguous, the plan's dtype, int64 indices)."""
+    plan, nsync, fn, nw, need_a, need_b, ti = _gemm_plan(*args)
     if ap.size < need_a or bp.size < need_b:
         raise ValueError(f"gemm_parallel: packing buffers of {ap.size} / {bp.size} elements, tile {TILES[ti].name} "
                          f"needs {need_a} / {need_b}")

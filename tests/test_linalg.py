@@ -60,6 +60,24 @@ def _takes_dense(name):
     return not op.implementations[name].refusals(key._replace(device=TARGET))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """cpu-gemm remembers its decisions per call signature (dispatch.ops.linalg._PLANS):
+    tests here change the constants behind them, so each starts and ends with none."""
+    from dispatch.ops import linalg as L
+    L._PLANS.clear()
+    yield
+    L._PLANS.clear()
+
+
+def _forget_plans(real_plan):
+    """After changing a constant the GEMM's plans read: forget kernels_cpu.gemm's plans
+    (real_plan, the cached _gemm_plan) and dispatch's decisions made from them."""
+    from dispatch.ops import linalg as L
+    real_plan.cache_clear()
+    L._PLANS.clear()
+
+
 LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or _takes_dense(p.values[0])]
 # matmul's float32 / float64 implementations (cpu-bf16-amx takes bfloat16 only: test_half_matmul.py)
 MATMUL_IMPLS = [p for p in impl_params("matmul")
@@ -584,6 +602,56 @@ def test_every_tile_matches_reference(tile, dtype):
                         np.testing.assert_array_equal(fn(a, pw, bias=bias, activation="gelu"), got)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's remembered plans")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_remembered_plans_follow_each_call(dtype):
+    """cpu-gemm decides once per call signature (linalg._PLANS) and launches from that
+    plan afterwards: calls that share shapes but differ in layout (a transposed a or b, a
+    linear weight given as W.T, a batch broadcast), in out= (given, absent, not
+    contiguous), bias, activation, a read-only or prepacked operand, the thread count or
+    the register tile each get their own plan, and repeated calls of one signature with
+    fresh data and NaN-poisoned out= give the same results as the first."""
+    import numba
+    from dispatch.ops import linalg as L
+    from kernels_cpu import gemm as K
+    g = rng()
+    m, k, n = 2 * K.active_tile().mr + 3, 37, 70
+
+    def calls():
+        a, b, bias = randn(g, (m, k), dtype), randn(g, (k, n), dtype), randn(g, (n,), dtype)
+        a_t = np.ascontiguousarray(a.T).T
+        b_t = np.ascontiguousarray(b.T).T
+        ro = a.copy()
+        ro.flags.writeable = False
+        a3 = randn(g, (3, m, k), dtype)
+        yield dispatch.matmul(a, b, out=poisoned((m, n), dtype)), ref.matmul(a, b)
+        yield dispatch.matmul(a_t, b, bias=bias), ref.matmul(a, b, bias=bias)
+        yield dispatch.matmul(a, b_t, activation="gelu", bias=bias), ref.matmul(a, b, bias=bias, activation="gelu")
+        yield dispatch.matmul(ro, b), ref.matmul(a, b)
+        yield dispatch.matmul(a3, b), ref.matmul(a3, b)
+        yield dispatch.matmul(a, dispatch.prepack(b, op="matmul")), ref.matmul(a, b)
+        o = poisoned((n, m), dtype).T
+        yield dispatch.matmul(a, b, out=o), ref.matmul(a, b)
+        yield dispatch.linear(a, np.ascontiguousarray(b.T), bias), ref.linear(a, np.ascontiguousarray(b.T), bias)
+        yield dispatch.linear(a_t, b.T), ref.linear(a, b.T)
+        yield dispatch.linear(a3, dispatch.prepack(np.ascontiguousarray(b.T)), bias), ref.linear(a3, b.T, bias)
+
+    tol = _tol(dtype, k)
+    threads = numba.get_num_threads()
+    with dispatch.use(matmul="cpu-gemm", linear="cpu-gemm"):
+        for tile in K.TILE_NAMES:
+            with gemm_tile(tile):
+                for nthreads in sorted({1, threads}):
+                    numba.set_num_threads(nthreads)
+                    try:
+                        for rep in range(3):
+                            for i, (got, want) in enumerate(calls()):
+                                assert_close(got, want, tol, f"{tile}, {nthreads} threads, call {i}, round {rep}", cancel=True)
+                    finally:
+                        numba.set_num_threads(threads)
+    assert L._PLANS and L._FULL in L._PLANS.values()   # the copied out= runs the full path
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's worker variants")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_both_a_forms_variant_gives_the_same_bits(dtype, monkeypatch):
@@ -604,8 +672,8 @@ def test_both_a_forms_variant_gives_the_same_bits(dtype, monkeypatch):
                 dispatch.matmul(np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2), b))]
 
     one = run_all()
-    real = K.gemm_parallel
-    monkeypatch.setattr(K, "gemm_parallel", lambda *args, **kw: real(*args, **dict(kw, both_a_forms=True)))
+    real_plan = K._gemm_plan   # every launch plans through it (K.gemm_launch); both_a_forms comes last
+    monkeypatch.setattr(K, "_gemm_plan", lambda *args: real_plan(*args[:-1], True))
     both = run_all()
     assert any(all(isinstance(v, types.BooleanLiteral) and v.literal_value for v in s[-2:])
                for s in K.gemm_worker.signatures), "the variant holding both forms did not run"
@@ -648,7 +716,7 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
                 for in_place in (True, False):
                     monkeypatch.setattr(K, "A_IN_PLACE_OK", in_place)
                     monkeypatch.setattr(K, "B_IN_PLACE_OK", b_in_place)
-                    real_plan.cache_clear()
+                    _forget_plans(real_plan)
                     flags.clear()
                     with dispatch.use(matmul="cpu-gemm", linear="cpu-gemm"):
                         res = [dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
@@ -670,7 +738,7 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
                 assert_close(got[True][0], ref.matmul(a, b, bias=bias, activation="gelu"), tol, f"{tile} {sa} {sb}",
                              cancel=True)
         assert {K.B_IN_PLACE, K.B_PACK} <= b_forms, b_forms
-    real_plan.cache_clear()
+    _forget_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
@@ -707,7 +775,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
             got = {}
             for in_place in (True, False):
                 monkeypatch.setattr(K, "B_IN_PLACE_OK", in_place)
-                real_plan.cache_clear()
+                _forget_plans(real_plan)
                 modes.clear()
                 with dispatch.use(matmul="cpu-gemm"):
                     got[in_place] = (dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
@@ -723,7 +791,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
             assert_close(got[True][1], ref.matmul(a, b), tol, f"{tile} {sa} {sb} plain", cancel=True)
         assert sum(read_in_place) >= 2, (tile, read_in_place)
         assert sum(read_in_place[5:]) >= 2, (tile, read_in_place)   # partial last panels too
-    real_plan.cache_clear()
+    _forget_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
@@ -755,13 +823,13 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
             @contextlib.contextmanager
             def local(on):
                 monkeypatch.setattr(K, "B_LOCAL_OK", on)
-                real_plan.cache_clear()
+                _forget_plans(real_plan)
                 seen.clear()
                 yield
                 assert seen and all(m == K.B_PACK and lo == on for m, lo in seen), (tile, op, sa, sb, seen)
 
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, local)
-    real_plan.cache_clear()
+    _forget_plans(real_plan)
 
 
 def _gelu_product_two_ways(g, tile, op, sa, sb, dtype, switch):
@@ -834,13 +902,13 @@ def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
             @contextlib.contextmanager
             def one_block(on):
                 monkeypatch.setattr(L, "ONE_BLOCK_B_MIN_BYTES", 0 if on else 1 << 62)
-                real_plan.cache_clear()
+                _forget_plans(real_plan)
                 seen.clear()
                 yield
                 assert seen and all(s == (on, on) for s in seen), (tile, op, sa, sb, on, seen)
 
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, one_block)
-    real_plan.cache_clear()
+    _forget_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA or not sys.platform.startswith("linux"), reason="the CPU GEMM; mprotect")
