@@ -95,6 +95,14 @@ ONE_TILE = 1024
 # head at a time under both, unchanged within noise.  (At 1 the same, but fewer heads than
 # 4 per worker would leave one thread idle on a long last head.)
 HEADS_PER_WORKER = 4
+# flash: a V whose rows are adjacent but start off cache lines (numpy's allocations start
+# 16 bytes past one) is copied per head like non-adjacent rows (flash_worker), onto lines:
+# there every 64-byte load of acc += P V split over two lines.  2 threads, Sapphire Rapids,
+# medians of 11 x 10-100 calls, two runs (2026-12-07), V 16 bytes off / copied, us:
+# 1x12x512x64 3473-3470 / 3156-3265 (V on lines: 3213-3281), 1x12x256x64 947-969 /
+# 935-978, 1x12x128x64 284-286 / 273-291; old / new processes alternating, three pairs:
+# 1x12x512x64 with V off lines 3477-3658 -> 3296-3416.  (Phases of that shape, each
+# skipped in turn: S = Q K^T 1.2 ms, P V 1.45, the softmax 0.6 of 3.5.)
 RC = 8           # query rows per split-KV work item
 SPLIT_MIN = 256  # fewest keys per split-KV split
 
@@ -787,6 +795,8 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     B, Hq, Sq, D = q.shape
     Hkv = v.shape[1]
     p = _params(q, k, v, mask, mkind, causal, out, scale, lse)
+    if not p[F_VROWS] and (D * q.itemsize) % 64 == 0 and (p[F_V] | v.strides[0] | v.strides[1]) % 64:
+        p[F_VROWS] = 1   # V off cache lines: copied (see HEADS_PER_WORKER's neighbour)
     # the item first: the larger compile (cold: 1.55 of 2.85 s), done here while a helper
     # process compiles the worker (parallel.worker_addresses)
     p[F_ITEM], fn = worker_addresses([(flash_item, _variant(q, mkind)), (flash_worker, _variant(q, mkind))])

@@ -165,6 +165,33 @@ def test_fused_qkv_views(impl, dtype, D):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_v_off_cache_lines_gives_the_same_bits(dtype, monkeypatch):
+    """cpu-flash copies a V whose adjacent rows start off cache lines (kernels_cpu.attention
+    flash: V_OFF_LINES) and reads one on lines in place: the same bits either way, causal
+    and not, over several key tiles; the copy is taken only for the V off lines."""
+    from kernels_cpu import attention as KA
+    from kernels_common.memory import aligned_empty
+    g = rng()
+    B, H, S, D = 1, 3, 2 * KA.BK + 5, 16
+    q, k, v = (randn(g, (B, H, S, D), dtype) for _ in range(3))
+    on = aligned_empty((B, H, S, D), dtype)
+    off = aligned_empty(v.size + 1, dtype)[1:].reshape(v.shape)
+    on[...], off[...] = v, v
+    flags = []
+    workers, serial = KA.run_workers, KA.run_serial
+    monkeypatch.setattr(KA, "run_workers", lambda fn, p, n: flags.append(int(p[KA.F_VROWS])) or workers(fn, p, n))
+    monkeypatch.setattr(KA, "run_serial", lambda fn, p: flags.append(int(p[KA.F_VROWS])) or serial(fn, p))
+    for causal in (False, True):
+        with dispatch.use(attention="cpu-flash"):
+            a = dispatch.attention(q, k, on, causal=causal, out=poisoned(q.shape, dtype))
+            b = dispatch.attention(q, k, off, causal=causal, out=poisoned(q.shape, dtype))
+        np.testing.assert_array_equal(a, b)
+        assert_close(a, ref.attention(q, k, v, causal=causal), _tol(dtype, S), cancel=True)
+    assert flags == [0, 1, 0, 1], flags
+
+
+@pytest.mark.skipif(ON_CUDA, reason="numba CPU kernels")
 def test_fused_qkv_views_are_not_copied(monkeypatch):
     """The views reach the kernel as they are (no np.ascontiguousarray on the way)."""
     from dispatch.ops import attention as A
