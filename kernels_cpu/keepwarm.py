@@ -13,7 +13,7 @@ spinning their workers for a while after each call, at the cost of whole cores.
 How: one daemon thread per CPU this process may run on, pinned to it and scheduled
 SCHED_IDLE (it runs only when that CPU has nothing else to run, and never preempts real
 work), sleeps PERIOD_US at a time from QUIET_US after our last kernel call until the
-window (NK_KEEP_WARM_MS, default DEFAULT_WINDOW_MS) has passed, then parks on an event
+window (NK_KEEP_WARM_MS, default DEFAULT_WINDOW_MS) has passed, then parks on a futex
 until the next call.  Each wake-up keeps the vCPU from being taken away.
 
 Measured 2026-11-27 on AMD EPYC Zen 5 (2 vCPUs, tbb), heartbeat threads on both CPUs:
@@ -75,7 +75,13 @@ LAST_NS = 0      # time.monotonic_ns() of the last touch()
 WINDOW_NS = 1    # beat until LAST_NS + WINDOW_NS
 STOP = 2         # nonzero: every heartbeat loop returns at its next wake-up
 BEATS = 3        # beats so far (all threads): for tests and measurements
-N_SLOTS = 4
+PARKED = 4       # heartbeat loops asleep on the futex at GEN (the window passed)
+GEN = 5          # futex word (its low 32 bits): touch() bumps it to wake parked loops
+N_SLOTS = 6
+
+# Linux's futex call (also the thread team's, team.py)
+FUTEX_CALL = {"x86_64": 202, "aarch64": 98}   # SYS_futex
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 
 _CLOCK_MONOTONIC = 1  # Linux's clockid for CLOCK_MONOTONIC (time.monotonic_ns reads the same)
 
@@ -112,39 +118,55 @@ def _unsupported():
         return "needs Linux (per-thread CPU pinning and SCHED_IDLE)"
     if not hasattr(os, "SCHED_IDLE"):
         return "this Python has no os.SCHED_IDLE"
+    if os.uname().machine not in FUTEX_CALL:
+        return f"no futex call number known for {os.uname().machine}"
     return None
 
 
 _UNSUPPORTED = _unsupported()
 
 
-def _beat_ir(usleep_addr: int, clock_gettime_addr: int) -> str:
-    """LLVM IR of nk_beat(state, ts, period_us, quiet_ns): sleep in period_us steps until the
-    window after the last touch has passed (or STOP is set), waiting out the first quiet_ns
-    without beats.  state: the int64 slots above (read and counted atomically); ts: two
-    int64 for clock_gettime's timespec.  libc's functions are called at their addresses."""
+def _beat_ir(usleep_addr: int, clock_gettime_addr: int, syscall_addr: int, futex_call: int) -> str:
+    """LLVM IR of
+    - nk_beat(state, ts, period_us, quiet_ns): sleep in period_us steps while the window
+      after the last touch lasts, waiting out the first quiet_ns without beats; when it
+      has passed, park on the futex at GEN until touch() wakes it (nk_wake); return only
+      when STOP is set.  state: the int64 slots above (read and counted atomically); ts:
+      two int64 for clock_gettime's timespec.
+    - nk_wake(state): bump GEN and wake every loop parked on it.
+    libc's functions are called at their addresses."""
     i64, i32 = ir.IntType(64), ir.IntType(32)
     mod = ir.Module(name="nk_keepwarm")
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64.as_pointer(), i64.as_pointer(), i64, i64]),
                      name="nk_beat")
     state, ts, period, quiet = fn.args
-    blocks = {n: fn.append_basic_block(n) for n in ("entry", "loop", "awake", "wait", "quiet", "beat", "done")}
+    blocks = {n: fn.append_basic_block(n) for n in ("entry", "loop", "awake", "wait", "quiet", "beat", "park",
+                                                   "recheck", "unpark", "sleep", "done")}
     b = ir.IRBuilder(blocks["entry"])
     usleep = b.inttoptr(ir.Constant(i64, usleep_addr), ir.FunctionType(i32, [i32]).as_pointer())
     clock = b.inttoptr(ir.Constant(i64, clock_gettime_addr),
                        ir.FunctionType(i32, [i32, i64.as_pointer()]).as_pointer())
+    sc_ty = ir.FunctionType(i64, [i64], var_arg=True).as_pointer()
 
     def slot(k, add=0):
         return b.atomic_rmw("add", b.gep(state, [ir.Constant(i64, k)]), ir.Constant(i64, add), "seq_cst")
+
+    def futex(op, val):
+        sc = b.inttoptr(ir.Constant(i64, syscall_addr), sc_ty)
+        word = b.ptrtoint(b.gep(state, [ir.Constant(i64, GEN)]), i64)  # its low 32 bits (little-endian)
+        b.call(sc, [ir.Constant(i64, futex_call), word, ir.Constant(i64, op), val, ir.Constant(i64, 0)])
+
+    def idle_ns():
+        b.call(clock, [ir.Constant(i32, _CLOCK_MONOTONIC), ts])
+        now = b.add(b.mul(b.load(ts), ir.Constant(i64, 1_000_000_000)), b.load(b.gep(ts, [ir.Constant(i64, 1)])))
+        return b.sub(now, slot(LAST_NS))
 
     b.branch(blocks["loop"])
     b.position_at_end(blocks["loop"])
     b.cbranch(b.icmp_signed("!=", slot(STOP), ir.Constant(i64, 0)), blocks["done"], blocks["awake"])
     b.position_at_end(blocks["awake"])
-    b.call(clock, [ir.Constant(i32, _CLOCK_MONOTONIC), ts])
-    now = b.add(b.mul(b.load(ts), ir.Constant(i64, 1_000_000_000)), b.load(b.gep(ts, [ir.Constant(i64, 1)])))
-    idle = b.sub(now, slot(LAST_NS))
-    b.cbranch(b.icmp_signed(">=", idle, slot(WINDOW_NS)), blocks["done"], blocks["wait"])
+    idle = idle_ns()
+    b.cbranch(b.icmp_signed(">=", idle, slot(WINDOW_NS)), blocks["park"], blocks["wait"])
     b.position_at_end(blocks["wait"])
     b.cbranch(b.icmp_signed("<", idle, quiet), blocks["quiet"], blocks["beat"])
     b.position_at_end(blocks["quiet"])
@@ -155,12 +177,35 @@ def _beat_ir(usleep_addr: int, clock_gettime_addr: int) -> str:
     b.call(usleep, [b.trunc(period, i32)])
     slot(BEATS, 1)
     b.branch(blocks["loop"])
+    # park: note GEN, count this loop parked, then look at the window again, so that a
+    # touch() between the first look and the count is not slept through (touch writes
+    # LAST_NS, then reads PARKED)
+    b.position_at_end(blocks["park"])
+    gen = slot(GEN)
+    slot(PARKED, 1)
+    b.branch(blocks["recheck"])
+    b.position_at_end(blocks["recheck"])
+    b.cbranch(b.icmp_signed("<", idle_ns(), slot(WINDOW_NS)), blocks["unpark"], blocks["sleep"])
+    b.position_at_end(blocks["sleep"])
+    futex(FUTEX_WAIT_PRIVATE, b.and_(gen, ir.Constant(i64, 0xFFFFFFFF)))  # returns at once if GEN moved
+    b.branch(blocks["unpark"])
+    b.position_at_end(blocks["unpark"])
+    slot(PARKED, -1)
+    b.branch(blocks["loop"])
     b.position_at_end(blocks["done"])
+    b.ret_void()
+
+    wake = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64.as_pointer()]), name="nk_wake")
+    b = ir.IRBuilder(wake.append_basic_block("entry"))
+    state = wake.args[0]
+    slot(GEN, 1)
+    futex(FUTEX_WAKE_PRIVATE, ir.Constant(i64, 0x7FFFFFFF))
     b.ret_void()
     return str(mod)
 
 
 _beat_fn = None
+_wake_fn = None
 _beat_lock = threading.Lock()
 
 
@@ -171,7 +216,7 @@ def _beat():
     heartbeat thread, under numba's global compile lock, between the caller's own
     compiles, so the cold first call of an op running several kernels waited for it
     (linear_cross_entropy on Zen 5: 0.09-0.18 s of its first call, 2026-11-27)."""
-    global _beat_fn
+    global _beat_fn, _wake_fn
     if _beat_fn is not None:
         return _beat_fn
     with _beat_lock, global_compiler_lock:  # LLVM's context is not thread-safe: not beside a numba compile
@@ -179,21 +224,26 @@ def _beat():
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             libc = ctypes.CDLL(None)
-            addr = [ctypes.cast(f, ctypes.c_void_p).value for f in (libc.usleep, libc.clock_gettime)]
-            mod = llvm.parse_assembly(_beat_ir(*addr))
+            addr = [ctypes.cast(f, ctypes.c_void_p).value for f in (libc.usleep, libc.clock_gettime, libc.syscall)]
+            mod = llvm.parse_assembly(_beat_ir(*addr, FUTEX_CALL[os.uname().machine]))
             mod.verify()
             engine = llvm.create_mcjit_compiler(mod, llvm.Target.from_default_triple().create_target_machine())
             engine.finalize_object()
             proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
             fn = proto(engine.get_function_address("nk_beat"))
             fn.engine = engine  # the engine owns the code: kept alive with the function
+            # a system call of a few us: made holding the GIL (PYFUNCTYPE), not giving it up
+            wake = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(engine.get_function_address("nk_wake"))
+            wake.engine = engine
+            _wake_fn = wake
             _beat_fn = fn
         return _beat_fn
 
 
 _state = np.zeros(N_SLOTS, np.int64)
 _state[WINDOW_NS] = int(_window_from_env(os.environ.get(ENV)) * 1e6)
-_armed = threading.Event()
+_state_addr = _state.ctypes.data
+_started = False    # touch() has started the heartbeat threads (or found it cannot)
 _lock = threading.Lock()
 _threads: list = []
 _notes: dict = {}   # cpu -> why its heartbeat thread stopped (e.g. SCHED_IDLE refused)
@@ -204,7 +254,8 @@ def _cpus():
 
 
 def _heart(cpu):
-    """A heartbeat thread: pinned to `cpu`, SCHED_IDLE, beating whenever armed."""
+    """A heartbeat thread: pinned to `cpu`, SCHED_IDLE, beating while the window lasts and
+    parked on a futex in between (nk_beat), so that waking it needs no GIL."""
     try:
         os.sched_setaffinity(0, {cpu})
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -213,20 +264,12 @@ def _heart(cpu):
         return
     ts = np.zeros(2, np.int64)
     state = _state  # the loop gets raw addresses: the arrays stay referenced while it runs
-    while True:
-        _armed.wait()
+    while not state[STOP]:
         try:
             _beat()(state.ctypes.data, ts.ctypes.data, PERIOD_US, QUIET_US * 1000)
         except Exception as e:  # noqa: BLE001 - e.g. the loop failed to build: stop, say why
             _notes[cpu] = f"cpu {cpu}: {type(e).__name__}: {e}"
             return
-        if _state[STOP]:
-            return
-        # park unless a touch() came after the loop saw the window end (touch writes
-        # LAST_NS before it tests the event, so one of the two sees the other)
-        _armed.clear()
-        if time.monotonic_ns() - int(_state[LAST_NS]) < int(_state[WINDOW_NS]):
-            _armed.set()
 
 
 def _start():
@@ -266,14 +309,38 @@ def _built() -> bool:
 
 
 def touch() -> None:
-    """Called by the dispatcher on every CPU kernel call: restarts the window (~0.2 us)."""
+    """Called by the dispatcher on every CPU kernel call: restarts the window (~0.2 us), and
+    wakes the heartbeat loops parked since the last window passed.  They park in nk_beat
+    on a futex, not on a Python event: woken through an event, each heartbeat thread took
+    the GIL to leave its wait, and the one pinned to the caller's CPU, SCHED_IDLE, got no
+    CPU to give it back while the caller's kernel ran, so the caller's next Python waited
+    for it.  The second call after 0.8 s idle (softmax 1x12x128x128, 2 threads, Sapphire
+    Rapids, 2026-12-07, per-call medians of 20 rounds, three runs each): window 300 ms
+    445-728 us, window 0 187-277, a window covering the idle time 168-305; parked on the
+    futex, old / new processes alternating, three pairs: 436-639 -> 169-191 us, the third
+    call 158-195 -> 72-79, the first 1168-2265 -> 1067-1578 (onnxruntime: 1060-1327,
+    105-123, 49-58); attention 1x12x128x64's second call 665-683 -> 511-517 us.
+    A touch that reads PARKED while a loop is between its own check of the window and its
+    count (the store of LAST_NS not yet visible to it) lets that loop sleep until the next
+    touch: one call's warmth, nothing more."""
     if _state[WINDOW_NS] <= 0 or _UNSUPPORTED is not None:
         return
     _state[LAST_NS] = time.monotonic_ns()
-    if not _armed.is_set():
-        if not _threads and enabled() and _built():
-            _start()
-        _armed.set()
+    if _state[PARKED]:
+        _wake_fn(_state_addr)
+    elif not _started:
+        _start_once()
+
+
+def _start_once():
+    """The first touch(): start the heartbeat threads where it beats at all."""
+    global _started
+    with _lock:
+        if _started:
+            return
+        _started = True
+    if enabled() and _built():
+        _start()
 
 
 def set_window_ms(ms) -> float:
@@ -312,11 +379,13 @@ def describe() -> str:
 
 def _after_fork_in_child():
     # the parent's heartbeat threads do not exist in the child: start afresh on its first call
-    global _armed, _lock
+    global _lock, _started, _state_addr
     _threads.clear()
     _notes.clear()
-    _armed = threading.Event()
     _lock = threading.Lock()
+    _started = False
+    _state[PARKED] = 0   # the parent's parked loops are not the child's
+    _state_addr = _state.ctypes.data
 
 
 if hasattr(os, "register_at_fork"):

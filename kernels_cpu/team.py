@@ -66,7 +66,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core.compiler_lock import global_compiler_lock
 
-from .keepwarm import amount_from_env
+from .keepwarm import FUTEX_CALL as _FUTEX, FUTEX_WAIT_PRIVATE as _FUTEX_WAIT_PRIVATE, \
+    FUTEX_WAKE_PRIVATE as _FUTEX_WAKE_PRIVATE, amount_from_env
 
 ENV = "NK_SPIN_US"
 # Idle team threads spin this long after each call.  A probe of 10 us of work per thread
@@ -95,11 +96,9 @@ ALLOWED = 11 * LINE     # the process's CPUs at import as a bit mask (0 when any
 N_SLOTS = 12 * LINE
 
 MARK = 0xFFFFFFFF
-_FUTEX = {"x86_64": 202, "aarch64": 98}   # SYS_futex
 _SETAFFINITY = {"x86_64": 203, "aarch64": 122}   # SYS_sched_setaffinity
 TS_MASK = 2             # a team thread's scratch: a timespec, then a 1024-CPU mask
 TS_WORDS = TS_MASK + 16
-_FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 _CLOCK_MONOTONIC = 1
 
 
