@@ -62,6 +62,12 @@ from ._common import (HOST_COPY_NOTE, case_dtype, const_vector, contiguous, deli
 # 49.4 | 80.1 / 61.1 | 77.7 / 92.4; 512x768 128 / 80.3 | 416 / 452 | 166 / 122 | 130 / 101 |
 # 131 / 122 | 137 / 206.  Parallel wins more of the settings than for float32 below 2^18
 # but still loses after idle and next to PyTorch: the same threshold.
+# Re-checked after the heartbeat began parking on a futex (Sapphire Rapids, 2026-12-07,
+# /tmp/w/thr.py: forced through dispatch.use, medians of 12 rounds, serial / parallel us,
+# [loop | one call after 0.2 s idle | 10 calls after 10 ms | right after a PyTorch linear]):
+# layer_norm 128x768 26.9 / 29.2 | 317 / 344 | 27.7 / 25.3 | 89.7 / 111; 128x384 17.7 / 19.0
+# | 247 / 402 | 18.0 / 17.4 | 76.9 / 95.0; 256x768 52.1 / 56.8 | 381 / 569 | 53.6 / 37.7 |
+# 122 / 146; rms_norm 128x768 19.0 / 22.7 | 319 / 373 | 19.6 / 18.7 | 91.8 / 106: 2^18 stays.
 PARALLEL_THRESHOLD = {"layer_norm": 1 << 18, "rms_norm": 1 << 18}
 _MEASURED = {"layer_norm": "layer_norm float32 serial vs parallel (thread team, loop, after idle and paced): serial "
                            "ahead below 2^17, mixed at 2^17.6, parallel ahead from 2^18 elements",
