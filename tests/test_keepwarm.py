@@ -68,7 +68,7 @@ def test_beats_after_a_call_stops_after_the_window_and_starts_again(window):
     assert len(kw._threads) == len(os.sched_getaffinity(0))
     assert _wait_for(lambda: not _beating(kw), timeout=5.0), "still beating long after the window"
     # parked on the futex (nk_beat), each loop counted: touch() wakes them with no GIL handoff
-    assert _wait_for(lambda: kw._state[kw.PARKED] == len(kw._threads), timeout=5.0), kw._state
+    assert _wait_for(lambda: kw._state[kw.PARKED] == len(kw._threads), timeout=5.0), list(kw._state)
     time.sleep(max(0.0, called + 0.2 - time.monotonic()))  # the window surely over (a starved thread looks parked)
     parked = kw.beats()
     time.sleep(0.1)
