@@ -95,7 +95,7 @@ ONE_TILE = 1024
 # head at a time under both, unchanged within noise.  (At 1 the same, but fewer heads than
 # 4 per worker would leave one thread idle on a long last head.)
 HEADS_PER_WORKER = 4
-# flash: a V whose rows are adjacent but start off cache lines (numpy's allocations start
+# flash (V off lines): a V whose rows are adjacent but start off cache lines (numpy's allocations start
 # 16 bytes past one) is copied per head like non-adjacent rows (flash_worker), onto lines:
 # there every 64-byte load of acc += P V split over two lines.  2 threads, Sapphire Rapids,
 # medians of 11 x 10-100 calls, two runs (2026-12-07), V 16 bytes off / copied, us:
@@ -796,7 +796,7 @@ def flash(q, k, v, mask, mkind, causal, scale, out, nworkers, lse=None):
     Hkv = v.shape[1]
     p = _params(q, k, v, mask, mkind, causal, out, scale, lse)
     if not p[F_VROWS] and (D * q.itemsize) % 64 == 0 and (p[F_V] | v.strides[0] | v.strides[1]) % 64:
-        p[F_VROWS] = 1   # V off cache lines: copied (see HEADS_PER_WORKER's neighbour)
+        p[F_VROWS] = 1   # copied onto cache lines ("flash (V off lines)" above)
     # the item first: the larger compile (cold: 1.55 of 2.85 s), done here while a helper
     # process compiles the worker (parallel.worker_addresses)
     p[F_ITEM], fn = worker_addresses([(flash_item, _variant(q, mkind)), (flash_worker, _variant(q, mkind))])

@@ -66,7 +66,7 @@ import numpy as np
 from llvmlite import ir
 from numba.core.compiler_lock import global_compiler_lock
 
-from .keepwarm import FUTEX_CALL as _FUTEX, FUTEX_WAIT_PRIVATE as _FUTEX_WAIT_PRIVATE, \
+from .keepwarm import _CLOCK_MONOTONIC, FUTEX_CALL as _FUTEX, FUTEX_WAIT_PRIVATE as _FUTEX_WAIT_PRIVATE, \
     FUTEX_WAKE_PRIVATE as _FUTEX_WAKE_PRIVATE, amount_from_env
 
 ENV = "NK_SPIN_US"
@@ -99,7 +99,6 @@ MARK = 0xFFFFFFFF
 _SETAFFINITY = {"x86_64": 203, "aarch64": 122}   # SYS_sched_setaffinity
 TS_MASK = 2             # a team thread's scratch: a timespec, then a 1024-CPU mask
 TS_WORDS = TS_MASK + 16
-_CLOCK_MONOTONIC = 1
 
 
 def _spin_from_env(value):
