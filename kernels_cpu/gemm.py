@@ -680,15 +680,29 @@ B_TASK_NONE, B_TASK_OWN, B_TASK_SLICE = 0, 1, 2
 # 140-195 -> 138-140; in place against packed in one process (B_IN_PLACE_OK toggled,
 # medians of 8 x 50 calls): 256x256x256 214 / 211, 256x512x512 703 / 737, 256x1024x1024
 # 2850 / 2942.
+# Rows whose length in bytes is a multiple of B_IN_PLACE_BAD_STRIDE are packed all the same:
+# a panel's kc rows then fall into a handful of L1 / L2 sets (at 4096 bytes one L1 set per
+# line of the panel's width, 1/64 of L2's sets), are evicted before the next A panel reads
+# them again, and come from L3 on every pass.  float32 matmul, 2 threads, plain products,
+# medians of 5 rounds of 10 calls alternating in one process (Xeon with AMX / AVX-512,
+# 2026-12-07, /tmp/w/g6.py), us, MxKxN, in place / packed: N = 1024 (4096-byte rows):
+# 128x1024x1024 2207 / 1190, 128x4096x1024 9680 / 5862, 64x1024x1024 1177 / 714, 200x1024x1024
+# 3913 / 1923, 32x4096x1024 2508 / 1931, 16x1024x1024 366 / 369; N = 512 (2048 bytes):
+# 128x1024x512 882 / 611, 128x2048x512 1780 / 1231; float64 N = 256 (2048 bytes) 128x1024x256
+# 1031 / 696, N = 512 2332 / 1320.  Other row lengths tie or favour in place: float32 N = 256
+# (1024 bytes) 442 / 456, N = 640 728 / 729, 896 1024 / 1006, 1000 1086 / 1061, 128x3072x768
+# 2341 / 2382.
 B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
+B_IN_PLACE_BAD_STRIDE = 2048
 
 
 def reads_b_in_place(N, transb, nr, itemsize) -> bool:
     """Whether a call that would pack B reads it in place instead (B_IN_PLACE), given that
     M is one row block and no custom B packer is used (gemm_parallel's plan checks those)."""
-    return B_IN_PLACE_OK and not transb and nr <= N and N * itemsize <= B_IN_PLACE_ROW_BYTES
+    return (B_IN_PLACE_OK and not transb and nr <= N and N * itemsize <= B_IN_PLACE_ROW_BYTES
+            and (N * itemsize) % B_IN_PLACE_BAD_STRIDE != 0)
 
 # A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from

@@ -796,6 +796,35 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_b_rows_of_2k_bytes_are_packed(dtype, monkeypatch):
+    """A (K, N) b whose rows take a multiple of B_IN_PLACE_BAD_STRIDE bytes (N = 512 and
+    1024 float32, 256 and 512 float64) is packed, not read in place (its panel's rows would
+    share a few cache sets); rows a little shorter or longer are still read in place; both
+    give the reference product, and dispatch's key says which (rows_2k)."""
+    from kernels_cpu import gemm as K
+    modes = []
+    real_plan = K._gemm_plan
+    monkeypatch.setattr(K, "_gemm_plan", lambda *args: modes.append(int(real_plan(*args)[0][K.P_B_MODE])) or
+                        real_plan(*args))
+    _forget_plans(real_plan)
+    isz = np.dtype(dtype).itemsize
+    g = rng()
+    with gemm_tile(K.TILE_NAMES[K.HOST_WIDE]) as t:
+        for n, packed in ((2048 // isz, True), (4096 // isz, True), (2048 // isz + t.nr(dtype), False),
+                          (4096 // isz - t.nr(dtype), False)):
+            assert K.reads_b_in_place(n, False, t.nr(dtype), isz) is not packed, n
+            a, b = randn(g, (2 * t.mr, 40), dtype), randn(g, (40, n), dtype)
+            modes.clear()
+            with dispatch.use(matmul="cpu-gemm"):
+                got = dispatch.matmul(a, b, out=poisoned((2 * t.mr, n), dtype))
+            assert modes and set(modes) == ({K.B_PACK} if packed else {K.B_IN_PLACE}), (n, modes)
+            assert_close(got, ref.matmul(a, b), _tol(dtype, 40), f"n {n}", cancel=True)
+            assert dispatch.explain("matmul", a, b).key.rows_2k is packed
+    _forget_plans(real_plan)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("tile", _tile_names())
 def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
     """A GEMM whose tasks pack their own B panels (one row block, B neither prepacked nor

@@ -59,6 +59,8 @@ class GemmKey(NamedTuple):
     weight_format: int = WEIGHT_DENSE  # kernels_common.quant.WEIGHT_*: a low-precision linear weight (ops/weight_only.py)
     n48: bool = False   # N is a multiple of 48: whole column panels of the 16-lane tiles (8x48, 12x32)
     k_odd: bool = False  # K is odd: the bfloat16 pair kernel (ops/weight_only.py) reads K in pairs
+    # N's row bytes a multiple of kernels_cpu.gemm.B_IN_PLACE_BAD_STRIDE: a (K, N) b is packed, never read in place
+    rows_2k: bool = False
 
 
 class GemmArgs(NamedTuple):
@@ -218,7 +220,8 @@ def _check_bias(bias, n, what):
 def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIGHT_DENSE):
     """The GemmKey of a product of these sizes (the one place they are bucketed)."""
     return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
-                   packed is not None, weight_format=weight_format, n48=n % 48 == 0, k_odd=k % 2 == 1)
+                   packed is not None, weight_format=weight_format, n48=n % 48 == 0, k_odd=k % 2 == 1,
+                   rows_2k=n * np.dtype(dt).itemsize % K.B_IN_PLACE_BAD_STRIDE == 0)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -790,8 +793,9 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # sequence after 0.2 s idle 10.7-10.8 -> 7.0-7.1 ms, although the matmul alone then takes
 # 1.35-1.39 ms on OpenBLAS and 1.70 on ours.
 # A plain float32 product whose (K, N) b our GEMM reads in place (kernels_cpu.gemm.B_IN_PLACE:
-# one row block, rows of at most B_IN_PLACE_ROW_BYTES, so an N bucket n qualifies whole when
-# 2n values fit a row: n = 512 for float32; M bucket <= 128 is one row block; matmul, one
+# one row block, rows of at most B_IN_PLACE_ROW_BYTES and not a multiple of
+# B_IN_PLACE_BAD_STRIDE (the key's rows_2k), so an N bucket n qualifies whole when 2n values
+# fit a row: n = 512 for float32, but not N = 512 itself; M bucket <= 128 is one row block; matmul, one
 # batch: linear's (N, K) weight is not read so): no copy of b is made,
 # where OpenBLAS packs it on every call.  Zen 4, 2 threads,
 # interleaved medians of 9 rounds with the round quartiles, us, cpu-gemm / blas (2026-12-06):
@@ -889,7 +893,7 @@ def _order_widened(key):
                                                   f"our {K.active_tile().name} GEMM skips packing the weight, numpy's "
                                                   f"OpenBLAS ({blas_core()} kernels) packs it on every call")
     if (key.op == "matmul" and key.batch == 1 and not epilogue and not key.prepacked and key.dtype == np.float32
-            and K.active_tile().lanes32 >= 16 and m <= IN_PLACE_MAX_M
+            and K.active_tile().lanes32 >= 16 and m <= IN_PLACE_MAX_M and not key.rows_2k
             and (bucket_half_end(n) - 1) * key.dtype.itemsize <= K.B_IN_PLACE_ROW_BYTES
             and ((n >= IN_PLACE_MIN_N and k >= IN_PLACE_MIN_K)
                  or (key.n48 and n >= IN_PLACE_WHOLE_MIN and k >= IN_PLACE_WHOLE_MIN))):
@@ -919,8 +923,9 @@ _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the regist
                "other non-contiguous inputs copied; a float32 linear with at most "
                f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
                "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows); a (K, N) b with rows of at most "
-               f"{K.B_IN_PLACE_ROW_BYTES} bytes and at least one tile's columns is read in place when M is one "
-               "row block, a partial last panel packed (kernels_cpu.gemm.B_IN_PLACE)")
+               f"{K.B_IN_PLACE_ROW_BYTES} bytes (not a multiple of {K.B_IN_PLACE_BAD_STRIDE}) and at least one "
+               "tile's columns is read in place when M is one row block, a partial last panel packed "
+               "(kernels_cpu.gemm.B_IN_PLACE)")
 _NOTES_GEMV = ("matrix-vector form for few rows, on the thread team: against linear's (N, K) weight, "
                f"tasks of {K.GEMV_NK_ROWS} weight rows, each group of {K.TB} dotted with every row of a "
                "(weight rows streamed once, the next group prefetched); a (K, N) b in slabs of whole rows, "
