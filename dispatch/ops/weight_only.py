@@ -329,11 +329,19 @@ def _run_bf16_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
 #   8 lanes (the AVX2 GEMV, forced on the same host beside the 16-lane GEMM; Zen 3's FMA
 #             rate per cycle is Zen 4's): M 64 44.1 / 42.0, 128 96.7 / 72.1, 256 190.3 / 133.9.
 # (2026-11-25, Xeon, before the GEMV's later changes: 16 lanes M 128 337.1 / 250.0.)
-WO_GEMV_ROWS = {16: 512, 8: 64}
+# Where the 512-bit FMAs run at full width (Intel; Zen 4 splits them in two 256-bit halves)
+# the GEMM path wins from 128 rows: same weight and method, Xeon with AVX-512 / AMX
+# (LLVM "rocketlake"), 2026-12-07, /tmp/w/wo3.py, ms: M 16 10.7 / 27.0, 32 20.1 / 33.1,
+# 64 40.5 / 43.4, 96 49.4 / 52.5, 128 88.9 / 61.4, 256 189 / 96; float16 x and weight,
+# 128x768x3072 + bias + gelu: 4.48 / 4.33.
+WO_GEMV_ROWS = {16: 128, 8: 64}
+# The CPUs (kernels_cpu.target.cpu_name()) measured otherwise: Zen 4, above.
+WO_GEMV_ROWS_BY_CPU = {"znver4": {16: 512, 8: 64}}
 
 
 def _gemv_rows():
-    return WO_GEMV_ROWS.get(KW.host_lanes(), 64)
+    from kernels_cpu import target
+    return WO_GEMV_ROWS_BY_CPU.get(target.cpu_name(), WO_GEMV_ROWS).get(KW.host_lanes(), 64)
 
 
 # bfloat16 x with a bfloat16 weight: rows of x from which cpu-bf16-dot (vdpbf16ps) runs
