@@ -54,7 +54,7 @@ Tile shape, 1 thread, 128 x 4096 x 1104 (Zen 4 VM, 2026-12-06, /tmp/w/bf/proto.p
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -483,7 +483,7 @@ def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
 # P_FEW: linear with at most AMX_FEW_MAX rows of x, the weight rows read in place as A
 # tiles and x packed as B panels (few_rows).
 (P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K, P_K2, P_K2P, P_XS, P_BATCH, P_AOF, P_BOF, P_BKN, P_NEXT, P_EPI, P_ADD_BIAS,
- P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_COUNT) = range(25)
+ P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_COUNT) = range(26)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -496,7 +496,10 @@ def bf16_worker(wk, params, use_amx, kn, few):
     p = c_array_at(params, np.int64(0), (P_COUNT,))
     M, N, K2, K2p, nbatch = p[P_M], p[P_N], p[P_K2], p[P_K2P], p[P_BATCH]
     GR, TR, XB = task_shape(use_amx)
-    outf = c_array_at(p[P_OUT], np.uint16(0), (nbatch * M * N,))
+    # the output: bfloat16 bits, or (P_OUT32) the float32 sums themselves
+    out32 = p[P_OUT32] != 0
+    outf = c_array_at(p[P_OUT], np.uint16(0), (0 if out32 else nbatch * M * N,))
+    outw = c_array_at(p[P_OUT], np.float32(0), (nbatch * M * N if out32 else 0,))
     bias = c_array_at(p[P_BIAS], np.float32(0), (N,))
     aof = c_array_at(p[P_AOF], np.int64(0), (nbatch,))
     bof = c_array_at(p[P_BOF], np.int64(0), (nbatch,))
@@ -612,7 +615,14 @@ def bf16_worker(wk, params, use_amx, kn, few):
             for r in range(ml):
                 ob = _U((e * M + m0 + r) * N + n0)
                 ab = _U(r * TR)
-                if p[P_ADD_BIAS]:
+                if out32:
+                    if p[P_ADD_BIAS]:
+                        for j in range(_U(nl)):
+                            outw[ob + j] = accf[ab + j] + bias[_U(n0) + j]
+                    else:
+                        for j in range(_U(nl)):
+                            outw[ob + j] = accf[ab + j]
+                elif p[P_ADD_BIAS]:
                     for j in range(_U(nl)):
                         outf[ob + j] = to_bf16(accf[ab + j] + bias[_U(n0) + j])
                 else:
@@ -620,6 +630,66 @@ def bf16_worker(wk, params, use_amx, kn, few):
                         outf[ob + j] = to_bf16(accf[ab + j])
         task = fetch_add(p, P_NEXT, 1)
     amx_off(use_amx)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def split3_into(x, parts):
+    """x (float32, flat, n values) as the sum of three bfloat16 values, exactly: parts[i],
+    parts[n + i], parts[2n + i] (uint16 bits) = hi, mid, lo with x == hi + mid + lo (each
+    truncated to bfloat16 from what the previous ones left: 8 + 8 + 8 significant bits, the
+    float32 significand's 24).  A non-finite x is hi alone (mid = lo = 0: an infinity's
+    products stay infinite instead of inf - inf).  A part below bfloat16's normal range
+    (x under about 2^-110) is read as zero by the tiles: the product loses that part."""
+    n = x.size
+    xi = x.view(np.uint32)
+    for i in prange(n):
+        b = xi[i]
+        hi = b & np.uint32(0xFFFF0000)
+        mid = np.uint32(0)
+        lo = np.uint32(0)
+        if (b & np.uint32(0x7F800000)) != np.uint32(0x7F800000):
+            r1 = x[i] - _as_f32(hi)
+            mid = _as_u32(r1) & np.uint32(0xFFFF0000)
+            lo = _as_u32(r1 - _as_f32(mid)) & np.uint32(0xFFFF0000)
+        parts[i] = np.uint16(hi >> np.uint32(16))
+        parts[n + i] = np.uint16(mid >> np.uint32(16))
+        parts[2 * n + i] = np.uint16(lo >> np.uint32(16))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def sum3_into(c, out):
+    """out[i] = (c[2n + i] + c[n + i]) + c[i] (n = out.size): split3_into's three products
+    added smallest first."""
+    n = out.size
+    for i in prange(n):
+        out[i] = (c[2 * n + i] + c[n + i]) + c[i]
+
+
+@intrinsic
+def _as_f32(typingctx, u):
+    """The float32 whose bits are the low 32 bits of the unsigned integer u."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if u.bitwidth != 32:
+            v = builder.trunc(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@intrinsic
+def _as_u32(typingctx, f):
+    """The bits of the float32 f."""
+    if f != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(f), codegen
 
 
 @njit(cache=True, nogil=True)
@@ -663,7 +733,8 @@ def run(x2, w2, bias, code, out2, xp, has_bias=True, use_amx=False):
 def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None):
     """out3[e] = bf16(act(x3[a_of[e]] @ W + bias)) for each e < out3.shape[0] on AMX tiles, W
     = w3[b_of[e]].T (linear's (N, K) weights) or, b_kn, w3[b_of[e]] (matmul's (K, N) b's); x3
-    (A, M, K), w3 (B, N, K) or (B, K, N), out3 (E, M, N) uint16 bfloat16 bits, C-contiguous,
+    (A, M, K), w3 (B, N, K) or (B, K, N), out3 (E, M, N) uint16 bfloat16 bits (or float32:
+    the float32 sums, bias and activation applied, not rounded), C-contiguous,
     K even unless b_kn; a_of / b_of int64 (E,) (None: all 0); bias (N,) float32 (not added
     when has_bias is False), code an ACT_*; xp a uint32 buffer of panels_shape(M, K, True,
     A) on a cache line, and with b_kn bp one of kn_panels_size(B, K, N) words (b's panels,
@@ -700,5 +771,6 @@ def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias,
     p[P_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
     p[P_ADD_BIAS] = has_bias and code == ACT_NONE
     p[P_XS], p[P_BKN] = xs, b_kn
+    p[P_OUT32] = out.dtype == np.float32
     ntask = a_of.size * -(-n // task_rows) * -(-m // xs)
     run_at(worker_address(bf16_worker, (use_amx, only_if(b_kn), only_if(few))), addr, min(num_threads(), ntask))

@@ -16,7 +16,9 @@ from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, assert_half_clos
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 FORMATS = ["float16", "bfloat16", "int8-channel", "int8-tensor", "int8-asym"]
-WO_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or "-wo-" in p.values[0]]
+# cpu-wo-amx takes bfloat16 weights only (on AMX hosts): its own tests below
+WO_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or ("-wo-" in p.values[0]
+                                                                          and p.values[0] != "cpu-wo-amx")]
 
 # (x shape, weight shape (N, K))
 SHAPES_FULL = [
@@ -360,3 +362,105 @@ def test_cpu_gemm_path_several_blocks(fmt, monkeypatch):
     got = run("cpu-wo-gemm", dispatch.linear, x, w, bias, activation="gelu", out=poisoned((20, 150), np.float32))
     assert_close(got, ref.linear(x, w, bias, activation="gelu"), _tol(37), f"{fmt} blocks", cancel=True,
                  scale=_scale(x, w, bias))
+
+
+# ---- cpu-wo-amx: float32 x split into three bfloat16 parts on AMX tiles -----------------------
+
+def _amx_refusal():
+    from kernels_cpu import bf16_gemm as KB
+    return KB.amx_refusal()
+
+
+needs_amx = pytest.mark.skipif(ON_CUDA or _amx_refusal() is not None,
+                               reason=f"cpu-wo-amx needs AMX-BF16 on the CPU: {_amx_refusal()}")
+# even K (the tiles multiply pairs of K): decode, rows past a tile group, N past a task, batched
+AMX_SHAPES = ([((1, 24), (5, 24)), ((2, 3, 10), (3, 10)), ((10, 8), (3, 8))] if SMALL_SHAPES else
+              [((1, 64), (100, 64)), ((33, 130), (70, 130)), ((128, 48), (300, 48)), ((5, 3, 34), (17, 34)),
+               ((70, 4096), (40, 4096)), ((64,), (9, 64))])
+
+
+@needs_amx
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("sx, sw", AMX_SHAPES, ids=str)
+def test_wo_amx_matches_reference(sx, sw, activation):
+    """x split into hi + mid + lo (exactly x) on the tiles: within the float32 GEMM's bound of
+    the float64 product, with and without bias, every activation, into a NaN-poisoned out=;
+    a strided and a read-only x."""
+    g = rng()
+    x, bias = randn(g, sx, np.float32), randn(g, sw[:1], np.float32)
+    w = make_weight(g, sw, "bfloat16")
+    shape = sx[:-1] + sw[:1]
+    out = poisoned(shape, np.float32)
+    got = run("cpu-wo-amx", dispatch.linear, x, w, bias, activation=activation, out=out)
+    assert got is out
+    assert_close(got, ref.linear(x, w, bias, activation=activation), _tol(sx[-1]), f"cpu-wo-amx {activation}",
+                 cancel=True, scale=_scale(x, w, bias))
+    assert_close(run("cpu-wo-amx", dispatch.linear, x, w), ref.linear(x, w), _tol(sx[-1]), "no bias", cancel=True)
+    if x.ndim == 2:
+        xs = strided(x)
+        assert_close(run("cpu-wo-amx", dispatch.linear, xs, read_only(w)), ref.linear(x, w), _tol(sx[-1]),
+                     "strided x, read-only w", cancel=True)
+
+
+@needs_amx
+def test_wo_amx_keeps_float32_precision():
+    """Against the float32 weight path on the same (bfloat16-exact) weight: the split loses
+    nothing a bfloat16-rounded x would (its error is 2^-9 relative, this one float32's)."""
+    g = rng()
+    x = randn(g, (48, 1024), np.float32) * np.float32(3)
+    w = make_weight(g, (96, 1024), "bfloat16")
+    want = ref.linear(x, w)
+    got = run("cpu-wo-amx", dispatch.linear, x, w)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    rounded = x.astype(ml_dtypes.bfloat16).astype(np.float32) @ w.astype(np.float32).T
+    err_bf16_x = np.abs(rounded - want).max() / np.abs(want).max()
+    assert err < 1e-6 < err_bf16_x, (err, err_bf16_x)
+
+
+@needs_amx
+def test_wo_amx_nan_inf_and_edges():
+    """NaN in a row gives NaN in that row only; an infinity gives the infinite product (not
+    inf - inf); zeros; K = 0 gives act(bias); M = 0 and N = 0 empty results."""
+    g = rng()
+    x = randn(g, (5, 40), np.float32)
+    w = make_weight(g, (20, 40), "bfloat16")
+    x[1, 7] = np.nan
+    x[3, :] = 0
+    x[3, 5] = np.inf
+    got = run("cpu-wo-amx", dispatch.linear, x, w)
+    assert np.isnan(got[1]).all(), got[1]
+    wf = w.astype(np.float32)
+    np.testing.assert_array_equal(got[3], np.where(wf[:, 5] > 0, np.inf, np.where(wf[:, 5] < 0, -np.inf, np.nan)))
+    keep = [0, 2, 4]
+    assert_close(got[keep], ref.linear(x[keep], w), _tol(40), "other rows", cancel=True)
+    bias = randn(g, (3,), np.float32)
+    got = run("cpu-wo-amx", dispatch.linear, np.zeros((2, 0), np.float32), np.zeros((3, 0), ml_dtypes.bfloat16), bias,
+              activation="relu", out=poisoned((2, 3), np.float32))
+    np.testing.assert_array_equal(got, np.broadcast_to(np.maximum(bias, 0), (2, 3)))
+    assert run("cpu-wo-amx", dispatch.linear, np.zeros((0, 6), np.float32), w[:, :6].copy()).shape == (0, 20)
+    assert run("cpu-wo-amx", dispatch.linear, np.ones((2, 6), np.float32),
+               np.zeros((0, 6), ml_dtypes.bfloat16)).shape == (2, 0)
+
+
+@needs_amx
+def test_wo_amx_threads_and_rule():
+    """4 Python threads at once give the single-threaded bits; the rule picks it from
+    WO_AMX_MIN_ROWS rows of a float32 x with a bfloat16 weight of even K, and refuses the
+    other formats and odd K."""
+    from dispatch.ops import weight_only as W
+    g = np.random.default_rng(5)
+    cases = [(g.standard_normal((m, k)).astype(np.float32), make_weight(g, (n, k), "bfloat16"),
+              g.standard_normal(n).astype(np.float32)) for m, k, n in [(9, 64, 70), (40, 130, 300), (3, 32, 17)]]
+
+    def call(c):
+        with dispatch.use(linear="cpu-wo-amx"):
+            return dispatch.linear(*c, activation="gelu")
+
+    assert not concurrent_mismatches(call, cases)
+    w = make_weight(g, (64, 32), "bfloat16")
+    many = str(dispatch.explain("linear", np.ones((W.WO_AMX_MIN_ROWS, 32), np.float32), w))
+    assert "chosen: cpu-wo-amx" in many, many
+    odd = str(dispatch.explain("linear", np.ones((64, 33), np.float32), make_weight(g, (64, 33), "bfloat16")))
+    assert "cpu-wo-amx: refused: K is odd" in odd, odd
+    f16 = str(dispatch.explain("linear", np.ones((64, 32), np.float32), make_weight(g, (64, 32), "float16")))
+    assert "cpu-wo-amx: refused: weight is float16" in f16, f16

@@ -937,7 +937,8 @@ _NOTES_BLAS = ("numpy.matmul (OpenBLAS) then a parallel bias + activation kernel
 
 _RULE = Rule(("cpu-gemm", "cpu-gemv", "blas"), _order)
 # linear also takes low-precision weights (dispatch/ops/weight_only.py registers these)
-_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm", "cpu-bf16-dot", "cpu-bf16-amx"), _order)
+_RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm", "cpu-wo-amx", "cpu-bf16-dot",
+                                    "cpu-bf16-amx"), _order)
 # and matmul bfloat16 operands on AMX tiles (dispatch/ops/bf16_matmul.py registers it)
 _RULE_MATMUL = Rule(_RULE.names + ("cpu-bf16-amx",), _order)
 

@@ -30,6 +30,9 @@ implementations refuse a low-precision key and these refuse a dense one):
                 registers, each weight byte read once for up to 4 rows of x (decode);
   cpu-wo-gemm   blocks of WO_GEMM_ELEMS / K weight rows widened into a float32 buffer, then the
                 dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) on each block;
+  cpu-wo-amx    a bfloat16 weight on AMX hosts: x split into three bfloat16 parts that add up
+                to it exactly, one AMX-BF16 product of the 3M rows, the parts' sums added
+                (as exact as the float32 GEMM; _run_wo_amx);
   cuda-wo-gemv  (dispatch/cuda_impls/weight_only.py) warp-per-row GEMV.
 """
 from __future__ import annotations
@@ -49,6 +52,7 @@ from .. import validate as V
 from ..validate import BF16, is_bfloat16
 from ..quantized import QuantizedArray
 from ..registry import Call, Implementation, register
+from . import _arena
 from . import linalg as L
 from ._common import deliver, half_bits, kernel_input, result_buffer, supports_of, thread_buffer
 
@@ -316,6 +320,31 @@ def _run_bf16_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
     return _run_bf16_dot(params, x, weight, bias, out, code, b_is_nk, packed, use_amx=True)
 
 
+def _run_wo_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
+    """float32 x (..., K) times a bfloat16 weight (N, K) on AMX tiles, as exact as the
+    float32 GEMM: x split into three bfloat16 parts that add up to it exactly
+    (KB.split3_into: hi, mid, lo), the parts stacked as 3M rows of one bfloat16 product
+    (KB.run_amx, the weight packed once for all of them, float32 sums out), the three
+    row blocks added smallest first (KB.sum3_into), then bias + activation (the float32
+    GEMM's epilogue).  Each product of a part and a weight value is exact in float32 and
+    the sums are float32, as in the float32 GEMM; only the order of the additions differs."""
+    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
+    if not res.size:
+        return _finish(res, x, out)
+    out2 = res.reshape(m, n)
+    if k == 0:
+        L._degenerate(out2.reshape(1, m, n), bias_v, code)
+        return _finish(res, x, out)
+    parts = _arena.empty((1, 3 * m, k), np.uint16)
+    KB.split3_into(x2.reshape(-1), parts.reshape(-1))
+    sums = _arena.empty((1, 3 * m, n), _F32)
+    KB.run_amx(parts, w2.view(np.uint16)[None], False, bias_v, ACT_NONE, sums, _x_panels(3 * m, k, True), False)
+    KB.sum3_into(sums.reshape(-1), out2.reshape(-1))
+    if bias is not None or code != ACT_NONE:
+        L.K.epilogue(out2, bias_v, code, L.num_threads())
+    return _finish(res, x, out)
+
+
 # ---- selection -----------------------------------------------------------------------------
 
 # Rows of x below which the GEMV path wins, by the host's float32 lanes (KW.host_lanes()):
@@ -382,6 +411,18 @@ def _bf16_refusal(instruction, host_refusal):
 
 _bf16_dot_refusal = _bf16_refusal("vdpbf16ps", KB.host_refusal)
 _bf16_amx_refusal = _bf16_refusal("tdpbf16ps", KB.amx_refusal)
+_wo_amx_refusal = _bf16_refusal("tdpbf16ps on x split into bfloat16 parts", KB.amx_refusal)
+
+# float32 x with a bfloat16 weight on an AMX host: rows of x from which cpu-wo-amx (x split
+# into three bfloat16 parts, 3M rows on the tiles) runs first.  Forced, medians of 5 calls
+# after 50 ms pauses (Xeon with AMX, 2 threads, 2026-12-07, /tmp/w/woamx.py), ms, wo-amx /
+# wo-gemv / wo-gemm at M =
+#   N x K 11008 x 4096: 1 3.70 / 3.12 / 25.2, 4 3.59 / 3.37 / 25.6, 8 4.00 / 6.00 / 25.7,
+#                       16 6.16 / 9.49 / 28.4, 32 8.28 / 16.5 / 32.0, 64 15.0 / 40.6 / 43.0,
+#                       128 26.3 / 91.3 / 61.2 (the float32 weight: about 41 unpacked);
+#   3072 x 768: 1 0.54 / 0.36 / 2.01, 8 0.55 / 0.48 / 2.02, 16 0.80 / 0.85 / 2.32, 32 1.02 /
+#               1.06 / 2.25, 64 1.55 / 1.92 / 2.88, 128 2.30 / 4.32 / 4.26.
+WO_AMX_MIN_ROWS = 16
 
 
 def order(key):
@@ -405,6 +446,12 @@ def order(key):
 
 def _widened_order(key):
     name = WEIGHT_FORMAT_NAMES[key.weight_format]
+    if not is_bfloat16(key.dtype) and key.dtype.itemsize == 4 and _wo_amx_refusal(key) is None \
+            and key.m >= WO_AMX_MIN_ROWS:
+        return (("cpu-wo-amx", "cpu-wo-gemm", "cpu-wo-gemv"),
+                f"{name} weight, float32 x, M bucket {key.m} >= {WO_AMX_MIN_ROWS}: AMX-BF16 tiles on x split into "
+                "three bfloat16 parts that add up to it (exact products, float32 sums); measured beside "
+                "WO_AMX_MIN_ROWS")
     rows = _gemv_rows()
     if key.m < rows:
         return (("cpu-wo-gemv", "cpu-wo-gemm"),
@@ -426,6 +473,11 @@ _NOTES_BF16_AMX = ("bfloat16 x and weight: AMX-BF16 tdpbf16ps on 2 x 2 tiles of 
                    "output columns per 32 values of K); x's rows packed once per call into tile-ordered chunks, each "
                    "task's 64 weight rows packed as pairs (the B tiles' layout) on the thread that multiplies them, "
                    "both on cache lines; bias + activation on the float32 sums, one rounding to bfloat16")
+_NOTES_WO_AMX = ("bfloat16 weight, float32 x, AMX hosts: x split into three bfloat16 parts (8 + 8 + 8 significant "
+                 "bits: hi + mid + lo == x exactly), stacked as 3M rows of one AMX-BF16 product with the weight (its "
+                 "rows packed once per task, as cpu-bf16-amx's), float32 sums kept, the three row blocks added "
+                 "smallest first, bias + activation after; as exact as the float32 GEMM (each product exact, "
+                 "float32 sums), extra memory 3M x (K / 2 + N) x 4 bytes")
 _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
@@ -438,6 +490,8 @@ register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,
                         notes=_NOTES_GEMV + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
 register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
                         notes=_NOTES_GEMM + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
+register(Implementation("linear", "cpu-wo-amx", "cpu", _run_wo_amx, dtypes=(_F32,), supports=supports_of(_wo_amx_refusal),
+                        notes=_NOTES_WO_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",)))
 register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=supports_of(_bf16_dot_refusal),
                         notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
 register(Implementation("linear", "cpu-bf16-amx", "cpu", _run_bf16_amx, dtypes=(BF16,), supports=supports_of(_bf16_amx_refusal),
