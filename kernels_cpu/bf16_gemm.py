@@ -54,7 +54,7 @@ Tile shape, 1 thread, 128 x 4096 x 1104 (Zen 4 VM, 2026-12-06, /tmp/w/bf/proto.p
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -632,7 +632,7 @@ def bf16_worker(wk, params, use_amx, kn, few):
     amx_off(use_amx)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def split3_into(x, parts):
     """x (float32, flat, n values) as the sum of three bfloat16 values, exactly: parts[i],
     parts[n + i], parts[2n + i] (uint16 bits) = hi, mid, lo with x == hi + mid + lo (each
@@ -642,7 +642,7 @@ def split3_into(x, parts):
     (x under about 2^-110) is read as zero by the tiles: the product loses that part."""
     n = x.size
     xi = x.view(np.uint32)
-    for i in prange(n):
+    for i in range(n):
         b = xi[i]
         hi = b & np.uint32(0xFFFF0000)
         mid = np.uint32(0)
@@ -656,12 +656,12 @@ def split3_into(x, parts):
         parts[2 * n + i] = np.uint16(lo >> np.uint32(16))
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def sum3_into(c, out):
     """out[i] = (c[2n + i] + c[n + i]) + c[i] (n = out.size): split3_into's three products
     added smallest first."""
     n = out.size
-    for i in prange(n):
+    for i in range(n):
         out[i] = (c[2 * n + i] + c[n + i]) + c[i]
 
 
