@@ -204,6 +204,18 @@ def _prepare(x, weight, bias, out):
     return x2, w2, fmt, sc, zp, bias_v, res, m, n, k
 
 
+def _prepare_product(x, weight, bias, out, code):
+    """(result, None) for a call with nothing to multiply (an empty result; K = 0: act(bias),
+    an empty sum), else (None, _prepare's arguments)."""
+    args = _prepare(x, weight, bias, out)
+    res, m, n, k = args[6:]
+    if res.size and k == 0:
+        L._degenerate(res.reshape(1, m, n), args[5], code)
+    if not res.size or k == 0:
+        return _finish(res, x, out), None
+    return None, args
+
+
 def _finish(res, x, out):
     """The public result of a weight-only call: res, or for bfloat16 / float16 x, res
     (float32) rounded to x's dtype (nearest even)."""
@@ -262,13 +274,11 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     (KW.widen_panels), each block one GEMM with b_packed.  (Widened into plain rows, which
     the GEMM then packed again, M 128, K 4096, N 11008 bfloat16 took 94 ms where the dense
     float32 GEMM took 72 ms and 54 prepacked: 2026-12-05, Zen 4.)"""
-    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
-    if not res.size:
-        return _finish(res, x, out)
+    done, args = _prepare_product(x, weight, bias, out, code)
+    if args is None:
+        return done
+    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = args
     out2 = res.reshape(m, n)
-    if k == 0:
-        L._degenerate(out2.reshape(1, m, n), bias_v, code)
-        return _finish(res, x, out)
     tile = L.K.active_tile()
     nr = tile.nr(_F32)
     rows = min(n, max(64, WO_GEMM_ELEMS // k))
@@ -328,13 +338,11 @@ def _run_wo_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
     row blocks added smallest first (KB.sum3_into), then bias + activation (the float32
     GEMM's epilogue).  Each product of a part and a weight value is exact in float32 and
     the sums are float32, as in the float32 GEMM; only the order of the additions differs."""
-    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = _prepare(x, weight, bias, out)
-    if not res.size:
-        return _finish(res, x, out)
+    done, args = _prepare_product(x, weight, bias, out, code)
+    if args is None:
+        return done
+    x2, w2, fmt, sc, zp, bias_v, res, m, n, k = args
     out2 = res.reshape(m, n)
-    if k == 0:
-        L._degenerate(out2.reshape(1, m, n), bias_v, code)
-        return _finish(res, x, out)
     parts = _arena.empty((1, 3 * m, k), np.uint16)
     KB.split3_into(x2.reshape(-1), parts.reshape(-1))
     sums = _arena.empty((1, 3 * m, n), _F32)
