@@ -651,6 +651,8 @@ def split3_into(x, parts):
             r1 = x[i] - _as_f32(hi)
             mid = _as_u32(r1) & np.uint32(0xFFFF0000)
             lo = _as_u32(r1 - _as_f32(mid)) & np.uint32(0xFFFF0000)
+        elif (b & np.uint32(0x007FFFFF)) != np.uint32(0):
+            hi = np.uint32(0x7FC00000)   # a NaN whose payload is all in the low bits: not truncated to an infinity
         parts[i] = np.uint16(hi >> np.uint32(16))
         parts[n + i] = np.uint16(mid >> np.uint32(16))
         parts[2 * n + i] = np.uint16(lo >> np.uint32(16))
