@@ -485,7 +485,8 @@ _NOTES_WO_AMX = ("bfloat16 weight, float32 x, AMX hosts: x split into three bflo
                  "bits: hi + mid + lo == x exactly), stacked as 3M rows of one AMX-BF16 product with the weight (its "
                  "rows packed once per task, as cpu-bf16-amx's), float32 sums kept, the three row blocks added "
                  "smallest first, bias + activation after; as exact as the float32 GEMM (each product exact, "
-                 "float32 sums), extra memory 3M x (K / 2 + N) x 4 bytes")
+                 "float32 sums); extra memory 12 M (K + N) bytes (the parts, their tile-ordered copy, the float32 "
+                 "sums)")
 _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel), few rows: dot products over "
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
