@@ -691,18 +691,27 @@ B_TASK_NONE, B_TASK_OWN, B_TASK_SLICE = 0, 1, 2
 # 128x1024x512 882 / 611, 128x2048x512 1780 / 1231; float64 N = 256 (2048 bytes) 128x1024x256
 # 1031 / 696, N = 512 2332 / 1320.  Other row lengths tie or favour in place: float32 N = 256
 # (1024 bytes) 442 / 456, N = 640 728 / 729, 896 1024 / 1006, 1000 1086 / 1061, 128x3072x768
-# 2341 / 2382.
+# 2341 / 2382.  Zen 4 measured the other way (below: 32x1024x1024 545-573 packed, 425-429
+# in place; 16x512x512 115-117 / 78-91), its L3 being much nearer than this Xeon's: there
+# such rows stay in place (B_IN_PLACE_BAD_STRIDE_BY_CPU, 0: none).
 B_PACK, B_PACKED, B_IN_PLACE = 0, 1, 2
 B_IN_PLACE_OK = True
 B_IN_PLACE_ROW_BYTES = 4096
 B_IN_PLACE_BAD_STRIDE = 2048
+B_IN_PLACE_BAD_STRIDE_BY_CPU = {"znver4": 0}
+
+
+def b_bad_stride() -> int:
+    """The row length in bytes whose multiples this host packs instead of reading in place
+    (0: none)."""
+    return B_IN_PLACE_BAD_STRIDE_BY_CPU.get(target.cpu_name(), B_IN_PLACE_BAD_STRIDE)
 
 
 def reads_b_in_place(N, transb, nr, itemsize) -> bool:
     """Whether a call that would pack B reads it in place instead (B_IN_PLACE), given that
     M is one row block and no custom B packer is used (gemm_parallel's plan checks those)."""
     return (B_IN_PLACE_OK and not transb and nr <= N and N * itemsize <= B_IN_PLACE_ROW_BYTES
-            and (N * itemsize) % B_IN_PLACE_BAD_STRIDE != 0)
+            and not (b_bad_stride() and (N * itemsize) % b_bad_stride() == 0))
 
 # A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from

@@ -59,7 +59,7 @@ class GemmKey(NamedTuple):
     weight_format: int = WEIGHT_DENSE  # kernels_common.quant.WEIGHT_*: a low-precision linear weight (ops/weight_only.py)
     n48: bool = False   # N is a multiple of 48: whole column panels of the 16-lane tiles (8x48, 12x32)
     k_odd: bool = False  # K is odd: the bfloat16 pair kernel (ops/weight_only.py) reads K in pairs
-    # N's row bytes a multiple of kernels_cpu.gemm.B_IN_PLACE_BAD_STRIDE: a (K, N) b is packed, never read in place
+    # N's row bytes a multiple of kernels_cpu.gemm.b_bad_stride(): a (K, N) b is packed, never read in place
     rows_2k: bool = False
 
 
@@ -221,7 +221,7 @@ def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIG
     """The GemmKey of a product of these sizes (the one place they are bucketed)."""
     return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
                    packed is not None, weight_format=weight_format, n48=n % 48 == 0, k_odd=k % 2 == 1,
-                   rows_2k=n * np.dtype(dt).itemsize % K.B_IN_PLACE_BAD_STRIDE == 0)
+                   rows_2k=bool(K.b_bad_stride()) and n * np.dtype(dt).itemsize % K.b_bad_stride() == 0)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -794,7 +794,7 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # 1.35-1.39 ms on OpenBLAS and 1.70 on ours.
 # A plain float32 product whose (K, N) b our GEMM reads in place (kernels_cpu.gemm.B_IN_PLACE:
 # one row block, rows of at most B_IN_PLACE_ROW_BYTES and not a multiple of
-# B_IN_PLACE_BAD_STRIDE (the key's rows_2k), so an N bucket n qualifies whole when 2n values
+# kernels_cpu.gemm.b_bad_stride() (the key's rows_2k), so an N bucket n qualifies whole when 2n values
 # fit a row: n = 512 for float32, but not N = 512 itself; M bucket <= 128 is one row block; matmul, one
 # batch: linear's (N, K) weight is not read so): no copy of b is made,
 # where OpenBLAS packs it on every call.  Zen 4, 2 threads,
@@ -923,7 +923,7 @@ _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the regist
                "other non-contiguous inputs copied; a float32 linear with at most "
                f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
                "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows); a (K, N) b with rows of at most "
-               f"{K.B_IN_PLACE_ROW_BYTES} bytes (not a multiple of {K.B_IN_PLACE_BAD_STRIDE}) and at least one "
+               f"{K.B_IN_PLACE_ROW_BYTES} bytes (on Intel hosts not a multiple of {K.B_IN_PLACE_BAD_STRIDE}) and at least one "
                "tile's columns is read in place when M is one row block, a partial last panel packed "
                "(kernels_cpu.gemm.B_IN_PLACE)")
 _NOTES_GEMV = ("matrix-vector form for few rows, on the thread team: against linear's (N, K) weight, "
