@@ -701,17 +701,18 @@ B_IN_PLACE_BAD_STRIDE = 2048
 B_IN_PLACE_BAD_STRIDE_BY_CPU = {"znver4": 0}
 
 
-def b_bad_stride() -> int:
-    """The row length in bytes whose multiples this host packs instead of reading in place
-    (0: none)."""
-    return B_IN_PLACE_BAD_STRIDE_BY_CPU.get(target.cpu_name(), B_IN_PLACE_BAD_STRIDE)
+def b_rows_conflict(row_bytes) -> bool:
+    """Whether (K, N) rows of row_bytes bytes are packed on this host instead of read in
+    place for their cache sets (a multiple of B_IN_PLACE_BAD_STRIDE, per CPU)."""
+    bad = B_IN_PLACE_BAD_STRIDE_BY_CPU.get(target.cpu_name(), B_IN_PLACE_BAD_STRIDE)
+    return bad != 0 and row_bytes % bad == 0
 
 
 def reads_b_in_place(N, transb, nr, itemsize) -> bool:
     """Whether a call that would pack B reads it in place instead (B_IN_PLACE), given that
     M is one row block and no custom B packer is used (gemm_parallel's plan checks those)."""
     return (B_IN_PLACE_OK and not transb and nr <= N and N * itemsize <= B_IN_PLACE_ROW_BYTES
-            and not (b_bad_stride() and (N * itemsize) % b_bad_stride() == 0))
+            and not b_rows_conflict(N * itemsize))
 
 # A read in place: a (M, K) A whose M is a whole number of MR-row panels and no custom A
 # packer is not packed: the micro-kernel (micro_rows) broadcasts A's values straight from

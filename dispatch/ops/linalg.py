@@ -59,7 +59,7 @@ class GemmKey(NamedTuple):
     weight_format: int = WEIGHT_DENSE  # kernels_common.quant.WEIGHT_*: a low-precision linear weight (ops/weight_only.py)
     n48: bool = False   # N is a multiple of 48: whole column panels of the 16-lane tiles (8x48, 12x32)
     k_odd: bool = False  # K is odd: the bfloat16 pair kernel (ops/weight_only.py) reads K in pairs
-    # N's row bytes a multiple of kernels_cpu.gemm.b_bad_stride(): a (K, N) b is packed, never read in place
+    # N's row bytes conflict in the caches (kernels_cpu.gemm.b_rows_conflict): a (K, N) b is packed, not read in place
     rows_2k: bool = False
 
 
@@ -221,7 +221,7 @@ def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIG
     """The GemmKey of a product of these sizes (the one place they are bucketed)."""
     return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
                    packed is not None, weight_format=weight_format, n48=n % 48 == 0, k_odd=k % 2 == 1,
-                   rows_2k=bool(K.b_bad_stride()) and n * np.dtype(dt).itemsize % K.b_bad_stride() == 0)
+                   rows_2k=K.b_rows_conflict(n * np.dtype(dt).itemsize))
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -793,9 +793,10 @@ PREPACKED_GEMM_PRODUCT = 1 << 22
 # sequence after 0.2 s idle 10.7-10.8 -> 7.0-7.1 ms, although the matmul alone then takes
 # 1.35-1.39 ms on OpenBLAS and 1.70 on ours.
 # A plain float32 product whose (K, N) b our GEMM reads in place (kernels_cpu.gemm.B_IN_PLACE:
-# one row block, rows of at most B_IN_PLACE_ROW_BYTES and not a multiple of
-# kernels_cpu.gemm.b_bad_stride() (the key's rows_2k), so an N bucket n qualifies whole when 2n values
-# fit a row: n = 512 for float32, but not N = 512 itself; M bucket <= 128 is one row block; matmul, one
+# one row block, rows of at most B_IN_PLACE_ROW_BYTES and, on Intel hosts, not a multiple
+# of B_IN_PLACE_BAD_STRIDE (b_rows_conflict, the key's rows_2k), so an N bucket n qualifies
+# whole when 2n values fit a row: n = 512 for float32, but not N = 512 itself on Intel hosts;
+# M bucket <= 128 is one row block; matmul, one
 # batch: linear's (N, K) weight is not read so): no copy of b is made,
 # where OpenBLAS packs it on every call.  Zen 4, 2 threads,
 # interleaved medians of 9 rounds with the round quartiles, us, cpu-gemm / blas (2026-12-06):

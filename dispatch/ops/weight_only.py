@@ -454,8 +454,7 @@ def order(key):
 
 def _widened_order(key):
     name = WEIGHT_FORMAT_NAMES[key.weight_format]
-    if not is_bfloat16(key.dtype) and key.dtype.itemsize == 4 and _wo_amx_refusal(key) is None \
-            and key.m >= WO_AMX_MIN_ROWS:
+    if key.dtype == _F32 and key.m >= WO_AMX_MIN_ROWS and _wo_amx_refusal(key) is None:
         return (("cpu-wo-amx", "cpu-wo-gemm", "cpu-wo-gemv"),
                 f"{name} weight, float32 x, M bucket {key.m} >= {WO_AMX_MIN_ROWS}: AMX-BF16 tiles on x split into "
                 "three bfloat16 parts that add up to it (exact products, float32 sums); measured beside "
