@@ -482,8 +482,12 @@ def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
 # finished ones counted in P_PDONE.
 # P_FEW: linear with at most AMX_FEW_MAX rows of x, the weight rows read in place as A
 # tiles and x packed as B panels (few_rows).
+# P_BPACK: with P_BKN, the address of a packer that forms b's panels in place of
+# _pack_kn_pairs (conv2d's im2col, kernels_cpu/conv_bf16.py): called as packer(i, params)
+# for its packing tasks i, P_BTASKS of them per b matrix (b matrix i // P_BTASKS); its own
+# arguments follow the P_COUNT slots (run_amx's b_packer extra).
 (P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K, P_K2, P_K2P, P_XS, P_BATCH, P_AOF, P_BOF, P_BKN, P_NEXT, P_EPI, P_ADD_BIAS,
- P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_COUNT) = range(26)
+ P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_BPACK, P_BTASKS, P_COUNT) = range(28)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -529,7 +533,7 @@ def bf16_worker(wk, params, use_amx, kn, few):
         x16 = c_array_at(p[P_XSRC], np.uint16(0), (nx * M * K,))
         b16 = c_array_at(p[P_BSRC], np.uint16(0), (nw * K * N if bkn else 0,))
         xt = (ngrp + PACK_GROUPS - 1) // PACK_GROUPS
-        bt = (K2p + KN_PAIRS - 1) // KN_PAIRS if bkn else 0
+        bt = ((K2p + KN_PAIRS - 1) // KN_PAIRS if p[P_BPACK] == 0 else p[P_BTASKS]) if bkn else 0
         npack = nx * xt + nw * bt
         if few is not None:
             wt = np.zeros(AMX_ROWS * AMX_K, np.uint16)        # a group's last partial chunk
@@ -544,9 +548,12 @@ def bf16_worker(wk, params, use_amx, kn, few):
                 packed = False
                 if kn is not None:
                     if t >= nx * xt:
-                        bi = (t - nx * xt) // bt
-                        q0 = (t - nx * xt - bi * bt) * KN_PAIRS
-                        _pack_kn_pairs(b16, wkn, bi, q0, min(q0 + KN_PAIRS, K2p), K, N, K2p)
+                        if p[P_BPACK] != 0:
+                            call_address(p[P_BPACK], (t - nx * xt, params))
+                        else:
+                            bi = (t - nx * xt) // bt
+                            q0 = (t - nx * xt - bi * bt) * KN_PAIRS
+                            _pack_kn_pairs(b16, wkn, bi, q0, min(q0 + KN_PAIRS, K2p), K, N, K2p)
                         packed = True
                 if not packed:
                     ai = t // xt
@@ -732,7 +739,7 @@ def run(x2, w2, bias, code, out2, xp, has_bias=True, use_amx=False):
             False)
 
 
-def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None):
+def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None, b_packer=None):
     """out3[e] = bf16(act(x3[a_of[e]] @ W + bias)) for each e < out3.shape[0] on AMX tiles, W
     = w3[b_of[e]].T (linear's (N, K) weights) or, b_kn, w3[b_of[e]] (matmul's (K, N) b's); x3
     (A, M, K), w3 (B, N, K) or (B, K, N), out3 (E, M, N) uint16 bfloat16 bits (or float32:
@@ -740,15 +747,18 @@ def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=N
     K even unless b_kn; a_of / b_of int64 (E,) (None: all 0); bias (N,) float32 (not added
     when has_bias is False), code an ACT_*; xp a uint32 buffer of panels_shape(M, K, True,
     A) on a cache line, and with b_kn bp one of kn_panels_size(B, K, N) words (b's panels,
-    _pack_kn_pairs).  Needs amx_refusal() None (a tile instruction without Linux's
-    permission is SIGILL)."""
+    _pack_kn_pairs).  b_packer: with b_kn, (address, extra, N, tasks) of a packer that forms
+    the B panels of b's N columns itself in `tasks` tasks per matrix (P_BPACK, P_BTASKS,
+    its int64 arguments extra), w3 then being its source (P_BSRC), B = w3.shape[0]
+    matrices of any layout the packer reads.  Needs
+    amx_refusal() None (a tile instruction without Linux's permission is SIGILL)."""
     why = amx.permission()   # (the implementation checked the target's features)
     if why is not None:
         raise RuntimeError(f"the AMX path cannot run here: {why}")
     if xp.ctypes.data % ALIGN:
         raise ValueError("xp: the AMX path's x buffer must start on a cache line (kernels_common.memory.aligned_empty)")
     _, m, k = x3.shape
-    n = w3.shape[2] if b_kn else w3.shape[1]
+    n = b_packer[2] if b_packer is not None else w3.shape[2] if b_kn else w3.shape[1]
     src = None
     if b_kn:
         if bp is None or bp.ctypes.data % ALIGN or bp.size < kn_panels_size(w3.shape[0], k, n):
@@ -759,12 +769,16 @@ def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=N
     xs = X_BLOCK * max(1, AMX_X_BYTES // (X_BLOCK * max(k, 1) * 2))
     few = not b_kn and m <= AMX_FEW_MAX and x3.shape[0] == 1 and a_of.size == 1
     _launch(True, xp, w3, bias, out3, a_of, b_of, m, n, k, xp.shape[1] * AMX_K // 2, code, has_bias, xs,
-            AMX_TASK_ROWS, b_kn, x3, src, few)
+            AMX_TASK_ROWS, b_kn, x3, src, few, b_packer)
 
 
 def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias, xs, task_rows, b_kn, x3=None,
-            bsrc=None, few=False):
-    p = np.zeros(P_COUNT, np.int64)  # alive until the workers are done
+            bsrc=None, few=False, b_packer=None):
+    extra = () if b_packer is None else b_packer[1]
+    p = np.zeros(P_COUNT + len(extra), np.int64)  # alive until the workers are done
+    if b_packer is not None:
+        p[P_BPACK], p[P_BTASKS] = b_packer[0], b_packer[3]
+        p[P_COUNT:] = extra
     addr = _params(p, xp, w, bias, out, a_of, b_of, m, n, k, k2p)
     if x3 is not None:   # the AMX path's sources: it packs them itself
         p[P_XSRC], p[P_NA] = x3.ctypes.data, x3.shape[0]

@@ -10,7 +10,7 @@ import pytest
 import dispatch
 from tests.reference import conv as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, impl_params,
-                           other_half, poisoned, randn, reduction_tol, rng, run, strided)
+                           half_dtype, other_half, poisoned, randn, reduction_tol, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 x is a CPU input here (float16 on CUDA: "
                                 "test_conv)")
@@ -29,9 +29,19 @@ GEOMETRIES = [
 ])
 
 
+def need(impl, half):
+    """Skip unless the forced implementation takes this format on this host (cpu-bf16-amx:
+    bfloat16 on AMX hosts)."""
+    from kernels_cpu import bf16_gemm as KB
+    if impl == "cpu-bf16-amx" and (np.dtype(half) != dispatch.validate.BF16 or KB.amx_refusal() is not None):
+        pytest.skip(f"cpu-bf16-amx takes bfloat16 on AMX hosts ({np.dtype(half)}; {KB.amx_refusal()})")
+
+
 def _supports(impl, wshape, kw):
     groups = kw.get("groups", 1)
     depthwise = groups > 1 and wshape[1] == 1
+    if impl == "cpu-bf16-amx":   # dense only
+        return groups == 1
     if "winograd" in impl:
         return (groups == 1 and tuple(wshape[2:]) == (3, 3) and kw.get("stride", 1) in (1, (1, 1))
                 and kw.get("dilation", 1) in (1, (1, 1)))
@@ -64,6 +74,7 @@ def check(got, x, w, b, activation, kw, what):
 @pytest.mark.parametrize("activation", [None, "relu", "silu"] if not SMALL_SHAPES else ["silu"], ids=str)
 @pytest.mark.parametrize("impl, geo", _cases())
 def test_matches_reference(impl, geo, activation, half):
+    need(impl, half)
     xs, ws, kw = geo
     g = rng()
     x, w, b = _inputs(g, xs, ws, half)
@@ -79,6 +90,7 @@ def test_matches_reference(impl, geo, activation, half):
 @pytest.mark.parametrize("impl", [p for p in impl_params("conv2d", "cpu") if "depthwise" not in (p.values[0] or "")])
 def test_views_unbatched_and_out(impl, half):
     """A strided x, an unbatched (C, H, W) x, a non-contiguous out=, NaN in x."""
+    need(impl, half)
     g = rng()
     x, w, b = _inputs(g, (1, 4, 8, 8), (6, 4, 3, 3), half)
     kw = dict(padding=1)
@@ -130,3 +142,44 @@ def test_threads_bitwise(half):
         return dispatch.conv2d(x, w, b, activation="relu", **kw).view(np.uint16).ravel()
 
     assert concurrent_mismatches(call, cases) == []
+
+
+AMX_GEOMETRIES = [
+    ((2, 40, 17, 19), (45, 40, 3, 3), dict(padding=1)),       # K 361: two blocks of chunks; 45 rows of tiles
+    ((1, 33, 20, 21), (70, 33, 3, 5), dict(stride=(2, 1), dilation=(1, 2), padding=(2, 3))),
+    ((1, 3, 30, 30), (8, 3, 7, 7), dict(stride=2, padding=3)),  # the stem's form, odd K with the bias row
+    ((3, 64, 9, 7), (33, 64, 1, 1), dict()),                  # 1x1, K a whole chunk (+ the bias row)
+    ((1, 16, 1, 1), (5, 16, 3, 3), dict(padding=1)),          # a 1x1 image: one pixel, most taps padding
+] + ([] if SMALL_SHAPES else [((1, 64, 24, 24), (64, 64, 3, 3), dict(padding=1))])
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("xs, ws, kw", AMX_GEOMETRIES, ids=str)
+def test_amx_geometries(xs, ws, kw, bias):
+    """cpu-bf16-amx across its tiles, tasks and K blocks: the im2col matrix formed in the
+    tiles' panels (strides, dilation, padding, images), the bias as one more product."""
+    half = half_dtype("bfloat16")
+    need("cpu-bf16-amx", half)
+    g = rng()
+    x, w, b = _inputs(g, xs, ws, half)
+    b = b if bias else None
+    out = poisoned(ref.conv2d(x, w, None, **kw).shape, half)
+    got = run("cpu-bf16-amx", dispatch.conv2d, x, w, b, activation="gelu", out=out, **kw)
+    assert got is out
+    check(got, x, w, b, "gelu", kw, f"{xs} {ws} {kw}")
+
+
+def test_amx_rule(half):
+    """bfloat16 dense convolutions on an AMX host run on AMX tiles; float16, grouped ones, or
+    any on a host without AMX-BF16 run the float32 kernels on widened copies, with
+    cpu-bf16-amx's refusal named."""
+    from kernels_cpu import bf16_gemm as KB
+    x = as_half(half, np.ones((1, 8, 6, 6), np.float32))
+    dense = str(dispatch.explain("conv2d", x, as_half(half, np.ones((4, 8, 3, 3), np.float32))))
+    grouped = str(dispatch.explain("conv2d", x, as_half(half, np.ones((4, 4, 3, 3), np.float32)), groups=2))
+    bf16 = np.dtype(half) == dispatch.validate.BF16
+    assert f"cpu-bf16-amx: refused: {'grouped convolution' if bf16 else 'dtype float16'}" in grouped, grouped
+    if bf16 and KB.amx_refusal() is None:
+        assert "chosen: cpu-bf16-amx" in dense, dense
+    else:
+        assert "chosen: cpu-bf16-amx" not in dense and "cpu-bf16-amx: refused" in dense, dense

@@ -244,6 +244,15 @@ def _depthwise_only(key):
 
 
 def _choose(key):
+    names, reason = _choose_float(key)
+    if V.is_bfloat16(key.dtype):
+        from .conv_bf16 import order  # it imports this module's neighbours only
+        return order(key, names, reason)
+    return names, reason
+
+
+def _choose_float(key):
+    """The order of the float kernels (16-bit x widened to float32 first)."""
     if key.kind != "depthwise":
         if not _winograd_refusals(key) and min(key.cin, key.cout) >= WINOGRAD_MIN_CHANNELS \
                 and key.pixels >= WINOGRAD_MIN_PIXELS:
@@ -334,8 +343,9 @@ _HALF_NOTE = ("; bfloat16 / float16 x, weight, bias: widened to float32 copies, 
 
 _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
                          memo=True, bytes=_bytes,
-                         rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial"),
-                                            _choose)},
+                         # (+ bfloat16 on AMX tiles, which dispatch/ops/conv_bf16.py registers)
+                         rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial",
+                                             "cpu-bf16-amx"), _choose)},
                          synthesize=_synthesize))
 register(Implementation("conv2d", "cpu-gemm", "cpu", _half(_run_gemm), kernel_modules=_KERNELS, dtypes=_DTYPES,
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "

@@ -1,0 +1,89 @@
+"""conv2d of bfloat16 x and weight on AMX tiles (issue #12): float32 sums of the exact
+products, the bias one more product in them, the activation, one rounding to bfloat16 --
+PyTorch's bfloat16 convolution on the CPU, without float32 copies.
+
+This module registers the implementation "cpu-bf16-amx" of the existing op "conv2d"
+(dispatch/ops/conv.py describes it and asks `order` for bfloat16 keys):
+  cpu-bf16-amx  per image, out (Cout, OH*OW) = [weight | bias] (Cout, Kc + 1) @ [col; 1]
+                by kernels_cpu.bf16_gemm.run_amx, the im2col matrix col formed straight
+                in the tiles' B panels by its packing tasks (kernels_cpu/conv_bf16.py);
+                dense convolutions (groups 1), any kernel, stride, padding, dilation.
+Without AMX, bfloat16 conv2d runs the float32 kernels on widened copies (conv._half).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from kernels_cpu import bf16_gemm as KB
+from kernels_cpu import conv_bf16 as KC
+from kernels_cpu.parallel import worker_address
+
+from ..registry import Implementation, register
+from ..validate import BF16, is_bfloat16
+from ._common import HOST_COPY_NOTE, contiguous, deliver, result_buffer, supports_of
+from .bf16_matmul import _b_panels, _zeros
+from .weight_only import _x_panels
+
+
+def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+    x4 = contiguous(x if x.ndim == 4 else x[None])
+    n, c, h, w = x4.shape
+    cout, _, kh, kw = weight.shape
+    oh, ow = out_hw
+    out_shape = (n, cout, oh, ow)
+    res = result_buffer(out, out_shape if x.ndim == 4 else out_shape[1:], x.dtype)
+    if res.size:
+        kc = c * kh * kw
+        k = kc + (bias is not None)
+        wb = np.empty((1, cout, k), np.uint16)   # the A rows: the weight, then the bias's column
+        wb[0, :, :kc] = np.asarray(weight).reshape(cout, kc).view(np.uint16)
+        if bias is not None:
+            wb[0, :, kc] = np.asarray(bias).view(np.uint16)
+        npix = oh * ow
+        packer = (worker_address(KC.im2col_pairs, ()),
+                  KC.geometry(c, h, w, kh, kw, stride, pad, dilation, out_hw, kc), npix, KC.pack_tasks(k))
+        a_of, b_of = _images(n)
+        KB.run_amx(wb, x4.view(np.uint16), True, _zeros(npix), act, res.reshape(n, cout, npix).view(np.uint16),
+                   _x_panels(cout, k, True, 1), False, a_of, b_of, _b_panels(KB.kn_panels_size(n, k, npix)), packer)
+    return deliver(res, out)
+
+
+@functools.lru_cache(maxsize=64)
+def _images(n):
+    """run_amx's (a_of, b_of) for n images: the one weight matrix, image e's panels."""
+    return np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
+
+
+def refusal(key):
+    """Why cpu-bf16-amx cannot take this conv2d key (None: it can)."""
+    if not is_bfloat16(key.dtype):
+        return f"{key.dtype} x (bfloat16 only)"
+    if key.kind != "dense":
+        return f"{key.kind} convolution (groups 1 only)"
+    return KB.amx_refusal()
+
+
+def order(key, names, reason):
+    """The CPU candidates for a bfloat16 conv2d key, best first, and why: AMX tiles where the
+    host has them (dense convolutions), else conv's float32 kernels on widened copies in
+    their own order (names, reason)."""
+    why = refusal(key)
+    if why is None:
+        return (("cpu-bf16-amx",) + tuple(names),
+                "bfloat16 x and weight, dense, on an AMX host: AMX-BF16 tiles (tdpbf16ps) on the im2col matrix, "
+                "no float32 copies")
+    return tuple(names) + ("cpu-bf16-amx",), f"bfloat16 widened to float32 ({why}); {reason}"
+
+
+_NOTES = (HOST_COPY_NOTE + "; bfloat16 x and weight on AMX-BF16 tiles (tdpbf16ps): per image the weight (with the "
+          "bias as one more column) times the im2col matrix, which the GEMM's packing tasks form straight in the "
+          "tiles' B panels (2 x Cin x KH x KW x OH x OW bytes per image, per call); the result's rows are the output "
+          "channels (NCHW, no transpose); float32 sums of exact products, the activation, one rounding to bfloat16")
+
+register(Implementation("conv2d", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,), supports=supports_of(refusal),
+                        notes=_NOTES,
+                        kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
+                                        "kernels_cpu.half", "kernels_cpu.gemm", "kernels_cpu.approx",
+                                        "kernels_cpu.parallel")))
