@@ -1,4 +1,6 @@
-"""bfloat16 conv2d on AMX tiles: the im2col matrix formed straight in the AMX GEMM's B panels.
+"""bfloat16 conv2d on AMX tiles, in two forms: the im2col matrix formed straight in the AMX
+GEMM's B panels (any stride), and at stride 1 the direct form (below, run_direct), which
+forms no im2col matrix at all.
 
     out[n, co, p] = bf16(act(sum_k Wb[co, k] * col_n[k, p]))    p = oy * OW + ox
 
@@ -21,11 +23,14 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import bf16_gemm as KB
-from .approx import JIT_BY_ADDRESS
-from .gemm import _U
+from kernels_common.memory import ALIGN
+
+from . import amx, bf16_gemm as KB
+from .approx import ACT_NONE, JIT_BY_ADDRESS
+from .gemm import _U, _transpose_block, epilogue_address
+from .half import to_bf16
 from .llvm_ir import arg_readers, splat
-from .parallel import c_array_at
+from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
 
 # im2col_pairs' arguments after bf16_gemm's P_COUNT slots (run_amx's b_packer extra)
 (E_C, E_H, E_W, E_KH, E_KW, E_SH, E_SW, E_PH, E_PW, E_DH, E_DW, E_OH, E_OW, E_KC, E_COUNT) = range(15)
@@ -140,3 +145,230 @@ def im2col_pairs(i, params):
                 for j in range(_U(N)):
                     rows[_U(h * Np) + j] = np.uint16(0)
         KB._interleave_pair(dst, (bi * npan * K2p + q) * KB.AMX_NR, K2p * KB.AMX_NR, rows, 0, Np, npan)
+
+
+# ---- stride 1: the direct form ------------------------------------------------------------
+# With stride 1 no im2col matrix is formed.  x is copied once per call into xq, the image
+# zero-padded, channels last and padded to whole AMX chunks (Cp: a multiple of AMX_K):
+# xq[n, r, c] with r = yy * Wq + xx the pixel of the padded image (Wq its width).  Output
+# pixels are numbered in the same pitch, o = oy * Wq + ox (ox < OW; the others are computed
+# and dropped), so the A tile of 16 output pixels for tap (ky, kx) and 32 channels is 16
+# rows of xq Cp values apart from row o + ky * dh * Wq + kx * dw: read in place, and with
+# dw = 1 the taps of one kernel row are consecutive chunks (pixel o + kx's channels follow
+# pixel o + kx - 1's), so one amx_tile call runs a whole kernel row.  The weight is packed
+# into B panels of 32 output channels, K ordered (ky, kx, c < Cp) in pairs (wq).  The C
+# tiles are pixels x channels: a task's block is transposed (8 x 8 register transposes)
+# into the output's channel rows, bias + activation before, rounded on the way out.
+(D_X, D_XQ, D_W, D_WQ, D_BIAS, D_OUT, D_N, D_C, D_H, D_WID, D_CO, D_KH, D_KW, D_DH, D_DW, D_PT, D_PL, D_OH, D_OW,
+ D_HP, D_WQ_, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_COUNT) = range(31)
+# Pitched output pixels per task (a multiple of the tiles' 32 rows), and at least this many
+# tasks (the output channels split into groups of 32-channel panels until there are).
+# Each task reads all of its channels' weight panels: SD U-Net 3x3 320ch 64x64 + relu (1.8
+# MB of panels), 2 threads, medians of 7 x 10 calls (Xeon with AMX, 2026-12-07), PB 128 /
+# 256 / 512: 4.90 / 4.48 / 4.66 ms (PyTorch 3.8-4.0); ResNet-50 3x3 64ch 56x56 0.36 / 0.34 /
+# 0.35.  Without the split ResNet-50's 3x3 256ch 14x14 was one task (0.72 ms, one thread;
+# split 0.41).
+DIRECT_PB = 256
+DIRECT_MIN_TASKS = 8
+
+
+def direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw):
+    """(xq elements (uint16), wq words (uint32), Cp, Wq, Hp, rows) of the direct form's buffers."""
+    oh, ow = out_hw
+    cp = max(-(-c // KB.AMX_K) * KB.AMX_K, KB.AMX_K)
+    wq_ = ow + (kw - 1) * dilation[1]          # the padded width (stride 1)
+    hp = oh + (kh - 1) * dilation[0]
+    # rows read: every task's pixel groups (whole 32s) at the last tap
+    npq = oh * wq_
+    last = -(-npq // DIRECT_PB) * DIRECT_PB
+    rows = max(hp * wq_, last + (kh - 1) * dilation[0] * wq_ + (kw - 1) * dilation[1])
+    return n * rows * cp, -(-cout // KB.AMX_NR) * (kh * kw * cp // 2) * KB.AMX_NR, cp, wq_, hp, rows
+
+
+@njit(inline="always")
+def _fill_row(p, e, yy, x16, xq, tmp):
+    """xq's padded row yy of image e (and, for the last row, the slack rows after it): each
+    8 channel pairs' words formed in tmp (8 x W uint32: x[c] | x[c + 1] << 16), then moved
+    into the pixels' rows by 8 x 8 register transposes (the words as float32 bits)."""
+    C, H, W, Cp, Wq, pt, pl, ROWS, Hp = p[D_C], p[D_H], p[D_WID], p[D_CP], p[D_WQ_], p[D_PT], p[D_PL], p[D_ROWS], p[D_HP]
+    base = (e * ROWS + yy * Wq) * Cp
+    end = base + Wq * Cp if yy < Hp - 1 else (e + 1) * ROWS * Cp
+    iy = yy - pt
+    zero = np.uint16(0)
+    for i in range(_U(base), _U(end)):
+        xq[i] = zero
+    if iy < 0 or iy >= H:
+        return
+    xq32 = xq.view(np.float32)
+    tmpf = tmp.view(np.float32)
+    C2 = (C + 1) // 2
+    W8 = W - W % 8
+    for cp0 in range(0, C2, 8):
+        npair = min(8, C2 - cp0)
+        for r in range(8):
+            cp = cp0 + r
+            t0 = _U(r * W)
+            lo = ((e * C + 2 * cp) * H + iy) * W
+            if cp >= C2:
+                for ix in range(_U(W)):
+                    tmp[t0 + ix] = np.uint32(0)
+            elif 2 * cp + 1 < C:
+                hi = lo + H * W
+                for ix in range(_U(W)):
+                    tmp[t0 + ix] = np.uint32(x16[_U(lo) + ix]) | (np.uint32(x16[_U(hi) + ix]) << np.uint32(16))
+            else:
+                for ix in range(_U(W)):
+                    tmp[t0 + ix] = np.uint32(x16[_U(lo) + ix])
+        d0 = base // 2 + pl * (Cp // 2) + cp0
+        if npair == 8:
+            for ix in range(0, W8, 8):
+                _transpose_block(tmpf, ix, W, xq32, d0 + ix * (Cp // 2), Cp // 2)
+        for ix in range(W8 if npair == 8 else 0, W):
+            for r in range(npair):
+                xq32[_U(d0 + ix * (Cp // 2) + r)] = tmpf[_U(r * W + ix)]
+
+
+@njit(inline="always")
+def _pack_wq(p, j, w16, wq):
+    """wq's panel j: output channels 32j.. in pairs of K = (ky, kx, c < Cp), zero past C / Cout."""
+    C, CO, KH, KW, Cp = p[D_C], p[D_CO], p[D_KH], p[D_KW], p[D_CP]
+    K2p = KH * KW * Cp // 2
+    for q in range(K2p):
+        tap = (2 * q) // Cp
+        c = 2 * q - tap * Cp
+        ky = tap // KW
+        kx = tap - ky * KW
+        d = (j * K2p + q) * KB.AMX_NR
+        for jj in range(KB.AMX_NR):
+            co = j * KB.AMX_NR + jj
+            lo = np.uint32(0)
+            hi = np.uint32(0)
+            if co < CO:
+                if c < C:
+                    lo = np.uint32(w16[_U(((co * C + c) * KH + ky) * KW + kx)])
+                if c + 1 < C:
+                    hi = np.uint32(w16[_U(((co * C + c + 1) * KH + ky) * KW + kx)])
+            wq[_U(d + jj)] = lo | (hi << np.uint32(16))
+
+
+@njit(**JIT_BY_ADDRESS)
+def direct_worker(wk, params):
+    """A worker of run_direct: the copy of x into xq (a task per padded row) and the weight's
+    panels (a task per 32 channels), all workers taking those first and waiting until all
+    are done; then tasks of D_PB pitched pixels of one image x D_CG panels of 32 output
+    channels."""
+    p = c_array_at(params, np.int64(0), (D_COUNT,))
+    N, C, H, W, CO = p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO]
+    KH, KW, dh, dw, OH, OW = p[D_KH], p[D_KW], p[D_DH], p[D_DW], p[D_OH], p[D_OW]
+    Hp, Wq, Cp, ROWS, PB, CG = p[D_HP], p[D_WQ_], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG]
+    ncop = (CO + KB.AMX_NR - 1) // KB.AMX_NR
+    ncg = (ncop + CG - 1) // CG
+    K2p = KH * KW * Cp // 2
+    LDT = CG * KB.AMX_NR
+    x16 = c_array_at(p[D_X], np.uint16(0), (N * C * H * W,))
+    xq = c_array_at(p[D_XQ], np.uint16(0), (N * ROWS * Cp,))
+    w16 = c_array_at(p[D_W], np.uint16(0), (CO * C * KH * KW,))
+    wq = c_array_at(p[D_WQ], np.uint32(0), (ncop * K2p * KB.AMX_NR,))
+    bias = c_array_at(p[D_BIAS], np.float32(0), (CO,))
+    out = c_array_at(p[D_OUT], np.uint16(0), (N * CO * OH * OW,))
+    npack = N * Hp + ncop
+    t = fetch_add(p, D_PNEXT, 1)
+    tmp = np.empty(8 * W, np.uint32)
+    while t < npack:
+        if t < N * Hp:
+            _fill_row(p, t // Hp, t - (t // Hp) * Hp, x16, xq, tmp)
+        else:
+            _pack_wq(p, t - N * Hp, w16, wq)
+        fetch_add(p, D_PDONE, 1)
+        t = fetch_add(p, D_PNEXT, 1)
+    while fetch_add(p, D_PDONE, 0) < npack:
+        KB._pause()
+    accf = KB._lined(PB * LDT)    # the task's C tiles: pixels x channels
+    acct = np.empty(LDT * PB, np.float32)   # transposed: channels x pixels
+    npq = OH * Wq
+    nblk = (npq + PB - 1) // PB
+    ntask = N * nblk * ncg
+    chunks = KW * Cp // KB.AMX_K if dw == 1 else Cp // KB.AMX_K
+    KB.amx_on(True)
+    task = fetch_add(p, D_NEXT, 1)
+    while task < ntask:
+        e = task // (nblk * ncg)
+        blk = (task - e * nblk * ncg) // ncg
+        g = task - e * nblk * ncg - blk * ncg
+        j0 = g * CG
+        j1 = min(j0 + CG, ncop)
+        c1 = min(j1 * KB.AMX_NR, CO)
+        p0 = blk * PB
+        p1 = min(p0 + PB, npq)
+        ng = (p1 - p0 + KB.AMX_ROWS - 1) // KB.AMX_ROWS
+        # K in blocks of AMX_KCH chunks (a kernel row's, or with dw > 1 a tap's, chunks),
+        # each over every tile of the block: a B panel's block is read from L1 by each
+        # group of pixels, the C tiles stored and loaded again between blocks
+        first = 0
+        for ky in range(KH):
+            for kx in range(KW if dw != 1 else 1):
+                tap = ky * KW + kx
+                for kb in range(0, chunks, KB.AMX_KCH):
+                    nkb = min(KB.AMX_KCH, chunks - kb)
+                    for j in range(j0, j1):
+                        for a in range(ng):
+                            r0 = e * ROWS + p0 + a * KB.AMX_ROWS + ky * dh * Wq + kx * dw
+                            KB.amx_tile(nkb, xq, r0 * Cp + kb * KB.AMX_K, Cp, KB.AMX_K, wq,
+                                        (j * K2p + tap * Cp // 2) * KB.AMX_NR + kb * (KB.AMX_K // 2) * KB.AMX_NR, accf,
+                                        a * KB.AMX_ROWS * LDT + (j - j0) * KB.AMX_NR, LDT, first)
+                    first = 1
+        rows = ng * KB.AMX_ROWS
+        if p[D_EPI] != 0:   # bias + activation on the channels (the columns)
+            call_address(p[D_EPI], (accf.ctypes.data, LDT, rows, c1 - j0 * KB.AMX_NR, p[D_BIAS] + j0 * KB.AMX_NR * 4))
+        for r in range(0, rows, 8):
+            for c0 in range(0, (j1 - j0) * KB.AMX_NR, 8):
+                _transpose_block(accf, r * LDT + c0, LDT, acct, c0 * PB + r, PB)
+        add_bias = p[D_HAS_BIAS] != 0 and p[D_EPI] == 0
+        for oy in range(p0 // Wq, min((p1 - 1) // Wq + 1, OH)):
+            a0 = max(p0 - oy * Wq, 0)
+            b0 = min(p1 - oy * Wq, OW)
+            if a0 >= b0:
+                continue
+            for co in range(j0 * KB.AMX_NR, c1):
+                src = _U((co - j0 * KB.AMX_NR) * PB + oy * Wq - p0)
+                dst = _U(((e * CO + co) * OH + oy) * OW)
+                if add_bias:
+                    bv = bias[co]
+                    for ox in range(_U(a0), _U(b0)):
+                        out[dst + ox] = to_bf16(acct[src + ox] + bv)
+                else:
+                    for ox in range(_U(a0), _U(b0)):
+                        out[dst + ox] = to_bf16(acct[src + ox])
+        task = fetch_add(p, D_NEXT, 1)
+    KB.amx_off(True)
+
+
+def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, wq):
+    """out3 (N, Cout, OH*OW) uint16 = bf16(act(conv2d(x4, w4) + bias)) at stride 1: x4 (N, C,
+    H, W) and w4 (Cout, C, KH, KW) uint16 bfloat16 bits, bias32 (Cout,) float32 (added when
+    has_bias), code an ACT_*, pad (top, left), all C-contiguous; xq (uint16) and wq
+    (uint32) buffers of direct_shapes' sizes on cache lines.  Needs bf16_gemm.amx_refusal()
+    None."""
+    why = amx.permission()
+    if why is not None:
+        raise RuntimeError(f"the AMX path cannot run here: {why}")
+    n, c, h, w = x4.shape
+    cout, _, kh, kw = w4.shape
+    nxq, nwq, cp, wq_, hp, rows = direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw)
+    if xq.size < nxq or wq.size < nwq or xq.ctypes.data % ALIGN or wq.ctypes.data % ALIGN:
+        raise ValueError("run_direct: xq / wq need direct_shapes' sizes on a cache line")
+    p = np.zeros(D_COUNT, np.int64)
+    p[D_X], p[D_XQ], p[D_W], p[D_WQ] = x4.ctypes.data, xq.ctypes.data, w4.ctypes.data, wq.ctypes.data
+    p[D_BIAS], p[D_OUT] = bias32.ctypes.data, out3.ctypes.data
+    p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO], p[D_KH], p[D_KW] = n, c, h, w, cout, kh, kw
+    p[D_DH], p[D_DW], p[D_PT], p[D_PL], p[D_OH], p[D_OW] = dilation[0], dilation[1], pad[0], pad[1], out_hw[0], out_hw[1]
+    ncop = -(-cout // KB.AMX_NR)
+    nblk = -(-out_hw[0] * wq_ // DIRECT_PB)
+    cg = ncop
+    while n * nblk * -(-ncop // cg) < DIRECT_MIN_TASKS and cg > 1:
+        cg = -(-cg // 2)
+    p[D_HP], p[D_WQ_], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, DIRECT_PB, cg
+    p[D_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
+    p[D_HAS_BIAS] = has_bias
+    ntask = n * nblk * -(-ncop // cg)
+    run_at(worker_address(direct_worker, ()), p.ctypes.data, max(1, min(num_threads(), ntask)))

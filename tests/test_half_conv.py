@@ -150,6 +150,13 @@ AMX_GEOMETRIES = [
     ((1, 3, 30, 30), (8, 3, 7, 7), dict(stride=2, padding=3)),  # the stem's form, odd K with the bias row
     ((3, 64, 9, 7), (33, 64, 1, 1), dict()),                  # 1x1, K a whole chunk (+ the bias row)
     ((1, 16, 1, 1), (5, 16, 3, 3), dict(padding=1)),          # a 1x1 image: one pixel, most taps padding
+    # the direct form (stride 1): dilation (a call per tap), odd C, output channels split
+    # over tasks; K blocks of a kernel row (9 chunks), 8-pair transposes with a ragged
+    # row; an even kernel's asymmetric padding; a 1x1 with more output channels (im2col)
+    ((2, 7, 11, 13), (100, 7, 3, 3), dict(padding=(2, 1), dilation=(2, 2))),
+    ((1, 96, 10, 9), (40, 96, 3, 3), dict(padding="same")),
+    ((1, 6, 8, 8), (4, 6, 2, 4), dict(padding="same")),
+    ((1, 8, 12, 12), (40, 8, 1, 1), dict()),
 ] + ([] if SMALL_SHAPES else [((1, 64, 24, 24), (64, 64, 3, 3), dict(padding=1))])
 
 
