@@ -27,10 +27,11 @@ from kernels_common.memory import ALIGN
 
 from . import amx, bf16_gemm as KB
 from .approx import ACT_NONE, JIT_BY_ADDRESS
-from .gemm import _U, _transpose_block, epilogue_address
+from .gemm import _U, _transpose_block, epilogue_address, epilogue_kernel
 from .half import to_bf16
 from .llvm_ir import arg_readers, splat
-from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
+from .parallel import (c_array_at, call_address, fetch_add, num_threads, run_at, worker_address,
+                       worker_addresses)
 
 # im2col_pairs' arguments after bf16_gemm's P_COUNT slots (run_amx's b_packer extra)
 (E_C, E_H, E_W, E_KH, E_KW, E_SH, E_SW, E_PH, E_PW, E_DH, E_DW, E_OH, E_OW, E_KC, E_COUNT) = range(15)
@@ -372,3 +373,15 @@ def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, 
     p[D_HAS_BIAS] = has_bias
     ntask = n * nblk * -(-ncop // cg)
     run_at(worker_address(direct_worker, ()), p.ctypes.data, max(1, min(num_threads(), ntask)))
+
+
+def compile_kernels(direct, code):
+    """Compile (or load) the by-address kernels of a call of the direct form or of the
+    im2col one with activation `code`, the cold ones in two processes at once
+    (parallel.worker_addresses): a cold first call of the im2col form took 3.09 s compiling
+    them one after another (ResNet-50's stem, Xeon with AMX, 2026-12-07).  Cached after the
+    first call."""
+    reqs = [(direct_worker, ())] if direct else [(KB.bf16_worker, (True, True, None)), (im2col_pairs, ())]
+    if code != ACT_NONE:
+        reqs.append(epilogue_kernel(np.float32, code))
+    worker_addresses(reqs)

@@ -52,7 +52,10 @@ def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw
     oh, ow = out_hw
     out_shape = (n, cout, oh, ow)
     res = result_buffer(out, out_shape if x.ndim == 4 else out_shape[1:], x.dtype)
-    if res.size and _direct(stride, c, cout, kh, kw):
+    direct = _direct(stride, c, cout, kh, kw)
+    if res.size:
+        KC.compile_kernels(direct, act)
+    if res.size and direct:
         nxq, nwq = KC.direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw)[:2]
         b32 = _zeros(cout) if bias is None else np.asarray(bias, np.float32)
         KC.run_direct(x4.view(np.uint16), contiguous(weight).view(np.uint16), b32, bias is not None, act, pad, dilation,
