@@ -92,3 +92,28 @@ def vector_bits() -> int:
     if is_x86() and has("avx2", "fma"):
         return 256
     return 128
+
+
+@functools.lru_cache(maxsize=None)
+def cache_bytes(level: int) -> int:
+    """The size in bytes of CPU 0's data / unified cache of this level as Linux reports it
+    (sysfs; the last level's is the whole shared cache), 0 where unknown."""
+    import glob
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(f"{d}/level") as f:
+                lev = int(f.read())
+            with open(f"{d}/type") as f:
+                kind = f.read().strip()
+            with open(f"{d}/size") as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if lev != level or kind == "Instruction":
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        try:
+            return int(size.rstrip("KMG")) * mult
+        except ValueError:
+            return 0
+    return 0

@@ -996,11 +996,11 @@ def test_linear_weight_read_in_place(activation, monkeypatch):
     monkeypatch.setattr(K, "gemm_rows", lambda *a: used.append(K.TILES[K.rows_tile(len(a[0]), a[0].dtype)].name)
                         or real(*a))
     monkeypatch.setattr(K, "rows_tiles", lambda: K.ROWS_TILES)  # both tiles, whatever this host's choice
-    monkeypatch.setattr(L, "ROWS_MIN_BYTES", 8 << 20)  # the path's results, not its threshold: a test-sized weight
+    monkeypatch.setattr(L, "rows_min_bytes", lambda: 8 << 20)  # the path's results, not its threshold
     g = rng()
-    n, k = 2050, 1100   # 9.0 MB of float32 weight: over that ROWS_MIN_BYTES, N >= K
+    n, k = 2050, 1100   # 9.0 MB of float32 weight: over that threshold, N >= K
     tiles = set()
-    assert n * k * 4 >= L.ROWS_MIN_BYTES
+    assert n * k * 4 >= L.rows_min_bytes()
     with gemm_tile("8x48"):
         for sx, with_bias in (((3, 11, k), True), ((1, k), False), ((L.ROWS_M_MAX, k), True)):
             x = randn(g, sx, np.float32)

@@ -471,13 +471,30 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None, packs_b_bytes=0):
 # 128x1280x5120 9.49 / 9.78; 32 MiB: 64x2048x4096 7.73 / 8.20, 128x2048x4096 11.8 / 13.1;
 # 36 MiB: 128x1536x6144 13.2 / 13.4; 64 MiB: 32x4096x4096 8.36 / 11.7, 64x4096x4096 15.8 /
 # 16.5, 128x4096x4096 23.9 / 26.1.  (The Sapphire Rapids figures above predate b_local.)
+# So the weight goes in place from 3/4 of the host's L3 (rows_min_bytes; Zen 4: 24 MiB).  On
+# a Xeon with AMX and a 480 MiB L3, packing won at every size tried (2 threads, medians of 5
+# rounds of 3 calls alternating in one process, 2026-12-07, /tmp/w/br.py), ms, MxKxN, in
+# place / packed / PyTorch: 128x4096x11008 67.9 / 44.5 / 47.8, 64x4096x11008 34.7 / 26.8 /
+# 27.9, 16x4096x11008 18.9 / 17.2 / 19.2, 128x4096x4096 26.0 / 17.8 / 16.5, 32x4096x4096
+# 7.19 / 7.30 / 6.89, 128x4000x11008 64.1 / 42.2 / 45.4, 128x3000x11008 50.0 / 33.5 / 34.3,
+# 64x2048x8192 14.2 / 12.0 / 10.5.
 ROWS_M_MAX = 128           # rows of x
-ROWS_MIN_BYTES = 24 << 20  # the weight's bytes
+ROWS_MIN_BYTES = 24 << 20  # the weight's bytes, at least (and where the L3's size is unknown)
+ROWS_L3_SHARE = 0.75       # ... and at least this share of the host's L3
+ROWS_EXAMPLE_MAX_BYTES = 64 << 20   # the largest weight an example call (warm-up) makes for the path
+
+
+@functools.lru_cache(maxsize=None)
+def rows_min_bytes() -> int:
+    """The smallest weight (bytes) that gemm_rows reads in place: ROWS_MIN_BYTES, or
+    ROWS_L3_SHARE of the host's L3 where that is more (the measurements above)."""
+    from kernels_cpu import target
+    return max(ROWS_MIN_BYTES, int(ROWS_L3_SHARE * target.cache_bytes(3)))
 
 
 def _rows_in_place(m, n, k, nbatch, ta, tb, dtype, tile, packed) -> bool:
     return (packed is None and nbatch == 1 and not ta and tb and dtype == np.float32 and tile.name == "8x48"
-            and m <= ROWS_M_MAX and n >= k and n * k * dtype.itemsize >= ROWS_MIN_BYTES)
+            and m <= ROWS_M_MAX and n >= k and n * k * dtype.itemsize >= rows_min_bytes())
 
 
 def _gemm_setup(a3, b3, ta, tb, out3, has_epilogue, code, packed):
@@ -922,7 +939,8 @@ _NOTES_GEMM = ("own cache-blocked GEMM: A and B packed into panels of the regist
                "(6x16 AVX2, 8x48 AVX-512: the vectors line), tasks over batch x row x column blocks, "
                "bias + activation fused into the tile store; transposed views read without a copy, "
                "other non-contiguous inputs copied; a float32 linear with at most "
-               f"{ROWS_M_MAX} rows and a weight of {ROWS_MIN_BYTES >> 20} MiB or more (N >= K, 8x48 tile) reads the "
+               f"{ROWS_M_MAX} rows and a weight of {rows_min_bytes() >> 20} MiB or more (3/4 of the L3 here, at least "
+               f"{ROWS_MIN_BYTES >> 20}; N >= K, 8x48 tile) reads the "
                "weight in place instead of packing it (kernels_cpu.gemm.gemm_rows); a (K, N) b with rows of at most "
                f"{K.B_IN_PLACE_ROW_BYTES} bytes (on Intel hosts not a multiple of {K.B_IN_PLACE_BAD_STRIDE}) and at least one "
                "tile's columns is read in place when M is one row block, a partial last panel packed "
@@ -1016,11 +1034,13 @@ def _epilogue_variants(bias_at):
     # packed panels
     out["a read in place"] = a_form(24)
     out["a packed"] = a_form(25)
-    if bias_at[0] == "args":   # linear: a weight large enough to be read in place (gemm_rows)
+    # linear: a weight large enough to be read in place (gemm_rows), where that is not more
+    # than ROWS_EXAMPLE_MAX_BYTES (a host with a large L3 meets that path rarely)
+    if bias_at[0] == "args" and rows_min_bytes() <= ROWS_EXAMPLE_MAX_BYTES:
         def in_place(args, kwargs):
             dt = args[0].dtype
             k = 1024
-            n = -(-ROWS_MIN_BYTES // (k * dt.itemsize))
+            n = -(-rows_min_bytes() // (k * dt.itemsize))
             return (np.zeros((8, k), dt), np.zeros((n, k), dt), np.zeros(n, dt)), dict(kwargs, activation=None)
         out["weight read in place"] = in_place
     return out
