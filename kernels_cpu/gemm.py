@@ -654,7 +654,27 @@ B_IN_TASK_BYTES = 1 << 20
 B_LOCAL_OK = True
 # P_B_TASK: B not packed by the tasks, packed by them into the panels' own places, or into
 # their workers' slices
-B_TASK_NONE, B_TASK_OWN, B_TASK_SLICE = 0, 1, 2
+B_TASK_NONE, B_TASK_OWN, B_TASK_SLICE, B_TASK_KBLOCK = 0, 1, 2, 3
+# B_TASK_KBLOCK: a task's panels packed a K block at a time into its worker's slice, right
+# before that block's micro-kernels (the K-block packers, _pack_b_n_k / _pack_b_t_k), where
+# one whole-K panel would not fit B_IN_TASK_BYTES (K over 5461 float32 with the 8x48 tile):
+# one B matrix that the tasks pack.  Such a B was packed whole up front, written to memory
+# and read back.  2 threads, medians of 5 rounds of 5 calls alternating in one process
+# (Xeon with AMX, 2026-12-07, /tmp/w/bt2.py), ms, up front -> K blocks (PyTorch): linear
+# 128x11008x4096 (Llama's FFN down) 72.6-73.7 -> 46.0-46.9 (42.8-42.9), 32x11008x4096 48.8 ->
+# 19.6 (19.2), 256x11008x4096 108.6 -> 79.2 (71.4), 512x11008x4096 181 -> 158 (144); matmul
+# 128x11008x4096 89.2 -> 59.5 (45.3).  Where a whole panel fits (K = 4096 and less), K
+# blocks with more panels per task measured no better: 128x4096x4096 matmul 21.9 / 22.1,
+# linear 17.8 / 18.5, 64x4096x4096 14.6 / 19.5, 512x4096x4096 60.9 / 63.6, linear
+# 128x3072x768 2.63 / 2.43, 256x3072x768 4.44 / 4.42.
+B_KBLOCK_OK = True
+
+
+def packs_b_in_k_blocks(k, kc, nb, nr, itemsize) -> bool:
+    """Whether a call whose tasks would pack B (plain packers) packs it a K block at a time
+    (B_TASK_KBLOCK): one B matrix whose whole-K panel alone exceeds B_IN_TASK_BYTES (where
+    one whole-K panel fits, the tasks pack whole panels: K blocks measured slower there)."""
+    return B_KBLOCK_OK and nb == 1 and kc < k and k * nr * itemsize > B_IN_TASK_BYTES
 
 # How gemm_worker gets B (the P_B_MODE slot): packed by the call, packed already (a
 # prepacked weight), or read in place.  In place: a (K, N) B of at least one whole NR panel
@@ -746,7 +766,9 @@ A_IN_PLACE_OK = True
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
  P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_NEXTRA, P_B_TASK,
- P_COUNT) = range(27)
+ P_KFULL, P_K0, P_COUNT) = range(29)
+# P_KFULL, P_K0: B's K and the first row of the K block that the K-block packers pack (P_K
+# values of it; B_TASK_KBLOCK)
 
 
 # The packers run by address (gemm_worker calls the one its operand's layout needs, and
@@ -798,12 +820,40 @@ def _pack_b_t(j, params, is64, ti):
     _pack_strided(src, base + j0 * K, K, min(nr, N - j0), K, dst, j * K * nr, nr)
 
 
-_PACKERS = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack_b_n, ("b", True): _pack_b_t}
+@njit(inline="always")
+def _panel_k(j, params, z, nr):
+    """For B panel j of a K block (B_TASK_KBLOCK): (B, its packed panels of P_K rows, N,
+    B's K, the block's first row, its rows, the panel's first column)."""
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
+    N, KF, k0, kl = p[P_N], p[P_KFULL], p[P_K0], p[P_K]
+    npan = (N + nr - 1) // nr
+    return (c_array_at(p[P_B], z, (N * KF,)), c_array_at(p[P_BP], z, ((j + 1) * kl * nr,)), N, KF, k0, kl,
+            (j % npan) * nr)
+
+
+@njit(**JIT_BY_ADDRESS)
+def _pack_b_n_k(j, params, is64, ti):
+    """Rows P_K0 .. P_K0 + P_K of B panel j of B (K, N), packed as a panel of P_K rows."""
+    nr = _tnr(like_dtype(is64), ti)
+    src, dst, N, KF, k0, kl, j0 = _panel_k(j, params, like_dtype(is64), nr)
+    _pack_contig(src, k0 * N + j0, N, min(nr, N - j0), kl, dst, j * kl * nr, nr)
+
+
+@njit(**JIT_BY_ADDRESS)
+def _pack_b_t_k(j, params, is64, ti):
+    """Rows P_K0 .. P_K0 + P_K of B panel j of B stored (N, K), packed as a panel of P_K rows."""
+    nr = _tnr(like_dtype(is64), ti)
+    src, dst, N, KF, k0, kl, j0 = _panel_k(j, params, like_dtype(is64), nr)
+    _pack_strided(src, j0 * KF + k0, KF, min(nr, N - j0), kl, dst, j * kl * nr, nr)
+
+
+_PACKERS = {("a", False): _pack_a_n, ("a", True): _pack_a_t, ("b", False): _pack_b_n, ("b", True): _pack_b_t,
+            ("bk", False): _pack_b_n_k, ("bk", True): _pack_b_t_k}
 
 
 def _packer(operand, transposed, dtype, ti):
-    """The address of the packer for operand "a" or "b" stored transposed or not, for the
-    tile TILES[ti]."""
+    """The address of the packer for operand "a" or "b" (or "bk": B a K block at a time)
+    stored transposed or not, for the tile TILES[ti]."""
     return worker_address(*_packer_kernel(operand, transposed, dtype, ti))
 
 
@@ -878,7 +928,7 @@ def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=()):
         p[P_COUNT:] = extra
     sync = np.zeros(nsync, np.int64)
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
-    if p[P_B_TASK] == B_TASK_SLICE:   # each worker's copy of the block, at the end of sync (_gemm_plan)
+    if p[P_B_TASK] in (B_TASK_SLICE, B_TASK_KBLOCK):   # each worker's copy of the block, at the end of sync
         sync[nsync - nw * p.size:] = np.tile(p, nw)
     run_workers(fn, p, nw)
 
@@ -908,7 +958,7 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p = np.zeros(P_COUNT + nextra, np.int64)
     p[P_NA], p[P_NB], p[P_NBATCH], p[P_M], p[P_N], p[P_K] = na, nb, nbatch, M, N, K
     p[P_MC], p[P_NC], p[P_KC], p[P_B_MODE] = mc_panels, nc_panels, kc, b_mode
-    p[P_ACCUMULATE], p[P_NEXTRA] = accumulate, nextra
+    p[P_ACCUMULATE], p[P_NEXTRA], p[P_KFULL] = accumulate, nextra, K
     nw = min(nworkers, max(ntasks, 1))
     p[P_WORKERS] = nw
     # B packed by the call, one row block (M <= mc_panels * MR) and no B batch shared by
@@ -924,11 +974,15 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     if (b_mode == B_PACK and nmb == 1 and nb == nbatch
             and nc_panels * K * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES):
         b_task = B_TASK_SLICE if B_LOCAL_OK and nw * nc_panels <= nb * npn else B_TASK_OWN
+    elif (b_mode == B_PACK and nmb == 1 and nb == nbatch and pack_b is None and B_LOCAL_OK
+          and packs_b_in_k_blocks(K, kc, nb, nr_full, np.dtype(dtype).itemsize) and nw * nc_panels <= nb * npn
+          and nc_panels * kc * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES):
+        b_task = B_TASK_KBLOCK
     p[P_B_TASK] = b_task
-    b_local = b_task == B_TASK_SLICE
+    b_local = b_task in (B_TASK_SLICE, B_TASK_KBLOCK)
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
     kernels = _kernels(dtype, ti, transa, transb, a_in_place, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
-                       not a_in_place and pack_a is None, epilogue, code, both_a_forms)
+                       not a_in_place and pack_a is None, epilogue, code, both_a_forms, b_task == B_TASK_KBLOCK)
     addr = dict(zip(kernels, worker_addresses(list(kernels.values()))))
     fn = addr["worker"]
     p[P_PACK_A] = 0 if a_in_place else addr.get("pack_a", pack_a)
@@ -949,7 +1003,8 @@ def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
     return gemm_worker, (bool(np.dtype(dtype) == np.float64), int(ti)) + forms
 
 
-def _kernels(dtype, ti, transa, transb, a_in_place, packs_b, packs_a, epilogue, code, both_a_forms=False):
+def _kernels(dtype, ti, transa, transb, a_in_place, packs_b, packs_a, epilogue, code, both_a_forms=False,
+             b_kblock=False):
     """{role: worker_address request} of a gemm_parallel call: the worker, the packers it
     runs (packs_a / packs_b: with the plain packers, not a caller's own) and the epilogue.
     The worker first: the largest compile (cold: 0.86-1.03 s), done in this process while
@@ -958,7 +1013,7 @@ def _kernels(dtype, ti, transa, transb, a_in_place, packs_b, packs_a, epilogue, 
     if packs_a:
         kernels["pack_a"] = _packer_kernel("a", transa, dtype, ti)
     if packs_b:
-        kernels["pack_b"] = _packer_kernel("b", transb, dtype, ti)
+        kernels["pack_b"] = _packer_kernel("bk" if b_kblock else "b", transb, dtype, ti)
     if epilogue:
         kernels["epilogue"] = epilogue_kernel(dtype, code)
     return kernels
@@ -1038,7 +1093,8 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     # B panels packed by the tasks that read them, into their own places or the worker's
     # slice of bp (the plan's choice, P_B_TASK: see _gemm_plan)
     b_in_task = p[P_B_TASK] != B_TASK_NONE
-    b_local = p[P_B_TASK] == B_TASK_SLICE
+    b_kblock = p[P_B_TASK] == B_TASK_KBLOCK
+    b_local = p[P_B_TASK] == B_TASK_SLICE or b_kblock
     b_in_place = p[P_B_MODE] == B_IN_PLACE
     # read in place, each B batch's last panel still packed when it is partial (read in
     # place, it would run past its rows' ends: past B's end on its last row)
@@ -1115,17 +1171,23 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
         q0 = nb_ * nc_panels
         q1 = min(q0 + nc_panels, npn)
         bt = bpf
-        if b_local:
+        if b_local and not b_kblock:
             pl[P_BP] = p[P_BP] + (w * nc_panels - (bb * npn + q0)) * K * nr_full * isz
             bt = c_array_at(pl[P_BP], z, (nb * npn * K * nr_full,))
             for q in range(q0, q1):
                 call_address(pack_b, (bb * npn + q, pl_addr))
-        elif b_in_task:
+        elif b_in_task and not b_kblock:
             for q in range(q0, q1):
                 call_address(pack_b, (bb * npn + q, params))
         for k0 in range(0, K, kc):
             kl = min(kc, K - k0)
             accumulate = k0 > 0 or accumulate_c
+            if b_kblock:   # this K block of the task's panels, packed as panels of kl rows into the slice
+                pl[P_K], pl[P_K0] = kl, k0
+                pl[P_BP] = p[P_BP] + (w * nc_panels * K - q0 * kl) * nr_full * isz
+                bt = c_array_at(pl[P_BP], z, (npn * kl * nr_full,))
+                for q in range(q0, q1):
+                    call_address(pack_b, (q, pl_addr))
             # (B panel, A panel) pairs: B panels outer for the 6x16 tile (its kc x 16 B
             # panel is reused from L1 by every A panel), A panels outer for the AVX-512
             # tiles (their MR x kc A panel is the smaller, reused one; see TILES)
@@ -1141,7 +1203,8 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
                 j0 = q * nr_full
                 nr = min(nr_full, N - j0)
                 in_place = b_in_place and nr == nr_full
-                boff = (bb * K + k0) * N + j0 if in_place else ((bb * npn + q) * K + k0) * nr_full
+                boff = ((bb * K + k0) * N + j0 if in_place else q * kl * nr_full if b_kblock
+                        else ((bb * npn + q) * K + k0) * nr_full)
                 bq = bsrc if in_place else bt
                 ldb = N if in_place else nr_full
                 i0 = pa * MR

@@ -866,6 +866,48 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
     _forget_plans(real_plan)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", _tile_names())
+def test_b_packed_a_k_block_at_a_time(tile, dtype, monkeypatch):
+    """A B whose whole-K panel exceeds B_IN_TASK_BYTES (made small here) is packed by the
+    tasks a K block at a time into their workers' slices (kernels_cpu.gemm B_TASK_KBLOCK)
+    instead of all up front: the same bits either way, and the reference's values: a (K, N)
+    b, a linear's (N, K) weight with partial last panels, x read in place and packed, three
+    K blocks, bias + gelu, NaN-poisoned out=.  (Wide b's: enough column panels that the
+    tasks stay one row block, which the mode needs.)"""
+    from kernels_cpu import gemm as K
+    seen = []
+    real_plan = K._gemm_plan
+
+    def plan(*args):
+        res = real_plan(*args)
+        seen.append(int(res[0][K.P_B_TASK]))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    g = rng()
+    with gemm_tile(tile) as t:
+        nr, isz = t.nr(dtype), np.dtype(dtype).itemsize
+        k = 2500   # three K blocks of 834
+        monkeypatch.setattr(K, "B_IN_TASK_BYTES", 900 * nr * isz)   # a K block's panel fits, a whole one not
+        wide = 4096 // isz + 3 * nr + 5   # rows over B_IN_PLACE_ROW_BYTES: b not read in place
+        cases = [("matmul", (37, k), (k, wide)), ("linear", (3, 9, k), (wide, k)),
+                 ("linear", (2 * t.mr, k), (wide - nr + 3, k))]
+        for op, sa, sb in cases:
+
+            @contextlib.contextmanager
+            def kblock(on):
+                monkeypatch.setattr(K, "B_KBLOCK_OK", on)
+                _forget_plans(real_plan)
+                seen.clear()
+                yield
+                assert seen and all((s == K.B_TASK_KBLOCK) == on for s in seen), (tile, op, sa, sb, seen)
+
+            _gelu_product_two_ways(g, tile, op, sa, sb, dtype, kblock)
+    _forget_plans(real_plan)
+
+
 def _gelu_product_two_ways(g, tile, op, sa, sb, dtype, switch):
     """op ("linear" or "matmul") of random a (sa) and b (sb) with bias + gelu on cpu-gemm, into
     a NaN-poisoned out=, inside switch(True) and inside switch(False) (a context manager
@@ -888,10 +930,11 @@ def _gelu_product_two_ways(g, tile, op, sa, sb, dtype, switch):
     assert_close(got[True], want, _tol(dtype, sa[-1]), f"{tile} {op} {sa} {sb}", cancel=True)
 
 
-def test_large_packed_b_takes_one_row_block():
+def test_large_packed_b_takes_one_row_block(monkeypatch):
     """The blocking rule (dispatch/ops/linalg.py ONE_BLOCK_*): a call packing a B over
-    ONE_BLOCK_B_MIN_BYTES with at most ONE_BLOCK_M_MAX rows, whose panels fit
-    B_IN_TASK_BYTES, runs all rows as one row block; otherwise the row blocks stay."""
+    ONE_BLOCK_B_MIN_BYTES with at most ONE_BLOCK_M_MAX rows, whose panels (or their K
+    blocks) fit B_IN_TASK_BYTES, runs all rows as one row block; otherwise the row blocks
+    stay."""
     from dispatch.ops import linalg as L
     t = L.K.TILES[L.K.TILE_NAMES.index("8x48")]
     nr = t.nr(np.float32)
@@ -900,7 +943,11 @@ def test_large_packed_b_takes_one_row_block():
     assert L._gemm_blocks(300, 11008, 4096, 1, nr, t, 4)[0] == -(-300 // t.mr)
     assert L._gemm_blocks(512, 4096, 4096, 1, nr, t, 0)[0] < mp             # B prepacked or in place
     assert L._gemm_blocks(512, 2048, 2048, 1, nr, t, 4)[0] < mp             # 16 MiB: fits the L3
-    assert L._gemm_blocks(512, 4096, 11008, 1, nr, t, 4)[0] < mp            # a panel's K over B_IN_TASK_BYTES
+    # a whole panel's K over B_IN_TASK_BYTES: packed a K block at a time (B_TASK_KBLOCK), or
+    # without that, all up front
+    assert L._gemm_blocks(512, 4096, 11008, 1, nr, t, 4)[0] == mp
+    monkeypatch.setattr(L.K, "B_KBLOCK_OK", False)
+    assert L._gemm_blocks(512, 4096, 11008, 1, nr, t, 4)[0] < mp
     assert L._gemm_blocks(2048, 4096, 4096, 1, nr, t, 4)[0] < -(-2048 // t.mr)  # more rows than ONE_BLOCK_M_MAX
 
 

@@ -447,7 +447,10 @@ def _gemm_blocks(m, n, k, nbatch, nr, tile=None, packs_b_bytes=0):
             nc = -(-nc // 2)
         else:
             mc = -(-mc // 2)
-    panel = k * nr * packs_b_bytes   # bytes of one B panel the tasks would pack
+    # bytes of one B panel the tasks would pack: whole, or a K block of it (kernels_cpu.gemm's
+    # B_TASK_KBLOCK: one B matrix, K > kc)
+    kblock = bool(packs_b_bytes) and nbatch == 1 and K.packs_b_in_k_blocks(k, kc, 1, nr, packs_b_bytes)
+    panel = (kc if kblock else k) * nr * packs_b_bytes
     if (packs_b_bytes and mc < mp and panel <= K.B_IN_TASK_BYTES and m <= ONE_BLOCK_M_MAX
             and k * n * packs_b_bytes > ONE_BLOCK_B_MIN_BYTES):
         mc = mp
