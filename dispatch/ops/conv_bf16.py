@@ -103,8 +103,11 @@ def order(key, names, reason):
     why = refusal(key)
     if why is None:
         return (("cpu-bf16-amx",) + tuple(names),
-                "bfloat16 x and weight, dense, on an AMX host: AMX-BF16 tiles (tdpbf16ps) on the im2col matrix, "
-                "no float32 copies")
+                "bfloat16 x and weight, dense, on an AMX host: AMX-BF16 tiles (tdpbf16ps), no float32 copies; "
+                + ("stride 1: the direct form (x copied once into channels-last rows the tiles read at every tap)"
+                   if key.stride == (1, 1) and key.kernel != (1, 1) else
+                   "the direct form where Cin >= Cout, else the im2col matrix in the tiles' panels (1x1, stride 1)"
+                   if key.stride == (1, 1) else "stride > 1: the im2col matrix formed in the tiles' panels"))
     return tuple(names) + ("cpu-bf16-amx",), f"bfloat16 widened to float32 ({why}); {reason}"
 
 
