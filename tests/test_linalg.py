@@ -78,6 +78,23 @@ def _forget_plans(real_plan):
     L._PLANS.clear()
 
 
+def _spy_plans(monkeypatch, record):
+    """Watch the GEMM's plans: every plan kernels_cpu.gemm._gemm_plan makes (each launch
+    plans through it) appends record(plan) to the list returned, with the real, cached
+    _gemm_plan (for _forget_plans)."""
+    from kernels_cpu import gemm as K
+    seen = []
+    real_plan = K._gemm_plan
+
+    def plan(*args):
+        res = real_plan(*args)
+        seen.append(record(res))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    return seen, real_plan
+
+
 LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or _takes_dense(p.values[0])]
 # matmul's float32 / float64 implementations (cpu-bf16-amx takes bfloat16 only: test_half_matmul.py)
 MATMUL_IMPLS = [p for p in impl_params("matmul")
@@ -691,15 +708,8 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     row blocks than one, broadcast and plain batches, a last b panel cut short, bias + gelu,
     NaN-poisoned out=.  A transposed a, or rows off the tile, are packed either way."""
     from kernels_cpu import gemm as K
-    flags = []
-    real_plan = K._gemm_plan
-
-    def plan(*args):
-        res = real_plan(*args)
-        flags.append((int(res[4] == 0), int(res[0][K.P_B_MODE])))   # (no packed A needed, b's form)
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
+    # (no packed A needed, b's form)
+    flags, real_plan = _spy_plans(monkeypatch, lambda res: (int(res[4] == 0), int(res[0][K.P_B_MODE])))
     g = rng()
     with gemm_tile(tile) as t:
         mr, nr = t.mr, t.nr(dtype)
@@ -751,15 +761,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     transposed a, bias + gelu, NaN-poisoned out=.  With the path off b is always packed; on,
     the cases the rule takes (per tile: its task blocking can split rows) read b in place."""
     from kernels_cpu import gemm as K
-    modes = []
-    real_plan = K._gemm_plan
-
-    def plan(*args):
-        res = real_plan(*args)
-        modes.append(int(res[0][K.P_B_MODE]))
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
+    modes, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
     g = rng()
     with gemm_tile(tile) as t:
         nr = t.nr(dtype)
@@ -804,10 +806,7 @@ def test_b_rows_of_2k_bytes_are_packed(dtype, monkeypatch):
     the Intel hosts, whatever this host is: Zen 4 keeps such rows in place.)"""
     from kernels_cpu import gemm as K
     monkeypatch.setattr(K, "B_IN_PLACE_BAD_STRIDE_BY_CPU", {})
-    modes = []
-    real_plan = K._gemm_plan
-    monkeypatch.setattr(K, "_gemm_plan", lambda *args: modes.append(int(real_plan(*args)[0][K.P_B_MODE])) or
-                        real_plan(*args))
+    modes, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
     _forget_plans(real_plan)
     isz = np.dtype(dtype).itemsize
     g = rng()
@@ -838,30 +837,15 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
     b with rows over B_IN_PLACE_ROW_BYTES, two K blocks, a linear's (N, K) weight with bias
     + gelu, a batch of b, rows not a multiple of the tile, NaN-poisoned out=."""
     from kernels_cpu import gemm as K
-    seen = []
-    real_plan = K._gemm_plan
-
-    def plan(*args):
-        res = real_plan(*args)
-        seen.append((int(res[0][K.P_B_MODE]), int(res[0][K.P_B_TASK]) == K.B_TASK_SLICE))
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
+    seen, real_plan = _spy_plans(monkeypatch, lambda res: (int(res[0][K.P_B_MODE]),
+                                                            int(res[0][K.P_B_TASK]) == K.B_TASK_SLICE))
     g = rng()
     with gemm_tile(tile) as t:
         wide = 4096 // np.dtype(dtype).itemsize + 3 * t.nr(dtype) + 5   # rows over B_IN_PLACE_ROW_BYTES
         cases = [("matmul", (37, 50), (50, wide)), ("matmul", (20, 1100), (1100, wide)),
                  ("linear", (3, 9, 60), (wide, 60)), ("matmul", (3, 11, 40), (3, 40, wide))]
+        local = _gemm_option(monkeypatch, "B_LOCAL_OK", seen, real_plan, lambda v, on: v == (K.B_PACK, on))
         for op, sa, sb in cases:
-
-            @contextlib.contextmanager
-            def local(on):
-                monkeypatch.setattr(K, "B_LOCAL_OK", on)
-                _forget_plans(real_plan)
-                seen.clear()
-                yield
-                assert seen and all(m == K.B_PACK and lo == on for m, lo in seen), (tile, op, sa, sb, seen)
-
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, local)
     _forget_plans(real_plan)
 
@@ -877,15 +861,7 @@ def test_b_packed_a_k_block_at_a_time(tile, dtype, monkeypatch):
     K blocks, bias + gelu, NaN-poisoned out=.  (Wide b's: enough column panels that the
     tasks stay one row block, which the mode needs.)"""
     from kernels_cpu import gemm as K
-    seen = []
-    real_plan = K._gemm_plan
-
-    def plan(*args):
-        res = real_plan(*args)
-        seen.append(int(res[0][K.P_B_TASK]))
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
+    seen, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_TASK]))
     g = rng()
     with gemm_tile(tile) as t:
         nr, isz = t.nr(dtype), np.dtype(dtype).itemsize
@@ -894,18 +870,27 @@ def test_b_packed_a_k_block_at_a_time(tile, dtype, monkeypatch):
         wide = 4096 // isz + 3 * nr + 5   # rows over B_IN_PLACE_ROW_BYTES: b not read in place
         cases = [("matmul", (37, k), (k, wide)), ("linear", (3, 9, k), (wide, k)),
                  ("linear", (2 * t.mr, k), (wide - nr + 3, k))]
+        kblock = _gemm_option(monkeypatch, "B_KBLOCK_OK", seen, real_plan, lambda v, on: (v == K.B_TASK_KBLOCK) == on)
         for op, sa, sb in cases:
-
-            @contextlib.contextmanager
-            def kblock(on):
-                monkeypatch.setattr(K, "B_KBLOCK_OK", on)
-                _forget_plans(real_plan)
-                seen.clear()
-                yield
-                assert seen and all((s == K.B_TASK_KBLOCK) == on for s in seen), (tile, op, sa, sb, seen)
-
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, kblock)
     _forget_plans(real_plan)
+
+
+def _gemm_option(monkeypatch, name, seen, real_plan, planned):
+    """A switch for _gelu_product_two_ways: switch(on) sets kernels_cpu.gemm's option `name`
+    to on, forgets the plans made so far, and afterwards checks that the calls inside made
+    plans (seen, from _spy_plans) each with planned(recorded value, on) true."""
+    from kernels_cpu import gemm as K
+
+    @contextlib.contextmanager
+    def switch(on):
+        monkeypatch.setattr(K, name, on)
+        _forget_plans(real_plan)
+        seen.clear()
+        yield
+        assert seen and all(planned(v, on) for v in seen), (name, on, seen)
+
+    return switch
 
 
 def _gelu_product_two_ways(g, tile, op, sa, sb, dtype, switch):
@@ -962,16 +947,8 @@ def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
     tile (A packed), two K blocks, NaN-poisoned out=."""
     from dispatch.ops import linalg as L
     from kernels_cpu import gemm as K
-    seen = []
-    real_plan = K._gemm_plan
-
-    def plan(*args):
-        res = real_plan(*args)
-        p = res[0]
-        seen.append((-(-int(p[K.P_M]) // K.tile_m(res[6])) <= int(p[K.P_MC]), int(p[K.P_B_TASK]) != K.B_TASK_NONE))
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
+    seen, real_plan = _spy_plans(monkeypatch, lambda res: (-(-int(res[0][K.P_M]) // K.tile_m(res[6])) <= int(res[0][K.P_MC]),
+                                                            int(res[0][K.P_B_TASK]) != K.B_TASK_NONE))
     g = rng()
     with gemm_tile(tile) as t:
         rows = L.BLOCKING.get(t.name, (0, L.MC_PANELS))[1] * t.mr + 2 * t.mr + 3   # over one row block
@@ -1001,10 +978,7 @@ def test_b_read_in_place_stays_inside_b(n_extra, monkeypatch):
     import ctypes
     import mmap
     from kernels_cpu import gemm as K
-    modes = []
-    real_plan = K._gemm_plan
-    monkeypatch.setattr(K, "_gemm_plan", lambda *args: modes.append(int(real_plan(*args)[0][K.P_B_MODE])) or
-                        real_plan(*args))
+    modes, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
     nr = K.active_tile().nr(np.float32)
     k, n = 9, nr + n_extra
     page = mmap.PAGESIZE
