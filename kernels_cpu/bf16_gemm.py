@@ -750,8 +750,8 @@ def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=N
     _pack_kn_pairs).  b_packer: with b_kn, (address, extra, N, tasks) of a packer that forms
     the B panels of b's N columns itself in `tasks` tasks per matrix (P_BPACK, P_BTASKS,
     its int64 arguments extra), w3 then being its source (P_BSRC), B = w3.shape[0]
-    matrices of any layout the packer reads.  Needs
-    amx_refusal() None (a tile instruction without Linux's permission is SIGILL)."""
+    matrices of any layout the packer reads.  Needs amx_refusal() None (a tile instruction
+    without Linux's permission is SIGILL)."""
     why = amx.permission()   # (the implementation checked the target's features)
     if why is not None:
         raise RuntimeError(f"the AMX path cannot run here: {why}")

@@ -161,7 +161,7 @@ def im2col_pairs(i, params):
 # tiles are pixels x channels: a task's block is transposed (8 x 8 register transposes)
 # into the output's channel rows, bias + activation before, rounded on the way out.
 (D_X, D_XQ, D_W, D_WQ, D_BIAS, D_OUT, D_N, D_C, D_H, D_WID, D_CO, D_KH, D_KW, D_DH, D_DW, D_PT, D_PL, D_OH, D_OW,
- D_HP, D_WQ_, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_COUNT) = range(31)
+ D_HP, D_PITCH, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_COUNT) = range(31)
 # Pitched output pixels per task (a multiple of the tiles' 32 rows), and at least this many
 # tasks (the output channels split into groups of 32-channel panels until there are).
 # Each task reads all of its channels' weight panels: SD U-Net 3x3 320ch 64x64 + relu (1.8
@@ -191,7 +191,8 @@ def _fill_row(p, e, yy, x16, xq, tmp):
     """xq's padded row yy of image e (and, for the last row, the slack rows after it): each
     8 channel pairs' words formed in tmp (8 x W uint32: x[c] | x[c + 1] << 16), then moved
     into the pixels' rows by 8 x 8 register transposes (the words as float32 bits)."""
-    C, H, W, Cp, Wq, pt, pl, ROWS, Hp = p[D_C], p[D_H], p[D_WID], p[D_CP], p[D_WQ_], p[D_PT], p[D_PL], p[D_ROWS], p[D_HP]
+    C, H, W, Cp, Wq = p[D_C], p[D_H], p[D_WID], p[D_CP], p[D_PITCH]
+    pt, pl, ROWS, Hp = p[D_PT], p[D_PL], p[D_ROWS], p[D_HP]
     base = (e * ROWS + yy * Wq) * Cp
     end = base + Wq * Cp if yy < Hp - 1 else (e + 1) * ROWS * Cp
     iy = yy - pt
@@ -261,7 +262,7 @@ def direct_worker(wk, params):
     p = c_array_at(params, np.int64(0), (D_COUNT,))
     N, C, H, W, CO = p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO]
     KH, KW, dh, dw, OH, OW = p[D_KH], p[D_KW], p[D_DH], p[D_DW], p[D_OH], p[D_OW]
-    Hp, Wq, Cp, ROWS, PB, CG = p[D_HP], p[D_WQ_], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG]
+    Hp, Wq, Cp, ROWS, PB, CG = p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG]
     ncop = (CO + KB.AMX_NR - 1) // KB.AMX_NR
     ncg = (ncop + CG - 1) // CG
     K2p = KH * KW * Cp // 2
@@ -362,13 +363,14 @@ def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, 
     p[D_X], p[D_XQ], p[D_W], p[D_WQ] = x4.ctypes.data, xq.ctypes.data, w4.ctypes.data, wq.ctypes.data
     p[D_BIAS], p[D_OUT] = bias32.ctypes.data, out3.ctypes.data
     p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO], p[D_KH], p[D_KW] = n, c, h, w, cout, kh, kw
-    p[D_DH], p[D_DW], p[D_PT], p[D_PL], p[D_OH], p[D_OW] = dilation[0], dilation[1], pad[0], pad[1], out_hw[0], out_hw[1]
+    p[D_DH], p[D_DW], p[D_PT], p[D_PL] = dilation[0], dilation[1], pad[0], pad[1]
+    p[D_OH], p[D_OW] = out_hw
     ncop = -(-cout // KB.AMX_NR)
     nblk = -(-out_hw[0] * wq_ // DIRECT_PB)
     cg = ncop
     while n * nblk * -(-ncop // cg) < DIRECT_MIN_TASKS and cg > 1:
         cg = -(-cg // 2)
-    p[D_HP], p[D_WQ_], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, DIRECT_PB, cg
+    p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, DIRECT_PB, cg
     p[D_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
     p[D_HAS_BIAS] = has_bias
     ntask = n * nblk * -(-ncop // cg)

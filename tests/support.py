@@ -509,6 +509,14 @@ def half_dtype(name):
     return HALF_FORMATS[name][0]
 
 
+def need_half_format(impl, half):
+    """Skip unless the forced implementation takes this 16-bit format on this host
+    (cpu-bf16-amx, of matmul and conv2d: bfloat16 on AMX hosts)."""
+    from kernels_cpu import bf16_gemm as KB
+    if impl == "cpu-bf16-amx" and (np.dtype(half) != dispatch.validate.BF16 or KB.amx_refusal() is not None):
+        pytest.skip(f"cpu-bf16-amx takes bfloat16 on AMX hosts ({np.dtype(half)}; {KB.amx_refusal()})")
+
+
 def other_half(dt):
     """The 16-bit dtype that is not dt (a wrong dtype of the same size, for bad-input tests)."""
     return half_dtype("float16" if dt.name == "bfloat16" else "bfloat16")

@@ -10,6 +10,7 @@ import pytest
 import dispatch
 from tests.reference import conv as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, impl_params,
+                           need_half_format,
                            half_dtype, other_half, poisoned, randn, reduction_tol, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 x is a CPU input here (float16 on CUDA: "
@@ -27,14 +28,6 @@ GEOMETRIES = [
     ((2, 16, 12, 13), (24, 16, 3, 3), dict(padding=1)),                 # Winograd, several tiles
     ((1, 8, 10, 9), (8, 1, 3, 3), dict(padding="same", groups=8)),     # depthwise
 ])
-
-
-def need(impl, half):
-    """Skip unless the forced implementation takes this format on this host (cpu-bf16-amx:
-    bfloat16 on AMX hosts)."""
-    from kernels_cpu import bf16_gemm as KB
-    if impl == "cpu-bf16-amx" and (np.dtype(half) != dispatch.validate.BF16 or KB.amx_refusal() is not None):
-        pytest.skip(f"cpu-bf16-amx takes bfloat16 on AMX hosts ({np.dtype(half)}; {KB.amx_refusal()})")
 
 
 def _supports(impl, wshape, kw):
@@ -74,7 +67,7 @@ def check(got, x, w, b, activation, kw, what):
 @pytest.mark.parametrize("activation", [None, "relu", "silu"] if not SMALL_SHAPES else ["silu"], ids=str)
 @pytest.mark.parametrize("impl, geo", _cases())
 def test_matches_reference(impl, geo, activation, half):
-    need(impl, half)
+    need_half_format(impl, half)
     xs, ws, kw = geo
     g = rng()
     x, w, b = _inputs(g, xs, ws, half)
@@ -90,7 +83,7 @@ def test_matches_reference(impl, geo, activation, half):
 @pytest.mark.parametrize("impl", [p for p in impl_params("conv2d", "cpu") if "depthwise" not in (p.values[0] or "")])
 def test_views_unbatched_and_out(impl, half):
     """A strided x, an unbatched (C, H, W) x, a non-contiguous out=, NaN in x."""
-    need(impl, half)
+    need_half_format(impl, half)
     g = rng()
     x, w, b = _inputs(g, (1, 4, 8, 8), (6, 4, 3, 3), half)
     kw = dict(padding=1)
@@ -166,7 +159,7 @@ def test_amx_geometries(xs, ws, kw, bias):
     """cpu-bf16-amx across its tiles, tasks and K blocks: the im2col matrix formed in the
     tiles' panels (strides, dilation, padding, images), the bias as one more product."""
     half = half_dtype("bfloat16")
-    need("cpu-bf16-amx", half)
+    need_half_format("cpu-bf16-amx", half)
     g = rng()
     x, w, b = _inputs(g, xs, ws, half)
     b = b if bias else None

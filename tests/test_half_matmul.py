@@ -12,6 +12,7 @@ import pytest
 import dispatch
 from tests.reference import linalg as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, impl_params,
+                           need_half_format,
                            other_half, poisoned, product_scale, randn, reduction_tol, rng, run, strided)
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="bfloat16 / float16 a is a CPU input here (float16 on CUDA: "
@@ -22,14 +23,6 @@ SHAPES = [((3, 5), (5, 4)), ((1, 7), (7, 1)), ((2, 3, 6), (6, 5)), ((2, 1, 4, 3)
                                                                                                     ((1, 300), (300, 257)),
                                                                                                     ((3, 97, 33), (1, 33, 130))])
 IMPLS = [p for p in impl_params("matmul", "cpu")]
-
-
-def need(impl, half):
-    """Skip unless the forced implementation takes this format on this host (cpu-bf16-amx:
-    bfloat16 on AMX hosts)."""
-    from kernels_cpu import bf16_gemm as KB
-    if impl == "cpu-bf16-amx" and (np.dtype(half) != dispatch.validate.BF16 or KB.amx_refusal() is not None):
-        pytest.skip(f"cpu-bf16-amx takes bfloat16 on AMX hosts ({np.dtype(half)}; {KB.amx_refusal()})")
 
 
 def check(got, a, b, bias, activation, what):
@@ -43,7 +36,7 @@ def check(got, a, b, bias, activation, what):
 @pytest.mark.parametrize("sa, sb", SHAPES, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_reference(impl, sa, sb, activation, half):
-    need(impl, half)
+    need_half_format(impl, half)
     g = rng()
     a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
     bias = as_half(half, randn(g, (sb[-1],), np.float32))
@@ -57,7 +50,7 @@ def test_matches_reference(impl, sa, sb, activation, half):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_views_out_and_nan(impl, half):
-    need(impl, half)
+    need_half_format(impl, half)
     g = rng()
     a, b = as_half(half, randn(g, (6, 8), np.float32)), as_half(half, randn(g, (8, 5), np.float32))
     check(run(impl, dispatch.matmul, strided(a), b), a, b, None, None, f"{impl} strided a")
@@ -131,7 +124,7 @@ def test_threads_bitwise(half):
 def test_odd_k_and_tiles(impl, half):
     """An odd K (AMX: the last pair completed with a zero), K past whole 32-value chunks, rows
     and columns past whole tiles and 64-column tasks, a broadcast b."""
-    need(impl, half)
+    need_half_format(impl, half)
     g = rng()
     for sa, sb in [((5, 33), (33, 7)), ((2, 40, 1), (1, 70)), ((3, 2, 65, 77), (2, 77, 129))][:2 if SMALL_SHAPES else 3]:
         a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
