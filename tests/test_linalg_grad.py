@@ -247,3 +247,36 @@ def test_every_tile_matches_reference(tile, dtype):
         _check(got, want, dtype, f"matmul_backward tile {tile}")
     finally:
         K.use_tile(prev)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's task plans")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_gemms_pack_b_in_their_tasks(dtype, monkeypatch):
+    """The backward GEMMs are blocked as the forward's: where a call packs B, the tasks pack
+    their own B panels (kernels_cpu.gemm B_TASK_SLICE / OWN), capped to B_IN_TASK_BYTES,
+    here one panel of dx's B (W, read as (K, N) = (40, 1100): rows too long to read in
+    place) - not all of B up front; and the results are the reference's."""
+    from kernels_cpu import gemm as K
+    g = rng()
+    nr = K.active_tile().nr(dtype)
+    monkeypatch.setattr(K, "B_IN_TASK_BYTES", 40 * nr * np.dtype(dtype).itemsize)
+    K._gemm_plan.cache_clear()
+    real_plan, tasks = K._gemm_plan, []
+
+    def plan(*args):
+        res = real_plan(*args)
+        tasks.append(int(res[0][K.P_B_TASK]))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    try:
+        grad, x, w, pre = _linear_inputs(g, (16, 1100), 40, dtype)
+        for activation in (None, "gelu"):
+            tasks.clear()
+            want = ref.linear_backward(grad, x, w, pre, activation=activation, has_bias=True)
+            got = run("cpu-gemm", dispatch.linear_backward, grad, x, w, pre, activation=activation, has_bias=True,
+                      _op="linear_backward")
+            _check(got, want, dtype, f"linear_backward {activation} B packed in the tasks")
+            assert len(tasks) == 2 and K.B_TASK_NONE not in tasks, tasks
+    finally:
+        real_plan.cache_clear()
