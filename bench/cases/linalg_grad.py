@@ -41,6 +41,8 @@ CASES = [
     _c("linear_backward", "bert-base ffn-down", "BERT-base", _lin(128, 3072, 768), has_bias=True),
     _c("linear_backward", "minilm ffn-up +gelu", "MiniLM-L6", _lin(128, 384, 1536), activation="gelu",
        has_bias=True),
+    # a weight that does not fit the L2s (64 MiB): the backward GEMMs' B packed in their tasks
+    _c("linear_backward", "llama-7b prefill 128 proj", "Llama-7B", _lin(128, 4096, 4096)),
     _c("matmul_backward", "bert-base qkv proj", "BERT-base", _mm((128, 768), (768, 768)), quick=True),
     _c("matmul_backward", "minilm proj", "MiniLM-L6", _mm((128, 384), (384, 384))),
 ]
