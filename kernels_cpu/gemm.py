@@ -570,6 +570,15 @@ _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops
 # row stride (4 KiB for a 1024-column B), one page per row, which the hardware prefetcher
 # does not follow.  1024^3 float32, 12x32 tile, one thread (Sapphire Rapids, 2026-11-25):
 # B packing took 1.35 ms of 15.0 without it.
+# Open: a (K, N) B packed in the GEMM's tasks costs 1.7-2.5x what packing the same panels
+# alone does, where a B stored (N, K) costs about the same both ways.  128x3072 @ 3072x768
+# (linear_backward's dx: W read as (K, N)), one thread, B packed in the tasks, ms: (K, N)
+# 4.30-4.46, (N, K) 3.61-3.69, prepacked 3.07; the 16 panels packed alone 0.54 / 0.64; the
+# same at M = 16: 1.45 / 0.96 (Xeon with AMX, 2026-12-07).  No better (one thread): 0 / 4 /
+# 48 rows ahead (5.4-5.8 / 4.5-4.9 / 4.6-4.8), prefetchnta (5.9), prefetcht1 16-64 rows
+# ahead, t0 8-16 + t1 64-256 rows ahead (4.6-4.8), B at a 2 MiB boundary (8 of its 9 MiB
+# on huge pages either way: the same), B_LOCAL_OK off (4.60).  2 threads: 2.23-2.29 against
+# 1.92-1.94 ((N, K)).
 PACK_PF_ROWS = 16
 # _pack_strided transposes a panel's R source rows in runs of PACK_KCH values of k per group
 # of vw rows (the source's 64 bytes x vw rows stay in L1 until used): sweeping all R rows at
