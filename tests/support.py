@@ -555,3 +555,30 @@ def assert_half_close(got, want, slack, what=""):
         i = int(np.argmax(err - bound))
         assert (err <= bound).all(), (f"{what}: element {i} off by {err[i]:.3g}, allowed {bound[i]:.3g} "
                                       f"(ref {want[fin][i]:.6g})")
+
+
+# ---- the CPU GEMM's plans ---------------------------------------------------------------------
+
+def forget_gemm_plans(real_plan):
+    """After changing a constant the GEMM's plans read: forget kernels_cpu.gemm's plans
+    (real_plan, the cached _gemm_plan) and dispatch's decisions made from them."""
+    from dispatch.ops import linalg as L
+    real_plan.cache_clear()
+    L._PLANS.clear()
+
+
+def spy_gemm_plans(monkeypatch, record):
+    """Watch the GEMM's plans: every plan kernels_cpu.gemm._gemm_plan makes (each launch
+    plans through it) appends record(plan) to the list returned, with the real, cached
+    _gemm_plan (for forget_gemm_plans)."""
+    from kernels_cpu import gemm as K
+    seen = []
+    real_plan = K._gemm_plan
+
+    def plan(*args):
+        res = real_plan(*args)
+        seen.append(record(res))
+        return res
+
+    monkeypatch.setattr(K, "_gemm_plan", plan)
+    return seen, real_plan

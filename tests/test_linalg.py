@@ -14,9 +14,9 @@ from hypothesis import given, settings, strategies as st
 
 import dispatch
 from tests.reference import linalg as ref
-from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, assert_close, assert_no_new_specialization, broadcast_rows,
-                           TARGET, impl_params, poisoned, product_scale, randn, read_only, reduction_tol, rng, run,
-                           strided)
+from tests.support import (ON_CUDA, SMALL_SHAPES, SEEDS, TARGET, assert_close, assert_no_new_specialization,
+                           broadcast_rows, forget_gemm_plans, impl_params, poisoned, product_scale, randn, read_only,
+                           reduction_tol, rng, run, spy_gemm_plans, strided)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -68,31 +68,6 @@ def _fresh_plans():
     L._PLANS.clear()
     yield
     L._PLANS.clear()
-
-
-def _forget_plans(real_plan):
-    """After changing a constant the GEMM's plans read: forget kernels_cpu.gemm's plans
-    (real_plan, the cached _gemm_plan) and dispatch's decisions made from them."""
-    from dispatch.ops import linalg as L
-    real_plan.cache_clear()
-    L._PLANS.clear()
-
-
-def _spy_plans(monkeypatch, record):
-    """Watch the GEMM's plans: every plan kernels_cpu.gemm._gemm_plan makes (each launch
-    plans through it) appends record(plan) to the list returned, with the real, cached
-    _gemm_plan (for _forget_plans)."""
-    from kernels_cpu import gemm as K
-    seen = []
-    real_plan = K._gemm_plan
-
-    def plan(*args):
-        res = real_plan(*args)
-        seen.append(record(res))
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
-    return seen, real_plan
 
 
 LINEAR_IMPLS = [p for p in impl_params("linear") if p.values[0] is None or _takes_dense(p.values[0])]
@@ -709,7 +684,7 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     NaN-poisoned out=.  A transposed a, or rows off the tile, are packed either way."""
     from kernels_cpu import gemm as K
     # (no packed A needed, b's form)
-    flags, real_plan = _spy_plans(monkeypatch, lambda res: (int(res[4] == 0), int(res[0][K.P_B_MODE])))
+    flags, real_plan = spy_gemm_plans(monkeypatch, lambda res: (int(res[4] == 0), int(res[0][K.P_B_MODE])))
     g = rng()
     with gemm_tile(tile) as t:
         mr, nr = t.mr, t.nr(dtype)
@@ -726,7 +701,7 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
                 for in_place in (True, False):
                     monkeypatch.setattr(K, "A_IN_PLACE_OK", in_place)
                     monkeypatch.setattr(K, "B_IN_PLACE_OK", b_in_place)
-                    _forget_plans(real_plan)
+                    forget_gemm_plans(real_plan)
                     flags.clear()
                     with dispatch.use(matmul="cpu-gemm", linear="cpu-gemm"):
                         res = [dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
@@ -748,7 +723,7 @@ def test_a_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
                 assert_close(got[True][0], ref.matmul(a, b, bias=bias, activation="gelu"), tol, f"{tile} {sa} {sb}",
                              cancel=True)
         assert {K.B_IN_PLACE, K.B_PACK} <= b_forms, b_forms
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
@@ -761,7 +736,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
     transposed a, bias + gelu, NaN-poisoned out=.  With the path off b is always packed; on,
     the cases the rule takes (per tile: its task blocking can split rows) read b in place."""
     from kernels_cpu import gemm as K
-    modes, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
+    modes, real_plan = spy_gemm_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
     g = rng()
     with gemm_tile(tile) as t:
         nr = t.nr(dtype)
@@ -777,7 +752,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
             got = {}
             for in_place in (True, False):
                 monkeypatch.setattr(K, "B_IN_PLACE_OK", in_place)
-                _forget_plans(real_plan)
+                forget_gemm_plans(real_plan)
                 modes.clear()
                 with dispatch.use(matmul="cpu-gemm"):
                     got[in_place] = (dispatch.matmul(a, b, bias=bias, activation="gelu", out=poisoned(shape, dtype)),
@@ -793,7 +768,7 @@ def test_b_read_in_place_gives_the_packed_bits(tile, dtype, monkeypatch):
             assert_close(got[True][1], ref.matmul(a, b), tol, f"{tile} {sa} {sb} plain", cancel=True)
         assert sum(read_in_place) >= 2, (tile, read_in_place)
         assert sum(read_in_place[5:]) >= 2, (tile, read_in_place)   # partial last panels too
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
@@ -806,8 +781,8 @@ def test_b_rows_of_2k_bytes_are_packed(dtype, monkeypatch):
     the Intel hosts, whatever this host is: Zen 4 keeps such rows in place.)"""
     from kernels_cpu import gemm as K
     monkeypatch.setattr(K, "B_IN_PLACE_BAD_STRIDE_BY_CPU", {})
-    modes, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
-    _forget_plans(real_plan)
+    modes, real_plan = spy_gemm_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
+    forget_gemm_plans(real_plan)
     isz = np.dtype(dtype).itemsize
     g = rng()
     with gemm_tile(K.TILE_NAMES[K.HOST_WIDE]) as t:
@@ -821,10 +796,10 @@ def test_b_rows_of_2k_bytes_are_packed(dtype, monkeypatch):
             assert modes and set(modes) == ({K.B_PACK} if packed else {K.B_IN_PLACE}), (n, modes)
             assert_close(got, ref.matmul(a, b), _tol(dtype, 40), f"n {n}", cancel=True)
             assert dispatch.explain("matmul", a, b).key.rows_2k is packed
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
     monkeypatch.setattr(K, "B_IN_PLACE_BAD_STRIDE_BY_CPU", {K.target.cpu_name(): 0})
     assert K.reads_b_in_place(4096 // isz, False, K.active_tile().nr(dtype), isz)   # off for this CPU
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
@@ -837,7 +812,7 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
     b with rows over B_IN_PLACE_ROW_BYTES, two K blocks, a linear's (N, K) weight with bias
     + gelu, a batch of b, rows not a multiple of the tile, NaN-poisoned out=."""
     from kernels_cpu import gemm as K
-    seen, real_plan = _spy_plans(monkeypatch, lambda res: (int(res[0][K.P_B_MODE]),
+    seen, real_plan = spy_gemm_plans(monkeypatch, lambda res: (int(res[0][K.P_B_MODE]),
                                                             int(res[0][K.P_B_TASK]) == K.B_TASK_SLICE))
     g = rng()
     with gemm_tile(tile) as t:
@@ -847,7 +822,7 @@ def test_b_packed_in_task_slices_gives_the_same_bits(tile, dtype, monkeypatch):
         local = _gemm_option(monkeypatch, "B_LOCAL_OK", seen, real_plan, lambda v, on: v == (K.B_PACK, on))
         for op, sa, sb in cases:
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, local)
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
@@ -861,7 +836,7 @@ def test_b_packed_a_k_block_at_a_time(tile, dtype, monkeypatch):
     K blocks, bias + gelu, NaN-poisoned out=.  (Wide b's: enough column panels that the
     tasks stay one row block, which the mode needs.)"""
     from kernels_cpu import gemm as K
-    seen, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_TASK]))
+    seen, real_plan = spy_gemm_plans(monkeypatch, lambda res: int(res[0][K.P_B_TASK]))
     g = rng()
     with gemm_tile(tile) as t:
         nr, isz = t.nr(dtype), np.dtype(dtype).itemsize
@@ -873,7 +848,7 @@ def test_b_packed_a_k_block_at_a_time(tile, dtype, monkeypatch):
         kblock = _gemm_option(monkeypatch, "B_KBLOCK_OK", seen, real_plan, lambda v, on: (v == K.B_TASK_KBLOCK) == on)
         for op, sa, sb in cases:
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, kblock)
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
 
 
 def _gemm_option(monkeypatch, name, seen, real_plan, planned):
@@ -885,7 +860,7 @@ def _gemm_option(monkeypatch, name, seen, real_plan, planned):
     @contextlib.contextmanager
     def switch(on):
         monkeypatch.setattr(K, name, on)
-        _forget_plans(real_plan)
+        forget_gemm_plans(real_plan)
         seen.clear()
         yield
         assert seen and all(planned(v, on) for v in seen), (name, on, seen)
@@ -947,7 +922,7 @@ def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
     tile (A packed), two K blocks, NaN-poisoned out=."""
     from dispatch.ops import linalg as L
     from kernels_cpu import gemm as K
-    seen, real_plan = _spy_plans(monkeypatch, lambda res: (-(-int(res[0][K.P_M]) // K.tile_m(res[6])) <= int(res[0][K.P_MC]),
+    seen, real_plan = spy_gemm_plans(monkeypatch, lambda res: (-(-int(res[0][K.P_M]) // K.tile_m(res[6])) <= int(res[0][K.P_MC]),
                                                             int(res[0][K.P_B_TASK]) != K.B_TASK_NONE))
     g = rng()
     with gemm_tile(tile) as t:
@@ -960,13 +935,13 @@ def test_one_row_block_gives_the_same_bits(tile, dtype, monkeypatch):
             @contextlib.contextmanager
             def one_block(on):
                 monkeypatch.setattr(L, "ONE_BLOCK_B_MIN_BYTES", 0 if on else 1 << 62)
-                _forget_plans(real_plan)
+                forget_gemm_plans(real_plan)
                 seen.clear()
                 yield
                 assert seen and all(s == (on, on) for s in seen), (tile, op, sa, sb, on, seen)
 
             _gelu_product_two_ways(g, tile, op, sa, sb, dtype, one_block)
-    _forget_plans(real_plan)
+    forget_gemm_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA or not sys.platform.startswith("linux"), reason="the CPU GEMM; mprotect")
@@ -978,7 +953,7 @@ def test_b_read_in_place_stays_inside_b(n_extra, monkeypatch):
     import ctypes
     import mmap
     from kernels_cpu import gemm as K
-    modes, real_plan = _spy_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
+    modes, real_plan = spy_gemm_plans(monkeypatch, lambda res: int(res[0][K.P_B_MODE]))
     nr = K.active_tile().nr(np.float32)
     k, n = 9, nr + n_extra
     page = mmap.PAGESIZE

@@ -9,7 +9,8 @@ import pytest
 import dispatch
 from tests.reference import linalg as fwd
 from tests.reference import linalg_grad as ref
-from tests.support import ON_CUDA, SMALL_SHAPES, assert_close, impl_params, randn, read_only, rng, run, strided
+from tests.support import (ON_CUDA, SMALL_SHAPES, assert_close, forget_gemm_plans, impl_params, randn, read_only, rng,
+                           run, spy_gemm_plans, strided)
 
 ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 DTYPES = [np.float32, np.float64]
@@ -260,15 +261,8 @@ def test_backward_gemms_pack_b_in_their_tasks(dtype, monkeypatch):
     g = rng()
     nr = K.active_tile().nr(dtype)
     monkeypatch.setattr(K, "B_IN_TASK_BYTES", 40 * nr * np.dtype(dtype).itemsize)
-    K._gemm_plan.cache_clear()
-    real_plan, tasks = K._gemm_plan, []
-
-    def plan(*args):
-        res = real_plan(*args)
-        tasks.append(int(res[0][K.P_B_TASK]))
-        return res
-
-    monkeypatch.setattr(K, "_gemm_plan", plan)
+    tasks, real_plan = spy_gemm_plans(monkeypatch, lambda res: int(res[0][K.P_B_TASK]))
+    forget_gemm_plans(real_plan)
     try:
         grad, x, w, pre = _linear_inputs(g, (16, 1100), 40, dtype)
         for activation in (None, "gelu"):
@@ -279,4 +273,4 @@ def test_backward_gemms_pack_b_in_their_tasks(dtype, monkeypatch):
             _check(got, want, dtype, f"linear_backward {activation} B packed in the tasks")
             assert len(tasks) == 2 and K.B_TASK_NONE not in tasks, tasks
     finally:
-        real_plan.cache_clear()
+        forget_gemm_plans(real_plan)
