@@ -43,8 +43,8 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 from . import target
 from .approx import OVERLOAD, JIT_BY_ADDRESS
 from .half import from_f16
-from .gemm import _pack_strided, epilogue_address
-from .parallel import c_array_at, call_address, fetch_add, num_threads, run_at, worker_address
+from .gemm import P_B, P_BP, P_COUNT, P_K, P_N, P_NB, PACK_PF_ROWS, _pack_strided, _tnr, epilogue_address
+from .parallel import c_array_at, call_address, fetch_add, num_threads, prefetch, run_at, worker_address
 from .dot_tile import emit_tile
 from .llvm_ir import arg_readers
 
@@ -324,22 +324,63 @@ def widen_worker(wk, params, fmt):
     tmp = np.empty(nr * WIDEN_KB, np.float32)
     q = fetch_add(p, V_NEXT, 1)
     while q < npan:
-        rows = min(nr, nrows - q * nr)
-        for k0 in range(0, K, WIDEN_KB):
-            kb = min(WIDEN_KB, K - k0)
-            for r in range(rows):
-                n = n0 + q * nr + r
-                src = w2[n, k0:k0 + kb]
-                d = tmp[r * kb:(r + 1) * kb]
-                if fmt == WEIGHT_INT8:
-                    s = scale[n]
-                    z = zp[n]
-                    for k in range(kb):
-                        d[k] = (np.float32(src[k]) - z) * s
-                else:
-                    _widen16(src, d, kb, fmt)
-            _pack_strided(tmp, 0, kb, rows, kb, flat, (q * K + k0) * nr, nr)
+        _widen_panel(w2, n0 + q * nr, min(nr, nrows - q * nr), K, nr, fmt, scale, zp, flat, q * K * nr, tmp)
         q = fetch_add(p, V_NEXT, 1)
+
+
+@njit(inline="always")
+def _widen_panel(w2, row0, rows, K, nr, fmt, scale, zp, flat, d0, tmp):
+    """flat[d0:] = the packed B panel (gemm's layout for B stored (N, K), nr wide, zeros past
+    `rows`) of w2's rows row0.. dequantized (int8: scale and zero point per row) or widened
+    (16-bit): WIDEN_KB of each row into the row-major tmp (nr x WIDEN_KB), then transposed
+    into the panel by the GEMM's own register-transposing packer (gemm._pack_strided)."""
+    for k0 in range(0, K, WIDEN_KB):
+        kb = min(WIDEN_KB, K - k0)
+        for r in range(rows):
+            n = row0 + r
+            src = w2[n, k0:k0 + kb]
+            d = tmp[r * kb:(r + 1) * kb]
+            if fmt == WEIGHT_INT8:
+                s = scale[n]
+                z = zp[n]
+                for k in range(kb):
+                    d[k] = (np.float32(src[k]) - z) * s
+            else:
+                _widen16(src, d, kb, fmt)
+        _pack_strided(tmp, 0, kb, rows, kb, flat, d0 + k0 * nr, nr)
+
+
+@njit(**JIT_BY_ADDRESS)
+def pack_b16(j, params, fmt, ti, transposed):
+    """gemm_parallel's pack_b for a 16-bit B (its bit patterns as uint16, fmt WEIGHT_F16 or
+    WEIGHT_BF16): B panel j widened to float32 into gemm's panel layout (its _pack_b_n /
+    _pack_b_t), B (K, N) or, transposed, stored (N, K).  Called by the GEMM's tasks right
+    before their micro-kernels read the panel (a 16-bit matmul's B: no float32 copy of it,
+    and the panel is in the task's own L2, see dispatch/ops/linalg.py _half)."""
+    z = np.float32(0)
+    nr = _tnr(z, ti)
+    p = c_array_at(params, np.int64(0), (P_COUNT,))
+    N, K, nb = p[P_N], p[P_K], p[P_NB]
+    npan = (N + nr - 1) // nr
+    bi = j // npan
+    j0 = (j - bi * npan) * nr
+    nrows = min(nr, N - j0)
+    src = c_array_at(p[P_B], np.uint16(0), (nb * N * K,))
+    dst = c_array_at(p[P_BP], z, ((j + 1) * K * nr,))
+    base = bi * N * K
+    d0 = j * K * nr
+    if transposed:  # nr rows of K, as widen_panels packs a weight's rows
+        tmp = np.empty(nr * WIDEN_KB, np.float32)
+        _widen_panel(src.reshape((nb * N, K)), bi * N + j0, nrows, K, nr, fmt, tmp, tmp, dst, d0, tmp)
+        return
+    for k in range(K):  # a row's nr values are contiguous: widened straight into the panel
+        s = base + k * N + j0
+        if k + PACK_PF_ROWS < K:
+            prefetch(src, s + PACK_PF_ROWS * N)
+        d = d0 + k * nr
+        _widen16(src[s:s + nrows], dst[d:d + nrows], nrows, fmt)
+        for r in range(nrows, nr):
+            dst[d + r] = z
 
 
 def _widen16(src, d, K, fmt):

@@ -565,6 +565,7 @@ def forget_gemm_plans(real_plan):
     from dispatch.ops import linalg as L
     real_plan.cache_clear()
     L._PLANS.clear()
+    L._plan16.cache_clear()
 
 
 def spy_gemm_plans(monkeypatch, record):

@@ -6,6 +6,8 @@ of the same 16-bit values: matrix, batched and broadcast operands, vectors of on
 column, odd K, rows and columns across the AMX tiles and tasks, bias and each activation,
 strided operands, NaN-poisoned and non-contiguous out=, autograd, threads, and bad input
 that changes nothing."""
+import math
+
 import numpy as np
 import pytest
 
@@ -111,7 +113,9 @@ def test_autograd_matches_float64(half):
 
 def test_threads_bitwise(half):
     g = rng()
-    shapes = [((3, 5), (5, 4)), ((40, 64), (64, 48)), ((2, 30, 20), (20, 33)), ((1, 200), (200, 100))]
+    # the last two: b widened in the GEMM's tasks (linalg._gemm16: b of GEMM16_MIN_B elements on)
+    shapes = [((3, 5), (5, 4)), ((40, 64), (64, 48)), ((2, 30, 20), (20, 33)), ((1, 200), (200, 100)),
+              ((2, 30, 130), (130, 200)), ((3, 20, 100), (3, 100, 150))]
     cases = [(as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32))) for sa, sb in shapes]
 
     def call(case):
@@ -129,6 +133,40 @@ def test_odd_k_and_tiles(impl, half):
     for sa, sb in [((5, 33), (33, 7)), ((2, 40, 1), (1, 70)), ((3, 2, 65, 77), (2, 77, 129))][:2 if SMALL_SHAPES else 3]:
         a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
         check(run(impl, dispatch.matmul, a, b, activation="silu"), a, b, None, "silu", f"{impl} {sa} @ {sb}")
+
+
+def test_b_widened_in_the_gemm_tasks(half, monkeypatch):
+    """cpu-gemm with b of at least GEMM16_MIN_B elements: b's 16-bit panels widened by the
+    GEMM's tasks (kernels_cpu.weight_only.pack_b16, b (K, N) and a transposed view, every
+    panel width past whole panels), a's batch folded into its rows for a 2-D b, batched and
+    broadcast-a b, bias and activation, into a NaN-poisoned out=; where b is broadcast
+    along a batch dim the widened copies run instead.  Checked by the GEMM's b: 16-bit
+    patterns (uint16) on the new path."""
+    from dispatch.ops import linalg as L
+    from kernels_cpu import gemm as K
+    g = rng()
+    real, b_dtypes = K.gemm_launch, []
+
+    def launch(args, a3, ap, b3, *rest, **kw):
+        b_dtypes.append(b3.dtype)
+        return real(args, a3, ap, b3, *rest, **kw)
+
+    monkeypatch.setattr(K, "gemm_launch", launch)
+    cases = [((70, 130), (130, 300), False, True), ((37, 129), (300, 129), True, True),
+             ((2, 3, 40, 130), (130, 200), False, True), ((3, 50, 130), (3, 130, 150), False, True),
+             ((1, 50, 130), (3, 130, 150), False, True), ((3, 50, 130), (1, 130, 150), False, False)]
+    for sa, sb, transposed, widened_in_tasks in cases:
+        assert math.prod(sb) >= L.GEMM16_MIN_B
+        a = as_half(half, randn(g, sa, np.float32))
+        b = as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-1 if transposed else -2]))
+        b = b.T if transposed else b
+        bias = as_half(half, randn(g, (b.shape[-1],), np.float32))
+        out = poisoned(ref.matmul(a, b).shape, half)
+        b_dtypes.clear()
+        got = run("cpu-gemm", dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=out)
+        assert got is out
+        check(got, a, b, bias, "gelu_tanh", f"{sa} @ {sb} transposed={transposed}")
+        assert b_dtypes == [np.dtype(np.uint16) if widened_in_tasks else np.dtype(np.float32)], (sa, sb, b_dtypes)
 
 
 def test_rule(half):

@@ -30,10 +30,11 @@ import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_common.memory import ALIGN, aligned_empty
-from kernels_common.quant import WEIGHT_DENSE, WEIGHT_FORMAT_NAMES
+from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES
 from kernels_cpu import gemm as K
 from kernels_cpu import half as KH
-from kernels_cpu.parallel import num_threads
+from kernels_cpu import weight_only as KW
+from kernels_cpu.parallel import num_threads, worker_addresses
 
 from .. import validate as V
 from ..quantized import QuantizedArray
@@ -42,7 +43,8 @@ from ..registry import (FLOAT_DTYPES, Call, Implementation, Op, Rule, bucket, bu
 from . import _arena
 from ._common import deliver, half_bits, kernel_input, result_buffer, widened
 
-_KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel", "kernels_cpu.half")
+_KERNELS = ("kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel", "kernels_cpu.half",
+            "kernels_cpu.weight_only")
 
 
 class GemmKey(NamedTuple):
@@ -1049,14 +1051,19 @@ def _epilogue_variants(bias_at):
     return out
 
 
-def _half(run32):
+def _half(run32, gemm16=None):
     """run32 for bfloat16 / float16 a, b and bias as well (PyTorch's 16-bit matmul on the
     CPU): widened to float32 copies (O(MK + KN) beside the O(MNK) work), the float32 kernel,
-    the result rounded once to a's dtype."""
+    the result rounded once to a's dtype.  gemm16 (cpu-gemm's): the float32 product of the
+    16-bit operands computed without a float32 copy of b (see _gemm16), or None where it
+    does not apply."""
     def run(params, a, b, bias, out, code, b_is_nk, packed=None):
         if a.dtype.itemsize != 2:
             return run32(params, a, b, bias, out, code, b_is_nk, packed)
-        res32 = run32(params, widened(a), widened(b), None if bias is None else widened(bias), None, code, b_is_nk)
+        res32 = None if gemm16 is None else gemm16(a, b, bias, code)
+        if res32 is None:
+            res32 = run32(params, widened(a), widened(b), None if bias is None else widened(bias), None, code,
+                          b_is_nk)
         res = result_buffer(out, res32.shape, a.dtype)   # C-contiguous: out itself, or copied into it
         KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))
         return deliver(res, out)
@@ -1064,8 +1071,69 @@ def _half(run32):
     return run
 
 
+GEMM16_MIN_B = 1 << 14
+
+
+def _gemm16(a, b, bias, code):
+    """The float32 act(a @ b + bias) of a 16-bit matmul on the cache-blocked GEMM, or None
+    where b is broadcast along a batch dim (then the caller widens copies).  a (a 2-D b: its
+    batch dims folded into the rows) and bias are widened to float32 copies; b is widened
+    by the GEMM's tasks straight into their own B panels (kernels_cpu.weight_only.pack_b16),
+    each right before its micro-kernels read it: a float32 copy of b written by the calling
+    thread cost the GEMM more than the copy itself (its lines then came from the other
+    core's cache).  float16 on cpu-gemm, 2 threads, medians of 5 x 30 calls alternating in
+    one process (Xeon with AMX, 2026-12-07), ms, widened copies -> this: 128x768 @ 768x768
+    0.924 -> 0.575 (b a transposed view 1.549 -> 0.613), 128x768x3072 3.15 -> 2.34,
+    128x3072x768 3.05 -> 2.48, 128x4096x4096 24.3 -> 17.8, 512x768x768 2.42 -> 2.24, 1024^3
+    7.34 -> 7.05, 128x512x512 0.441 -> 0.325, 128x256x256 0.148 -> 0.129, (4, 32, 768) @
+    768x768 1.145 -> 0.564; batched b: 12 x 128x64 @ 64x128 0.227 -> 0.195, 12 x 128^3
+    0.392 -> 0.329, 16 x 198x32 @ 32x198 0.620 -> 0.529.  Below GEMM16_MIN_B elements of
+    b the plan's Python costs more than the copy: 5x7 @ 7x9 14.4 -> 17.3 us, 16x24 @ 24x40
+    17.7 -> 18.6, 40x50 @ 50x70 batched 31.8-43.6 -> 33.6-45.2 (float16 and bfloat16 alike)."""
+    if b.size < GEMM16_MIN_B:
+        return None
+    if b.ndim > 2 and tuple(b.shape[:-2]) != np.broadcast_shapes(a.shape[:-2], b.shape[:-2]):
+        return None
+    k = a.shape[-1]
+    a32 = widened(a)
+    if b.ndim == 2:
+        a32 = a32.reshape(-1, k)
+    a3, b3, ai, bi, ta, tb, bias_v, out3, res, _ = _prepare(a32, b, None if bias is None else widened(bias), None,
+                                                            False)
+    nbatch, m, n = out3.shape
+    if b3.shape[0] != nbatch or k == 0 or not out3.size:
+        return None
+    args, sa, sb = _plan16(a3.shape[0], nbatch, m, n, k, ta, tb, b.dtype == np.float16,
+                           bias is not None or code != ACT_NONE, code, num_threads(), K.active_index())
+    ap, bp = _panel_buffers(sa, sb, np.float32)
+    K.gemm_launch(args, a3, ap, b3.view(np.uint16), bp, out3, ai, bi, bias_v)
+    return res.reshape(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], n))
+
+
+@functools.lru_cache(maxsize=PLANS_MAX)
+def _plan16(na, nbatch, m, n, k, ta, tb, f16, has_epilogue, code, threads, ti):
+    """(K.plan_args, packed A's shape, packed B's shape) of _gemm16's GEMM: its decisions made
+    once per signature, as _run_gemm's (_PLANS)."""
+    f32 = np.dtype(np.float32)
+    tile = K.TILES[ti]
+    mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(f32), tile, f32.itemsize)
+    # the packer compiled beside the worker (two processes, parallel.worker_addresses): a
+    # cold first call of 128x768 @ 768x768 float16 (empty cache, fresh processes) took
+    # 2.60-2.73 s with the packer compiled first and alone, 2.19-2.25 s so (1.62-1.65 with
+    # the widened copies)
+    a_in_place = K.A_IN_PLACE_OK and not ta and m % tile.mr == 0
+    pack_b = worker_addresses([K.worker_kernel(f32, ti, a_in_place),
+                               (KW.pack_b16, (WEIGHT_F16 if f16 else WEIGHT_BF16, ti, bool(tb)))])[1]
+    args = K.plan_args(na, nbatch, nbatch, m, n, k, ta, tb, f32, tile, False, mc, nc, kc, has_epilogue, code, threads,
+                       pack_b=pack_b)
+    return args, *K.pack_shapes(na, nbatch, m, n, k, f32, tile)
+
+
 _HALF_NOTE = ("; bfloat16 / float16 (matmul): a, b, bias widened to float32 copies, the result rounded once to a's "
               "dtype")
+_HALF_NOTE_GEMM = ("; bfloat16 / float16 (matmul): a and bias widened to float32 copies, b widened by the GEMM's tasks "
+                   f"into their own panels (b of {GEMM16_MIN_B}+ elements not broadcast along a batch dim; else a "
+                   "float32 copy), the result rounded once to a's dtype")
 
 
 def _register(name, describe, signature, bias_at, half):
@@ -1073,7 +1141,8 @@ def _register(name, describe, signature, bias_at, half):
                         bytes=_bytes, rules={"cpu": _RULE_LINEAR if name == "linear" else _RULE_MATMUL}, synthesize=_synthesize,
                         variants=_epilogue_variants(bias_at)))
     wrap, dtypes, note = (_half, FLOAT_DTYPES + V.HALF_DTYPES, _HALF_NOTE) if half else (lambda r: r, FLOAT_DTYPES, "")
-    register(Implementation(name, "cpu-gemm", "cpu", wrap(_run_gemm), notes=_NOTES_GEMM + note, kernel_modules=_KERNELS,
+    register(Implementation(name, "cpu-gemm", "cpu", _half(_run_gemm, _gemm16) if half else _run_gemm,
+                            notes=_NOTES_GEMM + (_HALF_NOTE_GEMM if half else ""), kernel_modules=_KERNELS,
                             supports=dense_weight, dtypes=dtypes))
     register(Implementation(name, "cpu-gemv", "cpu", wrap(_run_gemv), notes=_NOTES_GEMV + note, kernel_modules=_KERNELS,
                             supports=dense_weight, dtypes=dtypes))
