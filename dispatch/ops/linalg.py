@@ -1103,11 +1103,23 @@ def _gemm16(a, b, bias, code):
     nbatch, m, n = out3.shape
     if b3.shape[0] != nbatch or k == 0 or not out3.size:
         return None
-    args, sa, sb = _plan16(a3.shape[0], nbatch, m, n, k, ta, tb, b.dtype == np.float16,
-                           bias is not None or code != ACT_NONE, code, num_threads(), K.active_index())
-    ap, bp = _panel_buffers(sa, sb, np.float32)
-    K.gemm_launch(args, a3, ap, b3.view(np.uint16), bp, out3, ai, bi, bias_v)
+    gemm16_launch(a3, b3.view(np.uint16), ai, bi, ta, tb, b.dtype == np.float16, bias_v,
+                  bias is not None or code != ACT_NONE, code, out3)
     return res.reshape(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], n))
+
+
+def gemm16_launch(a3, b3, ai, bi, ta, tb, f16, bias_v, has_epilogue, code, out3):
+    """out3 = act(a3[ai] @ widen(b3[bi]) + bias) on the cache-blocked GEMM (float32 a3,
+    bias_v and out3 as gemm_parallel takes them), b3 the bit patterns (uint16) of a float16
+    (f16) or bfloat16 B, (K, N) or stored (N, K) (tb), one B per output batch: the tasks
+    widen their own B panels (kernels_cpu.weight_only.pack_b16) right before reading them.
+    _gemm16's and the weight-only linear's product."""
+    nbatch, m, n = out3.shape
+    k = a3.shape[1] if ta else a3.shape[2]
+    args, sa, sb = _plan16(a3.shape[0], nbatch, m, n, k, ta, tb, f16, has_epilogue, code, num_threads(),
+                           K.active_index())
+    ap, bp = _panel_buffers(sa, sb, np.float32)
+    K.gemm_launch(args, a3, ap, b3, bp, out3, ai, bi, bias_v)
 
 
 @functools.lru_cache(maxsize=PLANS_MAX)

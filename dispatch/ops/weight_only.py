@@ -28,8 +28,10 @@ builds the key: GemmKey.weight_format, a kernels_common.quant.WEIGHT_* code; the
 implementations refuse a low-precision key and these refuse a dense one):
   cpu-wo-gemv   kernels_cpu.weight_only.run_gemv: dot products over weight rows widened in
                 registers, each weight byte read once for up to 4 rows of x (decode);
-  cpu-wo-gemm   blocks of WO_GEMM_ELEMS / K weight rows widened into a float32 buffer, then the
-                dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) on each block;
+  cpu-wo-gemm   the dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) whose tasks widen
+                their own panels of a 16-bit weight (linalg.gemm16_launch); an int8 weight
+                in blocks of WO_GEMM_ELEMS / K rows dequantized into a float32 buffer, the
+                GEMM on each block;
   cpu-wo-amx    a bfloat16 weight on AMX hosts: x split into three bfloat16 parts that add up
                 to it exactly, one AMX-BF16 product of the 3M rows, the parts' sums added
                 (as exact as the float32 GEMM; _run_wo_amx);
@@ -270,7 +272,14 @@ _NO_SOURCE = np.zeros((1, 1, 1), np.float32)
 
 
 def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
-    """Blocks of rows of the weight widened straight into the GEMM's packed B panels
+    """A 16-bit weight: one GEMM whose tasks widen their own B panels from the weight's rows
+    (linalg.gemm16_launch) right before reading them.  2 threads, medians of 5 rounds
+    alternating in one process, bits the same (Xeon with AMX, 2026-12-07), ms, the int8 path
+    below -> this, + bias + gelu: float16 x and weight 128x768x3072 3.20 -> 2.49, 128x3072x768
+    3.00 -> 2.26; float32 x: float16 weight 128x768x3072 2.93 -> 2.32, 512x768x768 2.29 ->
+    2.05, 300x100x1000 0.504 -> 0.322; bfloat16 weight 128x4096x4096 19.7 -> 15.6,
+    128x4096x11008 53.9 -> 41.6.
+    An int8 weight: blocks of its rows dequantized straight into the GEMM's packed B panels
     (KW.widen_panels), each block one GEMM with b_packed.  (Widened into plain rows, which
     the GEMM then packed again, M 128, K 4096, N 11008 bfloat16 took 94 ms where the dense
     float32 GEMM took 72 ms and 54 prepacked: 2026-12-05, Zen 4.)"""
@@ -278,6 +287,11 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     if args is None:
         return done
     x2, w2, fmt, sc, zp, bias_v, res, m, n, k = args
+    epilogue = bias is not None or code != ACT_NONE
+    if fmt != WEIGHT_INT8:
+        L.gemm16_launch(x2.reshape(1, m, k), w2.view(np.uint16).reshape(1, n, k), L._ZERO_IDX, L._ZERO_IDX, False, True,
+                        fmt == WEIGHT_F16, bias_v, epilogue, code, res.reshape(1, m, n))
+        return _finish(res, x, out)
     out2 = res.reshape(m, n)
     tile = L.K.active_tile()
     nr = tile.nr(_F32)
@@ -285,7 +299,6 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     rows = -(-rows // nr) * nr   # whole panels per block
     panels, tmp = _block_buffers(-(-rows // nr), k, nr, m, rows)
     a3 = x2.reshape(1, m, k)
-    epilogue = bias is not None or code != ACT_NONE
     for n0 in range(0, n, rows):
         nb = min(rows, n - n0)
         bp = panels[:, :-(-nb // nr)]
@@ -490,9 +503,10 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "weight rows loaded 16 (8 without AVX-512) at a time and widened in registers (vcvtph2ps / shift / "
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
-_NOTES_GEMM = (f"weight-only low precision, many rows: blocks of {WO_GEMM_ELEMS >> 18} MiB of weight rows widened to "
-               "float32 straight into the GEMM's packed panels (the calling thread's buffer), then the own GEMM "
-               "(cpu-gemm) on each block with bias + activation fused")
+_NOTES_GEMM = ("weight-only low precision, many rows: the own GEMM (cpu-gemm) with bias + activation fused, its tasks "
+               "widening a 16-bit weight's rows straight into their own packed panels; an int8 weight in blocks of "
+               f"{WO_GEMM_ELEMS >> 18} MiB of rows dequantized into the GEMM's packed panels (the calling thread's "
+               "buffer), one GEMM each")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
                         notes=_NOTES_GEMV + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
