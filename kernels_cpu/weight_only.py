@@ -1,8 +1,9 @@
 """Weight-only low precision linear: out = act(x @ dequant(W).T + bias), x float32 (M, K),
 W (N, K) stored as float16, bfloat16 (its 16-bit patterns, uint16) or int8 with a float32
 scale (and zero point) per output row; float32 accumulation.  The weight is widened in
-registers inside the loop: no float32 copy of it is ever made (run_gemv), or only one block
-of rows at a time into a reused buffer (widen_panels, the GEMM path for many rows).
+registers inside the loop: no float32 copy of it is ever made (run_gemv; the GEMM path for
+many rows widens each packed panel in the task that reads it, pack_b16), or, int8 on the
+GEMM path, one block of rows at a time into a reused buffer (widen_panels).
 
 run_gemv (decode, M = 1..~8): workers take blocks of NB output rows (longer runs of the
 weight when M = 1: row_task_rows).  A task walks its rows in groups of TB = 4 weight rows;
@@ -29,9 +30,11 @@ first call for each after the first, Zen 4 VM, 2026-12-01).
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
-widen_panels (many rows: dispatch/ops/weight_only.py's WO_GEMV_ROWS): rows n0:n1 of W
-dequantized into the GEMM's packed B panels (the calling thread's float32 buffer of one
-block of rows; the caller then runs the dense GEMM on it with b_packed).
+widen_panels (many rows, an int8 weight: dispatch/ops/weight_only.py's WO_GEMV_ROWS): rows
+n0:n1 of W dequantized into the GEMM's packed B panels (the calling thread's float32 buffer
+of one block of rows; the caller then runs the dense GEMM on it with b_packed).
+pack_b16 (many rows, a 16-bit weight or matmul b): the GEMM's own B packer for 16-bit
+patterns, each task widening the panels it reads (dispatch/ops/linalg.py gemm16_launch).
 """
 import numpy as np
 from llvmlite import ir
@@ -355,8 +358,9 @@ def pack_b16(j, params, fmt, ti, transposed):
     """gemm_parallel's pack_b for a 16-bit B (its bit patterns as uint16, fmt WEIGHT_F16 or
     WEIGHT_BF16): B panel j widened to float32 into gemm's panel layout (its _pack_b_n /
     _pack_b_t), B (K, N) or, transposed, stored (N, K).  Called by the GEMM's tasks right
-    before their micro-kernels read the panel (a 16-bit matmul's B: no float32 copy of it,
-    and the panel is in the task's own L2, see dispatch/ops/linalg.py _half)."""
+    before their micro-kernels read the panel (a 16-bit matmul's b or linear's weight: no
+    float32 copy of it, and the panel is in the task's own L2; dispatch/ops/linalg.py
+    gemm16_launch)."""
     z = np.float32(0)
     nr = _tnr(z, ti)
     p = c_array_at(params, np.int64(0), (P_COUNT,))
