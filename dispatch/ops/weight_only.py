@@ -384,7 +384,13 @@ def _run_wo_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
 # (LLVM "rocketlake"), 2026-12-07, /tmp/w/wo3.py, ms: M 16 10.7 / 27.0, 32 20.1 / 33.1,
 # 64 40.5 / 43.4, 96 49.4 / 52.5, 128 88.9 / 61.4, 256 189 / 96; float16 x and weight,
 # 128x768x3072 + bias + gelu: 4.48 / 4.33.
-WO_GEMV_ROWS = {16: 128, 8: 64}
+# Since the GEMM path's tasks widen their own panels (pack_b16), from 64 rows: the same
+# host, float16 weight 11008 x 4096, float32 x, medians of 5 x 3 calls alternating
+# (2026-12-07, /tmp/w/wo3.py), ms: M 8 4.8 / 9.8, 16 8.8 / 12.1, 24 10.9 / 14.5, 32 17.3 /
+# 16.7, 64 33.3 / 25.2; bfloat16 weight M 32 18.8 / 17.0, 48 22.8 / 21.3, 64 36.4 / 25.4,
+# 96 58.7 / 34.6, 128 86.0 / 43.2 (on AMX hosts cpu-wo-amx runs those).  Zen 4's 512 and
+# the 8-lane 64 were measured before that change.
+WO_GEMV_ROWS = {16: 64, 8: 64}
 # The CPUs (kernels_cpu.target.cpu_name()) measured otherwise: Zen 4, above.
 WO_GEMV_ROWS_BY_CPU = {"znver4": {16: 512, 8: 64}}
 
