@@ -485,8 +485,8 @@ def _widened_order(key):
                 "registers, each byte read from memory once (from cache again per further 4 rows of x); measured "
                 "beside WO_GEMV_ROWS")
     return (("cpu-wo-gemm", "cpu-wo-gemv"),
-            f"{name} weight, M bucket {key.m} >= {rows} ({KW.host_lanes()} float32 lanes): blocks of the weight "
-            "widened into the GEMM's packed panels, then the dense GEMM (compute bound; measured beside WO_GEMV_ROWS)")
+            f"{name} weight, M bucket {key.m} >= {rows} ({KW.host_lanes()} float32 lanes): the dense GEMM, the weight "
+            "widened into its packed panels (compute bound; measured beside WO_GEMV_ROWS)")
 
 
 _NOTES_HALF_X = ("; bfloat16 / float16 x (with a weight of its dtype): widened to float32 (exact) first, the float32 "
