@@ -55,6 +55,7 @@ class Overrides:
     exclude_op: tuple = ()            # ((op, frozenset of names), ...)
     tuned: bool = True                # consult the tuning cache
     cache: dict = field(default_factory=dict, compare=False)
+    runners: dict = field(default_factory=dict, compare=False)  # (op, memo signature) -> Op.repeated's entry
 
     def forced_name(self, op: registry.Op):
         name = dict(self.force_op).get(op.name)
@@ -148,7 +149,9 @@ _current: contextvars.ContextVar[Overrides | None] = contextvars.ContextVar("nk_
 def current() -> Overrides:
     """The override state of the calling thread / task."""
     state = _current.get()
-    return state if state is not None else _from_env()
+    if state is not None:
+        return state
+    return _env_state if _env_state is not None else _from_env()
 
 
 # One state (with its decision cache) per distinct override, shared by every block and
@@ -274,6 +277,7 @@ def select(key):
 
 
 registry._select = select
+registry._runners = lambda: current().runners
 
 
 def rule_choice(key):
@@ -283,9 +287,8 @@ def rule_choice(key):
 
 
 def clear_cache():
-    """Forget cached decisions (after the tuning cache changed)."""
-    current().cache.clear()
-    for state in list(_STATES.values()):
+    """Forget cached decisions and the repeated calls built on them (after the tuning cache
+    changed)."""
+    for state in (current(), *list(_STATES.values()), *((_env_state,) if _env_state is not None else ())):
         state.cache.clear()
-    if _env_state is not None:
-        _env_state.cache.clear()
+        state.runners.clear()

@@ -240,7 +240,7 @@ def test_quantize_checks_a_static_scale_on_every_call():
     for _ in range(3):
         q = dispatch.quantize(x, axis=1, scale=good, zero_point=zp)
         assert np.array_equal(q.values, np.full((4, 3), 2, np.int8))
-    assert list(registry.OPS["quantize"]._described.values()) == [memo._NOT_REMEMBERED]
+    assert list(registry.OPS["quantize"]._described.values()) == [memo.NOT_REMEMBERED]
     with pytest.raises(ValueError, match="scale must be positive"):
         dispatch.quantize(x, axis=1, scale=bad, zero_point=zp)
 
@@ -314,3 +314,113 @@ def test_out_over_memory_an_argument_object_holds_is_refused(case):
     with pytest.raises(ValueError, match="overlaps"):
         call(bad)
     assert np.array_equal(buf, before), f"{case}: a refused out= was written"
+
+
+# ---- Op.repeated: the memo table's calls kept with their chosen implementation ------------
+
+def _runners():
+    from dispatch import select
+    return select.current().runners
+
+
+@pytest.mark.parametrize("name", MEMO_OPS)
+def test_repeated_call_equals_the_op(name):
+    """Op.repeated (dispatch.autograd's way in) gives the op's own result on the first call
+    of a signature and on a repeated one with new arrays, bit for bit."""
+    op = registry.OPS[name]
+    seed = int(rng().integers(2 ** 31))
+    first, second = S.inputs(op, "small", seed=seed), S.inputs(op, "small", seed=seed + 1)
+    _runners().clear()
+    for named in (first, second):
+        args, kwargs = S.call_args(op, named)
+        want = op.public(*args, **kwargs)
+        args, kwargs = S.call_args(op, named)
+        got = op.repeated(*args, **kwargs)
+        assert S.same(got, want), f"{name} (seed {seed}): Op.repeated's result differs from the op's"
+
+
+def test_repeated_call_skips_validation_and_selection(monkeypatch):
+    """The second call of a signature runs neither describe nor selection; another
+    signature does; a bad first call raises as the op does and is not kept."""
+    from dispatch import select
+    op = registry.OPS["layer_norm"]
+    g = rng()
+    x, w = g.standard_normal((6, 32)).astype(np.float32), np.ones(32, np.float32)
+    want = dispatch.layer_norm(x + 1, w, eps=1e-5)
+    described, selected = [], []
+    describe, choose = op.describe, select.select
+    monkeypatch.setattr(op, "describe", lambda *a, **k: described.append(1) or describe(*a, **k))
+    monkeypatch.setattr(registry, "_select", lambda key: selected.append(1) or choose(key))
+    _runners().clear()
+    op.repeated(x, w, eps=1e-5)
+    y = op.repeated(x + 1, w, eps=1e-5)
+    assert (len(described), len(selected)) == (1, 1)
+    assert S.same(y, want)
+    op.repeated(x, w, eps=1e-3)                       # another eps: another signature
+    assert (len(described), len(selected)) == (2, 2)
+    with pytest.raises(ValueError, match="eps"):
+        op.repeated(x, w, eps=-1.0)
+    with pytest.raises(ValueError, match="eps"):
+        op.repeated(x, w, eps=-1.0)                   # not kept: validated again
+    assert len(described) == 4
+
+
+def test_repeated_call_follows_the_override_state():
+    """The kept choice belongs to the calling thread's override state: inside
+    dispatch.use(...) the forced implementation runs, outside it the rule's choice, and
+    select.clear_cache() forgets the kept calls."""
+    from dispatch import select
+    op = registry.OPS["layer_norm"]
+    x = rng().standard_normal((4, 16)).astype(np.float32)
+    ran = []
+    impls = registry.implementations("layer_norm", "cpu")
+    originals = [(i, i.run) for i in impls]
+    try:
+        for impl in impls:
+            impl.run = (lambda name, run: lambda *a: ran.append(name) or run(*a))(impl.name, impl.run)
+        select.clear_cache()
+        op.repeated(x)
+        chosen = ran[-1]
+        other = next(i.name for i in impls if i.name != chosen)
+        with dispatch.use(layer_norm=other):
+            op.repeated(x)
+            op.repeated(x)
+        op.repeated(x)
+        assert ran == [chosen, other, other, chosen]
+        assert _runners()
+        select.clear_cache()
+        assert not _runners()
+    finally:
+        for impl, run in originals:
+            impl.run = run
+
+
+def test_repeated_call_leaves_out_tensors_and_overlap_to_the_op():
+    """out= (its overlap with an input is the op's to refuse) and PyTorch tensors (the op
+    converts them) go through the op itself."""
+    x = rng().standard_normal((4, 16)).astype(np.float32)
+    op = registry.OPS["softmax"]
+    with pytest.raises(ValueError, match="out"):
+        op.repeated(x, -1, out=x[:, ::-1])
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(x)
+    got = op.repeated(t, -1)
+    assert isinstance(got, torch.Tensor)
+    assert S.same(got.numpy(), dispatch.softmax(x))
+
+
+def test_repeated_call_from_threads_with_their_own_overrides():
+    """Threads calling one signature at once, half of them inside dispatch.use(...) forcing
+    the other implementation: each gets its own array's result."""
+    op = registry.OPS["layer_norm"]
+    g = rng()
+    xs = [g.standard_normal((16, 64)).astype(np.float32) for _ in range(4)]
+    want = [dispatch.layer_norm(x) for x in xs]
+
+    def work(i):
+        forced = dispatch.use(layer_norm="cpu-serial") if i % 2 else dispatch.use()
+        with forced:
+            for _ in range(50):
+                assert S.same(op.repeated(xs[i]), want[i]), f"thread {i}: another thread's result"
+
+    _run_threads(4, work)
