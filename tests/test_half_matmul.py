@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import dispatch
+from dispatch import registry
 from tests.reference import linalg as ref
 from tests.support import (ON_CUDA, SMALL_SHAPES, as_half, assert_half_close, concurrent_mismatches, impl_params,
                            need_half_format,
@@ -179,3 +180,25 @@ def test_rule(half):
         assert "chosen: cpu-bf16-amx" in e, e
     else:
         assert "chosen: cpu-bf16-amx" not in e and "cpu-bf16-amx: refused" in e, e
+
+
+def test_rule_b_widened_in_tasks(half):
+    """Where cpu-gemm's tasks widen b (linalg.b16_in_tasks; not bfloat16 on an AMX host,
+    whose tiles come first): cpu-gemm from a batch x M x N x K bucket of GEMM16_MIN_WORK,
+    OpenBLAS on widened copies below it; a b broadcast along a batch dim keeps the float32
+    thresholds (its copy is made either way)."""
+    from dispatch.ops import linalg as L
+    from kernels_cpu import bf16_gemm as KB
+    if np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None:
+        pytest.skip("bfloat16 runs on AMX tiles on this host")
+    ones = lambda *s: as_half(half, np.ones(s, np.float32))  # noqa: E731
+    for a, b, chosen in [(ones(1, 768), ones(768, 768), "cpu-gemm"), (ones(4, 8, 768), ones(768, 768), "cpu-gemm"),
+                         (ones(8, 384), ones(384, 384), "cpu-gemm"), (ones(2, 384), ones(384, 384), "blas"),
+                         (ones(1, 512), ones(512, 512), "blas")]:
+        key = registry.OPS["matmul"].describe(a, b).key
+        assert key.b16_tasks and (key.batch * key.m * key.n * key.k >= L.GEMM16_MIN_WORK) == (chosen == "cpu-gemm")
+        e = str(dispatch.explain("matmul", a, b))
+        assert f"chosen: {chosen}" in e and "16-bit" in e, (a.shape, b.shape, e)
+    a, b = ones(3, 50, 130), ones(1, 130, 150)   # b broadcast along the batch: widened copies
+    assert not registry.OPS["matmul"].describe(a, b).key.b16_tasks
+    assert not registry.OPS["matmul"].describe(ones(64, 64), ones(64, 64)).key.b16_tasks   # under GEMM16_MIN_B

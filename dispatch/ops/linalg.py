@@ -63,6 +63,8 @@ class GemmKey(NamedTuple):
     k_odd: bool = False  # K is odd: the bfloat16 pair kernel (ops/weight_only.py) reads K in pairs
     # N's row bytes conflict in the caches (kernels_cpu.gemm.b_rows_conflict): a (K, N) b is packed, not read in place
     rows_2k: bool = False
+    # a 16-bit matmul b that cpu-gemm's tasks widen into their own panels (b16_in_tasks), not a float32 copy
+    b16_tasks: bool = False
 
 
 class GemmArgs(NamedTuple):
@@ -219,11 +221,11 @@ def _check_bias(bias, n, what):
         raise ValueError(f"bias must have shape ({n},) to match {what}, got {tuple(bias.shape)}")
 
 
-def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIGHT_DENSE):
+def gemm_key(op, dev, dt, batch, m, n, k, code, bias, packed, weight_format=WEIGHT_DENSE, b16_tasks=False):
     """The GemmKey of a product of these sizes (the one place they are bucketed)."""
     return GemmKey(op, dev, dt, bucket(batch), bucket(m), bucket_half(n), bucket_half(k), code, bias is not None,
                    packed is not None, weight_format=weight_format, n48=n % 48 == 0, k_odd=k % 2 == 1,
-                   rows_2k=K.b_rows_conflict(n * np.dtype(dt).itemsize))
+                   rows_2k=K.b_rows_conflict(n * np.dtype(dt).itemsize), b16_tasks=b16_tasks)
 
 
 def describe_matmul(a, b, *, bias=None, activation=None, out=None):
@@ -250,7 +252,8 @@ def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     out_shape = batch_shape + (m, n)
     V.out(out, out_shape, dt, a=a, b=b, bias=bias)
     batch = math.prod(batch_shape)
-    return Call(gemm_key("matmul", dev, dt, batch, m, n, k, code, bias, packed),
+    return Call(gemm_key("matmul", dev, dt, batch, m, n, k, code, bias, packed,
+                         b16_tasks=dev == "cpu" and dt.itemsize == 2 and b16_in_tasks(a.shape, b.shape)),
                 GemmArgs(a, b, bias, out, code, False, packed))
 
 
@@ -892,8 +895,18 @@ def _order(key):
 
 
 def _order_widened(key):
-    """The order of the dense float kernels (16-bit operands widened to float32 first)."""
+    """The order of the dense float kernels (16-bit operands widened to float32 first, or
+    b widened by cpu-gemm's tasks: b16_tasks)."""
     m, n, k = key.m, key.n, key.k
+    if key.b16_tasks:
+        work = key.batch * m * n * k
+        if work >= GEMM16_MIN_WORK:
+            return ("cpu-gemm", "blas", "cpu-gemv"), (
+                f"16-bit b widened by our GEMM's tasks into their own panels, batch x M x N x K bucket {work} >= "
+                f"2^19: no float32 copy of b (OpenBLAS and our gemv take one)")
+        return ("blas", "cpu-gemm", "cpu-gemv"), (
+            f"16-bit, batch x M x N x K bucket {work} < 2^19: one widened copy and OpenBLAS cost less than our "
+            "GEMM's plan and launch")
     # the product thresholds below were measured on power-of-two buckets: the half-octave
     # ones of the key, floored to them (bucket(bucket_half(n)) == bucket(n))
     mnk = m * bucket(n) * bucket(k)
@@ -1074,6 +1087,28 @@ def _half(run32, gemm16=None):
 GEMM16_MIN_B = 1 << 14
 
 
+def b16_in_tasks(a_shape, b_shape) -> bool:
+    """Whether a 16-bit matmul's b is widened by the GEMM's tasks (_gemm16): b of at least
+    GEMM16_MIN_B elements, not broadcast along a batch dim (a 2-D b: a's batch dims are
+    folded into its rows).  describe's key (GemmKey.b16_tasks) and _gemm16 both ask here."""
+    if math.prod(b_shape) < GEMM16_MIN_B:
+        return False
+    return len(b_shape) == 2 or tuple(b_shape[:-2]) == np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2]))
+
+
+# A 16-bit matmul whose b the tasks widen (b16_in_tasks) runs on cpu-gemm from a batch x M x N
+# x K bucket of 2^19: below it one widened copy and OpenBLAS cost less than our plan and
+# launch.  float16, 2 threads, ms, cpu-gemm / blas (widened copies) / cpu-gemv, forced,
+# minimum of two medians (Xeon with AMX, 2026-12-07, /tmp/w/h16.py): M=1 768x768 0.162 /
+# 0.209 / 0.228, 4096x4096 3.84 / 8.12 / 7.91, 1x1024x1024 0.210 / 0.348; 4x512x512 0.065 /
+# 0.131 / 0.083; 8x768x768 0.099 / 0.329; 32x768x768 0.196 / 0.482; (4, 32, 768) @ 768x768
+# 0.564 / 1.266; 64x768x768 0.311 / 0.588; 8x384x384 0.056 / 0.078; 16x256x512 0.064 /
+# 0.071; below 2^19: 1x512x512 0.079 / 0.048, 2x384x384 0.055 / 0.029 / 0.045, 2x128x128
+# 0.030 / 0.013 / 0.023; at 2^21 a tie (32x256x256 0.060 / 0.058, 128^3 0.055 / 0.055).
+# (bfloat16 on hosts without AMX takes the same path: 8x768x768 0.166 / 0.339, 16x4096x4096 4.54 / 10.42.)
+GEMM16_MIN_WORK = 1 << 19
+
+
 def _gemm16(a, b, bias, code):
     """The float32 act(a @ b + bias) of a 16-bit matmul on the cache-blocked GEMM, or None
     where b is broadcast along a batch dim (then the caller widens copies).  a (a 2-D b: its
@@ -1090,9 +1125,7 @@ def _gemm16(a, b, bias, code):
     0.392 -> 0.329, 16 x 198x32 @ 32x198 0.620 -> 0.529.  Below GEMM16_MIN_B elements of
     b the plan's Python costs more than the copy: 5x7 @ 7x9 14.4 -> 17.3 us, 16x24 @ 24x40
     17.7 -> 18.6, 40x50 @ 50x70 batched 31.8-43.6 -> 33.6-45.2 (float16 and bfloat16 alike)."""
-    if b.size < GEMM16_MIN_B:
-        return None
-    if b.ndim > 2 and tuple(b.shape[:-2]) != np.broadcast_shapes(a.shape[:-2], b.shape[:-2]):
+    if not b16_in_tasks(a.shape, b.shape):
         return None
     k = a.shape[-1]
     a32 = widened(a)
