@@ -46,8 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import dispatch
-from dispatch import interop, registry
+from dispatch import interop, registry   # (the package: every op registered, which _ops looks up)
 
 _NS = "nk"
 _HALF = (torch.bfloat16, torch.float16)   # 16-bit tensors: float32 backward kernels on widened values
