@@ -1394,13 +1394,14 @@ def _a4(a, transa, m, k):
  V_EPILOGUE, V_PHASE, V_NEXT, V_COUNT) = range(17)
 
 
-def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
+def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers, slabs=0):
     """out3 as gemm_parallel, for few rows and B stored (K, N) (b3 (Bb, K, N), C-contiguous
     like every operand): the batch's K rows in GEMV_KN_SPLITS slabs of whole rows (each one
     sequential stream of memory), each summed into partial M x N results, GEMV_KN_ROWS rows
     per pass over them; then a pass adding the partials row by row with the epilogue
     (epilogue False: plain product).  Both passes run gemv_kn_worker by address on the
-    team (parallel.run_workers)."""
+    team (parallel.run_workers); slabs: another worker's address for the first pass (a
+    16-bit B's, kernels_cpu.weight_only.gemv_kn16), which reads this argument block."""
     nbatch, M, N = out3.shape
     K = b3.shape[1]
     ns = min(GEMV_KN_SPLITS, K)
@@ -1413,7 +1414,7 @@ def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers):
     fn = worker_address(gemv_kn_worker, (bool(out3.dtype == np.float64),))
     for phase, items in ((0, nbatch * ns), (1, nbatch * M)):
         p[V_PHASE], p[V_NEXT] = phase, 0
-        run_workers(fn, p, max(1, min(nworkers, items)))
+        run_workers(slabs if phase == 0 and slabs else fn, p, max(1, min(nworkers, items)))
 
 
 @njit(**JIT_BY_ADDRESS)

@@ -46,7 +46,9 @@ from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 from . import target
 from .approx import OVERLOAD, JIT_BY_ADDRESS
 from .half import from_f16
-from .gemm import P_B, P_BP, P_COUNT, P_K, P_N, P_NB, PACK_PF_ROWS, _pack_strided, _tnr, epilogue_address
+from . import gemm as G
+from .approx import wide_loops
+from .gemm import P_B, P_BP, P_COUNT, P_K, P_N, P_NB, PACK_PF_ROWS, _a4, _pack_strided, _tnr, epilogue_address
 from .parallel import c_array_at, call_address, fetch_add, num_threads, prefetch, run_at, worker_address
 from .dot_tile import emit_tile
 from .llvm_ir import arg_readers
@@ -385,6 +387,78 @@ def pack_b16(j, params, fmt, ti, transposed):
         _widen16(src[s:s + nrows], dst[d:d + nrows], nrows, fmt)
         for r in range(nrows, nr):
             dst[d + r] = z
+
+
+# gemv_kn16: columns of B widened per step, GEMV_KN_ROWS rows of them at a time into an L1
+# scratch (8 x 512 float32: 16 KiB)
+GEMV16_COLS = 512
+
+
+def gemv_kn16(a3, b3, a_idx, b_idx, transa, fmt, bias, epilogue, code, out3, nworkers):
+    """gemm.gemv_kn for a 16-bit B: b3 (Bb, K, N) the bit patterns (uint16) of a float16 /
+    bfloat16 (fmt) B stored (K, N), read from memory once, with no float32 copy of it: the
+    slab workers (gemv_kn16_worker) widen GEMV_KN_ROWS rows x GEMV16_COLS columns at a time
+    into an L1 scratch and sum them into the partials as gemv_kn's own workers do (the same
+    products in the same order: the float32 gemv's bits on the widened B); gemv_kn's second
+    pass adds the partials with the epilogue.  a3, bias, out3 float32."""
+    G.gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers,
+              slabs=worker_address(gemv_kn16_worker, (int(fmt),)))
+
+
+@njit(**JIT_BY_ADDRESS)
+def gemv_kn16_worker(w, params, fmt):
+    """gemv_kn's first pass (slabs of K into partial sums) on a 16-bit B (gemv_kn16)."""
+    wide_loops()
+    p = c_array_at(params, np.int64(0), (G.V_COUNT,))
+    z = np.float32(0)
+    nbatch, M, N, K, ns = p[G.V_NBATCH], p[G.V_M], p[G.V_N], p[G.V_K], p[G.V_NS]
+    transa = p[G.V_TRANSA] != 0
+    a_idx = c_array_at(p[G.V_AIDX], np.int64(0), (nbatch,))
+    b_idx = c_array_at(p[G.V_BIDX], np.int64(0), (nbatch,))
+    part = c_array_at(p[G.V_PART], z, (nbatch, ns, M, N))
+    R = G.GEMV_KN_ROWS
+    C = GEMV16_COLS
+    tmp = np.empty(R * C, np.float32)
+    while True:
+        t = fetch_add(p, G.V_NEXT, 1)
+        if t >= nbatch * ns:
+            break
+        bi = t // ns
+        sp = t - bi * ns
+        k0 = sp * K // ns
+        k1 = (sp + 1) * K // ns
+        a = c_array_at(p[G.V_A] + a_idx[bi] * M * K * 4, z, (K, M) if transa else (M, K))
+        b = c_array_at(p[G.V_B] + b_idx[bi] * K * N * 2, np.uint16(0), (K, N))
+        acc = part[bi, sp]
+        for m in range(M):
+            arow = acc[m]
+            for j in range(N):
+                arow[j] = z
+        k = k0
+        while k < k1:
+            kr = min(R, k1 - k)
+            for j0 in range(0, N, C):
+                jn = min(C, N - j0)
+                for r in range(kr):
+                    _widen16(b[k + r, j0:j0 + jn], tmp[r * C:r * C + jn], jn, fmt)
+                for m in range(M):
+                    arow = acc[m, j0:j0 + jn]
+                    if kr == R:  # gemv_kn_worker's expression: its sums, bit for bit
+                        x0, x1, x2, x3 = _a4(a, transa, m, k)
+                        x4, x5, x6, x7 = _a4(a, transa, m, k + 4)
+                        t0, t1, t2, t3 = tmp[0:jn], tmp[C:C + jn], tmp[2 * C:2 * C + jn], tmp[3 * C:3 * C + jn]
+                        t4, t5, t6, t7 = (tmp[4 * C:4 * C + jn], tmp[5 * C:5 * C + jn], tmp[6 * C:6 * C + jn],
+                                          tmp[7 * C:7 * C + jn])
+                        for j in range(jn):
+                            arow[j] += (((x0 * t0[j] + x1 * t1[j]) + (x2 * t2[j] + x3 * t3[j]))
+                                        + ((x4 * t4[j] + x5 * t5[j]) + (x6 * t6[j] + x7 * t7[j])))
+                    else:
+                        for r in range(kr):
+                            xk = a[k + r, m] if transa else a[m, k + r]
+                            tr = tmp[r * C:r * C + jn]
+                            for j in range(jn):
+                                arow[j] += xk * tr[j]
+            k += kr
 
 
 def _widen16(src, d, K, fmt):

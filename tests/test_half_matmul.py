@@ -114,9 +114,10 @@ def test_autograd_matches_float64(half):
 
 def test_threads_bitwise(half):
     g = rng()
-    # the last two: b widened in the GEMM's tasks (linalg._gemm16: b of GEMM16_MIN_B elements on)
+    # the last three: b widened by our kernels (b of GEMM16_MIN_B elements on): in the GEMM's
+    # tasks (linalg._gemm16), and by the GEMV's workers at 3 rows (linalg._gemv16)
     shapes = [((3, 5), (5, 4)), ((40, 64), (64, 48)), ((2, 30, 20), (20, 33)), ((1, 200), (200, 100)),
-              ((2, 30, 130), (130, 200)), ((3, 20, 100), (3, 100, 150))]
+              ((2, 30, 130), (130, 200)), ((3, 20, 100), (3, 100, 150)), ((3, 700), (700, 800))]
     cases = [(as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32))) for sa, sb in shapes]
 
     def call(case):
@@ -183,22 +184,60 @@ def test_rule(half):
 
 
 def test_rule_b_widened_in_tasks(half):
-    """Where cpu-gemm's tasks widen b (linalg.b16_in_tasks; not bfloat16 on an AMX host,
-    whose tiles come first): cpu-gemm from a batch x M x N x K bucket of GEMM16_MIN_WORK,
-    OpenBLAS on widened copies below it; a b broadcast along a batch dim keeps the float32
-    thresholds (its copy is made either way)."""
+    """Where our kernels widen b themselves (linalg.b16_in_tasks; not bfloat16 on an AMX
+    host, whose tiles come first): from a batch x M x N x K bucket of GEMM16_MIN_WORK
+    cpu-gemv under GEMV_ROWS rows and cpu-gemm from there, OpenBLAS on widened copies below
+    it; a b broadcast along a batch dim keeps the float32 thresholds (its copy is made
+    either way)."""
     from dispatch.ops import linalg as L
     from kernels_cpu import bf16_gemm as KB
     if np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None:
         pytest.skip("bfloat16 runs on AMX tiles on this host")
     ones = lambda *s: as_half(half, np.ones(s, np.float32))  # noqa: E731
-    for a, b, chosen in [(ones(1, 768), ones(768, 768), "cpu-gemm"), (ones(4, 8, 768), ones(768, 768), "cpu-gemm"),
-                         (ones(8, 384), ones(384, 384), "cpu-gemm"), (ones(2, 384), ones(384, 384), "blas"),
-                         (ones(1, 512), ones(512, 512), "blas")]:
+    for a, b, chosen in [(ones(1, 768), ones(768, 768), "cpu-gemv"), (ones(4, 768), ones(768, 3072), "cpu-gemv"),
+                         (ones(4, 8, 768), ones(768, 768), "cpu-gemm"), (ones(8, 384), ones(384, 384), "cpu-gemm"),
+                         (ones(2, 384), ones(384, 384), "blas"), (ones(1, 512), ones(512, 512), "blas")]:
         key = registry.OPS["matmul"].describe(a, b).key
-        assert key.b16_tasks and (key.batch * key.m * key.n * key.k >= L.GEMM16_MIN_WORK) == (chosen == "cpu-gemm")
+        assert key.b16_tasks and (key.batch * key.m * key.n * key.k >= L.GEMM16_MIN_WORK) == (chosen != "blas")
         e = str(dispatch.explain("matmul", a, b))
         assert f"chosen: {chosen}" in e and "16-bit" in e, (a.shape, b.shape, e)
     a, b = ones(3, 50, 130), ones(1, 130, 150)   # b broadcast along the batch: widened copies
     assert not registry.OPS["matmul"].describe(a, b).key.b16_tasks
     assert not registry.OPS["matmul"].describe(ones(64, 64), ones(64, 64)).key.b16_tasks   # under GEMM16_MIN_B
+
+
+def test_gemv_reads_b_as_it_is(half, monkeypatch):
+    """cpu-gemv with b of at least GEMM16_MIN_B elements reads b's 16-bit patterns itself:
+    a (K, N) b by kernels_cpu.weight_only.gemv_kn16 (2-D, a's batch folded into its rows,
+    and batched), whose sums are the float32 gemv's on the widened b bit for bit; a 2-D b
+    stored (N, K) (a transposed view) by the weight-only GEMV's workers; bias, activation,
+    a NaN-poisoned out=.  A b broadcast along a batch dim takes the widened copies."""
+    from dispatch.ops import linalg as L
+    from kernels_cpu import gemm as K
+    from kernels_cpu import weight_only as KW
+    g = rng()
+    seen = []
+    real_kn, real_wo = K.gemv_kn, KW.run_gemv
+    monkeypatch.setattr(K, "gemv_kn", lambda *a, **k: seen.append(("kn", a[1].dtype)) or real_kn(*a, **k))
+    monkeypatch.setattr(KW, "run_gemv", lambda *a, **k: seen.append(("nk", a[1].dtype)) or real_wo(*a, **k))
+    u16, f32 = np.dtype(np.uint16), np.dtype(np.float32)
+    cases = [((1, 300), (300, 200), False, ("kn", u16)), ((5, 1029), (1029, 517), False, ("kn", u16)),
+             ((2, 3, 130), (130, 150), False, ("kn", u16)), ((3, 5, 130), (3, 130, 150), False, ("kn", u16)),
+             ((4, 140), (130, 140), True, ("nk", u16)), ((3, 5, 130), (1, 130, 150), False, ("kn", f32))]
+    for sa, sb, transposed, path in cases:
+        assert math.prod(sb) >= L.GEMM16_MIN_B
+        a = as_half(half, randn(g, sa, np.float32))
+        b = as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-1 if transposed else -2]))
+        b = b.T if transposed else b
+        bias = as_half(half, randn(g, (b.shape[-1],), np.float32))
+        out = poisoned(ref.matmul(a, b).shape, half)
+        seen.clear()
+        got = run("cpu-gemv", dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=out)
+        assert got is out
+        check(got, a, b, bias, "gelu_tanh", f"{sa} @ {sb} transposed={transposed}")
+        assert seen == [path], (sa, sb, seen)
+        if path == ("kn", u16):   # the float32 gemv on widened copies: the same bits
+            code = L.ACTIVATION_CODES["gelu_tanh"]
+            wide = L._run_gemv(None, a.astype(np.float32), b.astype(np.float32), bias.astype(np.float32), None, code,
+                               False)
+            np.testing.assert_array_equal(L._gemv16(a, b, bias, code), wide, err_msg=f"{sa} @ {sb}")

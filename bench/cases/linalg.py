@@ -11,7 +11,7 @@ CASES = [
     # 16-bit operands (PyTorch's float16 / bfloat16 matmul on the CPU)
     *(_c("matmul", f"bert-base qkv proj {fmt}", "BERT-base", {"a": (128, 768), "b": (768, 768)}, activations=fmt)
       for fmt in ("float16", "bfloat16")),
-    # a float16 decode step: b widened by the GEMM's tasks at one row (linalg.GEMM16_MIN_WORK)
+    # a float16 decode step: b read as it is by the GEMV (linalg._gemv16)
     _c("matmul", "llama-7b decode proj float16", "Llama-7B", {"a": (1, 4096), "b": (4096, 4096)},
        activations="float16"),
     _c("matmul", "bert-base attention scores bfloat16", "BERT-base", {"a": (12, 128, 64), "b": (12, 64, 128)},

@@ -900,10 +900,14 @@ def _order_widened(key):
     m, n, k = key.m, key.n, key.k
     if key.b16_tasks:
         work = key.batch * m * n * k
+        if work >= GEMM16_MIN_WORK and m < GEMV_ROWS:
+            return ("cpu-gemv", "cpu-gemm", "blas"), (
+                f"16-bit b, M bucket {m} < {GEMV_ROWS}, batch x M x N x K bucket {work} >= 2^19: matrix-vector form "
+                "reading b as it is (widened in L1), once; no float32 copy or panels of it")
         if work >= GEMM16_MIN_WORK:
             return ("cpu-gemm", "blas", "cpu-gemv"), (
                 f"16-bit b widened by our GEMM's tasks into their own panels, batch x M x N x K bucket {work} >= "
-                f"2^19: no float32 copy of b (OpenBLAS and our gemv take one)")
+                f"2^19: no float32 copy of b (OpenBLAS takes one)")
         return ("blas", "cpu-gemm", "cpu-gemv"), (
             f"16-bit, batch x M x N x K bucket {work} < 2^19: one widened copy and OpenBLAS cost less than our "
             "GEMM's plan and launch")
@@ -1067,9 +1071,9 @@ def _epilogue_variants(bias_at):
 def _half(run32, gemm16=None):
     """run32 for bfloat16 / float16 a, b and bias as well (PyTorch's 16-bit matmul on the
     CPU): widened to float32 copies (O(MK + KN) beside the O(MNK) work), the float32 kernel,
-    the result rounded once to a's dtype.  gemm16 (cpu-gemm's): the float32 product of the
-    16-bit operands computed without a float32 copy of b (see _gemm16), or None where it
-    does not apply."""
+    the result rounded once to a's dtype.  gemm16 (cpu-gemm's _gemm16, cpu-gemv's _gemv16):
+    the float32 product of the 16-bit operands computed without a float32 copy of b, or
+    None where it does not apply."""
     def run(params, a, b, bias, out, code, b_is_nk, packed=None):
         if a.dtype.itemsize != 2:
             return run32(params, a, b, bias, out, code, b_is_nk, packed)
@@ -1106,6 +1110,12 @@ def b16_in_tasks(a_shape, b_shape) -> bool:
 # 0.071; below 2^19: 1x512x512 0.079 / 0.048, 2x384x384 0.055 / 0.029 / 0.045, 2x128x128
 # 0.030 / 0.013 / 0.023; at 2^21 a tie (32x256x256 0.060 / 0.058, 128^3 0.055 / 0.055).
 # (bfloat16 on hosts without AMX takes the same path: 8x768x768 0.166 / 0.339, 16x4096x4096 4.54 / 10.42.)
+# Below GEMV_ROWS rows cpu-gemv reads b itself (_gemv16), once, where cpu-gemm writes all of
+# it as float32 panels: cpu-gemv / cpu-gemm / blas, same runs: M=1 4096x4096 0.918 / 3.98 /
+# 7.64, 11008x4096 2.78 / 14.3 / 27.7, 768x768 0.072 / 0.156 / 0.208, 3072x768 0.310 /
+# 0.439 / 0.828; M=4 4096x4096 1.88 / 4.00, 768x3072 0.494 / 0.552, 768x768 0.133 / 0.162;
+# M=6 768x768 0.158 / 0.160; at 8 rows mixed (4096x4096 2.95 / 3.96, 768x3072 0.774 /
+# 0.487, 768x768 0.194 / 0.163).
 GEMM16_MIN_WORK = 1 << 19
 
 
@@ -1125,6 +1135,20 @@ def _gemm16(a, b, bias, code):
     0.392 -> 0.329, 16 x 198x32 @ 32x198 0.620 -> 0.529.  Below GEMM16_MIN_B elements of
     b the plan's Python costs more than the copy: 5x7 @ 7x9 14.4 -> 17.3 us, 16x24 @ 24x40
     17.7 -> 18.6, 40x50 @ 50x70 batched 31.8-43.6 -> 33.6-45.2 (float16 and bfloat16 alike)."""
+    prep = _prepare16(a, b, bias)
+    if prep is None:
+        return None
+    a3, b3, ai, bi, ta, tb, bias_v, out3, res, shape = prep
+    gemm16_launch(a3, b3, ai, bi, ta, tb, b.dtype == np.float16, bias_v, bias is not None or code != ACT_NONE, code,
+                  out3)
+    return res.reshape(shape)
+
+
+def _prepare16(a, b, bias):
+    """The kernel arguments of a 16-bit matmul whose b the kernels widen themselves
+    (b16_in_tasks): _prepare's, on a float32 copy of a (a 2-D b: its batch dims folded into
+    the rows) and bias, b3 as its bit patterns (uint16); the result's shape last.  None:
+    b16_in_tasks says no, or nothing to compute (K = 0, an empty result)."""
     if not b16_in_tasks(a.shape, b.shape):
         return None
     k = a.shape[-1]
@@ -1133,12 +1157,31 @@ def _gemm16(a, b, bias, code):
         a32 = a32.reshape(-1, k)
     a3, b3, ai, bi, ta, tb, bias_v, out3, res, _ = _prepare(a32, b, None if bias is None else widened(bias), None,
                                                             False)
-    nbatch, m, n = out3.shape
-    if b3.shape[0] != nbatch or k == 0 or not out3.size:
+    if b3.shape[0] != out3.shape[0] or k == 0 or not out3.size:
         return None
-    gemm16_launch(a3, b3.view(np.uint16), ai, bi, ta, tb, b.dtype == np.float16, bias_v,
-                  bias is not None or code != ACT_NONE, code, out3)
-    return res.reshape(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], n))
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], out3.shape[2])
+    return a3, b3.view(np.uint16), ai, bi, ta, tb, bias_v, out3, res, shape
+
+
+def _gemv16(a, b, bias, code):
+    """The float32 act(a @ b + bias) of a 16-bit matmul in matrix-vector form, b read as it
+    is (kernels_cpu.weight_only.gemv_kn16 for b stored (K, N), the weight-only GEMV's
+    workers for a 2-D b stored (N, K)), or None where _prepare16 says no (then the caller
+    widens copies).  Float16 decode, 1x4096 @ 4096x4096, 2 threads: 0.92 ms where the
+    widened copies took 7.6-7.9 and cpu-gemm 3.98 (the rule's measurements: GEMM16_MIN_WORK)."""
+    prep = _prepare16(a, b, bias)
+    if prep is None:
+        return None
+    a3, b3, ai, bi, ta, tb, bias_v, out3, res, shape = prep
+    fmt = WEIGHT_F16 if b.dtype == np.float16 else WEIGHT_BF16
+    if not tb:
+        KW.gemv_kn16(a3, b3, ai, bi, ta, fmt, bias_v, bias is not None or code != ACT_NONE, code, out3, num_threads())
+    elif b3.shape[0] == 1:  # one (N, K) b: a linear weight's rows
+        KW.run_gemv(np.ascontiguousarray(a3[0].T if ta else a3[0]), b3[0], fmt, None, None, bias_v, code,
+                    KW.active_lanes() == 16, out3[0])
+    else:
+        return None
+    return res.reshape(shape)
 
 
 def gemm16_launch(a3, b3, ai, bi, ta, tb, f16, bias_v, has_epilogue, code, out3):
@@ -1176,6 +1219,9 @@ def _plan16(na, nbatch, m, n, k, ta, tb, f16, has_epilogue, code, threads, ti):
 
 _HALF_NOTE = ("; bfloat16 / float16 (matmul): a, b, bias widened to float32 copies, the result rounded once to a's "
               "dtype")
+_HALF_NOTE_GEMV = ("; bfloat16 / float16 (matmul): a and bias widened to float32 copies, b read as it is and "
+                   f"widened in L1 by the workers (b of {GEMM16_MIN_B}+ elements not broadcast along a batch dim; "
+                   "else a float32 copy), the result rounded once to a's dtype")
 _HALF_NOTE_GEMM = ("; bfloat16 / float16 (matmul): a and bias widened to float32 copies, b widened by the GEMM's tasks "
                    f"into their own panels (b of {GEMM16_MIN_B}+ elements not broadcast along a batch dim; else a "
                    "float32 copy), the result rounded once to a's dtype")
@@ -1189,7 +1235,8 @@ def _register(name, describe, signature, bias_at, half):
     register(Implementation(name, "cpu-gemm", "cpu", _half(_run_gemm, _gemm16) if half else _run_gemm,
                             notes=_NOTES_GEMM + (_HALF_NOTE_GEMM if half else ""), kernel_modules=_KERNELS,
                             supports=dense_weight, dtypes=dtypes))
-    register(Implementation(name, "cpu-gemv", "cpu", wrap(_run_gemv), notes=_NOTES_GEMV + note, kernel_modules=_KERNELS,
+    register(Implementation(name, "cpu-gemv", "cpu", _half(_run_gemv, _gemv16) if half else _run_gemv,
+                            notes=_NOTES_GEMV + (_HALF_NOTE_GEMV if half else ""), kernel_modules=_KERNELS,
                             supports=dense_weight, dtypes=dtypes))
     register(Implementation(name, "blas", "cpu", wrap(_run_blas), notes=_NOTES_BLAS + note, kernel_modules=_KERNELS,
                             supports=dense_weight, dtypes=dtypes))
