@@ -184,15 +184,14 @@ def test_rule(half):
 
 
 def test_rule_b_widened_in_tasks(half):
-    """Where our kernels widen b themselves (linalg.b16_in_tasks; not bfloat16 on an AMX
-    host, whose tiles come first): from a batch x M x N x K bucket of GEMM16_MIN_WORK
-    cpu-gemv under GEMV_ROWS rows and cpu-gemm from there, OpenBLAS on widened copies below
-    it; a b broadcast along a batch dim keeps the float32 thresholds (its copy is made
-    either way)."""
+    """Where our kernels widen b themselves (linalg.b16_in_tasks): from a batch x M x N x K
+    bucket of GEMM16_MIN_WORK cpu-gemv under GEMV_ROWS rows (also for bfloat16 on an AMX
+    host) and cpu-gemm from there (bfloat16 on an AMX host: its tiles), OpenBLAS on widened
+    copies below it (AMX tiles); a b broadcast along a batch dim keeps the float32
+    thresholds (its copy is made either way)."""
     from dispatch.ops import linalg as L
     from kernels_cpu import bf16_gemm as KB
-    if np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None:
-        pytest.skip("bfloat16 runs on AMX tiles on this host")
+    amx = np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None
     ones = lambda *s: as_half(half, np.ones(s, np.float32))  # noqa: E731
     for a, b, chosen in [(ones(1, 768), ones(768, 768), "cpu-gemv"), (ones(4, 768), ones(768, 3072), "cpu-gemv"),
                          (ones(4, 8, 768), ones(768, 768), "cpu-gemm"), (ones(8, 384), ones(384, 384), "cpu-gemm"),
@@ -200,7 +199,8 @@ def test_rule_b_widened_in_tasks(half):
         key = registry.OPS["matmul"].describe(a, b).key
         assert key.b16_tasks and (key.batch * key.m * key.n * key.k >= L.GEMM16_MIN_WORK) == (chosen != "blas")
         e = str(dispatch.explain("matmul", a, b))
-        assert f"chosen: {chosen}" in e and "16-bit" in e, (a.shape, b.shape, e)
+        chosen = "cpu-bf16-amx" if amx and chosen != "cpu-gemv" else chosen
+        assert f"chosen: {chosen}" in e and ("16-bit" in e or chosen == "cpu-bf16-amx"), (a.shape, b.shape, e)
     a, b = ones(3, 50, 130), ones(1, 130, 150)   # b broadcast along the batch: widened copies
     assert not registry.OPS["matmul"].describe(a, b).key.b16_tasks
     assert not registry.OPS["matmul"].describe(ones(64, 64), ones(64, 64)).key.b16_tasks   # under GEMM16_MIN_B

@@ -82,6 +82,15 @@ def order(key, widened_names, widened_reason):
     """The CPU candidates for a bfloat16 matmul key, best first, and why: AMX tiles where the
     host has them, else linalg's float32 kernels on widened copies (their own order)."""
     why = refusal(key)
+    if why is None and widened_names[0] == "cpu-gemv" and key.b16_tasks:
+        # few rows: the GEMV reads b once as it is (linalg._gemv16), where AMX's first pass
+        # interleaves all of b's rows.  2 threads, ms, cpu-gemv / cpu-bf16-amx, forced,
+        # minimum of two medians (Xeon with AMX, 2026-12-07, /tmp/w/h16b.py): M=1 4096x4096
+        # 0.906 / 2.44, 11008x4096 2.47 / 17.95, 3072x768 0.144 / 0.437, 768x768 0.050 /
+        # 0.088; M=4 4096x4096 1.49 / 2.70, 768x768 0.081 / 0.086; from 8 rows AMX (768x768
+        # 0.102 / 0.088, 16x4096x4096 4.82 / 2.65)
+        return (("cpu-gemv", "cpu-bf16-amx") + tuple(n for n in widened_names if n != "cpu-gemv"),
+                f"bfloat16 on an AMX host, but {widened_reason} (AMX would first interleave all of b)")
     if why is None:
         return (("cpu-bf16-amx",) + tuple(widened_names),
                 "bfloat16 a and b on an AMX host: AMX-BF16 tiles (tdpbf16ps, 16 times the float32 FMA's products "
