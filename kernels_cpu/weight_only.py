@@ -2,8 +2,7 @@
 W (N, K) stored as float16, bfloat16 (its 16-bit patterns, uint16) or int8 with a float32
 scale (and zero point) per output row; float32 accumulation.  The weight is widened in
 registers inside the loop: no float32 copy of it is ever made (run_gemv; the GEMM path for
-many rows widens each packed panel in the task that reads it, pack_b16), or, int8 on the
-GEMM path, one block of rows at a time into a reused buffer (widen_panels).
+many rows widens each packed panel in the task that reads it: pack_b16, pack_bq8).
 
 run_gemv (decode, M = 1..~8): workers take blocks of NB output rows (longer runs of the
 weight when M = 1: row_task_rows).  A task walks its rows in groups of TB = 4 weight rows;
@@ -30,11 +29,12 @@ first call for each after the first, Zen 4 VM, 2026-12-01).
 TA x TB: 16 lanes: TA up to 4 (16 zmm accumulators + 4 weight vectors + 1 x vector of 32
 registers); 8 lanes: TA up to 2 (8 + 4 + 1 of 16 ymm).
 
-widen_panels (many rows, an int8 weight: dispatch/ops/weight_only.py's WO_GEMV_ROWS): rows
-n0:n1 of W dequantized into the GEMM's packed B panels (the calling thread's float32 buffer
-of one block of rows; the caller then runs the dense GEMM on it with b_packed).
-pack_b16 (many rows, a 16-bit weight or matmul b): the GEMM's own B packer for 16-bit
-patterns, each task widening the panels it reads (dispatch/ops/linalg.py gemm16_launch).
+pack_b16 / pack_bq8 (many rows: dispatch/ops/weight_only.py's WO_GEMV_ROWS; pack_b16 also
+a 16-bit matmul b): the GEMM's own B packers for 16-bit patterns and for int8 values with
+their row's scale and zero point, each task widening the panels it reads
+(dispatch/ops/linalg.py widening_gemm_launch).
+gemv_kn16 (a 16-bit matmul b stored (K, N), few rows): gemm.gemv_kn's slabs on the
+patterns, widened in L1.
 """
 import numpy as np
 from llvmlite import ir
@@ -288,49 +288,10 @@ def run_gemv(x2, w2, fmt, scale, zp, bias, code, wide, out2):
     run_at(worker_address(wo_worker, (int(fmt), bool(wide))), addr, min(threads, -(-n // p[W_ROWS])))
 
 
-# K elements per step of widen_panels: each step widens NR rows x WIDEN_KB into a row-major
+# K elements per step of _widen_panel: each step widens NR rows x WIDEN_KB into a row-major
 # scratch (48 x 256 float32 = 48 KiB at the 8x48 tile: L2), then transposes it into the
 # panel with the GEMM's own register-transposing packer.
 WIDEN_KB = 256
-
-
-# widen_panels' argument block (int64): the weight, its scale and zero point, the panels,
-# the block's first row and row count, NR, the panel count, K, the panel counter.
-(V_W, V_SCALE, V_ZP, V_DST, V_N0, V_NROWS, V_NR, V_NPAN, V_K, V_N, V_NEXT, V_COUNT) = range(12)
-
-
-def widen_panels(w2, fmt, scale, zp, n0, nrows, dst):
-    """dst[0, q, k, r] = dequant(w2[n0 + q*nr + r, k]) in float32 for the nrows rows from
-    n0, zeros past them (dst (1, npan, K, nr), C-contiguous): rows n0.. of the weight as
-    the GEMM's packed B panels of nr columns (gemm.pack_b's layout for B stored (N, K)),
-    which the GEMM then reads with b_packed (w2, fmt, scale, zp as run_gemv).  Panels from
-    a counter on the thread team (widen_worker): as a prange kernel its parfor took a cold
-    first call of the GEMM path from 2.7 to 4.2 s (Zen 4, 2026-12-05)."""
-    if fmt != WEIGHT_INT8:
-        scale = zp = _NO_ROWS
-    p = np.zeros(V_COUNT, np.int64)
-    p[V_W], p[V_SCALE], p[V_ZP], p[V_DST] = w2.ctypes.data, scale.ctypes.data, zp.ctypes.data, dst.ctypes.data
-    p[V_N0], p[V_NROWS], p[V_NR], p[V_NPAN], p[V_K], p[V_N] = n0, nrows, dst.shape[3], dst.shape[1], dst.shape[2], \
-        w2.shape[0]
-    run_at(worker_address(widen_worker, (int(fmt),)), p.ctypes.data, min(num_threads(), dst.shape[1]))
-
-
-@njit(**JIT_BY_ADDRESS)
-def widen_worker(wk, params, fmt):
-    """A worker of widen_panels: panels taken from the V_NEXT counter; each widens NR rows x
-    WIDEN_KB of K at a time into a row-major scratch, then transposes that into the panel
-    with the GEMM's own register-transposing packer (gemm._pack_strided)."""
-    p = c_array_at(params, np.int64(0), (V_COUNT,))
-    N, K, nr, npan, n0, nrows = p[V_N], p[V_K], p[V_NR], p[V_NPAN], p[V_N0], p[V_NROWS]
-    w2 = c_array_at(p[V_W], _weight_zero(fmt), (N, K))
-    scale = c_array_at(p[V_SCALE], np.float32(0), (N,))
-    zp = c_array_at(p[V_ZP], np.float32(0), (N,))
-    flat = c_array_at(p[V_DST], np.float32(0), (npan * K * nr,))
-    tmp = np.empty(nr * WIDEN_KB, np.float32)
-    q = fetch_add(p, V_NEXT, 1)
-    while q < npan:
-        _widen_panel(w2, n0 + q * nr, min(nr, nrows - q * nr), K, nr, fmt, scale, zp, flat, q * K * nr, tmp)
-        q = fetch_add(p, V_NEXT, 1)
 
 
 @njit(inline="always")
@@ -362,7 +323,7 @@ def pack_b16(j, params, fmt, ti, transposed):
     _pack_b_t), B (K, N) or, transposed, stored (N, K).  Called by the GEMM's tasks right
     before their micro-kernels read the panel (a 16-bit matmul's b or linear's weight: no
     float32 copy of it, and the panel is in the task's own L2; dispatch/ops/linalg.py
-    gemm16_launch)."""
+    widening_gemm_launch)."""
     z = np.float32(0)
     nr = _tnr(z, ti)
     p = c_array_at(params, np.int64(0), (P_COUNT,))
@@ -375,7 +336,7 @@ def pack_b16(j, params, fmt, ti, transposed):
     dst = c_array_at(p[P_BP], z, ((j + 1) * K * nr,))
     base = bi * N * K
     d0 = j * K * nr
-    if transposed:  # nr rows of K, as widen_panels packs a weight's rows
+    if transposed:  # nr rows of K, as pack_bq8 packs an int8 weight's rows
         tmp = np.empty(nr * WIDEN_KB, np.float32)
         _widen_panel(src.reshape((nb * N, K)), bi * N + j0, nrows, K, nr, fmt, tmp, tmp, dst, d0, tmp)
         return
@@ -459,6 +420,31 @@ def gemv_kn16_worker(w, params, fmt):
                             for j in range(jn):
                                 arow[j] += xk * tr[j]
             k += kr
+
+
+# pack_bq8's extra slots in the GEMM's argument block (gemm.plan_args nextra): the addresses
+# of the weight's per-row scale and zero point
+PACK_BQ8_EXTRA = 2
+
+
+@njit(**JIT_BY_ADDRESS)
+def pack_bq8(j, params, ti):
+    """gemm_parallel's pack_b for an int8 weight stored (N, K), one B: panel j dequantized
+    ((q - zero point) * scale, per row, float32 (N,) arrays at slots P_COUNT and P_COUNT +
+    1: PACK_BQ8_EXTRA) into gemm's panel layout for B stored (N, K) (_widen_panel); called
+    by the GEMM's tasks right before their micro-kernels read the panel, as pack_b16 for a
+    16-bit weight (dispatch/ops/linalg.py widening_gemm_launch)."""
+    z = np.float32(0)
+    nr = _tnr(z, ti)
+    p = c_array_at(params, np.int64(0), (P_COUNT + PACK_BQ8_EXTRA,))
+    N, K = p[P_N], p[P_K]
+    j0 = j * nr
+    src = c_array_at(p[P_B], np.int8(0), (N, K))
+    scale = c_array_at(p[P_COUNT], z, (N,))
+    zp = c_array_at(p[P_COUNT + 1], z, (N,))
+    dst = c_array_at(p[P_BP], z, ((j + 1) * K * nr,))
+    tmp = np.empty(nr * WIDEN_KB, np.float32)
+    _widen_panel(src, j0, min(nr, N - j0), K, nr, WEIGHT_INT8, scale, zp, dst, j * K * nr, tmp)
 
 
 def _widen16(src, d, K, fmt):

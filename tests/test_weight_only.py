@@ -243,7 +243,7 @@ def test_rule_and_refusals():
 @pytest.mark.skipif(ON_CUDA, reason="CPU threads")
 @pytest.mark.parametrize("impl", [p for p in WO_IMPLS if p.values[0] is not None])
 def test_threads_give_single_thread_results(impl):
-    """4 Python threads calling at once (the kernels release the GIL; the GEMM path's block
+    """4 Python threads calling at once (the kernels release the GIL; the GEMM path's panel
     buffers are per thread) give bitwise the single-threaded results."""
     g = np.random.default_rng(5)
     cases = []
@@ -347,21 +347,29 @@ def test_empty_and_zero_k(impl, fmt):
     assert run(impl, dispatch.linear, np.ones((2, 5), np.float32), on_target(wn)).shape == (2, 0)
 
 
-@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM path's blocks")
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM path's packers")
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_cpu_gemm_path_several_blocks(fmt, monkeypatch):
-    """cpu-wo-gemm widens WO_GEMM_ELEMS // K rows per block (at least 64, rounded up to
-    whole panels of the tile): shrink it so that N = 150 takes two blocks or more (96 + 54
-    rows with 48-column panels), bias and activation per block."""
-    from dispatch.ops import weight_only as WO
+def test_cpu_gemm_path_widens_in_its_tasks(fmt, monkeypatch):
+    """cpu-wo-gemm is one GEMM whose tasks widen the weight's panels themselves: its B is the
+    weight as stored (16-bit patterns, or int8 values with the scale and zero point's
+    addresses in two extra slots for pack_bq8), never a float32 copy; N past whole panels,
+    an odd K, bias and activation, into a NaN-poisoned out=."""
+    from kernels_cpu import gemm as K
+    real, seen = K.gemm_launch, []
 
-    monkeypatch.setattr(WO, "WO_GEMM_ELEMS", 64 * 37)
+    def launch(args, a3, ap, b3, bp, out3, ai, bi, bias, extra=()):
+        seen.append((b3.dtype, len(extra)))
+        return real(args, a3, ap, b3, bp, out3, ai, bi, bias, extra)
+
+    monkeypatch.setattr(K, "gemm_launch", launch)
     g = rng()
     x, bias = randn(g, (20, 37), np.float32), randn(g, (150,), np.float32)
     w = make_weight(g, (150, 37), fmt)
     got = run("cpu-wo-gemm", dispatch.linear, x, w, bias, activation="gelu", out=poisoned((20, 150), np.float32))
-    assert_close(got, ref.linear(x, w, bias, activation="gelu"), _tol(37), f"{fmt} blocks", cancel=True,
+    assert_close(got, ref.linear(x, w, bias, activation="gelu"), _tol(37), f"{fmt} in the tasks", cancel=True,
                  scale=_scale(x, w, bias))
+    int8 = fmt.startswith("int8")
+    assert seen == [(np.dtype(np.int8), 2) if int8 else (np.dtype(np.uint16), 0)], seen
 
 
 # ---- cpu-wo-amx: float32 x split into three bfloat16 parts on AMX tiles -----------------------

@@ -30,7 +30,7 @@ import numpy as np
 
 from kernels_common.activation import ACT_NONE, ACTIVATION_CODES, FLOPS_PER_ELEMENT
 from kernels_common.memory import ALIGN, aligned_empty
-from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES
+from kernels_common.quant import WEIGHT_BF16, WEIGHT_DENSE, WEIGHT_F16, WEIGHT_FORMAT_NAMES, WEIGHT_INT8
 from kernels_cpu import gemm as K
 from kernels_cpu import half as KH
 from kernels_cpu import weight_only as KW
@@ -1139,8 +1139,8 @@ def _gemm16(a, b, bias, code):
     if prep is None:
         return None
     a3, b3, ai, bi, ta, tb, bias_v, out3, res, shape = prep
-    gemm16_launch(a3, b3, ai, bi, ta, tb, b.dtype == np.float16, bias_v, bias is not None or code != ACT_NONE, code,
-                  out3)
+    widening_gemm_launch(a3, b3, ai, bi, ta, tb, WEIGHT_F16 if b.dtype == np.float16 else WEIGHT_BF16, bias_v,
+                         bias is not None or code != ACT_NONE, code, out3)
     return res.reshape(shape)
 
 
@@ -1184,24 +1184,26 @@ def _gemv16(a, b, bias, code):
     return res.reshape(shape)
 
 
-def gemm16_launch(a3, b3, ai, bi, ta, tb, f16, bias_v, has_epilogue, code, out3):
+def widening_gemm_launch(a3, b3, ai, bi, ta, tb, fmt, bias_v, has_epilogue, code, out3, extra=()):
     """out3 = act(a3[ai] @ widen(b3[bi]) + bias) on the cache-blocked GEMM (float32 a3,
-    bias_v and out3 as gemm_parallel takes them), b3 the bit patterns (uint16) of a float16
-    (f16) or bfloat16 B, (K, N) or stored (N, K) (tb), one B per output batch: the tasks
-    widen their own B panels (kernels_cpu.weight_only.pack_b16) right before reading them.
-    _gemm16's and the weight-only linear's product."""
+    bias_v and out3 as gemm_parallel takes them), b3 a low-precision B whose panels the
+    GEMM's tasks widen themselves right before reading them: fmt WEIGHT_F16 / WEIGHT_BF16,
+    the bit patterns (uint16), (K, N) or stored (N, K) (tb), one B per output batch
+    (kernels_cpu.weight_only.pack_b16); or WEIGHT_INT8, one int8 weight stored (N, K)
+    dequantized with its per-row scale and zero point, whose addresses are `extra`
+    (kernels_cpu.weight_only.pack_bq8).  _gemm16's and the weight-only linear's product."""
     nbatch, m, n = out3.shape
     k = a3.shape[1] if ta else a3.shape[2]
-    args, sa, sb = _plan16(a3.shape[0], nbatch, m, n, k, ta, tb, f16, has_epilogue, code, num_threads(),
+    args, sa, sb = _plan16(a3.shape[0], nbatch, m, n, k, ta, tb, fmt, has_epilogue, code, num_threads(),
                            K.active_index())
     ap, bp = _panel_buffers(sa, sb, np.float32)
-    K.gemm_launch(args, a3, ap, b3, bp, out3, ai, bi, bias_v)
+    K.gemm_launch(args, a3, ap, b3, bp, out3, ai, bi, bias_v, extra)
 
 
 @functools.lru_cache(maxsize=PLANS_MAX)
-def _plan16(na, nbatch, m, n, k, ta, tb, f16, has_epilogue, code, threads, ti):
-    """(K.plan_args, packed A's shape, packed B's shape) of _gemm16's GEMM: its decisions made
-    once per signature, as _run_gemm's (_PLANS)."""
+def _plan16(na, nbatch, m, n, k, ta, tb, fmt, has_epilogue, code, threads, ti):
+    """(K.plan_args, packed A's shape, packed B's shape) of widening_gemm_launch's GEMM: its
+    decisions made once per signature, as _run_gemm's (_PLANS)."""
     f32 = np.dtype(np.float32)
     tile = K.TILES[ti]
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(f32), tile, f32.itemsize)
@@ -1210,10 +1212,10 @@ def _plan16(na, nbatch, m, n, k, ta, tb, f16, has_epilogue, code, threads, ti):
     # 2.60-2.73 s with the packer compiled first and alone, 2.19-2.25 s so (1.62-1.65 with
     # the widened copies)
     a_in_place = K.A_IN_PLACE_OK and not ta and m % tile.mr == 0
-    pack_b = worker_addresses([K.worker_kernel(f32, ti, a_in_place),
-                               (KW.pack_b16, (WEIGHT_F16 if f16 else WEIGHT_BF16, ti, bool(tb)))])[1]
+    packer = (KW.pack_bq8, (ti,)) if fmt == WEIGHT_INT8 else (KW.pack_b16, (fmt, ti, bool(tb)))
+    pack_b = worker_addresses([K.worker_kernel(f32, ti, a_in_place), packer])[1]
     args = K.plan_args(na, nbatch, nbatch, m, n, k, ta, tb, f32, tile, False, mc, nc, kc, has_epilogue, code, threads,
-                       pack_b=pack_b)
+                       pack_b=pack_b, nextra=KW.PACK_BQ8_EXTRA if fmt == WEIGHT_INT8 else 0)
     return args, *K.pack_shapes(na, nbatch, m, n, k, f32, tile)
 
 

@@ -29,9 +29,8 @@ implementations refuse a low-precision key and these refuse a dense one):
   cpu-wo-gemv   kernels_cpu.weight_only.run_gemv: dot products over weight rows widened in
                 registers, each weight byte read once for up to 4 rows of x (decode);
   cpu-wo-gemm   the dense GEMM (dispatch/ops/linalg's cpu-gemm machinery) whose tasks widen
-                their own panels of a 16-bit weight (linalg.gemm16_launch); an int8 weight
-                in blocks of WO_GEMM_ELEMS / K rows dequantized into a float32 buffer, the
-                GEMM on each block;
+                their own panels of the weight: 16-bit patterns, or int8 values dequantized
+                with the per-row scale and zero point (linalg.widening_gemm_launch);
   cpu-wo-amx    a bfloat16 weight on AMX hosts: x split into three bfloat16 parts that add up
                 to it exactly, one AMX-BF16 product of the 3M rows, the parts' sums added
                 (as exact as the float32 GEMM; _run_wo_amx);
@@ -242,72 +241,31 @@ def _run_gemv(params, x, weight, bias, out, code, b_is_nk, packed=None):
 _WORKSPACE = threading.local()
 
 
-def _block_buffers(npan, k, nr, m, rows):
-    """(panels, tmp): the calling thread's float32 buffers for one widened block of the
-    weight as packed B panels (npan, K, nr) and its product (m, rows), kept for the next
-    call (per Python thread: the kernels release the GIL).  Not linalg's workspace: its
-    GEMM packs A into that one."""
-    np_el = npan * k * nr
-    need = np_el + m * rows
-    buf = getattr(_WORKSPACE, "buf", None)
-    if buf is None or buf.size < need:
-        buf = np.empty(need, np.float32)
-        if need <= L.WORKSPACE_KEEP:
-            _WORKSPACE.buf = buf
-    return buf[:np_el].reshape(1, npan, k, nr), buf[np_el:need]
-
-
-# Weight elements widened per block on the GEMM path (8 MiB of float32: 512 rows at K =
-# 4096); each block is one GEMM call, which packs x again, so small blocks repack x often.
-# Measured 2026-11-25 (Xeon host, 2 threads, loaded by other jobs: load average 3.8-12,
-# interleaved medians) at M 128, K 4096, N 11008 bfloat16, rows per block (elements):
-#   run 1 (5 rounds): 256 (1M) 177 ms, 1024 (4M) 118, 2752 (11M) 141; dense fp32 cpu-gemm 131, blas 152
-#   run 2 (5 rounds): 256 122 ms, 1024 173; dense cpu-gemm 133, blas 151
-#   run 3 (9 rounds): 256 162 ms, 512 (2M) 105, 1024 116; dense cpu-gemm 176, blas 147
-# The host's noise is as large as the differences; 512 rows was never the slowest.
-WO_GEMM_ELEMS = 1 << 21
-# gemm_parallel's b3 with b_packed: only its count of matrices (1) is read, the panels are
-# the product's B
-_NO_SOURCE = np.zeros((1, 1, 1), np.float32)
-
-
 def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
-    """A 16-bit weight: one GEMM whose tasks widen their own B panels from the weight's rows
-    (linalg.gemm16_launch) right before reading them.  2 threads, medians of 5 rounds
-    alternating in one process, bits the same (Xeon with AMX, 2026-12-07), ms, the int8 path
-    below -> this, + bias + gelu: float16 x and weight 128x768x3072 3.20 -> 2.49, 128x3072x768
-    3.00 -> 2.26; float32 x: float16 weight 128x768x3072 2.93 -> 2.32, 512x768x768 2.29 ->
-    2.05, 300x100x1000 0.504 -> 0.322; bfloat16 weight 128x4096x4096 19.7 -> 15.6,
-    128x4096x11008 53.9 -> 41.6.
-    An int8 weight: blocks of its rows dequantized straight into the GEMM's packed B panels
-    (KW.widen_panels), each block one GEMM with b_packed.  (Widened into plain rows, which
-    the GEMM then packed again, M 128, K 4096, N 11008 bfloat16 took 94 ms where the dense
-    float32 GEMM took 72 ms and 54 prepacked: 2026-12-05, Zen 4.)"""
+    """One GEMM whose tasks widen their own B panels from the weight's rows right before
+    reading them (linalg.widening_gemm_launch): a 16-bit weight's patterns (pack_b16), an
+    int8 weight's values dequantized with its per-row scale and zero point (pack_bq8).
+    16-bit, against the int8 weight's former path (blocks of rows widened into a buffer,
+    one GEMM each), 2 threads, medians of 5 rounds alternating in one process, bits the same
+    (Xeon with AMX, 2026-12-07), ms, + bias + gelu: float16 x and weight 128x768x3072 3.20 ->
+    2.49, 128x3072x768 3.00 -> 2.26; float32 x: float16 weight 128x768x3072 2.93 -> 2.32,
+    512x768x768 2.29 -> 2.05, 300x100x1000 0.504 -> 0.322; bfloat16 weight 128x4096x4096
+    19.7 -> 15.6, 128x4096x11008 53.9 -> 41.6.  int8 per-channel weight, the same way
+    (medians of 3 alternating rounds, same host and day, /tmp/w/q8.py): 128x768x3072 2.59 ->
+    2.26, 128x3072x768 2.47 -> 2.05, 512x768x768 2.15 -> 2.03, 128x4096x4096 17.3 -> 15.3,
+    128x4096x11008 49.1 -> 40.7, 64x768x768 0.435 -> 0.319, 300x100x1000 0.474 -> 0.326, bits
+    the same."""
     done, args = _prepare_product(x, weight, bias, out, code)
     if args is None:
         return done
     x2, w2, fmt, sc, zp, bias_v, res, m, n, k = args
     epilogue = bias is not None or code != ACT_NONE
-    if fmt != WEIGHT_INT8:
-        L.gemm16_launch(x2.reshape(1, m, k), w2.view(np.uint16).reshape(1, n, k), L._ZERO_IDX, L._ZERO_IDX, False, True,
-                        fmt == WEIGHT_F16, bias_v, epilogue, code, res.reshape(1, m, n))
-        return _finish(res, x, out)
-    out2 = res.reshape(m, n)
-    tile = L.K.active_tile()
-    nr = tile.nr(_F32)
-    rows = min(n, max(64, WO_GEMM_ELEMS // k))
-    rows = -(-rows // nr) * nr   # whole panels per block
-    panels, tmp = _block_buffers(-(-rows // nr), k, nr, m, rows)
-    a3 = x2.reshape(1, m, k)
-    for n0 in range(0, n, rows):
-        nb = min(rows, n - n0)
-        bp = panels[:, :-(-nb // nr)]
-        KW.widen_panels(w2, fmt, sc, zp, n0, nb, bp)
-        o3 = tmp[:m * nb].reshape(1, m, nb)
-        # the panels as a prepacked weight (linalg's GEMM with b_packed)
-        L._gemm(a3, _NO_SOURCE, L._ZERO_IDX, L._ZERO_IDX, False, True, np.ascontiguousarray(bias_v[n0:n0 + nb]),
-                code, epilogue, o3, bp)
-        out2[:, n0:n0 + nb] = o3[0]
+    if fmt == WEIGHT_INT8:
+        b3, extra = w2.reshape(1, n, k), (sc.ctypes.data, zp.ctypes.data)   # pack_bq8's two extra slots
+    else:
+        b3, extra = w2.view(np.uint16).reshape(1, n, k), ()
+    L.widening_gemm_launch(x2.reshape(1, m, k), b3, L._ZERO_IDX, L._ZERO_IDX, False, True, fmt, bias_v, epilogue, code,
+                           res.reshape(1, m, n), extra)
     return _finish(res, x, out)
 
 
@@ -370,8 +328,8 @@ def _run_wo_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
 
 # Rows of x below which the GEMV path wins, by the host's float32 lanes (KW.host_lanes()):
 # the GEMV reads each weight byte from memory once for up to 4 rows (16 lanes; 2 with 8)
-# and again from L1/L2 for each further group of rows; the GEMM path widens blocks of the
-# weight into the GEMM's packed panels and runs the dense GEMM on them.  bfloat16 weight
+# and again from L1/L2 for each further group of rows; the GEMM path widens the weight into
+# the GEMM's packed panels (then in blocks, one GEMM each; since 2026-12-07 in its tasks).  bfloat16 weight
 # 11008 x 4096, both forced, interleaved medians of 5 rounds (gemv / gemm), Zen 4 (AVX-512),
 # 2 threads, 2026-12-05, after the GEMM path stopped packing its widened rows a second time:
 #   16 lanes: M 16 7.3 / 20.4 ms, 32 14.1 / 27.4, 64 29.7 / 44.4, 128 64.5-64.7 / 72.6-78.4,
@@ -510,9 +468,8 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "sign-extend), float32 FMA, 4 weight rows x up to 4 rows of x per tile, next rows prefetched, prange "
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
 _NOTES_GEMM = ("weight-only low precision, many rows: the own GEMM (cpu-gemm) with bias + activation fused, its tasks "
-               "widening a 16-bit weight's rows straight into their own packed panels; an int8 weight in blocks of "
-               f"{WO_GEMM_ELEMS >> 18} MiB of rows dequantized into the GEMM's packed panels (the calling thread's "
-               "buffer), one GEMM each")
+               "widening the weight's rows straight into their own packed panels (16-bit patterns; int8 values "
+               "dequantized with the per-row scale and zero point): no float32 copy of the weight")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
                         notes=_NOTES_GEMV + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
