@@ -60,6 +60,9 @@ CASES = [
        accuracy=_probe("int8"), weight_format="int8"),
     _c("linear", "llama-7b prefill 128 gate bfloat16", "Llama-7B", {"x": (128, _H), "weight": (_F, _H)},
        accuracy=_probe("bfloat16"), weight_format="bfloat16"),
+    # the GEMM path of an int8 weight: its tasks dequantize their own panels (pack_bq8)
+    _c("linear", "llama-7b prefill 128 gate int8", "Llama-7B", {"x": (128, _H), "weight": (_F, _H)},
+       accuracy=_probe("int8"), weight_format="int8"),
     # bfloat16 activations too (PyTorch's bfloat16 linear: cpu-bf16-amx, AMX tiles, on hosts
     # with AMX-BF16; cpu-bf16-dot, vdpbf16ps, on hosts with AVX-512 BF16); the accuracy
     # columns: against the float32 linear of the float32 data
