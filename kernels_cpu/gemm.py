@@ -1417,6 +1417,21 @@ def gemv_kn(a3, b3, a_idx, b_idx, transa, bias, epilogue, code, out3, nworkers, 
         run_workers(slabs if phase == 0 and slabs else fn, p, max(1, min(nworkers, items)))
 
 
+@njit(inline="always")
+def gemv_kn_slab(part, t, ns, K):
+    """Slab item t of gemv_kn's first pass: (its batch, its K rows k0 .. k1 - 1, its M x N
+    partial sums, zeroed)."""
+    bi = t // ns
+    sp = t - bi * ns
+    acc = part[bi, sp]
+    zero = acc.dtype.type(0)
+    for m in range(acc.shape[0]):
+        arow = acc[m]
+        for j in range(acc.shape[1]):
+            arow[j] = zero
+    return bi, sp * K // ns, (sp + 1) * K // ns, acc
+
+
 @njit(**JIT_BY_ADDRESS)
 def gemv_kn_worker(w, params, is64):
     """A worker of gemv_kn's pass V_PHASE (0: slabs, 1: rows), items from V_NEXT."""
@@ -1430,23 +1445,14 @@ def gemv_kn_worker(w, params, is64):
     b_idx = c_array_at(p[V_BIDX], np.int64(0), (nbatch,))
     part = c_array_at(p[V_PART], z, (nbatch, ns, M, N))
     out = c_array_at(p[V_OUT], z, (nbatch, M, N))
-    zero = z
     if p[V_PHASE] == 0:
         while True:
             t = fetch_add(p, V_NEXT, 1)
             if t >= nbatch * ns:
                 break
-            bi = t // ns
-            sp = t - bi * ns
-            k0 = sp * K // ns
-            k1 = (sp + 1) * K // ns
+            bi, k0, k1, acc = gemv_kn_slab(part, t, ns, K)
             a = c_array_at(p[V_A] + a_idx[bi] * M * K * isz, z, (K, M) if transa else (M, K))
             b = c_array_at(p[V_B] + b_idx[bi] * K * N * isz, z, (K, N))
-            acc = part[bi, sp]
-            for m in range(M):
-                arow = acc[m]
-                for j in range(N):
-                    arow[j] = zero
             # GEMV_KN_ROWS rows of B per pass over the accumulators, then the rest one by one
             k = k0
             while k + GEMV_KN_ROWS <= k1:

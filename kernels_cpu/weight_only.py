@@ -384,17 +384,9 @@ def gemv_kn16_worker(w, params, fmt):
         t = fetch_add(p, G.V_NEXT, 1)
         if t >= nbatch * ns:
             break
-        bi = t // ns
-        sp = t - bi * ns
-        k0 = sp * K // ns
-        k1 = (sp + 1) * K // ns
+        bi, k0, k1, acc = G.gemv_kn_slab(part, t, ns, K)
         a = c_array_at(p[G.V_A] + a_idx[bi] * M * K * 4, z, (K, M) if transa else (M, K))
         b = c_array_at(p[G.V_B] + b_idx[bi] * K * N * 2, np.uint16(0), (K, N))
-        acc = part[bi, sp]
-        for m in range(M):
-            arow = acc[m]
-            for j in range(N):
-                arow[j] = z
         k = k0
         while k < k1:
             kr = min(R, k1 - k)

@@ -137,6 +137,20 @@ def test_odd_k_and_tiles(impl, half):
         check(run(impl, dispatch.matmul, a, b, activation="silu"), a, b, None, "silu", f"{impl} {sa} @ {sb}")
 
 
+def _b16_cases(half, g, cases):
+    """(case, (a, b, bias, NaN-poisoned out)) for cases (a's shape, b's shape, b a transposed
+    view, ...) whose b has at least GEMM16_MIN_B elements (our kernels widen it themselves)."""
+    from dispatch.ops import linalg as L
+    for case in cases:
+        sa, sb, transposed = case[:3]
+        assert math.prod(sb) >= L.GEMM16_MIN_B
+        a = as_half(half, randn(g, sa, np.float32))
+        b = as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-1 if transposed else -2]))
+        b = b.T if transposed else b
+        bias = as_half(half, randn(g, (b.shape[-1],), np.float32))
+        yield case, (a, b, bias, poisoned(ref.matmul(a, b).shape, half))
+
+
 def test_b_widened_in_the_gemm_tasks(half, monkeypatch):
     """cpu-gemm with b of at least GEMM16_MIN_B elements: b's 16-bit panels widened by the
     GEMM's tasks (kernels_cpu.weight_only.pack_b16, b (K, N) and a transposed view, every
@@ -144,7 +158,6 @@ def test_b_widened_in_the_gemm_tasks(half, monkeypatch):
     broadcast-a b, bias and activation, into a NaN-poisoned out=; where b is broadcast
     along a batch dim the widened copies run instead.  Checked by the GEMM's b: 16-bit
     patterns (uint16) on the new path."""
-    from dispatch.ops import linalg as L
     from kernels_cpu import gemm as K
     g = rng()
     real, b_dtypes = K.gemm_launch, []
@@ -157,13 +170,7 @@ def test_b_widened_in_the_gemm_tasks(half, monkeypatch):
     cases = [((70, 130), (130, 300), False, True), ((37, 129), (300, 129), True, True),
              ((2, 3, 40, 130), (130, 200), False, True), ((3, 50, 130), (3, 130, 150), False, True),
              ((1, 50, 130), (3, 130, 150), False, True), ((3, 50, 130), (1, 130, 150), False, False)]
-    for sa, sb, transposed, widened_in_tasks in cases:
-        assert math.prod(sb) >= L.GEMM16_MIN_B
-        a = as_half(half, randn(g, sa, np.float32))
-        b = as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-1 if transposed else -2]))
-        b = b.T if transposed else b
-        bias = as_half(half, randn(g, (b.shape[-1],), np.float32))
-        out = poisoned(ref.matmul(a, b).shape, half)
+    for (sa, sb, transposed, widened_in_tasks), (a, b, bias, out) in _b16_cases(half, g, cases):
         b_dtypes.clear()
         got = run("cpu-gemm", dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=out)
         assert got is out
@@ -224,13 +231,7 @@ def test_gemv_reads_b_as_it_is(half, monkeypatch):
     cases = [((1, 300), (300, 200), False, ("kn", u16)), ((5, 1029), (1029, 517), False, ("kn", u16)),
              ((2, 3, 130), (130, 150), False, ("kn", u16)), ((3, 5, 130), (3, 130, 150), False, ("kn", u16)),
              ((4, 140), (130, 140), True, ("nk", u16)), ((3, 5, 130), (1, 130, 150), False, ("kn", f32))]
-    for sa, sb, transposed, path in cases:
-        assert math.prod(sb) >= L.GEMM16_MIN_B
-        a = as_half(half, randn(g, sa, np.float32))
-        b = as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-1 if transposed else -2]))
-        b = b.T if transposed else b
-        bias = as_half(half, randn(g, (b.shape[-1],), np.float32))
-        out = poisoned(ref.matmul(a, b).shape, half)
+    for (sa, sb, transposed, path), (a, b, bias, out) in _b16_cases(half, g, cases):
         seen.clear()
         got = run("cpu-gemv", dispatch.matmul, a, b, bias=bias, activation="gelu_tanh", out=out)
         assert got is out
