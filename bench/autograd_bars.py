@@ -13,13 +13,14 @@ both sit above 1.
 --breakdown also says where our round's time goes, from a loop of rounds with every
 registered dispatch op timed where dispatch.autograd calls it (median per round, each op's
 calls together; "run": of that, in the implementation's run, the kernel and the Python
-that makes its arrays, the rest of the call being dispatch's signature lookup), the rest
-of the round being PyTorch's autograd machinery and our Python around the calls; beside it, a torch.autograd.Function that does nothing (empty outputs and
+that makes its arrays, the rest of the call being dispatch's conversions, validation and
+selection), the rest of the round being PyTorch's autograd machinery and our Python around
+the calls; beside it, a torch.autograd.Function that does nothing (empty outputs and
 gradients) on the same leaf tensors: the machinery's own cost, which PyTorch's native ops
 pay too.
 """
 import sys, time, numpy as np, torch, numba
-import dispatch.autograd as nka
+import dispatch, dispatch.autograd as nka
 from dispatch import registry
 from bench import timing
 
@@ -50,15 +51,16 @@ def _timed(fn, spent, key):
 def breakdown(run, rounds=1000):
     """(median round, {op: median per round}, {op: median per round in its implementation's
     run}) of run() in a loop, with every registered dispatch op timed where dispatch.autograd
-    calls it (its ``_ops.<op>``: the op's Op.repeated), and inside it the chosen
-    implementation's run (the kernel and the Python around it: arrays made, the kernel
-    called); the difference is dispatch's own front (signature lookup, or on a first call
-    validation and selection)."""
-    spent, runs, impl_runs = {}, {}, []
-    ops = nka._ops
-    saved = dict(vars(ops))   # the ops looked up so far (bound methods), put back after
+    calls it (dispatch.<op>, looked up per call), and inside it the chosen implementation's
+    run (the kernel and the Python around it: arrays made, the kernel called); the
+    difference is dispatch's own front (conversions, validation, selection)."""
+    spent, runs, originals, impl_runs = {}, {}, {}, []
     for name in registry.OPS:
-        setattr(ops, name, _timed(getattr(ops, name), spent, name))
+        fn = getattr(dispatch, name, None)
+        if fn is None:
+            continue
+        originals[name] = fn
+        setattr(dispatch, name, _timed(fn, spent, name))
         for impl in registry.implementations(name, "cpu"):
             impl_runs.append((impl, impl.run))
             impl.run = _timed(impl.run, runs, name)
@@ -77,8 +79,8 @@ def breakdown(run, rounds=1000):
             for k, v in runs.items():
                 per_run.setdefault(k, []).append(v)
     finally:
-        vars(ops).clear()
-        vars(ops).update(saved)
+        for name, fn in originals.items():
+            setattr(dispatch, name, fn)
         for impl, fn in impl_runs:
             impl.run = fn
     med = lambda d: {k: np.median(v) / 1e9 for k, v in d.items()}  # noqa: E731

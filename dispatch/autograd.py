@@ -46,7 +46,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dispatch import interop, registry   # (the package: every op registered, which _ops looks up)
+import dispatch
+from dispatch import interop
 
 _NS = "nk"
 _HALF = (torch.bfloat16, torch.float16)   # 16-bit tensors: float32 backward kernels on widened values
@@ -115,21 +116,6 @@ class _Op:
                 if isinstance(a, Tensor) and a.requires_grad:
                     return self.function.apply(*args)
         return self.eager(args)
-
-
-class _Ops:
-    """dispatch's ops as the Functions call them: ``_ops.layer_norm(...)`` is
-    ``registry.OPS["layer_norm"].repeated``, which keeps each repeated signature's chosen
-    implementation and skips validation and selection on the next step's call (every op's
-    public function passes its arguments through unchanged, so the op takes the same call)."""
-
-    def __getattr__(self, name):
-        fn = registry.OPS[name].repeated
-        setattr(self, name, fn)
-        return fn
-
-
-_ops = _Ops()
 
 
 def _op(name, fake):
@@ -226,22 +212,22 @@ def _widened(backward, *args):
 
 @_op("softmax", _like)
 def _softmax(x: Tensor, axis: int) -> Tensor:
-    return _ops.softmax(x, axis)
+    return dispatch.softmax(x, axis)
 
 
 @_op("log_softmax", _like)
 def _log_softmax(x: Tensor, axis: int) -> Tensor:
-    return _ops.log_softmax(x, axis)
+    return dispatch.log_softmax(x, axis)
 
 
 @_op("softmax_backward", _like)
 def _softmax_backward(grad_out: Tensor, y: Tensor, axis: int) -> Tensor:
-    return _widened(_ops.softmax_backward, grad_out, y, axis)
+    return _widened(dispatch.softmax_backward, grad_out, y, axis)
 
 
 @_op("log_softmax_backward", _like)
 def _log_softmax_backward(grad_out: Tensor, y: Tensor, axis: int) -> Tensor:
-    return _widened(_ops.log_softmax_backward, grad_out, y, axis)
+    return _widened(dispatch.log_softmax_backward, grad_out, y, axis)
 
 
 def _save_output_axis(ctx, inputs, output):
@@ -276,8 +262,8 @@ def _ce_fake(logits, targets, reduction, ignore_index):
 @_op("cross_entropy_with_grad", _ce_fake)
 def _cross_entropy_with_grad(logits: Tensor, targets: Tensor, reduction: str,
                              ignore_index: int) -> tuple[Tensor, Tensor]:
-    loss, grad = _ops.cross_entropy_with_grad(logits, targets, reduction=reduction,
-                                              ignore_index=ignore_index)
+    loss, grad = dispatch.cross_entropy_with_grad(logits, targets, reduction=reduction,
+                                                  ignore_index=ignore_index)
     return loss, grad
 
 
@@ -300,7 +286,7 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     """dispatch.cross_entropy, differentiable in logits.  Under autograd the gradient is
     computed in the forward's sweep over each row and kept (logits' size) until backward."""
     if not (torch.is_grad_enabled() and logits.requires_grad):
-        return _ops.cross_entropy(logits, targets, reduction=reduction, ignore_index=ignore_index)
+        return dispatch.cross_entropy(logits, targets, reduction=reduction, ignore_index=ignore_index)
     loss, _ = _cross_entropy_with_grad(logits, targets, reduction, ignore_index)
     return loss
 
@@ -315,18 +301,18 @@ def _norm_fake(x, weight, bias, residual, eps):
 def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], residual: Optional[Tensor],
                 eps: float) -> tuple[Tensor, Tensor]:
     if residual is None:
-        y = _ops.layer_norm(x, weight, bias, eps=eps)
+        y = dispatch.layer_norm(x, weight, bias, eps=eps)
         return y, _absent(x)
-    return _ops.layer_norm(x, weight, bias, eps=eps, residual=residual)
+    return dispatch.layer_norm(x, weight, bias, eps=eps, residual=residual)
 
 
 @_op("rms_norm", lambda x, weight, residual, eps: (torch.empty_like(x), torch.empty_like(x)))
 def _rms_norm(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor],
               eps: float) -> tuple[Tensor, Tensor]:
     if residual is None:
-        y = _ops.rms_norm(x, weight, eps=eps)
+        y = dispatch.rms_norm(x, weight, eps=eps)
         return y, _absent(x)
-    return _ops.rms_norm(x, weight, eps=eps, residual=residual)
+    return dispatch.rms_norm(x, weight, eps=eps, residual=residual)
 
 
 def _ln_bwd_fake(grad_out, x, weight, bias, grad_residual, eps):
@@ -353,7 +339,7 @@ def _norm_backward_of(backward, grad_out, x, params, grad_residual, eps):
 def _layer_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                          grad_residual: Optional[Tensor],
                          eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = _norm_backward_of(_ops.layer_norm_backward, grad_out, x, (weight, bias), grad_residual, eps)
+    dx, dw, db = _norm_backward_of(dispatch.layer_norm_backward, grad_out, x, (weight, bias), grad_residual, eps)
     return dx, _absent(x) if dw is None else dw, _absent(x) if db is None else db
 
 
@@ -361,7 +347,7 @@ def _layer_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], 
     torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight)))
 def _rms_norm_backward(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], grad_residual: Optional[Tensor],
                        eps: float) -> tuple[Tensor, Tensor]:
-    dx, dw = _norm_backward_of(_ops.rms_norm_backward, grad_out, x, (weight,), grad_residual, eps)
+    dx, dw = _norm_backward_of(dispatch.rms_norm_backward, grad_out, x, (weight,), grad_residual, eps)
     return dx, _absent(x) if dw is None else dw
 
 
@@ -405,32 +391,32 @@ def rms_norm(x, weight=None, *, eps=1e-6, residual=None):
 
 @_op("relu", _like)
 def _relu(x: Tensor) -> Tensor:
-    return _ops.relu(x)
+    return dispatch.relu(x)
 
 
 @_op("silu", _like)
 def _silu(x: Tensor) -> Tensor:
-    return _ops.silu(x)
+    return dispatch.silu(x)
 
 
 @_op("gelu", _like)
 def _gelu(x: Tensor, approximate: str) -> Tensor:
-    return _ops.gelu(x, approximate)
+    return dispatch.gelu(x, approximate)
 
 
 @_op("relu_backward", _like)
 def _relu_backward(grad_out: Tensor, x: Tensor) -> Tensor:
-    return _widened(_ops.relu_backward, grad_out, x)
+    return _widened(dispatch.relu_backward, grad_out, x)
 
 
 @_op("silu_backward", _like)
 def _silu_backward(grad_out: Tensor, x: Tensor) -> Tensor:
-    return _widened(_ops.silu_backward, grad_out, x)
+    return _widened(dispatch.silu_backward, grad_out, x)
 
 
 @_op("gelu_backward", _like)
 def _gelu_backward(grad_out: Tensor, x: Tensor, approximate: str) -> Tensor:
-    return _widened(_ops.gelu_backward, grad_out, x, approximate)
+    return _widened(dispatch.gelu_backward, grad_out, x, approximate)
 
 
 def _save_inputs(ctx, inputs, output):
@@ -465,23 +451,23 @@ def _pair_fake(grad_out, gate, up, *opts):
 
 @_op("swiglu", lambda gate, up: torch.empty_like(gate))
 def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    return _ops.swiglu(gate, up)
+    return dispatch.swiglu(gate, up)
 
 
 @_op("geglu", lambda gate, up, approximate: torch.empty_like(gate))
 def _geglu(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
-    return _ops.geglu(gate, up, approximate)
+    return dispatch.geglu(gate, up, approximate)
 
 
 @_op("swiglu_backward", _pair_fake)
 def _swiglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    dg, du = _widened(_ops.swiglu_backward, grad_out, gate, up)
+    dg, du = _widened(dispatch.swiglu_backward, grad_out, gate, up)
     return dg, du
 
 
 @_op("geglu_backward", _pair_fake)
 def _geglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
-    dg, du = _widened(_ops.geglu_backward, grad_out, gate, up, approximate)
+    dg, du = _widened(dispatch.geglu_backward, grad_out, gate, up, approximate)
     return dg, du
 
 
@@ -504,12 +490,12 @@ def geglu(gate, up, approximate="none"):
 
 @_op("rope", lambda x, cos, sin, interleaved: torch.empty_like(x))
 def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    return _ops.rope(x, cos, sin, interleaved=interleaved)
+    return dispatch.rope(x, cos, sin, interleaved=interleaved)
 
 
 @_op("rope_backward", lambda grad_out, cos, sin, interleaved: torch.empty_like(grad_out))
 def _rope_backward(grad_out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    return _widened(lambda g, c, s: _ops.rope_backward(g, c, s, interleaved=interleaved), grad_out, cos, sin)
+    return _widened(lambda g, c, s: dispatch.rope_backward(g, c, s, interleaved=interleaved), grad_out, cos, sin)
 
 
 def _rope_setup(ctx, inputs, output):
@@ -535,8 +521,8 @@ def _act(activation, pre):
     if _half_of(pre) is not None:
         return _act(activation, pre.float()).to(pre.dtype)
     if activation == "gelu_tanh":
-        return _ops.gelu(pre, "tanh")
-    return getattr(_ops, activation)(pre)
+        return dispatch.gelu(pre, "tanh")
+    return getattr(dispatch, activation)(pre)
 
 
 def _product_fake(a, b, bias, activation, shape):
@@ -549,8 +535,8 @@ def _product_fake(a, b, bias, activation, shape):
 def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor],
             activation: Optional[str]) -> tuple[Tensor, Tensor]:
     if activation is None:
-        return _ops.linear(x, weight, bias), _absent(x)
-    pre = _ops.linear(x, weight, bias)
+        return dispatch.linear(x, weight, bias), _absent(x)
+    pre = dispatch.linear(x, weight, bias)
     return _act(activation, pre), pre
 
 
@@ -562,8 +548,8 @@ def _matmul_shape(a, b):
 @_op("matmul", lambda a, b, bias, activation: _product_fake(a, b, bias, activation, _matmul_shape(a, b)))
 def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str]) -> tuple[Tensor, Tensor]:
     if activation is None:
-        return _ops.matmul(a, b, bias=bias), _absent(a)
-    pre = _ops.matmul(a, b, bias=bias)
+        return dispatch.matmul(a, b, bias=bias), _absent(a)
+    pre = dispatch.matmul(a, b, bias=bias)
     return _act(activation, pre), pre
 
 
@@ -580,8 +566,8 @@ def _linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, pre: Tensor, a
         # 16-bit training: the float32 backward kernels on the widened (exact) tensors, the
         # gradients rounded to x's dtype once (PyTorch's 16-bit linear also sums in float32)
         grad_out, x, weight, pre = grad_out.float(), x.float(), weight.float(), pre.float()
-    dx, dw, db = _ops.linear_backward(grad_out, x, weight, pre if activation is not None else None,
-                                      activation=activation, has_bias=has_bias)
+    dx, dw, db = dispatch.linear_backward(grad_out, x, weight, pre if activation is not None else None,
+                                          activation=activation, has_bias=has_bias)
     if half is not None:
         dx, dw, db = dx.to(half), dw.to(half), None if db is None else db.to(half)
     return dx, dw, _absent(x) if db is None else db
@@ -593,8 +579,8 @@ def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, pre: Tensor, activa
     half = _half_of(grad_out)
     if half is not None:   # as _linear_backward: float32 kernels on the widened tensors, rounded once
         grad_out, a, b, pre = grad_out.float(), a.float(), b.float(), pre.float()
-    da, db_, dbias = _ops.matmul_backward(grad_out, a, b, pre if activation is not None else None,
-                                          activation=activation, has_bias=has_bias)
+    da, db_, dbias = dispatch.matmul_backward(grad_out, a, b, pre if activation is not None else None,
+                                              activation=activation, has_bias=has_bias)
     if half is not None:
         da, db_, dbias = da.to(half), db_.to(half), None if dbias is None else dbias.to(half)
     return da, db_, _absent(a) if dbias is None else dbias
@@ -636,7 +622,7 @@ def linear(x, weight, bias=None, *, activation=None):
     the widened tensors and rounds the gradients to that dtype."""
     _check_activation(activation)
     if not _tracking(x, weight, bias):
-        return _ops.linear(x, weight, bias, activation=activation)
+        return dispatch.linear(x, weight, bias, activation=activation)
     return _linear(x, weight, bias, activation)[0]
 
 
@@ -646,7 +632,7 @@ def matmul(a, b, *, bias=None, activation=None):
     gradient is summed over the batch dims it was broadcast along, as PyTorch)."""
     _check_activation(activation)
     if not _tracking(a, b, bias):
-        return _ops.matmul(a, b, bias=bias, activation=activation)
+        return dispatch.matmul(a, b, bias=bias, activation=activation)
     return _matmul(a, b, bias, activation)[0]
 
 
@@ -661,7 +647,7 @@ def _attn_fake(q, k, v, mask, causal, scale):
 @_op("attention", _attn_fake)
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
                scale: Optional[float]) -> tuple[Tensor, Tensor]:
-    out, lse = _ops.attention(q, k, v, causal=causal, mask=mask, scale=scale, return_lse=True)
+    out, lse = dispatch.attention(q, k, v, causal=causal, mask=mask, scale=scale, return_lse=True)
     return out, lse
 
 
@@ -669,8 +655,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: 
     torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 def _attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         mask: Optional[Tensor], causal: bool, scale: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = _widened(lambda g, q, k, v, o, m: _ops.attention_backward(g, q, k, v, o, lse, causal=causal,
-                                                                           mask=m, scale=scale),
+    dq, dk, dv = _widened(lambda g, q, k, v, o, m: dispatch.attention_backward(g, q, k, v, o, lse, causal=causal,
+                                                                               mask=m, scale=scale),
                           grad_out, q, k, v, out, mask)
     return dq, dk, dv
 
@@ -696,7 +682,7 @@ def attention(q, k, v, *, causal=False, mask=None, scale=None):
     (dispatch.attention_backward) recomputes each tile's probabilities from them, never
     the (Sq, Skv) matrix, and sums dK, dV over the query heads of a GQA group."""
     if not _tracking(q, k, v):
-        return _ops.attention(q, k, v, causal=causal, mask=mask, scale=scale)
+        return dispatch.attention(q, k, v, causal=causal, mask=mask, scale=scale)
     return _attention(q, k, v, mask, bool(causal), None if scale is None else float(scale))[0]
 
 
@@ -710,8 +696,8 @@ def _lce_grad_fake(x, weight, targets, bias, reduction, ignore_index):
 @_op("linear_cross_entropy_with_grad", _lce_grad_fake)
 def _lce_with_grad(x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], reduction: str,
                    ignore_index: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    loss, dx, dw, db = _ops.linear_cross_entropy_with_grad(x, weight, targets, bias, reduction=reduction,
-                                                           ignore_index=ignore_index)
+    loss, dx, dw, db = dispatch.linear_cross_entropy_with_grad(x, weight, targets, bias, reduction=reduction,
+                                                               ignore_index=ignore_index)
     return loss, dx, dw, _absent(x) if db is None else db
 
 
@@ -729,7 +715,7 @@ _lce_with_grad.register_autograd(_lce_grad_backward, setup_context=_lce_grad_set
 
 @_op("linear_cross_entropy", lambda x, weight, targets, bias, ignore_index: x.new_empty((x.shape[0],)))
 def _lce_per_row(x: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int) -> Tensor:
-    return _ops.linear_cross_entropy(x, weight, targets, bias, reduction="none", ignore_index=ignore_index)
+    return dispatch.linear_cross_entropy(x, weight, targets, bias, reduction="none", ignore_index=ignore_index)
 
 
 @_op("linear_cross_entropy_backward", lambda g, x, weight, targets, bias, ignore_index: (
@@ -763,8 +749,8 @@ def linear_cross_entropy(x, weight, targets, bias=None, *, reduction="mean", ign
     weight's and the bias's sizes) until backward scales them; "none": the backward pass
     recomputes each chunk's logits."""
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        return _ops.linear_cross_entropy(x, weight, targets, bias, reduction=reduction,
-                                         ignore_index=ignore_index)
+        return dispatch.linear_cross_entropy(x, weight, targets, bias, reduction=reduction,
+                                             ignore_index=ignore_index)
     if reduction == "none":
         return _lce_per_row(x, weight, targets, bias, int(ignore_index))
     return _lce_with_grad(x, weight, targets, bias, reduction, int(ignore_index))[0]

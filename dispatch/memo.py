@@ -37,10 +37,6 @@ is the caller's array at some argument position, an attribute of a ``__memo_key_
 first call whose prepared arguments hold anything else (an array describe derived, as a
 reshape of x) is marked not rememberable for its signature, and describe runs every time.
 
-Op.repeated (dispatch.autograd's way in) keeps a template per signature too, with the
-implementation chosen for it, in the calling thread's override state (select.Overrides.
-runners), so that a repeated call skips selection as well.
-
 Per op at most MAX_ENTRIES signatures are kept (the table is emptied when full); lookups
 and inserts are single dict operations, safe from several Python threads.
 """
@@ -56,7 +52,7 @@ MAX_ENTRIES = 256
 _SCALARS = frozenset((int, float, bool, str, type(None), complex, np.float32, np.float64, np.int32, np.int64,
                       np.bool_, np.float16, np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64))
 _FLOATS = frozenset((float, np.float16, np.float32, np.float64))
-NOT_REMEMBERED = object()  # the entry of a signature whose call cannot be rebuilt
+_NOT_REMEMBERED = object()  # the entry of a signature whose call cannot be rebuilt
 
 
 class _Skip(Exception):
@@ -172,10 +168,10 @@ class Template:
 
 
 def template(call, arrays, objs):
-    """call's Template, or NOT_REMEMBERED when an argument is none of: an input array, a memo
+    """call's Template, or _NOT_REMEMBERED when an argument is none of: an input array, a memo
     object, an array attribute of one, a constant."""
     if not _constant(call.key) or not _constant(call.prep_notes):  # a function may hold arrays
-        return NOT_REMEMBERED
+        return _NOT_REMEMBERED
     at = {id(a): i for i, a in enumerate(arrays)}
     ob = {id(o): j for j, o in enumerate(objs)}
     attrs = {}
@@ -192,18 +188,18 @@ def template(call, arrays, objs):
             elif id(v) in attrs:
                 fields.append((3,) + attrs[id(v)])
             else:
-                return NOT_REMEMBERED  # derived by describe from an argument
+                return _NOT_REMEMBERED  # derived by describe from an argument
         elif id(v) in ob:
             fields.append((2, ob[id(v)], None))
         elif _constant(v):
             fields.append((0, v, None))
         else:
-            return NOT_REMEMBERED
+            return _NOT_REMEMBERED
     identity = [j for j, o in enumerate(objs) if getattr(type(o), "__memo_identity__", True)]
     try:
         refs = tuple(weakref.ref(o) if j in identity else None for j, o in enumerate(objs))
     except TypeError:
-        return NOT_REMEMBERED
+        return _NOT_REMEMBERED
     return Template(_rebuilder(call, fields, identity), refs)
 
 
@@ -233,7 +229,7 @@ def described(table: dict, describe, args, kwargs):
         return describe(*args, **kwargs)
     sig, arrays, objs = s
     entry = table.get(sig)
-    if entry is NOT_REMEMBERED or (entry is not None and out is not None and not _out_is_clear(out, arrays, objs)):
+    if entry is _NOT_REMEMBERED or (entry is not None and out is not None and not _out_is_clear(out, arrays, objs)):
         return describe(*args, **kwargs)
     if entry is not None:
         call = entry.rebuild(arrays, objs)

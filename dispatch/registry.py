@@ -271,48 +271,6 @@ class Op:
         else:
             call = self.describe(*args, **kwargs)
         impl, params = _select(call.key)
-        return self._execute(impl, params, call)
-
-    def repeated(self, *args, **kwargs):
-        """self(*args, **kwargs), for a caller that makes the same calls on host arrays step
-        after step (dispatch.autograd's Functions).  Per signature (dispatch/memo.py's
-        contract) and override state, the chosen implementation and the call's template are
-        kept in the state (select.Overrides.runners): a repeated call is rebuilt and run with
-        no validation, selection or tensor check in between.  What stays outside the memo
-        contract (tensors, out=, ops that update inputs) goes through self().
-
-        Why: inside an autograd step each layer of Python runs cold, right after a kernel
-        and PyTorch's engine: dispatch.layer_norm's front (memo, selection) took 21-24 us of
-        its 94-104 there against 2.5 in a loop (512x768 float32 forward + backward, 2
-        threads, medians of 500 rounds, Sapphire Rapids VM, 2026-12-07, /tmp/w/ln.py);
-        a Function calling the implementation through such a table ran its rounds in
-        408-416 us against 435-446 through dispatch.layer_norm (loops of 200, medians of
-        6; /tmp/w/ln5.py)."""
-        if self.memo and not self.updates and kwargs.get("out") is None:
-            s = memo.signature(args, kwargs)
-            if s is not None:
-                sig, arrays, objs = s
-                runners = _runners()
-                entry = runners.get((self.name, sig))
-                if entry is None:  # the first call of this signature: in full, then kept
-                    call = self.describe(*args, **kwargs)
-                    impl, params = _select(call.key)
-                    tpl = memo.template(call, arrays, objs)
-                    if len(runners) >= memo.MAX_ENTRIES:
-                        runners.clear()
-                    runners[(self.name, sig)] = tpl if tpl is memo.NOT_REMEMBERED else (impl, params, tpl)
-                    return self._execute(impl, params, call)
-                if entry is not memo.NOT_REMEMBERED:
-                    impl, params, tpl = entry
-                    call = tpl.rebuild(arrays, objs)
-                    if call is not None:
-                        return self._execute(impl, params, call)
-                    runners.pop((self.name, sig), None)  # a memo object at a dead one's id: made again next time
-        return self(*args, **kwargs)
-
-    def _execute(self, impl, params, call):
-        """impl's run of a validated call; CPU kernels under the threading layer's guard
-        where one is needed, and the cores kept warm after."""
         if impl.device != "cpu":
             return impl.run(params, *call.args)
         if cpu_runtime.needs_guard():  # a user-chosen workqueue layer
@@ -349,10 +307,7 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
-# installed by dispatch.select (it imports this module): select(key) -> (impl, params), and
-# the calling thread's override state's table of repeated calls (Op.repeated)
-_select = None
-_runners = None
+_select = None  # dispatch.select.select, installed by that module (it imports this one)
 
 
 def _check_rule_type(op, device, rule):

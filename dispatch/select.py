@@ -55,7 +55,6 @@ class Overrides:
     exclude_op: tuple = ()            # ((op, frozenset of names), ...)
     tuned: bool = True                # consult the tuning cache
     cache: dict = field(default_factory=dict, compare=False)
-    runners: dict = field(default_factory=dict, compare=False)  # (op, memo signature) -> Op.repeated's entry
 
     def forced_name(self, op: registry.Op):
         name = dict(self.force_op).get(op.name)
@@ -277,7 +276,6 @@ def select(key):
 
 
 registry._select = select
-registry._runners = lambda: current().runners
 
 
 def rule_choice(key):
@@ -287,8 +285,9 @@ def rule_choice(key):
 
 
 def clear_cache():
-    """Forget cached decisions and the repeated calls built on them (after the tuning cache
-    changed)."""
-    for state in (current(), *list(_STATES.values()), *((_env_state,) if _env_state is not None else ())):
+    """Forget cached decisions (after the tuning cache changed)."""
+    current().cache.clear()
+    for state in list(_STATES.values()):
         state.cache.clear()
-        state.runners.clear()
+    if _env_state is not None:
+        _env_state.cache.clear()

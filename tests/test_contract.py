@@ -48,7 +48,6 @@ def _forget_decisions():
     for state in (select._current.get(), select._env_state):
         if state is not None:
             state.cache.clear()
-            state.runners.clear()
 
 
 @pytest.fixture(autouse=True)
