@@ -44,10 +44,9 @@ from numba.extending import intrinsic, overload
 from kernels_common.quant import WEIGHT_BF16, WEIGHT_F16, WEIGHT_INT8
 
 from . import target
-from .approx import OVERLOAD, JIT_BY_ADDRESS
+from .approx import OVERLOAD, JIT_BY_ADDRESS, wide_loops
 from .half import from_f16
 from . import gemm as G
-from .approx import wide_loops
 from .gemm import P_B, P_BP, P_COUNT, P_K, P_N, P_NB, PACK_PF_ROWS, _a4, _pack_strided, _tnr, epilogue_address
 from .parallel import c_array_at, call_address, fetch_add, num_threads, prefetch, run_at, worker_address
 from .dot_tile import emit_tile

@@ -242,3 +242,8 @@ def test_gemv_reads_b_as_it_is(half, monkeypatch):
             wide = L._run_gemv(None, a.astype(np.float32), b.astype(np.float32), bias.astype(np.float32), None, code,
                                False)
             np.testing.assert_array_equal(L._gemv16(a, b, bias, code), wide, err_msg=f"{sa} @ {sb}")
+    # NaN in, NaN out: a NaN in a's first row spoils that row only
+    a, b = as_half(half, randn(g, (2, 300), np.float32)), as_half(half, randn(g, (300, 200), np.float32))
+    a[0, 7] = np.nan
+    got = run("cpu-gemv", dispatch.matmul, a, b).astype(np.float32)
+    assert np.isnan(got[0]).all() and not np.isnan(got[1]).any()

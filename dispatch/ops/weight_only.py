@@ -329,9 +329,10 @@ def _run_wo_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
 # Rows of x below which the GEMV path wins, by the host's float32 lanes (KW.host_lanes()):
 # the GEMV reads each weight byte from memory once for up to 4 rows (16 lanes; 2 with 8)
 # and again from L1/L2 for each further group of rows; the GEMM path widens the weight into
-# the GEMM's packed panels (then in blocks, one GEMM each; since 2026-12-07 in its tasks).  bfloat16 weight
-# 11008 x 4096, both forced, interleaved medians of 5 rounds (gemv / gemm), Zen 4 (AVX-512),
-# 2 threads, 2026-12-05, after the GEMM path stopped packing its widened rows a second time:
+# the GEMM's packed panels (then in blocks, one GEMM each; since 2026-12-07 in its tasks).
+# bfloat16 weight 11008 x 4096, both forced, interleaved medians of 5 rounds (gemv / gemm),
+# Zen 4 (AVX-512), 2 threads, 2026-12-05, after the GEMM path stopped packing its widened
+# rows a second time:
 #   16 lanes: M 16 7.3 / 20.4 ms, 32 14.1 / 27.4, 64 29.7 / 44.4, 128 64.5-64.7 / 72.6-78.4,
 #             256 125.8 / 136.3, 512 251.7 / 241.3;
 #   8 lanes (the AVX2 GEMV, forced on the same host beside the 16-lane GEMM; Zen 3's FMA
