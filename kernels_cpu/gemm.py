@@ -18,7 +18,8 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
      place, row k at k*N (B_IN_PLACE; a partial last panel is still packed).  An A of
      whole MR-row panels (not transposed, no custom packer) is not packed either: the
      micro-kernel broadcasts its values straight from its MR rows (A_IN_PLACE_OK; the
-     worker is compiled per A form);
+     worker is compiled per A form); an A that must be packed, under one column block,
+     is packed by the task that reads it into its worker's slice (A_TASK_OK);
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
      scheduling: a thread that loses its core to another process does not hold up the
      other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
@@ -770,12 +771,28 @@ def reads_b_in_place(N, transb, nr, itemsize) -> bool:
 # A_IN_PLACE_OK switches it off (tests compare the two forms).
 A_IN_PLACE_OK = True
 
+# A packed by the tasks (P_A_TASK): where A must be packed (transposed, or a custom packer)
+# and the columns are one column block (every row block is read by one task only), each
+# task packs its own A panels into its worker's slice of ap (mc_panels panels) right before
+# its micro-kernels read them, instead of every panel being packed up front into a copy of
+# all of A, written out to memory and read back.  The packing buffer is then nw * mc_panels
+# panels, not A's size: linear_cross_entropy's dweight GEMM (A = the chunk's (rows, V)
+# gradient, transposed) no longer needs a second chunk-sized array.  That GEMM (dweight +=
+# g^T x[chunk], GPT-2's head: M = 50257, N = 768, K = the chunk's rows), 2 threads, up front
+# / in the tasks, four rounds alternating in one process (Xeon with AMX, 2026-12-07,
+# /tmp/w/dw2.py), ms: K = 512 139-155 / 117-127, K = 166 49-51 / 47-49; linear_backward
+# (its dweight GEMM) 128x768x3072, 128x3072x768, 512x768x768, 3168x384x1536 with and without
+# gelu within +-3% either way.  Only while a task's panels fit A_IN_TASK_BYTES (whole K:
+# they must still be in L2 when read).  A_TASK_OK switches it off (tests compare the two).
+A_TASK_OK = True
+A_IN_TASK_BYTES = 1 << 20
+
 
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
  P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_NEXTRA, P_B_TASK,
- P_KFULL, P_K0, P_COUNT) = range(29)
+ P_KFULL, P_K0, P_A_TASK, P_COUNT) = range(30)
 # P_KFULL, P_K0: B's K and the first row of the K block that the K-block packers pack (P_K
 # values of it; B_TASK_KBLOCK)
 
@@ -925,10 +942,15 @@ def plan_args(na, nb, nbatch, M, N, K, transa, transb, dtype, tile, b_packed, mc
             bool(both_a_forms))
 
 
-def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=()):
+def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=(), buffers=None):
     """gemm_parallel's call for plan_args(...) = args on these arrays, which the caller
-    made as gemm_parallel checks them (C-contiguous, the plan's dtype, int64 indices)."""
+    made as gemm_parallel checks them (C-contiguous, the plan's dtype, int64 indices).
+    buffers: where ap and bp are None, buffers(elements of ap, elements of bp) -> (ap, bp),
+    as many as the plan needs: fewer than pack_shapes' where A is read in place or packed
+    by the tasks (A_TASK_OK)."""
     plan, nsync, fn, nw, need_a, need_b, ti = _gemm_plan(*args)
+    if buffers is not None:
+        ap, bp = buffers(need_a, need_b)
     if ap.size < need_a or bp.size < need_b:
         raise ValueError(f"gemm_parallel: packing buffers of {ap.size} / {bp.size} elements, tile {TILES[ti].name} "
                          f"needs {need_a} / {need_b}")
@@ -937,7 +959,7 @@ def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=()):
         p[P_COUNT:] = extra
     sync = np.zeros(nsync, np.int64)
     _addresses(p, sync, a3, ap, b3, bp, out3, a_idx, b_idx, bias)  # 1 us, where 9 x arr.ctypes.data take 13
-    if p[P_B_TASK] in (B_TASK_SLICE, B_TASK_KBLOCK):   # each worker's copy of the block, at the end of sync
+    if p[P_B_TASK] in (B_TASK_SLICE, B_TASK_KBLOCK) or p[P_A_TASK]:   # each worker's copy of the block, at the end of sync
         sync[nsync - nw * p.size:] = np.tile(p, nw)
     run_workers(fn, p, nw)
 
@@ -960,7 +982,10 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
             and reads_b_in_place(N, transb, nr_full, np.dtype(dtype).itemsize)):
         b_mode = B_IN_PLACE
     a_in_place = A_IN_PLACE_OK and not transa and pack_a is None and M % tile_m(ti) == 0
-    n_pack_a = 0 if a_in_place else na * mp
+    itemsize = np.dtype(dtype).itemsize
+    a_task = (A_TASK_OK and not a_in_place and nnb == 1 and nmb > 1 and na == nbatch
+              and mc_panels * tile_m(ti) * K * itemsize <= A_IN_TASK_BYTES)
+    n_pack_a = 0 if a_in_place or a_task else na * mp
     n_tail = nb if b_mode == B_IN_PLACE and N % nr_full != 0 else 0  # partial last panels, packed (gemm_worker)
     n_pack = n_pack_a + n_tail if b_mode != B_PACK else n_pack_a + nb * npn
     ntasks = nbatch * nmb * nnb
@@ -988,8 +1013,10 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
           and nc_panels * kc * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES):
         b_task = B_TASK_KBLOCK
     p[P_B_TASK] = b_task
+    p[P_A_TASK] = a_task
     b_local = b_task in (B_TASK_SLICE, B_TASK_KBLOCK)
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
+    need_a = 0 if a_in_place else nw * mc_panels * tile_m(ti) * K if a_task else math.prod(sa)
     kernels = _kernels(dtype, ti, transa, transb, a_in_place, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
                        not a_in_place and pack_a is None, epilogue, code, both_a_forms, b_task == B_TASK_KBLOCK)
     addr = dict(zip(kernels, worker_addresses(list(kernels.values()))))
@@ -999,10 +1026,11 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     p[P_EPILOGUE] = addr.get("epilogue", 0)
     p.flags.writeable = False
     # sync[0] next panel to pack, sync[2 + i] panel i packed, sync[2 + n_pack + v] the next
-    # task of worker v's own range, then with b_local worker v's copy of the argument block
-    # (gemm_worker); no packed A needed when A is read in place
-    nsync = 2 + n_pack + nw + (nw * (P_COUNT + nextra) if b_local else 0)
-    return p, nsync, fn, nw, 0 if a_in_place else math.prod(sa), math.prod(sb), ti
+    # task of worker v's own range, then with b_local or a_task worker v's copy of the
+    # argument block (gemm_worker); no packed A needed when A is read in place, the workers'
+    # slices when the tasks pack it
+    nsync = 2 + n_pack + nw + (nw * (P_COUNT + nextra) if b_local or a_task else 0)
+    return p, nsync, fn, nw, need_a, math.prod(sb), ti
 
 
 def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
@@ -1098,7 +1126,8 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     npn = (N + nr_full - 1) // nr_full
     nmb = (mp + mc_panels - 1) // mc_panels
     nnb = (npn + nc_panels - 1) // nc_panels
-    n_pack_a = 0 if a_in_place else na * mp
+    a_task = p[P_A_TASK] != 0   # A panels packed by the task that reads them (the plan's choice, A_TASK_OK)
+    n_pack_a = 0 if a_in_place or a_task else na * mp
     # B panels packed by the tasks that read them, into their own places or the worker's
     # slice of bp (the plan's choice, P_B_TASK: see _gemm_plan)
     b_in_task = p[P_B_TASK] != B_TASK_NONE
@@ -1127,7 +1156,7 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     home = 2 + n_tail + (n_pack_a if p[P_B_MODE] != B_PACK else n_pack_a + nb * npn)  # the range counters (_gemm_plan)
     plen = P_COUNT + p[P_NEXTRA]
     pl_addr = p[P_SYNC] + (home + nw + w * plen) * 8
-    pl = c_array_at(pl_addr, np.int64(0), (plen if b_local else 0,))
+    pl = c_array_at(pl_addr, np.int64(0), (plen if b_local or a_task else 0,))
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
     # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
     apf = c_array_at(p[P_A] if a_in_place else p[P_AP], z, (na * mp * K * MR,))
@@ -1179,6 +1208,12 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
         p1 = min(p0 + mc_panels, mp)
         q0 = nb_ * nc_panels
         q1 = min(q0 + nc_panels, npn)
+        at = apf
+        if a_task:   # this task's A panels into the worker's slice (the slot moved so panel p0 lands there)
+            pl[P_AP] = p[P_AP] + (w * mc_panels - (ba * mp + p0)) * K * MR * isz
+            at = c_array_at(pl[P_AP], z, (na * mp * K * MR,))
+            for pa in range(p0, p1):
+                call_address(pack_a, (ba * mp + pa, pl_addr))
         bt = bpf
         if b_local and not b_kblock:
             pl[P_BP] = p[P_BP] + (w * nc_panels - (bb * npn + q0)) * K * nr_full * isz
@@ -1231,7 +1266,7 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
                         done = True
                 if packed_form is not None:
                     if not done:
-                        micro_tile(ti, kl, apf, ((ba * mp + pa) * K + k0) * MR, bq, boff, ldb, cf if full else t,
+                        micro_tile(ti, kl, at, ((ba * mp + pa) * K + k0) * MR, bq, boff, ldb, cf if full else t,
                                    coff, N if full else nr_full, accumulate and full)
                 if not full:
                     store_edge_tile(t, nr_full, cf, (bi * M + i0) * N + j0, N, mr, nr, accumulate)

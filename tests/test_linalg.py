@@ -851,6 +851,38 @@ def test_b_packed_a_k_block_at_a_time(tile, dtype, monkeypatch):
     forget_gemm_plans(real_plan)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's register tiles")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", _tile_names())
+def test_a_packed_in_tasks_gives_the_same_bits(tile, dtype, monkeypatch):
+    """Where A must be packed (a transposed view) and the columns are one column block, each
+    task packs its own A panels into its worker's slice (kernels_cpu.gemm A_TASK_OK)
+    instead of all of A up front: the same bits either way, and the reference's values: rows
+    not a multiple of the tile, a batch of transposed a, two K blocks, bias + gelu,
+    NaN-poisoned out=.  (linear_backward's dweight GEMM with its prologue packer:
+    tests/test_linalg_grad.py.)"""
+    from kernels_cpu import gemm as K
+    seen, real_plan = spy_gemm_plans(monkeypatch, lambda res: bool(res[0][K.P_A_TASK]))
+    monkeypatch.setattr(K, "A_IN_TASK_BYTES", 1 << 24)   # the two-K-block case's task panels too
+    g = rng()
+    with gemm_tile(tile) as t:
+        m = 275 * t.mr + 3   # TASKS_MIN row blocks of every tile's blocking: columns not split
+        switch = _gemm_option(monkeypatch, "A_TASK_OK", seen, real_plan, lambda v, on: v == on)
+        for sa, sb in (((60, m), (60, 40)), ((3, 45, m), (3, 45, 2 * t.nr(dtype) + 1)), ((1500, m), (1500, 37))):
+            a = randn(g, sa, dtype)
+            b, bias = randn(g, sb, dtype), randn(g, (sb[-1],), dtype)
+            at = np.swapaxes(a, -1, -2)   # read as transposed A
+            got = {}
+            for on in (True, False):
+                with switch(on), dispatch.use(matmul="cpu-gemm"):
+                    got[on] = dispatch.matmul(at, b, bias=bias, activation="gelu",
+                                              out=poisoned(_out_shape_matmul(at.shape, sb), dtype))
+            np.testing.assert_array_equal(got[True], got[False], err_msg=f"{tile} {sa} {sb}")
+            assert_close(got[True], ref.matmul(at, b, bias=bias, activation="gelu"), _tol(dtype, sa[-2]),
+                         f"{tile} {sa} {sb}", cancel=True)
+    forget_gemm_plans(real_plan)
+
+
 def _gemm_option(monkeypatch, name, seen, real_plan, planned):
     """A switch for _gelu_product_two_ways: switch(on) sets kernels_cpu.gemm's option `name`
     to on, forgets the plans made so far, and afterwards checks that the calls inside made

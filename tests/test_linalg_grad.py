@@ -250,6 +250,35 @@ def test_every_tile_matches_reference(tile, dtype):
         K.use_tile(prev)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's blocking")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dweight_gemm_packs_a_in_its_tasks(dtype, monkeypatch):
+    """dweight = g'^T @ x with many rows of W (many row blocks, one column block): its tasks
+    pack their own A panels (kernels_cpu.gemm A_TASK_OK), the prologue packer forming g *
+    gelu'(pre) and dbias while packing, with the same bits as packing all of A up front,
+    and the reference's values."""
+    from kernels_cpu import gemm as K
+    g = rng()
+    tasks, real_plan = spy_gemm_plans(monkeypatch, lambda res: bool(res[0][K.P_A_TASK]))
+    n = 275 * K.active_tile().mr + 3   # W's rows: TASKS_MIN row blocks, the columns not split
+    grad, x, w, pre = _linear_inputs(g, (50, 30), n, dtype)
+    want = ref.linear_backward(grad, x, w, pre, activation="gelu", has_bias=True)
+    got = {}
+    try:
+        for on in (True, False):
+            monkeypatch.setattr(K, "A_TASK_OK", on)
+            forget_gemm_plans(real_plan)
+            tasks.clear()
+            got[on] = run("cpu-gemm", dispatch.linear_backward, grad, x, w, pre, activation="gelu", has_bias=True,
+                          _op="linear_backward")
+            assert len(tasks) == 2 and tasks[1] == on and (on or not tasks[0]), tasks   # [0]: dx's GEMM
+    finally:
+        forget_gemm_plans(real_plan)
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(a, b)
+    _check(got[True], want, dtype, "linear_backward dweight's A packed in its tasks")
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's task plans")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_gemms_pack_b_in_their_tasks(dtype, monkeypatch):

@@ -189,15 +189,16 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
     # 768 / 3072, 3168x384x1536 within +-3%.
     in_task = not K.reads_b_in_place(n, transb, tile.nr(dt), dt.itemsize) and b3.shape[0] == nbatch
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(dt), tile, dt.itemsize if in_task else 0)
-    sa, sb = K.pack_shapes(a3.shape[0], b3.shape[0], m, n, k, dt, tile)
-    ap, bp = _panel_buffers(sa, sb, dt)
     packer, extra = None, ()
     if kind is not None:
         packer, extra = KG.grad_prologue(kind, pre3, dbias, dt, code, ti, both)
-    K.gemm_parallel(a3, b3, ai, bi, transa, transb, _zeros(n, dt), False, ACT_NONE, out3, ap, bp, False, mc, nc, kc,
-                    num_threads(), tile=tile, pack_a=packer if g_side == "a" else None,
-                    pack_b=packer if g_side == "b" else None, extra=extra, accumulate=accumulate,
-                    both_a_forms=both)
+    pack_a, pack_b = (packer, None) if g_side == "a" else (None, packer)
+    args = K.plan_args(a3.shape[0], b3.shape[0], nbatch, m, n, k, transa, transb, dt, tile, False, mc, nc, kc, False,
+                       ACT_NONE, num_threads(), pack_a, pack_b, len(extra), accumulate, both)
+    # buffers as large as the plan needs: where the tasks pack A (gemm's A_TASK_OK), the
+    # workers' slices, not a copy of A (linear_cross_entropy's chunk-sized gradient)
+    K.gemm_launch(args, a3, None, b3, None, out3, ai, bi, _zeros(n, dt), extra,
+                  buffers=lambda na, nb: _panel_buffers((na,), (nb,), dt))
 
 
 def _fused_needed(code, has_bias):
