@@ -91,12 +91,14 @@ HOST_ONLY = pytest.mark.skipif(support.ON_CUDA, reason="host path (the CPU test 
 
 @HOST_ONLY
 @pytest.mark.parametrize("t, v, chunk_bytes", [(512, 50257, 32 << 20), (37, 300, 7 * 300 * 4), (1, 50257, 32 << 20),
-                                                (129, 10, 64 * 10 * 4), (1000, 7, 1), (0, 300, 1200)])
+                                                (129, 10, 64 * 10 * 4), (1000, 7, 1), (0, 300, 1200),
+                                                (4096, 50257, 32 << 20), (4096, 32768, 32 << 20)])
 def test_rows_per_chunk_spreads_rows_without_adding_chunks(t, v, chunk_bytes):
-    """At most chunk_rows a chunk, no more chunks than chunk_rows needs, and every chunk but
+    """At most most_rows a chunk, no more chunks than most_rows needs, and every chunk but
     the last the same size (GPT-2's 512 rows: four of 128, not 3 x 166 + 14)."""
     w = np.zeros((v, 1), np.float32)
-    most = L.chunk_rows(v, 4, chunk_bytes)
+    most = L.most_rows({"chunk_bytes": chunk_bytes}, v, 4, t)
+    assert most >= L.chunk_rows(v, 4, chunk_bytes)
     rows = L.rows_per_chunk({"chunk_bytes": chunk_bytes}, w, np.float32, t)
     assert 1 <= rows <= most
     assert -(-t // rows) == -(-t // most)
@@ -104,6 +106,8 @@ def test_rows_per_chunk_spreads_rows_without_adding_chunks(t, v, chunk_bytes):
         assert rows == -(-t // -(-t // most))
     if (t, v) == (512, 50257):
         assert rows == 128
+    if t == 4096:   # an eighth of the logits, up to CHUNK_MAX_ROWS: eight chunks of 512
+        assert rows == L.CHUNK_MAX_ROWS == 512
 
 
 @HOST_ONLY  # host arrays: under the simulator it ran the CPU kernels again (16 s, 2026-12-02)
@@ -168,10 +172,10 @@ def test_with_grad_refuses_none_reduction():
 def test_extra_memory_well_under_a_quarter_of_the_logits():
     """T = 4096, V = 32768 float32 (512 MiB of logits): the sweep with gradients allocates
     well under a quarter of that beyond its results (numpy allocations, traced by
-    tracemalloc): one 32 MiB chunk of logits and the dweight GEMM's packed copy of its
-    gradient, 64 MiB (1/8) measured 2026-11-25; where the chunks' logits GEMM runs our GEMM
-    (a host whose OpenBLAS lacks AVX-512 kernels: the matmul rule), its packed copy of the
-    weight too (4 MiB: 68 MiB on Zen 5, 2026-11-26)."""
+    tracemalloc): one chunk of logits, an eighth of them (64 MiB, 512 rows), the dweight
+    GEMM packing its A (the chunk's gradient) in its tasks, into ~1 MiB of slices (a copy
+    of that gradient would double the extra: gemm.A_TASK_OK); where the chunks' logits GEMM
+    runs our GEMM, its packed copy of the weight too (4 MiB)."""
     rng = support.rng()
     t, h, v = 4096, 32, 32768
     x = rng.standard_normal((t, h), dtype=np.float32)
@@ -181,6 +185,7 @@ def test_extra_memory_well_under_a_quarter_of_the_logits():
     # compile first, at this very shape: the dispatcher picks other kernels (parallel, another
     # GEMM) for a small one, and a compile inside the traced call allocated 75 MiB (a cold cache)
     dispatch.linear_cross_entropy_with_grad(x, w, tg)
+    dispatch.empty_cache()   # the result arena's buffers from that call: allocated again, and traced, below
     tracemalloc.start()
     try:
         loss, dx, dw, db = dispatch.linear_cross_entropy_with_grad(x, w, tg)

@@ -3,8 +3,9 @@
 x (T, H), weight (V, H), bias (V,) or None, targets (T,) integers; float32 or float64.
 The loss is PyTorch's ``F.cross_entropy(F.linear(x, weight, bias), targets, reduction=,
 ignore_index=)``.  The (T, V) logits are never held at once: rows are taken in chunks of
-``chunk_rows`` (chosen so that a chunk's logits take at most ``chunk_bytes``), and each
-chunk's logits are made by the linear GEMM, reduced by cross_entropy, and dropped.
+``rows_per_chunk`` (a chunk's logits take at most ``chunk_bytes``, or up to an eighth of
+all the logits: most_rows), and each chunk's logits are made by the linear GEMM, reduced
+by cross_entropy, and dropped.
 
 `linear_cross_entropy_with_grad` also returns the gradients of the loss (for an incoming
 gradient of 1) w.r.t. x, weight and bias, computed in the same sweep, as Liger-Kernel's
@@ -36,13 +37,25 @@ from .softmax import REDUCTIONS
 # GEMM to run at its large-M speed (the 128-row prepacked GEMM already reaches ~0.75x of
 # onnxruntime, 2026-11-25 notes) while staying far under the logits' size at model shapes
 # (T = 4096, V = 32768 float32: 512 MiB of logits).
-# Larger chunks are faster but break issue #13's memory bound (the dweight GEMM packs a copy
-# of each chunk's gradient, so the extra memory is two chunks: 128 MiB at 64 MiB chunks, a
-# quarter of the logits in tests/test_linear_cross_entropy.py's case).  GPT-2 lm head with
-# its gradient, 2 threads, Zen 4 (2026-12-05), separate processes alternating, chunk 32 / 64
-# / 128 MiB: 4096 rows 6.04-6.21 / 5.38-5.56 / 5.64-5.68 s, 512 rows 821-824 / 705-714 /
-# 648-681 ms (the logits GEMM at 4096 rows 167 / 180 / 191 GFLOP/s).
+# Larger chunks are faster (below).  GPT-2 lm head with its gradient, 2 threads, Zen 4
+# (2026-12-05), separate processes alternating, chunk 32 / 64 / 128 MiB: 4096 rows
+# 6.04-6.21 / 5.38-5.56 / 5.64-5.68 s, 512 rows 821-824 / 705-714 / 648-681 ms (the logits
+# GEMM at 4096 rows 167 / 180 / 191 GFLOP/s).  (Then the dweight GEMM packed a copy of each
+# chunk's gradient: two chunks of extra memory.)
 CHUNK_BYTES = 32 << 20
+# Above that floor a chunk may take up to 1 / CHUNK_LOGITS_SHARE of the whole logits' bytes
+# (the issue's bound: well under a quarter), at most CHUNK_MAX_BYTES and CHUNK_MAX_ROWS rows.
+# Each chunk re-reads the weight twice (the logits GEMM, dx) and reads and writes dweight
+# once: 0.6 GB at GPT-2's head, so fewer, larger chunks pay.  The dweight GEMM packs its A
+# (the chunk's gradient, transposed) in its tasks (kernels_cpu.gemm.A_TASK_OK), so a chunk's
+# extra memory is its logits alone; CHUNK_MAX_ROWS keeps that A's task blocks within
+# gemm.A_IN_TASK_BYTES (33 panels x 8 rows x 512 x 4 bytes = 528 KiB).  GPT-2 lm head with
+# its gradient, T = 4096, 2 threads, a process per setting, two runs each (Xeon with AMX,
+# 2026-12-07, /tmp/w/lce3.py), chunk 32 / 64 / 96 / 128 MiB: 4.57-4.80 / 3.94-4.28 /
+# 3.51-3.64 / 3.40-3.67 s (PyTorch's composition: 3.43).
+CHUNK_LOGITS_SHARE = 8
+CHUNK_MAX_BYTES = 128 << 20
+CHUNK_MAX_ROWS = 512
 # On the GPU dW is accumulated through a (BLOCK_V, H) scratch: 4096 x 768 float32 = 12 MiB.
 BLOCK_V = 4096
 
@@ -108,17 +121,27 @@ def _ops():
     return dispatch
 
 
-def _plain_products_on_blas(d, bias, host=True):
+# Chunks of at least LOGITS_OWN_GEMM_ROWS rows leave the logits' linear to linalg's rule
+# (the own GEMM on 16-lane hosts): x[chunk] @ W^T at GPT-2's head, 512 rows, 2 threads
+# (Xeon with AMX, 2026-12-07, /tmp/w/lg.py): OpenBLAS 137 ms, the own GEMM 119; dx = g W
+# stays on OpenBLAS there (130 against 157: W read as a (K, N) B).
+LOGITS_OWN_GEMM_ROWS = 256
+
+
+def _plain_products_on_blas(d, bias, host=True, rows=0):
     """The override that keeps this op's plain host products on OpenBLAS, where linalg's
     rule sent them before it moved wide plain products to the own GEMM on 16-lane hosts
-    (dispatch/ops/linalg.py): the logits' linear without bias, dx = g W and the db
-    column sums.  On the own GEMM, the cold first call compiles its plain paths as well
-    (the in-place-weight kernel, the (V, H) packer): linear_cross_entropy_with_grad, GPT-2
-    lm head 512, empty cache, Sapphire Rapids-class Xeon (2026-12-03), 3.8 -> 5.8 s;
-    the forward at 128 rows 1.7 -> 3.0 s, against issue #8's 3 s per op."""
+    (dispatch/ops/linalg.py): the logits' linear without bias (chunks of fewer than
+    LOGITS_OWN_GEMM_ROWS rows), dx = g W and the db column sums.  On the own GEMM, the cold
+    first call compiles its plain paths as well (the in-place-weight kernel, the (V, H)
+    packer): linear_cross_entropy_with_grad, GPT-2 lm head 512, empty cache, Sapphire
+    Rapids-class Xeon (2026-12-03), 3.8 -> 5.8 s; the forward at 128 rows 1.7 -> 3.0 s,
+    against issue #8's 3 s per op.  Chunks as large as LOGITS_OWN_GEMM_ROWS come with
+    T >= 2048, a sweep of seconds at a vocabulary's size."""
     if not host:
         return contextlib.nullcontext()
-    return d.use(matmul="blas", **({"linear": "blas"} if bias is None else {}))
+    plain_linear = bias is None and rows < LOGITS_OWN_GEMM_ROWS
+    return d.use(matmul="blas", **({"linear": "blas"} if plain_linear else {}))
 
 
 def _count(targets, ignore_index):
@@ -226,12 +249,21 @@ class _Grads:
         return self.dx, self.dw, self.db
 
 
+def most_rows(params, v, itemsize, t) -> int:
+    """The most rows a chunk of t rows' sweep over a vocabulary of v takes: chunk_rows of
+    params' chunk_bytes, or more where 1 / CHUNK_LOGITS_SHARE of the logits allows (up to
+    CHUNK_MAX_BYTES and CHUNK_MAX_ROWS)."""
+    floor = chunk_rows(v, itemsize, params.get("chunk_bytes", CHUNK_BYTES))
+    share = min(CHUNK_MAX_BYTES, t * v * itemsize // CHUNK_LOGITS_SHARE)
+    return max(floor, min(chunk_rows(v, itemsize, share), CHUNK_MAX_ROWS))
+
+
 def rows_per_chunk(params, weight, dtype, t):
-    """Rows per chunk for t rows: at most chunk_rows, spread evenly over the chunks.  GPT-2's
+    """Rows per chunk for t rows: at most most_rows, spread evenly over the chunks.  GPT-2's
     512 rows at most 166 a chunk are four chunks of 128, not three of 166 and one of 14:
     linear then takes one GEMM path for all of them (the in-place-weight kernel, up to 128
     rows), so a cold call compiles one (5.1 -> 3.6 s, Zen 5, 2026-11-27)."""
-    most = chunk_rows(weight.shape[0], np.dtype(dtype).itemsize, params.get("chunk_bytes", CHUNK_BYTES))
+    most = most_rows(params, weight.shape[0], np.dtype(dtype).itemsize, t)
     n = max(1, -(-t // most))
     return max(1, -(-t // n))
 
@@ -250,7 +282,7 @@ def run_chunks(params, x, weight, targets, bias, reduction, ignore_index, with_g
     if with_grad and mem is HostArrays:
         mem.compile_ahead(dt)
     total = 0.0
-    with _plain_products_on_blas(d, bias, host=mem is HostArrays):
+    with _plain_products_on_blas(d, bias, host=mem is HostArrays, rows=rows):
         for r0 in range(0, t, rows):
             r1 = min(t, r0 + rows)
             logits = d.linear(x[r0:r1], weight, bias)
@@ -288,7 +320,7 @@ def backward_per_row(grad_loss, x, weight, targets, bias=None, *, ignore_index=-
         raise ValueError(f"grad_loss must have shape ({x.shape[0]},) (one per row of x), got {gl.shape}")
     grads = _Grads(HostArrays, x, weight, bias)
     rows = rows_per_chunk({"chunk_bytes": chunk_bytes}, weight, x.dtype, x.shape[0])
-    with _plain_products_on_blas(d, bias):
+    with _plain_products_on_blas(d, bias, rows=rows):
         for r0 in range(0, x.shape[0], rows):
             r1 = min(x.shape[0], r0 + rows)
             logits = d.linear(x[r0:r1], weight, bias)
