@@ -48,8 +48,9 @@ CHUNK_BYTES = 32 << 20
 # Each chunk re-reads the weight twice (the logits GEMM, dx) and reads and writes dweight
 # once: 0.6 GB at GPT-2's head, so fewer, larger chunks pay.  The dweight GEMM packs its A
 # (the chunk's gradient, transposed) in its tasks (kernels_cpu.gemm.A_TASK_OK), so a chunk's
-# extra memory is its logits alone; CHUNK_MAX_ROWS keeps that A's task blocks within
-# gemm.A_IN_TASK_BYTES (33 panels x 8 rows x 512 x 4 bytes = 528 KiB).  GPT-2 lm head with
+# extra memory is its logits alone; CHUNK_MAX_ROWS (float32 rows; half as many float64)
+# keeps that A's task blocks within gemm.A_IN_TASK_BYTES (33 panels x 8 rows x 512 x 4
+# bytes = 528 KiB).  GPT-2 lm head with
 # its gradient, T = 4096, 2 threads, a process per setting, two runs each (Xeon with AMX,
 # 2026-12-07, /tmp/w/lce3.py), chunk 32 / 64 / 96 / 128 MiB: 4.57-4.80 / 3.94-4.28 /
 # 3.51-3.64 / 3.40-3.67 s (PyTorch's composition: 3.43).
@@ -255,7 +256,7 @@ def most_rows(params, v, itemsize, t) -> int:
     CHUNK_MAX_BYTES and CHUNK_MAX_ROWS)."""
     floor = chunk_rows(v, itemsize, params.get("chunk_bytes", CHUNK_BYTES))
     share = min(CHUNK_MAX_BYTES, t * v * itemsize // CHUNK_LOGITS_SHARE)
-    return max(floor, min(chunk_rows(v, itemsize, share), CHUNK_MAX_ROWS))
+    return max(floor, min(chunk_rows(v, itemsize, share), max(1, CHUNK_MAX_ROWS * 4 // itemsize)))
 
 
 def rows_per_chunk(params, weight, dtype, t):
