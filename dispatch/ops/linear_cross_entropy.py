@@ -50,10 +50,9 @@ CHUNK_BYTES = 32 << 20
 # (the chunk's gradient, transposed) in its tasks (kernels_cpu.gemm.A_TASK_OK), so a chunk's
 # extra memory is its logits alone; CHUNK_MAX_ROWS (float32 rows; half as many float64)
 # keeps that A's task blocks within gemm.A_IN_TASK_BYTES (33 panels x 8 rows x 512 x 4
-# bytes = 528 KiB).  GPT-2 lm head with
-# its gradient, T = 4096, 2 threads, a process per setting, two runs each (Xeon with AMX,
-# 2026-12-07, /tmp/w/lce3.py), chunk 32 / 64 / 96 / 128 MiB: 4.57-4.80 / 3.94-4.28 /
-# 3.51-3.64 / 3.40-3.67 s (PyTorch's composition: 3.43).
+# bytes = 528 KiB).  GPT-2 lm head with its gradient, T = 4096, 2 threads, a process per
+# setting, two runs each (Xeon with AMX, 2026-12-07, /tmp/w/lce3.py), chunk 32 / 64 / 96 /
+# 128 MiB: 4.57-4.80 / 3.94-4.28 / 3.51-3.64 / 3.40-3.67 s (PyTorch's composition: 3.43).
 CHUNK_LOGITS_SHARE = 8
 CHUNK_MAX_BYTES = 128 << 20
 CHUNK_MAX_ROWS = 512
