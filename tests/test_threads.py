@@ -193,6 +193,37 @@ def test_gemm_workspace_is_per_thread():
         assert not np.shares_memory(bufs[i], main)
 
 
+def test_gemm_tasks_packing_a_from_threads():
+    """The GEMM path whose tasks pack their own A panels into their workers' slices
+    (kernels_cpu.gemm A_TASK_OK; the small inputs above never reach it: it needs several row
+    blocks): linear_backward with gelu and linear_cross_entropy_with_grad (its dweight GEMM),
+    four threads with inputs of their own, bit for bit what each gives alone."""
+    from kernels_cpu import gemm as K
+    rng = np.random.default_rng(13)
+    n = 275 * K.active_tile().mr + 3   # W's rows: several row blocks of the dweight GEMM
+    calls = []
+    for i in range(N_THREADS):
+        g, x = rng.standard_normal((40 + i, n), dtype=np.float32), rng.standard_normal((40 + i, 24), dtype=np.float32)
+        w, pre = rng.standard_normal((n, 24), dtype=np.float32), rng.standard_normal((40 + i, n), dtype=np.float32)
+        calls.append(lambda g=g, x=x, w=w, pre=pre: dispatch.linear_backward(g, x, w, pre, activation="gelu",
+                                                                             has_bias=True))
+        xs = rng.standard_normal((300 + i, 16), dtype=np.float32)
+        ws = rng.standard_normal((3000, 16), dtype=np.float32)
+        calls.append(lambda xs=xs, ws=ws, t=rng.integers(0, 3000, 300 + i): dispatch.linear_cross_entropy_with_grad(xs, ws, t))
+    alone = [c() for c in calls]
+    got = [None] * len(calls)
+
+    def worker(i):
+        for _ in range(3):
+            got[2 * i], got[2 * i + 1] = calls[2 * i](), calls[2 * i + 1]()
+
+    _run_threads(N_THREADS, worker)
+    for want, res in zip(alone, got):
+        for a, b in zip(want, res):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("op_name", ["matmul_int8", "dynamic_quant_linear"])
 def test_int8_threads_of_different_shapes(op_name):
     """Threads running the packed int8 paths on different shapes at once, decode rows among
