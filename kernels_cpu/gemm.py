@@ -977,12 +977,12 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     npn = -(-N // nr_full)
     nmb = -(-mp // mc_panels)
     nnb = -(-npn // nc_panels)
+    itemsize = np.dtype(dtype).itemsize
     b_mode = B_PACKED if b_packed else B_PACK
     if (b_mode == B_PACK and pack_b is None and nmb == 1
-            and reads_b_in_place(N, transb, nr_full, np.dtype(dtype).itemsize)):
+            and reads_b_in_place(N, transb, nr_full, itemsize)):
         b_mode = B_IN_PLACE
     a_in_place = A_IN_PLACE_OK and not transa and pack_a is None and M % tile_m(ti) == 0
-    itemsize = np.dtype(dtype).itemsize
     a_task = (A_TASK_OK and not a_in_place and nnb == 1 and nmb > 1 and na == nbatch
               and mc_panels * tile_m(ti) * K * itemsize <= A_IN_TASK_BYTES)
     n_pack_a = 0 if a_in_place or a_task else na * mp
@@ -1006,11 +1006,11 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
     # And then into the workers' own slices of bp (gemm_worker's b_local) where they fit.
     b_task = B_TASK_NONE
     if (b_mode == B_PACK and nmb == 1 and nb == nbatch
-            and nc_panels * K * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES):
+            and nc_panels * K * nr_full * itemsize <= B_IN_TASK_BYTES):
         b_task = B_TASK_SLICE if B_LOCAL_OK and nw * nc_panels <= nb * npn else B_TASK_OWN
     elif (b_mode == B_PACK and nmb == 1 and nb == nbatch and pack_b is None and B_LOCAL_OK
-          and packs_b_in_k_blocks(K, kc, nb, nr_full, np.dtype(dtype).itemsize) and nw * nc_panels <= nb * npn
-          and nc_panels * kc * nr_full * np.dtype(dtype).itemsize <= B_IN_TASK_BYTES):
+          and packs_b_in_k_blocks(K, kc, nb, nr_full, itemsize) and nw * nc_panels <= nb * npn
+          and nc_panels * kc * nr_full * itemsize <= B_IN_TASK_BYTES):
         b_task = B_TASK_KBLOCK
     p[P_B_TASK] = b_task
     p[P_A_TASK] = a_task
