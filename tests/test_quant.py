@@ -109,6 +109,47 @@ def test_ties_round_half_to_even(impl, dtype, qtype):
     _check_exact(got, ref.quantize(y, dtype=qtype), "computed-scale ties")
 
 
+def _near_half_integers(g, dtype, scales, n):
+    """n values x per scale s whose quotients x / s lie within a few ulps of k + 1/2 (k in
+    [-140, 140)), each in a random position: the values on which a product x * (1 / s)
+    rounds differently from the division for some s (kernels_cpu.quant.quantize_run)."""
+    out = []
+    for s in scales:
+        k = g.integers(-140, 140, size=n)
+        with np.errstate(over="ignore"):
+            x = ((k + 0.5) * np.float64(s)).astype(dtype)
+        with np.errstate(over="ignore"):   # (k + 1/2) 1e38 is inf in float32: saturated
+            for _ in range(3):   # up to 3 ulps either way
+                step = g.integers(-1, 2, size=n)
+                x = np.where(step > 0, np.nextafter(x, dtype(np.inf)),
+                             np.where(step < 0, np.nextafter(x, dtype(-np.inf)), x))
+        out.append(x.astype(dtype))
+    return out
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", QIMPLS)
+def test_quotients_near_half_integers(impl, dtype, qtype):
+    """Quotients within a few ulps of k + 1/2 quantize exactly as the division does, with a
+    static scale (scales whose reciprocal rounds either way, and scales outside the range
+    where the CPU multiplies by the reciprocal) and with per-row computed scales, in rows
+    long enough for the CPU's checked blocks (64 elements) and with a remainder."""
+    g = rng()
+    n = 200 if SMALL_SHAPES else 2000
+    scales = [float(np.float32(v)) for v in (0.1, 1 / 3, 7.3e-3, 0.7, 3.3, 1e-38, 1e38, *g.uniform(1e-3, 10, 3))]
+    zp = np.array(3 if qtype == "int8" else 130, qtype)
+    for s, x in zip(scales, _near_half_integers(g, dtype, scales, n + 37)):
+        got = _quantize(impl, x, dtype=qtype, scale=s, zero_point=zp)
+        _check_exact(got, ref.quantize(x, dtype=qtype, scale=s, zero_point=zp), f"static scale {s}")
+    # computed scales: each row's max|x| puts a half-integer quotient at the row's end
+    rows = np.stack(_near_half_integers(g, dtype, scales[:5], n + 37))
+    rows[:, -1] = 127 * np.asarray(scales[:5], dtype)
+    for symmetric in (True, False):
+        got = _quantize(impl, rows, dtype=qtype, axis=0, symmetric=symmetric)
+        _check_exact(got, ref.quantize(rows, dtype=qtype, axis=0, symmetric=symmetric), f"rows symmetric={symmetric}")
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", QIMPLS)
