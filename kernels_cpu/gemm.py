@@ -580,6 +580,18 @@ _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops
 # ahead, t0 8-16 + t1 64-256 rows ahead (4.6-4.8), B at a 2 MiB boundary (8 of its 9 MiB
 # on huge pages either way: the same), B_LOCAL_OK off (4.60).  2 threads: 2.23-2.29 against
 # 1.92-1.94 ((N, K)).
+# Re-measured 2026-12-07 (same host, one thread, alternating in one process, ms, 128x3072 @
+# 3072x768): B read in place 4.6-4.9, packed by the tasks 4.6, packed up front 4.7,
+# prepacked 3.5-3.8, PyTorch (MKL) 3.7-3.9: with B in panels the micro-kernel matches MKL
+# (165 GF/s at this shape; 168 at 1024^3 against 170), the whole gap is B's.  Also no
+# better: a software prefetch 32 / 96 / 256 rows ahead on each in-place panel's first pass
+# (4.77 / 4.97 / 4.73; 2 threads 2.38-2.39 against 2.36-2.56), packing up front by jobs of
+# 64 whole rows of B (each row read once into all 16 panels; alone 0.73 ms against 1.36
+# panel by panel, in the GEMM 4.83 against 4.87, 2 threads 2.43-2.47 against 2.52-2.57), kc
+# 128 / 192 / 256 / 512 (4.53-4.65), A packed, the 12x32 tile (5.19), A panels outer.  B
+# 64-byte aligned and read in place: 4.31 against 4.60 (numpy's 16-byte offset splits each
+# 64-byte row load over two lines).  The VM exposes no hardware counters (perf: software
+# events only): the cause stays unmeasured.
 PACK_PF_ROWS = 16
 # _pack_strided transposes a panel's R source rows in runs of PACK_KCH values of k per group
 # of vw rows (the source's 64 bytes x vw rows stay in L1 until used): sweeping all R rows at
