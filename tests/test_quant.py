@@ -109,16 +109,15 @@ def test_ties_round_half_to_even(impl, dtype, qtype):
     _check_exact(got, ref.quantize(y, dtype=qtype), "computed-scale ties")
 
 
-def _near_half_integers(g, dtype, scales, n):
+def _near_half_integers(g, dtype, scales, n, kmax=140):
     """n values x per scale s whose quotients x / s lie within a few ulps of k + 1/2 (k in
-    [-140, 140)), each in a random position: the values on which a product x * (1 / s)
+    [-kmax, kmax)), each in a random position: the values on which a product x * (1 / s)
     rounds differently from the division for some s (kernels_cpu.quant.quantize_run)."""
     out = []
     for s in scales:
-        k = g.integers(-140, 140, size=n)
-        with np.errstate(over="ignore"):
-            x = ((k + 0.5) * np.float64(s)).astype(dtype)
+        k = g.integers(-kmax, kmax, size=n)
         with np.errstate(over="ignore"):   # (k + 1/2) 1e38 is inf in float32: saturated
+            x = ((k + 0.5) * np.float64(s)).astype(dtype)
             for _ in range(3):   # up to 3 ulps either way
                 step = g.integers(-1, 2, size=n)
                 x = np.where(step > 0, np.nextafter(x, dtype(np.inf)),
@@ -142,12 +141,16 @@ def test_quotients_near_half_integers(impl, dtype, qtype):
     for s, x in zip(scales, _near_half_integers(g, dtype, scales, n + 37)):
         got = _quantize(impl, x, dtype=qtype, scale=s, zero_point=zp)
         _check_exact(got, ref.quantize(x, dtype=qtype, scale=s, zero_point=zp), f"static scale {s}")
-    # computed scales: each row's max|x| puts a half-integer quotient at the row's end
-    rows = np.stack(_near_half_integers(g, dtype, scales[:5], n + 37))
+    # computed scales: with max|x| = 127 s a row's symmetric scale comes out s (checked),
+    # so its quotients are the near half-integers again; asymmetric ones get other scales
+    rows = np.stack(_near_half_integers(g, dtype, scales[:5], n + 37, kmax=126))
     rows[:, -1] = 127 * np.asarray(scales[:5], dtype)
     for symmetric in (True, False):
         got = _quantize(impl, rows, dtype=qtype, axis=0, symmetric=symmetric)
-        _check_exact(got, ref.quantize(rows, dtype=qtype, axis=0, symmetric=symmetric), f"rows symmetric={symmetric}")
+        want = ref.quantize(rows, dtype=qtype, axis=0, symmetric=symmetric)
+        _check_exact(got, want, f"rows symmetric={symmetric}")
+        if symmetric:
+            assert np.sum(want[1] == np.asarray(scales[:5], np.float32)) >= 3, want[1]
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
