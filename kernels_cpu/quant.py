@@ -33,9 +33,10 @@ turns that form into vmaxps / vminps, whose NaN operand order gives the same qmi
 loop alone, 98304 float32 to uint8, one thread, Zen 4 (2026-12-04): 15.3 -> 11.0 us, the
 same bytes on random, NaN, inf and tie inputs.  No fastmath here: arcp would turn x / s
 into x * (1 / s), which rounds differently.
-A contiguous run of one scale (quantize_run) multiplies by y = 1/s instead and checks the
-result: Intel's vdivps (one zmm in ~10 cycles) bounded the loop there.  98304 float32, one
-thread, Xeon with AVX-512 (2026-12-07), us, division -> product: static scale 20.5 -> 15.5,
+quantize_run (a run of one scale, or channels along the last axis with a scale each)
+multiplies by y = 1/s instead and checks the result: Intel's vdivps (one zmm in ~10
+cycles) bounded the loop there.  98304 float32, one thread, Xeon with AVX-512
+(2026-12-07), us, division -> product: static scale 20.5 -> 15.5,
 dynamic uint8 per tensor (fused_rows, range + values) 26.7 -> 19.0, per row of 768 (128
 rows) 23.7 -> 22.6 (per-row scale arithmetic and the range pass dominate there); the loop
 is 14 zmm operations a vector, its check an OR of compare masks.  Why the product gives the
@@ -60,7 +61,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 from numpy import uintp
 
-from .approx import OVERLOAD, like, wide_loops
+from .approx import HELPER, OVERLOAD, like, wide_loops
 
 # Reductions: reassociation only (the integer reductions do not need it; kept off the
 # quantize and dequantize loops, see the module docstring).
@@ -182,20 +183,42 @@ RECIP_TOL_F32, RECIP_TOL_F64 = 2.0 ** -21, 2.0 ** -50
 RECIP_S_MIN, RECIP_S_MAX = 2.0 ** -125, 2.0 ** 125
 
 
+def _at(v, j):
+    """v[j] for an array v, v itself for a scalar (quantize_run's scales and zero points)."""
+    return v
+
+
+@overload(_at, **OVERLOAD)
+def _at_overload(v, j):
+    if isinstance(v, types.Array):
+        return lambda v, j: v[uintp(j)]
+    return lambda v, j: v
+
+
+@njit(**HELPER)
+def reciprocal(s):
+    """(RN(1 / s), whether quantize_run may multiply by it: s a normal number's reciprocal,
+    RECIP_S_MIN <= s <= RECIP_S_MAX) for one scale."""
+    return like(s, 1.0) / s, s >= like(s, RECIP_S_MIN) and s <= like(s, RECIP_S_MAX)
+
+
 @njit(**SJIT)
-def quantize_run(xr, qr, s, z, flo, fhi):
+def quantize_run(xr, qr, s, y, z, flo, fhi, fast):
     """qr[i] = saturate(rint(xr[i] / s) + z) (xr, qr 1-D, C-contiguous, one length: pass
-    slices, not bounds, so that no literal bound is a compile of its own; s, z, flo, fhi of
-    xr's type), the same integers as the division, by the product with 1 / s checked
-    against the half-integers (module docstring).  One function with both loops: with the
-    division loop a function of its own, quantize's cold first call took 0.97 s, as one
-    0.90-0.94 s (0.68 s with the division loop alone; Xeon with AVX-512, 2026-12-07)."""
+    slices, not bounds, so that no literal bound is a compile of its own; flo, fhi of xr's
+    type; s, z one scale and zero point of xr's type, or arrays of xr's length: a channel
+    each), the same integers as the division, by the product with y = RN(1 / s) (the
+    scalar or array of `reciprocal`) checked against the half-integers (module docstring);
+    fast False (a scale outside the reciprocal's range): the division throughout.  One
+    function with both loops: quantize's cold first call (dynamic uint8 per tensor) took
+    0.68 s with the division alone, 0.97 s with the division loop a function of its own,
+    0.90-0.94 s as one, 1.03-1.13 s with array scales too (Xeon with AVX-512, 2026-12-07).
+    Channels along the last axis, 768 x 3072 per column, static scales: one thread
+    2.83-2.91 -> 0.78-0.80 ms."""
     wide_loops()
     n = len(xr)
-    fast = s >= like(s, RECIP_S_MIN) and s <= like(s, RECIP_S_MAX)
-    y = like(s, 1.0) / s
-    tol = like(s, RECIP_TOL_F32) if xr.itemsize == 4 else like(s, RECIP_TOL_F64)
-    half = like(s, 0.5)
+    tol = like(flo, RECIP_TOL_F32) if xr.itemsize == 4 else like(flo, RECIP_TOL_F64)
+    half = like(flo, 0.5)
     i = np.int64(0)
     while i < n:
         stop = n
@@ -203,21 +226,21 @@ def quantize_run(xr, qr, s, z, flo, fhi):
             while i + RUN_BLOCK <= n:
                 near = False
                 for j in range(i, i + RUN_BLOCK):
-                    v = xr[uintp(j)] * y
+                    v = xr[uintp(j)] * _at(y, j)
                     r = np.rint(v)
                     # within tol |v| of r + 1/2 or r - 1/2 (exact terms; the sum rounded up
                     # or not, never below 1/2 where the exact one is not: none is missed)
                     near |= abs(v - r) + tol * abs(v) >= half
-                    t = r + z
+                    t = r + _at(z, j)
                     t = t if t > flo else flo
                     t = t if t < fhi else fhi
                     qr[uintp(j)] = np.int32(t)
                 if near:
                     break
                 i += RUN_BLOCK
-            stop = min(i + RUN_BLOCK, n)   # the block to redo, or the tail
+            stop = i + RUN_BLOCK if i + RUN_BLOCK < n else n   # the block to redo, or the tail
         for j in range(i, stop):   # the reference form
-            t = np.rint(xr[uintp(j)] / s) + z
+            t = np.rint(xr[uintp(j)] / _at(s, j)) + _at(z, j)
             t = t if t > flo else flo
             t = t if t < fhi else fhi
             qr[uintp(j)] = np.int32(t)
@@ -227,24 +250,28 @@ def quantize_run(xr, qr, s, z, flo, fhi):
 @njit(**SJIT)
 def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
     """q[o, c, i] = saturate(rint(x / scale[c]) + zp[c]) over the range; scale and zp in x's
-    type (zp: small integers as floats), qlo / qhi the type's limits as floats.  Runs of one
-    channel go through quantize_run; channels along the last axis (a scale per element)
-    keep the division."""
+    type (zp: small integers as floats), qlo / qhi the type's limits as floats, through
+    quantize_run: runs of one channel, or channels along the last axis (a scale per
+    element, the reciprocals made once)."""
     wide_loops()
     ni = x.shape[2]
     if ni == 1:
+        nc = c1 - c0
+        ys = np.empty(nc, x.dtype)
+        fast = True
+        for c in range(nc):
+            ys[c], ok = reciprocal(scale[c0 + c])
+            fast = fast and ok
+        sc, zc = scale[c0:c1], zp[c0:c1]
         for o in range(o0, o1):
-            xr = x[o, :, 0]
-            qr = q[o, :, 0]
-            for c in range(c0, c1):
-                t = np.rint(xr[uintp(c)] / scale[uintp(c)]) + zp[uintp(c)]
-                t = t if t > qlo else qlo
-                t = t if t < qhi else qhi
-                qr[uintp(c)] = np.int32(t)
+            xo = x[o].reshape(x.shape[1])
+            qo = q[o].reshape(x.shape[1])
+            quantize_run(xo[c0:c1], qo[c0:c1], sc, ys, zc, qlo, qhi, fast)
         return
     for o in range(o0, o1):
         for c in range(c0, c1):
-            quantize_run(x[o, c][i0:i1], q[o, c][i0:i1], scale[c], zp[c], qlo, qhi)
+            y, fast = reciprocal(scale[c])
+            quantize_run(x[o, c][i0:i1], q[o, c][i0:i1], scale[c], y, zp[c], qlo, qhi, fast)
 
 
 @njit(**SJIT)
@@ -297,11 +324,16 @@ def dequantize_parallel(q, scale, zp, y, dim, tasks):
 
 def split_dim(shape, tasks):
     """The dimension of (O, C, I) the parallel kernels split: I when it is long enough
-    for every task to stream a long run (one scale per tensor: I is everything), else the
-    larger of O and C."""
+    for every task to stream a long run (one scale per tensor: I is everything); channels
+    along the last axis (I == 1) by O while each task gets a row of channels, so that
+    quantize_run's checked blocks run along whole rows (split by C, 768 x 3072 per column
+    left runs of ~100 channels, a third of them in the division's tail: 2 threads 1.18 ms
+    against 0.84 serial; Xeon with AVX-512, 2026-12-07); else the larger of O and C."""
     o, c, i = shape
     if i >= 1024 * tasks or (o == 1 and c == 1):
         return 2
+    if i == 1 and o >= tasks:
+        return 0
     return 0 if o >= c else 1
 
 
@@ -370,7 +402,8 @@ def fused_rows(x2, xi2, absmask, negbad, expo, symmetric, qlo, qhi, zsym, tiny, 
         scale[c] = s
         zp[c] = np.int32(z)
         status[c] = ROW_OK
-        quantize_run(x2[c], q2[c], st, z, flo, fhi)
+        y, fast = reciprocal(st)
+        quantize_run(x2[c], q2[c], st, y, z, flo, fhi, fast)
 
 
 @njit(parallel=True, **SJIT)

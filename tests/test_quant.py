@@ -132,8 +132,9 @@ def _near_half_integers(g, dtype, scales, n, kmax=140):
 def test_quotients_near_half_integers(impl, dtype, qtype):
     """Quotients within a few ulps of k + 1/2 quantize exactly as the division does, with a
     static scale (scales whose reciprocal rounds either way, and scales outside the range
-    where the CPU multiplies by the reciprocal) and with per-row computed scales, in rows
-    long enough for the CPU's checked blocks (64 elements) and with a remainder."""
+    where the CPU multiplies by the reciprocal), with per-row computed scales, and with a
+    static scale per channel along the last axis, in runs long enough for the CPU's checked
+    blocks (64 elements) and with a remainder."""
     g = rng()
     n = 200 if SMALL_SHAPES else 2000
     scales = [float(np.float32(v)) for v in (0.1, 1 / 3, 7.3e-3, 0.7, 3.3, 1e-38, 1e38, *g.uniform(1e-3, 10, 3))]
@@ -151,6 +152,14 @@ def test_quotients_near_half_integers(impl, dtype, qtype):
         _check_exact(got, want, f"rows symmetric={symmetric}")
         if symmetric:
             assert np.sum(want[1] == np.asarray(scales[:5], np.float32)) >= 3, want[1]
+    # channels along the last axis, a static scale each: 130 channels (two checked blocks
+    # and a remainder), with every scale in the reciprocal's range, then with all of them
+    inside = [v for v in scales if 1e-30 < v < 1e30]
+    for chan in (np.resize(inside, 130), np.resize(scales, 130)):
+        cols = np.stack(_near_half_integers(g, dtype, chan, 50 if SMALL_SHAPES else 300), axis=1)
+        s32, z = np.asarray(chan, np.float32), np.full(130, zp, qtype)
+        got = _quantize(impl, cols, dtype=qtype, axis=1, scale=s32, zero_point=z)
+        _check_exact(got, ref.quantize(cols, dtype=qtype, axis=1, scale=s32, zero_point=z), "channels last")
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
