@@ -254,15 +254,14 @@ def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
     quantize_run: runs of one channel, or channels along the last axis (a scale per
     element, the reciprocals made once)."""
     wide_loops()
-    ni = x.shape[2]
-    if ni == 1:
-        nc = c1 - c0
-        ys = np.empty(nc, x.dtype)
-        fast = True
-        for c in range(nc):
-            ys[c], ok = reciprocal(scale[c0 + c])
-            fast = fast and ok
+    nc = c1 - c0
+    ys = np.empty(nc, x.dtype)      # the range's reciprocals, once (not per row of O)
+    oks = np.empty(nc, np.bool_)
+    for c in range(nc):
+        ys[c], oks[c] = reciprocal(scale[c0 + c])
+    if x.shape[2] == 1:
         sc, zc = scale[c0:c1], zp[c0:c1]
+        fast = oks.all()
         for o in range(o0, o1):
             xo = x[o].reshape(x.shape[1])
             qo = q[o].reshape(x.shape[1])
@@ -270,8 +269,7 @@ def quantize_range(x, scale, zp, qlo, qhi, q, o0, o1, c0, c1, i0, i1):
         return
     for o in range(o0, o1):
         for c in range(c0, c1):
-            y, fast = reciprocal(scale[c])
-            quantize_run(x[o, c][i0:i1], q[o, c][i0:i1], scale[c], y, zp[c], qlo, qhi, fast)
+            quantize_run(x[o, c][i0:i1], q[o, c][i0:i1], scale[c], ys[c - c0], zp[c], qlo, qhi, oks[c - c0])
 
 
 @njit(**SJIT)
