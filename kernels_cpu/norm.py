@@ -52,8 +52,32 @@ def centered_stats(src, x0, s, dst, eps):
         dst[j] = c
         sd += c
         q += c * c
+    return _remainder_and_rstd(sd, q, inv_d, eps)
+
+
+@njit(inline="always")
+def centered_moments(src, x0, s, eps):
+    """centered_stats without writing d: (m0, mc, rstd), the output being ((src - m0) - mc)
+    * rstd with src - m0 rounded first (group_norm: channel_norm.centered_act)."""
+    d = src.shape[0]
+    inv_d = like(eps, 1.0 / d)
+    zero = like(eps, 0.0)
+    m0 = x0 + s * inv_d
+    sd = zero
+    q = zero
+    for j in range(d):
+        c = src[j] - m0
+        sd += c
+        q += c * c
+    mc, rstd = _remainder_and_rstd(sd, q, inv_d, eps)
+    return m0, mc, rstd
+
+
+@njit(inline="always")
+def _remainder_and_rstd(sd, q, inv_d, eps):
+    """(mc, rstd) from sd = sum(d), q = sum(d^2) over a row of D = 1 / inv_d values."""
     mc = sd * inv_d
-    var = max(q * inv_d - mc * mc, zero)
+    var = max(q * inv_d - mc * mc, like(eps, 0.0))
     return mc, like(eps, 1.0) / math.sqrt(var + eps)
 
 
