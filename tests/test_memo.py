@@ -245,6 +245,29 @@ def test_quantize_checks_a_static_scale_on_every_call():
         dispatch.quantize(x, axis=1, scale=bad, zero_point=zp)
 
 
+def test_quantize_per_tensor_numbers_remembered_per_value():
+    """A per-tensor static scale and zero point given as numbers are kept as numbers
+    (quantize._scalar_params), so the call is remembered; each value is its own signature:
+    a call with another scale never gets a remembered one's, every result equals the same
+    scale given as arrays, and a bad number after good ones still raises naming it."""
+    x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
+    op = registry.OPS["quantize"]
+    _fresh(op)
+    for _ in range(2):
+        for s, z in ((0.5, 3), (np.float32(0.25), np.uint8(7)), (0.125, None)):
+            got = dispatch.quantize(x, dtype="uint8", scale=s, zero_point=z)
+            want = dispatch.quantize(x, dtype="uint8", scale=np.array([s], np.float32),
+                                     zero_point=np.array([0 if z is None else z], np.uint8))
+            assert np.array_equal(got.values, want.values), (s, z)
+            assert got.scale.shape == () and got.scale == np.float32(s) and got.zero_point == (z or 0)
+    assert sum(isinstance(t, memo.Template) for t in op._described.values()) == 3
+    for bad in (0.0, -0.5, float("nan"), 1e39):
+        with pytest.raises(ValueError, match="scale"):
+            dispatch.quantize(x, dtype="uint8", scale=bad, zero_point=3)
+    with pytest.raises(ValueError, match="zero_point"):
+        dispatch.quantize(x, dtype="uint8", scale=0.5, zero_point=256)
+
+
 def test_matmul_int8_remembered_for_a_new_activation_each_call():
     """matmul_int8's a_q is a new QuantizedArray on every decode step: one entry serves
     them all (a QuantizedArray's signature part is structural), and each call's result is

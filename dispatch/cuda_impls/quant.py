@@ -22,7 +22,7 @@ from kernels_common.cuda_tiles import ELEMENTWISE_THREADS
 from kernels_common.quant import QTYPES
 
 from .. import validate as V
-from ..ops.quant import _channels, check_finite, compute_dtype, result, scales_from_range
+from ..ops.quant import _channels, check_finite, compute_dtype, given_params, result, scales_from_range
 from ..registry import fixed_rule, set_rule
 from ._common import (DEVICE_COPY_NOTE, as_input, c_view, cdiv, deliver, device_copy, device_empty, kernels,
                       occupancy_blocks, output, props, register_cuda, size)
@@ -80,6 +80,7 @@ def _device_params(q, acc, cuda):
 
 
 def _run_quantize(params, x, qd, axis, symmetric, scale, zero_point):
+    scale, zero_point = given_params(scale, zero_point, qd)
     K = kernels("quant")
     shape = tuple(int(s) for s in x.shape)
     dt = V.dtype_of(x)
