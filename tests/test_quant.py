@@ -451,6 +451,7 @@ BAD_Q = [
     (dict(scale=float("inf")), ValueError, "scale"),
     (dict(scale=1e300), ValueError, "scale"),
     (dict(scale="0.1"), TypeError, "scale"),
+    (dict(scale=10 ** 400), TypeError, "scale"),
     (dict(scale=np.ones(3, np.float32)), ValueError, "scale"),
     (dict(scale=np.ones(4, np.float32), axis=1), ValueError, "scale"),
     (dict(scale=0.1, zero_point=np.int16(3)), TypeError, "zero_point"),

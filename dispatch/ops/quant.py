@@ -233,8 +233,8 @@ class QuantizeArgs(NamedTuple):
     qdtype: np.dtype
     axis: object         # None or a normalized axis
     symmetric: bool
-    scale: object        # None, or float32 (C,) given (static)
-    zero_point: object   # None, or qdtype (C,) given (static)
+    scale: object        # None, or float32 (C,) given (static), or per tensor a np.float32 (given_params)
+    zero_point: object   # None, or qdtype (C,) given (static), or per tensor a qdtype scalar
 
 
 # A per-tensor static call's scale: a Python or numpy float (or int) below float32's max
@@ -251,7 +251,10 @@ def _scalar_params(qd, scale, zero_point):
     AVX-512, 2026-12-07)."""
     if type(scale) not in _SCALE_NUMBERS:
         return None
-    s = float(scale)
+    try:
+        s = float(scale)
+    except OverflowError:         # an int beyond float64: _static_params' TypeError
+        return None
     if not 0.0 < s <= _F32_MAX:   # NaN, inf, <= 0, or inf in float32
         return None
     s32 = np.float32(s)
