@@ -252,6 +252,27 @@ def test_int8_threads_of_different_shapes(op_name):
     assert not bad, "\n".join(bad[:10])
 
 
+def test_quantize_static_numbers_from_threads():
+    """Per-tensor static scales given as numbers are remembered per value in the op's one
+    memo table: four threads, each with its own scale and zero point on its own x, each get
+    what they get alone (a table entry served to the wrong value would show here)."""
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal((64, 96)).astype(np.float32) for _ in range(N_THREADS)]
+    params = [(0.01, 3), (0.02, None), (np.float32(0.05), np.uint8(100)), (0.1, 128)]
+    registry.OPS["quantize"]._described.clear()
+    expected = [dispatch.quantize(x, dtype="uint8", scale=s, zero_point=z).values for x, (s, z) in zip(xs, params)]
+    bad = []
+
+    def worker(i):
+        s, z = params[i]
+        for r in range(5 * REPS):
+            if not np.array_equal(dispatch.quantize(xs[i], dtype="uint8", scale=s, zero_point=z).values, expected[i]):
+                bad.append(f"thread {i} (scale {s}) rep {r} differs")
+
+    _run_threads(N_THREADS, worker)
+    assert not bad, "\n".join(bad[:10])
+
+
 def test_int8_workspace_is_per_thread():
     """The int8 paths' packed-A scratch is never handed to two threads (white box:
     dispatch.ops.int8_linalg._a_workspace)."""
