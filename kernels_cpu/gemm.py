@@ -19,7 +19,9 @@ gemm_parallel: the cache-blocked GEMM (the BLIS design), in one parallel region.
      whole MR-row panels (not transposed, no custom packer) is not packed either: the
      micro-kernel broadcasts its values straight from its MR rows (A_IN_PLACE_OK; the
      worker is compiled per A form); an A that must be packed, under one column block,
-     is packed by the task that reads it into its worker's slice (A_TASK_OK);
+     is packed by the task that reads it into its worker's slice (A_TASK_OK); a caller's A
+     packer may write plain rows instead of panels (a_rows: the backward's g', read then as
+     an A in place);
   2. then (batch x row block x column block) tasks, also from an atomic counter (dynamic
      scheduling: a thread that loses its core to another process does not hold up the
      other).  A task walks K in blocks of kc and for each (NR panel, MR panel) pair runs
@@ -799,12 +801,19 @@ A_IN_PLACE_OK = True
 A_TASK_OK = True
 A_IN_TASK_BYTES = 1 << 20
 
+# A packed by rows (P_A_ROWS, plan_args' a_rows): a caller's A packer (the backward's
+# prologue, kernels_cpu/linalg_grad.py, forming g' = grad_out * act'(pre)) writes each
+# MR-row panel as MR plain rows of K values into ap, an (na, mp * MR, K) array (rows past M
+# zeroed), and the micro-kernel reads them as it reads an A in place (micro_rows): no
+# transposes into panels, and ap holds the whole operand afterwards, for the caller's next
+# GEMM (the backward's dW / dB reads g' from it).  Measurements in linalg_grad's docstring.
+
 
 # gemm_parallel's int64 argument block, read by gemm_worker and the packers: addresses,
 # sizes, blocking, and the addresses of the packers and the epilogue to call.
 (P_SYNC, P_A, P_AP, P_B, P_BP, P_C, P_AIDX, P_BIDX, P_BIAS, P_NA, P_NB, P_NBATCH, P_M, P_N, P_K,
  P_MC, P_NC, P_KC, P_B_MODE, P_PACK_A, P_PACK_B, P_EPILOGUE, P_ACCUMULATE, P_WORKERS, P_NEXTRA, P_B_TASK,
- P_KFULL, P_K0, P_A_TASK, P_COUNT) = range(30)
+ P_KFULL, P_K0, P_A_TASK, P_A_ROWS, P_COUNT) = range(31)
 # P_KFULL, P_K0: B's K and the first row of the K block that the K-block packers pack (P_K
 # values of it; B_TASK_KBLOCK)
 
@@ -945,13 +954,17 @@ def gemm_parallel(a3, b3, a_idx, b_idx, transa, transb, bias, epilogue, code, ou
 
 
 def plan_args(na, nb, nbatch, M, N, K, transa, transb, dtype, tile, b_packed, mc_panels, nc_panels, kc, epilogue, code,
-              nworkers, pack_a=None, pack_b=None, nextra=0, accumulate=False, both_a_forms=False) -> tuple:
+              nworkers, pack_a=None, pack_b=None, nextra=0, accumulate=False, both_a_forms=False, a_rows=False) -> tuple:
     """The plan of a gemm_parallel call (its arguments less the arrays, see there), as
     gemm_launch takes it: a caller that makes the same call often (dispatch's linalg) keeps
-    it and launches with it directly."""
+    it and launches with it directly.  a_rows: pack_a (required, A not transposed) writes
+    its panels as rows (P_A_ROWS): ap is then an (na, mp * MR, K) array of A's rows, whole
+    (never the tasks' slices), read by the micro-kernel as an A in place."""
+    if a_rows and (pack_a is None or transa):
+        raise ValueError("gemm plan: a_rows needs a caller's A packer and A not transposed")
     return (na, nb, nbatch, M, N, K, bool(transa), bool(transb), np.dtype(dtype), _tile_index(tile), bool(b_packed),
             mc_panels, nc_panels, kc, bool(epilogue), int(code), pack_a, pack_b, nextra, bool(accumulate), nworkers,
-            bool(both_a_forms))
+            bool(both_a_forms), bool(a_rows))
 
 
 def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=(), buffers=None):
@@ -978,7 +991,7 @@ def gemm_launch(args, a3, ap, b3, bp, out3, a_idx, b_idx, bias, extra=(), buffer
 
 @functools.lru_cache(maxsize=256)
 def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_panels, nc_panels, kc, epilogue, code,
-               pack_a, pack_b, nextra, accumulate, nworkers, both_a_forms=False):
+               pack_a, pack_b, nextra, accumulate, nworkers, both_a_forms=False, a_rows=False):
     """What gemm_parallel's call needs besides the addresses, for its shapes and options:
     (argument block without addresses, read-only: each call copies it; sync length; the
     worker's address; worker count; packed A and B elements needed; tile index).  Built
@@ -995,7 +1008,7 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
             and reads_b_in_place(N, transb, nr_full, itemsize)):
         b_mode = B_IN_PLACE
     a_in_place = A_IN_PLACE_OK and not transa and pack_a is None and M % tile_m(ti) == 0
-    a_task = (A_TASK_OK and not a_in_place and nnb == 1 and nmb > 1 and na == nbatch
+    a_task = (A_TASK_OK and not a_in_place and not a_rows and nnb == 1 and nmb > 1 and na == nbatch
               and mc_panels * tile_m(ti) * K * itemsize <= A_IN_TASK_BYTES)
     n_pack_a = 0 if a_in_place or a_task else na * mp
     n_tail = nb if b_mode == B_IN_PLACE and N % nr_full != 0 else 0  # partial last panels, packed (gemm_worker)
@@ -1026,10 +1039,11 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
         b_task = B_TASK_KBLOCK
     p[P_B_TASK] = b_task
     p[P_A_TASK] = a_task
+    p[P_A_ROWS] = a_rows
     b_local = b_task in (B_TASK_SLICE, B_TASK_KBLOCK)
     sa, sb = pack_shapes(na, nb, M, N, K, dtype, ti)
     need_a = 0 if a_in_place else nw * mc_panels * tile_m(ti) * K if a_task else math.prod(sa)
-    kernels = _kernels(dtype, ti, transa, transb, a_in_place, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
+    kernels = _kernels(dtype, ti, transa, transb, a_in_place or a_rows, (b_mode == B_PACK and pack_b is None) or n_tail > 0,
                        not a_in_place and pack_a is None, epilogue, code, both_a_forms, b_task == B_TASK_KBLOCK)
     addr = dict(zip(kernels, worker_addresses(list(kernels.values()))))
     fn = addr["worker"]
@@ -1046,8 +1060,9 @@ def _gemm_plan(na, nb, nbatch, M, N, K, transa, transb, dtype, ti, b_packed, mc_
 
 
 def worker_kernel(dtype, ti, a_in_place, both_a_forms=False):
-    """The (dispatcher, variant) of gemm_worker for (dtype, tile index), reading A in place
-    or packed, or either (both_a_forms: see gemm_parallel), for parallel.worker_address(es)."""
+    """The (dispatcher, variant) of gemm_worker for (dtype, tile index), reading A by rows
+    (a_in_place: in place, or packed by rows, P_A_ROWS) or packed in panels, or either
+    (both_a_forms: see gemm_parallel), for parallel.worker_address(es)."""
     forms = (True, True) if both_a_forms else (only_if(a_in_place), only_if(not a_in_place))
     return gemm_worker, (bool(np.dtype(dtype) == np.float64), int(ti)) + forms
 
@@ -1131,6 +1146,7 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     pack_a, pack_b, epilogue = p[P_PACK_A], p[P_PACK_B], p[P_EPILOGUE]
     accumulate_c = p[P_ACCUMULATE] != 0
     a_in_place = pack_a == 0  # (the plan's choice, _gemm_plan)
+    a_rows = p[P_A_ROWS] != 0   # A packed by rows into ap (P_A_ROWS), read as an A in place
     nr_full = _tnr(z, ti)
     MR = _tmr(ti)  # noqa: N806 - the tile's rows
     a_outer = _taouter(ti)
@@ -1170,8 +1186,10 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
     pl_addr = p[P_SYNC] + (home + nw + w * plen) * 8
     pl = c_array_at(pl_addr, np.int64(0), (plen if b_local or a_task else 0,))
     sync = c_array_at(p[P_SYNC], np.int64(0), (home + nw,))
-    # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in place
+    # A's panels, or A itself (na x M x K, M a whole number of panels) when it is read in
+    # place, or its rows packed (na x mp * MR x K)
     apf = c_array_at(p[P_A] if a_in_place else p[P_AP], z, (na * mp * K * MR,))
+    a_ld = M if a_in_place else mp * MR   # rows of a batch of A read by rows
     # B's panels, and B itself (nb x K x N) when it is read in place
     bpf = c_array_at(p[P_BP], z, (nb * npn * K * nr_full,))
     bsrc = c_array_at(p[P_B], z, (nb * K * N,)) if b_in_place else bpf
@@ -1272,8 +1290,8 @@ def gemm_worker(w, params, is64, ti, rows_form, packed_form):
                 coff = (bi * M + i0) * N + j0 if full else 0
                 done = False
                 if rows_form is not None:
-                    if a_in_place:
-                        micro_rows(ti, kl, apf, (ba * M + i0) * K + k0, K, bq, boff, ldb, cf if full else t, coff,
+                    if a_in_place or a_rows:
+                        micro_rows(ti, kl, apf, (ba * a_ld + i0) * K + k0, K, bq, boff, ldb, cf if full else t, coff,
                                    N if full else nr_full, accumulate and full)
                         done = True
                 if packed_form is not None:

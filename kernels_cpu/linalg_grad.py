@@ -8,52 +8,62 @@ dbias = the column sums of g'.  kernels_cpu/gemm.py's gemm_parallel runs them; i
 operands into register-tile panels before the micro-kernels read them, and the packers here
 take the plain copy's place for the operand that is g' (gemm_parallel's pack_a / pack_b):
 they read grad_out and pre, compute g' (kernels_cpu/activation_grad.grad_input, the same
-scalar formulas as the elementwise backward ops) and write it into the panel.  So g' exists
-only in the packed panels (the packing workspace every GEMM writes anyway): no (M, N) g'
-array and no elementwise pass over memory before the GEMMs.
+scalar formulas as the elementwise backward ops) and write it into the packing workspace
+that every GEMM writes anyway, in the GEMM's own parallel region: no elementwise pass and
+no g' array of the caller's, and the derivative formed once per call (the first GEMM's
+workspace, its rows, serves the second).
 
-One packer per side for both layouts of g' (an (M, N) row-major array, M the rows of the
+One packer per side and layout of g' (an (M, N) row-major array, M the rows of the
 forward's output), a panel being R rows of the operand:
-  by rows (A not transposed: dA = g' @ B^T, dx = g' @ W; X_PACK_ROWS set): per block of
-    GRAD_CHUNK columns each of the R rows' g' is computed by one contiguous vector loop
-    into an L1 buffer, which gemm's plain packer _pack_a_n (by address, X_PACK_ROWS: the
-    forward's register transposes, compiled once for both) packs into the panel.
+  by rows (A not transposed: dA = g' @ B^T, dx = g' @ W): pack_grad_rows forms each of the
+    panel's R rows of g' by one contiguous derivative loop straight into the GEMM's
+    packing buffer laid out as rows (gemm's a_rows: an (M rounded up to R, N) array), which
+    the micro-kernel reads as it reads an A in place; afterwards that buffer holds g', and
+    the caller's second GEMM (dW, dB) reads it with no derivative of its own (only dbias
+    summed by its packer).  Until 2026-12-07 the rows went through gemm's register
+    transposes into panels and the second GEMM formed g' again from grad_out and pre.
+    linear_backward +gelu +bias, 2 threads, alternating processes, three rounds (Xeon with
+    AMX, 2026-12-07, /tmp/w/lb4.py), us, MxKxN, before -> now: 3168x384x1536 (MiniLM's FFN
+    at batch 16) 40492 / 38562 / 41238 -> 35246 / 35521 / 36701, one thread 81376 -> 68943;
+    512x768x3072 21195 / 20195 / 21315 -> 19367 / 20483 / 19943; at M = 128 (128x768x3072,
+    128x3072x768, 128x768x768) within the noise of +-5% either way.  In one process against
+    a separate derivative pass (dispatch.gelu_backward, then the GEMMs on its array) it is
+    as fast or faster: 128x768x3072 5549 / 5699, 512x768x3072 20052 / 20748, 3168x384x1536
+    36386 / 36480, 37x768x3072 2546 / 2466 (us, fused / separate).
   by columns (A transposed: dW = g'^T @ x; B not transposed: dB = A^T @ g'): per block of
     GRAD_CHUNK rows the R values of each row are gathered into two L1 buffers (grad_out,
     pre), and g' is computed by one flat vector loop straight into the panel (the panel's
     k-major layout is the buffers' layout).  The panel's R column sums over all M rows are
     dbias for those columns (deterministic: each panel is summed by one worker, in row
     order; a panel packed twice by two workers, see gemm_worker, writes the same sums
-    twice), accumulated in float64.
+    twice), accumulated in float64.  With g' formed already (the rows packer's buffer) it
+    runs with no activation: the gather and the sums.
 The derivative loop is a function of its own, grad_chunk, compiled per (dtype, activation:
 a literal, so its branches fold away and the loop is branch-free; wide_loops() gives it 16
 float32 lanes on AVX-512 targets) and called by address by every packer: the packers
 compile per (dtype, tile, side) only.  Inlined into each packer, the same loop made
 linear_backward +gelu's first call (bert-base ffn-up, empty cache, Zen 4 VM, 2026-12-01)
-4.1 s, the rows packer alone 1.3 s of it.  The rows layout had a packer of its own (the
-same loop, then gemm's transposes inlined): linear_backward's first call after linear's
-(bert-base ffn-up +gelu, Zen 3 VM, 2026-12-02, 3 alternating fresh processes each) took
-5.3-5.5 s with it, 3.9-4.4 s now; alone, about the same (8.2-10.0 s on that slow host:
-_pack_a_n compiles in place of it); the dx GEMM's time is unchanged (interleaved medians
-7.87 / 7.88 ms at 128x3072x768, 37.9 / 38.1 ms at 3168x1536x384, 2 threads).
+4.1 s, the rows packer alone 1.3 s of it.  With the rows packer writing rows (no
+transposes) and the dW packer compiled beside dx's (grad_prologue's `ahead`), that first
+call took 2.57-2.73 s against 2.66-3.05 before (Xeon with AMX, 2026-12-07, python -m
+bench.compile_time, empty cache).
 
 Argument block: gemm_parallel's P_* slots, then (its `extra`) X_PRE: the address of pre
 (laid out as grad_out; with no activation any valid address, it is not read), X_DBIAS: the
 address of the dbias output ((operand batches, columns)) or 0, X_GRAD: the address of
-grad_chunk for the call's dtype and activation, X_PACK_ROWS: for g' read by rows the
-address of gemm's _pack_a_n for the dtype and tile, else 0 (all set by grad_prologue).
+grad_chunk for the call's dtype and activation (all set by grad_prologue).
 """
 import numpy as np
 from numba import njit
 
 from .activation_grad import grad_input
 from .approx import JIT_BY_ADDRESS, wide_loops
-from .gemm import (P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _packer_kernel, _panel, _tmr, _tnr,
+from .gemm import (P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _panel, _tmr, _tnr,
                    worker_kernel)
 from .parallel import c_array_at, call_address, like_dtype, prefetch, worker_addresses
 
-X_PRE, X_DBIAS, X_GRAD, X_PACK_ROWS = P_COUNT, P_COUNT + 1, P_COUNT + 2, P_COUNT + 3
-X_COUNT = P_COUNT + 4
+X_PRE, X_DBIAS, X_GRAD = P_COUNT, P_COUNT + 1, P_COUNT + 2
+X_COUNT = P_COUNT + 3
 
 # Columns (by rows) or rows (by columns) of g' formed per block into the L1 buffers: R x
 # 256 float32 is 8 KiB for the 8x48 tile's 8 rows (48 x 256 x 2 buffers of the B side: 96
@@ -82,15 +92,11 @@ def _grad_panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
     src, dst, rows, K, base, r0 = _panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot)
     count = p[count_slot]
     pre = c_array_at(p[X_PRE], z, (count * rows * K,))
-    by_rows = p[X_PACK_ROWS] != 0  # g' read by rows: its panels go through the plain packer
     nrows = min(R, rows - r0)
     isz = dst.itemsize
     gt = np.empty(R * GRAD_CHUNK, dst.dtype)
     pt = np.empty(R * GRAD_CHUNK, dst.dtype)
     gt_p = gt.ctypes.data
-    sub = np.empty(P_COUNT, np.int64)  # by rows: the argument block of one (nrows, cl) A
-    sub[P_NA] = 1
-    sub_p = sub.ctypes.data
     sums = p[X_DBIAS] != 0
     acc = np.empty(R, np.float64)  # dbias: float64 sums of M float32 terms (M may be 10^4-10^5 tokens)
     for r in range(R):  # not np.zeros: one more compiled function, 0.1 s of a cold first call
@@ -101,17 +107,6 @@ def _grad_panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
     for c0 in range(0, K, GRAD_CHUNK):
         cl = min(GRAD_CHUNK, K - c0)
         d = d0 + c0 * R
-        if by_rows:
-            # g' by rows: each row's cl values by one contiguous derivative loop into gt
-            # (rows cl apart), then gt is an (nrows, cl) A of which the plain packer
-            # (gemm's _pack_a_n, at X_PACK_ROWS) writes panel 0 into this panel's columns
-            # c0.. (its register transposes; it is the forward's, not compiled again here)
-            for r in range(nrows):
-                off = (base + (r0 + r) * K + c0) * isz
-                call_address(p[X_GRAD], (p[src_slot] + off, p[X_PRE] + off, gt_p + r * cl * isz, cl))
-            sub[P_A], sub[P_AP], sub[P_M], sub[P_K] = gt_p, p[dst_slot] + d * isz, nrows, cl
-            call_address(p[X_PACK_ROWS], (0, sub_p))
-            continue
         for k in range(cl):
             s = base + (c0 + k) * rows + r0
             if c0 + k < kp:
@@ -137,11 +132,34 @@ def _grad_panel(i, params, z, R, src_slot, dst_slot, rows_slot, count_slot):
 
 @njit(**JIT_BY_ADDRESS)
 def pack_grad_a(i, params, is64, ti):
-    """A panel i of g' for A stored (M, K) (X_PACK_ROWS set: gemm's _pack_a_n with the prologue)
-    or (K, M) (g' read by columns, i.e. A = g'^T: gemm's _pack_a_t with the prologue, and
-    dbias of the panel's columns)."""
+    """A panel i of g' for A stored (K, M) (g' read by columns, i.e. A = g'^T: gemm's
+    _pack_a_t with the prologue), and dbias of the panel's columns."""
     wide_loops()
     _grad_panel(i, params, like_dtype(is64), _tmr(ti), P_A, P_AP, P_M, P_NA)
+
+
+@njit(**JIT_BY_ADDRESS)
+def pack_grad_rows(i, params, is64, ti):
+    """Panel i of g' for A stored (M, K), packed by rows (gemm's P_A_ROWS): its MR rows of
+    g' written as plain rows of the (na, mp * MR, K) array at P_AP, one contiguous
+    derivative loop a row; rows past M zeroed (the micro-kernel reads MR rows)."""
+    z = like_dtype(is64)
+    R = _tmr(ti)  # noqa: N806 - the tile's rows
+    p = c_array_at(params, np.int64(0), (X_COUNT,))
+    M, K, na = p[P_M], p[P_K], p[P_NA]
+    mp = (M + R - 1) // R
+    bi = i // mp
+    r0 = (i - bi * mp) * R
+    nrows = min(R, M - r0)
+    isz = 8 if is64 else 4
+    for r in range(nrows):
+        off = (bi * M + r0 + r) * K * isz
+        call_address(p[X_GRAD], (p[P_A] + off, p[X_PRE] + off, p[P_AP] + (bi * mp * R + r0 + r) * K * isz, K))
+    if nrows < R:
+        dst = c_array_at(p[P_AP], z, (na * mp * R * K,))
+        zero = dst.dtype.type(0)
+        for e in range((bi * mp * R + r0 + nrows) * K, (bi * mp * R + r0 + R) * K):
+            dst[_U(e)] = zero
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -153,28 +171,33 @@ def pack_grad_cols_b(j, params, is64, ti):
     _grad_panel(j, params, z, _tnr(z, ti), P_B, P_BP, P_N, P_NB)
 
 
-_PACKERS = {"rows": pack_grad_a, "cols_a": pack_grad_a, "cols_b": pack_grad_cols_b}
+_PACKERS = {"rows": pack_grad_rows, "cols_a": pack_grad_a, "cols_b": pack_grad_cols_b}
 
 
-def grad_prologue(kind, pre, dbias, dtype, code, ti, both_a_forms):
+def prologue_kernels(kind, dtype, code, ti):
+    """The by-address kernels (worker_addresses requests) that a GEMM packing g' with the
+    prologue packer `kind` runs besides its worker: the packer and the grad_chunk for the
+    activation `code`."""
+    is64 = bool(np.dtype(dtype) == np.float64)
+    return [(_PACKERS[kind], (is64, int(ti))), (grad_chunk, (is64, int(code)), 4)]
+
+
+def grad_prologue(kind, pre, dbias, dtype, code, ti, both_a_forms, ahead=()):
     """(the address of the prologue packer, gemm_parallel's `extra`: the X_* slots) for packer
-    `kind` ("rows": A not transposed; "cols_a": A transposed; "cols_b": B not transposed)
-    and (dtype, tile index).  The slots hold the addresses of pre and of dbias (0: none),
-    the grad_chunk for (dtype, activation code) and, for g' by rows, the plain A packer.
+    `kind` ("rows": A not transposed, packed by rows: plan_args' a_rows; "cols_a": A
+    transposed; "cols_b": B not transposed) and (dtype, tile index).  The slots hold the
+    addresses of pre and of dbias (0: none) and the grad_chunk for (dtype, activation code).
 
     A cold first call compiles these with the GEMM worker that gemm_parallel will run (A
-    never read in place when a prologue packs it; both_a_forms as gemm_parallel's) in two
-    processes (parallel.worker_addresses): the worker (0.86 s) and the packer (0.77) here
-    and in a helper, the small ones in the helper."""
-    is64 = bool(np.dtype(dtype) == np.float64)
-    kernels = [worker_kernel(dtype, ti, False, both_a_forms), (_PACKERS[kind], (is64, int(ti))),
-               (grad_chunk, (is64, int(code)), 4)]
-    if kind == "rows":
-        kernels.append(_packer_kernel("a", False, dtype, ti))
-    addr = worker_addresses(kernels)
+    read by rows for "rows", packed for the others; both_a_forms as gemm_parallel's) in two
+    processes (parallel.worker_addresses): the worker (0.86 s) here, the packer and
+    grad_chunk in a helper, and with them `ahead` (requests of the caller's next GEMM:
+    linear_backward's dW packer, compiled here after dx's call, took its cold first call
+    from 2.8-3.1 s to 3.1 s)."""
+    kernels = [worker_kernel(dtype, ti, kind == "rows", both_a_forms)] + prologue_kernels(kind, dtype, code, ti)
+    addr = worker_addresses(kernels + list(ahead))
     x = [0] * (X_COUNT - P_COUNT)
     x[X_PRE - P_COUNT] = pre.ctypes.data
     x[X_DBIAS - P_COUNT] = 0 if dbias is None else dbias.ctypes.data
     x[X_GRAD - P_COUNT] = addr[2]
-    x[X_PACK_ROWS - P_COUNT] = addr[3] if kind == "rows" else 0
     return addr[1], tuple(x)

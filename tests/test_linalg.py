@@ -664,8 +664,8 @@ def test_both_a_forms_variant_gives_the_same_bits(dtype, monkeypatch):
                 dispatch.matmul(np.ascontiguousarray(a.swapaxes(-1, -2)).swapaxes(-1, -2), b))]
 
     one = run_all()
-    real_plan = K._gemm_plan   # every launch plans through it (K.gemm_launch); both_a_forms comes last
-    monkeypatch.setattr(K, "_gemm_plan", lambda *args: real_plan(*args[:-1], True))
+    real_plan = K._gemm_plan   # every launch plans through it (K.gemm_launch); both_a_forms, then a_rows, last
+    monkeypatch.setattr(K, "_gemm_plan", lambda *args: real_plan(*args[:-2], True, args[-1]))
     both = run_all()
     assert any(all(isinstance(v, types.BooleanLiteral) and v.literal_value for v in s[-2:])
                for s in K.gemm_worker.signatures), "the variant holding both forms did not run"

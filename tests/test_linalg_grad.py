@@ -17,13 +17,15 @@ DTYPES = [np.float32, np.float64]
 TOL = {np.dtype(np.float32): 2e-4, np.dtype(np.float64): 1e-9}
 host_only = pytest.mark.skipif(ON_CUDA, reason="host-array checks run on the CPU target")
 
-# linear: (x shape, N); M, N, K in {1, 7, 33, 100}
-LINEAR_FULL = [((7, 33), 100), ((100, 7), 1), ((1, 100), 33), ((3, 11, 33), 7), ((33, 1), 7)]
+# linear: (x shape, N); M, N, K in {1, 7, 33, 100}, and M = 48 (whole row tiles of every
+# register tile: g' formed by rows fills its scratch exactly)
+LINEAR_FULL = [((7, 33), 100), ((100, 7), 1), ((1, 100), 33), ((3, 11, 33), 7), ((33, 1), 7), ((2, 24, 40), 33)]
 LINEAR_SMALL = [((7, 5), 9), ((2, 3, 4), 1), ((1, 3), 7)]
 LINEAR_SHAPES = LINEAR_SMALL if SMALL_SHAPES else LINEAR_FULL
 # matmul: (a shape, b shape)
 MATMUL_FULL = [((7, 33), (33, 100)), ((2, 3, 7, 19), (19, 33)), ((3, 7, 19), (2, 1, 19, 33)),
-               ((4, 13, 40), (4, 40, 18)), ((7, 19), (3, 19, 33)), ((100, 1), (1, 7))]
+               ((4, 13, 40), (4, 40, 18)), ((7, 19), (3, 19, 33)), ((100, 1), (1, 7)),
+               ((3, 24, 40), (40, 18)), ((2, 24, 19), (2, 19, 33))]   # m = 24: g' by rows is (batches, m, n) exactly
 MATMUL_SMALL = [((3, 5), (5, 7)), ((2, 3, 4), (4, 5)), ((3, 2, 4), (2, 1, 4, 5))]
 MATMUL_SHAPES = MATMUL_SMALL if SMALL_SHAPES else MATMUL_FULL
 
@@ -277,6 +279,49 @@ def test_dweight_gemm_packs_a_in_its_tasks(dtype, monkeypatch):
     for a, b in zip(got[True], got[False]):
         np.testing.assert_array_equal(a, b)
     _check(got[True], want, dtype, "linear_backward dweight's A packed in its tasks")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's plans")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_forms_the_derivative_once(dtype, monkeypatch):
+    """With an activation, the first backward GEMM's prologue forms g' = grad * act'(pre) by
+    rows into its packing buffer (kernels_cpu.gemm's a_rows; rows past M zeroed), which its
+    micro-kernel reads as an A in place; the second GEMM reads that g', its prologue with no
+    activation (dbias only): the derivative is formed once.  Row counts on and off the
+    tile's; batched matmul with whole tiles (g' is (batches, m, n) exactly); the reference's
+    values."""
+    from kernels_cpu import gemm as K, linalg_grad as KG
+    from kernels_cpu.approx import ACT_GELU, ACT_NONE
+    g = rng()
+    mr = K.active_tile().mr
+    rows, real_plan = spy_gemm_plans(monkeypatch, lambda res: bool(res[0][K.P_A_ROWS]))
+    prologues, real_pro = [], KG.grad_prologue
+
+    def spy(kind, pre, dbias, dt, code, *rest):
+        prologues.append((kind, code))
+        return real_pro(kind, pre, dbias, dt, code, *rest)
+
+    monkeypatch.setattr(KG, "grad_prologue", spy)
+    forget_gemm_plans(real_plan)
+    try:
+        cases = [("linear", (2 * mr, 30), 19), ("linear", (2 * mr + 1, 30), 19), ("matmul", (2, 2 * mr, 30), (30, 19))]
+        for op, s1, s2 in cases:
+            rows.clear()
+            prologues.clear()
+            if op == "linear":
+                grad, a, b, pre = _linear_inputs(g, s1, s2, dtype)
+                second = "cols_a"
+            else:
+                grad, a, b, pre = _matmul_inputs(g, s1, s2, dtype)
+                second = "cols_b"
+            fn, rf = getattr(dispatch, f"{op}_backward"), getattr(ref, f"{op}_backward")
+            got = run("cpu-gemm", fn, grad, a, b, pre, activation="gelu", has_bias=True, _op=f"{op}_backward")
+            what = f"{op} {s1} {s2}"
+            assert rows == [True, False], (what, rows)
+            assert prologues == [("rows", ACT_GELU), (second, ACT_NONE)], (what, prologues)
+            _check(got, rf(grad, a, b, pre, activation="gelu", has_bias=True), dtype, what)
+    finally:
+        forget_gemm_plans(real_plan)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU GEMM's task plans")

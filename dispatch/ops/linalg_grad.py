@@ -168,13 +168,17 @@ def _identity_index(n):
     return np.arange(n, dtype=np.int64)
 
 
-def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, dbias, accumulate=False, both=False):
+def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, dbias, accumulate=False, both=False,
+              rows_into=None, ahead=()):
     """out3 = op(a3) @ op(b3) on the own GEMM, the operand g_side ("a" / "b") packed by the
     linalg_grad prologue packer `kind` (None: plain packers), reading pre3 and writing dbias
     (or nothing: None); accumulate: out3 += the product instead; both: run the GEMM worker
     variant holding both A forms (gemm_parallel's both_a_forms), for a backward whose dA
-    product may read g in place (no prologue packer) while the other packs its transposed
-    A: one worker compiled, not two."""
+    product reads g (or g') by rows while the other packs its transposed A: one worker
+    compiled, not two.  Kind "rows" packs g' by rows (gemm's a_rows) into rows_into, an
+    array of (batches of a3, rows rounded up to the tile's, columns) (_rows_scratch), which
+    holds g' afterwards; ahead: the next GEMM's prologue kernels, compiled beside this one's
+    (KG.grad_prologue)."""
     nbatch, m, n = out3.shape
     k = a3.shape[1] if transa else a3.shape[2]
     tile = K.active_tile()
@@ -191,14 +195,19 @@ def _pro_gemm(a3, transa, b3, transb, ai, bi, out3, g_side, kind, pre3, code, db
     mc, nc, kc = _gemm_blocks(m, n, k, nbatch, tile.nr(dt), tile, dt.itemsize if in_task else 0)
     packer, extra = None, ()
     if kind is not None:
-        packer, extra = KG.grad_prologue(kind, pre3, dbias, dt, code, ti, both)
+        packer, extra = KG.grad_prologue(kind, pre3, dbias, dt, code, ti, both, ahead)
     pack_a, pack_b = (packer, None) if g_side == "a" else (None, packer)
+    a_rows = kind == "rows"
     args = K.plan_args(a3.shape[0], b3.shape[0], nbatch, m, n, k, transa, transb, dt, tile, False, mc, nc, kc, False,
-                       ACT_NONE, num_threads(), pack_a, pack_b, len(extra), accumulate, both)
+                       ACT_NONE, num_threads(), pack_a, pack_b, len(extra), accumulate, both, a_rows)
     # buffers as large as the plan needs: where the tasks pack A (gemm's A_TASK_OK), the
-    # workers' slices, not a copy of A (linear_cross_entropy's chunk-sized gradient)
-    K.gemm_launch(args, a3, None, b3, None, out3, ai, bi, _zeros(n, dt), extra,
-                  buffers=lambda na, nb: _panel_buffers((na,), (nb,), dt))
+    # workers' slices, not a copy of A (linear_cross_entropy's chunk-sized gradient); g' by
+    # rows into the caller's array
+    if a_rows:
+        buffers = lambda na, nb: (rows_into.reshape(-1), _panel_buffers((0,), (nb,), dt)[1])  # noqa: E731
+    else:
+        buffers = lambda na, nb: _panel_buffers((na,), (nb,), dt)  # noqa: E731
+    K.gemm_launch(args, a3, None, b3, None, out3, ai, bi, _zeros(n, dt), extra, buffers=buffers)
 
 
 def _fused_needed(code, has_bias):
@@ -218,14 +227,28 @@ def _run_linear_gemm(g, x, w, pre, code, has_bias):
     dx = _arena.empty((1, m, k), dt)
     dw = _arena.empty((1, n, k), dt)
     dbias = np.empty(n, dt) if has_bias else None
-    # dx = g' @ W: g' is A (packed by rows); W (N, K) is B stored (K_gemm, N_gemm)
-    both = code == ACT_NONE  # dx may read g in place (see _pro_gemm)
-    _pro_gemm(g3, False, w3, False, K_ZERO, K_ZERO, dx, "a", "rows" if code != ACT_NONE else None, p3, code, None,
-              both=both)
-    # dW = g'^T @ x: g' (M, N) is A stored transposed (packed by columns, summed: dbias), x is B
-    _pro_gemm(g3, True, x3, False, K_ZERO, K_ZERO, dw, "a", "cols_a" if _fused_needed(code, has_bias) else None, p3,
-              code, dbias, both=both)
+    # dx = g' @ W: g' is A read by rows (g in place, or with an activation g' packed by rows
+    # by the prologue); W (N, K) is B stored (K_gemm, N_gemm)
+    gp = None if code == ACT_NONE else _rows_scratch(1, m, n, dt)
+    _pro_gemm(g3, False, w3, False, K_ZERO, K_ZERO, dx, "a", None if gp is None else "rows", p3, code, None,
+              both=True, rows_into=gp, ahead=_next_prologue("cols_a" if has_bias else None, dt))
+    # dW = g'^T @ x: g' (M, N) is A stored transposed (packed by columns, summed: dbias), x
+    # is B; g' as dx's prologue left it (its first m rows: its derivative is not formed twice)
+    g3 = g3 if gp is None else gp[:, :m]
+    _pro_gemm(g3, True, x3, False, K_ZERO, K_ZERO, dw, "a", "cols_a" if has_bias else None, g3, ACT_NONE, dbias,
+              both=True)
     return dx.reshape(tuple(x.shape[:-1]) + (k,)), dw.reshape(n, k), dbias
+
+
+def _next_prologue(kind, dt):
+    """grad_prologue's `ahead` for a next GEMM packing g' (already formed) with `kind`."""
+    return () if kind is None else KG.prologue_kernels(kind, dt, ACT_NONE, K.active_index())
+
+
+def _rows_scratch(nbatch, m, n, dt):
+    """Where the "rows" prologue packs g': (nbatch, m rounded up to the tile's rows, n)."""
+    mr = K.active_tile().mr
+    return _arena.empty((nbatch, -(-m // mr) * mr, n), dt)
 
 
 def _gprime(g, pre, code):
@@ -253,12 +276,17 @@ def _run_matmul_gemm(g, a, b, pre, code, has_bias):
     b3 = kernel_input(b).reshape(math.prod(b_batch), k, n)
     _, ai, bi = _batch_index(a_batch, b_batch)
     ident = np.arange(nbatch, dtype=np.int64)
-    # da = g' @ b^T: g' is A (rows); b (K, N) is read as B^T stored (N_gemm, K_gemm) (transb)
+    # da = g' @ b^T: g' is A read by rows (g in place, or with an activation g' packed by
+    # rows by the prologue); b (K, N) is read as B^T stored (N_gemm, K_gemm) (transb)
     da_full = _arena.empty((nbatch, m, k), dt)
-    both = code == ACT_NONE  # da may read g in place (see _pro_gemm)
-    _pro_gemm(g3, False, b3, True, ident, bi, da_full, "a", "rows" if code != ACT_NONE else None, p3, code, None,
-              both=both)
+    gp = None if code == ACT_NONE else _rows_scratch(nbatch, m, n, dt)
+    _pro_gemm(g3, False, b3, True, ident, bi, da_full, "a", None if gp is None else "rows", p3, code, None,
+              both=True, rows_into=gp, ahead=_next_prologue("cols_b" if has_bias else None, dt))
     da = reduce_batch(da_full.reshape(full + (m, k)), a_batch)
+    both = True
+    if gp is not None and (gp.shape[1] == m or nbatch == 1):
+        g3 = p3 = gp[:, :m]  # g' as da's prologue left it: db does not form its derivative again
+        code = ACT_NONE
     kind = "cols_b" if _fused_needed(code, has_bias) else None
     if not b_batch:  # b shared by every batch: one GEMM whose reduction runs over batch x rows
         db = _arena.empty((1, k, n), dt)
