@@ -158,6 +158,31 @@ cpu_only = pytest.mark.skipif(ON_CUDA, reason="host arrays: the CPU target")
 
 
 @cpu_only
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bilinear_2x_width_tables(impl):
+    """The width tables that take the CPU's 2x bilinear path (neighbour pairs, no gathers:
+    AxisTable.doubles) are exactly the half-pixel 2x ones: not align_corners, not 2x + 1,
+    not a 1-pixel input; and that path gives the reference's values."""
+    from dispatch.ops import resample as R
+    for acc in (np.float32, np.float64):
+        assert R.axis_table(9, 18, "bilinear", False, 2.0, acc).doubles
+        assert R.axis_table(2, 4, "bilinear", False, 2.0, acc).doubles
+        assert not R.axis_table(9, 18, "bilinear", True, 2.0, acc).doubles
+        assert not R.axis_table(9, 19, "bilinear", False, 19 / 9, acc).doubles
+        assert not R.axis_table(1, 2, "bilinear", False, 2.0, acc).doubles
+        assert not R.axis_table(9, 18, "bilinear", False, 1.9, acc).doubles   # scale given, not 2
+    g = rng()
+    for dtype in DTYPES:
+        x = randn(g, (2, 3, 6, 21), dtype)
+        x[1, 2, 3, 0] = np.inf   # an edge column: the table's path there
+        got = run(impl, dispatch.interpolate, x, scale_factor=(1.5, 2.0), mode="bilinear", _op=OP)
+        want = ref.interpolate(x, scale_factor=(1.5, 2.0), mode="bilinear")
+        np.testing.assert_array_equal(np.isinf(got) | np.isnan(got), np.isinf(want) | np.isnan(want))
+        bad = ~np.isfinite(want)
+        _check(np.where(bad, 0, got).astype(dtype), np.where(bad, 0, want), dtype, x.shape, "bilinear", impl)
+
+
+@cpu_only
 @pytest.mark.parametrize("mode, align", MODES, ids=[f"{m}-{a}" for m, a in MODES])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_read_only_and_broadcast_inputs(impl, mode, align):

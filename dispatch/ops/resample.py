@@ -152,7 +152,9 @@ def _describe(x, size=None, scale_factor=None, *, mode="nearest", align_corners=
 class AxisTable(NamedTuple):
     """Per output index along one axis: source indices i0, i1 (int32) and weights l0, l1 (the
     accumulation type; nearest: i1 == i0, l0 == 1, l1 == 0, unused by the kernels);
-    doubles: i0 == dst >> 1 for every dst and out == 2 in (the CPU 2x fast path)."""
+    doubles: the CPU 2x fast paths (out == 2 in): nearest, i0 == dst >> 1 for every dst;
+    bilinear, half-pixel centres inside (dst = 2j + 1, 2j + 2 blend in j and j + 1 with
+    weights 3/4, 1/4 and 1/4, 3/4; the edges may be anything)."""
     i0: np.ndarray
     i1: np.ndarray
     l0: np.ndarray
@@ -206,8 +208,21 @@ def axis_table(n_in: int, n_out: int, mode: str, align: bool, scale, acc) -> Axi
         a = np.ascontiguousarray(a)
         a.flags.writeable = False
         arrays.append(contiguous(a))  # a writeable-typed alias: one kernel specialization
-    doubles = n_out == 2 * n_in and mode != "bilinear" and bool(np.array_equal(i0, np.arange(n_out) >> 1))
+    if mode == "bilinear":
+        doubles = n_out == 2 * n_in and n_in >= 2 and _half_pixel_2x(i0, i1, l0, l1)
+    else:
+        doubles = n_out == 2 * n_in and bool(np.array_equal(i0, np.arange(n_out) >> 1))
     return AxisTable(*arrays, doubles)
+
+
+def _half_pixel_2x(i0, i1, l0, l1) -> bool:
+    """Whether a bilinear table's interior is the 2x half-pixel pattern (AxisTable.doubles)."""
+    dst = np.arange(1, len(i0) - 1)
+    j = (dst - 1) >> 1
+    odd = (dst & 1) == 1
+    return bool(np.array_equal(i0[1:-1], j) and np.array_equal(i1[1:-1], j + 1)
+                and np.array_equal(l0[1:-1], np.where(odd, 0.75, 0.25))
+                and np.array_equal(l1[1:-1], np.where(odd, 0.25, 0.75)))
 
 
 def tables(x_shape, size, mode, align_corners, scale, acc):
@@ -236,7 +251,7 @@ def _host(parallel):
             r2 = res.reshape(planes * oh, ow)
             th, tw = tables(x.shape, size, mode, align_corners, scale, acc_dtype(dt))
             if mode == "bilinear":
-                bilinear(xc, r2, h, oh, th.i0, th.i1, th.l0, th.l1, tw.i0, tw.i1, tw.l0, tw.l1)
+                bilinear(xc, r2, h, oh, th.i0, th.i1, th.l0, th.l1, tw.i0, tw.i1, tw.l0, tw.l1, tw.doubles)
             else:
                 nearest(xc, r2, h, oh, th.i0, tw.i0, tw.doubles)
         return deliver(res, out)
@@ -275,7 +290,8 @@ _interpolate = register_op(Op("interpolate", _describe, family="resample", bound
                               variants={"bilinear": lambda a, k: (a, {**k, "mode": "bilinear"})}))
 register(Implementation("interpolate", "cpu-serial", "cpu", _host(False), kernel_modules=_KERNELS,
                         notes="per output row: nearest gathers (2x: each input element written twice, repeated "
-                              "rows copied), bilinear blends two input rows then gathers columns; " + HOST_COPY_NOTE))
+                              "rows copied), bilinear blends two input rows then gathers columns (2x: blends neighbour "
+                              "pairs); " + HOST_COPY_NOTE))
 register(Implementation("interpolate", "cpu-parallel", "cpu", _host(True), kernel_modules=_KERNELS,
                         notes="cpu-serial's kernels, blocks of output rows (over all planes) split over threads; "
                               + HOST_COPY_NOTE))
