@@ -58,7 +58,7 @@ from numba import njit
 
 from .activation_grad import grad_input
 from .approx import JIT_BY_ADDRESS, wide_loops
-from .gemm import (P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, P_K, _U, _panel, _tmr, _tnr,
+from .gemm import (P_A, P_AP, P_B, P_BP, P_COUNT, P_M, P_N, P_NA, P_NB, _U, _panel, _tmr, _tnr,
                    worker_kernel)
 from .parallel import c_array_at, call_address, like_dtype, prefetch, worker_addresses
 
@@ -143,23 +143,17 @@ def pack_grad_rows(i, params, is64, ti):
     """Panel i of g' for A stored (M, K), packed by rows (gemm's P_A_ROWS): its MR rows of
     g' written as plain rows of the (na, mp * MR, K) array at P_AP, one contiguous
     derivative loop a row; rows past M zeroed (the micro-kernel reads MR rows)."""
-    z = like_dtype(is64)
     R = _tmr(ti)  # noqa: N806 - the tile's rows
     p = c_array_at(params, np.int64(0), (X_COUNT,))
-    M, K, na = p[P_M], p[P_K], p[P_NA]
-    mp = (M + R - 1) // R
-    bi = i // mp
-    r0 = (i - bi * mp) * R
+    _, dst, M, K, base, r0 = _panel(i, params, like_dtype(is64), R, P_A, P_AP, P_M, P_NA)
     nrows = min(R, M - r0)
-    isz = 8 if is64 else 4
-    for r in range(nrows):
-        off = (bi * M + r0 + r) * K * isz
-        call_address(p[X_GRAD], (p[P_A] + off, p[X_PRE] + off, p[P_AP] + (bi * mp * R + r0 + r) * K * isz, K))
-    if nrows < R:
-        dst = c_array_at(p[P_AP], z, (na * mp * R * K,))
-        zero = dst.dtype.type(0)
-        for e in range((bi * mp * R + r0 + nrows) * K, (bi * mp * R + r0 + R) * K):
-            dst[_U(e)] = zero
+    isz = dst.itemsize
+    for r in range(nrows):  # source row (base / K + r0 + r), packed row i * R + r
+        off = (base + (r0 + r) * K) * isz
+        call_address(p[X_GRAD], (p[P_A] + off, p[X_PRE] + off, p[P_AP] + (i * R + r) * K * isz, K))
+    zero = dst.dtype.type(0)
+    for e in range((i * R + nrows) * K, (i + 1) * R * K):
+        dst[_U(e)] = zero
 
 
 @njit(**JIT_BY_ADDRESS)
