@@ -116,6 +116,12 @@ def nearest_rows(x, out, h, ho, ih, iw, w2x, lo, hi):
         r += 1
 
 
+@njit(inline="always")
+def _table_col(orow, tmp, j, iw0, iw1, lw0, lw1):
+    """Output column j of a bilinear row from tmp through the width table."""
+    orow[j] = lw0[j] * tmp[iw0[j]] + lw1[j] * tmp[iw1[j]]
+
+
 @njit(**JIT_INNER)
 def bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, w2x, lo, hi):
     w = x.shape[1]
@@ -133,17 +139,16 @@ def bilinear_rows(x, out, h, ho, ih0, ih1, lh0, lh1, iw0, iw1, lw0, lw1, w2x, lo
             tmp[j] = l0 * a[j] + l1 * b[j]
         orow = row_of(out, r)
         if w2x:  # 2x: the interior from neighbour pairs (the table's weights, 3/4 and 1/4)
-            orow[0] = lw0[0] * tmp[iw0[0]] + lw1[0] * tmp[iw1[0]]
             for j in range(w - 1):
                 t0 = tmp[j]
                 t1 = tmp[j + 1]
                 orow[2 * j + 1] = three * t0 + quarter * t1
                 orow[2 * j + 2] = quarter * t0 + three * t1
-            e = wo - 1
-            orow[e] = lw0[e] * tmp[iw0[e]] + lw1[e] * tmp[iw1[e]]
+            _table_col(orow, tmp, 0, iw0, iw1, lw0, lw1)
+            _table_col(orow, tmp, wo - 1, iw0, iw1, lw0, lw1)
         else:
             for j in range(wo):
-                orow[j] = lw0[j] * tmp[iw0[j]] + lw1[j] * tmp[iw1[j]]
+                _table_col(orow, tmp, j, iw0, iw1, lw0, lw1)
 
 
 @njit(**JIT)

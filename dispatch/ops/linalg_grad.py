@@ -283,7 +283,6 @@ def _run_matmul_gemm(g, a, b, pre, code, has_bias):
     _pro_gemm(g3, False, b3, True, ident, bi, da_full, "a", None if gp is None else "rows", p3, code, None,
               both=True, rows_into=gp, ahead=_next_prologue("cols_b" if has_bias else None, dt))
     da = reduce_batch(da_full.reshape(full + (m, k)), a_batch)
-    both = True
     if gp is not None and (gp.shape[1] == m or nbatch == 1):
         g3 = p3 = gp[:, :m]  # g' as da's prologue left it: db does not form its derivative again
         code = ACT_NONE
@@ -292,12 +291,12 @@ def _run_matmul_gemm(g, a, b, pre, code, has_bias):
         db = _arena.empty((1, k, n), dt)
         dbias = np.empty(n, dt) if has_bias else None
         _pro_gemm(a3.reshape(1, nbatch * m, k), True, g3.reshape(1, nbatch * m, n), False, K_ZERO, K_ZERO, db, "b",
-                  kind, p3.reshape(1, nbatch * m, n), code, dbias, both=both)
+                  kind, p3.reshape(1, nbatch * m, n), code, dbias, both=True)
         return da, db.reshape(k, n), dbias
     # per output batch, then summed over the dims b was broadcast along; dbias per batch, summed
     db_full = _arena.empty((nbatch, k, n), dt)
     part = np.empty((nbatch, n), dt) if has_bias else None
-    _pro_gemm(a3, True, g3, False, ai, ident, db_full, "b", kind, p3, code, part, both=both)
+    _pro_gemm(a3, True, g3, False, ai, ident, db_full, "b", kind, p3, code, part, both=True)
     db = reduce_batch(db_full.reshape(full + (k, n)), b_batch)
     return da, db, (part.sum(axis=0) if has_bias else None)
 
