@@ -33,7 +33,13 @@ statistics and affine passes on it, and rounds the row into out.  One rounding p
 
 The activation is a runtime code (kernels_common.activation.ACT_*), branched on outside the
 element loops (affine_act) so every loop body is branch-free and vectorizes, and one
-compiled kernel serves every activation.  weight / bias are always arrays here (dispatch
+compiled kernel serves every activation.  The float32 loops run 16 lanes wide on AVX-512 hosts
+(approx.wide_loops; LLVM's own choice there is 8): report timing, old / new trees
+alternating twice, 2 threads (Xeon with AMX, 2026-12-07), us: group_norm + SiLU 1x320x64x64
+684-693 -> 557-578 (its floor 394-448), 1x640x32x32 383-496 -> 328-374; batch_norm + ReLU
+1x64x112x112 330-354 -> 296-302, 1x256x56x56 331-359 -> 288-392.  The 16-bit kernels keep
+LLVM's 8 lanes: 16 gave float16 group_norm 688-863 -> 619-704 but bfloat16 740-744 ->
+762-795 (one variant serves both).  weight / bias are always arrays here (dispatch
 passes ones / zeros for None).
 """
 import numpy as np
@@ -41,7 +47,7 @@ from numpy import uintp
 from numba import njit
 
 from .approx import (ACT_GELU, ACT_GELU_TANH, ACT_NONE, ACT_RELU, ACT_SILU, JIT, JIT_BY_ADDRESS, JIT_INNER,
-                     fma, gelu, gelu_tanh, like, relu, silu)
+                     fma, gelu, gelu_tanh, like, relu, silu, wide_loops)
 from .half import round_to, widen
 from .norm import centered_moments, centered_stats
 from .parallel import (RW_D, RW_I, RW_I2, RW_I3, RW_I4, RW_N, c_array_at, launch, only_if, row_args,
@@ -63,6 +69,7 @@ HALF_CHUNK = 1024
 @njit(**JIT_INNER)
 def affine_act(src, dst, a, b, code, lo, hi):
     """dst[uintp(j)] = act(src[uintp(j)] * a + b) for j in [lo, hi) (src may be dst)."""
+    wide_loops()
     if code == ACT_RELU:
         for j in range(lo, hi):
             dst[uintp(j)] = relu(src[uintp(j)] * a + b)
@@ -86,6 +93,7 @@ def affine_act_inplace(buf, a, b, code, lo, hi):
     the same, but its loops read src and write dst: LLVM vectorizes them behind a runtime
     overlap check, which an in-place call fails, so they ran scalar (group_norm + SiLU
     at 1x320x64x64: 9.6 ms, 5.9 ns per element; one array here: no check, vectorized)."""
+    wide_loops()
     if code == ACT_RELU:
         for j in range(lo, hi):
             buf[uintp(j)] = relu(buf[uintp(j)] * a + b)
@@ -111,6 +119,7 @@ def centered_act(src, dst, m0, a, b, code, lo, hi):
     reading x where it used to read back d = x - m0 stored by the statistics pass: SD U-Net
     1x320x64x64 + SiLU, one thread, a model of the row passes (Xeon with AVX-512,
     2026-12-07): 858-950 -> 782-843 us (without the SiLU 528-578 -> 512-554)."""
+    wide_loops()
     if code == ACT_RELU:
         for j in range(lo, hi):
             dst[uintp(j)] = relu(fma(src[uintp(j)] - m0, a, b))
@@ -132,6 +141,7 @@ def centered_act(src, dst, m0, a, b, code, lo, hi):
 def batch_norm_range(x, scale, shift, out, s, code, lo, hi):
     """out = act(x * scale[c] + shift[c]) on the flat elements [lo, hi) of x (N*C*S
     elements, planes of s); scale, shift: (C,)."""
+    wide_loops()
     nc = scale.shape[0]
     if lo >= hi:
         return
@@ -238,6 +248,7 @@ def batch_norm_parallel(x, scale, shift, out, s, code):
 @njit(**JIT_INNER)
 def group_norm_rows(x, w, b, eps, out, cg, s, code, lo, hi):
     """Rows [lo, hi) of x, out: (N*G, cg*s), row i = group i % G of sample i // G; w, b: (C,)."""
+    wide_loops()
     d = x.shape[1]
     ng = w.shape[0] // cg
     zero = like(eps, 0.0)

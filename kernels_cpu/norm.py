@@ -81,6 +81,11 @@ def _remainder_and_rstd(sd, q, inv_d, eps):
     return mc, like(eps, 1.0) / math.sqrt(var + eps)
 
 
+# layer_norm_rows / rms_norm_rows keep LLVM's 8-lane loops on AVX-512: 16 lanes
+# (approx.wide_loops, as channel_norm.py) measured slower, one thread, old / new trees
+# alternating three times (Xeon with AMX, 2026-12-07), us: layer_norm 512x768 197-207 ->
+# 221-290, 4096x768 1015-1024 -> 1064-1156; rms_norm 512x4096 and the backward blocks
+# (norm_grad.py) within noise.
 @njit(**JIT_INNER)
 def layer_norm_rows(x, r, h, w, b, eps, out, has_res, lo, hi):
     """Three vectorized passes over the cached row (h = x + r with a residual):
