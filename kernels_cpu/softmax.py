@@ -42,6 +42,12 @@ from .parallel import (RW_D, RW_I, RW_N, c_array_at, fetch_add, launch, like_dty
 # and 0.54 for the plain loop.
 @njit(**HELPER)
 def _row_max32(xr):
+    # 16 lanes on AVX-512 (approx.wide_loops; _row_max64 too): this helper compiles alone,
+    # so the callers' wide_loops did not reach it.  Loop medians, old / new trees
+    # alternating three times (Xeon with AMX, 2026-12-07), us, 1 / 2 threads: softmax
+    # 1x32x512x512 5798-6323 / 2086-2285 -> 4595-5755 / 1808-2010, 128x50257 within noise,
+    # 1x12x128x128 121-189 / 59-61 -> 126-128 / 61-64 (rows of 128: noise or a little worse)
+    wide_loops()
     # the bits in place: with xr.view this helper took 0.28 s to compile, 0.10 s without (2026-12-03)
     iv = c_array_at(xr.ctypes.data, np.int32(0), (xr.shape[0],))
     k = np.int32(-2147483648)
@@ -60,6 +66,7 @@ _INF64 = np.int64(0x7FF0000000000000)
 
 @njit(**HELPER)
 def _row_max64(xr):
+    wide_loops()
     iv = c_array_at(xr.ctypes.data, np.int64(0), (xr.shape[0],))
     k = np.int64(-9223372036854775808)
     a = np.int64(0)
@@ -234,6 +241,11 @@ def softmax_half_serial(x, out, log):
 def cross_entropy_rows(x, targets, ignore_index, losses, lo, hi):
     """losses[i] = logsumexp(x[i]) - x[i, t_i] for rows lo..hi-1 (0 for ignored rows; NaN
     for NaN / +inf / all -inf rows); returns (their sum in float64, rows counted)."""
+    # 16-lane exp sums on AVX-512 (approx.wide_loops), as softmax_rows: GPT-2's 128 x 50257,
+    # loop medians, old / new trees alternating three times (Xeon with AMX, 2026-12-07), 1 /
+    # 2 threads: 2787-2951 / 1442-1491 -> 2367-2393 / 1244-1271 us; 1024 rows 2 threads
+    # 16.8-17.4 -> 15.2-16.0 ms
+    wide_loops()
     n = x.shape[1]
     total = 0.0
     count = 0
