@@ -253,6 +253,11 @@ F_SOFTPLUS, F_D, F_Z, F_BIAS, F_INIT, F_LAST = 1, 2, 4, 8, 16, 32
 _U = np.uint64  # unsigned indices: numba drops the negative-index fix-up, loops vectorize
 
 
+# The SSM kernels keep LLVM's 8-lane loops on AVX-512: 16 (approx.wide_loops on
+# scan_worker, _dt_row, _y_row, update_worker) measured slower, loop medians, old / new
+# trees alternating three times (Xeon with AMX, 2026-12-07), 2 threads, us:
+# selective_state_update mamba-130m batch 16 233-245 -> 268-330, mamba-1.4b batch 1
+# 100-105 -> 115-120; selective_scan dim 1536 L 1024 5937-6501 -> 6570-6737.
 @njit(**JIT_BY_ADDRESS)
 def scan_worker(w, params, is64):
     """Worker w of a selective_scan call (the P_* slots; P_B / P_C: B and C as (batch, G,
