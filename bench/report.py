@@ -424,8 +424,9 @@ def table(rows, compile_by_family, peers_installed) -> str:
             cells.append(_fmt_t(r["times"][p]["median_s"]) if p in r["times"] else "-")
         ratio = r.get("ratio_to_fastest_peer")
         mark = "-" if ratio is None else _verdict(ratio, r["fastest_peer"], r.get("ratio_rounds"))
-        if any(not a["ok"] for a in r.get("agreement", {}).values()):
-            mark += " MISMATCH"
+        wrong = [name for name, a in r.get("agreement", {}).items() if not a["ok"]]
+        if wrong:  # who disagrees with the float64 reference (a peer's own rounding, or ours)
+            mark += " MISMATCH " + ",".join(wrong)
         cells.append(mark)
         if lowp:  # normwise max relative error against the float32 op (bench/accuracy.py)
             acc = r.get("accuracy_vs_fp32")
@@ -533,7 +534,8 @@ def run(quick=True, ops=None, json_path="bench_out/report.json", plot_path="benc
 
     out(f"== ops (float32; median of {ROUNDS[quick]} interleaved rounds, up to {MAX_ROUNDS[quick]} while a spread is "
         f"above {timing.MAX_SPREAD:.0%}; +- = interquartile spread; floor = roofline floor;")
-    out("   of floor = floor / ours (1.0 = at the machine's limit); LOSE = a peer is faster)")
+    out("   of floor = floor / ours (1.0 = at the machine's limit); LOSE = a peer is faster;")
+    out("   MISMATCH names = whose output disagrees with the float64 reference)")
     out(table(rows, comp, info["peers"]))
     skipped = [r for r in rows if r["status"] != "ok"]
     if skipped:

@@ -413,6 +413,19 @@ def test_prepacked_note_speaks_as_the_table_does():
     assert ("LOSE x" in report.table([row], {}, {"numpy": "x"})) == (row["ratio_to_fastest_peer"] > 1.0)
 
 
+def test_mismatch_mark_names_who_disagrees():
+    """A peer whose output disagrees with the float64 reference (its own rounding, say) is
+    named in the verdict column: the reader must not take it for ours."""
+    case = C.Case("relu", "tiny", "test", {"x": (1000,)})
+    row = report.measure_case(case, CEIL, rounds=1, peers=("numpy",), pause_s=0.0)
+    assert row["agreement"]["ours"]["ok"] and row["agreement"]["numpy"]["ok"], row["agreement"]
+    assert "MISMATCH" not in report.table([row], {}, {"numpy": "x"})
+    row["agreement"]["numpy"] = {"rel_err": 3.9e-3, "ok": False}
+    assert "MISMATCH numpy" in report.table([row], {}, {"numpy": "x"})
+    row["agreement"]["ours"] = {"rel_err": 1.0, "ok": False}
+    assert "MISMATCH ours,numpy" in report.table([row], {}, {"numpy": "x"})
+
+
 def test_case_that_does_not_fit_is_skipped_with_a_note():
     bad = C.Case("softmax", "tiny", "test", {"x": (4, 5)}, {"axis": 7})
     row = report.measure_case(bad, CEIL, rounds=1, peers=())
