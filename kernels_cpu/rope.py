@@ -29,6 +29,12 @@ ROWS_PER_TASK = 64  # at least this many rows per parallel task (64 x 128 floats
 @njit(**JIT_INNER)
 def rope_rows(x, cos, sin, out, lo, hi, interleaved):
     """Rows lo..hi-1 of x (rows, D) -> out; row r uses position r % S."""
+    # 16 lanes on AVX-512 (approx.wide_loops; rope_rows_half had it, this did not): loop
+    # medians, old / new trees alternating three times (Xeon with AMX, 2026-12-07), us, 1 / 2
+    # threads: Llama-7B prefill 512 rope 790-836 / 456-485 -> 735-769 / 450-453, rope_backward
+    # 816-850 / 509-520 -> 762-803 / 471-480; decode (1x32x1x128) 7.4-8.2 -> 8.8-9.1 on one
+    # thread, unchanged on two.
+    wide_loops()
     seq = cos.shape[0]
     h = cos.shape[1]
     t = lo % seq
