@@ -127,8 +127,9 @@ def vectors() -> str:
     """One line for ``explain`` and the report's machine header: the vector width and the
     GEMM register tile that run (kernels_cpu.gemm.active_tile(): chosen from the target's
     features at import, NK_GEMM_TILE overrides), and whether the host has AVX-512.
-    conv2d's implicit GEMM runs the same tile; the elementwise activations' loops are 16-lane on AVX-512
-    targets (approx.wide_loops), LLVM's choice elsewhere."""
+    conv2d's implicit GEMM runs the same tile.  On AVX-512 targets a kernel's loops run 16
+    float32 lanes where that measured faster (the kernel calls approx.wide_loops, its figures
+    beside it) and LLVM's 8 in the others; LLVM's choice on other targets."""
     from . import gemm, target
     cpu = target.cpu_name()
     tile = gemm.active_tile()
@@ -137,10 +138,10 @@ def vectors() -> str:
     host = "AVX-512" if avx512 else "no AVX-512"
     forced = f" ({gemm.TILE_ENV} or use_tile)" if tile.name != gemm.TILES[gemm.HOST_WIDE if avx512 else
                                                                          gemm.NARROW].name else ""
-    acts = "16" if avx512 else "8"
+    acts = "16 x float32 where measured faster, 8 elsewhere" if avx512 else "8 x float32"
     if not target.is_x86():
         # aarch64: LLVM legalizes the IR's 8-lane float32 vectors as pairs of 4-lane NEON
         # registers (the 6x16 tile: 24 of NEON's 32 as accumulators); the loops are its choice
-        acts, host = "4 (LLVM's choice)", f"{target.vector_bits()}-bit NEON vectors, LLVM splits wider IR vectors"
+        acts, host = "4 x float32 (LLVM's choice)", f"{target.vector_bits()}-bit NEON vectors, LLVM splits wider IR vectors"
     return (f"{bits}-bit GEMM: {tile.name} tile{forced} ({tile.describe()}, {tile.mr}x{tile.nr64} float64; "
-            f"conv2d too), activations {acts} x float32; host {cpu}: {host}")
+            f"conv2d too), elementwise loops {acts}; host {cpu}: {host}")
