@@ -90,3 +90,40 @@ def test_explain_and_report_say_which_vector_width_runs():
     has512 = "avx512f" in target.features()
     assert ("no AVX-512" not in line) == has512, line
     assert report.machine_info()["vectors"] in line
+
+
+def _fresh(fn):
+    """An uncached copy of the kernel function fn with a CPython wrapper (numba shows no
+    machine code for cached kernels, and fn may be an inner part with no wrapper)."""
+    from numba import njit
+    opts = {k: v for k, v in fn.targetoptions.items() if k not in ("cache", "nopython")}
+    opts["no_cpython_wrapper"] = False
+    return njit(**opts)(fn.py_func)
+
+
+def test_loops_measured_faster_at_16_lanes_run_16_lanes():
+    """On an AVX-512 target the kernels whose loops measured faster at 16 float32 lanes
+    call approx.wide_loops themselves (the attribute is per compiled function: a caller's
+    does not reach a part compiled alone), and their machine code holds zmm vector code:
+    group / batch norm's affine and centered passes, cross_entropy's rows, softmax's row
+    max, rope's rows."""
+    import platform
+    import re
+
+    from kernels_cpu import approx, channel_norm, rope, softmax
+    if platform.machine().lower() not in ("x86_64", "amd64") or not approx._target_has_avx512():
+        pytest.skip("16-lane loops are chosen on AVX-512 targets only")
+    f32 = np.float32
+    x = np.linspace(-3, 3, 4 * 256, dtype=f32).reshape(4, 256)
+    out = np.empty_like(x)
+    cos, sin = np.cos(x[:, :128]), np.sin(x[:, :128])
+    cases = [(channel_norm.affine_act, (x[0], out[0], f32(1.5), f32(0.5), approx.ACT_SILU, 0, 256)),
+             (channel_norm.centered_act, (x[0], out[0], f32(0.1), f32(1.5), f32(0.5), approx.ACT_SILU, 0, 256)),
+             (softmax.cross_entropy_rows, (x, np.array([1, 2, 3, 4]), -100, np.empty(4, f32), 0, 4)),
+             (softmax._row_max32, (x[1],)),
+             (rope.rope_rows, (x, cos, sin, out, 0, 4, False))]
+    for fn, args in cases:
+        fresh = _fresh(fn)
+        fresh(*args)
+        asm = fresh.inspect_asm(fresh.signatures[0])
+        assert re.search(r"\n\s+v\w+\s+[^\n]*%zmm", asm), f"{fn.__name__}: no zmm vector code"
