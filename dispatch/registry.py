@@ -160,6 +160,10 @@ class Implementation:
     composes: the ops a composite implementation calls through their public functions
         (linear_cross_entropy runs linear and cross_entropy_with_grad per chunk): their
         kernels are its kernels (the contract tests follow them).
+    host() -> why this host (numba's target) cannot run it at all, for any call, or None
+        when it can: the kernels built on instructions some x86 hosts lack (AMX, AVX-512
+        BF16, VNNI).  supports() names the same reason per key; warmup skips such an
+        implementation as "not for this host" instead of failing on it.
     """
 
     op: str
@@ -173,6 +177,7 @@ class Implementation:
     tunables: dict = field(default_factory=dict)
     kernel_modules: tuple = ()
     composes: tuple = ()
+    host: Callable[[], str | None] | None = None
 
     @property
     def version(self) -> str:

@@ -100,21 +100,35 @@ def main(argv=None):
 
     keepwarm.precompile()  # the heartbeat loop every CPU call arms (kernels_cpu/keepwarm.py)
     todo = plan(a.ops, a.dtypes)
-    failed = []
+    failed, elsewhere = [], []
     for i, (op, impl, dt) in enumerate(todo, 1):
         t = time.perf_counter()
-        try:
-            size = compile_one(op, impl, dt)
-            msg = f"{time.perf_counter() - t:6.2f} s ({size} inputs)"
-        except LookupError as exc:
-            failed.append(str(exc))
-            msg = f"skipped: {exc}"
+        why_not = not_for_this_host(op, impl)
+        if why_not is not None:
+            elsewhere.append(impl)
+            msg = f"not for this host: {why_not}"
+        else:
+            try:
+                size = compile_one(op, impl, dt)
+                msg = f"{time.perf_counter() - t:6.2f} s ({size} inputs)"
+            except LookupError as exc:
+                failed.append(str(exc))
+                msg = f"skipped: {exc}"
         if not a.quiet:
             bar = "#" * (20 * i // len(todo))
             print(f"[{bar:<20}] {i}/{len(todo)} {op} {impl} {dt}: {msg}", flush=True)
-    print(f"warmed {len(todo) - len(failed)} of {len(todo)} kernels in {time.perf_counter() - t0:.1f} s "
-          f"({runtime.describe()})")
+    here = len(todo) - len(elsewhere)
+    print(f"warmed {here - len(failed)} of {here} kernels in {time.perf_counter() - t0:.1f} s "
+          + (f"({len(elsewhere)} more not for this host) " if elsewhere else "") + f"({runtime.describe()})")
     return 1 if failed else 0
+
+
+def not_for_this_host(op_name, impl_name):
+    """Why this host cannot run the implementation at all (Implementation.host: AMX, AVX-512
+    BF16, VNNI kernels), or None: warmup does not compile what the host would never run."""
+    from . import registry
+    impl = next(i for i in registry.implementations(op_name, "cpu") if i.name == impl_name)
+    return impl.host() if impl.host is not None else None
 
 
 if __name__ == "__main__":

@@ -101,8 +101,13 @@ def test_warmup_bfloat16_linear(tmp_path):
     shutil.rmtree(tmp_path / "cache")
     p = _run([sys.executable, "-m", "dispatch.warmup", "linear", "--dtypes", "bfloat16"], env)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
-    # (3 or 4: cpu-bf16-dot / cpu-bf16-amx where the host has AVX-512 BF16 / AMX-BF16)
+    # (2 to 4: cpu-bf16-dot / cpu-bf16-amx where the host has AVX-512 BF16 / AMX-BF16; the others
+    # listed as not for this host, and not counted)
     assert re.search(r"warmed (\d) of \1 kernels", p.stdout), p.stdout
+    elsewhere = [impl for op, impl, _ in planned if op == "linear" and warmup.not_for_this_host(op, impl)]
+    for impl in elsewhere:
+        assert f"linear {impl} bfloat16: not for this host: " in p.stdout, p.stdout
+    assert (f"({len(elsewhere)} more not for this host)" in p.stdout) == bool(elsewhere), p.stdout
     p = _run([sys.executable, "-c", _BF16_CALLS], env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == []

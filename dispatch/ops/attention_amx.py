@@ -60,7 +60,7 @@ def first(key):
 
 
 register(Implementation(
-    "attention", "cpu-flash-amx", "cpu", _run, dtypes=(BF16,), supports=supports_of(refusal),
+    "attention", "cpu-flash-amx", "cpu", _run, dtypes=(BF16,), supports=supports_of(refusal), host=KA.refusal,
     kernel_modules=("kernels_cpu.attention_amx", "kernels_cpu.attention", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
                     "kernels_cpu.half", "kernels_cpu.approx", "kernels_cpu.parallel"),
     notes=("bfloat16 q / k / v on AMX-BF16 tiles: K and V of each (batch, kv head) packed once into the tiles' B "

@@ -123,4 +123,4 @@ register(Implementation("conv2d", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,
                         notes=_NOTES,
                         kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
                                         "kernels_cpu.half", "kernels_cpu.gemm", "kernels_cpu.approx",
-                                        "kernels_cpu.parallel")))
+                                        "kernels_cpu.parallel"), host=KB.amx_refusal))

@@ -693,7 +693,7 @@ def _register(name, describe, signature, bias_at, memo):
     for impl, path in _IMPL_PATH.items():
         run = _run_portable if path == K.PATH_PORTABLE else _run_packed(path)
         register(Implementation(name, impl, "cpu", run, dtypes=(F32,), supports=_supports(path),
-                                notes=_NOTES[impl], kernel_modules=_KERNELS))
+                                notes=_NOTES[impl], kernel_modules=_KERNELS, host=lambda path=path: _HOST[path]))
     return op
 
 

@@ -477,11 +477,11 @@ register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32,
 register(Implementation("linear", "cpu-wo-gemm", "cpu", _run_gemm, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
                         notes=_NOTES_GEMM + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
 register(Implementation("linear", "cpu-wo-amx", "cpu", _run_wo_amx, dtypes=(_F32,), supports=supports_of(_wo_amx_refusal),
-                        notes=_NOTES_WO_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",)))
+                        notes=_NOTES_WO_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",), host=KB.amx_refusal))
 register(Implementation("linear", "cpu-bf16-dot", "cpu", _run_bf16_dot, dtypes=(BF16,), supports=supports_of(_bf16_dot_refusal),
-                        notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS))
+                        notes=_NOTES_BF16_DOT, kernel_modules=_BF16_KERNELS, host=KB.host_refusal))
 register(Implementation("linear", "cpu-bf16-amx", "cpu", _run_bf16_amx, dtypes=(BF16,), supports=supports_of(_bf16_amx_refusal),
-                        notes=_NOTES_BF16_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",)))
+                        notes=_NOTES_BF16_AMX, kernel_modules=_BF16_KERNELS + ("kernels_cpu.amx",), host=KB.amx_refusal))
 
 
 def zero_weight(shape, fmt):
