@@ -29,7 +29,7 @@ Every tile operand sits on a cache line: a tile row across two lines halved the 
 rate (_lined).  Tile rate, one core, operands in L1 / L2 (Sapphire Rapids VM at 2.6 GHz,
 2026-12-06): 2.1-2.7 / 1.45-1.65 TFLOP/s (peak 1024 flops a cycle, 2.66 TFLOP/s).
 
-vdpbf16ps path (run; linear only).  Layout (the roles swapped against the float32 GEMM, so
+vdpbf16ps path (run: linear; run_kn: matmul, below).  Layout (the roles swapped against the float32 GEMM, so
 that the large operand is never packed): the weight is the broadcast operand, read in
 place: a 32-bit word of w's row n is a pair (k, k+1) of its values, which `vdpbf16ps`
 takes with a {1to16} broadcast.  x is packed once per call into panels of NR rows:
@@ -47,6 +47,12 @@ transposes, applies an activation (with the bias) by the float32 GEMM's epilogue
 by address), and rounds the block into out (adding the bias there when there is no
 activation).  No K blocking: a tile's K loop streams one x panel (NR x K x 2 bytes: 512
 KiB at K = 4096) from L2 / L3 against MR weight rows.
+
+Matmul on vdpbf16ps (run_kn: the hosts with AVX-512 BF16 but no AMX, Zen 4 and Cooper
+Lake): the same tiles with the roles taken by a's rows (broadcast words, read in place)
+and b's columns (panels of NR columns: pairs of b's rows interleaved by packing tasks that
+every worker takes first, _pack_kn_dot), so the tiles are the output's rows: no
+transposes, the epilogue and rounding applied to them directly.
 
 Tile shape, 1 thread, 128 x 4096 x 1104 (Zen 4 VM, 2026-12-06, /tmp/w/bf/proto.py): 6 x 64
 219-223 GFLOP/s, 8 x 48 197-203, 12 x 32 188-199 (the float32 FMA's ceiling here is about
@@ -315,61 +321,74 @@ def pack_panel(w32, s0, nrows, K2, wb, d0, K2p):
         wb[_U(d0 + i)] = 0
 
 
-@intrinsic
-def _interleave_pair(typingctx, dst, d0, dstride, b16, s0, N, npan):
-    """dst[d0 + p*dstride + j] = b16[s0 + p*AMX_NR + j] | b16[s0 + N + p*AMX_NR + j] << 16
-    for p < npan, j < AMX_NR: two rows of b, AMX_NR values of each at a time (64-byte
-    loads), interleaved by one shuffle into the 128-byte row of panel p."""
-    if not (isinstance(dst, types.Array) and dst.dtype == types.uint32 and isinstance(b16, types.Array)
-            and b16.dtype == types.uint16):
-        return None
+def _pair_interleaver(width):
+    """An intrinsic interleave(dst, d0, dstride, b16, s0, N, npan): dst[d0 + p*dstride + j] =
+    b16[s0 + p*width + j] | b16[s0 + N + p*width + j] << 16 for p < npan, j < width: two
+    rows of b, `width` values of each at a time (one or two 64-byte loads), interleaved by
+    one shuffle into the row of panel p (the B panels of a (K, N) b: AMX_NR columns for the
+    AMX tiles, NR for vdpbf16ps)."""
+    def typer(typingctx, dst, d0, dstride, b16, s0, N, npan):
+        if not (isinstance(dst, types.Array) and dst.dtype == types.uint32 and isinstance(b16, types.Array)
+                and b16.dtype == types.uint16):
+            return None
 
-    def codegen(context, builder, sig, args):
-        i64_of, data = arg_readers(context, builder, sig, args)
-        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        half = ir.VectorType(i16, AMX_NR)
-        whole = ir.VectorType(i16, 2 * AMX_NR)
-        mask = ir.Constant(ir.VectorType(i32, 2 * AMX_NR), [j // 2 + (j % 2) * AMX_NR for j in range(2 * AMX_NR)])
-        d = builder.gep(data(0), [i64_of(1)])
-        r0 = builder.gep(data(3), [i64_of(4)])
-        r1 = builder.gep(r0, [i64_of(5)])
-        with cgutils.for_range(builder, i64_of(6)) as loop:
-            off = builder.mul(loop.index, ir.Constant(i64, AMX_NR))
-            v0 = builder.load(builder.bitcast(builder.gep(r0, [off]), half.as_pointer()), align=2)
-            v1 = builder.load(builder.bitcast(builder.gep(r1, [off]), half.as_pointer()), align=2)
-            dp = builder.gep(d, [builder.mul(loop.index, i64_of(2))])
-            builder.store(builder.shuffle_vector(v0, v1, mask), builder.bitcast(dp, whole.as_pointer()), align=4)
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            i64_of, data = arg_readers(context, builder, sig, args)
+            i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+            half = ir.VectorType(i16, width)
+            whole = ir.VectorType(i16, 2 * width)
+            mask = ir.Constant(ir.VectorType(i32, 2 * width), [j // 2 + (j % 2) * width for j in range(2 * width)])
+            d = builder.gep(data(0), [i64_of(1)])
+            r0 = builder.gep(data(3), [i64_of(4)])
+            r1 = builder.gep(r0, [i64_of(5)])
+            with cgutils.for_range(builder, i64_of(6)) as loop:
+                off = builder.mul(loop.index, ir.Constant(i64, width))
+                v0 = builder.load(builder.bitcast(builder.gep(r0, [off]), half.as_pointer()), align=2)
+                v1 = builder.load(builder.bitcast(builder.gep(r1, [off]), half.as_pointer()), align=2)
+                dp = builder.gep(d, [builder.mul(loop.index, i64_of(2))])
+                builder.store(builder.shuffle_vector(v0, v1, mask), builder.bitcast(dp, whole.as_pointer()), align=4)
+            return context.get_dummy_value()
 
-    return types.none(dst, d0, dstride, b16, s0, N, npan), codegen
+        return types.none(dst, d0, dstride, b16, s0, N, npan), codegen
+
+    typer.__name__ = typer.__qualname__ = f"_interleave_pair{width}"
+    return intrinsic(typer)
 
 
-# Pairs of b's rows per packing task of the AMX path (matmul), and x's row groups per task.
+def _kn_pair_packer(width, interleave):
+    """pack(b16, dst, m, q0, q1, K, N, K2p): pairs q0 <= q < q1 of rows of b matrix m (b16:
+    (K, N) uint16 matrices) into its B panels at dst (uint32 [matrix][panel of `width`
+    columns][K2p pairs][width]): the pair (b[2q, n], b[2q + 1, n]) one 32-bit word, zeros
+    past K and N.  Each row is read from start to end (a panel at a time per task, 64
+    bytes from each of K rows N values apart, read b at 4.6-7.7 GB/s, 4096 x 4096 one core,
+    Sapphire Rapids VM, AMX_NR columns); interleave: _pair_interleaver(width)."""
+
+    @njit(inline="always")
+    def pack(b16, dst, m, q0, q1, K, N, K2p):
+        npan = (N + width - 1) // width
+        full = N // width
+        for q in range(q0, q1):
+            d0 = (m * npan * K2p + q) * width
+            k0 = 2 * q
+            s0 = (m * K + k0) * N
+            if k0 + 1 < K:
+                interleave(dst, d0, K2p * width, b16, s0, N, full)
+            for pn in range(full if k0 + 1 < K else 0, npan):
+                for j in range(width):
+                    c = pn * width + j
+                    lo = np.uint32(b16[_U(s0 + c)]) if k0 < K and c < N else np.uint32(0)
+                    hi = np.uint32(b16[_U(s0 + N + c)]) if k0 + 1 < K and c < N else np.uint32(0)
+                    dst[_U(d0 + pn * K2p * width + j)] = lo | (hi << np.uint32(16))
+
+    return pack
+
+
+# Pairs of b's rows per packing task (matmul), and x's row groups per task (the AMX path).
 KN_PAIRS = 32
 PACK_GROUPS = 4
-
-
-@njit(inline="always")
-def _pack_kn_pairs(b16, dst, m, q0, q1, K, N, K2p):
-    """Pairs q0 <= q < q1 of rows of b matrix m (b16: (K, N) uint16 matrices) into its B
-    panels at dst (uint32 [matrix][panel of AMX_NR columns][K2p pairs][AMX_NR]): the pair
-    (b[2q, n], b[2q + 1, n]) one 32-bit word, zeros past K and N.  Each row is read from
-    start to end (a panel at a time per task, 64 bytes from each of K rows N values
-    apart, read b at 4.6-7.7 GB/s, 4096 x 4096 one core, Sapphire Rapids VM)."""
-    npan = (N + AMX_NR - 1) // AMX_NR
-    full = N // AMX_NR
-    for q in range(q0, q1):
-        d0 = (m * npan * K2p + q) * AMX_NR
-        k0 = 2 * q
-        s0 = (m * K + k0) * N
-        if k0 + 1 < K:
-            _interleave_pair(dst, d0, K2p * AMX_NR, b16, s0, N, full)
-        for pn in range(full if k0 + 1 < K else 0, npan):
-            for j in range(AMX_NR):
-                c = pn * AMX_NR + j
-                lo = np.uint32(b16[_U(s0 + c)]) if k0 < K and c < N else np.uint32(0)
-                hi = np.uint32(b16[_U(s0 + N + c)]) if k0 + 1 < K and c < N else np.uint32(0)
-                dst[_U(d0 + pn * K2p * AMX_NR + j)] = lo | (hi << np.uint32(16))
+_interleave_pair = _pair_interleaver(AMX_NR)
+_pack_kn_pairs = _kn_pair_packer(AMX_NR, _interleave_pair)          # the AMX path's B panels
+_pack_kn_dot = _kn_pair_packer(NR, _pair_interleaver(NR))           # the vdpbf16ps path's panels of b (matmul)
 
 
 @intrinsic
@@ -386,6 +405,12 @@ def _pause(typingctx):
 def kn_panels_size(count, k, n):
     """uint32 words of the B panels of `count` (K, N) matrices (_pack_kn_pairs)."""
     return count * -(-n // AMX_NR) * -(-k // AMX_K) * (AMX_K // 2) * AMX_NR
+
+
+def kn_dot_panels_size(count, k, n):
+    """uint32 words of the vdpbf16ps path's panels of `count` (K, N) matrices, K even
+    (run_kn; _pack_kn_dot)."""
+    return count * -(-n // NR) * (k // 2) * NR
 
 
 def _amx_flag(flag):
@@ -494,9 +519,10 @@ def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
 def bf16_worker(wk, params, use_amx, kn, few):
     """A worker (parallel.run_workers) of run: tasks (X_BLOCK rows of x, task_shape's weight
     rows) from the P_NEXT counter, the x block outer.  use_amx a literal True (AMX tiles,
-    amx_tile) or None (vdpbf16ps register tiles, dot_tile); on the AMX path kn (matmul's
-    (K, N) b) and few (linear's few-rows form) True or None too: each variant compiles only
-    its own packing and tile loops (one variant for all three: 5.2 s cold, empty cache)."""
+    amx_tile) or None (vdpbf16ps register tiles, dot_tile); kn (matmul's (K, N) b, either
+    path) and on the AMX path few (linear's few-rows form) True or None too: each variant
+    compiles only its own packing and tile loops (one variant for all three: 5.2 s cold,
+    empty cache)."""
     p = c_array_at(params, np.int64(0), (P_COUNT,))
     M, N, K2, K2p, nbatch = p[P_M], p[P_N], p[P_K2], p[P_K2P], p[P_BATCH]
     GR, TR, XB = task_shape(use_amx)
@@ -565,8 +591,29 @@ def bf16_worker(wk, params, use_amx, kn, few):
             t = fetch_add(p, P_PNEXT, 1)
         while fetch_add(p, P_PDONE, 0) < npack:
             _pause()
+    elif kn is not None:
+        # matmul (run_kn): a's rows are the broadcast rows (N of them, P_NA matrices, read in
+        # place), b's columns the panels' lanes (M of them): b's pairs of rows interleaved
+        # into its panels by packing tasks on every thread first, then wait until all are done
+        npx = (M + NR - 1) // NR
+        xp = c_array_at(p[P_X], np.uint32(0), (p[P_NB] * npx * K2 * NR,))
+        w = c_array_at(p[P_W], np.uint32(0), (p[P_NA] * N * K2,))
+        wo = np.empty(MR, np.int64)
+        b16 = c_array_at(p[P_BSRC], np.uint16(0), (p[P_NB] * 2 * K2 * M,))
+        bt = (K2 + KN_PAIRS - 1) // KN_PAIRS
+        npack = p[P_NB] * bt
+        t = fetch_add(p, P_PNEXT, 1)
+        while t < npack:
+            bi = t // bt
+            q0 = (t - bi * bt) * KN_PAIRS
+            _pack_kn_dot(b16, xp, bi, q0, min(q0 + KN_PAIRS, K2), 2 * K2, M, K2)
+            fetch_add(p, P_PDONE, 1)
+            t = fetch_add(p, P_PNEXT, 1)
+        while fetch_add(p, P_PDONE, 0) < npack:
+            _pause()
     else:
-        xp = c_array_at(p[P_X], np.uint32(0), ((M + NR - 1) // NR * K2 * NR,))
+        npx = (M + NR - 1) // NR
+        xp = c_array_at(p[P_X], np.uint32(0), (npx * K2 * NR,))
         w = c_array_at(p[P_W], np.uint32(0), (N * K2,))
         wo = np.empty(MR, np.int64)
     amx_on(use_amx)
@@ -606,35 +653,45 @@ def bf16_worker(wk, params, use_amx, kn, few):
                                          AMX_ROWS * AMX_K, bsrc, boff + j * K2p + kb * (AMX_K // 2) * AMX_NR, accf,
                                          (a - m0) * TR + j, TR, kb)
             else:
+                # the broadcast rows' and the panels' matrices: linear's weight and x, or
+                # matmul's a and b (kn)
+                wm, xm = (aof[e], bof[e]) if kn is not None else (bof[e], aof[e])
                 for g in range(0, nl, GR):
                     gl = min(GR, nl - g)
                     for i in range(MR):
-                        wo[i] = (n0 + g + min(i, gl - 1)) * K2   # a short group repeats its last row
+                        wo[i] = (wm * N + n0 + g + min(i, gl - 1)) * K2   # a short group repeats its last row
                     for pp in range(m0 // NR, (m0 + ml + NR - 1) // NR):
-                        dot_tile(K2, w, wo, xp, pp * K2p * NR, acc_t, g * XB + pp * NR - m0, XB)
-                for i0 in range(0, nl, 8):
-                    for r0 in range(0, ml, 8):
-                        _transpose_block(acc_t, i0 * XB + r0, XB, accf, r0 * TR + i0, TR)
+                        dot_tile(K2, w, wo, xp, (xm * npx + pp) * K2p * NR, acc_t, g * XB + pp * NR - m0, XB)
+                if kn is None:
+                    for i0 in range(0, nl, 8):
+                        for r0 in range(0, ml, 8):
+                            _transpose_block(acc_t, i0 * XB + r0, XB, accf, r0 * TR + i0, TR)
+            # the block of output rows: accf (XB x TR), or for matmul on vdpbf16ps acc_t itself
+            # (TR x XB: its rows are a's, hence the output's)
+            if kn is not None and use_amx is None:
+                blk, ldb, nrow, ncol, row0, col0, ldo = acc_t, XB, nl, ml, e * N + n0, m0, M
+            else:
+                blk, ldb, nrow, ncol, row0, col0, ldo = accf, TR, ml, nl, e * M + m0, n0, N
             if p[P_EPI]:  # an activation: bias + activation by the float32 GEMM's epilogue
-                call_address(p[P_EPI], (accf.ctypes.data, TR, ml, nl, p[P_BIAS] + n0 * 4))
+                call_address(p[P_EPI], (blk.ctypes.data, ldb, nrow, ncol, p[P_BIAS] + col0 * 4))
             # rounded into out in one pass (with the bias when there is no activation): the
             # epilogue called for bias alone, then this pass, took 11% of a 1024^3 product
-            for r in range(ml):
-                ob = _U((e * M + m0 + r) * N + n0)
-                ab = _U(r * TR)
+            for r in range(nrow):
+                ob = _U((row0 + r) * ldo + col0)
+                ab = _U(r * ldb)
                 if out32:
                     if p[P_ADD_BIAS]:
-                        for j in range(_U(nl)):
-                            outw[ob + j] = accf[ab + j] + bias[_U(n0) + j]
+                        for j in range(_U(ncol)):
+                            outw[ob + j] = blk[ab + j] + bias[_U(col0) + j]
                     else:
-                        for j in range(_U(nl)):
-                            outw[ob + j] = accf[ab + j]
+                        for j in range(_U(ncol)):
+                            outw[ob + j] = blk[ab + j]
                 elif p[P_ADD_BIAS]:
-                    for j in range(_U(nl)):
-                        outf[ob + j] = to_bf16(accf[ab + j] + bias[_U(n0) + j])
+                    for j in range(_U(ncol)):
+                        outf[ob + j] = to_bf16(blk[ab + j] + bias[_U(col0) + j])
                 else:
-                    for j in range(_U(nl)):
-                        outf[ob + j] = to_bf16(accf[ab + j])
+                    for j in range(_U(ncol)):
+                        outf[ob + j] = to_bf16(blk[ab + j])
         task = fetch_add(p, P_NEXT, 1)
     amx_off(use_amx)
 
@@ -739,6 +796,26 @@ def run(x2, w2, bias, code, out2, xp, has_bias=True, use_amx=False):
             False)
 
 
+def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None):
+    """out3[e] = bf16(act(a3[a_of[e]] @ b3[b_of[e]] + bias)) for each e < out3.shape[0] on
+    vdpbf16ps (matmul without AMX): a3 (A, M, K) and b3 (B, K, N) uint16 bfloat16 bits, K
+    even, out3 (E, M, N) uint16, C-contiguous; a_of / b_of int64 (E,) (None: all 0); bias
+    (N,) float32 (not added when has_bias is False), code an ACT_*; bp a uint32 buffer of
+    kn_dot_panels_size(B, K, N) words.  The roles of run's linear swapped: a's rows are the
+    broadcast operand, read in place (a word is a pair of K), b's columns the lanes of
+    panels of NR (_pack_kn_dot: pairs of b's rows interleaved, by packing tasks that every
+    worker takes first), and the register tiles are the output's rows (no transposes)."""
+    _, m, k = a3.shape
+    nb, _, n = b3.shape
+    if k % 2:
+        raise ValueError(f"a3, b3: K = {k} must be even (vdpbf16ps multiplies pairs of K)")
+    if bp.size < kn_dot_panels_size(nb, k, n):
+        raise ValueError("bp: the panels of b need kn_dot_panels_size words")
+    a_of = _ZERO_INDEX if a_of is None else a_of
+    b_of = _ZERO_INDEX if b_of is None else b_of
+    _launch(None, bp, a3, bias, out3, a_of, b_of, n, m, k, k // 2, code, has_bias, X_BLOCK, TASK_ROWS, True, a3, b3)
+
+
 def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None, b_packer=None):
     """out3[e] = bf16(act(x3[a_of[e]] @ W + bias)) for each e < out3.shape[0] on AMX tiles, W
     = w3[b_of[e]].T (linear's (N, K) weights) or, b_kn, w3[b_of[e]] (matmul's (K, N) b's); x3
@@ -780,7 +857,7 @@ def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias,
         p[P_BPACK], p[P_BTASKS] = b_packer[0], b_packer[3]
         p[P_COUNT:] = extra
     addr = _params(p, xp, w, bias, out, a_of, b_of, m, n, k, k2p)
-    if x3 is not None:   # the AMX path's sources: it packs them itself
+    if x3 is not None:   # the sources the workers pack themselves (the AMX path; run_kn)
         p[P_XSRC], p[P_NA] = x3.ctypes.data, x3.shape[0]
         p[P_BSRC], p[P_NB] = (bsrc.ctypes.data, bsrc.shape[0]) if bsrc is not None else (0, w.shape[0])
         p[P_FEW] = few

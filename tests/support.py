@@ -511,10 +511,14 @@ def half_dtype(name):
 
 def need_half_format(impl, half):
     """Skip unless the forced implementation takes this 16-bit format on this host
-    (cpu-bf16-amx, of matmul and conv2d: bfloat16 on AMX hosts)."""
+    (cpu-bf16-amx, of matmul and conv2d: bfloat16 on AMX hosts; cpu-bf16-dot, of matmul:
+    bfloat16 on AVX-512 BF16 hosts)."""
     from kernels_cpu import bf16_gemm as KB
     if impl == "cpu-bf16-amx" and (np.dtype(half) != dispatch.validate.BF16 or KB.amx_refusal() is not None):
         pytest.skip(f"cpu-bf16-amx takes bfloat16 on AMX hosts ({np.dtype(half)}; {KB.amx_refusal()})")
+    if impl == "cpu-bf16-dot" and (np.dtype(half) != dispatch.validate.BF16 or KB.host_refusal() is not None):
+        why = KB.host_refusal() or "the host has it"
+        pytest.skip(f"cpu-bf16-dot takes bfloat16 on AVX-512 BF16 hosts ({np.dtype(half)}; {why})")
 
 
 def other_half(dt):

@@ -1,6 +1,7 @@
 """matmul of bfloat16 / float16 a, b and bias (PyTorch's 16-bit matmul; CPU), each test once
 per format (the `half` fixture): widened to float32, the float32 kernels, the result rounded
-once to a's dtype -- or bfloat16 on AMX tiles (cpu-bf16-amx, hosts with AMX-BF16).  Every
+once to a's dtype -- or bfloat16 on AMX tiles (cpu-bf16-amx, hosts with AMX-BF16) or by
+vdpbf16ps (cpu-bf16-dot, hosts with AVX-512 BF16; K even, odd K refused).  Every
 CPU implementation that takes the format is forced and compared with the float64 product
 of the same 16-bit values: matrix, batched and broadcast operands, vectors of one row /
 column, odd K, rows and columns across the AMX tiles and tasks, bias and each activation,
@@ -28,6 +29,18 @@ SHAPES = [((3, 5), (5, 4)), ((1, 7), (7, 1)), ((2, 3, 6), (6, 5)), ((2, 1, 4, 3)
 IMPLS = [p for p in impl_params("matmul", "cpu")]
 
 
+def refuses_odd_k(impl, a, b, **kw):
+    """cpu-bf16-dot with an odd K: forced, the call is refused naming why, out= untouched
+    (True: the caller checks nothing more)."""
+    if impl != "cpu-bf16-dot" or a.shape[-1] % 2 == 0:
+        return False
+    out = poisoned(ref.matmul(a, b).shape, a.dtype)
+    with pytest.raises(dispatch.NoImplementationError, match="cpu-bf16-dot: refused: K is odd"):
+        run(impl, dispatch.matmul, a, b, out=out, **kw)
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
+    return True
+
+
 def check(got, a, b, bias, activation, what):
     """Within the 16-bit rounding plus the float32 sum's error over K, relative to the
     size of the terms each output sums."""
@@ -43,6 +56,8 @@ def test_matches_reference(impl, sa, sb, activation, half):
     g = rng()
     a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
     bias = as_half(half, randn(g, (sb[-1],), np.float32))
+    if refuses_odd_k(impl, a, b, bias=bias, activation=activation):
+        return
     oshape = ref.matmul(a, b).shape
     out = poisoned(oshape, half)
     got = run(impl, dispatch.matmul, a, b, bias=bias, activation=activation, out=out)
@@ -128,13 +143,18 @@ def test_threads_bitwise(half):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_odd_k_and_tiles(impl, half):
-    """An odd K (AMX: the last pair completed with a zero), K past whole 32-value chunks, rows
-    and columns past whole tiles and 64-column tasks, a broadcast b."""
+    """An odd K (AMX: the last pair completed with a zero; vdpbf16ps: refused), K past whole
+    32-value chunks, rows and columns past whole tiles and 64-column tasks (vdpbf16ps: 6-row
+    groups of a, 48-row tasks, 64-column panels, 128-column blocks, K past a packing task's
+    32 pairs), a broadcast b or a."""
     need_half_format(impl, half)
     g = rng()
-    for sa, sb in [((5, 33), (33, 7)), ((2, 40, 1), (1, 70)), ((3, 2, 65, 77), (2, 77, 129))][:2 if SMALL_SHAPES else 3]:
+    shapes = [((5, 33), (33, 7)), ((2, 40, 1), (1, 70)), ((7, 2), (2, 3)), ((3, 2, 65, 77), (2, 77, 129)),
+              ((2, 1, 50, 66), (3, 66, 130)), ((97, 130), (1, 130, 200))]
+    for sa, sb in shapes[:3] if SMALL_SHAPES else shapes:
         a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / np.sqrt(sb[-2]))
-        check(run(impl, dispatch.matmul, a, b, activation="silu"), a, b, None, "silu", f"{impl} {sa} @ {sb}")
+        if not refuses_odd_k(impl, a, b, activation="silu"):
+            check(run(impl, dispatch.matmul, a, b, activation="silu"), a, b, None, "silu", f"{impl} {sa} @ {sb}")
 
 
 def _b16_cases(half, g, cases):
@@ -179,15 +199,24 @@ def test_b_widened_in_the_gemm_tasks(half, monkeypatch):
 
 
 def test_rule(half):
-    """bfloat16 on an AMX host: AMX tiles; float16, or bfloat16 elsewhere: the float32 kernels
-    on widened copies, with cpu-bf16-amx's refusal named."""
+    """bfloat16 on an AMX host: AMX tiles; on an AVX-512 BF16 host: vdpbf16ps from a batch x
+    M x N x K of 2^19 with K even; float16, or bfloat16 elsewhere: the float32 kernels on
+    widened copies, with the refusals named."""
     from kernels_cpu import bf16_gemm as KB
-    a = as_half(half, np.ones((64, 64), np.float32))
-    e = str(dispatch.explain("matmul", a, a))
-    if np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None:
+    bf16 = np.dtype(half) == dispatch.validate.BF16
+    a = as_half(half, np.ones((128, 64), np.float32))
+    e = str(dispatch.explain("matmul", a, a.T))
+    if bf16 and KB.amx_refusal() is None:
         assert "chosen: cpu-bf16-amx" in e, e
     else:
         assert "chosen: cpu-bf16-amx" not in e and "cpu-bf16-amx: refused" in e, e
+        dot = bf16 and KB.host_refusal() is None
+        assert ("chosen: cpu-bf16-dot" in e) == dot and (dot or "cpu-bf16-dot: refused" in e), e
+        if dot:
+            odd = str(dispatch.explain("matmul", a[:, :63], a[:63, :]))
+            assert "cpu-bf16-dot: refused: K is odd" in odd and "chosen: cpu-bf16-dot" not in odd, odd
+            small = str(dispatch.explain("matmul", a[:32, :64], a[:32, :64].T))
+            assert "chosen: cpu-bf16-dot" not in small and "< 2^19" in small, small
 
 
 def test_rule_b_widened_in_tasks(half):
@@ -199,6 +228,7 @@ def test_rule_b_widened_in_tasks(half):
     from dispatch.ops import linalg as L
     from kernels_cpu import bf16_gemm as KB
     amx = np.dtype(half) == dispatch.validate.BF16 and KB.amx_refusal() is None
+    dot = np.dtype(half) == dispatch.validate.BF16 and KB.host_refusal() is None
     ones = lambda *s: as_half(half, np.ones(s, np.float32))  # noqa: E731
     for a, b, chosen in [(ones(1, 768), ones(768, 768), "cpu-gemv"), (ones(4, 768), ones(768, 3072), "cpu-gemv"),
                          (ones(4, 8, 768), ones(768, 768), "cpu-gemm"), (ones(8, 384), ones(384, 384), "cpu-gemm"),
@@ -206,8 +236,9 @@ def test_rule_b_widened_in_tasks(half):
         key = registry.OPS["matmul"].describe(a, b).key
         assert key.b16_tasks and (key.batch * key.m * key.n * key.k >= L.GEMM16_MIN_WORK) == (chosen != "blas")
         e = str(dispatch.explain("matmul", a, b))
-        chosen = "cpu-bf16-amx" if amx and chosen != "cpu-gemv" else chosen
-        assert f"chosen: {chosen}" in e and ("16-bit" in e or chosen == "cpu-bf16-amx"), (a.shape, b.shape, e)
+        fast = "cpu-bf16-amx" if amx else "cpu-bf16-dot" if dot and chosen != "blas" else None
+        chosen = fast if fast and chosen != "cpu-gemv" else chosen
+        assert f"chosen: {chosen}" in e and ("16-bit" in e or chosen == fast), (a.shape, b.shape, e)
     a, b = ones(3, 50, 130), ones(1, 130, 150)   # b broadcast along the batch: widened copies
     assert not registry.OPS["matmul"].describe(a, b).key.b16_tasks
     assert not registry.OPS["matmul"].describe(ones(64, 64), ones(64, 64)).key.b16_tasks   # under GEMM16_MIN_B
@@ -247,3 +278,35 @@ def test_gemv_reads_b_as_it_is(half, monkeypatch):
     a[0, 7] = np.nan
     got = run("cpu-gemv", dispatch.matmul, a, b).astype(np.float32)
     assert np.isnan(got[0]).all() and not np.isnan(got[1]).any()
+
+
+def test_b_pair_panels():
+    """The (K, N) b packers of both bfloat16 paths (kernels_cpu.bf16_gemm: AMX_NR-column B
+    panels, NR-column vdpbf16ps panels) against the layout built in numpy: the word of pair
+    q and column n is b[2q, n] | b[2q + 1, n] << 16, zeros past K and N, for every packing
+    task's range of pairs; runs on any host (no bfloat16 instruction)."""
+    from numba import njit
+    from kernels_cpu import bf16_gemm as KB
+
+    def packer(pack):
+        @njit
+        def run(b16, dst, m, q0, q1, K, N, K2p):
+            pack(b16, dst, m, q0, q1, K, N, K2p)
+        return run
+
+    g = rng()
+    for pack, width in ((KB._pack_kn_pairs, KB.AMX_NR), (KB._pack_kn_dot, KB.NR)):
+        run_pack = packer(pack)
+        for nb, k, n in ((2, 7, 70), (1, 66, 2 * width), (1, 1, 5)):
+            b = g.integers(0, 1 << 16, (nb, k, n), dtype=np.uint16)
+            k2p = -(-k // 2) + 1   # one pair past K: zeros too
+            npan = -(-n // width)
+            got = np.full(nb * npan * k2p * width, 0xDEADBEEF, np.uint32)
+            for m in range(nb):
+                for q0 in range(0, k2p, 3):   # tasks of 3 pairs
+                    run_pack(b.reshape(-1), got, m, q0, min(q0 + 3, k2p), k, n, k2p)
+            pad = np.zeros((nb, 2 * k2p, npan * width), np.uint32)
+            pad[:, :k, :n] = b
+            want = pad[:, 0::2] | (pad[:, 1::2] << 16)                       # (nb, k2p, npan * width)
+            want = want.reshape(nb, k2p, npan, width).transpose(0, 2, 1, 3)  # (nb, panel, pair, lane)
+            assert np.array_equal(got, want.ravel()), (width, nb, k, n)

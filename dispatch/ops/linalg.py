@@ -980,8 +980,8 @@ _RULE = Rule(("cpu-gemm", "cpu-gemv", "blas"), _order)
 # linear also takes low-precision weights (dispatch/ops/weight_only.py registers these)
 _RULE_LINEAR = Rule(_RULE.names + ("cpu-wo-gemv", "cpu-wo-gemm", "cpu-wo-amx", "cpu-bf16-dot",
                                     "cpu-bf16-amx"), _order)
-# and matmul bfloat16 operands on AMX tiles (dispatch/ops/bf16_matmul.py registers it)
-_RULE_MATMUL = Rule(_RULE.names + ("cpu-bf16-amx",), _order)
+# and matmul bfloat16 operands on AMX tiles or vdpbf16ps (dispatch/ops/bf16_matmul.py registers them)
+_RULE_MATMUL = Rule(_RULE.names + ("cpu-bf16-amx", "cpu-bf16-dot"), _order)
 
 
 def dense_weight(key) -> list:
