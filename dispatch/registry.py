@@ -229,7 +229,10 @@ class Op:
     variants: {name: f(args, kwargs) -> (args, kwargs)}: the same call made another way
         that compiles kernels of its own, which `python -m dispatch.warmup` compiles too:
         another memory layout (attention's fused-QKV views), another fused epilogue
-        (linear's activations: the GEMM's epilogue is compiled per activation).
+        (linear's activations: the GEMM's epilogue is compiled per activation), or the
+        inputs an implementation takes where the examples are of another kind (linear's
+        low-precision weights, conv2d's dense 3x3): warmup runs every form an
+        implementation takes.
     updates: names of inputs the op writes in place (the decode states of
         selective_state_update / causal_conv1d_update).  Whoever calls the op repeatedly on
         the same named inputs and wants the same result (the contract and thread tests)

@@ -60,9 +60,24 @@ def _dtype(name):
 
 
 def compile_one(op_name, impl_name, dtype):
-    """Call op_name forced to impl_name on the first example size it accepts, then once
-    more per variant the op declares (Op.variants). Returns the size used, or raises
-    LookupError when no example fits."""
+    """Call op_name forced to impl_name on the first example size where it takes the example
+    or one of the variants the op declares (Op.variants: linear's low-precision weights are
+    what its weight-only kernels take), once per form it takes. Returns the size used, or
+    raises LookupError when no example fits."""
+    import dispatch
+    from . import registry
+
+    size, forms = forms_taken(op_name, impl_name, dtype)
+    with dispatch.use(**{op_name: impl_name}):
+        for args, kwargs in forms:
+            registry.OPS[op_name].public(*args, **kwargs)
+    return size
+
+
+def forms_taken(op_name, impl_name, dtype):
+    """(size, [(args, kwargs)]): the first example size (SIZES) at which impl_name, forced,
+    takes the op's example or any of its Op.variants, and the forms it takes there.
+    LookupError when it takes none at any size."""
     import dispatch
     from . import examples, registry
     from .explain import explain
@@ -74,15 +89,11 @@ def compile_one(op_name, impl_name, dtype):
         except LookupError:
             continue
         args, kwargs = op.signature(named)
+        forms = [(args, kwargs)] + [variant(args, kwargs) for variant in op.variants.values()]
         with dispatch.use(**{op_name: impl_name}):
-            if explain(op_name, *args, **kwargs).chosen != impl_name:
-                continue  # this implementation refuses these inputs: try another size
-            op.public(*args, **kwargs)
-            for variant in op.variants.values():
-                largs, lkwargs = variant(args, kwargs)
-                if explain(op_name, *largs, **lkwargs).chosen == impl_name:
-                    op.public(*largs, **lkwargs)
-        return size
+            taken = [(a, kw) for a, kw in forms if explain(op_name, *a, **kw).chosen == impl_name]
+        if taken:
+            return size, taken
     raise LookupError(f"{op_name}: no example input that {impl_name} takes")
 
 

@@ -188,3 +188,49 @@ def test_warmup_covers_the_bert_attention_layout(tmp_path):
     p = _run([sys.executable, "-c", _BERT_ATTENTION], env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+
+
+_WO_CALLS = _LISTEN + r"""
+import ml_dtypes
+from dispatch.ops.weight_only import low_precision_weight
+g = np.random.default_rng(0)
+w = g.standard_normal((300, 64)).astype(np.float32)
+for fmt in ("float16", "bfloat16", "int8"):
+    for impl in ("cpu-wo-gemv", "cpu-wo-gemm"):
+        with dispatch.use(linear=impl):
+            dispatch.linear(g.standard_normal((7, 64)).astype(np.float32), low_precision_weight(w, fmt))
+print(json.dumps(n))
+"""
+
+
+def test_warmup_compiles_the_weight_only_kernels_for_float32_x(tmp_path):
+    """linear's weight-only kernels take only low-precision weights, which the float32
+    example has not: warmup compiles them through linear's weight-format variants
+    (Op.variants), so `python -m dispatch.warmup linear` warms them (it reported them as
+    'no example input' and exited 1 before) and a later process's calls compile nothing."""
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    warm = ("import numpy as np; from dispatch.warmup import compile_one; "
+            "print(compile_one('linear', 'cpu-wo-gemv', np.float32), compile_one('linear', 'cpu-wo-gemm', np.float32))")
+    p = _run([sys.executable, "-c", warm], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = _run([sys.executable, "-c", _WO_CALLS], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_implementation_the_host_runs_has_an_example():
+    """Every CPU implementation that this host can run takes the op's example or one of its
+    variants (Op.variants) at some size, in every dtype it lists: `python -m dispatch.warmup`
+    warms it rather than reporting 'no example input' (as it did for linear's weight-only
+    kernels with float32 x and for cpu-winograd, whose examples were depthwise)."""
+    pytest.importorskip("ml_dtypes")
+    from dispatch import warmup
+
+    missing = []
+    for op, impl, dt in warmup.plan(None, ["float32", "float64", "bfloat16", "float16"]):
+        if warmup.not_for_this_host(op, impl) is None:
+            try:
+                warmup.forms_taken(op, impl, dt)
+            except LookupError as exc:
+                missing.append(f"{dt}: {exc}")
+    assert missing == [], missing

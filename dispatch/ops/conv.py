@@ -341,8 +341,22 @@ _DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
 _HALF_NOTE = ("; bfloat16 / float16 x, weight, bias: widened to float32 copies, the result rounded once to x's "
               "dtype")
 
+def _dense_variants():
+    """Op.variants for warmup: dense 3x3 convolutions (the examples above are depthwise),
+    which cpu-winograd takes at stride 1 and cpu-gemm at any stride, each with the bias and
+    the fused ReLU of a CNN layer."""
+    def dense(stride):
+        def make(args, kwargs):
+            dt = args[0].dtype
+            x, w, b = np.zeros((1, 8, 10, 10), dt), np.zeros((8, 8, 3, 3), dt), np.zeros(8, dt)
+            return (x, w, b), dict(kwargs, stride=stride, padding=1, dilation=1, groups=1, activation="relu")
+        return make
+
+    return {"dense 3x3": dense(1), "dense 3x3 stride 2": dense(2)}
+
+
 _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", signature=_signature, flops=_flops,
-                         memo=True, bytes=_bytes,
+                         memo=True, bytes=_bytes, variants=_dense_variants(),
                          # (+ bfloat16 on AMX tiles, which dispatch/ops/conv_bf16.py registers)
                          rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial",
                                              "cpu-bf16-amx"), _choose)},

@@ -1065,7 +1065,26 @@ def _epilogue_variants(bias_at):
             n = -(-rows_min_bytes() // (k * dt.itemsize))
             return (np.zeros((8, k), dt), np.zeros((n, k), dt), np.zeros(n, dt)), dict(kwargs, activation=None)
         out["weight read in place"] = in_place
+    if bias_at[0] == "args":
+        out.update(_weight_format_variants())
     return out
+
+
+def _weight_format_variants():
+    """linear's low-precision weights (the weight-only kernels, dispatch/ops/weight_only.py,
+    take nothing else): the example's weight stored as each format, bfloat16 where ml_dtypes
+    is installed, with x as float32 (what those kernels take with any of these weights)."""
+    import importlib.util
+
+    def variant(fmt):
+        def make(args, kwargs):
+            from .weight_only import low_precision_weight
+            x, w = (np.asarray(a, np.float32) for a in args[:2])
+            return (x, low_precision_weight(w, fmt), None), dict(kwargs, activation=None)
+        return make
+
+    fmts = ("float16", "int8") + (("bfloat16",) if importlib.util.find_spec("ml_dtypes") else ())
+    return {f"weight {fmt}": variant(fmt) for fmt in fmts}
 
 
 def _half(run32, gemm16=None):
