@@ -146,10 +146,11 @@ def amx_refusal():
 
 
 @intrinsic
-def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt):
+def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt, load_c):
     """t[toff + i*ldt + j] = sum over q < kq of the bfloat16 pair dot product of the 32-bit
     words w[wo[i] + q] (weight row i: MR rows at the offsets wo, uint32 words) and
-    xp[xoff + q*NR + j] (one packed x panel), in float32 (vdpbf16ps), for i < MR, j < NR."""
+    xp[xoff + q*NR + j] (one packed x panel), in float32 (vdpbf16ps), for i < MR, j < NR;
+    with load_c nonzero that sum is added to t's values (a K split over several calls)."""
     if not (isinstance(w, types.Array) and w.dtype == types.uint32 and isinstance(xp, types.Array)
             and xp.dtype == types.uint32 and isinstance(t, types.Array) and t.dtype == types.float32
             and isinstance(wo, types.Array) and wo.dtype == types.int64):
@@ -168,7 +169,19 @@ def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt):
         wrows = [builder.gep(wd, [builder.load(builder.gep(wod, [ir.Constant(i64, i)]))]) for i in range(MR)]
         xb = builder.gep(data(3), [i64_of(4)])
         zero = ir.Constant(vf, [ir.Constant(f32, 0.0)] * LANES)
+        td = builder.gep(data(5), [i64_of(6)])
+        ldt = i64_of(7)
+        load = builder.icmp_signed("!=", i64_of(8), ir.Constant(i64, 0))
+
+        def t_at(i, v):
+            ptr = builder.gep(td, [builder.add(builder.mul(ldt, ir.Constant(i64, i)), ir.Constant(i64, v * LANES))])
+            return builder.bitcast(ptr, vf.as_pointer())
+
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(MR)]
+        with builder.if_then(load):
+            for i in range(MR):
+                for v in range(nv):
+                    builder.store(builder.load(t_at(i, v), align=4), accs[i][v])
         undef = ir.Constant(vi, ir.Undefined)
         splat = ir.Constant(vi, [0] * LANES)
         with cgutils.for_range(builder, i64_of(0)) as loop:
@@ -182,15 +195,12 @@ def dot_tile(typingctx, kq, w, wo, xp, xoff, t, toff, ldt):
                                                             undef, splat), vb)
                 for v in range(nv):
                     builder.store(builder.call(dp, [builder.load(accs[i][v]), wv, xv[v]]), accs[i][v])
-        td = builder.gep(data(5), [i64_of(6)])
-        ldt = i64_of(7)
         for i in range(MR):
             for v in range(nv):
-                ptr = builder.gep(td, [builder.add(builder.mul(ldt, ir.Constant(i64, i)), ir.Constant(i64, v * LANES))])
-                builder.store(builder.load(accs[i][v]), builder.bitcast(ptr, vf.as_pointer()), align=4)
+                builder.store(builder.load(accs[i][v]), t_at(i, v), align=4)
         return context.get_dummy_value()
 
-    return types.none(kq, w, wo, xp, xoff, t, toff, ldt), codegen
+    return types.none(kq, w, wo, xp, xoff, t, toff, ldt, load_c), codegen
 
 
 @intrinsic
@@ -661,7 +671,7 @@ def bf16_worker(wk, params, use_amx, kn, few):
                     for i in range(MR):
                         wo[i] = (wm * N + n0 + g + min(i, gl - 1)) * K2   # a short group repeats its last row
                     for pp in range(m0 // NR, (m0 + ml + NR - 1) // NR):
-                        dot_tile(K2, w, wo, xp, (xm * npx + pp) * K2p * NR, acc_t, g * XB + pp * NR - m0, XB)
+                        dot_tile(K2, w, wo, xp, (xm * npx + pp) * K2p * NR, acc_t, g * XB + pp * NR - m0, XB, 0)
                 if kn is None:
                     for i0 in range(0, nl, 8):
                         for r0 in range(0, ml, 8):

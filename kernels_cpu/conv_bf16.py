@@ -30,7 +30,7 @@ from .approx import ACT_NONE, JIT_BY_ADDRESS
 from .gemm import _U, _transpose_block, epilogue_address, epilogue_kernel
 from .half import to_bf16
 from .llvm_ir import arg_readers, splat
-from .parallel import (c_array_at, call_address, fetch_add, num_threads, run_at, worker_address,
+from .parallel import (c_array_at, call_address, fetch_add, num_threads, only_if, run_at, worker_address,
                        worker_addresses)
 
 # im2col_pairs' arguments after bf16_gemm's P_COUNT slots (run_amx's b_packer extra)
@@ -171,19 +171,25 @@ def im2col_pairs(i, params):
 # split 0.41).
 DIRECT_PB = 256
 DIRECT_MIN_TASKS = 8
+# The vdpbf16ps form (dot, hosts without AMX): tiles of bf16_gemm.MR pixels x NR channels, so
+# a task's pixels are a multiple of MR (its groups of pixels stay in the block) and of 8 (the
+# transposes).
+DIRECT_PB_DOT = 240
 
 
-def direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw):
-    """(xq elements (uint16), wq words (uint32), Cp, Wq, Hp, rows) of the direct form's buffers."""
+def direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw, dot=False):
+    """(xq elements (uint16), wq words (uint32), Cp, Wq, Hp, rows) of the direct form's
+    buffers (dot: the vdpbf16ps form's, channels padded to pairs, panels of NR channels)."""
     oh, ow = out_hw
-    cp = max(-(-c // KB.AMX_K) * KB.AMX_K, KB.AMX_K)
+    cp = max(-(-c // 2) * 2, 2) if dot else max(-(-c // KB.AMX_K) * KB.AMX_K, KB.AMX_K)
+    width = KB.NR if dot else KB.AMX_NR
     wq_ = ow + (kw - 1) * dilation[1]          # the padded width (stride 1)
     hp = oh + (kh - 1) * dilation[0]
     # rows read: every task's pixel groups (whole 32s) at the last tap
     npq = oh * wq_
     last = -(-npq // DIRECT_PB) * DIRECT_PB
     rows = max(hp * wq_, last + (kh - 1) * dilation[0] * wq_ + (kw - 1) * dilation[1])
-    return n * rows * cp, -(-cout // KB.AMX_NR) * (kh * kw * cp // 2) * KB.AMX_NR, cp, wq_, hp, rows
+    return n * rows * cp, -(-cout // width) * (kh * kw * cp // 2) * width, cp, wq_, hp, rows
 
 
 @njit(inline="always")
@@ -231,8 +237,9 @@ def _fill_row(p, e, yy, x16, xq, tmp):
 
 
 @njit(inline="always")
-def _pack_wq(p, j, w16, wq):
-    """wq's panel j: output channels 32j.. in pairs of K = (ky, kx, c < Cp), zero past C / Cout."""
+def _pack_wq(p, j, w16, wq, width):
+    """wq's panel j: output channels width * j.. in pairs of K = (ky, kx, c < Cp), zero past
+    C / Cout."""
     C, CO, KH, KW, Cp = p[D_C], p[D_CO], p[D_KH], p[D_KW], p[D_CP]
     K2p = KH * KW * Cp // 2
     for q in range(K2p):
@@ -240,9 +247,9 @@ def _pack_wq(p, j, w16, wq):
         c = 2 * q - tap * Cp
         ky = tap // KW
         kx = tap - ky * KW
-        d = (j * K2p + q) * KB.AMX_NR
-        for jj in range(KB.AMX_NR):
-            co = j * KB.AMX_NR + jj
+        d = (j * K2p + q) * width
+        for jj in range(width):
+            co = j * width + jj
             lo = np.uint32(0)
             hi = np.uint32(0)
             if co < CO:
@@ -254,23 +261,25 @@ def _pack_wq(p, j, w16, wq):
 
 
 @njit(**JIT_BY_ADDRESS)
-def direct_worker(wk, params):
+def direct_worker(wk, params, dot):
     """A worker of run_direct: the copy of x into xq (a task per padded row) and the weight's
-    panels (a task per 32 channels), all workers taking those first and waiting until all
-    are done; then tasks of D_PB pitched pixels of one image x D_CG panels of 32 output
-    channels."""
+    panels (a task per panel of output channels), all workers taking those first and waiting
+    until all are done; then tasks of D_PB pitched pixels of one image x D_CG panels.  dot
+    None: AMX tiles, panels of 32 channels; a literal True: vdpbf16ps (bf16_gemm.dot_tile),
+    tiles of MR pixels (broadcast words of xq's rows, read in place) x NR channels."""
     p = c_array_at(params, np.int64(0), (D_COUNT,))
     N, C, H, W, CO = p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO]
     KH, KW, dh, dw, OH, OW = p[D_KH], p[D_KW], p[D_DH], p[D_DW], p[D_OH], p[D_OW]
     Hp, Wq, Cp, ROWS, PB, CG = p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG]
-    ncop = (CO + KB.AMX_NR - 1) // KB.AMX_NR
+    PW = KB.AMX_NR if dot is None else KB.NR   # output channels per panel
+    ncop = (CO + PW - 1) // PW
     ncg = (ncop + CG - 1) // CG
     K2p = KH * KW * Cp // 2
-    LDT = CG * KB.AMX_NR
+    LDT = CG * PW
     x16 = c_array_at(p[D_X], np.uint16(0), (N * C * H * W,))
     xq = c_array_at(p[D_XQ], np.uint16(0), (N * ROWS * Cp,))
     w16 = c_array_at(p[D_W], np.uint16(0), (CO * C * KH * KW,))
-    wq = c_array_at(p[D_WQ], np.uint32(0), (ncop * K2p * KB.AMX_NR,))
+    wq = c_array_at(p[D_WQ], np.uint32(0), (ncop * K2p * PW,))
     bias = c_array_at(p[D_BIAS], np.float32(0), (CO,))
     out = c_array_at(p[D_OUT], np.uint16(0), (N * CO * OH * OW,))
     npack = N * Hp + ncop
@@ -280,7 +289,7 @@ def direct_worker(wk, params):
         if t < N * Hp:
             _fill_row(p, t // Hp, t - (t // Hp) * Hp, x16, xq, tmp)
         else:
-            _pack_wq(p, t - N * Hp, w16, wq)
+            _pack_wq(p, t - N * Hp, w16, wq, PW)
         fetch_add(p, D_PDONE, 1)
         t = fetch_add(p, D_PNEXT, 1)
     while fetch_add(p, D_PDONE, 0) < npack:
@@ -291,7 +300,10 @@ def direct_worker(wk, params):
     nblk = (npq + PB - 1) // PB
     ntask = N * nblk * ncg
     chunks = KW * Cp // KB.AMX_K if dw == 1 else Cp // KB.AMX_K
-    KB.amx_on(True)
+    xq32 = c_array_at(p[D_XQ], np.uint32(0), (N * ROWS * Cp // 2,))
+    wo = np.empty(KB.MR, np.int64)
+    if dot is None:
+        KB.amx_on(True)
     task = fetch_add(p, D_NEXT, 1)
     while task < ntask:
         e = task // (nblk * ncg)
@@ -299,7 +311,7 @@ def direct_worker(wk, params):
         g = task - e * nblk * ncg - blk * ncg
         j0 = g * CG
         j1 = min(j0 + CG, ncop)
-        c1 = min(j1 * KB.AMX_NR, CO)
+        c1 = min(j1 * PW, CO)
         p0 = blk * PB
         p1 = min(p0 + PB, npq)
         ng = (p1 - p0 + KB.AMX_ROWS - 1) // KB.AMX_ROWS
@@ -307,23 +319,42 @@ def direct_worker(wk, params):
         # each over every tile of the block: a B panel's block is read from L1 by each
         # group of pixels, the C tiles stored and loaded again between blocks
         first = 0
-        for ky in range(KH):
-            for kx in range(KW if dw != 1 else 1):
-                tap = ky * KW + kx
-                for kb in range(0, chunks, KB.AMX_KCH):
-                    nkb = min(KB.AMX_KCH, chunks - kb)
-                    for j in range(j0, j1):
-                        for a in range(ng):
-                            r0 = e * ROWS + p0 + a * KB.AMX_ROWS + ky * dh * Wq + kx * dw
-                            KB.amx_tile(nkb, xq, r0 * Cp + kb * KB.AMX_K, Cp, KB.AMX_K, wq,
-                                        (j * K2p + tap * Cp // 2) * KB.AMX_NR + kb * (KB.AMX_K // 2) * KB.AMX_NR, accf,
-                                        a * KB.AMX_ROWS * LDT + (j - j0) * KB.AMX_NR, LDT, first)
-                    first = 1
-        rows = ng * KB.AMX_ROWS
+        if dot is not None:
+            # a kernel row's taps (with dw = 1) or one tap at a time, each over every group of
+            # MR pixels of the block: the weight panel's slice stays in L1, the tiles are
+            # stored and loaded again between slices (a group's last pixels repeat the
+            # block's last: never past xq's rows)
+            kq = KW * Cp // 2 if dw == 1 else Cp // 2
+            for j in range(j0, j1):
+                for ky in range(KH):
+                    for kx in range(KW if dw != 1 else 1):
+                        tap = ky * KW + kx
+                        for a in range(0, p1 - p0, KB.MR):
+                            for i in range(KB.MR):
+                                pix = min(p0 + a + i, p1 - 1)
+                                wo[i] = (e * ROWS + pix + ky * dh * Wq + kx * dw) * (Cp // 2)
+                            KB.dot_tile(kq, xq32, wo, wq, (j * K2p + tap * Cp // 2) * PW, accf,
+                                        a * LDT + (j - j0) * PW, LDT, first)
+                        first = 1
+                first = 0
+        else:
+            for ky in range(KH):
+                for kx in range(KW if dw != 1 else 1):
+                    tap = ky * KW + kx
+                    for kb in range(0, chunks, KB.AMX_KCH):
+                        nkb = min(KB.AMX_KCH, chunks - kb)
+                        for j in range(j0, j1):
+                            for a in range(ng):
+                                r0 = e * ROWS + p0 + a * KB.AMX_ROWS + ky * dh * Wq + kx * dw
+                                KB.amx_tile(nkb, xq, r0 * Cp + kb * KB.AMX_K, Cp, KB.AMX_K, wq,
+                                            (j * K2p + tap * Cp // 2) * KB.AMX_NR + kb * (KB.AMX_K // 2) * KB.AMX_NR, accf,
+                                            a * KB.AMX_ROWS * LDT + (j - j0) * KB.AMX_NR, LDT, first)
+                        first = 1
+        rows = ng * KB.AMX_ROWS if dot is None else (p1 - p0 + 7) // 8 * 8
         if p[D_EPI] != 0:   # bias + activation on the channels (the columns)
-            call_address(p[D_EPI], (accf.ctypes.data, LDT, rows, c1 - j0 * KB.AMX_NR, p[D_BIAS] + j0 * KB.AMX_NR * 4))
+            call_address(p[D_EPI], (accf.ctypes.data, LDT, rows, c1 - j0 * PW, p[D_BIAS] + j0 * PW * 4))
         for r in range(0, rows, 8):
-            for c0 in range(0, (j1 - j0) * KB.AMX_NR, 8):
+            for c0 in range(0, (j1 - j0) * PW, 8):
                 _transpose_block(accf, r * LDT + c0, LDT, acct, c0 * PB + r, PB)
         add_bias = p[D_HAS_BIAS] != 0 and p[D_EPI] == 0
         for oy in range(p0 // Wq, min((p1 - 1) // Wq + 1, OH)):
@@ -331,8 +362,8 @@ def direct_worker(wk, params):
             b0 = min(p1 - oy * Wq, OW)
             if a0 >= b0:
                 continue
-            for co in range(j0 * KB.AMX_NR, c1):
-                src = _U((co - j0 * KB.AMX_NR) * PB + oy * Wq - p0)
+            for co in range(j0 * PW, c1):
+                src = _U((co - j0 * PW) * PB + oy * Wq - p0)
                 dst = _U(((e * CO + co) * OH + oy) * OW)
                 if add_bias:
                     bv = bias[co]
@@ -342,21 +373,22 @@ def direct_worker(wk, params):
                     for ox in range(_U(a0), _U(b0)):
                         out[dst + ox] = to_bf16(acct[src + ox])
         task = fetch_add(p, D_NEXT, 1)
-    KB.amx_off(True)
+    if dot is None:
+        KB.amx_off(True)
 
 
-def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, wq):
+def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, wq, dot=False):
     """out3 (N, Cout, OH*OW) uint16 = bf16(act(conv2d(x4, w4) + bias)) at stride 1: x4 (N, C,
     H, W) and w4 (Cout, C, KH, KW) uint16 bfloat16 bits, bias32 (Cout,) float32 (added when
     has_bias), code an ACT_*, pad (top, left), all C-contiguous; xq (uint16) and wq
-    (uint32) buffers of direct_shapes' sizes on cache lines.  Needs bf16_gemm.amx_refusal()
-    None."""
-    why = amx.permission()
+    (uint32) buffers of direct_shapes' sizes (with the same dot) on cache lines.  Needs
+    bf16_gemm.amx_refusal() None, or with dot (vdpbf16ps) bf16_gemm.host_refusal() None."""
+    why = KB.host_refusal() if dot else amx.permission()
     if why is not None:
-        raise RuntimeError(f"the AMX path cannot run here: {why}")
+        raise RuntimeError(f"the {'vdpbf16ps' if dot else 'AMX'} path cannot run here: {why}")
     n, c, h, w = x4.shape
     cout, _, kh, kw = w4.shape
-    nxq, nwq, cp, wq_, hp, rows = direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw)
+    nxq, nwq, cp, wq_, hp, rows = direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw, dot)
     if xq.size < nxq or wq.size < nwq or xq.ctypes.data % ALIGN or wq.ctypes.data % ALIGN:
         raise ValueError("run_direct: xq / wq need direct_shapes' sizes on a cache line")
     p = np.zeros(D_COUNT, np.int64)
@@ -365,25 +397,26 @@ def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, 
     p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO], p[D_KH], p[D_KW] = n, c, h, w, cout, kh, kw
     p[D_DH], p[D_DW], p[D_PT], p[D_PL] = dilation[0], dilation[1], pad[0], pad[1]
     p[D_OH], p[D_OW] = out_hw
-    ncop = -(-cout // KB.AMX_NR)
-    nblk = -(-out_hw[0] * wq_ // DIRECT_PB)
+    pb = DIRECT_PB_DOT if dot else DIRECT_PB
+    ncop = -(-cout // (KB.NR if dot else KB.AMX_NR))
+    nblk = -(-out_hw[0] * wq_ // pb)
     cg = ncop
     while n * nblk * -(-ncop // cg) < DIRECT_MIN_TASKS and cg > 1:
         cg = -(-cg // 2)
-    p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, DIRECT_PB, cg
+    p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, pb, cg
     p[D_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
     p[D_HAS_BIAS] = has_bias
     ntask = n * nblk * -(-ncop // cg)
-    run_at(worker_address(direct_worker, ()), p.ctypes.data, max(1, min(num_threads(), ntask)))
+    run_at(worker_address(direct_worker, (only_if(dot),)), p.ctypes.data, max(1, min(num_threads(), ntask)))
 
 
-def compile_kernels(direct, code):
+def compile_kernels(direct, code, dot=False):
     """Compile (or load) the by-address kernels of a call of the direct form or of the
     im2col one with activation `code`, the cold ones in two processes at once
     (parallel.worker_addresses): a cold first call of the im2col form took 3.09 s compiling
     them one after another (ResNet-50's stem, Xeon with AMX, 2026-12-07).  Cached after the
-    first call."""
-    reqs = [(direct_worker, ())] if direct else [(KB.bf16_worker, (True, True, None)), (im2col_pairs, ())]
+    first call.  dot: the direct form's vdpbf16ps variant."""
+    reqs = [(direct_worker, (only_if(dot),))] if direct else [(KB.bf16_worker, (True, True, None)), (im2col_pairs, ())]
     if code != ACT_NONE:
         reqs.append(epilogue_kernel(np.float32, code))
     worker_addresses(reqs)

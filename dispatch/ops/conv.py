@@ -359,7 +359,7 @@ _conv2d = register_op(Op("conv2d", describe, family="conv", bound="compute", sig
                          memo=True, bytes=_bytes, variants=_dense_variants(),
                          # (+ bfloat16 on AMX tiles, which dispatch/ops/conv_bf16.py registers)
                          rules={"cpu": Rule(("cpu-gemm", "cpu-winograd", "cpu-depthwise", "cpu-depthwise-serial",
-                                             "cpu-bf16-amx"), _choose)},
+                                             "cpu-bf16-amx", "cpu-bf16-dot"), _choose)},
                          synthesize=_synthesize))
 register(Implementation("conv2d", "cpu-gemm", "cpu", _half(_run_gemm), kernel_modules=_KERNELS, dtypes=_DTYPES,
                         notes=HOST_COPY_NOTE + "; implicit GEMM on the register-tiled micro-kernel, bias + activation "

@@ -1,9 +1,9 @@
-"""conv2d of bfloat16 x and weight on AMX tiles (issue #12): float32 sums of the exact
-products, the bias one more product in them, the activation, one rounding to bfloat16 --
-PyTorch's bfloat16 convolution on the CPU, without float32 copies.
+"""conv2d of bfloat16 x and weight on AMX tiles or AVX-512 BF16 (issue #12): float32 sums
+of the exact products, the bias one more product in them, the activation, one rounding to
+bfloat16 -- PyTorch's bfloat16 convolution on the CPU, without float32 copies.
 
-This module registers the implementation "cpu-bf16-amx" of the existing op "conv2d"
-(dispatch/ops/conv.py describes it and asks `order` for bfloat16 keys):
+This module registers the implementations "cpu-bf16-amx" and "cpu-bf16-dot" of the existing
+op "conv2d" (dispatch/ops/conv.py describes it and asks `order` for bfloat16 keys):
   cpu-bf16-amx  dense convolutions (groups 1), any kernel, stride, padding, dilation, by
                 kernels_cpu/conv_bf16.py in one of two forms (_direct says which): at stride
                 1 the direct form (x copied once into channels-last rows that the A tiles
@@ -11,7 +11,13 @@ This module registers the implementation "cpu-bf16-amx" of the existing op "conv
                 image out (Cout, OH*OW) = [weight | bias] (Cout, Kc + 1) @ [col; 1] by
                 kernels_cpu.bf16_gemm.run_amx, the im2col matrix col formed straight in the
                 tiles' B panels by its packing tasks.
-Without AMX, bfloat16 conv2d runs the float32 kernels on widened copies (conv._half).
+  cpu-bf16-dot  dense convolutions at stride 1 on hosts with AVX-512 BF16 but no AMX (Zen 4,
+                Cooper Lake): the direct form with vdpbf16ps register tiles (6 pixels,
+                their channel pairs read in place from the channels-last rows as broadcast
+                words, x 64 output channels of the weight's panels), the bias added in
+                float32 (kernels_cpu/conv_bf16.py, direct_worker's dot variant).
+Elsewhere (and at other strides without AMX), bfloat16 conv2d runs the float32 kernels on
+widened copies (conv._half).
 """
 from __future__ import annotations
 
@@ -45,23 +51,23 @@ def _direct(stride, c, cout, kh, kw) -> bool:
     return stride == (1, 1) and (kh * kw > 1 or c >= cout)
 
 
-def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, dot=False):
     x4 = contiguous(x if x.ndim == 4 else x[None])
     n, c, h, w = x4.shape
     cout, _, kh, kw = weight.shape
     oh, ow = out_hw
     out_shape = (n, cout, oh, ow)
     res = result_buffer(out, out_shape if x.ndim == 4 else out_shape[1:], x.dtype)
-    direct = _direct(stride, c, cout, kh, kw)
+    direct = dot or _direct(stride, c, cout, kh, kw)
     if res.size:
-        KC.compile_kernels(direct, act)
+        KC.compile_kernels(direct, act, dot)
     if res.size and direct:
-        nxq, nwq = KC.direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw)[:2]
+        nxq, nwq = KC.direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw, dot)[:2]
         b32 = _zeros(cout) if bias is None else np.asarray(bias, np.float32)
         KC.run_direct(x4.view(np.uint16), contiguous(weight).view(np.uint16), b32, bias is not None, act, pad, dilation,
                       out_hw, res.reshape(n, cout, oh * ow).view(np.uint16),
                       thread_buffer(_WORKSPACE, "xq", nxq, np.uint16, L.WORKSPACE_KEEP // 2),
-                      thread_buffer(_WORKSPACE, "wq", nwq, np.uint32, L.WORKSPACE_KEEP // 4))
+                      thread_buffer(_WORKSPACE, "wq", nwq, np.uint32, L.WORKSPACE_KEEP // 4), dot)
     elif res.size:
         kc = c * kh * kw
         k = kc + (bias is not None)
@@ -76,6 +82,10 @@ def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw
         KB.run_amx(wb, x4.view(np.uint16), True, _zeros(npix), act, res.reshape(n, cout, npix).view(np.uint16),
                    _x_panels(cout, k, True, 1), False, a_of, b_of, _b_panels(KB.kn_panels_size(n, k, npix)), packer)
     return deliver(res, out)
+
+
+def _run_dot(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+    return _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, dot=True)
 
 
 _WORKSPACE = threading.local()
@@ -96,19 +106,36 @@ def refusal(key):
     return KB.amx_refusal()
 
 
+def dot_refusal(key):
+    """Why cpu-bf16-dot cannot take this conv2d key (None: it can)."""
+    if not is_bfloat16(key.dtype):
+        return f"{key.dtype} x (bfloat16 only)"
+    if key.kind != "dense":
+        return f"{key.kind} convolution (groups 1 only)"
+    if key.stride != (1, 1):
+        return f"stride {key.stride}: vdpbf16ps runs the direct form (stride 1 only)"
+    return KB.host_refusal()
+
+
 def order(key, names, reason):
     """The CPU candidates for a bfloat16 conv2d key, best first, and why: AMX tiles where the
-    host has them (dense convolutions), else conv's float32 kernels on widened copies in
-    their own order (names, reason)."""
+    host has them (dense convolutions), else vdpbf16ps where it has AVX-512 BF16 (dense, stride
+    1), else conv's float32 kernels on widened copies in their own order (names, reason)."""
     why = refusal(key)
-    if why is None:
-        return (("cpu-bf16-amx",) + tuple(names),
+    if why is not None:   # (a float16 key is refused by both: widened)
+        dot_why = dot_refusal(key)
+        if dot_why is None:
+            return (("cpu-bf16-dot",) + tuple(names) + ("cpu-bf16-amx",),
+                    f"bfloat16 x and weight, dense, stride 1, no AMX ({why}): the direct form on AVX-512 BF16 "
+                    "(vdpbf16ps), no float32 copies")
+        return (tuple(names) + ("cpu-bf16-amx", "cpu-bf16-dot"),
+                f"bfloat16 widened to float32 ({why}; {dot_why}); {reason}")
+    return (("cpu-bf16-amx",) + tuple(names) + ("cpu-bf16-dot",),
                 "bfloat16 x and weight, dense, on an AMX host: AMX-BF16 tiles (tdpbf16ps), no float32 copies; "
                 + ("stride 1: the direct form (x copied once into channels-last rows the tiles read at every tap)"
                    if key.stride == (1, 1) and key.kernel != (1, 1) else
                    "the direct form where Cin >= Cout, else the im2col matrix in the tiles' panels (1x1, stride 1)"
                    if key.stride == (1, 1) else "stride > 1: the im2col matrix formed in the tiles' panels"))
-    return tuple(names) + ("cpu-bf16-amx",), f"bfloat16 widened to float32 ({why}); {reason}"
 
 
 _NOTES = (HOST_COPY_NOTE + "; bfloat16 x and weight on AMX-BF16 tiles (tdpbf16ps), float32 sums of exact products, "
@@ -124,3 +151,14 @@ register(Implementation("conv2d", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,
                         kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
                                         "kernels_cpu.half", "kernels_cpu.gemm", "kernels_cpu.approx",
                                         "kernels_cpu.parallel"), host=KB.amx_refusal))
+_NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight, stride 1, by AVX-512 BF16 (vdpbf16ps): the direct form, x "
+              "copied once into zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) whose "
+              "channel pairs are the broadcast words of register tiles of 6 pixels x 64 output channels (the weight "
+              "packed per call into panels of 64 channels), a kernel row's taps one K run; float32 sums of exact "
+              "products, bias and activation on them, pixels x channels tiles transposed into the output's rows, one "
+              "rounding to bfloat16")
+register(Implementation("conv2d", "cpu-bf16-dot", "cpu", _run_dot, dtypes=(BF16,), supports=supports_of(dot_refusal),
+                        notes=_NOTES_DOT,
+                        kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.half",
+                                        "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel"),
+                        host=KB.host_refusal))
