@@ -27,7 +27,7 @@ from kernels_common.memory import ALIGN
 
 from . import amx, bf16_gemm as KB
 from .approx import ACT_NONE, JIT_BY_ADDRESS
-from .gemm import _U, _transpose_block, epilogue_address, epilogue_kernel
+from .gemm import _U, _pack_strided, _transpose_block, epilogue_address, epilogue_kernel
 from .half import to_bf16
 from .llvm_ir import arg_readers, splat
 from .parallel import (c_array_at, call_address, fetch_add, num_threads, only_if, run_at, worker_address,
@@ -237,27 +237,28 @@ def _fill_row(p, e, yy, x16, xq, tmp):
 
 
 @njit(inline="always")
-def _pack_wq(p, j, w16, wq, width):
+def _pack_wq(p, j, w16, wq, width, rows):
     """wq's panel j: output channels width * j.. in pairs of K = (ky, kx, c < Cp), zero past
-    C / Cout."""
+    C / Cout.  Each channel's weights first become a row of pair words in rows (a uint32
+    scratch of width * K2p: reading the weight from start to end), then the rows are
+    transposed into the panel by the GEMM's register-transposing packer.  Gathering each
+    word straight from the weight (a 64-channel panel's rows 4.6 KB apart) took 317 us for
+    ResNet-50's 3x3 256 x 256 weight, one thread (Zen 4, 2026-12-07)."""
     C, CO, KH, KW, Cp = p[D_C], p[D_CO], p[D_KH], p[D_KW], p[D_CP]
-    K2p = KH * KW * Cp // 2
-    for q in range(K2p):
-        tap = (2 * q) // Cp
-        c = 2 * q - tap * Cp
-        ky = tap // KW
-        kx = tap - ky * KW
-        d = (j * K2p + q) * width
-        for jj in range(width):
-            co = j * width + jj
-            lo = np.uint32(0)
-            hi = np.uint32(0)
-            if co < CO:
-                if c < C:
-                    lo = np.uint32(w16[_U(((co * C + c) * KH + ky) * KW + kx)])
-                if c + 1 < C:
-                    hi = np.uint32(w16[_U(((co * C + c + 1) * KH + ky) * KW + kx)])
-            wq[_U(d + jj)] = lo | (hi << np.uint32(16))
+    T = KH * KW
+    K2p = T * Cp // 2
+    C2 = Cp // 2
+    nco = min(width, CO - j * width)
+    for r in range(nco):
+        src = (j * width + r) * C * T
+        base = r * K2p
+        for c2 in range(C2):
+            c = 2 * c2
+            for tap in range(T):
+                lo = np.uint32(w16[_U(src + c * T + tap)]) if c < C else np.uint32(0)
+                hi = np.uint32(w16[_U(src + (c + 1) * T + tap)]) if c + 1 < C else np.uint32(0)
+                rows[_U(base + tap * C2 + c2)] = lo | (hi << np.uint32(16))
+    _pack_strided(rows.view(np.float32), 0, K2p, nco, K2p, wq.view(np.float32), j * K2p * width, width)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -285,11 +286,12 @@ def direct_worker(wk, params, dot):
     npack = N * Hp + ncop
     t = fetch_add(p, D_PNEXT, 1)
     tmp = np.empty(8 * W, np.uint32)
+    wrows = np.empty(PW * K2p if ncop > 0 else 0, np.uint32)   # _pack_wq's scratch
     while t < npack:
         if t < N * Hp:
             _fill_row(p, t // Hp, t - (t // Hp) * Hp, x16, xq, tmp)
         else:
-            _pack_wq(p, t - N * Hp, w16, wq, PW)
+            _pack_wq(p, t - N * Hp, w16, wq, PW, wrows)
         fetch_add(p, D_PDONE, 1)
         t = fetch_add(p, D_PNEXT, 1)
     while fetch_add(p, D_PDONE, 0) < npack:
