@@ -21,12 +21,12 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from kernels_common.memory import ALIGN
 
 from . import amx, bf16_gemm as KB
-from .approx import ACT_NONE, JIT_BY_ADDRESS
+from .approx import ACT_NONE, JIT_BY_ADDRESS, OVERLOAD
 from .gemm import _U, _pack_strided, _transpose_block, epilogue_address, epilogue_kernel
 from .half import to_bf16
 from .llvm_ir import arg_readers, splat
@@ -161,7 +161,7 @@ def im2col_pairs(i, params):
 # tiles are pixels x channels: a task's block is transposed (8 x 8 register transposes)
 # into the output's channel rows, bias + activation before, rounded on the way out.
 (D_X, D_XQ, D_W, D_WQ, D_BIAS, D_OUT, D_N, D_C, D_H, D_WID, D_CO, D_KH, D_KW, D_DH, D_DW, D_PT, D_PL, D_OH, D_OW,
- D_HP, D_PITCH, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_COUNT) = range(31)
+ D_HP, D_PITCH, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_PACK, D_COUNT) = range(32)
 # Pitched output pixels per task (a multiple of the tiles' 32 rows), and at least this many
 # tasks (the output channels split into groups of 32-channel panels until there are).
 # Each task reads all of its channels' weight panels: SD U-Net 3x3 320ch 64x64 + relu (1.8
@@ -261,6 +261,41 @@ def _pack_wq(p, j, w16, wq, width, rows):
     _pack_strided(rows.view(np.float32), 0, K2p, nco, K2p, wq.view(np.float32), j * K2p * width, width)
 
 
+def _panel_width(dot):
+    return 0
+
+
+@overload(_panel_width, **OVERLOAD)
+def _panel_width_overload(dot):
+    """Output channels per weight panel: AMX_NR for the AMX form (dot None), NR for vdpbf16ps."""
+    width = KB.AMX_NR if isinstance(dot, types.NoneType) else KB.NR
+    return lambda dot: width
+
+
+@njit(**JIT_BY_ADDRESS)
+def direct_pack(t, params, scratch, nscratch, dot):
+    """Packing task t of run_direct (its D_PACK, called by address from direct_worker): t <
+    N * Hp fills xq's padded row t of its image (_fill_row), the others the weight's panel
+    t - N * Hp (_pack_wq); scratch: a uint32 buffer of nscratch words, the worker's.  A
+    function of its own, compiled beside direct_worker (compile_kernels): together they took
+    3.8 s cold, the packing alone 2.6 (Zen 4, 2026-12-07)."""
+    p = c_array_at(params, np.int64(0), (D_COUNT,))
+    N, C, H, W, CO = p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO]
+    Hp, Cp, ROWS = p[D_HP], p[D_CP], p[D_ROWS]
+    PW = _panel_width(dot)
+    K2p = p[D_KH] * p[D_KW] * Cp // 2
+    ncop = (CO + PW - 1) // PW
+    buf = c_array_at(scratch, np.uint32(0), (nscratch,))
+    if t < N * Hp:
+        x16 = c_array_at(p[D_X], np.uint16(0), (N * C * H * W,))
+        xq = c_array_at(p[D_XQ], np.uint16(0), (N * ROWS * Cp,))
+        _fill_row(p, t // Hp, t - (t // Hp) * Hp, x16, xq, buf)
+    else:
+        w16 = c_array_at(p[D_W], np.uint16(0), (CO * C * p[D_KH] * p[D_KW],))
+        wq = c_array_at(p[D_WQ], np.uint32(0), (ncop * K2p * PW,))
+        _pack_wq(p, t - N * Hp, w16, wq, PW, buf)
+
+
 @njit(**JIT_BY_ADDRESS)
 def direct_worker(wk, params, dot):
     """A worker of run_direct: the copy of x into xq (a task per padded row) and the weight's
@@ -269,29 +304,23 @@ def direct_worker(wk, params, dot):
     None: AMX tiles, panels of 32 channels; a literal True: vdpbf16ps (bf16_gemm.dot_tile),
     tiles of MR pixels (broadcast words of xq's rows, read in place) x NR channels."""
     p = c_array_at(params, np.int64(0), (D_COUNT,))
-    N, C, H, W, CO = p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO]
+    N, W, CO = p[D_N], p[D_WID], p[D_CO]
     KH, KW, dh, dw, OH, OW = p[D_KH], p[D_KW], p[D_DH], p[D_DW], p[D_OH], p[D_OW]
     Hp, Wq, Cp, ROWS, PB, CG = p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG]
-    PW = KB.AMX_NR if dot is None else KB.NR   # output channels per panel
+    PW = _panel_width(dot)
     ncop = (CO + PW - 1) // PW
     ncg = (ncop + CG - 1) // CG
     K2p = KH * KW * Cp // 2
     LDT = CG * PW
-    x16 = c_array_at(p[D_X], np.uint16(0), (N * C * H * W,))
     xq = c_array_at(p[D_XQ], np.uint16(0), (N * ROWS * Cp,))
-    w16 = c_array_at(p[D_W], np.uint16(0), (CO * C * KH * KW,))
     wq = c_array_at(p[D_WQ], np.uint32(0), (ncop * K2p * PW,))
     bias = c_array_at(p[D_BIAS], np.float32(0), (CO,))
     out = c_array_at(p[D_OUT], np.uint16(0), (N * CO * OH * OW,))
     npack = N * Hp + ncop
     t = fetch_add(p, D_PNEXT, 1)
-    tmp = np.empty(8 * W, np.uint32)
-    wrows = np.empty(PW * K2p if ncop > 0 else 0, np.uint32)   # _pack_wq's scratch
+    scratch = np.empty(max(8 * W, PW * K2p), np.uint32)   # direct_pack's
     while t < npack:
-        if t < N * Hp:
-            _fill_row(p, t // Hp, t - (t // Hp) * Hp, x16, xq, tmp)
-        else:
-            _pack_wq(p, t - N * Hp, w16, wq, PW, wrows)
+        call_address(p[D_PACK], (t, params, scratch.ctypes.data, scratch.size))
         fetch_add(p, D_PDONE, 1)
         t = fetch_add(p, D_PNEXT, 1)
     while fetch_add(p, D_PDONE, 0) < npack:
@@ -408,6 +437,7 @@ def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, 
     p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, pb, cg
     p[D_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
     p[D_HAS_BIAS] = has_bias
+    p[D_PACK] = worker_address(direct_pack, (only_if(dot),), 4)
     ntask = n * nblk * -(-ncop // cg)
     run_at(worker_address(direct_worker, (only_if(dot),)), p.ctypes.data, max(1, min(num_threads(), ntask)))
 
@@ -418,7 +448,7 @@ def compile_kernels(direct, code, dot=False):
     (parallel.worker_addresses): a cold first call of the im2col form took 3.09 s compiling
     them one after another (ResNet-50's stem, Xeon with AMX, 2026-12-07).  Cached after the
     first call.  dot: the direct form's vdpbf16ps variant."""
-    reqs = [(direct_worker, (only_if(dot),))] if direct else [(KB.bf16_worker, (True, True, None)), (im2col_pairs, ())]
+    reqs = [(direct_worker, (only_if(dot),)), (direct_pack, (only_if(dot),), 4)] if direct else [(KB.bf16_worker, (True, True, None)), (im2col_pairs, ())]
     if code != ACT_NONE:
         reqs.append(epilogue_kernel(np.float32, code))
     worker_addresses(reqs)
