@@ -397,8 +397,9 @@ def _kn_pair_packer(width, interleave):
 KN_PAIRS = 32
 PACK_GROUPS = 4
 _interleave_pair = _pair_interleaver(AMX_NR)
+_interleave_pair_dot = _pair_interleaver(NR)
 _pack_kn_pairs = _kn_pair_packer(AMX_NR, _interleave_pair)          # the AMX path's B panels
-_pack_kn_dot = _kn_pair_packer(NR, _pair_interleaver(NR))           # the vdpbf16ps path's panels of b (matmul)
+_pack_kn_dot = _kn_pair_packer(NR, _interleave_pair_dot)            # the vdpbf16ps path's panels of b (matmul)
 
 
 @intrinsic
@@ -609,14 +610,17 @@ def bf16_worker(wk, params, use_amx, kn, few):
         xp = c_array_at(p[P_X], np.uint32(0), (p[P_NB] * npx * K2 * NR,))
         w = c_array_at(p[P_W], np.uint32(0), (p[P_NA] * N * K2,))
         wo = np.empty(MR, np.int64)
-        b16 = c_array_at(p[P_BSRC], np.uint16(0), (p[P_NB] * 2 * K2 * M,))
-        bt = (K2 + KN_PAIRS - 1) // KN_PAIRS
+        b16 = c_array_at(p[P_BSRC], np.uint16(0), (0 if p[P_BPACK] else p[P_NB] * 2 * K2 * M,))
+        bt = p[P_BTASKS] if p[P_BPACK] else (K2 + KN_PAIRS - 1) // KN_PAIRS
         npack = p[P_NB] * bt
         t = fetch_add(p, P_PNEXT, 1)
         while t < npack:
-            bi = t // bt
-            q0 = (t - bi * bt) * KN_PAIRS
-            _pack_kn_dot(b16, xp, bi, q0, min(q0 + KN_PAIRS, K2), 2 * K2, M, K2)
+            if p[P_BPACK]:   # a packer of its own (conv2d's im2col): its tasks form the panels
+                call_address(p[P_BPACK], (t, params))
+            else:
+                bi = t // bt
+                q0 = (t - bi * bt) * KN_PAIRS
+                _pack_kn_dot(b16, xp, bi, q0, min(q0 + KN_PAIRS, K2), 2 * K2, M, K2)
             fetch_add(p, P_PDONE, 1)
             t = fetch_add(p, P_PNEXT, 1)
         while fetch_add(p, P_PDONE, 0) < npack:
@@ -806,7 +810,7 @@ def run(x2, w2, bias, code, out2, xp, has_bias=True, use_amx=False):
             False)
 
 
-def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None):
+def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None, b_packer=None):
     """out3[e] = bf16(act(a3[a_of[e]] @ b3[b_of[e]] + bias)) for each e < out3.shape[0] on
     vdpbf16ps (matmul without AMX): a3 (A, M, K) and b3 (B, K, N) uint16 bfloat16 bits, K
     even, out3 (E, M, N) uint16, C-contiguous; a_of / b_of int64 (E,) (None: all 0); bias
@@ -814,16 +818,22 @@ def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None):
     kn_dot_panels_size(B, K, N) words.  The roles of run's linear swapped: a's rows are the
     broadcast operand, read in place (a word is a pair of K), b's columns the lanes of
     panels of NR (_pack_kn_dot: pairs of b's rows interleaved, by packing tasks that every
-    worker takes first), and the register tiles are the output's rows (no transposes)."""
+    worker takes first), and the register tiles are the output's rows (no transposes).
+    b_packer: (address, extra, N, tasks) of a packer that forms the panels of b's N columns
+    itself in `tasks` tasks per matrix (as run_amx's; called with its task and the argument
+    block, whose P_M is N and P_X the panels), b3 then its source, B = b3.shape[0] matrices
+    of any layout the packer reads."""
     _, m, k = a3.shape
-    nb, _, n = b3.shape
+    nb = b3.shape[0]
+    n = b_packer[2] if b_packer is not None else b3.shape[2]
     if k % 2:
         raise ValueError(f"a3, b3: K = {k} must be even (vdpbf16ps multiplies pairs of K)")
     if bp.size < kn_dot_panels_size(nb, k, n):
         raise ValueError("bp: the panels of b need kn_dot_panels_size words")
     a_of = _ZERO_INDEX if a_of is None else a_of
     b_of = _ZERO_INDEX if b_of is None else b_of
-    _launch(None, bp, a3, bias, out3, a_of, b_of, n, m, k, k // 2, code, has_bias, X_BLOCK, TASK_ROWS, True, a3, b3)
+    _launch(None, bp, a3, bias, out3, a_of, b_of, n, m, k, k // 2, code, has_bias, X_BLOCK, TASK_ROWS, True, a3, b3,
+            b_packer=b_packer)
 
 
 def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None, b_packer=None):

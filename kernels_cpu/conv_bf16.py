@@ -112,30 +112,37 @@ def _col_row(x16, xoff, k, e, rows, r0):
                 rows[_U(o + j)] = x16[_U(s + j * sw)] if lo <= j < hi else np.uint16(0)
 
 
-def pack_tasks(k) -> int:
-    """im2col_pairs' tasks per image (run_amx's b_packer) for K = k rows of col."""
-    return -(-(-(-k // KB.AMX_K) * (KB.AMX_K // 2)) // KB.KN_PAIRS)
+def pack_tasks(k, dot=False) -> int:
+    """im2col_pairs' tasks per image (run_amx's or, dot, run_kn's b_packer) for K = k rows of
+    col (dot: k even)."""
+    pairs = k // 2 if dot else -(-k // KB.AMX_K) * (KB.AMX_K // 2)
+    return -(-pairs // KB.KN_PAIRS)
 
 
 @njit(**JIT_BY_ADDRESS)
-def im2col_pairs(i, params):
+def im2col_pairs(i, params, dot):
     """Packing task i of run_amx's b (bf16_gemm.P_BPACK): image i // bt, pairs q of col's
     rows (2q, 2q + 1) from KN_PAIRS * (i % bt) on (bt = pack_tasks(K)), each pair formed
     in a row buffer (the two rows a whole number of panels apart, zeros past the last pixel)
     and interleaved into the image's B panels at P_W (uint32 [image][panel of AMX_NR
     pixels][P_K2P pairs][AMX_NR]: the pair's two values one word).  Whole rows of col at a
-    time: a task of a band of pixels instead (all pairs, 128 pixels) ran 12-55% slower."""
+    time: a task of a band of pixels instead (all pairs, 128 pixels) ran 12-55% slower.
+    dot (a literal True): run_kn's b instead, pixels its P_M, panels of NR pixels at P_X,
+    P_K2 pairs."""
     p = c_array_at(params, np.int64(0), (KB.P_COUNT + E_COUNT,))
     e = p[KB.P_COUNT:]
-    K, N, K2p, nb = p[KB.P_K], p[KB.P_N], p[KB.P_K2P], p[KB.P_NB]
+    if dot is None:
+        K, N, K2p, nb, width, at = p[KB.P_K], p[KB.P_N], p[KB.P_K2P], p[KB.P_NB], KB.AMX_NR, p[KB.P_W]
+    else:
+        K, N, K2p, nb, width, at = p[KB.P_K], p[KB.P_M], p[KB.P_K2], p[KB.P_NB], KB.NR, p[KB.P_X]
     bt = (K2p + KB.KN_PAIRS - 1) // KB.KN_PAIRS
     bi = i // bt
     q0 = (i - bi * bt) * KB.KN_PAIRS
-    npan = (N + KB.AMX_NR - 1) // KB.AMX_NR
-    Np = npan * KB.AMX_NR
+    npan = (N + width - 1) // width
+    Np = npan * width
     img = e[E_C] * e[E_H] * e[E_W]
     x16 = c_array_at(p[KB.P_BSRC], np.uint16(0), (nb * img,))
-    dst = c_array_at(p[KB.P_W], np.uint32(0), (nb * npan * K2p * KB.AMX_NR,))
+    dst = c_array_at(at, np.uint32(0), (nb * npan * K2p * width,))
     rows = np.zeros(2 * Np, np.uint16)   # zeros past the last pixel stay zeros
     for q in range(q0, min(q0 + KB.KN_PAIRS, K2p)):
         for h in range(2):
@@ -145,7 +152,10 @@ def im2col_pairs(i, params):
             else:   # past K (the last chunk's padding): zeros
                 for j in range(_U(N)):
                     rows[_U(h * Np) + j] = np.uint16(0)
-        KB._interleave_pair(dst, (bi * npan * K2p + q) * KB.AMX_NR, K2p * KB.AMX_NR, rows, 0, Np, npan)
+        if dot is None:
+            KB._interleave_pair(dst, (bi * npan * K2p + q) * width, K2p * width, rows, 0, Np, npan)
+        else:
+            KB._interleave_pair_dot(dst, (bi * npan * K2p + q) * width, K2p * width, rows, 0, Np, npan)
 
 
 # ---- stride 1: the direct form ------------------------------------------------------------
@@ -447,8 +457,11 @@ def compile_kernels(direct, code, dot=False):
     im2col one with activation `code`, the cold ones in two processes at once
     (parallel.worker_addresses): a cold first call of the im2col form took 3.09 s compiling
     them one after another (ResNet-50's stem, Xeon with AMX, 2026-12-07).  Cached after the
-    first call.  dot: the direct form's vdpbf16ps variant."""
-    reqs = [(direct_worker, (only_if(dot),)), (direct_pack, (only_if(dot),), 4)] if direct else [(KB.bf16_worker, (True, True, None)), (im2col_pairs, ())]
+    first call.  dot: the vdpbf16ps variants (both forms)."""
+    if direct:
+        reqs = [(direct_worker, (only_if(dot),)), (direct_pack, (only_if(dot),), 4)]
+    else:
+        reqs = [(KB.bf16_worker, (None if dot else True, True, None)), (im2col_pairs, (only_if(dot),))]
     if code != ACT_NONE:
         reqs.append(epilogue_kernel(np.float32, code))
     worker_addresses(reqs)

@@ -35,8 +35,8 @@ def _supports(impl, wshape, kw):
     depthwise = groups > 1 and wshape[1] == 1
     if impl == "cpu-bf16-amx":   # dense only
         return groups == 1
-    if impl == "cpu-bf16-dot":   # dense, stride 1
-        return groups == 1 and kw.get("stride", 1) in (1, (1, 1))
+    if impl == "cpu-bf16-dot":   # dense only
+        return groups == 1
     if "winograd" in impl:
         return (groups == 1 and tuple(wshape[2:]) == (3, 3) and kw.get("stride", 1) in (1, (1, 1))
                 and kw.get("dilation", 1) in (1, (1, 1)))
@@ -161,20 +161,16 @@ AMX_GEOMETRIES = [
 def test_amx_geometries(impl, xs, ws, kw, bias):
     """cpu-bf16-amx across its tiles, tasks and K blocks: the im2col matrix formed in the
     tiles' panels (strides, dilation, padding, images), the bias as one more product; and
-    cpu-bf16-dot (the direct form on vdpbf16ps) over the same geometries at stride 1 (6-pixel
-    groups past a row's end and the block's, odd C, channels past a 64-channel panel, dilation,
-    a 1x1 image), refusing the others naming the stride with out= untouched."""
+    cpu-bf16-dot over the same geometries: the direct form on vdpbf16ps at stride 1 (6-pixel
+    groups past a row's end and the block's, odd C, channels past a 64-channel panel,
+    dilation, a 1x1 image), the im2col form in 64-pixel panels at the others (an odd K
+    completed with a zero column, with and without the bias's row)."""
     half = half_dtype("bfloat16")
     need_half_format(impl, half)
     g = rng()
     x, w, b = _inputs(g, xs, ws, half)
     b = b if bias else None
     out = poisoned(ref.conv2d(x, w, None, **kw).shape, half)
-    if impl == "cpu-bf16-dot" and kw.get("stride", 1) not in (1, (1, 1)):
-        with pytest.raises(dispatch.NoImplementationError, match="cpu-bf16-dot: refused: stride"):
-            run(impl, dispatch.conv2d, x, w, b, activation="gelu", out=out, **kw)
-        assert np.isnan(out.astype(np.float32)).all(), "out= was written"
-        return
     got = run(impl, dispatch.conv2d, x, w, b, activation="gelu", out=out, **kw)
     assert got is out
     check(got, x, w, b, "gelu", kw, f"{impl} {xs} {ws} {kw}")
@@ -182,8 +178,8 @@ def test_amx_geometries(impl, xs, ws, kw, bias):
 
 def test_amx_rule(half):
     """bfloat16 dense convolutions on an AMX host run on AMX tiles, on a host with AVX-512
-    BF16 but no AMX those at stride 1 by vdpbf16ps; float16, grouped ones, or the others run
-    the float32 kernels on widened copies, with the refusals named."""
+    BF16 but no AMX by vdpbf16ps (any stride); float16, grouped ones, or any on other hosts
+    run the float32 kernels on widened copies, with the refusals named."""
     from kernels_cpu import bf16_gemm as KB
     x = as_half(half, np.ones((1, 8, 6, 6), np.float32))
     dense = str(dispatch.explain("conv2d", x, as_half(half, np.ones((4, 8, 3, 3), np.float32))))
@@ -197,6 +193,4 @@ def test_amx_rule(half):
     else:
         assert "chosen: cpu-bf16-amx" not in dense and "cpu-bf16-amx: refused" in dense, dense
         assert ("chosen: cpu-bf16-dot" in dense) == dot, dense
-        assert "chosen: cpu-bf16-dot" not in strided and "chosen: cpu-bf16-dot" not in grouped, (strided, grouped)
-        if dot:
-            assert "cpu-bf16-dot: refused: stride (2, 2)" in strided, strided
+        assert ("chosen: cpu-bf16-dot" in strided) == dot and "chosen: cpu-bf16-dot" not in grouped, (strided, grouped)

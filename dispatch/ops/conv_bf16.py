@@ -11,13 +11,15 @@ op "conv2d" (dispatch/ops/conv.py describes it and asks `order` for bfloat16 key
                 image out (Cout, OH*OW) = [weight | bias] (Cout, Kc + 1) @ [col; 1] by
                 kernels_cpu.bf16_gemm.run_amx, the im2col matrix col formed straight in the
                 tiles' B panels by its packing tasks.
-  cpu-bf16-dot  dense convolutions at stride 1 on hosts with AVX-512 BF16 but no AMX (Zen 4,
-                Cooper Lake): the direct form with vdpbf16ps register tiles (6 pixels,
-                their channel pairs read in place from the channels-last rows as broadcast
-                words, x 64 output channels of the weight's panels), the bias added in
-                float32 (kernels_cpu/conv_bf16.py, direct_worker's dot variant).
-Elsewhere (and at other strides without AMX), bfloat16 conv2d runs the float32 kernels on
-widened copies (conv._half).
+  cpu-bf16-dot  dense convolutions on hosts with AVX-512 BF16 but no AMX (Zen 4, Cooper
+                Lake), by vdpbf16ps: at stride 1 the direct form (direct_worker's dot
+                variant: register tiles of 6 pixels, their channel pairs read in place from
+                the channels-last rows as broadcast words, x 64 output channels of the
+                weight's panels, the bias added in float32); other strides per image
+                [weight | bias] @ [col; 1] by kernels_cpu.bf16_gemm.run_kn, the im2col
+                matrix formed by its packing tasks straight in its panels of 64 pixels.
+Elsewhere (and grouped / depthwise), bfloat16 conv2d runs the float32 kernels on widened
+copies (conv._half).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import numpy as np
 
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import conv_bf16 as KC
-from kernels_cpu.parallel import worker_address
+from kernels_cpu.parallel import only_if, worker_address
 
 from ..registry import Implementation, register
 from ..validate import BF16, is_bfloat16
@@ -58,7 +60,7 @@ def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw
     oh, ow = out_hw
     out_shape = (n, cout, oh, ow)
     res = result_buffer(out, out_shape if x.ndim == 4 else out_shape[1:], x.dtype)
-    direct = dot or _direct(stride, c, cout, kh, kw)
+    direct = stride == (1, 1) if dot else _direct(stride, c, cout, kh, kw)
     if res.size:
         KC.compile_kernels(direct, act, dot)
     if res.size and direct:
@@ -71,16 +73,22 @@ def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw
     elif res.size:
         kc = c * kh * kw
         k = kc + (bias is not None)
-        wb = np.empty((1, cout, k), np.uint16)   # the A rows: the weight, then the bias's column
+        k += dot and k % 2   # vdpbf16ps reads the A rows in pairs: a zero column (times col's row of ones)
+        wb = np.zeros((1, cout, k), np.uint16)   # the A rows: the weight, then the bias's column
         wb[0, :, :kc] = np.asarray(weight).reshape(cout, kc).view(np.uint16)
         if bias is not None:
             wb[0, :, kc] = np.asarray(bias).view(np.uint16)
         npix = oh * ow
-        packer = (worker_address(KC.im2col_pairs, ()),
-                  KC.geometry(c, h, w, kh, kw, stride, pad, dilation, out_hw, kc), npix, KC.pack_tasks(k))
+        packer = (worker_address(KC.im2col_pairs, (only_if(dot),)),
+                  KC.geometry(c, h, w, kh, kw, stride, pad, dilation, out_hw, kc), npix, KC.pack_tasks(k, dot))
         a_of, b_of = _images(n)
-        KB.run_amx(wb, x4.view(np.uint16), True, _zeros(npix), act, res.reshape(n, cout, npix).view(np.uint16),
-                   _x_panels(cout, k, True, 1), False, a_of, b_of, _b_panels(KB.kn_panels_size(n, k, npix)), packer)
+        out3 = res.reshape(n, cout, npix).view(np.uint16)
+        if dot:
+            KB.run_kn(wb, x4.view(np.uint16), _zeros(npix), act, out3, _b_panels(KB.kn_dot_panels_size(n, k, npix)),
+                      False, a_of, b_of, packer)
+        else:
+            KB.run_amx(wb, x4.view(np.uint16), True, _zeros(npix), act, out3, _x_panels(cout, k, True, 1), False, a_of,
+                       b_of, _b_panels(KB.kn_panels_size(n, k, npix)), packer)
     return deliver(res, out)
 
 
@@ -112,8 +120,6 @@ def dot_refusal(key):
         return f"{key.dtype} x (bfloat16 only)"
     if key.kind != "dense":
         return f"{key.kind} convolution (groups 1 only)"
-    if key.stride != (1, 1):
-        return f"stride {key.stride}: vdpbf16ps runs the direct form (stride 1 only)"
     return KB.host_refusal()
 
 
@@ -126,8 +132,9 @@ def order(key, names, reason):
         dot_why = dot_refusal(key)
         if dot_why is None:
             return (("cpu-bf16-dot",) + tuple(names) + ("cpu-bf16-amx",),
-                    f"bfloat16 x and weight, dense, stride 1, no AMX ({why}): the direct form on AVX-512 BF16 "
-                    "(vdpbf16ps), no float32 copies")
+                    f"bfloat16 x and weight, dense, no AMX ({why}): AVX-512 BF16 (vdpbf16ps), no float32 copies; "
+                    + ("stride 1: the direct form (x copied once into channels-last rows the tiles read at every tap)"
+                       if key.stride == (1, 1) else "stride > 1: the im2col matrix formed in the tiles' panels"))
         return (tuple(names) + ("cpu-bf16-amx", "cpu-bf16-dot"),
                 f"bfloat16 widened to float32 ({why}; {dot_why}); {reason}")
     return (("cpu-bf16-amx",) + tuple(names) + ("cpu-bf16-dot",),
@@ -151,12 +158,14 @@ register(Implementation("conv2d", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,
                         kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
                                         "kernels_cpu.half", "kernels_cpu.gemm", "kernels_cpu.approx",
                                         "kernels_cpu.parallel"), host=KB.amx_refusal))
-_NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight, stride 1, by AVX-512 BF16 (vdpbf16ps): the direct form, x "
-              "copied once into zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) whose "
-              "channel pairs are the broadcast words of register tiles of 6 pixels x 64 output channels (the weight "
-              "packed per call into panels of 64 channels), a kernel row's taps one K run; float32 sums of exact "
-              "products, bias and activation on them, pixels x channels tiles transposed into the output's rows, one "
-              "rounding to bfloat16")
+_NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight by AVX-512 BF16 (vdpbf16ps), float32 sums of exact products, "
+              "bias and activation on them, one rounding to bfloat16.  Stride 1: the direct form, x copied once into "
+              "zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) whose channel pairs "
+              "are the broadcast words of register tiles of 6 pixels x 64 output channels (the weight packed per call "
+              "into panels of 64 channels), a kernel row's taps one K run, pixels x channels tiles transposed into the "
+              "output's rows; other strides per image the weight (with the bias as one more column) times the im2col "
+              "matrix, formed by the packing tasks straight in panels of 64 pixels (2 x Cin x KH x KW x OH x OW bytes "
+              "per image), 6 output channels x 64 pixels per tile")
 register(Implementation("conv2d", "cpu-bf16-dot", "cpu", _run_dot, dtypes=(BF16,), supports=supports_of(dot_refusal),
                         notes=_NOTES_DOT,
                         kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.half",
