@@ -105,22 +105,21 @@ def _images(n):
     return np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
 
 
-def refusal(key):
-    """Why cpu-bf16-amx cannot take this conv2d key (None: it can)."""
-    if not is_bfloat16(key.dtype):
-        return f"{key.dtype} x (bfloat16 only)"
-    if key.kind != "dense":
-        return f"{key.kind} convolution (groups 1 only)"
-    return KB.amx_refusal()
+def _refusal_on(host_refusal):
+    """A conv2d key's refusal for a bfloat16 kernel whose host check is host_refusal()."""
+    def refusal(key):
+        if not is_bfloat16(key.dtype):
+            return f"{key.dtype} x (bfloat16 only)"
+        if key.kind != "dense":
+            return f"{key.kind} convolution (groups 1 only)"
+        return host_refusal()
+    return refusal
 
 
-def dot_refusal(key):
-    """Why cpu-bf16-dot cannot take this conv2d key (None: it can)."""
-    if not is_bfloat16(key.dtype):
-        return f"{key.dtype} x (bfloat16 only)"
-    if key.kind != "dense":
-        return f"{key.kind} convolution (groups 1 only)"
-    return KB.host_refusal()
+refusal = _refusal_on(KB.amx_refusal)
+refusal.__doc__ = "Why cpu-bf16-amx cannot take this conv2d key (None: it can)."
+dot_refusal = _refusal_on(KB.host_refusal)
+dot_refusal.__doc__ = "Why cpu-bf16-dot cannot take this conv2d key (None: it can)."
 
 
 def order(key, names, reason):
@@ -153,11 +152,10 @@ _NOTES = (HOST_COPY_NOTE + "; bfloat16 x and weight on AMX-BF16 tiles (tdpbf16ps
           "times the im2col matrix, formed by the GEMM's packing tasks straight in the tiles' B panels (2 x Cin x KH "
           "x KW x OH x OW bytes per image)")
 
+_KERNELS = ("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.half", "kernels_cpu.gemm",
+            "kernels_cpu.approx", "kernels_cpu.parallel")
 register(Implementation("conv2d", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,), supports=supports_of(refusal),
-                        notes=_NOTES,
-                        kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.amx",
-                                        "kernels_cpu.half", "kernels_cpu.gemm", "kernels_cpu.approx",
-                                        "kernels_cpu.parallel"), host=KB.amx_refusal))
+                        notes=_NOTES, kernel_modules=_KERNELS + ("kernels_cpu.amx",), host=KB.amx_refusal))
 _NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight by AVX-512 BF16 (vdpbf16ps), float32 sums of exact products, "
               "bias and activation on them, one rounding to bfloat16.  Stride 1: the direct form, x copied once into "
               "zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) whose channel pairs "
@@ -167,7 +165,4 @@ _NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight by AVX-512 BF16 (vdpbf16
               "matrix, formed by the packing tasks straight in panels of 64 pixels (2 x Cin x KH x KW x OH x OW bytes "
               "per image), 6 output channels x 64 pixels per tile")
 register(Implementation("conv2d", "cpu-bf16-dot", "cpu", _run_dot, dtypes=(BF16,), supports=supports_of(dot_refusal),
-                        notes=_NOTES_DOT,
-                        kernel_modules=("kernels_cpu.conv_bf16", "kernels_cpu.bf16_gemm", "kernels_cpu.half",
-                                        "kernels_cpu.gemm", "kernels_cpu.approx", "kernels_cpu.parallel"),
-                        host=KB.host_refusal))
+                        notes=_NOTES_DOT, kernel_modules=_KERNELS, host=KB.host_refusal))
