@@ -398,6 +398,22 @@ KN_PAIRS = 32
 PACK_GROUPS = 4
 _interleave_pair = _pair_interleaver(AMX_NR)
 _interleave_pair_dot = _pair_interleaver(NR)
+
+
+@njit(inline="always")
+def _pack_kn_panel(b16, dst, d0, m, c0, nc, K2, N):
+    """dst[d0 + q*NR + j] = the pair word (b[2q, c0 + j], b[2q + 1, c0 + j]) of b matrix m
+    (b16: (2 K2, N) uint16 matrices) for q < K2, j < NR, zeros for j >= nc: one vdpbf16ps
+    panel of b's columns c0.. (run_kn's P_SELF tasks)."""
+    for q in range(K2):
+        s0 = (m * 2 * K2 + 2 * q) * N + c0
+        if nc == NR:
+            _interleave_pair_dot(dst, d0 + q * NR, 0, b16, s0, N, 1)
+        else:
+            for j in range(NR):
+                lo = np.uint32(b16[_U(s0 + j)]) if j < nc else np.uint32(0)
+                hi = np.uint32(b16[_U(s0 + N + j)]) if j < nc else np.uint32(0)
+                dst[_U(d0 + q * NR + j)] = lo | (hi << np.uint32(16))
 _pack_kn_pairs = _kn_pair_packer(AMX_NR, _interleave_pair)          # the AMX path's B panels
 _pack_kn_dot = _kn_pair_packer(NR, _interleave_pair_dot)            # the vdpbf16ps path's panels of b (matmul)
 
@@ -416,6 +432,16 @@ def _pause(typingctx):
 def kn_panels_size(count, k, n):
     """uint32 words of the B panels of `count` (K, N) matrices (_pack_kn_pairs)."""
     return count * -(-n // AMX_NR) * -(-k // AMX_K) * (AMX_K // 2) * AMX_NR
+
+
+# run_kn with at most this many rows of a runs tasks of all its rows x X_BLOCK columns of b,
+# each packing its own panels of b (P_SELF: they go from L2 into the tiles) instead of a
+# first pass over all of b (written out and read back).  Toggled in one process, 3 rounds
+# of loop medians, 2 threads (Zen 4, 2026-12-07, /tmp/w/sp.py), us, self / first pass:
+# 128x768x768 399-407 / 447-462, 12 x 128x64x128 97-100 / 104-117, 128x768x3072 1750-1825 /
+# 1860-1927, 256x1024x1024 1395-1457 / 1467-1542, 128x4096x4096 13.4-14.3 / 14.3-15.5 ms;
+# beyond it level: 384x1024x1024 1929-2025 / 1978-2069, 512x4096x4096 43.8-45.3 / 43.2-44.5 ms.
+KN_SELF_ROWS = 256
 
 
 def kn_dot_panels_size(count, k, n):
@@ -518,12 +544,14 @@ def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
 # finished ones counted in P_PDONE.
 # P_FEW: linear with at most AMX_FEW_MAX rows of x, the weight rows read in place as A
 # tiles and x packed as B panels (few_rows).
+# P_SELF: run_kn with few rows of a: a task is all of a's rows x X_BLOCK columns of b, whose
+# panels it packs itself (no first pass over all of b).
 # P_BPACK: with P_BKN, the address of a packer that forms b's panels in place of
 # _pack_kn_pairs (conv2d's im2col, kernels_cpu/conv_bf16.py): called as packer(i, params)
 # for its packing tasks i, P_BTASKS of them per b matrix (b matrix i // P_BTASKS); its own
 # arguments follow the P_COUNT slots (run_amx's b_packer extra).
 (P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K, P_K2, P_K2P, P_XS, P_BATCH, P_AOF, P_BOF, P_BKN, P_NEXT, P_EPI, P_ADD_BIAS,
- P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_BPACK, P_BTASKS, P_COUNT) = range(28)
+ P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_BPACK, P_BTASKS, P_SELF, P_COUNT) = range(29)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -537,6 +565,8 @@ def bf16_worker(wk, params, use_amx, kn, few):
     p = c_array_at(params, np.int64(0), (P_COUNT,))
     M, N, K2, K2p, nbatch = p[P_M], p[P_N], p[P_K2], p[P_K2P], p[P_BATCH]
     GR, TR, XB = task_shape(use_amx)
+    if p[P_SELF]:
+        TR = (N + MR - 1) // MR * MR   # (whole groups: a short group's tile still writes MR rows)
     # the output: bfloat16 bits, or (P_OUT32) the float32 sums themselves
     out32 = p[P_OUT32] != 0
     outf = c_array_at(p[P_OUT], np.uint16(0), (0 if out32 else nbatch * M * N,))
@@ -612,7 +642,9 @@ def bf16_worker(wk, params, use_amx, kn, few):
         wo = np.empty(MR, np.int64)
         b16 = c_array_at(p[P_BSRC], np.uint16(0), (0 if p[P_BPACK] else p[P_NB] * 2 * K2 * M,))
         bt = p[P_BTASKS] if p[P_BPACK] else (K2 + KN_PAIRS - 1) // KN_PAIRS
-        npack = p[P_NB] * bt
+        npack = 0 if p[P_SELF] else p[P_NB] * bt
+        if p[P_SELF]:
+            xp = np.empty(XB // NR * K2 * NR, np.uint32)   # the panels of this worker's task
         t = fetch_add(p, P_PNEXT, 1)
         while t < npack:
             if p[P_BPACK]:   # a packer of its own (conv2d's im2col): its tasks form the panels
@@ -670,12 +702,18 @@ def bf16_worker(wk, params, use_amx, kn, few):
                 # the broadcast rows' and the panels' matrices: linear's weight and x, or
                 # matmul's a and b (kn)
                 wm, xm = (aof[e], bof[e]) if kn is not None else (bof[e], aof[e])
+                p0 = m0 // NR
+                selfp = kn is not None and p[P_SELF] != 0
+                if selfp:
+                    for pp in range(p0, (m0 + ml + NR - 1) // NR):
+                        _pack_kn_panel(b16, xp, (pp - p0) * K2 * NR, xm, pp * NR, min(NR, M - pp * NR), K2, M)
                 for g in range(0, nl, GR):
                     gl = min(GR, nl - g)
                     for i in range(MR):
                         wo[i] = (wm * N + n0 + g + min(i, gl - 1)) * K2   # a short group repeats its last row
-                    for pp in range(m0 // NR, (m0 + ml + NR - 1) // NR):
-                        dot_tile(K2, w, wo, xp, (xm * npx + pp) * K2p * NR, acc_t, g * XB + pp * NR - m0, XB, 0)
+                    for pp in range(p0, (m0 + ml + NR - 1) // NR):
+                        xo = (pp - p0) * K2p * NR if selfp else (xm * npx + pp) * K2p * NR
+                        dot_tile(K2, w, wo, xp, xo, acc_t, g * XB + pp * NR - m0, XB, 0)
                 if kn is None:
                     for i0 in range(0, nl, 8):
                         for r0 in range(0, ml, 8):
@@ -832,8 +870,9 @@ def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None, b_
         raise ValueError("bp: the panels of b need kn_dot_panels_size words")
     a_of = _ZERO_INDEX if a_of is None else a_of
     b_of = _ZERO_INDEX if b_of is None else b_of
-    _launch(None, bp, a3, bias, out3, a_of, b_of, n, m, k, k // 2, code, has_bias, X_BLOCK, TASK_ROWS, True, a3, b3,
-            b_packer=b_packer)
+    self_pack = b_packer is None and 0 < m <= KN_SELF_ROWS
+    _launch(None, bp, a3, bias, out3, a_of, b_of, n, m, k, k // 2, code, has_bias, X_BLOCK,
+            m if self_pack else TASK_ROWS, True, a3, b3, b_packer=b_packer, self_pack=self_pack)
 
 
 def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None, b_packer=None):
@@ -870,7 +909,7 @@ def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=N
 
 
 def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias, xs, task_rows, b_kn, x3=None,
-            bsrc=None, few=False, b_packer=None):
+            bsrc=None, few=False, b_packer=None, self_pack=False):
     extra = () if b_packer is None else b_packer[1]
     p = np.zeros(P_COUNT + len(extra), np.int64)  # alive until the workers are done
     if b_packer is not None:
@@ -885,5 +924,6 @@ def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias,
     p[P_ADD_BIAS] = has_bias and code == ACT_NONE
     p[P_XS], p[P_BKN] = xs, b_kn
     p[P_OUT32] = out.dtype == np.float32
+    p[P_SELF] = self_pack
     ntask = a_of.size * -(-n // task_rows) * -(-m // xs)
     run_at(worker_address(bf16_worker, (use_amx, only_if(b_kn), only_if(few))), addr, min(num_threads(), ntask))
