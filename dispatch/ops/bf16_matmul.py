@@ -115,36 +115,34 @@ def dot_refusal(key):
 def order(key, widened_names, widened_reason):
     """The CPU candidates for a bfloat16 matmul key, best first, and why: AMX tiles where the
     host has them, else vdpbf16ps where it has AVX-512 BF16, else linalg's float32 kernels on
-    widened copies (their own order)."""
-    why = refusal(key)
-    if why is not None:
-        dot_why = dot_refusal(key)
-        if dot_why is None and widened_names[0] == "cpu-gemv" and key.b16_tasks:
-            # few rows: as on AMX hosts below (DOT_MIN_ROWS's measurements)
-            return (("cpu-gemv", "cpu-bf16-dot") + tuple(n for n in widened_names if n != "cpu-gemv")
-                    + ("cpu-bf16-amx",), f"bfloat16 on an AVX-512 BF16 host, but {widened_reason} (vdpbf16ps would "
-                    "first interleave all of b)")
-        work = key.batch * key.m * key.n * key.k
-        if dot_why is None and work >= L.GEMM16_MIN_WORK:
-            return (("cpu-bf16-dot",) + tuple(widened_names) + ("cpu-bf16-amx",),
-                    f"bfloat16 a and b, no AMX ({why}): AVX-512 BF16 vdpbf16ps (twice the float32 FMA's products per "
-                    "instruction), no float32 copies")
-        if dot_why is None:
-            dot_why = f"batch x M x N x K bucket {work} < 2^19: a widened copy costs no more than b's interleaving"
-        return (tuple(widened_names) + ("cpu-bf16-dot", "cpu-bf16-amx"),
-                f"bfloat16 widened to float32 ({why}; {dot_why}); {widened_reason}")
+    widened copies (their own order).  Under linalg.GEMV_ROWS rows the GEMV that reads b in
+    place leads either bfloat16 kernel (both first interleave all of b's rows)."""
+    amx_why, dot_why = refusal(key), dot_refusal(key)
+    work = key.batch * key.m * key.n * key.k
+    if amx_why is not None and dot_why is None and work < L.GEMM16_MIN_WORK:
+        dot_why = f"batch x M x N x K bucket {work} < 2^19: a widened copy costs no more than b's interleaving"
+    if amx_why is not None and dot_why is not None:
+        return (tuple(widened_names) + ("cpu-bf16-amx", "cpu-bf16-dot"),
+                f"bfloat16 widened to float32 ({amx_why}; {dot_why}); {widened_reason}")
+    if amx_why is None:
+        fast, other, host, what = "cpu-bf16-amx", "cpu-bf16-dot", "an AMX host", "AMX"
+        lead = ("bfloat16 a and b on an AMX host: AMX-BF16 tiles (tdpbf16ps, 16 times the float32 FMA's products "
+                "per instruction), no float32 copies")
+    else:
+        fast, other, host, what = "cpu-bf16-dot", "cpu-bf16-amx", "an AVX-512 BF16 host", "vdpbf16ps"
+        lead = (f"bfloat16 a and b, no AMX ({amx_why}): AVX-512 BF16 vdpbf16ps (twice the float32 FMA's products per "
+                "instruction), no float32 copies")
     if widened_names[0] == "cpu-gemv" and key.b16_tasks:
         # few rows: the GEMV reads b once as it is (linalg._gemv16), where AMX's first pass
         # interleaves all of b's rows.  2 threads, ms, cpu-gemv / cpu-bf16-amx, forced,
         # minimum of two medians (Xeon with AMX, 2026-12-07, /tmp/w/h16b.py): M=1 4096x4096
         # 0.906 / 2.44, 11008x4096 2.47 / 17.95, 3072x768 0.144 / 0.437, 768x768 0.050 /
         # 0.088; M=4 4096x4096 1.49 / 2.70, 768x768 0.081 / 0.086; from 8 rows AMX (768x768
-        # 0.102 / 0.088, 16x4096x4096 4.82 / 2.65)
-        return (("cpu-gemv", "cpu-bf16-amx") + tuple(n for n in widened_names if n != "cpu-gemv") + ("cpu-bf16-dot",),
-                f"bfloat16 on an AMX host, but {widened_reason} (AMX would first interleave all of b)")
-    return (("cpu-bf16-amx",) + tuple(widened_names) + ("cpu-bf16-dot",),
-            "bfloat16 a and b on an AMX host: AMX-BF16 tiles (tdpbf16ps, 16 times the float32 FMA's products "
-            "per instruction), no float32 copies")
+        # 0.102 / 0.088, 16x4096x4096 4.82 / 2.65).  vdpbf16ps: the measurements beside
+        # dot_refusal.
+        return (("cpu-gemv", fast) + tuple(n for n in widened_names if n != "cpu-gemv") + (other,),
+                f"bfloat16 on {host}, but {widened_reason} ({what} would first interleave all of b)")
+    return (fast,) + tuple(widened_names) + (other,), lead
 
 
 _NOTES = ("bfloat16 a and b on AMX-BF16 tiles (tdpbf16ps on 2 x 2 tiles of 16 x 16 float32: 32 rows of a x 32 "

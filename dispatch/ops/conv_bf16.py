@@ -53,7 +53,8 @@ def _direct(stride, c, cout, kh, kw) -> bool:
     return stride == (1, 1) and (kh * kw > 1 or c >= cout)
 
 
-def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, dot=False):
+def _run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, dot):
+    """Both bfloat16 implementations: AMX tiles, or (dot) vdpbf16ps."""
     x4 = contiguous(x if x.ndim == 4 else x[None])
     n, c, h, w = x4.shape
     cout, _, kh, kw = weight.shape
@@ -92,8 +93,12 @@ def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw
     return deliver(res, out)
 
 
+def _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
+    return _run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, False)
+
+
 def _run_dot(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
-    return _run_amx(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, dot=True)
+    return _run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed, True)
 
 
 _WORKSPACE = threading.local()
