@@ -171,7 +171,8 @@ def im2col_pairs(i, params, dot):
 # tiles are pixels x channels: a task's block is transposed (8 x 8 register transposes)
 # into the output's channel rows, bias + activation before, rounded on the way out.
 (D_X, D_XQ, D_W, D_WQ, D_BIAS, D_OUT, D_N, D_C, D_H, D_WID, D_CO, D_KH, D_KW, D_DH, D_DW, D_PT, D_PL, D_OH, D_OW,
- D_HP, D_PITCH, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_PACK, D_COUNT) = range(32)
+ D_HP, D_PITCH, D_CP, D_ROWS, D_PB, D_CG, D_EPI, D_HAS_BIAS, D_PNEXT, D_PDONE, D_NEXT, D_PACK, D_WREADY,
+ D_COUNT) = range(33)
 # Pitched output pixels per task (a multiple of the tiles' 32 rows), and at least this many
 # tasks (the output channels split into groups of 32-channel panels until there are).
 # Each task reads all of its channels' weight panels: SD U-Net 3x3 320ch 64x64 + relu (1.8
@@ -326,7 +327,7 @@ def direct_worker(wk, params, dot):
     wq = c_array_at(p[D_WQ], np.uint32(0), (ncop * K2p * PW,))
     bias = c_array_at(p[D_BIAS], np.float32(0), (CO,))
     out = c_array_at(p[D_OUT], np.uint16(0), (N * CO * OH * OW,))
-    npack = N * Hp + ncop
+    npack = N * Hp + (0 if p[D_WREADY] != 0 else ncop)   # wq packed before the call (pack_direct_weight)
     t = fetch_add(p, D_PNEXT, 1)
     scratch = np.empty(max(8 * W, PW * K2p), np.uint32)   # direct_pack's
     while t < npack:
@@ -418,24 +419,22 @@ def direct_worker(wk, params, dot):
         KB.amx_off(True)
 
 
-def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, wq, dot=False):
+def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, wq, dot=False, wq_ready=False):
     """out3 (N, Cout, OH*OW) uint16 = bf16(act(conv2d(x4, w4) + bias)) at stride 1: x4 (N, C,
     H, W) and w4 (Cout, C, KH, KW) uint16 bfloat16 bits, bias32 (Cout,) float32 (added when
     has_bias), code an ACT_*, pad (top, left), all C-contiguous; xq (uint16) and wq
-    (uint32) buffers of direct_shapes' sizes (with the same dot) on cache lines.  Needs
-    bf16_gemm.amx_refusal() None, or with dot (vdpbf16ps) bf16_gemm.host_refusal() None."""
-    why = KB.host_refusal() if dot else amx.permission()
-    if why is not None:
-        raise RuntimeError(f"the {'vdpbf16ps' if dot else 'AMX'} path cannot run here: {why}")
+    (uint32) buffers of direct_shapes' sizes (with the same dot) on cache lines.  wq_ready:
+    wq already holds w4's panels (pack_direct_weight, same dot), which the call then does
+    not pack.  Needs bf16_gemm.amx_refusal() None, or with dot (vdpbf16ps)
+    bf16_gemm.host_refusal() None."""
     n, c, h, w = x4.shape
     cout, _, kh, kw = w4.shape
     nxq, nwq, cp, wq_, hp, rows = direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw, dot)
-    if xq.size < nxq or wq.size < nwq or xq.ctypes.data % ALIGN or wq.ctypes.data % ALIGN:
-        raise ValueError("run_direct: xq / wq need direct_shapes' sizes on a cache line")
-    p = np.zeros(D_COUNT, np.int64)
-    p[D_X], p[D_XQ], p[D_W], p[D_WQ] = x4.ctypes.data, xq.ctypes.data, w4.ctypes.data, wq.ctypes.data
-    p[D_BIAS], p[D_OUT] = bias32.ctypes.data, out3.ctypes.data
-    p[D_N], p[D_C], p[D_H], p[D_WID], p[D_CO], p[D_KH], p[D_KW] = n, c, h, w, cout, kh, kw
+    if xq.size < nxq:
+        raise ValueError("run_direct: xq needs direct_shapes' size on a cache line")
+    p = _direct_params(x4.ctypes.data, w4, wq, nwq, dot)
+    p[D_XQ], p[D_BIAS], p[D_OUT] = xq.ctypes.data, bias32.ctypes.data, out3.ctypes.data
+    p[D_N], p[D_H], p[D_WID] = n, h, w
     p[D_DH], p[D_DW], p[D_PT], p[D_PL] = dilation[0], dilation[1], pad[0], pad[1]
     p[D_OH], p[D_OW] = out_hw
     pb = DIRECT_PB_DOT if dot else DIRECT_PB
@@ -444,12 +443,44 @@ def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, 
     cg = ncop
     while n * nblk * -(-ncop // cg) < DIRECT_MIN_TASKS and cg > 1:
         cg = -(-cg // 2)
-    p[D_HP], p[D_PITCH], p[D_CP], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, cp, rows, pb, cg
+    p[D_HP], p[D_PITCH], p[D_ROWS], p[D_PB], p[D_CG] = hp, wq_, rows, pb, cg
     p[D_EPI] = epilogue_address(np.float32, code) if code != ACT_NONE else 0
-    p[D_HAS_BIAS] = has_bias
-    p[D_PACK] = worker_address(direct_pack, (only_if(dot),), 4)
+    p[D_HAS_BIAS], p[D_WREADY] = has_bias, wq_ready
     ntask = n * nblk * -(-ncop // cg)
     run_at(worker_address(direct_worker, (only_if(dot),)), p.ctypes.data, max(1, min(num_threads(), ntask)))
+
+
+def _direct_params(x_address, w4, wq, nwq, dot):
+    """run_direct's parameters that the weight decides (the packing tasks' part)."""
+    why = KB.host_refusal() if dot else amx.permission()
+    if why is not None:
+        raise RuntimeError(f"the {'vdpbf16ps' if dot else 'AMX'} path cannot run here: {why}")
+    if wq.size < nwq or wq.ctypes.data % ALIGN:
+        raise ValueError("run_direct: wq needs direct_shapes' size on a cache line")
+    cout, c, kh, kw = w4.shape
+    p = np.zeros(D_COUNT, np.int64)
+    p[D_X], p[D_W], p[D_WQ] = x_address, w4.ctypes.data, wq.ctypes.data
+    p[D_C], p[D_CO], p[D_KH], p[D_KW] = c, cout, kh, kw
+    p[D_CP] = direct_shapes(0, c, 1, 1, cout, kh, kw, (0, 0), (1, 1), (1, 1), dot)[2]
+    p[D_PACK] = worker_address(direct_pack, (only_if(dot),), 4)
+    return p
+
+
+def direct_weight_words(w_shape, dot=False) -> int:
+    """The uint32 words of the direct form's packed weight (wq) for a (Cout, C, KH, KW) weight."""
+    cout, c, kh, kw = w_shape
+    return direct_shapes(0, c, 1, 1, cout, kh, kw, (0, 0), (1, 1), (1, 1), dot)[1]
+
+
+def pack_direct_weight(w4, wq, dot=False):
+    """wq = w4's panels as run_direct packs them per call (its wq_ready=True then skips that):
+    w4 (Cout, C, KH, KW) uint16 bfloat16 bits, C-contiguous; wq uint32 of
+    direct_weight_words(w4.shape, dot) words on a cache line.  Runs direct_worker with no
+    image: its packing tasks are the weight's panels only, on the pool's threads."""
+    p = _direct_params(0, w4, wq, direct_weight_words(w4.shape, dot), dot)
+    p[D_PB], p[D_CG] = DIRECT_PB_DOT if dot else DIRECT_PB, 1
+    ncop = -(-w4.shape[0] // (KB.NR if dot else KB.AMX_NR))
+    run_at(worker_address(direct_worker, (only_if(dot),)), p.ctypes.data, max(1, min(num_threads(), ncop)))
 
 
 def compile_kernels(direct, code, dot=False):

@@ -119,8 +119,81 @@ def test_bad_input_changes_nothing(half):
         dispatch.conv2d(x.astype(np.int16), w, out=out)
     with pytest.raises((TypeError, ValueError), match="out"):
         dispatch.conv2d(x, w, out=np.full((1, 5, 4, 4), np.nan, np.float32))
-    with pytest.raises(TypeError, match="PackedWeight holds float32"):
+    with pytest.raises(TypeError, match="weight must have the same dtype as x"):
         dispatch.conv2d(x, dispatch.prepack(np.asarray(w, np.float32), op="conv2d"), out=out)
+    with pytest.raises(TypeError, match="weight must have the same dtype as x"):
+        dispatch.conv2d(x, dispatch.prepack(w.astype(other_half(half)), op="conv2d"), out=out)
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
+
+
+# (x shape, weight shape, keyword arguments): the direct form's panels (stride 1: odd C,
+# channels past a 64- and a 32-channel panel, dilation, a 1x1 with Cin >= Cout and one with
+# Cin < Cout, which the AMX form runs as im2col), the strided form, grouped and depthwise
+PACKED_GEOMETRIES = [
+    ((2, 7, 11, 13), (100, 7, 3, 3), dict(padding=(2, 1), dilation=(2, 2))),
+    ((1, 40, 9, 10), (33, 40, 3, 3), dict(padding=1)),
+    ((1, 20, 6, 7), (12, 20, 1, 1), dict()),
+    ((1, 8, 6, 7), (40, 8, 1, 1), dict()),
+    ((1, 3, 23, 21), (10, 3, 7, 7), dict(stride=2, padding=3)),
+    ((3, 4, 6, 5), (6, 2, 3, 3), dict(stride=2, groups=2)),
+    ((1, 4, 7, 6), (4, 1, 3, 3), dict(padding=1, groups=4)),
+]
+
+
+@pytest.mark.parametrize("impl, geo", [pytest.param(p.values[0], geo, id=f"{p.id}-{i}", marks=p.marks)
+                                       for p in impl_params("conv2d", "cpu") for i, geo in enumerate(PACKED_GEOMETRIES)
+                                       if _supports(p.values[0] or "", geo[1], geo[2])])
+def test_prepacked_equals_unpacked(impl, geo, half):
+    """dispatch.prepack(weight, op="conv2d") of a 16-bit weight gives the unpacked call's bits
+    on every implementation that takes the geometry: a bfloat16 weight with groups 1 on a
+    host with a bfloat16 form holds that form's panels (the direct form reads them, not the
+    weight again), any other the float32 panels of its widened values (the widening GEMM and
+    Winograd kernels read them)."""
+    need_half_format(impl, half)
+    xs, ws, kw = geo
+    g = rng()
+    x, w, b = _inputs(g, xs, ws, half)
+    pw = dispatch.prepack(w, op="conv2d", groups=kw.get("groups", 1))
+    want = run(impl, dispatch.conv2d, x, w, b, activation="relu", **kw)
+    got = run(impl, dispatch.conv2d, x, pw, b, activation="relu", **kw)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert "prepacked=True" in str(dispatch.explain("conv2d", x, pw, b, **kw))
+
+
+def test_prepacked_panels_are_what_runs(half):
+    """The packed kernels read the panels, not the source: after the source is zeroed a
+    PackedWeight still gives the packed weight's result where its panels serve the chosen
+    kernel (the stride-1 direct form of this host's bfloat16 kernel, else the widened
+    GEMM's float32 panels), and an unpacked call sees the zeros."""
+    from dispatch.ops import conv_bf16
+    g = rng()
+    x, w, b = _inputs(g, (1, 40, 9, 10), (33, 40, 3, 3), half)
+    pw = dispatch.prepack(w, op="conv2d")
+    form = conv_bf16.host_form() if np.dtype(half) == dispatch.validate.BF16 else None
+    assert pw.tile == (form or dispatch.ops.conv.active_tile().name), pw
+    assert pw.panels.dtype == (np.uint32 if form else np.float32), pw
+    impl = {"bf16-amx": "cpu-bf16-amx", "bf16-dot": "cpu-bf16-dot", None: "cpu-gemm"}[form]
+    want = run(impl, dispatch.conv2d, x, w, b, padding=1)
+    w[...] = 0
+    np.testing.assert_array_equal(run(impl, dispatch.conv2d, x, pw, b, padding=1).view(np.uint16),
+                                  want.view(np.uint16))
+    zeroed = run(impl, dispatch.conv2d, x, w, b, padding=1)
+    assert not np.array_equal(zeroed.view(np.uint16), want.view(np.uint16))
+
+
+def test_prepacked_for_another_form(half, monkeypatch):
+    """A bfloat16 PackedWeight whose panels are for another bfloat16 kernel than this host's
+    (packed on another machine kind) is refused, naming both and what to do."""
+    from dispatch.ops import conv_bf16
+    if np.dtype(half) != dispatch.validate.BF16 or conv_bf16.host_form() is None:
+        pytest.skip("bfloat16 panels: a host with AVX-512 BF16 or AMX")
+    g = rng()
+    x, w, b = _inputs(g, (1, 8, 6, 6), (4, 8, 3, 3), half)
+    pw = dispatch.prepack(w, op="conv2d")
+    monkeypatch.setattr(conv_bf16, "host_form", lambda: "bf16-elsewhere")
+    out = poisoned((1, 4, 4, 4), half)
+    with pytest.raises(ValueError, match=f"panels of the {pw.tile} bfloat16 kernel; this host runs bf16-elsewhere"):
+        dispatch.conv2d(x, pw, b, out=out)
     assert np.isnan(out.astype(np.float32)).all(), "out= was written"
 
 
@@ -131,6 +204,8 @@ def test_threads_bitwise(half):
     geos = [((1, 8, 12, 12), (16, 8, 3, 3), dict(padding=1)), ((2, 6, 9, 9), (6, 1, 3, 3), dict(groups=6)),
             ((1, 16, 7, 7), (8, 16, 1, 1), dict()), ((1, 3, 15, 15), (8, 3, 5, 5), dict(stride=2))]
     cases = [(_inputs(g, xs, ws, half), kw) for xs, ws, kw in geos]
+    (x, w, b), kw = cases[0]
+    cases.append(((x, dispatch.prepack(w, op="conv2d"), b), kw))   # its panels shared by the threads
 
     def call(case):
         (x, w, b), kw = case

@@ -43,7 +43,9 @@ def kernel_input(x, *, rows=False):
     if not x.flags.c_contiguous and not (rows and _unit_stride_rows(x)):
         return np.ascontiguousarray(x)
     if not x.flags.writeable:
-        return np.asarray(_Alias(x))
+        alias = np.asarray(_Alias(x))
+        # the array interface spells ml_dtypes' bfloat16 as void ("|V2"): its dtype restored
+        return alias if alias.dtype == x.dtype else alias.view(x.dtype)
     return x
 
 

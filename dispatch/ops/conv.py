@@ -115,6 +115,12 @@ def _unpack(weight, groups):
                         "prepack(..., op='conv2d')")
     if weight.groups != groups:
         raise ValueError(f"weight was packed with groups={weight.groups}, the call has groups={groups}")
+    if weight.panels.dtype != np.float32 and weight.panels.dtype != np.float64:   # a bfloat16 kernel's panels
+        from .conv_bf16 import host_form   # (conv_bf16 imports this module's neighbours only)
+        if weight.tile != host_form():
+            raise ValueError(f"weight: PackedWeight holds panels of the {weight.tile} bfloat16 kernel; this host "
+                             f"runs {host_form() or 'no bfloat16 convolution kernel'}: prepack it again")
+        return weight.kernel_weight, weight
     tile = active_tile()
     if weight.tile != tile.name or weight._nr != tile.mr:  # packed for another register tile
         raise ValueError(f"weight: PackedWeight was packed for the {weight.tile} GEMM tile ({weight._nr}-row "
@@ -131,9 +137,6 @@ def describe(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     V.required(x=x, weight=weight)
     dev = V.device_of(x=x, weight=weight, bias=bias, out=out)
     dt = V.cpu_float_dtype("x", x, dev)
-    if packed is not None and V.is_half(dt):
-        raise TypeError(f"weight: a PackedWeight holds float32 / float64 panels; a {dt} x takes its {dt} weight "
-                        "as an array (widened to float32 per call)")
     V.same_dtype("weight", weight, "x", dt)
     if bias is not None:
         V.same_dtype("bias", bias, "x", dt)
@@ -218,13 +221,21 @@ def _half(run32):
     def run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed):
         if x.dtype.itemsize != 2:
             return run32(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed)
-        res32 = run32(params, widened(x), widened(weight), None if bias is None else widened(bias), stride, pad,
-                      dilation, groups, act, out_hw, None, None)
+        # a PackedWeight's float32 panels (prepack of a 16-bit weight: its widened values) serve
+        # a kernel that reads panels as they are, and the weight is not widened for it
+        panels = packed is not None and packed.panels.dtype == np.float32 and run32 in _READS_PANELS
+        res32 = run32(params, widened(x), weight if panels else widened(weight),
+                      None if bias is None else widened(bias), stride, pad, dilation, groups, act, out_hw, None,
+                      packed if panels else None)
         res = result_buffer(out, res32.shape, x.dtype)   # C-contiguous: out itself, or copied into it
         KH.round_into(res32.reshape(-1), half_bits(res.reshape(-1)))
         return deliver(res, out)
 
     return run
+
+
+# the float32 runs that take a PackedWeight's panels (and then read only the weight's shape)
+_READS_PANELS = (_run_gemm, _run_winograd)
 
 
 def _winograd_refusals(key):
@@ -330,13 +341,19 @@ def _prepack_conv(weight, dt, op, groups):
     if weight.shape[0] % groups:
         raise ValueError(f"groups={groups} must divide weight's output channels Cout={weight.shape[0]}")
     src = _readonly_source(weight)
+    if V.is_bfloat16(dt) and groups == 1:
+        from .conv_bf16 import prepack_bf16   # (conv_bf16 imports this module's neighbours only)
+        packed = prepack_bf16(src)
+        if packed is not None:
+            return packed
+    # float32 / float64 panels; a 16-bit weight's widened values (the kernels that widen x run on them)
+    w = np.ascontiguousarray(weight, dtype=np.float32 if V.is_half(dt) else dt)
     tile = active_tile()
-    w = np.ascontiguousarray(weight)
     wino = KW.pack_winograd(w, tile) if groups == 1 and w.shape[2:] == (3, 3) else None
     return PackedWeight(op, src, K.pack_weight(w, groups, tile), tile.mr, groups, tile=tile.name, winograd=wino)
 
 
-register_prepacker("conv2d", _prepack_conv, options=("groups",))
+register_prepacker("conv2d", _prepack_conv, options=("groups",), half=True)
 _DTYPES = FLOAT_DTYPES + V.HALF_DTYPES
 _HALF_NOTE = ("; bfloat16 / float16 x, weight, bias: widened to float32 copies, the result rounded once to x's "
               "dtype")

@@ -28,8 +28,10 @@ import threading
 
 import numpy as np
 
+from kernels_common.memory import aligned_empty
 from kernels_cpu import bf16_gemm as KB
 from kernels_cpu import conv_bf16 as KC
+from kernels_common.activation import ACT_NONE
 from kernels_cpu.parallel import only_if, worker_address
 
 from ..registry import Implementation, register
@@ -67,10 +69,11 @@ def _run(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, ou
     if res.size and direct:
         nxq, nwq = KC.direct_shapes(n, c, h, w, cout, kh, kw, pad, dilation, out_hw, dot)[:2]
         b32 = _zeros(cout) if bias is None else np.asarray(bias, np.float32)
+        ready = packed is not None and packed.tile == _FORMS[dot]   # prepack_bf16's panels: not packed again
+        wq = packed.panels if ready else thread_buffer(_WORKSPACE, "wq", nwq, np.uint32, L.WORKSPACE_KEEP // 4)
         KC.run_direct(x4.view(np.uint16), contiguous(weight).view(np.uint16), b32, bias is not None, act, pad, dilation,
                       out_hw, res.reshape(n, cout, oh * ow).view(np.uint16),
-                      thread_buffer(_WORKSPACE, "xq", nxq, np.uint16, L.WORKSPACE_KEEP // 2),
-                      thread_buffer(_WORKSPACE, "wq", nwq, np.uint32, L.WORKSPACE_KEEP // 4), dot)
+                      thread_buffer(_WORKSPACE, "xq", nxq, np.uint16, L.WORKSPACE_KEEP // 2), wq, dot, ready)
     elif res.size:
         kc = c * kh * kw
         k = kc + (bias is not None)
@@ -102,6 +105,32 @@ def _run_dot(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw
 
 
 _WORKSPACE = threading.local()
+_FORMS = {False: "bf16-amx", True: "bf16-dot"}   # PackedWeight.tile of each form's panels (by dot)
+
+
+def host_form():
+    """The PackedWeight.tile of the bfloat16 panels this host's dense convolutions run on
+    ("bf16-amx", "bf16-dot"), or None where bfloat16 convolutions are widened to float32."""
+    if KB.amx_refusal() is None:
+        return _FORMS[False]
+    return _FORMS[True] if KB.host_refusal() is None else None
+
+
+def prepack_bf16(src):
+    """prepack(weight, op="conv2d") of a bfloat16 weight (Cout, C, KH, KW), groups 1, on a
+    host with a bfloat16 form: the direct form's panels, packed by its own packing tasks
+    (kernels_cpu.conv_bf16.pack_direct_weight), which stride-1 calls then skip; strided
+    calls (and the AMX form's 1x1 with Cin < Cout) read the source as they do unpacked.
+    None on other hosts (the caller packs the widened values for the float32 kernels)."""
+    form = host_form()
+    if form is None:
+        return None
+    dot = form == _FORMS[True]
+    w16 = contiguous(src).view(np.uint16)
+    wq = aligned_empty(KC.direct_weight_words(src.shape, dot), np.uint32)
+    KC.compile_kernels(True, ACT_NONE, dot)
+    KC.pack_direct_weight(w16, wq, dot)
+    return L.PackedWeight("conv2d", src, wq, KB.NR if dot else KB.AMX_NR, 1, tile=form)
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,7 +181,8 @@ def order(key, names, reason):
 _NOTES = (HOST_COPY_NOTE + "; bfloat16 x and weight on AMX-BF16 tiles (tdpbf16ps), float32 sums of exact products, "
           "bias and activation on them, one rounding to bfloat16.  Stride 1 (a 1x1 only with Cin >= Cout): the direct "
           "form, x copied once into zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) "
-          "that the tiles read in place for every tap, the weight packed per call into B panels, pixels x channels "
+          "that the tiles read in place for every tap, the weight packed per call into B panels (once by "
+          "dispatch.prepack), pixels x channels "
           "tiles transposed into the output's rows; else per image the weight (with the bias as one more column) "
           "times the im2col matrix, formed by the GEMM's packing tasks straight in the tiles' B panels (2 x Cin x KH "
           "x KW x OH x OW bytes per image)")
@@ -165,7 +195,7 @@ _NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight by AVX-512 BF16 (vdpbf16
               "bias and activation on them, one rounding to bfloat16.  Stride 1: the direct form, x copied once into "
               "zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) whose channel pairs "
               "are the broadcast words of register tiles of 6 pixels x 64 output channels (the weight packed per call "
-              "into panels of 64 channels), a kernel row's taps one K run, pixels x channels tiles transposed into the "
+              "into panels of 64 channels, once by dispatch.prepack), a kernel row's taps one K run, pixels x channels tiles transposed into the "
               "output's rows; other strides per image the weight (with the bias as one more column) times the im2col "
               "matrix, formed by the packing tasks straight in panels of 64 pixels (2 x Cin x KH x KW x OH x OW bytes "
               "per image), 6 output channels x 64 pixels per tile")

@@ -86,7 +86,10 @@ class PackedWeight:
     Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
     panels of the GEMM), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
     (op="conv2d": MR-row panels of the implicit GEMM, per group; a 3x3 weight with groups 1
-    also its Winograd-transformed filters' panels, 16/9 of its size more).  ``weight`` is the source
+    also its Winograd-transformed filters' panels, 16/9 of its size more; a bfloat16 weight
+    with groups 1 on a host with AVX-512 BF16 or AMX: the bfloat16 direct form's panels, tile
+    "bf16-dot" / "bf16-amx", dispatch/ops/conv_bf16.py; other bfloat16 / float16 weights:
+    the float32 panels of their widened values, which the widening kernels run).  ``weight`` is the source
     array (read-only view), which the other implementations (OpenBLAS, gemv, depthwise;
     CUDA refuses host weights) still use; the panels are a snapshot: writing into the
     source afterwards is not seen by the packed kernel, so pack again after changing a
@@ -155,13 +158,20 @@ _PREPACKERS = {"linear": _prepack_gemm, "matmul": _prepack_gemm}
 # op -> the op's call arguments prepack takes as well (conv2d: groups): what a caller holding
 # a call's kwargs (the report's prepacked timing) passes on to prepack
 _PREPACK_OPTIONS = {"linear": (), "matmul": ()}
+# ops whose prepacker also takes bfloat16 / float16 weights (conv2d: its kernels cannot read
+# them in place, unlike linear's weight-only kernels)
+_HALF_PREPACKERS = set()
 
 
-def register_prepacker(op, packer, options=()):
+def register_prepacker(op, packer, options=(), half=False):
+    """packer(weight, dtype, op, groups) -> PackedWeight for prepack(..., op=op); half: it also
+    takes bfloat16 / float16 weights."""
     if op in _PREPACKERS:
         raise ValueError(f"a prepacker for {op!r} is already registered")
     _PREPACKERS[op] = packer
     _PREPACK_OPTIONS[op] = tuple(options)
+    if half:
+        _HALF_PREPACKERS.add(op)
 
 
 def prepack_options(op, call_kwargs: dict) -> dict:
@@ -175,18 +185,21 @@ def prepack(weight, *, op="linear", groups=1):
     with the convolution's ``groups``) into the own kernel's panel layout.  Returns a
     PackedWeight to pass in the weight's place: the GEMM then packs only the activations
     on each call.  The weight is validated now (float32/float64 host array of the op's
-    rank); the call validates the rest (shapes against x, dtypes, groups) as with a plain
-    weight."""
+    rank; conv2d's also bfloat16 / float16); the call validates the rest (shapes against
+    x, dtypes, groups) as with a plain weight."""
     V.choice("op", op, list(_PREPACKERS))
     if isinstance(weight, PackedWeight):
         raise TypeError(f"weight is already a PackedWeight ({weight!r})")
     V.required(weight=weight)
-    if isinstance(weight, QuantizedArray) or getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2:
-        raise TypeError(f"prepack: a low-precision weight ({getattr(weight, 'dtype', None)}) is not prepacked: pass it to "
-                        "linear as it is (the weight-only kernels read it in place, dispatch/ops/weight_only.py)")
+    half = op in _HALF_PREPACKERS
+    if isinstance(weight, QuantizedArray) or (getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2
+                                              and not half):
+        raise TypeError(f"prepack: a low-precision weight ({getattr(weight, 'dtype', None)}) is not prepacked for "
+                        f"op={op!r}: pass it to linear as it is (the weight-only kernels read it in place, "
+                        "dispatch/ops/weight_only.py); conv2d's bfloat16 / float16 weights are prepacked")
     if V.device_of(weight=weight) != "cpu":
         raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU kernels")
-    dt = V.float_dtype("weight", weight)
+    dt = V.cpu_float_dtype("weight", weight, "cpu") if half else V.float_dtype("weight", weight)
     return _PREPACKERS[op](weight, dt, op, V.integer("groups", groups))
 
 
