@@ -347,11 +347,16 @@ def _run_wo_amx(params, x, weight, bias, out, code, b_is_nk, packed=None):
 # host, float16 weight 11008 x 4096, float32 x, medians of 5 x 3 calls alternating
 # (2026-12-07, /tmp/w/wo3.py), ms: M 8 4.8 / 9.8, 16 8.8 / 12.1, 24 10.9 / 14.5, 32 17.3 /
 # 16.7, 64 33.3 / 25.2; bfloat16 weight M 32 18.8 / 17.0, 48 22.8 / 21.3, 64 36.4 / 25.4,
-# 96 58.7 / 34.6, 128 86.0 / 43.2 (on AMX hosts cpu-wo-amx runs those).  Zen 4's 512 and
-# the 8-lane 64 were measured before that change.
+# 96 58.7 / 34.6, 128 86.0 / 43.2 (on AMX hosts cpu-wo-amx runs those).  The 8-lane 64 was
+# measured before that change.  Zen 4 again after it (2 threads, 2026-12-08, /tmp/w/wo3.py,
+# medians of 5 x 3 calls alternating, ms): bfloat16 weight 11008 x 4096, M 32 20.4 / 28.8,
+# 64 43.1 / 43.3, 96 65.1 / 59.0, 128 83.3 / 71.2, 192 123.7 / 96.7; float16 M 64 39.6 /
+# 41.3, 128 83.2 / 71.7; float16 768 x 3072 + bias + gelu (x float32, medians of 5 x 10
+# calls, us): M 16 795 / 1247, 32 1274 / 2045, 64 2826 / 3202, 128 5737 / 4868, 256 10544 /
+# 8357, 512 18955 / 14286 -- the same 64 as elsewhere (it had been 512 on Zen 4 before).
 WO_GEMV_ROWS = {16: 64, 8: 64}
-# The CPUs (kernels_cpu.target.cpu_name()) measured otherwise: Zen 4, above.
-WO_GEMV_ROWS_BY_CPU = {"znver4": {16: 512, 8: 64}}
+# The CPUs (kernels_cpu.target.cpu_name()) measured otherwise (none now: Zen 4, above, agrees)
+WO_GEMV_ROWS_BY_CPU = {}
 
 
 def _gemv_rows():
