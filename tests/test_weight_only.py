@@ -219,11 +219,77 @@ def test_bad_input(what, args, kwargs, err, match):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="host-side checks")
-def test_prepack_refuses_low_precision():
+def test_prepack_refuses_int8_and_16_bit_matmul():
+    """An int8 QuantizedArray weight is not prepacked (the kernels read it in place), nor a
+    16-bit matmul b; linear's 16-bit weights are (below)."""
     w = np.ones((3, 4), np.float16)
-    for weight in (w, w.astype(ml_dtypes.bfloat16), QuantizedArray(np.ones((3, 4), np.int8), np.float32(1))):
-        with pytest.raises(TypeError, match="low-precision weight"):
-            dispatch.prepack(weight)
+    with pytest.raises(TypeError, match="low-precision weight"):
+        dispatch.prepack(QuantizedArray(np.ones((3, 4), np.int8), np.float32(1)))
+    for weight in (w, w.astype(ml_dtypes.bfloat16)):
+        with pytest.raises(TypeError, match="low-precision weight .* not prepacked for op='matmul'"):
+            dispatch.prepack(weight, op="matmul")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="PackedWeight: host weights")
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("x_half", [False, True], ids=["float32-x", "16-bit-x"])
+@pytest.mark.parametrize("impl", [p for p in impl_params("linear") if p.values[0] is None or p.values[0].startswith("cpu-")
+                                  and p.values[0] not in ("cpu-gemm", "cpu-gemv")])
+def test_prepacked_16_bit_weight(impl, fmt, x_half):
+    """prepack(weight) of a float16 / bfloat16 linear weight: the float32 panels of its
+    widened values, which cpu-wo-gemm reads in place of widening the weight (bits the same
+    as the unpacked call's: same tile, same sums); the other kernels read the 16-bit source.
+    Zeroing the source after packing leaves cpu-wo-gemm's result as it was (it reads the
+    panels) and changes the GEMV's (it reads the source)."""
+    from kernels_cpu import bf16_gemm as KB
+    g = rng()
+    w = make_weight(g, (70, 130), fmt)   # K even (vdpbf16ps), not a multiple of a vector
+    xdt = w.dtype if x_half else np.float32
+    if impl in ("cpu-bf16-dot", "cpu-bf16-amx") and not (x_half and fmt == "bfloat16"):
+        pytest.skip(f"{impl} takes bfloat16 x with a bfloat16 weight")
+    if impl == "cpu-wo-amx" and (x_half or fmt != "bfloat16"):
+        pytest.skip("cpu-wo-amx takes float32 x with a bfloat16 weight")
+    why = {"cpu-bf16-dot": KB.host_refusal(), "cpu-bf16-amx": KB.amx_refusal(), "cpu-wo-amx": KB.amx_refusal()}.get(impl)
+    if why is not None:
+        pytest.skip(f"{impl}: {why}")
+    x = randn(g, (40, 130), np.float32).astype(xdt)
+    b = randn(g, (70,), np.float32).astype(xdt)
+    pw = dispatch.prepack(w)
+    assert pw.dtype == w.dtype and pw.panels.dtype == np.float32, pw
+    want = run(impl, dispatch.linear, x, w, b, activation="silu")
+    got = run(impl, dispatch.linear, x, pw, b, activation="silu")
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    text = str(dispatch.explain("linear", x, pw, b))
+    assert "prepacked=True" in text, text
+    if impl in ("cpu-wo-gemm", "cpu-wo-gemv"):
+        w[...] = 0
+        after = run(impl, dispatch.linear, x, pw, b, activation="silu")
+        assert np.array_equal(np.asarray(after, np.float32), np.asarray(want, np.float32)) == (impl == "cpu-wo-gemm")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU rule")
+def test_prepacked_16_bit_rule_and_checks():
+    """A prepacked 16-bit weight runs the GEMV on its source below WO_GEMV_ROWS_PACKED rows of
+    x and the GEMM on its panels from there; a PackedWeight of another dtype than x's 16-bit
+    one, float64 x, or a wrong K are refused naming the argument, out= untouched."""
+    from dispatch.ops.weight_only import WO_GEMV_ROWS_PACKED as ROWS
+    g = rng()
+    w = make_weight(g, (64, 32), "float16")
+    pw = dispatch.prepack(w)
+    few = dispatch.explain("linear", np.ones((ROWS // 2, 32), np.float32), pw)
+    many = dispatch.explain("linear", np.ones((ROWS, 32), np.float32), pw)
+    assert few.chosen == "cpu-wo-gemv" and many.chosen == "cpu-wo-gemm", (few, many)
+    assert "(prepacked)" in str(many), many
+    out = np.full((3, 64), 7, np.float32)
+    with pytest.raises(TypeError, match="x must be float32"):
+        dispatch.linear(np.ones((3, 32), np.float64), pw, out=out)
+    with pytest.raises(TypeError, match="x must be float32"):
+        dispatch.linear(np.ones((3, 32), ml_dtypes.bfloat16), pw, out=np.full((3, 64), 7, ml_dtypes.bfloat16))
+    with pytest.raises(ValueError, match="weight must have K=31 columns"):
+        dispatch.linear(np.ones((3, 31), np.float32), pw, out=out)
+    with pytest.raises(TypeError, match="op='linear'; matmul needs"):
+        dispatch.matmul(np.ones((3, 64), np.float32), pw)
+    assert (out == 7).all(), "out= written before the error"
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the CPU rule")
@@ -251,6 +317,8 @@ def test_threads_give_single_thread_results(impl):
         m, k, n = [(1, 300, 70), (3, 129, 300), (40, 64, 513), (9, 33, 17)][i]
         cases.append((g.standard_normal((m, k)).astype(np.float32), make_weight(g, (n, k), fmt),
                       g.standard_normal(n).astype(np.float32)))
+    x, w, b = cases[2]
+    cases.append((x, dispatch.prepack(make_weight(g, w.shape, "float16")), b))   # its panels shared by the threads
     def call(c):
         with dispatch.use(linear=impl):
             return dispatch.linear(*c, activation="gelu")

@@ -84,7 +84,8 @@ class PackedWeight:
     """A weight packed once by `prepack` into a CPU kernel's panel layout.
 
     Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
-    panels of the GEMM), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
+    panels of the GEMM; a float16 / bfloat16 weight's are float32 panels of its widened
+    values, dispatch/ops/weight_only.py), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
     (op="conv2d": MR-row panels of the implicit GEMM, per group; a 3x3 weight with groups 1
     also its Winograd-transformed filters' panels, 16/9 of its size more; a bfloat16 weight
     with groups 1 on a host with AVX-512 BF16 or AMX: the bfloat16 direct form's panels, tile
@@ -134,9 +135,15 @@ def _readonly_source(weight):
 
 
 def _prepack_gemm(weight, dt, op, groups):
+    """The GEMM's panels of linear's (N, K) weight or matmul's (K, N) b; a 16-bit linear
+    weight's are the float32 panels of its widened values (dispatch/ops/weight_only.py's
+    cpu-wo-gemm reads them; its GEMV still reads the 16-bit source)."""
     if groups != 1:
         raise ValueError(f"groups is an argument of prepack(op='conv2d') only, got groups={groups!r} for op={op!r}")
     V.rank("weight", weight, 2, " (N, K)" if op == "linear" else " (K, N) (a batched b cannot be prepacked)")
+    src = _readonly_source(weight)
+    if V.is_half(dt):
+        weight, dt = np.asarray(weight, np.float32), np.dtype(np.float32)
     if op == "linear":
         n, k = weight.shape
         b3, transb = (weight.reshape(1, n, k), True) if weight.flags.c_contiguous else \
@@ -149,7 +156,7 @@ def _prepack_gemm(weight, dt, op, groups):
     panels = aligned_empty(sb, dt)  # B rows on cache lines: 1.5-5% faster GEMMs (kernels_common.memory)
     if n and k:
         K.pack_b(kernel_input(b3), transb, panels, tile)
-    return PackedWeight(op, _readonly_source(weight), panels, tile.nr(dt), tile=tile.name)
+    return PackedWeight(op, src, panels, tile.nr(dt), tile=tile.name)
 
 
 # op -> packer(weight, dtype, op, groups) -> PackedWeight; another family adds its op with
@@ -158,9 +165,9 @@ _PREPACKERS = {"linear": _prepack_gemm, "matmul": _prepack_gemm}
 # op -> the op's call arguments prepack takes as well (conv2d: groups): what a caller holding
 # a call's kwargs (the report's prepacked timing) passes on to prepack
 _PREPACK_OPTIONS = {"linear": (), "matmul": ()}
-# ops whose prepacker also takes bfloat16 / float16 weights (conv2d: its kernels cannot read
-# them in place, unlike linear's weight-only kernels)
-_HALF_PREPACKERS = set()
+# ops whose prepacker also takes bfloat16 / float16 weights (linear: float32 panels of the
+# widened values for many rows of x; conv2d: dispatch/ops/conv.py)
+_HALF_PREPACKERS = {"linear"}
 
 
 def register_prepacker(op, packer, options=(), half=False):
@@ -195,8 +202,8 @@ def prepack(weight, *, op="linear", groups=1):
     if isinstance(weight, QuantizedArray) or (getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2
                                               and not half):
         raise TypeError(f"prepack: a low-precision weight ({getattr(weight, 'dtype', None)}) is not prepacked for "
-                        f"op={op!r}: pass it to linear as it is (the weight-only kernels read it in place, "
-                        "dispatch/ops/weight_only.py); conv2d's bfloat16 / float16 weights are prepacked")
+                        f"op={op!r}: pass it as it is (linear's and conv2d's bfloat16 / float16 weights are "
+                        "prepacked; int8 QuantizedArray weights are read in place, dispatch/ops/weight_only.py)")
     if V.device_of(weight=weight) != "cpu":
         raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU kernels")
     dt = V.cpu_float_dtype("weight", weight, "cpu") if half else V.float_dtype("weight", weight)
@@ -210,9 +217,10 @@ def _unpack(name, w, op):
     if w.op != op:
         raise TypeError(f"{name} is a PackedWeight packed for op={w.op!r}; {op} needs prepack(..., op={op!r})")
     tile = K.active_tile()
-    if w.tile != tile.name or w._nr != tile.nr(w.dtype):  # packed for another register tile
+    if w.tile != tile.name or w._nr != tile.nr(w.panels.dtype):  # packed for another register tile
         raise ValueError(f"{name}: PackedWeight was packed for the {w.tile} GEMM tile ({w._nr}-column panels); "
-                         f"this process runs the {tile.name} tile ({tile.nr(w.dtype)} columns): prepack the weight again")
+                         f"this process runs the {tile.name} tile ({tile.nr(w.panels.dtype)} columns): prepack the "
+                         "weight again")
     return w.kernel_weight, w.panels
 
 

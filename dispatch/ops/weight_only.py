@@ -100,8 +100,12 @@ def _same_half(xdt, fmt) -> bool:
 def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
     """linear's describe for a low-precision weight (None when the weight is dense: the
     caller goes on with the dense description).  Key: linalg.GemmKey with weight_format;
-    args: linalg.GemmArgs with b = the weight as given (array or QuantizedArray)."""
+    args: linalg.GemmArgs with b = the weight as given (array or QuantizedArray; a
+    PackedWeight's 16-bit source, its float32 panels as packed)."""
     V.required(x=x, weight=weight)
+    packed = None
+    if isinstance(weight, L.PackedWeight):   # a 16-bit weight's (prepack): its source, its panels
+        weight, packed = L._unpack("weight", weight, "linear")
     fmt = weight_format(V.dtype_of(x), weight)
     if fmt == WEIGHT_DENSE:
         return None
@@ -131,8 +135,8 @@ def describe_low_precision(x, weight, bias=None, *, activation=None, out=None):
     out_shape = tuple(x.shape[:-1]) + (n,)
     V.out(out, out_shape, xdt, x=x, weight=values, bias=bias)
     m = math.prod(x.shape[:-1])
-    key = L.gemm_key("linear", dev, xdt, 1, m, n, k, code, bias, None, weight_format=fmt)
-    return Call(key, L.GemmArgs(x, weight, bias, out, code, True, None))
+    key = L.gemm_key("linear", dev, xdt, 1, m, n, k, code, bias, packed, weight_format=fmt)
+    return Call(key, L.GemmArgs(x, weight, bias, out, code, True, packed))
 
 
 def refuse_dense(key) -> list:
@@ -259,6 +263,11 @@ def _run_gemm(params, x, weight, bias, out, code, b_is_nk, packed=None):
     if args is None:
         return done
     x2, w2, fmt, sc, zp, bias_v, res, m, n, k = args
+    if packed is not None:   # prepack's float32 panels of the widened weight: the dense GEMM on them
+        # (the source's 16-bit patterns only give the plan its shape: the kernel reads the panels)
+        L._run_gemm(params, x2, w2.view(np.uint16), bias_v if bias is not None else None, res.reshape(m, n), code,
+                    True, packed)
+        return _finish(res, x, out)
     epilogue = bias is not None or code != ACT_NONE
     if fmt == WEIGHT_INT8:
         b3, extra = w2.reshape(1, n, k), (sc.ctypes.data, zp.ctypes.data)   # pack_bq8's two extra slots
@@ -359,6 +368,17 @@ WO_GEMV_ROWS = {16: 64, 8: 64}
 WO_GEMV_ROWS_BY_CPU = {}
 
 
+# With a PackedWeight (prepack of a 16-bit weight: float32 panels of its widened values) the
+# GEMM widens nothing, but its panels are twice the 16-bit weight's bytes: rows of x below
+# which the GEMV on the 16-bit source wins.  float16 weight, float32 x, forced, medians of 5
+# rounds alternating (Zen 4, 2 threads, 2026-12-08, /tmp/w/lpt.py), ms, gemv / gemm
+# unpacked / gemm prepacked: 3072 x 768 (panels 9.4 MB, in L3) M 8 0.357 / 0.777 / 0.270, 16
+# 0.640 / 1.124 / 0.524, 32 1.138 / 1.832 / 0.998, 64 2.43 / 2.67 / 1.89, 128 4.47 / 4.11 /
+# 3.48; 11008 x 4096 (panels 180 MB, from DRAM) M 8 4.81 / 16.5 / 6.06, 16 9.38 / 19.4 /
+# 11.0, 32 20.2 / 28.6 / 18.2, 64 39.4 / 41.3 / 31.2.  (8-lane hosts: not measured apart.)
+WO_GEMV_ROWS_PACKED = 32
+
+
 def _gemv_rows():
     from kernels_cpu import target
     return WO_GEMV_ROWS_BY_CPU.get(target.cpu_name(), WO_GEMV_ROWS).get(KW.host_lanes(), 64)
@@ -442,6 +462,14 @@ def _widened_order(key):
                 f"{name} weight, float32 x, M bucket {key.m} >= {WO_AMX_MIN_ROWS}: AMX-BF16 tiles on x split into "
                 "three bfloat16 parts that add up to it (exact products, float32 sums); measured beside "
                 "WO_AMX_MIN_ROWS")
+    if key.prepacked:
+        if key.m < WO_GEMV_ROWS_PACKED:
+            return (("cpu-wo-gemv", "cpu-wo-gemm"),
+                    f"{name} weight (prepacked), M bucket {key.m} < {WO_GEMV_ROWS_PACKED}: the GEMV on the {name} "
+                    "source, half the bytes of the float32 panels; measured beside WO_GEMV_ROWS_PACKED")
+        return (("cpu-wo-gemm", "cpu-wo-gemv"),
+                f"{name} weight (prepacked), M bucket {key.m} >= {WO_GEMV_ROWS_PACKED}: the dense GEMM on the "
+                "float32 panels of its widened values; measured beside WO_GEMV_ROWS_PACKED")
     rows = _gemv_rows()
     if key.m < rows:
         return (("cpu-wo-gemv", "cpu-wo-gemm"),
@@ -475,7 +503,8 @@ _NOTES_GEMV = ("weight-only low precision (float16 / bfloat16 / int8 per-channel
                "over blocks of 64 outputs; int8 scale and zero point applied once per output; bias + activation fused")
 _NOTES_GEMM = ("weight-only low precision, many rows: the own GEMM (cpu-gemm) with bias + activation fused, its tasks "
                "widening the weight's rows straight into their own packed panels (16-bit patterns; int8 values "
-               "dequantized with the per-row scale and zero point): no float32 copy of the weight")
+               "dequantized with the per-row scale and zero point): no float32 copy of the weight; a 16-bit weight "
+               "given prepacked (dispatch.prepack): the float32 panels of its widened values, read as they are")
 
 register(Implementation("linear", "cpu-wo-gemv", "cpu", _run_gemv, dtypes=(_F32, BF16, _F16), supports=refuse_dense,
                         notes=_NOTES_GEMV + _NOTES_HALF_X, kernel_modules=_KERNELS + ("kernels_cpu.half",)))
