@@ -98,8 +98,10 @@ def test_bad_input_changes_nothing(half):
         dispatch.matmul(a.astype(np.int16), b, out=out)
     with pytest.raises((TypeError, ValueError), match="out"):
         dispatch.matmul(a, b, out=np.full((3, 2), np.nan, np.float32))
-    with pytest.raises(TypeError, match="PackedWeight holds float32"):
+    with pytest.raises(TypeError, match="b must have the same dtype as a"):
         dispatch.matmul(a, dispatch.prepack(np.asarray(b, np.float32), op="matmul"), out=out)
+    with pytest.raises(TypeError, match="b must have the same dtype as a"):
+        dispatch.matmul(a, dispatch.prepack(b.astype(other_half(half)), op="matmul"), out=out)
     assert np.isnan(out.astype(np.float32)).all(), "out= was written"
 
 
@@ -134,11 +136,53 @@ def test_threads_bitwise(half):
     shapes = [((3, 5), (5, 4)), ((40, 64), (64, 48)), ((2, 30, 20), (20, 33)), ((1, 200), (200, 100)),
               ((2, 30, 130), (130, 200)), ((3, 20, 100), (3, 100, 150)), ((3, 700), (700, 800))]
     cases = [(as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32))) for sa, sb in shapes]
+    a, b = cases[1]
+    cases.append((a, dispatch.prepack(b, op="matmul")))   # its float32 panels shared by the threads
 
     def call(case):
         return dispatch.matmul(*case, activation="relu").view(np.uint16).ravel()
 
     assert concurrent_mismatches(call, cases) == []
+
+
+@pytest.mark.parametrize("sa, sb", [((40, 130), (130, 90)), ((3, 20, 64), (64, 50)), ((5, 300), (300, 257))], ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_prepacked_b(impl, sa, sb, half):
+    """prepack(b, op="matmul") of a 16-bit (K, N) b: the float32 panels of its widened values,
+    which cpu-gemm reads after widening a (bits the same as unpacked: the same tile and sums);
+    the GEMV, OpenBLAS and the bfloat16 kernels read the 16-bit source.  Zeroing the source
+    after packing leaves cpu-gemm's result as it was and changes the others'."""
+    need_half_format(impl, half)
+    g = rng()
+    a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / 10)
+    bias = as_half(half, randn(g, (sb[1],), np.float32))
+    if refuses_odd_k(impl, a, b):
+        return
+    pb = dispatch.prepack(b, op="matmul")
+    assert pb.dtype == b.dtype and pb.panels.dtype == np.float32, pb
+    want = run(impl, dispatch.matmul, a, b, bias=bias, activation="relu")
+    got = run(impl, dispatch.matmul, a, pb, bias=bias, activation="relu")
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    b[...] = 0
+    after = run(impl, dispatch.matmul, a, pb, bias=bias, activation="relu")
+    assert np.array_equal(after.view(np.uint16), want.view(np.uint16)) == (impl == "cpu-gemm"), impl
+
+
+def test_prepacked_b_rule(half):
+    """A prepacked 16-bit b: the GEMV on the 16-bit b below GEMV_ROWS rows, our GEMM on its
+    panels from there (bfloat16 on a host with a bfloat16 kernel: that kernel, on the source)."""
+    from dispatch.ops.linalg import GEMV_ROWS
+    from kernels_cpu import bf16_gemm as KB
+    b = as_half(half, np.ones((768, 768), np.float32))
+    pb = dispatch.prepack(b, op="matmul")
+    few = dispatch.explain("matmul", as_half(half, np.ones((GEMV_ROWS // 2, 768), np.float32)), pb)
+    many = dispatch.explain("matmul", as_half(half, np.ones((GEMV_ROWS * 16, 768), np.float32)), pb)
+    assert few.chosen == "cpu-gemv" and "(prepacked)" in str(few), few
+    bf16_kernel = np.dtype(half) == dispatch.validate.BF16 and (KB.amx_refusal() is None or KB.host_refusal() is None)
+    if bf16_kernel:
+        assert many.chosen in ("cpu-bf16-amx", "cpu-bf16-dot"), many
+    else:
+        assert many.chosen == "cpu-gemm" and "float32 panels" in str(many), many
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -90,9 +90,8 @@ def _b_panels(size):
 
 
 def refusal(key):
-    """Why cpu-bf16-amx cannot take this matmul key (None: it can)."""
-    if key.prepacked:
-        return "b is a PackedWeight (float32 / float64 panels)"
+    """Why cpu-bf16-amx cannot take this matmul key (None: it can).  A bfloat16 PackedWeight b
+    is read from its source (its panels are the widening GEMM's)."""
     return KB.amx_refusal()
 
 
@@ -104,9 +103,7 @@ def refusal(key):
 # 768x768 M 1 149 / 269, 4 333 / 331, 8 369 / 337, 16 492 / 228; 4096x4096 M 1 2164 / 3269,
 # 8 4538 / 5635, 16 6532 / 5930; 768x3072 M 8 809 / 993, 16 1513 / 1085.
 def dot_refusal(key):
-    """Why cpu-bf16-dot cannot take this matmul key (None: it can)."""
-    if key.prepacked:
-        return "b is a PackedWeight (float32 / float64 panels)"
+    """Why cpu-bf16-dot cannot take this matmul key (None: it can; a PackedWeight b: as refusal)."""
     if key.k_odd:
         return "K is odd: vdpbf16ps multiplies pairs of K (the widening kernels take odd K)"
     return KB.host_refusal()

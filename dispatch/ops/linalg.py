@@ -84,8 +84,8 @@ class PackedWeight:
     """A weight packed once by `prepack` into a CPU kernel's panel layout.
 
     Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
-    panels of the GEMM; a float16 / bfloat16 weight's are float32 panels of its widened
-    values, dispatch/ops/weight_only.py), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
+    panels of the GEMM; a float16 / bfloat16 weight's, or b's, are float32 panels of its
+    widened values, beside the 16-bit source), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
     (op="conv2d": MR-row panels of the implicit GEMM, per group; a 3x3 weight with groups 1
     also its Winograd-transformed filters' panels, 16/9 of its size more; a bfloat16 weight
     with groups 1 on a host with AVX-512 BF16 or AMX: the bfloat16 direct form's panels, tile
@@ -135,9 +135,9 @@ def _readonly_source(weight):
 
 
 def _prepack_gemm(weight, dt, op, groups):
-    """The GEMM's panels of linear's (N, K) weight or matmul's (K, N) b; a 16-bit linear
-    weight's are the float32 panels of its widened values (dispatch/ops/weight_only.py's
-    cpu-wo-gemm reads them; its GEMV still reads the 16-bit source)."""
+    """The GEMM's panels of linear's (N, K) weight or matmul's (K, N) b; a 16-bit one's are the
+    float32 panels of its widened values (linear: weight_only's cpu-wo-gemm reads them;
+    matmul: cpu-gemm after widening a, _half), the GEMVs and bfloat16 kernels the source."""
     if groups != 1:
         raise ValueError(f"groups is an argument of prepack(op='conv2d') only, got groups={groups!r} for op={op!r}")
     V.rank("weight", weight, 2, " (N, K)" if op == "linear" else " (K, N) (a batched b cannot be prepacked)")
@@ -165,9 +165,9 @@ _PREPACKERS = {"linear": _prepack_gemm, "matmul": _prepack_gemm}
 # op -> the op's call arguments prepack takes as well (conv2d: groups): what a caller holding
 # a call's kwargs (the report's prepacked timing) passes on to prepack
 _PREPACK_OPTIONS = {"linear": (), "matmul": ()}
-# ops whose prepacker also takes bfloat16 / float16 weights (linear: float32 panels of the
-# widened values for many rows of x; conv2d: dispatch/ops/conv.py)
-_HALF_PREPACKERS = {"linear"}
+# ops whose prepacker also takes bfloat16 / float16 weights (linear, matmul: float32 panels of
+# the widened values for many rows; conv2d: dispatch/ops/conv.py)
+_HALF_PREPACKERS = {"linear", "matmul"}
 
 
 def register_prepacker(op, packer, options=(), half=False):
@@ -253,9 +253,6 @@ def describe_matmul(a, b, *, bias=None, activation=None, out=None):
     """Validate a matmul call: Call.args = GemmArgs (b_is_nk False; batch dims not yet
     broadcast), key GemmKey.  b may be a PackedWeight (op="matmul")."""
     b, packed = _unpack("b", b, "matmul")
-    if packed is not None and V.is_half(getattr(a, "dtype", None)):
-        raise TypeError(f"b: a PackedWeight holds float32 / float64 panels; a {a.dtype} a takes its {a.dtype} b as "
-                        "an array (widened to float32 per call)")
     dev, dt, code = _common_checks("a", a, "b", b, bias, out, activation, half_ok=True)
     V.rank("a", a, (2, 64), " (..., M, K)")
     V.rank("b", b, (2, 64), " (..., K, N)")
@@ -919,6 +916,18 @@ def _order_widened(key):
     """The order of the dense float kernels (16-bit operands widened to float32 first, or
     b widened by cpu-gemm's tasks: b16_tasks)."""
     m, n, k = key.m, key.n, key.k
+    # A prepacked 16-bit b (float32 panels of its widened values): the GEMM from GEMV_ROWS, as
+    # for float32.  float16, forced, medians of 5 x 10 calls alternating (Zen 4, 2 threads,
+    # 2026-12-08, /tmp/w/mpt.py), ms, cpu-gemv / cpu-gemm unpacked / prepacked: 768 x 768 M 1
+    # 0.066 / 0.143 / 0.095, 4 0.097 / 0.143 / 0.098, 8 0.149 / 0.128 / 0.080, 16 0.393 / 0.198 /
+    # 0.132; 4096 x 4096 M 1 1.68 / 6.69 / 2.22, 4 3.02 / 7.55 / 2.74, 8 3.28 / 5.58 / 2.21.
+    if key.prepacked and key.dtype.itemsize == 2:
+        if m < GEMV_ROWS:
+            return ("cpu-gemv", "cpu-gemm", "blas"), (
+                f"16-bit b (prepacked), M bucket {m} < {GEMV_ROWS}: matrix-vector form reading the 16-bit b once, half "
+                "the bytes of the float32 panels")
+        return ("cpu-gemm", "cpu-gemv", "blas"), (
+            f"16-bit b (prepacked), M bucket {m} >= {GEMV_ROWS}: our GEMM on the float32 panels of its widened values")
     if key.b16_tasks:
         work = key.batch * m * n * k
         if work >= GEMM16_MIN_WORK and m < GEMV_ROWS:
@@ -1117,7 +1126,12 @@ def _half(run32, gemm16=None):
     def run(params, a, b, bias, out, code, b_is_nk, packed=None):
         if a.dtype.itemsize != 2:
             return run32(params, a, b, bias, out, code, b_is_nk, packed)
-        res32 = None if gemm16 is None else gemm16(a, b, bias, code)
+        if packed is not None and run32 is _run_gemm:   # prepack's float32 panels of the widened b
+            # (b's 16-bit patterns only give the plan its shape: the kernel reads the panels)
+            res32 = run32(params, widened(a), b.view(np.uint16), None if bias is None else widened(bias), None, code,
+                          b_is_nk, packed)
+        else:
+            res32 = None if gemm16 is None else gemm16(a, b, bias, code)
         if res32 is None:
             res32 = run32(params, widened(a), widened(b), None if bias is None else widened(bias), None, code,
                           b_is_nk)
