@@ -27,7 +27,7 @@ from kernels_common.memory import ALIGN
 
 from . import amx, bf16_gemm as KB
 from .approx import ACT_NONE, JIT_BY_ADDRESS, OVERLOAD
-from .gemm import _U, _pack_strided, _transpose_block, epilogue_address, epilogue_kernel
+from .gemm import _U, _transpose_block, epilogue_address, epilogue_kernel
 from .half import to_bf16
 from .llvm_ir import arg_readers, splat
 from .parallel import (c_array_at, call_address, fetch_add, num_threads, only_if, run_at, worker_address,
@@ -250,26 +250,49 @@ def _fill_row(p, e, yy, x16, xq, tmp):
 @njit(inline="always")
 def _pack_wq(p, j, w16, wq, width, rows):
     """wq's panel j: output channels width * j.. in pairs of K = (ky, kx, c < Cp), zero past
-    C / Cout.  Each channel's weights first become a row of pair words in rows (a uint32
-    scratch of width * K2p: reading the weight from start to end), then the rows are
-    transposed into the panel by the GEMM's register-transposing packer.  Gathering each
-    word straight from the weight (a 64-channel panel's rows 4.6 KB apart) took 317 us for
-    ResNet-50's 3x3 256 x 256 weight, one thread (Zen 4, 2026-12-07)."""
+    C / Cout.  The panel's weight rows (consecutive channels: one block of the weight) are
+    first transposed whole into rows (uint16, (C x taps) x width: 8 x 8 register transposes),
+    whose rows c and c + 1 of a tap then interleave into that K pair's words, width channels
+    at a time (vector loads and stores).  Forming each channel's pair words first and
+    transposing those took 2.5-4x as long (ResNet-50's 3x3 512 x 512 weight, 8 panels: 1012
+    us on one thread, 551 on two; Zen 4, 2026-12-08), gathering each word straight from the
+    weight 317 us for 3x3 256 x 256 (one thread, 2026-12-07)."""
     C, CO, KH, KW, Cp = p[D_C], p[D_CO], p[D_KH], p[D_KW], p[D_CP]
     T = KH * KW
     K2p = T * Cp // 2
     C2 = Cp // 2
+    L = C * T
     nco = min(width, CO - j * width)
-    for r in range(nco):
-        src = (j * width + r) * C * T
-        base = r * K2p
+    st = rows.view(np.uint16)   # st[l * width + r] = w16[(j * width + r) * L + l]
+    src = j * width * L
+    r8 = nco - nco % 8
+    l8 = L - L % 8
+    for r0 in range(0, r8, 8):
+        for l0 in range(0, l8, 8):
+            _transpose_block(w16, src + r0 * L + l0, L, st, l0 * width + r0, width)
+        for r in range(r0, r0 + 8):
+            for l in range(l8, L):
+                st[_U(l * width + r)] = w16[_U(src + r * L + l)]
+    for r in range(r8, nco):
+        for l in range(L):
+            st[_U(l * width + r)] = w16[_U(src + r * L + l)]
+    zero = np.uint32(0)
+    for tap in range(T):
         for c2 in range(C2):
-            c = 2 * c2
-            for tap in range(T):
-                lo = np.uint32(w16[_U(src + c * T + tap)]) if c < C else np.uint32(0)
-                hi = np.uint32(w16[_U(src + (c + 1) * T + tap)]) if c + 1 < C else np.uint32(0)
-                rows[_U(base + tap * C2 + c2)] = lo | (hi << np.uint32(16))
-    _pack_strided(rows.view(np.float32), 0, K2p, nco, K2p, wq.view(np.float32), j * K2p * width, width)
+            d = _U((j * K2p + tap * C2 + c2) * width)
+            lo = _U((2 * c2 * T + tap) * width)
+            hi = lo + _U(T * width)
+            if 2 * c2 + 1 < C:
+                for r in range(_U(nco)):
+                    wq[d + r] = np.uint32(st[lo + r]) | (np.uint32(st[hi + r]) << np.uint32(16))
+            elif 2 * c2 < C:
+                for r in range(_U(nco)):
+                    wq[d + r] = np.uint32(st[lo + r])
+            else:
+                for r in range(_U(nco)):
+                    wq[d + r] = zero
+            for r in range(_U(nco), _U(width)):
+                wq[d + r] = zero
 
 
 def _panel_width(dot):

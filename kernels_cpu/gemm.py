@@ -527,13 +527,15 @@ def gemm_epilogue(c, ldc, rows, n, bias, is64, code):
 
 @intrinsic
 def _transpose_block(typingctx, src, s0, ld, dst, d0, ldd):
-    """dst[d0 + j*ldd + r] = src[s0 + r*ld + j] for r, j < W (W = 8 float32 / 4 float64):
-    W vector loads, a register transpose (LLVM turns the element moves into shuffles) and
-    W vector stores.  The packing's transposed case uses it: scalar code there gets its k
-    loop vectorized with 16-way interleaved stores, about 8x slower than a copy."""
-    if not (isinstance(src, types.Array) and src.dtype in (types.float32, types.float64) and dst.dtype == src.dtype):
+    """dst[d0 + j*ldd + r] = src[s0 + r*ld + j] for r, j < W (W = 8 float32 / 4 float64 / 8
+    uint16): W vector loads, a register transpose (LLVM turns the element moves into
+    shuffles) and W vector stores.  The packing's transposed case uses it: scalar code there
+    gets its k loop vectorized with 16-way interleaved stores, about 8x slower than a copy."""
+    if not (isinstance(src, types.Array) and src.dtype in (types.float32, types.float64, types.uint16)
+            and dst.dtype == src.dtype):
         return None
-    width = 8 if src.dtype == types.float32 else 4
+    width = 4 if src.dtype == types.float64 else 8
+    align = 2 if src.dtype == types.uint16 else 4
 
     def codegen(context, builder, sig, args):
         fty = context.get_value_type(sig.args[0].dtype)
@@ -548,13 +550,13 @@ def _transpose_block(typingctx, src, s0, ld, dst, d0, ldd):
         rows = []
         for r in range(width):
             ptr = builder.gep(sp, [builder.mul(ld, ir.Constant(i64, r))])
-            rows.append(builder.load(builder.bitcast(ptr, vty.as_pointer()), align=4))
+            rows.append(builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align))
         for j in range(width):
             v = ir.Constant(vty, ir.Undefined)
             for r in range(width):
                 v = builder.insert_element(v, builder.extract_element(rows[r], ir.Constant(i32, j)), ir.Constant(i32, r))
             ptr = builder.gep(dp, [builder.mul(ldd, ir.Constant(i64, j))])
-            builder.store(v, builder.bitcast(ptr, vty.as_pointer()), align=4)
+            builder.store(v, builder.bitcast(ptr, vty.as_pointer()), align=align)
         return context.get_dummy_value()
 
     return types.none(src, s0, ld, dst, d0, ldd), codegen
