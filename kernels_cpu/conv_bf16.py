@@ -361,7 +361,12 @@ def direct_worker(wk, params, dot):
         KB._pause()
     accf = KB._lined(PB * LDT)    # the task's C tiles: pixels x channels
     acct = np.empty(LDT * PB, np.float32)   # transposed: channels x pixels
-    npq = OH * Wq
+    # the tasks' pixel numbering: AMX tiles read 16 consecutive rows of xq, so their pixels
+    # are pitched (o = oy * Wq + ox, the ox >= OW computed and dropped); vdpbf16ps tiles
+    # address each pixel's row apart (wo), so only the output's own pixels are computed
+    # (o = oy * OW + ox; ResNet-50's 7 x 7 maps: 49 where pitched 63)
+    Wo = OW if dot is not None else Wq
+    npq = OH * Wo
     nblk = (npq + PB - 1) // PB
     ntask = N * nblk * ncg
     chunks = KW * Cp // KB.AMX_K if dw == 1 else Cp // KB.AMX_K
@@ -397,7 +402,8 @@ def direct_worker(wk, params, dot):
                         for a in range(0, p1 - p0, KB.MR):
                             for i in range(KB.MR):
                                 pix = min(p0 + a + i, p1 - 1)
-                                wo[i] = (e * ROWS + pix + ky * dh * Wq + kx * dw) * (Cp // 2)
+                                oy = pix // OW
+                                wo[i] = (e * ROWS + oy * Wq + pix - oy * OW + ky * dh * Wq + kx * dw) * (Cp // 2)
                             KB.dot_tile(kq, xq32, wo, wq, (j * K2p + tap * Cp // 2) * PW, accf,
                                         a * LDT + (j - j0) * PW, LDT, first)
                         first = 1
@@ -422,13 +428,13 @@ def direct_worker(wk, params, dot):
             for c0 in range(0, (j1 - j0) * PW, 8):
                 _transpose_block(accf, r * LDT + c0, LDT, acct, c0 * PB + r, PB)
         add_bias = p[D_HAS_BIAS] != 0 and p[D_EPI] == 0
-        for oy in range(p0 // Wq, min((p1 - 1) // Wq + 1, OH)):
-            a0 = max(p0 - oy * Wq, 0)
-            b0 = min(p1 - oy * Wq, OW)
+        for oy in range(p0 // Wo, min((p1 - 1) // Wo + 1, OH)):
+            a0 = max(p0 - oy * Wo, 0)
+            b0 = min(p1 - oy * Wo, OW)
             if a0 >= b0:
                 continue
             for co in range(j0 * PW, c1):
-                src = _U((co - j0 * PW) * PB + oy * Wq - p0)
+                src = _U((co - j0 * PW) * PB + oy * Wo - p0)
                 dst = _U(((e * CO + co) * OH + oy) * OW)
                 if add_bias:
                     bv = bias[co]
@@ -462,7 +468,7 @@ def run_direct(x4, w4, bias32, has_bias, code, pad, dilation, out_hw, out3, xq, 
     p[D_OH], p[D_OW] = out_hw
     pb = DIRECT_PB_DOT if dot else DIRECT_PB
     ncop = -(-cout // (KB.NR if dot else KB.AMX_NR))
-    nblk = -(-out_hw[0] * wq_ // pb)
+    nblk = -(-out_hw[0] * (out_hw[1] if dot else wq_) // pb)   # (direct_worker's pixel numbering)
     cg = ncop
     while n * nblk * -(-ncop // cg) < DIRECT_MIN_TASKS and cg > 1:
         cg = -(-cg // 2)

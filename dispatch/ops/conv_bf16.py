@@ -194,8 +194,9 @@ register(Implementation("conv2d", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,
 _NOTES_DOT = (HOST_COPY_NOTE + "; bfloat16 x and weight by AVX-512 BF16 (vdpbf16ps), float32 sums of exact products, "
               "bias and activation on them, one rounding to bfloat16.  Stride 1: the direct form, x copied once into "
               "zero-padded channels-last rows (2 x Cin x (H + pads) x (W + pads) bytes per image) whose channel pairs "
-              "are the broadcast words of register tiles of 6 pixels x 64 output channels (the weight packed per call "
-              "into panels of 64 channels, once by dispatch.prepack), a kernel row's taps one K run, pixels x channels tiles transposed into the "
+              "are the broadcast words of register tiles of 6 output pixels (the output's own, each row addressed apart) x "
+              "64 output channels (the weight packed per call into panels of 64 channels, once by dispatch.prepack), "
+              "a kernel row's taps one K run, pixels x channels tiles transposed into the "
               "output's rows; other strides per image the weight (with the bias as one more column) times the im2col "
               "matrix, formed by the packing tasks straight in panels of 64 pixels (2 x Cin x KH x KW x OH x OW bytes "
               "per image), 6 output channels x 64 pixels per tile")
