@@ -550,8 +550,10 @@ def few_rows(w16, K, n0, nl, wt, wpad, xb, xoff, K2p, ml, acc_t, XB):
 # _pack_kn_pairs (conv2d's im2col, kernels_cpu/conv_bf16.py): called as packer(i, params)
 # for its packing tasks i, P_BTASKS of them per b matrix (b matrix i // P_BTASKS); its own
 # arguments follow the P_COUNT slots (run_amx's b_packer extra).
+# P_BREADY: run_kn's b panels are packed already (pack_kn_dot, dispatch.prepack): no packing.
 (P_X, P_W, P_BIAS, P_OUT, P_M, P_N, P_K, P_K2, P_K2P, P_XS, P_BATCH, P_AOF, P_BOF, P_BKN, P_NEXT, P_EPI, P_ADD_BIAS,
- P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_BPACK, P_BTASKS, P_SELF, P_COUNT) = range(29)
+ P_XSRC, P_BSRC, P_NA, P_NB, P_PNEXT, P_PDONE, P_FEW, P_OUT32, P_BPACK, P_BTASKS, P_SELF, P_BREADY,
+ P_COUNT) = range(30)
 
 
 @njit(**JIT_BY_ADDRESS)
@@ -642,7 +644,7 @@ def bf16_worker(wk, params, use_amx, kn, few):
         wo = np.empty(MR, np.int64)
         b16 = c_array_at(p[P_BSRC], np.uint16(0), (0 if p[P_BPACK] else p[P_NB] * 2 * K2 * M,))
         bt = p[P_BTASKS] if p[P_BPACK] else (K2 + KN_PAIRS - 1) // KN_PAIRS
-        npack = 0 if p[P_SELF] else p[P_NB] * bt
+        npack = 0 if p[P_SELF] or p[P_BREADY] else p[P_NB] * bt
         if p[P_SELF]:
             xp = np.empty(XB // NR * K2 * NR, np.uint32)   # the panels of this worker's task
         t = fetch_add(p, P_PNEXT, 1)
@@ -848,7 +850,7 @@ def run(x2, w2, bias, code, out2, xp, has_bias=True, use_amx=False):
             False)
 
 
-def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None, b_packer=None):
+def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None, b_packer=None, b_ready=False):
     """out3[e] = bf16(act(a3[a_of[e]] @ b3[b_of[e]] + bias)) for each e < out3.shape[0] on
     vdpbf16ps (matmul without AMX): a3 (A, M, K) and b3 (B, K, N) uint16 bfloat16 bits, K
     even, out3 (E, M, N) uint16, C-contiguous; a_of / b_of int64 (E,) (None: all 0); bias
@@ -860,7 +862,8 @@ def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None, b_
     b_packer: (address, extra, N, tasks) of a packer that forms the panels of b's N columns
     itself in `tasks` tasks per matrix (as run_amx's; called with its task and the argument
     block, whose P_M is N and P_X the panels), b3 then its source, B = b3.shape[0] matrices
-    of any layout the packer reads."""
+    of any layout the packer reads.  b_ready: bp holds b3's panels already (pack_kn_dot), which
+    the call then does not pack."""
     _, m, k = a3.shape
     nb = b3.shape[0]
     n = b_packer[2] if b_packer is not None else b3.shape[2]
@@ -870,9 +873,18 @@ def run_kn(a3, b3, bias, code, out3, bp, has_bias=True, a_of=None, b_of=None, b_
         raise ValueError("bp: the panels of b need kn_dot_panels_size words")
     a_of = _ZERO_INDEX if a_of is None else a_of
     b_of = _ZERO_INDEX if b_of is None else b_of
-    self_pack = b_packer is None and 0 < m <= KN_SELF_ROWS
+    self_pack = b_packer is None and 0 < m <= KN_SELF_ROWS and not b_ready
     _launch(None, bp, a3, bias, out3, a_of, b_of, n, m, k, k // 2, code, has_bias, X_BLOCK,
-            m if self_pack else TASK_ROWS, True, a3, b3, b_packer=b_packer, self_pack=self_pack)
+            m if self_pack else TASK_ROWS, True, a3, b3, b_packer=b_packer, self_pack=self_pack, b_ready=b_ready)
+
+
+def pack_kn_dot(b3, bp):
+    """bp = the panels run_kn packs of b3 (B, K, N) uint16 (K even, C-contiguous) on each call
+    (its b_ready=True then skips that): bp uint32 of kn_dot_panels_size(B, K, N) words.  Runs
+    run_kn's packing tasks alone (a product with no rows of a)."""
+    nb, k, n = b3.shape
+    run_kn(np.empty((1, 0, k), np.uint16), b3, np.zeros(n, np.float32), ACT_NONE, np.empty((1, 0, n), np.uint16), bp,
+           False)
 
 
 def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=None, bp=None, b_packer=None):
@@ -909,7 +921,7 @@ def run_amx(x3, w3, b_kn, bias, code, out3, xp, has_bias=True, a_of=None, b_of=N
 
 
 def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias, xs, task_rows, b_kn, x3=None,
-            bsrc=None, few=False, b_packer=None, self_pack=False):
+            bsrc=None, few=False, b_packer=None, self_pack=False, b_ready=False):
     extra = () if b_packer is None else b_packer[1]
     p = np.zeros(P_COUNT + len(extra), np.int64)  # alive until the workers are done
     if b_packer is not None:
@@ -924,6 +936,6 @@ def _launch(use_amx, xp, w, bias, out, a_of, b_of, m, n, k, k2p, code, has_bias,
     p[P_ADD_BIAS] = has_bias and code == ACT_NONE
     p[P_XS], p[P_BKN] = xs, b_kn
     p[P_OUT32] = out.dtype == np.float32
-    p[P_SELF] = self_pack
+    p[P_SELF], p[P_BREADY] = self_pack, b_ready
     ntask = a_of.size * -(-n // task_rows) * -(-m // xs)
     run_at(worker_address(bf16_worker, (use_amx, only_if(b_kn), only_if(few))), addr, min(num_threads(), ntask))

@@ -149,9 +149,11 @@ def test_threads_bitwise(half):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_prepacked_b(impl, sa, sb, half):
     """prepack(b, op="matmul") of a 16-bit (K, N) b: the float32 panels of its widened values,
-    which cpu-gemm reads after widening a (bits the same as unpacked: the same tile and sums);
-    the GEMV, OpenBLAS and the bfloat16 kernels read the 16-bit source.  Zeroing the source
-    after packing leaves cpu-gemm's result as it was and changes the others'."""
+    which cpu-gemm reads after widening a (bits the same as unpacked: the same tile and sums),
+    or for bfloat16 where cpu-bf16-dot runs (no AMX) the panels that kernel packs per call
+    otherwise; every other kernel reads the 16-bit source.  Zeroing the source after packing
+    leaves the result of the kernel that reads the panels as it was and changes the others'."""
+    from dispatch.ops.bf16_matmul import packed_form
     need_half_format(impl, half)
     g = rng()
     a, b = as_half(half, randn(g, sa, np.float32)), as_half(half, randn(g, sb, np.float32) / 10)
@@ -159,13 +161,15 @@ def test_prepacked_b(impl, sa, sb, half):
     if refuses_odd_k(impl, a, b):
         return
     pb = dispatch.prepack(b, op="matmul")
-    assert pb.dtype == b.dtype and pb.panels.dtype == np.float32, pb
+    form = packed_form() if np.dtype(half) == dispatch.validate.BF16 and sb[0] % 2 == 0 else None
+    assert pb.dtype == b.dtype and pb.panels.dtype == (np.uint32 if form else np.float32), pb
     want = run(impl, dispatch.matmul, a, b, bias=bias, activation="relu")
     got = run(impl, dispatch.matmul, a, pb, bias=bias, activation="relu")
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     b[...] = 0
     after = run(impl, dispatch.matmul, a, pb, bias=bias, activation="relu")
-    assert np.array_equal(after.view(np.uint16), want.view(np.uint16)) == (impl == "cpu-gemm"), impl
+    reads_panels = impl == ("cpu-bf16-dot" if form else "cpu-gemm")
+    assert np.array_equal(after.view(np.uint16), want.view(np.uint16)) == reads_panels, impl
 
 
 def test_prepacked_b_rule(half):
@@ -177,12 +181,28 @@ def test_prepacked_b_rule(half):
     pb = dispatch.prepack(b, op="matmul")
     few = dispatch.explain("matmul", as_half(half, np.ones((GEMV_ROWS // 2, 768), np.float32)), pb)
     many = dispatch.explain("matmul", as_half(half, np.ones((GEMV_ROWS * 16, 768), np.float32)), pb)
-    assert few.chosen == "cpu-gemv" and "(prepacked)" in str(few), few
+    assert few.chosen == "cpu-gemv", few
     bf16_kernel = np.dtype(half) == dispatch.validate.BF16 and (KB.amx_refusal() is None or KB.host_refusal() is None)
     if bf16_kernel:
         assert many.chosen in ("cpu-bf16-amx", "cpu-bf16-dot"), many
     else:
+        assert "(prepacked)" in str(few), few
         assert many.chosen == "cpu-gemm" and "float32 panels" in str(many), many
+
+
+def test_prepacked_b_for_another_form(half, monkeypatch):
+    """A PackedWeight b holding a bfloat16 kernel's panels on a host that runs another is
+    refused, naming both and what to do, out= untouched."""
+    from dispatch.ops import bf16_matmul
+    b = as_half(half, np.ones((64, 48), np.float32))
+    pb = dispatch.prepack(b, op="matmul")
+    if pb.panels.dtype != np.uint32:
+        pytest.skip("float32 panels here (bfloat16 panels: cpu-bf16-dot hosts)")
+    monkeypatch.setattr(bf16_matmul, "packed_form", lambda: None)
+    out = poisoned((3, 48), half)
+    with pytest.raises(ValueError, match="panels of the bf16-dot bfloat16 kernel; this host runs another"):
+        dispatch.matmul(as_half(half, np.ones((3, 64), np.float32)), pb, out=out)
+    assert np.isnan(out.astype(np.float32)).all(), "out= was written"
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -27,6 +27,7 @@ import threading
 import numpy as np
 
 
+from kernels_common.memory import aligned_empty
 from kernels_cpu import bf16_gemm as KB
 
 from ..registry import Implementation, register
@@ -38,7 +39,7 @@ from .weight_only import _x_panels
 _F32 = np.dtype(np.float32)
 
 
-def _run(a, b, bias, out, code, use_amx):
+def _run(a, b, bias, out, code, use_amx, packed=None):
     m, k = a.shape[-2:]
     n = b.shape[-1]
     batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
@@ -52,6 +53,8 @@ def _run(a, b, bias, out, code, use_amx):
         if use_amx:
             KB.run_amx(a3, b3, True, bias_v, code, out3, _x_panels(m, k, True, a3.shape[0]), bias is not None,
                        a_of, b_of, _b_panels(KB.kn_panels_size(b3.shape[0], k, n)))
+        elif packed is not None and packed.dtype == np.uint32:   # prepack_bf16's panels of the 2-D b
+            KB.run_kn(a3, b3, bias_v, code, out3, packed, bias is not None, a_of, b_of, b_ready=True)
         else:
             KB.run_kn(a3, b3, bias_v, code, out3, _b_panels(KB.kn_dot_panels_size(b3.shape[0], k, n)),
                       bias is not None, a_of, b_of)
@@ -63,7 +66,28 @@ def _run_amx(params, a, b, bias, out, code, b_is_nk, packed=None):
 
 
 def _run_dot(params, a, b, bias, out, code, b_is_nk, packed=None):
-    return _run(a, b, bias, out, code, False)
+    return _run(a, b, bias, out, code, False, packed)
+
+
+def packed_form():
+    """PackedWeight.tile of the panels prepack gives a bfloat16 (K, N) b here: "bf16-dot"
+    (run_kn's panels) where cpu-bf16-dot runs (AVX-512 BF16, no AMX), else None (the float32
+    panels of the widened values; cpu-bf16-amx reads the source)."""
+    return "bf16-dot" if KB.amx_refusal() is not None and KB.host_refusal() is None else None
+
+
+def prepack_bf16(src):
+    """prepack(b, op="matmul") of a bfloat16 (K, N) b on a host of packed_form(): run_kn's
+    panels, packed by its own packing tasks (KB.pack_kn_dot), which calls then skip (M x N x
+    K 128 x 768 x 768 743 -> 693 us, 128 x 768 x 3072 2927 -> 2425, kernel alone, 2 threads,
+    Zen 4, 2026-12-08, /tmp/w/kn.py); None elsewhere or for an odd K (the widening kernels)."""
+    k, n = src.shape
+    if packed_form() is None or k % 2:
+        return None
+    bp = aligned_empty(KB.kn_dot_panels_size(1, k, n), np.uint32)
+    if k and n:
+        KB.pack_kn_dot(kernel_input(np.ascontiguousarray(src).view(np.uint16).reshape(1, k, n)), bp)
+    return L.PackedWeight("matmul", src, bp, KB.NR, tile=packed_form())
 
 
 @functools.lru_cache(maxsize=256)
@@ -154,7 +178,7 @@ register(Implementation("matmul", "cpu-bf16-amx", "cpu", _run_amx, dtypes=(BF16,
                         kernel_modules=_KERNELS, host=KB.amx_refusal))
 _NOTES_DOT = ("bfloat16 a and b on AVX-512 BF16 (vdpbf16ps: pairs of bfloat16 products summed in float32): 6 rows of a "
               "(read in place, broadcast words) x 64 columns of b per register tile; each distinct b's rows interleaved "
-              "in pairs into panels of 64 columns by a parallel first pass; tasks of 48 rows of a x 128 columns; numpy "
+              "in pairs into panels of 64 columns by a parallel first pass (once by dispatch.prepack); tasks of 48 rows of a x 128 columns; numpy "
               "batch broadcasting without copies of the broadcast operand; bias + activation on the float32 sums, "
               "one rounding to bfloat16; K even")
 register(Implementation("matmul", "cpu-bf16-dot", "cpu", _run_dot, dtypes=(BF16,), supports=supports_of(dot_refusal),

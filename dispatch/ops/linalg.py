@@ -85,7 +85,8 @@ class PackedWeight:
 
     Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
     panels of the GEMM; a float16 / bfloat16 weight's, or b's, are float32 panels of its
-    widened values, beside the 16-bit source), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
+    widened values, beside the 16-bit source, except a bfloat16 b's where cpu-bf16-dot runs:
+    its own panels, tile "bf16-dot"), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
     (op="conv2d": MR-row panels of the implicit GEMM, per group; a 3x3 weight with groups 1
     also its Winograd-transformed filters' panels, 16/9 of its size more; a bfloat16 weight
     with groups 1 on a host with AVX-512 BF16 or AMX: the bfloat16 direct form's panels, tile
@@ -142,6 +143,11 @@ def _prepack_gemm(weight, dt, op, groups):
         raise ValueError(f"groups is an argument of prepack(op='conv2d') only, got groups={groups!r} for op={op!r}")
     V.rank("weight", weight, 2, " (N, K)" if op == "linear" else " (K, N) (a batched b cannot be prepacked)")
     src = _readonly_source(weight)
+    if op == "matmul" and V.is_bfloat16(dt):
+        from .bf16_matmul import prepack_bf16   # (it imports this module)
+        packed = prepack_bf16(src)   # run_kn's bfloat16 panels where cpu-bf16-dot runs
+        if packed is not None:
+            return packed
     if V.is_half(dt):
         weight, dt = np.asarray(weight, np.float32), np.dtype(np.float32)
     if op == "linear":
@@ -216,6 +222,12 @@ def _unpack(name, w, op):
         return w, None
     if w.op != op:
         raise TypeError(f"{name} is a PackedWeight packed for op={w.op!r}; {op} needs prepack(..., op={op!r})")
+    if w.panels.dtype == np.uint32:   # a bfloat16 kernel's panels (bf16_matmul.prepack_bf16)
+        from .bf16_matmul import packed_form   # (it imports this module)
+        if w.tile != packed_form():
+            raise ValueError(f"{name}: PackedWeight holds panels of the {w.tile} bfloat16 kernel; this host runs "
+                             f"{packed_form() or 'another'}: prepack the weight again")
+        return w.kernel_weight, w.panels
     tile = K.active_tile()
     if w.tile != tile.name or w._nr != tile.nr(w.panels.dtype):  # packed for another register tile
         raise ValueError(f"{name}: PackedWeight was packed for the {w.tile} GEMM tile ({w._nr}-column panels); "
@@ -912,6 +924,15 @@ def _order(key):
     return _order_widened(key)
 
 
+def _bf16_panels(key) -> bool:
+    """Whether a prepacked key's b holds run_kn's bfloat16 panels (bf16_matmul.prepack_bf16),
+    not float32 ones: the widened kernels then widen b as unpacked."""
+    if key.op != "matmul" or not V.is_bfloat16(key.dtype) or key.k_odd:
+        return False
+    from .bf16_matmul import packed_form   # (it imports this module)
+    return packed_form() is not None
+
+
 def _order_widened(key):
     """The order of the dense float kernels (16-bit operands widened to float32 first, or
     b widened by cpu-gemm's tasks: b16_tasks)."""
@@ -921,7 +942,7 @@ def _order_widened(key):
     # 2026-12-08, /tmp/w/mpt.py), ms, cpu-gemv / cpu-gemm unpacked / prepacked: 768 x 768 M 1
     # 0.066 / 0.143 / 0.095, 4 0.097 / 0.143 / 0.098, 8 0.149 / 0.128 / 0.080, 16 0.393 / 0.198 /
     # 0.132; 4096 x 4096 M 1 1.68 / 6.69 / 2.22, 4 3.02 / 7.55 / 2.74, 8 3.28 / 5.58 / 2.21.
-    if key.prepacked and key.dtype.itemsize == 2:
+    if key.prepacked and key.dtype.itemsize == 2 and not _bf16_panels(key):
         if m < GEMV_ROWS:
             return ("cpu-gemv", "cpu-gemm", "blas"), (
                 f"16-bit b (prepacked), M bucket {m} < {GEMV_ROWS}: matrix-vector form reading the 16-bit b once, half "
@@ -1126,8 +1147,8 @@ def _half(run32, gemm16=None):
     def run(params, a, b, bias, out, code, b_is_nk, packed=None):
         if a.dtype.itemsize != 2:
             return run32(params, a, b, bias, out, code, b_is_nk, packed)
-        if packed is not None and run32 is _run_gemm:   # prepack's float32 panels of the widened b
-            # (b's 16-bit patterns only give the plan its shape: the kernel reads the panels)
+        if packed is not None and packed.dtype == np.float32 and run32 is _run_gemm:   # prepack's float32 panels
+            # of the widened b (b's 16-bit patterns only give the plan its shape: the kernel reads the panels)
             res32 = run32(params, widened(a), b.view(np.uint16), None if bias is None else widened(bias), None, code,
                           b_is_nk, packed)
         else:
