@@ -84,14 +84,14 @@ class PackedWeight:
     """A weight packed once by `prepack` into a CPU kernel's panel layout.
 
     Pass it in place of ``linear``'s weight (op="linear": the (N, K) weight, NR-column
-    panels of the GEMM; a float16 / bfloat16 weight's, or b's, are float32 panels of its
-    widened values, beside the 16-bit source, except a bfloat16 b's where cpu-bf16-dot runs:
-    its own panels, tile "bf16-dot"), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
+    panels of the GEMM), ``matmul``'s b (op="matmul": a 2-D (K, N) b) or ``conv2d``'s weight
     (op="conv2d": MR-row panels of the implicit GEMM, per group; a 3x3 weight with groups 1
-    also its Winograd-transformed filters' panels, 16/9 of its size more; a bfloat16 weight
-    with groups 1 on a host with AVX-512 BF16 or AMX: the bfloat16 direct form's panels, tile
-    "bf16-dot" / "bf16-amx", dispatch/ops/conv_bf16.py; other bfloat16 / float16 weights:
-    the float32 panels of their widened values, which the widening kernels run).  ``weight`` is the source
+    also its Winograd-transformed filters' panels, 16/9 of its size more).  A bfloat16 /
+    float16 weight's panels are the float32 panels of its widened values (the widening
+    kernels read them), except where a bfloat16 kernel runs it: a bfloat16 b where
+    cpu-bf16-dot runs (tile "bf16-dot", bf16_matmul.prepack_bf16) and a bfloat16 conv2d
+    weight with groups 1 on a host with AVX-512 BF16 or AMX (tile "bf16-dot" / "bf16-amx",
+    conv_bf16.prepack_bf16) get that kernel's own panels.  ``weight`` is the source
     array (read-only view), which the other implementations (OpenBLAS, gemv, depthwise;
     CUDA refuses host weights) still use; the panels are a snapshot: writing into the
     source afterwards is not seen by the packed kernel, so pack again after changing a
@@ -197,9 +197,9 @@ def prepack(weight, *, op="linear", groups=1):
     b (K, N), op="matmul") or ``conv2d`` (weight (Cout, Cin/groups, KH, KW), op="conv2d",
     with the convolution's ``groups``) into the own kernel's panel layout.  Returns a
     PackedWeight to pass in the weight's place: the GEMM then packs only the activations
-    on each call.  The weight is validated now (float32/float64 host array of the op's
-    rank; conv2d's also bfloat16 / float16); the call validates the rest (shapes against
-    x, dtypes, groups) as with a plain weight."""
+    on each call.  The weight is validated now (a float32 / float64 / bfloat16 / float16
+    host array of the op's rank); the call validates the rest (shapes against x, dtypes,
+    groups) as with a plain weight."""
     V.choice("op", op, list(_PREPACKERS))
     if isinstance(weight, PackedWeight):
         raise TypeError(f"weight is already a PackedWeight ({weight!r})")
@@ -208,8 +208,8 @@ def prepack(weight, *, op="linear", groups=1):
     if isinstance(weight, QuantizedArray) or (getattr(getattr(weight, "dtype", None), "itemsize", 8) <= 2
                                               and not half):
         raise TypeError(f"prepack: a low-precision weight ({getattr(weight, 'dtype', None)}) is not prepacked for "
-                        f"op={op!r}: pass it as it is (linear's and conv2d's bfloat16 / float16 weights are "
-                        "prepacked; int8 QuantizedArray weights are read in place, dispatch/ops/weight_only.py)")
+                        f"op={op!r}: pass it as it is (an int8 QuantizedArray weight is read in place, "
+                        "dispatch/ops/weight_only.py)")
     if V.device_of(weight=weight) != "cpu":
         raise TypeError("prepack: weight must be a host (numpy) array: packing is for the CPU kernels")
     dt = V.cpu_float_dtype("weight", weight, "cpu") if half else V.float_dtype("weight", weight)
