@@ -115,7 +115,7 @@ def _unpack(weight, groups):
                         "prepack(..., op='conv2d')")
     if weight.groups != groups:
         raise ValueError(f"weight was packed with groups={weight.groups}, the call has groups={groups}")
-    if weight.panels.dtype != np.float32 and weight.panels.dtype != np.float64:   # a bfloat16 kernel's panels
+    if weight.bf16_panels:   # conv_bf16.prepack_bf16's
         from .conv_bf16 import host_form   # (conv_bf16 imports this module's neighbours only)
         if weight.tile != host_form():
             raise ValueError(f"weight: PackedWeight holds panels of the {weight.tile} bfloat16 kernel; this host "
@@ -223,7 +223,7 @@ def _half(run32):
             return run32(params, x, weight, bias, stride, pad, dilation, groups, act, out_hw, out, packed)
         # a PackedWeight's float32 panels (prepack of a 16-bit weight: its widened values) serve
         # a kernel that reads panels as they are, and the weight is not widened for it
-        panels = packed is not None and packed.panels.dtype == np.float32 and run32 in _READS_PANELS
+        panels = packed is not None and not packed.bf16_panels and run32 in _READS_PANELS
         res32 = run32(params, widened(x), weight if panels else widened(weight),
                       None if bias is None else widened(bias), stride, pad, dilation, groups, act, out_hw, None,
                       packed if panels else None)

@@ -109,6 +109,12 @@ class PackedWeight:
         # made once: kernel_input makes it in 1.9 us, on every call otherwise
         self.kernel_weight = kernel_input(weight)
 
+    @property
+    def bf16_panels(self) -> bool:
+        """Whether the panels are a bfloat16 kernel's own (uint32 pair words, tile "bf16-*")
+        rather than float32 / float64 GEMM panels."""
+        return self.panels.dtype == np.uint32
+
     def __memo_key__(self):
         """Its part of a call's signature (dispatch/memo.py): the object itself, and the
         active register tile, which describe checks the panels against."""
@@ -222,7 +228,7 @@ def _unpack(name, w, op):
         return w, None
     if w.op != op:
         raise TypeError(f"{name} is a PackedWeight packed for op={w.op!r}; {op} needs prepack(..., op={op!r})")
-    if w.panels.dtype == np.uint32:   # a bfloat16 kernel's panels (bf16_matmul.prepack_bf16)
+    if w.bf16_panels:   # bf16_matmul.prepack_bf16's
         from .bf16_matmul import packed_form   # (it imports this module)
         if w.tile != packed_form():
             raise ValueError(f"{name}: PackedWeight holds panels of the {w.tile} bfloat16 kernel; this host runs "
